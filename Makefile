@@ -1,0 +1,34 @@
+# `make test` and `make demo` work on a fresh CPU machine: they create the virtualenv, install the
+# project (CPU torch first, so pip never pulls a CUDA build), fetch the offline data into the cache
+# ($POPE_CACHE, default ~/.cache/pope, kept between runs) and run.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export POPE_CACHE ?= $(HOME)/.cache/pope
+
+.PHONY: setup data test test-fast demo clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[all]' triton==3.6.0
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+data: $(STAMP)
+	$(PY) -m pope.data.offline fetch
+
+test: setup data
+	$(PY) -m pytest -q --timeout=600 tests
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow and not data" tests
+
+demo: setup data
+	$(PY) -m pope.eval.demo
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info

@@ -1,0 +1,1 @@
+from pope.version import __version__
