@@ -1,0 +1,276 @@
+"""The indirect-indexing task (paper: "Setups"), the sharpest PoPE-vs-RoPE diagnostic.
+
+One example is one line of text::
+
+    <string>,<source char>,<signed shift>,<target char>      e.g.  QEOHoUbKfeSrMVNlCzXu,z,-3,N
+
+- ``<string>``: 20..40 (uniform) distinct letters drawn without replacement from [A-Za-z].
+- ``<source char>``: a letter of the string, its index ``src`` uniform over the string.
+- ``<signed shift>``: uniform over the non-zero shifts in [-15, +15] that land inside the string
+  (``0 <= src + shift < len(string)``), always written with its sign: ``+3``, ``-12``. The paper's
+  vocabulary lists '+', so positive shifts carry it; every shift is then 2..3 characters.
+- ``<target char>`` = ``string[src + shift]``.
+
+A line is 27..48 characters. The model reads all but the last character (<= 47 input tokens: the
+paper's "sequence length 40" cannot hold it) and is scored on the final target token only: loss and
+accuracy on that one position; padding goes to the right (invisible under causal attention).
+
+Tokens are single characters: ``A-Z a-z 0-9 , + -`` (ids 0..64) and a padding id 65
+(``VOCAB_SIZE = 66``). Chance accuracy is 1/52.
+
+Splits are deterministic from a seed (default 1M train / 10k valid / 10k test) and disjoint: no
+letter string of one split appears in another (hence no example either). They are written as
+``{train,valid,test}.txt`` (one example per line) plus ``manifest.json`` with counts and SHA-256
+checksums, so a held-out test file can be evaluated later (``pope accuracy RUN --data test.txt``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import string
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+LETTERS = string.ascii_uppercase + string.ascii_lowercase  # 52 letters, ids 0..51
+CHARACTERS = LETTERS + string.digits + ",+-"  # ids 0..64
+PAD_ID = len(CHARACTERS)  # 65: right padding; never a target
+VOCAB_SIZE = len(CHARACTERS) + 1  # 66
+MIN_LETTERS, MAX_LETTERS = 20, 40
+MAX_SHIFT = 15
+MAX_EXAMPLE_CHARS = MAX_LETTERS + len(",x,+15,y")  # 48 characters in the longest example
+SEQ_LEN = MAX_EXAMPLE_CHARS - 1  # 47 input tokens (the last character is only predicted)
+DEFAULT_SPLIT_SIZES = {"train": 1_000_000, "valid": 10_000, "test": 10_000}
+FORMAT_VERSION = 1
+
+# byte value -> token id, -1 for bytes outside the vocabulary
+_BYTE_TO_ID = np.full(256, -1, dtype=np.int64)
+_BYTE_TO_ID[np.frombuffer(CHARACTERS.encode(), dtype=np.uint8)] = np.arange(len(CHARACTERS))
+_LETTER_BYTES = np.frombuffer(LETTERS.encode(), dtype=np.uint8)
+
+
+@dataclass(frozen=True)
+class Example:
+    """One parsed example."""
+
+    string: str
+    source: str
+    shift: int
+    target: str
+
+    def to_line(self) -> str:
+        return f"{self.string},{self.source},{self.shift:+d},{self.target}"
+
+
+def parse_example(line: str) -> Example:
+    """Parse one line and check every rule of the task; raises ValueError naming the broken rule."""
+    parts = line.strip("\n").split(",")
+    if len(parts) != 4:
+        raise ValueError(f"indirect-indexing example {line!r}: expected 4 comma-separated fields "
+                         "<string>,<source>,<signed shift>,<target>")
+    letters, source, shift_text, target = parts
+    if not (MIN_LETTERS <= len(letters) <= MAX_LETTERS) or any(c not in LETTERS for c in letters):
+        raise ValueError(f"indirect-indexing example {line!r}: the string must be {MIN_LETTERS}..{MAX_LETTERS} "
+                         "letters from [A-Za-z]")
+    if len(set(letters)) != len(letters):
+        raise ValueError(f"indirect-indexing example {line!r}: the string's letters must be distinct")
+    if len(source) != 1 or source not in letters:
+        raise ValueError(f"indirect-indexing example {line!r}: the source must be one letter of the string")
+    if len(shift_text) < 2 or shift_text[0] not in "+-" or not shift_text[1:].isdigit():
+        raise ValueError(f"indirect-indexing example {line!r}: the shift must be signed, e.g. +3 or -12")
+    shift = int(shift_text)
+    if shift == 0 or abs(shift) > MAX_SHIFT:
+        raise ValueError(f"indirect-indexing example {line!r}: the shift must be in [-{MAX_SHIFT}, +{MAX_SHIFT}] and not 0")
+    position = letters.index(source) + shift
+    if not 0 <= position < len(letters):
+        raise ValueError(f"indirect-indexing example {line!r}: source + shift lands outside the string")
+    if target != letters[position]:
+        raise ValueError(f"indirect-indexing example {line!r}: the target must be string[source + shift] = "
+                         f"{letters[position]!r}")
+    return Example(letters, source, shift, target)
+
+
+def generate_examples(count: int, rng: np.random.Generator, *, chunk_size: int = 100_000) -> list[str]:
+    """``count`` random example lines (not yet de-duplicated), drawn with ``rng``."""
+    lines: list[str] = []
+    for start in range(0, count, chunk_size):
+        n = min(chunk_size, count - start)
+        lengths = rng.integers(MIN_LETTERS, MAX_LETTERS + 1, size=n)  # (n,)
+        # a random permutation of the 52 letters per row; the first `length` are the string
+        letter_order = np.argsort(rng.random((n, len(LETTERS))), axis=1)[:, :MAX_LETTERS]  # (n, 40)
+        letter_bytes = _LETTER_BYTES[letter_order]  # (n, 40) uint8
+        source_index = (rng.random(n) * lengths).astype(np.int64)  # uniform over the string
+        # non-zero shifts landing inside the string: [lowest, -1] U [1, highest]
+        lowest = np.maximum(-MAX_SHIFT, -source_index)
+        highest = np.minimum(MAX_SHIFT, lengths - 1 - source_index)
+        n_valid = highest - lowest  # count of the range minus the excluded 0; >= 1 since length >= 20
+        shift = lowest + (rng.random(n) * n_valid).astype(np.int64)
+        shift += shift >= 0  # skip 0
+        rows = np.arange(n)
+        source_bytes = letter_bytes[rows, source_index]
+        target_bytes = letter_bytes[rows, source_index + shift]
+        for i in range(n):
+            length = lengths[i]
+            lines.append(f"{letter_bytes[i, :length].tobytes().decode()},{chr(source_bytes[i])},"
+                         f"{int(shift[i]):+d},{chr(target_bytes[i])}")
+    return lines
+
+
+def make_splits(seed: int = 0, sizes: dict[str, int] | None = None) -> dict[str, list[str]]:
+    """Deterministic, disjoint splits. Test is drawn first, then valid, then train, so the held-out
+    sets do not change when the training set size does; a string already used is drawn again."""
+    sizes = dict(DEFAULT_SPLIT_SIZES if sizes is None else sizes)
+    for name, size in sizes.items():
+        if name not in DEFAULT_SPLIT_SIZES:
+            raise ValueError(f"unknown split {name!r}; valid splits: {sorted(DEFAULT_SPLIT_SIZES)}")
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"split {name!r} size must be a positive int, got {size!r}")
+    rng = np.random.default_rng([seed, 0x1D1EC7])
+    used_strings: set[str] = set()
+    splits: dict[str, list[str]] = {}
+    for name in ("test", "valid", "train"):
+        if name not in sizes:
+            continue
+        chosen: list[str] = []
+        while len(chosen) < sizes[name]:
+            for line in generate_examples(sizes[name] - len(chosen), rng):
+                letters = line.split(",", 1)[0]
+                if letters not in used_strings:
+                    used_strings.add(letters)
+                    chosen.append(line)
+        splits[name] = chosen
+    return splits
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_splits(directory: str | os.PathLike, seed: int = 0, sizes: dict[str, int] | None = None) -> Path:
+    """Generate the splits and write ``{split}.txt`` + ``manifest.json`` atomically into ``directory``."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    splits = make_splits(seed, sizes)
+    manifest = {"task": "indirect-indexing", "format_version": FORMAT_VERSION, "seed": seed,
+                "characters": CHARACTERS, "pad_id": PAD_ID, "vocab_size": VOCAB_SIZE, "splits": {}}
+    for name, lines in splits.items():
+        path = directory / f"{name}.txt"
+        tmp = path.with_suffix(".txt.tmp")
+        tmp.write_text("\n".join(lines) + "\n")
+        os.replace(tmp, path)
+        manifest["splits"][name] = {"file": path.name, "examples": len(lines), "sha256": _sha256(path)}
+    tmp = directory / "manifest.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(tmp, directory / "manifest.json")  # written last: its presence means the set is complete
+    return directory
+
+
+def default_data_dir(seed: int = 0) -> Path:
+    cache = Path(os.environ.get("POPE_CACHE", Path.home() / ".cache" / "pope"))
+    return cache / "data" / f"indirect-indexing-seed{seed}"
+
+
+def ensure_splits(directory: str | os.PathLike | None = None, seed: int = 0,
+                  sizes: dict[str, int] | None = None) -> Path:
+    """The split directory for ``seed``, generated on first use (a few seconds for 1M examples).
+    An existing directory made with another seed or other sizes is refused, not silently reused."""
+    directory = default_data_dir(seed) if directory is None else Path(directory)
+    manifest_path = directory / "manifest.json"
+    if manifest_path.exists():
+        manifest = json.loads(manifest_path.read_text())
+        wanted = dict(DEFAULT_SPLIT_SIZES if sizes is None else sizes)
+        found = {name: info["examples"] for name, info in manifest["splits"].items()}
+        if manifest.get("seed") != seed or found != wanted:
+            raise ValueError(f"{directory} holds indirect-indexing splits with seed {manifest.get('seed')} and sizes "
+                             f"{found}, but seed {seed} and sizes {wanted} were asked for; use another directory")
+        return directory
+    return write_splits(directory, seed, sizes)
+
+
+@dataclass
+class EncodedExamples:
+    """Token ids of a set of examples: ``inputs`` (N, SEQ_LEN) int64, right-padded with PAD_ID;
+    ``targets`` (N, SEQ_LEN) int64, -100 everywhere except the final target token."""
+
+    inputs: np.ndarray
+    targets: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+
+def encode_lines(data: bytes, *, source: str = "<bytes>") -> EncodedExamples:
+    """Encode newline-separated example lines (vectorised; 1M lines in about a second).
+    Checks the vocabulary, line lengths and the ``,<target>`` ending; the full rules are checked by
+    ``parse_example`` (``validate_file``)."""
+    raw = np.frombuffer(data, dtype=np.uint8)
+    if len(raw) and raw[-1] != ord("\n"):
+        raw = np.concatenate([raw, np.array([ord("\n")], dtype=np.uint8)])
+    ends = np.flatnonzero(raw == ord("\n"))  # (N,) index of each line's newline
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    lengths = ends - starts
+    if len(ends) == 0:
+        raise ValueError(f"{source}: no examples found")
+    bad = np.flatnonzero((lengths < MIN_LETTERS + 7) | (lengths > MAX_EXAMPLE_CHARS))
+    if len(bad):
+        raise ValueError(f"{source}: line {bad[0] + 1} has {lengths[bad[0]]} characters; an indirect-indexing "
+                         f"example has {MIN_LETTERS + 7}..{MAX_EXAMPLE_CHARS} (is this the right file?)")
+    ids = _BYTE_TO_ID[raw]
+    bad_bytes = np.flatnonzero((ids < 0) & (raw != ord("\n")))
+    if len(bad_bytes):
+        line = int(np.searchsorted(ends, bad_bytes[0]))
+        raise ValueError(f"{source}: line {line + 1} has character {chr(raw[bad_bytes[0]])!r} outside the task's "
+                         f"vocabulary {CHARACTERS!r}")
+    if np.any(raw[ends - 2] != ord(",")):
+        line = int(np.flatnonzero(raw[ends - 2] != ord(","))[0])
+        raise ValueError(f"{source}: line {line + 1} does not end with ',<target letter>'")
+    offsets = np.arange(SEQ_LEN)  # (T,)
+    gather = np.minimum(starts[:, None] + offsets, len(raw) - 1)  # (N, T)
+    inside = offsets[None, :] < (lengths - 1)[:, None]  # input positions: all characters but the last
+    inputs = np.where(inside, ids[gather], PAD_ID)
+    targets = np.full_like(inputs, -100)
+    rows = np.arange(len(lengths))
+    targets[rows, lengths - 2] = ids[ends - 1]  # predicted from the position of the last ','
+    return EncodedExamples(inputs=inputs.astype(np.int64), targets=targets.astype(np.int64))
+
+
+def load_file(path: str | os.PathLike) -> EncodedExamples:
+    """Read and encode one examples file (``{split}.txt`` or any file of example lines)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"indirect-indexing examples file {path} does not exist; create splits with "
+                                "pope.data.indirect_indexing.write_splits(DIR) (or let `pope train indirect-indexing` do it)")
+    return encode_lines(path.read_bytes(), source=str(path))
+
+
+def load_split(directory: str | os.PathLike, split: str, *, verify: bool = True) -> EncodedExamples:
+    """One split of a directory written by ``write_splits``; ``verify`` checks its SHA-256."""
+    directory = Path(directory)
+    manifest_path = directory / "manifest.json"
+    if not manifest_path.exists():
+        raise FileNotFoundError(f"{manifest_path} is missing: {directory} is not a complete indirect-indexing split "
+                                "directory (write one with pope.data.indirect_indexing.write_splits)")
+    manifest = json.loads(manifest_path.read_text())
+    if split not in manifest["splits"]:
+        raise ValueError(f"split {split!r} not in {directory}; it has {sorted(manifest['splits'])}")
+    info = manifest["splits"][split]
+    path = directory / info["file"]
+    if verify and _sha256(path) != info["sha256"]:
+        raise ValueError(f"{path} does not match the checksum in its manifest (corrupt or edited); delete "
+                         f"{directory} to regenerate it")
+    return load_file(path)
+
+
+def validate_file(path: str | os.PathLike) -> int:
+    """Check every line of a file with ``parse_example``; returns the number of examples."""
+    count = 0
+    with open(path) as handle:
+        for count, line in enumerate(handle, start=1):
+            parse_example(line)
+    return count
