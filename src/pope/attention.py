@@ -1,0 +1,198 @@
+"""`pope_attention`: the functional PoPE attention API, its input checks and backend dispatch.
+
+Backends:
+  "reference"  pure PyTorch: materialise the 2d-channel q'/k' (fp32 trigonometry, then the input dtype)
+               and call scaled_dot_product_attention. Clear, differentiable, any device.
+  "triton"     the fused Triton kernels (pope.ops / pope.kernels), CUDA only.
+  "auto"       "triton" when the inputs are on CUDA, Triton is importable and the kernel supports the
+               call; "reference" otherwise.
+
+Score between the query at position t and the key at position s (r = rotary_dim, f = magnitude):
+    softmax_scale * ( sum_{c<r} f(q_c) f(k_c) cos((s - t) theta_c + delta_c) + sum_{c>=r} q_c k_c )
+which is the real dot product of
+    q' = [f(q) cos(t theta - delta), f(q) sin(t theta - delta), q[r:]]
+    k' = [f(k) cos(s theta),         f(k) sin(s theta),         k[r:]]
+delta sits in the query phase so that k' does not depend on the query head (GQA shares keys).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from pope.frequencies import angles, pope_frequencies
+
+MAGNITUDES = {
+    "softplus": F.softplus,  # the paper's choice: magnitudes are positive and smooth
+    "relu": F.relu,  # ablation
+    "identity": lambda x: x,  # ablation "no softplus": signed magnitudes
+}
+BACKENDS = ("auto", "reference", "triton")
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def pope_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    delta: torch.Tensor | None,
+    *,
+    base: float = 10000.0,
+    causal: bool = True,
+    softmax_scale: float | None = None,
+    q_offset: int | None = None,
+    magnitude: str = "softplus",
+    rotary_dim: int | None = None,
+    dropout_p: float = 0.0,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """PoPE attention.
+
+    q: (B, Hq, Nq, d); k, v: (B, Hkv, Nk, d) with Hq a multiple of Hkv (grouped-query attention) and
+    Nq <= Nk; delta: (Hq, rotary_dim or d) key-phase bias (already clamped by the caller) or None.
+    Query i sits at position q_offset + i (default Nk - Nq: the queries are the last Nq positions, as
+    in a KV-cache decode), key j at position j; causal masking is by position (bottom-right aligned).
+    softmax_scale defaults to 1/sqrt(d). Returns (B, Hq, Nq, d) in the dtype of q.
+    """
+    _check_inputs(q, k, v, delta, base=base, softmax_scale=softmax_scale, q_offset=q_offset,
+                  magnitude=magnitude, rotary_dim=rotary_dim, dropout_p=dropout_p, backend=backend)
+    nq, nk, d = q.shape[2], k.shape[2], q.shape[3]
+    q_offset = nk - nq if q_offset is None else int(q_offset)
+    softmax_scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    options = dict(base=float(base), causal=bool(causal), softmax_scale=softmax_scale, q_offset=q_offset,
+                   magnitude=magnitude, rotary_dim=rotary_dim)
+
+    if backend != "reference":
+        reason = _triton_unsupported_reason(q, k, v, delta, dropout_p=dropout_p, **options)
+        if reason is None:
+            from pope.ops import triton_pope_attention
+
+            return triton_pope_attention(q, k, v, delta, **options)
+        if backend == "triton":
+            raise ValueError(f"backend='triton' cannot run this call: {reason}. Use backend='reference' or 'auto'.")
+    return reference_pope_attention(q, k, v, delta, dropout_p=dropout_p, **options)
+
+
+def reference_pope_attention(
+    q, k, v, delta, *, base, causal, softmax_scale, q_offset, magnitude, rotary_dim, dropout_p=0.0,
+    position_shift: int = 0,
+) -> torch.Tensor:
+    """Reference PoPE (no input checks; call pope_attention for those).
+
+    Trigonometry and magnitudes in float32 (float64 for float64 inputs); q'/k' are then cast to the
+    input dtype, as a materialised implementation would feed them to a low-precision kernel.
+    position_shift adds a constant to every query and key position (PoPE must not notice).
+    """
+    nq, nk, d = q.shape[2], k.shape[2], q.shape[3]
+    r = rotary_dim or d
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    theta = pope_frequencies(r, base, device=q.device)
+    positions_q = torch.arange(nq, device=q.device) + (q_offset + position_shift)
+    positions_k = torch.arange(nk, device=q.device) + position_shift
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        phase_q = angles(positions_q, theta).to(compute)  # (Nq, r)
+        phase_k = angles(positions_k, theta).to(compute)  # (Nk, r)
+        if delta is not None:
+            phase_q = phase_q[None] - delta.to(compute)[:, None, :]  # (Hq, Nq, r)
+        f = MAGNITUDES[magnitude]
+        mag_q = f(q[..., :r].to(compute))  # (B, Hq, Nq, r)
+        mag_k = f(k[..., :r].to(compute))  # (B, Hkv, Nk, r)
+        q_cart = torch.cat([mag_q * phase_q.cos(), mag_q * phase_q.sin(), q[..., r:].to(compute)], dim=-1)
+        k_cart = torch.cat([mag_k * phase_k.cos(), mag_k * phase_k.sin(), k[..., r:].to(compute)], dim=-1)
+    return sdpa(q_cart.to(q.dtype), k_cart.to(k.dtype), v, causal=causal, softmax_scale=softmax_scale,
+                q_offset=q_offset, dropout_p=dropout_p)
+
+
+def sdpa(q, k, v, *, causal: bool, softmax_scale: float, q_offset: int | None = None, attn_bias=None,
+         dropout_p: float = 0.0) -> torch.Tensor:
+    """scaled_dot_product_attention with grouped-query heads and bottom-right causal alignment.
+
+    q: (B, Hq, Nq, e); k: (B, Hkv, Nk, e); v: (B, Hkv, Nk, dv). Query i sits at position q_offset + i
+    (default Nk - Nq), key j at j; causal: key j visible iff j <= q_offset + i.
+    attn_bias: None or additive float bias broadcastable to (B, Hq, Nq, Nk).
+    Uses the fused is_causal path when queries and keys are aligned, an explicit mask otherwise.
+    """
+    nq, nk = q.shape[2], k.shape[2]
+    q_offset = nk - nq if q_offset is None else q_offset
+    n_rep = q.shape[1] // k.shape[1]
+    if n_rep > 1:
+        # (B, Hkv, Nk, e) -> (B, Hq, Nk, e): SDPA's own GQA path is not available on every backend.
+        k = k.repeat_interleave(n_rep, dim=1)
+        v = v.repeat_interleave(n_rep, dim=1)
+    mask = attn_bias
+    # SDPA's is_causal is top-left aligned, which is only right when queries and keys coincide.
+    use_fused_causal = causal and attn_bias is None and nq == nk and q_offset == 0
+    if causal and not use_fused_causal:
+        positions_q = torch.arange(nq, device=q.device) + q_offset
+        visible = torch.arange(nk, device=q.device)[None, :] <= positions_q[:, None]  # (Nq, Nk)
+        causal_bias = torch.zeros(visible.shape, dtype=q.dtype, device=q.device).masked_fill(~visible, float("-inf"))
+        mask = causal_bias if mask is None else mask.to(q.dtype) + causal_bias
+    if mask is not None:
+        mask = mask.to(q.dtype)
+    is_causal = use_fused_causal
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
+                                          scale=softmax_scale)
+
+
+def _triton_unsupported_reason(q, k, v, delta, *, dropout_p, **options) -> str | None:
+    """Why the Triton backend cannot run this call, or None when it can."""
+    if q.device.type != "cuda":
+        return f"the Triton kernels run on CUDA tensors only (got device {q.device})"
+    if dropout_p > 0:
+        return "attention dropout is not implemented in the Triton kernels"
+    try:
+        from pope.ops import triton_unsupported_reason
+    except ImportError as err:  # triton missing, or no CUDA build
+        return f"Triton is not available ({err}); install 'pope-attention[triton]'"
+    options = {key: options[key] for key in ("causal", "q_offset", "magnitude", "rotary_dim")}
+    return triton_unsupported_reason(q, k, v, delta, **options)
+
+
+def _check_inputs(q, k, v, delta, *, base, softmax_scale, q_offset, magnitude, rotary_dim, dropout_p, backend):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in _FLOAT_DTYPES:
+            raise TypeError(f"{name} must be float16, bfloat16, float32 or float64; got {t.dtype}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have 4 dims (batch, heads, seq, head_dim); got shape {tuple(t.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
+    (b, hq, nq, d), (bk, hkv, nk, dk) = q.shape, k.shape
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape (batch, kv_heads, seq, head_dim); got {tuple(k.shape)} and {tuple(v.shape)}")
+    if bk != b:
+        raise ValueError(f"q has batch {b} but k/v have batch {bk}")
+    if dk != d:
+        raise ValueError(f"q has head_dim {d} but k/v have head_dim {dk}")
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv}) for grouped-query attention")
+    if nq == 0 or nk == 0:
+        raise ValueError(f"empty sequence: q has {nq} positions, k has {nk}")
+    if nq > nk:
+        raise ValueError(f"q has {nq} positions but k/v only {nk}: queries must be the last Nq <= Nk positions")
+    if magnitude not in MAGNITUDES:
+        raise ValueError(f"unknown magnitude {magnitude!r}; choose one of {sorted(MAGNITUDES)}")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
+    if rotary_dim is not None and not (isinstance(rotary_dim, int) and 0 < rotary_dim <= d):
+        raise ValueError(f"rotary_dim must be an int in [1, head_dim={d}] or None; got {rotary_dim!r}")
+    r = rotary_dim or d
+    if delta is not None:
+        if not isinstance(delta, torch.Tensor) or not delta.is_floating_point():
+            raise TypeError(f"delta must be a floating-point tensor of shape ({hq}, {r}) or None")
+        if tuple(delta.shape) != (hq, r):
+            raise ValueError(f"delta must have shape (query_heads, rotary_dim) = ({hq}, {r}); got {tuple(delta.shape)}")
+        if delta.device != q.device:
+            raise ValueError(f"delta is on {delta.device} but q is on {q.device}")
+    if not (isinstance(base, (int, float)) and base > 0):
+        raise ValueError(f"base must be a positive number; got {base!r}")
+    if softmax_scale is not None and not softmax_scale > 0:
+        raise ValueError(f"softmax_scale must be positive; got {softmax_scale!r}")
+    if q_offset is not None and not (isinstance(q_offset, int) and q_offset >= 0):
+        raise ValueError(f"q_offset must be a non-negative int (position of the first query); got {q_offset!r}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1); got {dropout_p}")

@@ -1,0 +1,362 @@
+"""Positional encodings behind one interface, and the registry that builds them from config strings.
+
+Two kinds of encoding exist:
+- relative encodings act inside attention. Each is a `PositionalEncoding`, one instance per attention
+  layer, that turns raw per-head q, k, v into the attention output:
+      forward(q (B,Hq,Nq,d), k (B,Hkv,Nk,d), v (B,Hkv,Nk,d), *, q_offset=None, causal=True, dropout_p=0.)
+  Keys cover positions 0..Nk-1 (cached keys included); query i sits at q_offset + i (default Nk - Nq).
+- absolute encodings are added to token embeddings once per model (`AbsolutePositionEmbedding`);
+  their attention layers use `NoPE`.
+
+Config strings name an encoding and options: "pope", "pope:delta_init=zero,magnitude=relu",
+"rope:base=500000", "yarn:scale=4,original_max_len=1024", "alibi-half". `list_positional_encodings()`
+gives the names; `describe_positional_encoding(name)` their options.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+from pope.attention import MAGNITUDES, pope_attention, sdpa
+from pope.frequencies import (
+    angles,
+    linear_interpolation_frequencies,
+    ntk_frequencies,
+    rope_frequencies,
+    yarn_frequencies,
+)
+
+TWO_PI = 2 * math.pi
+
+
+class PositionalEncoding(nn.Module):
+    """Base class: a relative positional encoding that computes attention for one layer."""
+
+    #: QK channels per head channel (PoPE's score is a 2d-channel product) — used for FLOP counts.
+    qk_channel_factor: float = 1.0
+
+    def __init__(self, *, n_heads: int, n_kv_heads: int, head_dim: int):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+
+    @property
+    def softmax_scale(self) -> float:
+        return 1.0 / math.sqrt(self.head_dim)
+
+    def forward(self, q, k, v, *, q_offset: int | None = None, causal: bool = True, dropout_p: float = 0.0):
+        raise NotImplementedError
+
+    def _check(self, q, k) -> None:
+        if q.shape[1] != self.n_heads or q.shape[-1] != self.head_dim or k.shape[1] != self.n_kv_heads:
+            raise ValueError(
+                f"{type(self).__name__} was built for {self.n_heads} query heads, {self.n_kv_heads} kv heads and "
+                f"head_dim {self.head_dim}; got q {tuple(q.shape)} and k {tuple(k.shape)}")
+
+
+class NoPE(PositionalEncoding):
+    """No positional information in attention (causal masking alone); also the attention of absolute encodings."""
+
+    def forward(self, q, k, v, *, q_offset=None, causal=True, dropout_p=0.0):
+        self._check(q, k)
+        return sdpa(q, k, v, causal=causal, softmax_scale=self.softmax_scale, q_offset=q_offset, dropout_p=dropout_p)
+
+
+class PoPE(PositionalEncoding):
+    """Polar Coordinate Positional Embedding for one attention layer.
+
+    Owns the key-phase bias delta (n_heads, rotary_dim), clamped to [-2π, 0] in the forward pass, and
+    calls `pope.pope_attention`. Options:
+      base        frequency base (theta_c = base^(-(c-1)/d))
+      magnitude   "softplus" (paper), "relu" or "identity" (ablations)
+      delta_init  "zero" (best for length extrapolation) or "uniform" (U(-2π, 0))
+      use_delta   False removes delta (ablation)
+      rotary_dim  apply PoPE to the first rotary_dim channels only; the rest are a plain dot product
+      backend     "auto", "reference" or "triton"
+    """
+
+    def __init__(self, *, n_heads: int, n_kv_heads: int, head_dim: int, base: float = 10000.0,
+                 magnitude: str = "softplus", delta_init: str = "zero", use_delta: bool = True,
+                 rotary_dim: int | None = None, backend: str = "auto"):
+        super().__init__(n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim)
+        if magnitude not in MAGNITUDES:
+            raise ValueError(f"unknown PoPE magnitude {magnitude!r}; choose one of {sorted(MAGNITUDES)}")
+        if delta_init not in ("zero", "uniform"):
+            raise ValueError(f"unknown PoPE delta_init {delta_init!r}; choose 'zero' or 'uniform'")
+        if rotary_dim is not None and not 0 < rotary_dim <= head_dim:
+            raise ValueError(f"PoPE rotary_dim must be in [1, head_dim={head_dim}]; got {rotary_dim}")
+        if not base > 0:
+            raise ValueError(f"PoPE base must be positive; got {base}")
+        self.base, self.magnitude, self.delta_init, self.backend = float(base), magnitude, delta_init, backend
+        self.rotary_dim = rotary_dim if rotary_dim not in (None, head_dim) else None
+        rotated = self.rotary_dim or head_dim
+        self.qk_channel_factor = (2 * rotated + head_dim - rotated) / head_dim
+        if use_delta:
+            self.delta = nn.Parameter(torch.zeros(n_heads, rotated))
+            self.reset_parameters()
+        else:
+            self.register_parameter("delta", None)
+
+    def reset_parameters(self) -> None:
+        if self.delta is not None:
+            with torch.no_grad():
+                if self.delta_init == "uniform":
+                    self.delta.uniform_(-TWO_PI, 0.0)
+                else:
+                    self.delta.zero_()
+
+    def clamped_delta(self) -> torch.Tensor | None:
+        """delta clamped to [-2π, 0] (the gradient is zero outside the interval)."""
+        return None if self.delta is None else self.delta.clamp(-TWO_PI, 0.0)
+
+    def forward(self, q, k, v, *, q_offset=None, causal=True, dropout_p=0.0):
+        self._check(q, k)
+        return pope_attention(q, k, v, self.clamped_delta(), base=self.base, causal=causal, q_offset=q_offset,
+                              magnitude=self.magnitude, rotary_dim=self.rotary_dim, dropout_p=dropout_p,
+                              backend=self.backend)
+
+    def extra_repr(self) -> str:
+        return (f"heads={self.n_heads}, head_dim={self.head_dim}, base={self.base}, magnitude={self.magnitude}, "
+                f"delta={'off' if self.delta is None else self.delta_init}, rotary_dim={self.rotary_dim}")
+
+
+class RoPE(PositionalEncoding):
+    """Rotary position embedding and its context-extension variants.
+
+      base          frequency base
+      layout        "half" (rotate-half, GPT-NeoX/Llama) or "interleaved" (adjacent pairs, GPT-J)
+      rotary_dim    rotate the first rotary_dim channels only (even); "rope-half" uses head_dim // 2
+      scaling       "none", "linear" (position interpolation), "ntk" (NTK-aware base) or "yarn"
+      scale         context-extension factor s >= 1 (new context / original context)
+      original_max_len, alpha, beta   YaRN's ramp (alpha=1, beta=32 as in the paper)
+    YaRN multiplies the logits by (0.1 ln s + 1)^2, folded into softmax_scale.
+    """
+
+    def __init__(self, *, n_heads: int, n_kv_heads: int, head_dim: int, base: float = 10000.0,
+                 layout: str = "half", rotary_dim: int | None = None, scaling: str = "none",
+                 scale: float = 1.0, original_max_len: int = 1024, alpha: float = 1.0, beta: float = 32.0):
+        super().__init__(n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim)
+        if layout not in ("half", "interleaved"):
+            raise ValueError(f"unknown RoPE layout {layout!r}; choose 'half' or 'interleaved'")
+        rotary_dim = head_dim if rotary_dim is None else rotary_dim
+        if not 0 < rotary_dim <= head_dim or rotary_dim % 2:
+            raise ValueError(f"RoPE rotates channel pairs: rotary_dim must be even and in [2, {head_dim}]; "
+                             f"got {rotary_dim} (head_dim {head_dim})")
+        self.base, self.layout, self.rotary_dim = float(base), layout, rotary_dim
+        self.scaling, self.scale, self.original_max_len = scaling, float(scale), int(original_max_len)
+        self.alpha, self.beta = float(alpha), float(beta)
+        frequencies, self.attention_factor = self._frequencies()
+        self.register_buffer("frequencies", frequencies, persistent=False)  # (rotary_dim // 2,) fp32
+
+    def _frequencies(self) -> tuple[torch.Tensor, float]:
+        dim, base, s = self.rotary_dim, self.base, self.scale
+        if self.scaling == "none":
+            return rope_frequencies(dim, base), 1.0
+        if self.scaling == "linear":
+            return linear_interpolation_frequencies(dim, base, s), 1.0
+        if self.scaling == "ntk":
+            return ntk_frequencies(dim, base, s), 1.0
+        if self.scaling == "yarn":
+            return yarn_frequencies(dim, base, s, self.original_max_len, self.alpha, self.beta)
+        raise ValueError(f"unknown RoPE scaling {self.scaling!r}; choose 'none', 'linear', 'ntk' or 'yarn'")
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.attention_factor ** 2 / math.sqrt(self.head_dim)
+
+    def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Rotate x (B, H, N, d) at positions (N,); trigonometry in fp32, result in x's dtype."""
+        r = self.rotary_dim
+        phase = angles(positions, self.frequencies)  # (N, r/2) fp32
+        cos, sin = phase.cos(), phase.sin()
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            xr = x[..., :r].float()
+            if self.layout == "half":
+                x1, x2 = xr[..., : r // 2], xr[..., r // 2:]
+                rotated = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+            else:
+                x1, x2 = xr[..., 0::2], xr[..., 1::2]
+                rotated = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
+        return torch.cat([rotated.to(x.dtype), x[..., r:]], dim=-1)
+
+    def forward(self, q, k, v, *, q_offset=None, causal=True, dropout_p=0.0):
+        self._check(q, k)
+        nq, nk = q.shape[2], k.shape[2]
+        q_offset = nk - nq if q_offset is None else q_offset
+        q = self.rotate(q, torch.arange(nq, device=q.device) + q_offset)
+        k = self.rotate(k, torch.arange(nk, device=k.device))
+        return sdpa(q, k, v, causal=causal, softmax_scale=self.softmax_scale, q_offset=q_offset, dropout_p=dropout_p)
+
+    def extra_repr(self) -> str:
+        return (f"base={self.base}, layout={self.layout}, rotary_dim={self.rotary_dim}, scaling={self.scaling}, "
+                f"scale={self.scale}")
+
+
+class ALiBi(PositionalEncoding):
+    """Attention with linear biases (Press et al. 2022): score -= slope_h * (t - s).
+
+    heads="all" gives every head its slope (geometric 2^(-8h/H')); heads="half" biases only the first
+    half of the heads (with the slopes of an H/2-head model) and leaves the others position-free, as in
+    the paper's "ALiBi on half the heads" baseline. Non-causal attention uses |t - s|.
+    """
+
+    def __init__(self, *, n_heads: int, n_kv_heads: int, head_dim: int, heads: str = "all"):
+        super().__init__(n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim)
+        if heads not in ("all", "half"):
+            raise ValueError(f"ALiBi heads must be 'all' or 'half'; got {heads!r}")
+        self.heads = heads
+        n_biased = n_heads if heads == "all" else max(1, n_heads // 2)
+        slopes = torch.zeros(n_heads)
+        slopes[:n_biased] = alibi_slopes(n_biased)
+        self.register_buffer("slopes", slopes, persistent=False)  # (H,) fp32
+
+    def forward(self, q, k, v, *, q_offset=None, causal=True, dropout_p=0.0):
+        self._check(q, k)
+        nq, nk = q.shape[2], k.shape[2]
+        q_offset = nk - nq if q_offset is None else q_offset
+        distance = (torch.arange(nq, device=q.device)[:, None] + q_offset - torch.arange(nk, device=q.device)[None, :])
+        distance = distance.float() if causal else distance.abs().float()  # (Nq, Nk); masked entries irrelevant
+        bias = -self.slopes[:, None, None] * distance  # (H, Nq, Nk)
+        return sdpa(q, k, v, causal=causal, softmax_scale=self.softmax_scale, q_offset=q_offset,
+                    attn_bias=bias.unsqueeze(0), dropout_p=dropout_p)
+
+
+def alibi_slopes(n_heads: int) -> torch.Tensor:
+    """ALiBi's head slopes: 2^(-8h/n) for h = 1..n, with the paper's rule for n not a power of two."""
+    def power_of_two_slopes(n: int) -> list[float]:
+        return [2 ** (-8 * (h + 1) / n) for h in range(n)]
+
+    closest = 2 ** math.floor(math.log2(n_heads))
+    slopes = power_of_two_slopes(closest)
+    if closest < n_heads:  # interleave slopes of the next power of two
+        slopes += power_of_two_slopes(2 * closest)[0::2][: n_heads - closest]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+class AbsolutePositionEmbedding(nn.Module):
+    """Absolute position embeddings added to token embeddings: forward(positions (N,)) -> (N, d_model)."""
+
+    def __init__(self, *, d_model: int, max_seq_len: int, kind: str = "learned"):
+        super().__init__()
+        if kind not in ("learned", "sinusoidal"):
+            raise ValueError(f"absolute embedding kind must be 'learned' or 'sinusoidal'; got {kind!r}")
+        self.kind, self.d_model, self.max_seq_len = kind, d_model, max_seq_len
+        if kind == "learned":
+            self.weight = nn.Parameter(torch.randn(max_seq_len, d_model) * 0.02)
+        else:
+            self.register_buffer("inv_freq", 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+                                 .float(), persistent=False)
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        if self.kind == "learned":
+            last = int(positions.max()) if positions.numel() else 0
+            if last >= self.max_seq_len:
+                raise ValueError(f"learned absolute position embeddings exist for positions < {self.max_seq_len}; "
+                                 f"position {last} was asked for (they cannot extrapolate)")
+            return self.weight[positions]
+        phase = angles(positions, self.inv_freq)  # (N, d/2) fp32
+        return torch.stack([phase.sin(), phase.cos()], dim=-1).flatten(-2)[:, : self.d_model]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Registry
+@dataclass(frozen=True)
+class EncodingSpec:
+    """A named encoding: the per-layer attention class, fixed options, and an optional absolute embedding."""
+
+    layer: type[PositionalEncoding]
+    description: str
+    defaults: dict = field(default_factory=dict)
+    absolute: str | None = None  # "learned" or "sinusoidal"
+    option_rules: Callable[[dict, int], dict] | None = None  # fills options that depend on head_dim
+
+
+_REGISTRY: dict[str, EncodingSpec] = {
+    "pope": EncodingSpec(PoPE, "Polar Coordinate Positional Embedding (softplus magnitudes, position-only phases)"),
+    "rope": EncodingSpec(RoPE, "Rotary position embedding (rotate-half layout by default)"),
+    "rope-half": EncodingSpec(RoPE, "RoPE on the first half of each head's channels",
+                              option_rules=lambda o, d: {"rotary_dim": (d // 2) - (d // 2) % 2, **o}),
+    "yarn": EncodingSpec(RoPE, "RoPE with YaRN context extension (set scale and original_max_len)",
+                         {"scaling": "yarn"}),
+    "pi": EncodingSpec(RoPE, "RoPE with linear position interpolation (set scale)", {"scaling": "linear"}),
+    "ntk": EncodingSpec(RoPE, "RoPE with NTK-aware base scaling (set scale)", {"scaling": "ntk"}),
+    "alibi": EncodingSpec(ALiBi, "ALiBi linear biases on all heads"),
+    "alibi-half": EncodingSpec(ALiBi, "ALiBi linear biases on half the heads", {"heads": "half"}),
+    "nope": EncodingSpec(NoPE, "No positional encoding (causal mask only)"),
+    "learned-abs": EncodingSpec(NoPE, "Learnable absolute position embeddings", absolute="learned"),
+    "sinusoidal-abs": EncodingSpec(NoPE, "Sinusoidal absolute position embeddings", absolute="sinusoidal"),
+}
+_STRUCTURAL = {"self", "n_heads", "n_kv_heads", "head_dim"}
+
+
+def list_positional_encodings() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def describe_positional_encoding(name: str) -> dict:
+    """Options (with defaults) that `name` accepts in a config string."""
+    spec = _spec(name)
+    params = inspect.signature(spec.layer.__init__).parameters
+    return {p: params[p].default for p in params if p not in _STRUCTURAL and p not in spec.defaults}
+
+
+def parse_pe_spec(spec: str) -> tuple[str, dict]:
+    """'name:key=value,key=value' -> (name, {key: value}) with ints/floats/bools converted; validated."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"a positional-encoding spec must be a non-empty string like 'pope' or 'rope:base=500000'; got {spec!r}")
+    name, _, rest = spec.strip().partition(":")
+    name = name.strip().lower()
+    allowed = describe_positional_encoding(name)
+    options = {}
+    for item in filter(None, (part.strip() for part in rest.split(","))):
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq:
+            raise ValueError(f"option {item!r} in {spec!r} must look like key=value")
+        if key not in allowed:
+            raise ValueError(f"{name!r} has no option {key!r}; valid options: {', '.join(sorted(allowed)) or 'none'}")
+        options[key] = _parse_value(value.strip())
+    return name, options
+
+
+def build_positional_encoding(spec: str, *, n_heads: int, n_kv_heads: int | None = None,
+                              head_dim: int) -> PositionalEncoding:
+    """Build the per-layer encoding named by `spec` (see module docstring)."""
+    name, options = parse_pe_spec(spec)
+    entry = _REGISTRY[name]
+    if entry.option_rules is not None:
+        options = entry.option_rules(options, head_dim)
+    return entry.layer(n_heads=n_heads, n_kv_heads=n_kv_heads or n_heads, head_dim=head_dim,
+                       **{**entry.defaults, **options})
+
+
+def build_absolute_embedding(spec: str, *, d_model: int, max_seq_len: int) -> AbsolutePositionEmbedding | None:
+    """The model-level absolute embedding for `spec`, or None for relative encodings."""
+    name, _ = parse_pe_spec(spec)
+    kind = _REGISTRY[name].absolute
+    return None if kind is None else AbsolutePositionEmbedding(d_model=d_model, max_seq_len=max_seq_len, kind=kind)
+
+
+def _spec(name: str) -> EncodingSpec:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown positional encoding {name!r}; valid names: {', '.join(list_positional_encodings())}") from None
+
+
+def _parse_value(text: str):
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered in ("none", "null"):
+        return None
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text

@@ -1,0 +1,258 @@
+"""A decoder-only GPT with a pluggable positional encoding (the paper's model).
+
+Pre-norm RMSNorm blocks, causal self-attention whose positional encoding is chosen by a config string
+(see pope.encodings), a GELU MLP of ratio 4, no biases, tied input/output embeddings, dropout.
+`generate()` decodes with a KV cache that stores raw keys (d channels per key, like RoPE's cache) and
+gives the same logits as a full forward pass.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from pope.encodings import build_absolute_embedding, build_positional_encoding, parse_pe_spec
+
+
+@dataclass(kw_only=True)
+class GPTConfig:
+    """Model shape and positional encoding. Every field is validated on construction."""
+
+    vocab_size: int
+    """Number of token ids."""
+    n_layer: int
+    """Transformer blocks."""
+    n_head: int
+    """Query heads per attention layer."""
+    d_model: int
+    """Residual width; head_dim = d_model // n_head."""
+    max_seq_len: int
+    """Training context length (learned absolute embeddings cannot go past it; other encodings can)."""
+    n_kv_head: int | None = None
+    """Key/value heads (grouped-query attention); None means n_head."""
+    dropout: float = 0.0
+    """Dropout on attention weights, residual branches and embeddings."""
+    pe: str = "pope"
+    """Positional-encoding config string, e.g. 'pope', 'pope:delta_init=uniform', 'rope', 'yarn:scale=4'."""
+    mlp_ratio: int = 4
+    """MLP hidden width = mlp_ratio * d_model."""
+    norm_eps: float = 1e-6
+    """RMSNorm epsilon."""
+    tie_embeddings: bool = True
+    """Share the token embedding with the output projection."""
+
+    def __post_init__(self):
+        for name in ("vocab_size", "n_layer", "n_head", "d_model", "max_seq_len", "mlp_ratio"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"GPTConfig.{name} must be a positive int; got {value!r}")
+        if self.d_model % self.n_head:
+            raise ValueError(f"GPTConfig.d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
+        if self.n_kv_head is not None and (self.n_kv_head <= 0 or self.n_head % self.n_kv_head):
+            raise ValueError(f"GPTConfig.n_head ({self.n_head}) must be a multiple of n_kv_head ({self.n_kv_head})")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"GPTConfig.dropout must be in [0, 1); got {self.dropout}")
+        if not self.norm_eps > 0:
+            raise ValueError(f"GPTConfig.norm_eps must be positive; got {self.norm_eps}")
+        parse_pe_spec(self.pe)  # raises with the valid names/options
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head or self.n_head
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "GPTConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown GPTConfig fields {sorted(unknown)}; valid fields: {sorted(known)}")
+        return cls(**data)
+
+
+class KVCache:
+    """Preallocated raw keys/values for every layer: (n_layer, B, Hkv, max_len, head_dim) each.
+
+    Keys are stored before any positional transform, so PoPE's cache costs what RoPE's does.
+    The model writes each layer's new entries with `update` and then calls `advance`.
+    """
+
+    def __init__(self, config: GPTConfig, batch_size: int, max_len: int, device=None, dtype=torch.float32):
+        shape = (config.n_layer, batch_size, config.kv_heads, max_len, config.head_dim)
+        self.k = torch.empty(shape, device=device, dtype=dtype)
+        self.v = torch.empty(shape, device=device, dtype=dtype)
+        self.length = 0
+        self.max_len = max_len
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v (B, Hkv, T, hd) after the cached ones; return all keys/values (B, Hkv, length+T, hd)."""
+        end = self.length + k.shape[2]
+        if end > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} positions; {end} were asked for. Make a larger cache.")
+        if k.shape[0] != self.k.shape[1]:
+            raise ValueError(f"KV cache was made for batch {self.k.shape[1]}; got batch {k.shape[0]}")
+        self.k[layer, :, :, self.length:end] = k
+        self.v[layer, :, :, self.length:end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def advance(self, n: int) -> None:
+        self.length += n
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.kv_heads, config.head_dim
+        kv_width = self.n_kv_head * self.head_dim
+        # Separate projections so analysis tools can hook raw q and k.
+        self.q_proj = nn.Linear(config.d_model, config.d_model, bias=False)
+        self.k_proj = nn.Linear(config.d_model, kv_width, bias=False)
+        self.v_proj = nn.Linear(config.d_model, kv_width, bias=False)
+        self.o_proj = nn.Linear(config.d_model, config.d_model, bias=False)
+        self.pe = build_positional_encoding(config.pe, n_heads=self.n_head, n_kv_heads=self.n_kv_head,
+                                            head_dim=self.head_dim)
+        self.dropout = config.dropout
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor, kv_cache: KVCache | None = None) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
+        k = self.k_proj(x).view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
+        v = self.v_proj(x).view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)
+        if kv_cache is not None:
+            k, v = kv_cache.update(self.layer_idx, k, v)  # (B, Hkv, cached + T, hd)
+        y = self.pe(q, k, v, causal=True, dropout_p=self.dropout if self.training else 0.0)  # (B, H, T, hd)
+        y = y.transpose(1, 2).reshape(b, t, self.n_head * self.head_dim)
+        return self.resid_dropout(self.o_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        hidden = config.mlp_ratio * config.d_model
+        self.up = nn.Linear(config.d_model, hidden, bias=False)
+        self.down = nn.Linear(hidden, config.d_model, bias=False)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.down(F.gelu(self.up(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig, layer_idx: int):
+        super().__init__()
+        self.attn_norm = nn.RMSNorm(config.d_model, eps=config.norm_eps)
+        self.attn = CausalSelfAttention(config, layer_idx)
+        self.mlp_norm = nn.RMSNorm(config.d_model, eps=config.norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x, kv_cache=None):
+        x = x + self.attn(self.attn_norm(x), kv_cache)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)
+        self.position_embedding = build_absolute_embedding(config.pe, d_model=config.d_model,
+                                                           max_seq_len=config.max_seq_len)
+        self.embed_dropout = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
+        self.final_norm = nn.RMSNorm(config.d_model, eps=config.norm_eps)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.token_embedding.weight
+        self.apply(self._init_weights)
+        for name, param in self.named_parameters():  # GPT-2's scaled init of residual projections
+            if name.endswith(("o_proj.weight", "down.weight")):
+                nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
+                kv_cache: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """idx (B, T) token ids -> logits (B, T, V) and the mean cross-entropy over targets != -100."""
+        if idx.dtype not in (torch.int64, torch.int32) or idx.dim() != 2:
+            raise TypeError(f"idx must be a (batch, seq) integer tensor; got {idx.dtype} of shape {tuple(idx.shape)}")
+        b, t = idx.shape
+        start = kv_cache.length if kv_cache is not None else 0
+        x = self.token_embedding(idx)  # (B, T, C)
+        if self.position_embedding is not None:
+            x = x + self.position_embedding(torch.arange(start, start + t, device=idx.device))
+        x = self.embed_dropout(x)
+        for block in self.blocks:
+            x = block(x, kv_cache)
+        if kv_cache is not None:
+            kv_cache.advance(t)
+        logits = self.lm_head(self.final_norm(x))
+        loss = None
+        if targets is not None:
+            if targets.shape != idx.shape:
+                raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}; got {tuple(targets.shape)}")
+            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
+        return logits, loss
+
+    def new_kv_cache(self, batch_size: int, max_len: int, device=None, dtype=None) -> KVCache:
+        param = self.token_embedding.weight
+        return KVCache(self.config, batch_size, max_len, device=device or param.device, dtype=dtype or param.dtype)
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Sample max_new_tokens after the prompt idx (B, T) with a KV cache; temperature 0 is greedy."""
+        if max_new_tokens < 0 or temperature < 0:
+            raise ValueError("max_new_tokens and temperature must be non-negative")
+        cache = self.new_kv_cache(idx.shape[0], idx.shape[1] + max_new_tokens)
+        logits, _ = self(idx, kv_cache=cache)
+        out = [idx]
+        for _ in range(max_new_tokens):
+            next_logits = logits[:, -1, :].float()
+            if temperature == 0:
+                token = next_logits.argmax(dim=-1, keepdim=True)
+            else:
+                next_logits = next_logits / temperature
+                if top_k is not None:
+                    kth = torch.topk(next_logits, min(top_k, next_logits.shape[-1])).values[:, -1:]
+                    next_logits = next_logits.masked_fill(next_logits < kth, float("-inf"))
+                token = torch.multinomial(F.softmax(next_logits, dim=-1), 1, generator=generator)
+            out.append(token)
+            logits, _ = self(token, kv_cache=cache)
+        return torch.cat(out, dim=1)
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        """Parameter count (shared tensors once); non_embedding leaves out token/position embeddings."""
+        total = sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
+        if non_embedding:
+            total -= self.token_embedding.weight.numel()
+            if self.position_embedding is not None and self.position_embedding.kind == "learned":
+                total -= self.position_embedding.weight.numel()
+        return total
+
+    def estimate_flops_per_token(self, seq_len: int | None = None) -> float:
+        """Training FLOPs per token (forward + backward = 3 × forward).
+
+        Matmuls: 6 × (non-embedding params + the output projection V·C). Attention: per layer 2·T·C for
+        QK^T (× the encoding's QK channel factor: 2 for PoPE) and 2·T·C for AV, each × 3, without the
+        causal halving (as in the PaLM/nanoGPT convention).
+        """
+        cfg = self.config
+        t = seq_len or cfg.max_seq_len
+        dense = 6 * (self.num_params(non_embedding=True) + cfg.vocab_size * cfg.d_model)
+        qk_factor = self.blocks[0].attn.pe.qk_channel_factor
+        attention = cfg.n_layer * 6 * t * cfg.d_model * (qk_factor + 1)
+        return float(dense + attention)

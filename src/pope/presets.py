@@ -1,0 +1,175 @@
+"""The paper's setups as named presets: model shape + training recipe (+ the paper's numbers).
+
+`get_preset(name)` returns a `Preset`; `preset.model_config(pe=..., vocab_size=...)` builds the
+GPTConfig. Values come from the paper (see shared/paper.md); where the paper is silent the field's
+docstring or the `assumed` note says what we chose. `*-tiny` presets are small enough for 2 CPU cores.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields, replace
+
+from pope.encodings import parse_pe_spec
+from pope.model import GPTConfig
+
+
+@dataclass(kw_only=True, frozen=True)
+class Recipe:
+    """How a preset trains. Every field validated."""
+
+    dataset: str
+    """Prepared dataset name (pope data prepare NAME) or 'indirect-indexing' (generated)."""
+    batch_size: int
+    """Sequences per optimizer step (global, over all ranks and accumulation steps)."""
+    seq_len: int
+    """Training sequence length in tokens."""
+    lr: float
+    """Peak learning rate after warmup."""
+    min_lr: float
+    """Final learning rate of the cosine decay."""
+    warmup_steps: int
+    """Linear warmup steps from 0 to lr."""
+    max_steps: int
+    """Optimizer steps; the cosine reaches min_lr here."""
+    beta1: float = 0.9
+    beta2: float = 0.99
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    """Max global gradient norm (0 disables)."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step."""
+    eval_interval: int = 1000
+    """Steps between evaluations on the validation/test splits."""
+    eval_batches: int = 50
+    """Batches per evaluation (document datasets evaluate every document instead)."""
+    assumed: str = ""
+    """Which values the paper does not state and we chose."""
+
+    def __post_init__(self):
+        for name in ("batch_size", "seq_len", "max_steps", "grad_accum", "eval_interval", "eval_batches"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"Recipe.{name} must be positive; got {getattr(self, name)}")
+        if self.warmup_steps < 0 or self.warmup_steps > self.max_steps:
+            raise ValueError(f"Recipe.warmup_steps must be in [0, max_steps]; got {self.warmup_steps}")
+        if not 0 < self.min_lr <= self.lr:
+            raise ValueError(f"Recipe needs 0 < min_lr <= lr; got lr={self.lr}, min_lr={self.min_lr}")
+        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
+            raise ValueError(f"Recipe betas must be in [0, 1); got {self.beta1}, {self.beta2}")
+        if self.weight_decay < 0 or self.grad_clip < 0:
+            raise ValueError("Recipe.weight_decay and grad_clip must be non-negative")
+        if self.batch_size % self.grad_accum:
+            raise ValueError(f"Recipe.batch_size ({self.batch_size}) must be divisible by grad_accum ({self.grad_accum})")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(kw_only=True, frozen=True)
+class Preset:
+    name: str
+    description: str
+    model: dict
+    """GPTConfig fields except pe (and vocab_size where it comes from the data)."""
+    recipe: Recipe
+    pope_delta_init: str = "uniform"
+    """delta init used when the PE is plain 'pope' (the paper: zero for OpenWebText, uniform elsewhere)."""
+    paper: dict = field(default_factory=dict)
+    """The paper's numbers for this setup: {'metric': ..., 'rope': ..., 'pope': ...}."""
+
+    def resolve_pe(self, pe: str) -> str:
+        """Add the preset's delta init to a PoPE spec that does not set one."""
+        name, options = parse_pe_spec(pe)
+        if name == "pope" and "delta_init" not in options:
+            return f"{pe}{',' if ':' in pe else ':'}delta_init={self.pope_delta_init}"
+        return pe
+
+    def model_config(self, pe: str = "pope", **overrides) -> GPTConfig:
+        data = {**self.model, **overrides, "pe": self.resolve_pe(overrides.pop("pe", pe))}
+        if "vocab_size" not in data:
+            raise ValueError(f"preset {self.name!r} takes its vocab_size from the data: pass vocab_size=")
+        return GPTConfig.from_dict(data)
+
+
+def _owt(name: str, n_layer: int, d_model: int, n_head: int, rope_ppl: float, pope_ppl: float) -> Preset:
+    return Preset(
+        name=name, description=f"OpenWebText GPT-2 {name.split('-')[1].upper()} (context 1024)",
+        model=dict(vocab_size=50257, n_layer=n_layer, d_model=d_model, n_head=n_head, max_seq_len=1024, dropout=0.0),
+        recipe=Recipe(dataset="openwebtext", batch_size=64, seq_len=1024, lr=6e-4, min_lr=6e-5, warmup_steps=1000,
+                      max_steps=100_000, beta2=0.95, weight_decay=0.01, grad_clip=1.0, eval_interval=2000,
+                      eval_batches=100),
+        pope_delta_init="zero", paper={"metric": "valid_ppl", "rope": rope_ppl, "pope": pope_ppl})
+
+
+_PRESETS = [
+    Preset(name="indirect-indexing", description="Indirect indexing (paper Sec. 4.1): 8 layers, d_model 512, 8 heads",
+           model=dict(n_layer=8, d_model=512, n_head=8, max_seq_len=48, dropout=0.0),
+           recipe=Recipe(dataset="indirect-indexing", batch_size=64, seq_len=48, lr=2e-4, min_lr=2e-5,
+                         warmup_steps=4000, max_steps=100_000, beta2=0.99, weight_decay=0.01, grad_clip=1.0,
+                         eval_interval=5000, eval_batches=157,
+                         assumed="seq_len 48 (the paper's 40 cannot hold a 40-letter string plus its suffix)"),
+           paper={"metric": "test_accuracy", "rope": 0.1116, "pope": 0.9482}),
+    Preset(name="jsb", description="JSB chorales: 6 layers, d_model 256, 8 heads, dropout 0.2",
+           model=dict(vocab_size=90, n_layer=6, d_model=256, n_head=8, max_seq_len=2048, dropout=0.2),
+           recipe=Recipe(dataset="jsb", batch_size=4, seq_len=2048, lr=6e-4, min_lr=6e-5, warmup_steps=10,
+                         max_steps=3000, beta2=0.99, weight_decay=0.01, grad_clip=1.0, eval_interval=100),
+           paper={"metric": "test_nll", "rope": 0.5081, "pope": 0.4889}),
+    Preset(name="maestro", description="MAESTRO REMI: 6 layers, d_model 384, 8 heads, dropout 0.1",
+           model=dict(vocab_size=328, n_layer=6, d_model=384, n_head=8, max_seq_len=2048, dropout=0.1),
+           recipe=Recipe(dataset="maestro", batch_size=16, seq_len=2048, lr=6e-4, min_lr=6e-5, warmup_steps=500,
+                         max_steps=60_000, beta2=0.99, weight_decay=0.01, grad_clip=1.0, eval_interval=1000,
+                         assumed="beta2, weight decay and clip not stated for MAESTRO; JSB's values used"),
+           paper={"metric": "test_nll", "rope": 1.501, "pope": 1.486}),
+    Preset(name="genome", description="Human reference genome, 6-mer tokens: 16 layers, d_model 1024, 16 heads",
+           model=dict(vocab_size=4107, n_layer=16, d_model=1024, n_head=16, max_seq_len=1000, dropout=0.1),
+           recipe=Recipe(dataset="genome", batch_size=64, seq_len=1000, lr=2.5e-4, min_lr=2.5e-5, warmup_steps=4000,
+                         max_steps=100_000, beta2=0.999, weight_decay=0.01, grad_clip=1.0, eval_interval=2000,
+                         assumed="weight decay and clip not stated for the genome; 0.01 and 1.0 used"),
+           paper={"metric": "test_nll", "rope": 4.217, "pope": 4.152}),
+    _owt("owt-124m", 12, 768, 12, 21.55, 21.33),
+    _owt("owt-253m", 16, 1024, 16, 18.88, 18.55),
+    _owt("owt-774m", 36, 1280, 20, 15.85, 15.45),
+    # CPU-sized variants: same data and recipe shape, a model and schedule that run in seconds to minutes.
+    Preset(name="indirect-indexing-tiny", description="Indirect indexing on CPU: 2 layers, d_model 64, 4 heads",
+           model=dict(n_layer=2, d_model=64, n_head=4, max_seq_len=48, dropout=0.0),
+           recipe=Recipe(dataset="indirect-indexing", batch_size=32, seq_len=48, lr=1e-3, min_lr=1e-4,
+                         warmup_steps=20, max_steps=300, beta2=0.99, eval_interval=100, eval_batches=8)),
+    Preset(name="jsb-tiny", description="JSB chorales on CPU: 2 layers, d_model 64, 4 heads",
+           model=dict(vocab_size=90, n_layer=2, d_model=64, n_head=4, max_seq_len=256, dropout=0.1),
+           recipe=Recipe(dataset="jsb", batch_size=8, seq_len=256, lr=2e-3, min_lr=2e-4, warmup_steps=20,
+                         max_steps=300, beta2=0.99, eval_interval=100, eval_batches=8)),
+    Preset(name="maestro-tiny", description="MAESTRO on CPU: 2 layers, d_model 64, 4 heads",
+           model=dict(vocab_size=328, n_layer=2, d_model=64, n_head=4, max_seq_len=256, dropout=0.1),
+           recipe=Recipe(dataset="maestro", batch_size=8, seq_len=256, lr=2e-3, min_lr=2e-4, warmup_steps=20,
+                         max_steps=300, beta2=0.99, eval_interval=100, eval_batches=8)),
+    Preset(name="genome-tiny", description="Genome on CPU: 2 layers, d_model 64, 4 heads",
+           model=dict(vocab_size=4107, n_layer=2, d_model=64, n_head=4, max_seq_len=256, dropout=0.1),
+           recipe=Recipe(dataset="genome", batch_size=8, seq_len=256, lr=2e-3, min_lr=2e-4, warmup_steps=20,
+                         max_steps=300, beta2=0.999, eval_interval=100, eval_batches=8)),
+    Preset(name="owt-tiny", description="GPT-2 text on CPU: 2 layers, d_model 64, 4 heads",
+           model=dict(vocab_size=50257, n_layer=2, d_model=64, n_head=4, max_seq_len=256, dropout=0.0),
+           recipe=Recipe(dataset="openwebtext", batch_size=8, seq_len=256, lr=2e-3, min_lr=2e-4, warmup_steps=20,
+                         max_steps=300, beta2=0.95, eval_interval=100, eval_batches=8), pope_delta_init="zero"),
+]
+PRESETS: dict[str, Preset] = {p.name: p for p in _PRESETS}
+
+
+def list_presets() -> list[str]:
+    return sorted(PRESETS)
+
+
+def get_preset(name: str) -> Preset:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(list_presets())}") from None
+
+
+def recipe_fields() -> list[str]:
+    return [f.name for f in fields(Recipe)]
+
+
+def with_recipe(preset: Preset, **changes) -> Preset:
+    """A copy of preset with recipe fields changed (validated)."""
+    unknown = set(changes) - set(recipe_fields())
+    if unknown:
+        raise ValueError(f"unknown recipe fields {sorted(unknown)}; valid: {', '.join(recipe_fields())}")
+    return replace(preset, recipe=replace(preset.recipe, **changes))
