@@ -1,0 +1,215 @@
+"""Which frequencies does a trained model use? (``pope analyze frequencies``)
+
+For every attention layer we capture the raw query and key projections with forward hooks on
+``model.blocks[i].attn.q_proj`` / ``k_proj`` (the model itself is not modified) and average, over heads
+and tokens, the magnitude that each frequency receives:
+
+* PoPE: the magnitude of channel c is f(x_c) (softplus in the paper; the layer's own magnitude function),
+  one row per frequency theta_c = base^(-(c-1)/r), r = rotary_dim or head_dim  -> r rows.
+* RoPE (and YaRN/PI/NTK variants): the norm of each rotated 2-D chunk (x_i, x_{i+r/2}) for the
+  rotate-half layout, (x_{2i}, x_{2i+1}) for the interleaved one  -> r/2 rows.
+
+and, for PoPE, the learned phase bias delta (clamped to [-2π, 0] as the layer uses it) per
+layer × head × frequency. Row 0 is always the highest frequency (theta = 1).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pope.attention import MAGNITUDES
+from pope.encodings import PoPE, RoPE
+
+
+@dataclass
+class FrequencyUsage:
+    kind: str  # "pope" or "rope"
+    frequencies: np.ndarray  # (F,) radians per position, row order of the arrays below
+    query: np.ndarray  # (n_layer, F) mean magnitude over heads and tokens
+    key: np.ndarray  # (n_layer, F)
+    delta: np.ndarray | None  # (n_layer, n_head, F) clamped delta (PoPE with delta) else None
+    n_tokens: int
+
+    def to_dict(self) -> dict:
+        return {
+            "kind": self.kind,
+            "n_tokens": self.n_tokens,
+            "frequencies": self.frequencies.tolist(),
+            "query": self.query.tolist(),
+            "key": self.key.tolist(),
+            "delta": None if self.delta is None else self.delta.tolist(),
+        }
+
+
+def frequency_magnitudes(projection: torch.Tensor, n_heads: int, pe: torch.nn.Module) -> torch.Tensor:
+    """Per-frequency magnitudes of one projection output.
+
+    projection: (B, T, n_heads * head_dim), the output of q_proj or k_proj.
+    Returns (B, T, n_heads, F) in fp32: F = r for PoPE, r/2 for RoPE (see module docstring).
+    """
+    b, t, width = projection.shape
+    head_dim = width // n_heads
+    x = projection.float().view(b, t, n_heads, head_dim)
+    if isinstance(pe, PoPE):
+        r = pe.rotary_dim or head_dim
+        return MAGNITUDES[pe.magnitude](x[..., :r])
+    if isinstance(pe, RoPE):
+        r = pe.rotary_dim
+        if pe.layout == "half":
+            first, second = x[..., : r // 2], x[..., r // 2 : r]
+        else:
+            first, second = x[..., 0:r:2], x[..., 1:r:2]
+        return torch.sqrt(first * first + second * second)
+    raise ValueError(
+        f"frequency analysis needs a rotating positional encoding (pope, rope, yarn, pi, ntk, rope-half); "
+        f"this model's attention uses {type(pe).__name__}"
+    )
+
+
+def encoding_frequencies(pe: torch.nn.Module, head_dim: int) -> tuple[str, np.ndarray]:
+    """("pope" | "rope", the layer's frequencies in row order), from pope.frequencies / the layer's buffer."""
+    if isinstance(pe, PoPE):
+        from pope.frequencies import pope_frequencies
+
+        return "pope", pope_frequencies(pe.rotary_dim or head_dim, pe.base).numpy()
+    if isinstance(pe, RoPE):
+        return "rope", pe.frequencies.detach().float().cpu().numpy()
+    frequency_magnitudes(torch.zeros(1, 1, head_dim), 1, pe)  # raises the explanatory error
+    raise AssertionError("unreachable")
+
+
+@torch.no_grad()
+def analyze_frequencies(
+    model: torch.nn.Module,
+    sequences: list[torch.Tensor],
+    *,
+    device: str | torch.device = "cpu",
+    progress: bool = True,
+) -> FrequencyUsage:
+    """Mean query/key magnitude per layer × frequency over all tokens of ``sequences`` (each (T,) long)."""
+    from tqdm.auto import tqdm
+
+    if not sequences:
+        raise ValueError("frequency analysis needs at least one token sequence")
+    blocks = model.blocks
+    config = model.config
+    kind, frequencies = encoding_frequencies(blocks[0].attn.pe, config.head_dim)
+    n_freq = frequencies.shape[0]
+    sums = {name: torch.zeros(len(blocks), n_freq, dtype=torch.float64) for name in ("query", "key")}
+    counts = {name: torch.zeros(len(blocks), dtype=torch.float64) for name in ("query", "key")}
+
+    def make_hook(layer: int, name: str, n_heads: int, pe):
+        def hook(_module, _inputs, output):  # output: (B, T, n_heads * head_dim)
+            magnitudes = frequency_magnitudes(output, n_heads, pe)  # (B, T, n_heads, F)
+            sums[name][layer] += magnitudes.double().sum(dim=(0, 1, 2)).cpu()
+            counts[name][layer] += magnitudes.shape[0] * magnitudes.shape[1] * magnitudes.shape[2]
+
+        return hook
+
+    handles = []
+    for layer, block in enumerate(blocks):
+        attn = block.attn
+        handles.append(attn.q_proj.register_forward_hook(make_hook(layer, "query", attn.n_head, attn.pe)))
+        handles.append(attn.k_proj.register_forward_hook(make_hook(layer, "key", attn.n_kv_head, attn.pe)))
+    was_training = model.training
+    model.eval()
+    n_tokens = 0
+    try:
+        for sequence in tqdm(sequences, desc="frequency analysis", unit="seq", disable=not progress, leave=False):
+            idx = torch.as_tensor(sequence, dtype=torch.long, device=device).reshape(1, -1)  # (1, T)
+            model(idx)
+            n_tokens += idx.shape[1]
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.train(was_training)
+
+    deltas = [block.attn.pe.clamped_delta() if isinstance(block.attn.pe, PoPE) else None for block in blocks]
+    delta = None if any(d is None for d in deltas) else torch.stack(deltas).detach().float().cpu().numpy()
+    return FrequencyUsage(
+        kind=kind,
+        frequencies=frequencies,
+        query=(sums["query"] / counts["query"][:, None]).numpy(),
+        key=(sums["key"] / counts["key"][:, None]).numpy(),
+        delta=delta,
+        n_tokens=n_tokens,
+    )
+
+
+def chunk_tokens(tokens: list[int] | np.ndarray, max_len: int) -> list[torch.Tensor]:
+    """Cut a token stream into consecutive sequences of at most ``max_len`` (the last may be shorter)."""
+    if max_len < 1:
+        raise ValueError(f"max_len must be >= 1, got {max_len}")
+    tokens = torch.as_tensor(np.asarray(tokens, dtype=np.int64))
+    if tokens.numel() == 0:
+        raise ValueError("the text produced no tokens")
+    return list(torch.split(tokens, max_len))
+
+
+def plot_frequency_usage(usage: FrequencyUsage, path: Path, *, title: str = "") -> Path:
+    """Heatmaps layer × frequency for queries and keys (like the paper's figure)."""
+    from pope.eval._optional import pyplot
+
+    plt = pyplot()
+    n_layer, n_freq = usage.query.shape
+    fig, axes = plt.subplots(1, 2, figsize=(min(16, 4 + 0.12 * n_freq * 2), 1.5 + 0.35 * n_layer), squeeze=False)
+    label = "softplus magnitude" if usage.kind == "pope" else "2-D chunk norm"
+    for ax, (name, values) in zip(axes[0], (("queries", usage.query), ("keys", usage.key))):
+        image = ax.imshow(values, aspect="auto", origin="lower", cmap="viridis", interpolation="nearest")
+        ax.set_xlabel("frequency index (0 = highest, theta = 1)")
+        ax.set_ylabel("layer")
+        ax.set_title(f"{name}: mean {label}")
+        fig.colorbar(image, ax=ax)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_delta(delta: np.ndarray, path: Path, *, title: str = "") -> Path:
+    """One heatmap per layer: head × frequency of the clamped delta in [-2π, 0]."""
+    from pope.eval._optional import pyplot
+
+    plt = pyplot()
+    n_layer, n_head, n_freq = delta.shape
+    n_cols = min(4, n_layer)
+    n_rows = math.ceil(n_layer / n_cols)
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(4 * n_cols, 0.4 * n_head * n_rows + 1.5), squeeze=False)
+    for layer in range(n_rows * n_cols):
+        ax = axes[layer // n_cols][layer % n_cols]
+        if layer >= n_layer:
+            ax.axis("off")
+            continue
+        image = ax.imshow(delta[layer], aspect="auto", origin="lower", cmap="magma", vmin=-2 * math.pi, vmax=0,
+                          interpolation="nearest")
+        ax.set_title(f"layer {layer}")
+        ax.set_xlabel("frequency index")
+        ax.set_ylabel("head")
+    fig.colorbar(image, ax=axes.ravel().tolist(), label="delta (rad)")
+    if title:
+        fig.suptitle(title)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_frequency_report(usage: FrequencyUsage, out_dir: Path, *, title: str = "") -> list[Path]:
+    """frequency_usage.json + frequency_usage.png (+ delta.png and delta.npy for PoPE)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = [out_dir / "frequency_usage.json"]
+    written[0].write_text(json.dumps(usage.to_dict()) + "\n")
+    written.append(plot_frequency_usage(usage, out_dir / "frequency_usage.png", title=title))
+    if usage.delta is not None:
+        np.save(out_dir / "delta.npy", usage.delta)
+        written += [out_dir / "delta.npy", plot_delta(usage.delta, out_dir / "delta.png", title=title)]
+    return written
