@@ -80,14 +80,14 @@ def reference_pope_attention(
 ) -> torch.Tensor:
     """Reference PoPE (no input checks; call pope_attention for those).
 
-    Trigonometry and magnitudes in float32 (float64 for float64 inputs); q'/k' are then cast to the
+    Angles, trigonometry and magnitudes in float32 (float64 for float64 inputs); q'/k' are then cast to the
     input dtype, as a materialised implementation would feed them to a low-precision kernel.
     position_shift adds a constant to every query and key position (PoPE must not notice).
     """
     nq, nk, d = q.shape[2], k.shape[2], q.shape[3]
     r = rotary_dim or d
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
-    theta = pope_frequencies(r, base, device=q.device)
+    theta = pope_frequencies(r, base, device=q.device, dtype=compute)  # float64 inputs get float64 angles
     positions_q = torch.arange(nq, device=q.device) + (q_offset + position_shift)
     positions_k = torch.arange(nk, device=q.device) + position_shift
     with torch.autocast(device_type=q.device.type, enabled=False):

@@ -149,19 +149,22 @@ class RoPE(PositionalEncoding):
         self.base, self.layout, self.rotary_dim = float(base), layout, rotary_dim
         self.scaling, self.scale, self.original_max_len = scaling, float(scale), int(original_max_len)
         self.alpha, self.beta = float(alpha), float(beta)
-        frequencies, self.attention_factor = self._frequencies()
-        self.register_buffer("frequencies", frequencies, persistent=False)  # (rotary_dim // 2,) fp32
+        _, self.attention_factor = self.frequencies()  # validates the scaling options
 
-    def _frequencies(self) -> tuple[torch.Tensor, float]:
+    def frequencies(self, device=None) -> tuple[torch.Tensor, float]:
+        """(rotary_dim // 2,) float32 frequencies and the attention factor.
+
+        Computed on demand rather than stored as a buffer, so casting the model to bf16 cannot round them.
+        """
         dim, base, s = self.rotary_dim, self.base, self.scale
         if self.scaling == "none":
-            return rope_frequencies(dim, base), 1.0
+            return rope_frequencies(dim, base, device), 1.0
         if self.scaling == "linear":
-            return linear_interpolation_frequencies(dim, base, s), 1.0
+            return linear_interpolation_frequencies(dim, base, s, device), 1.0
         if self.scaling == "ntk":
-            return ntk_frequencies(dim, base, s), 1.0
+            return ntk_frequencies(dim, base, s, device), 1.0
         if self.scaling == "yarn":
-            return yarn_frequencies(dim, base, s, self.original_max_len, self.alpha, self.beta)
+            return yarn_frequencies(dim, base, s, self.original_max_len, self.alpha, self.beta, device)
         raise ValueError(f"unknown RoPE scaling {self.scaling!r}; choose 'none', 'linear', 'ntk' or 'yarn'")
 
     @property
@@ -171,7 +174,7 @@ class RoPE(PositionalEncoding):
     def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Rotate x (B, H, N, d) at positions (N,); trigonometry in fp32, result in x's dtype."""
         r = self.rotary_dim
-        phase = angles(positions, self.frequencies)  # (N, r/2) fp32
+        phase = angles(positions, self.frequencies(x.device)[0])  # (N, r/2) fp32
         cos, sin = phase.cos(), phase.sin()
         with torch.autocast(device_type=x.device.type, enabled=False):
             xr = x[..., :r].float()
@@ -247,9 +250,6 @@ class AbsolutePositionEmbedding(nn.Module):
         self.kind, self.d_model, self.max_seq_len = kind, d_model, max_seq_len
         if kind == "learned":
             self.weight = nn.Parameter(torch.randn(max_seq_len, d_model) * 0.02)
-        else:
-            self.register_buffer("inv_freq", 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
-                                 .float(), persistent=False)
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
         if self.kind == "learned":
@@ -258,7 +258,7 @@ class AbsolutePositionEmbedding(nn.Module):
                 raise ValueError(f"learned absolute position embeddings exist for positions < {self.max_seq_len}; "
                                  f"position {last} was asked for (they cannot extrapolate)")
             return self.weight[positions]
-        phase = angles(positions, self.inv_freq)  # (N, d/2) fp32
+        phase = angles(positions, rope_frequencies(self.d_model + self.d_model % 2, 10000.0, positions.device))  # (N, d/2)
         return torch.stack([phase.sin(), phase.cos()], dim=-1).flatten(-2)[:, : self.d_model]
 
 

@@ -12,14 +12,16 @@ import math
 import torch
 
 
-def pope_frequencies(dim: int, base: float = 10000.0, device=None) -> torch.Tensor:
-    """PoPE's d frequencies theta_c = base^(-(c-1)/d), c = 1..d.  Returns (dim,) float32.
+def pope_frequencies(dim: int, base: float = 10000.0, device=None, dtype=torch.float32) -> torch.Tensor:
+    """PoPE's d frequencies theta_c = base^(-(c-1)/d), c = 1..d.  Returns (dim,) float32 (or float64).
 
     The odd-indexed ones (c = 1, 3, 5, ...) are exactly RoPE's d/2 frequencies for the same head dim.
     """
     _check_dim_base(dim, base)
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"frequencies are float32 or float64; got {dtype}")
     exponent = torch.arange(dim, dtype=torch.float64, device=device) / dim
-    return (base ** -exponent).to(torch.float32)
+    return (base ** -exponent).to(dtype)
 
 
 def rope_frequencies(dim: int, base: float = 10000.0, device=None) -> torch.Tensor:
@@ -78,12 +80,13 @@ def yarn_frequencies(
 
 
 def angles(positions: torch.Tensor, frequencies: torch.Tensor) -> torch.Tensor:
-    """Outer product position × frequency in float32, immune to autocast.
+    """Outer product position × frequency in float32 (float64 for float64 frequencies), immune to autocast.
 
-    positions: (N,) integer or float; frequencies: (F,) float32.  Returns (N, F) float32.
+    positions: (N,) integer or float; frequencies: (F,).  Returns (N, F).
     """
+    dtype = torch.float64 if frequencies.dtype == torch.float64 else torch.float32
     with torch.autocast(device_type=positions.device.type, enabled=False):
-        return positions.to(torch.float32)[:, None] * frequencies.to(torch.float32)[None, :]
+        return positions.to(dtype)[:, None] * frequencies.to(dtype)[None, :]
 
 
 def _check_dim_base(dim: int, base: float) -> None:

@@ -1,0 +1,208 @@
+"""pope_attention against the paper's formula, computed directly in float64."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import pope
+from pope.attention import reference_pope_attention
+from pope.encodings import PoPE, RoPE
+from pope.frequencies import angles, pope_frequencies
+
+
+def direct_pope_attention(q, k, v, delta, *, base=10000.0, causal=True, q_offset=None, magnitude=F.softplus,
+                          rotary_dim=None, softmax_scale=None):
+    """The paper's score written out channel by channel in float64, then softmax and the value average."""
+    q, k, v = q.double(), k.double(), v.double()
+    b, hq, nq, d = q.shape
+    hkv, nk = k.shape[1], k.shape[2]
+    r = rotary_dim or d
+    q_offset = nk - nq if q_offset is None else q_offset
+    theta = torch.tensor([base ** (-(c - 1) / r) for c in range(1, r + 1)], dtype=torch.float64)
+    t = torch.arange(nq, dtype=torch.float64) + q_offset
+    s = torch.arange(nk, dtype=torch.float64)
+    rel = s[None, :] - t[:, None]  # (Nq, Nk): s - t
+    out = torch.empty(b, hq, nq, d, dtype=torch.float64)
+    for h in range(hq):
+        g = h // (hq // hkv)
+        dl = torch.zeros(r, dtype=torch.float64) if delta is None else delta[h].double()
+        phase = rel[..., None] * theta + dl  # (Nq, Nk, r)
+        mq, mk = magnitude(q[:, h, :, :r]), magnitude(k[:, g, :, :r])  # (B, Nq, r), (B, Nk, r)
+        score = torch.einsum("bic,bjc,ijc->bij", mq, mk, torch.cos(phase))
+        score = score + q[:, h, :, r:] @ k[:, g, :, r:].transpose(-1, -2)
+        score = score * (softmax_scale or 1 / math.sqrt(d))
+        if causal:
+            score = score.masked_fill(s[None, :] > t[:, None], float("-inf"))
+        out[:, h] = torch.softmax(score, dim=-1) @ v[:, g]
+    return out
+
+
+CASES = [
+    dict(b=2, hq=4, hkv=4, nq=9, nk=9, d=16, causal=True),
+    dict(b=1, hq=4, hkv=2, nq=7, nk=7, d=8, causal=True),  # GQA
+    dict(b=2, hq=6, hkv=2, nq=3, nk=11, d=8, causal=True),  # GQA + Nq < Nk (decode-like)
+    dict(b=1, hq=2, hkv=1, nq=5, nk=13, d=12, causal=False),
+    dict(b=2, hq=2, hkv=2, nq=6, nk=10, d=16, causal=True, rotary_dim=6),  # partial rotary
+    dict(b=1, hq=2, hkv=2, nq=4, nk=8, d=8, causal=True, q_offset=2),  # explicit query positions
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+@pytest.mark.parametrize("magnitude", ["softplus", "relu", "identity"])
+def test_matches_direct_formula_float64(case, magnitude):
+    g = torch.Generator().manual_seed(hash((tuple(case.items()), magnitude)) % 2**31)
+    b, hq, hkv, nq, nk, d = (case[x] for x in ("b", "hq", "hkv", "nq", "nk", "d"))
+    r = case.get("rotary_dim") or d
+    q = torch.randn(b, hq, nq, d, generator=g, dtype=torch.float64)
+    k = torch.randn(b, hkv, nk, d, generator=g, dtype=torch.float64)
+    v = torch.randn(b, hkv, nk, d, generator=g, dtype=torch.float64)
+    delta = -2 * math.pi * torch.rand(hq, r, generator=g, dtype=torch.float64)
+    kwargs = dict(causal=case["causal"], q_offset=case.get("q_offset"), rotary_dim=case.get("rotary_dim"))
+    expected = direct_pope_attention(q, k, v, delta, magnitude=pope.attention.MAGNITUDES[magnitude], **kwargs)
+    for backend in ("reference", "auto"):
+        got = pope.pope_attention(q, k, v, delta, magnitude=magnitude, backend=backend, **kwargs)
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+
+
+def test_float32_and_low_precision_close_to_float64():
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 4, 33, 16, generator=g) for _ in range(3))
+    delta = -2 * math.pi * torch.rand(4, 16, generator=g)
+    expected = direct_pope_attention(q, k, v, delta)
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
+        got = pope.pope_attention(q.to(dtype), k.to(dtype), v.to(dtype), delta).double()
+        assert ((got - expected).norm() / expected.norm()).item() < tol
+
+
+def test_shift_invariance_pope_and_rope():
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 2, 12, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    delta = -2 * math.pi * torch.rand(2, 8, generator=g, dtype=torch.float64)
+    opts = dict(base=10000.0, causal=True, softmax_scale=0.3, q_offset=0, magnitude="softplus", rotary_dim=None)
+    base_out = reference_pope_attention(q, k, v, delta, **opts)
+    shifted = reference_pope_attention(q, k, v, delta, position_shift=12345, **opts)
+    torch.testing.assert_close(shifted, base_out, rtol=1e-9, atol=1e-9)
+
+    rope = RoPE(n_heads=2, n_kv_heads=2, head_dim=8)
+    pos = torch.arange(12)
+    scores = rope.rotate(q, pos) @ rope.rotate(k, pos).transpose(-1, -2)
+    scores_shifted = rope.rotate(q, pos + 1000) @ rope.rotate(k, pos + 1000).transpose(-1, -2)
+    # RoPE's angles are float32 by design: at position ~1e3 they carry ~1e-4 rad of rounding
+    torch.testing.assert_close(scores_shifted, scores, rtol=1e-3, atol=1e-3)
+
+
+def _rope_scores(rope, q, k):
+    return rope.rotate(q, torch.arange(q.shape[2])) @ rope.rotate(k, torch.arange(k.shape[2])).transpose(-1, -2)
+
+
+def test_what_where_confound_numerically():
+    """A content change that keeps RoPE's magnitudes moves RoPE's scores; PoPE's positional profile
+    (the score per channel divided by its magnitudes) is the same for every content."""
+    g = torch.Generator().manual_seed(3)
+    d, n = 8, 16
+    q, k = torch.randn(1, 1, n, d, generator=g, dtype=torch.float64), torch.randn(1, 1, n, d, generator=g, dtype=torch.float64)
+    # RoPE (rotate-half pairs channel i with i + d/2): rotate every pair of the query by a content angle.
+    rope = RoPE(n_heads=1, n_kv_heads=1, head_dim=d)
+    angle = torch.rand(d // 2, generator=g, dtype=torch.float64) * 2 + 0.5
+    x1, x2 = q[..., : d // 2], q[..., d // 2:]
+    q_rot = torch.cat([x1 * angle.cos() - x2 * angle.sin(), x1 * angle.sin() + x2 * angle.cos()], dim=-1)
+    pair_norm = lambda x: (x[..., : d // 2] ** 2 + x[..., d // 2:] ** 2).sqrt()
+    torch.testing.assert_close(pair_norm(q_rot), pair_norm(q))  # same magnitudes
+    assert (_rope_scores(rope, q_rot, k) - _rope_scores(rope, q, k)).abs().max() > 0.1  # scores moved
+
+    # PoPE: per channel, score / (f(q) f(k)) = cos((s - t) theta + delta) whatever the content.
+    theta = pope_frequencies(d).double()
+    delta = -torch.rand(d, generator=g, dtype=torch.float64)
+    t = torch.arange(n, dtype=torch.float64)
+    profiles = []
+    for content in (q, q_rot, torch.randn_like(q) * 3):
+        mq, mk = F.softplus(content[0, 0]), F.softplus(k[0, 0])  # (n, d)
+        qp = torch.stack([mq * torch.cos(t[:, None] * theta - delta), mq * torch.sin(t[:, None] * theta - delta)])
+        kp = torch.stack([mk * torch.cos(t[:, None] * theta), mk * torch.sin(t[:, None] * theta)])
+        per_channel = (qp[:, :, None, :] * kp[:, None, :, :]).sum(0)  # (n, n, d)
+        profiles.append(per_channel / (mq[:, None, :] * mk[None, :, :]))
+    for other in profiles[1:]:
+        torch.testing.assert_close(other, profiles[0], rtol=1e-12, atol=1e-12)
+
+
+def test_gradcheck_reference_float64():
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(1, 4, 5, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, 2, 7, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(1, 2, 7, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    delta = (-2 * math.pi * torch.rand(4, 6, generator=g, dtype=torch.float64)).requires_grad_()
+    fn = lambda q, k, v, delta: pope.pope_attention(q, k, v, delta, backend="reference")
+    assert torch.autograd.gradcheck(fn, (q, k, v, delta))
+
+
+def test_delta_clamp_at_bounds():
+    layer = PoPE(n_heads=1, n_kv_heads=1, head_dim=4)
+    with torch.no_grad():
+        layer.delta.copy_(torch.tensor([[1.0, -7.0, -1.0, 0.0]]))
+    clamped = layer.clamped_delta()
+    torch.testing.assert_close(clamped, torch.tensor([[0.0, -2 * math.pi, -1.0, 0.0]]))
+    clamped.sum().backward()
+    # no gradient pushes a value further out of [-2π, 0]; inside the interval the gradient flows
+    assert layer.delta.grad[0, 0] == 0 and layer.delta.grad[0, 1] == 0 and layer.delta.grad[0, 2] == 1
+    uniform = PoPE(n_heads=8, n_kv_heads=8, head_dim=64, delta_init="uniform").delta
+    assert uniform.min() >= -2 * math.pi and uniform.max() <= 0 and uniform.std() > 1
+    assert PoPE(n_heads=2, n_kv_heads=2, head_dim=8, use_delta=False).delta is None
+
+
+def test_angles_are_float32_under_autocast():
+    positions = torch.arange(4096)
+    theta = pope_frequencies(64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        phase = angles(positions, theta)
+    assert phase.dtype == torch.float32
+    exact = positions.double()[:, None] * theta.double()[None, :]
+    assert (phase.double().cos() - exact.cos()).abs().max() < 1e-3
+
+
+def test_triton_backend_refuses_cpu_and_auto_falls_back():
+    q = k = v = torch.randn(1, 1, 4, 8)
+    with pytest.raises(ValueError, match="CUDA"):
+        pope.pope_attention(q, k, v, None, backend="triton")
+    torch.testing.assert_close(pope.pope_attention(q, k, v, None), pope.pope_attention(q, k, v, None, backend="reference"))
+
+
+def _qkv(b=1, hq=2, hkv=2, nq=4, nk=4, d=8, dtype=torch.float32):
+    return torch.randn(b, hq, nq, d, dtype=dtype), torch.randn(b, hkv, nk, d, dtype=dtype), torch.randn(b, hkv, nk, d, dtype=dtype)
+
+
+@pytest.mark.parametrize("make, error, message", [
+    (lambda: (*_qkv(nq=5, nk=4), None), ValueError, "only 4"),
+    (lambda: (*_qkv(hq=3, hkv=2), None), ValueError, "multiple of key/value heads"),
+    (lambda: (_qkv()[0], _qkv(b=2)[1], _qkv(b=2)[2], None), ValueError, "batch"),
+    (lambda: (_qkv()[0], _qkv(d=6)[1], _qkv(d=6)[2], None), ValueError, "head_dim"),
+    (lambda: (_qkv()[0].long(), _qkv()[1], _qkv()[2], None), TypeError, "float16, bfloat16"),
+    (lambda: (_qkv()[0], _qkv()[1].double(), _qkv()[2], None), TypeError, "share one dtype"),
+    (lambda: (_qkv()[0][0], _qkv()[1], _qkv()[2], None), ValueError, "4 dims"),
+    (lambda: (*_qkv(), torch.zeros(3, 8)), ValueError, r"delta must have shape"),
+    (lambda: (*_qkv(), torch.zeros(2, 8, dtype=torch.long)), TypeError, "delta must be a floating"),
+    (lambda: (_qkv()[0], _qkv()[1], _qkv(nk=5)[2], None), ValueError, "same shape"),
+    (lambda: ([1.0], _qkv()[1], _qkv()[2], None), TypeError, "torch.Tensor"),
+])
+def test_bad_input(make, error, message):
+    with pytest.raises(error, match=message):
+        pope.pope_attention(*make())
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(magnitude="sigmoid"), "unknown magnitude"),
+    (dict(backend="cuda"), "unknown backend"),
+    (dict(rotary_dim=9), "rotary_dim"),
+    (dict(q_offset=-1), "q_offset"),
+    (dict(softmax_scale=0.0), "softmax_scale"),
+    (dict(base=-1.0), "base"),
+])
+def test_bad_options(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        pope.pope_attention(*_qkv(), None, **kwargs)
+
+
+def test_tensors_on_different_devices():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="one device"):
+        pope.pope_attention(q, k.to("meta"), v, None)

@@ -1,0 +1,119 @@
+"""GPT: config validation, KV-cache decoding equals a full forward pass for every encoding, training step."""
+import pytest
+import torch
+
+import pope
+from pope import GPT, GPTConfig
+
+
+def small_config(pe: str, **overrides) -> GPTConfig:
+    fields = dict(vocab_size=37, n_layer=2, n_head=4, n_kv_head=2, d_model=32, max_seq_len=64, pe=pe)
+    return GPTConfig(**{**fields, **overrides})
+
+
+@pytest.mark.parametrize("pe", pope.list_positional_encodings() + ["pope:rotary_dim=4", "pope:magnitude=identity"])
+def test_incremental_decoding_matches_full_forward(pe):
+    torch.manual_seed(0)
+    model = GPT(small_config(pe)).eval()
+    if model.blocks[0].attn.pe.__class__.__name__ == "PoPE" and model.blocks[0].attn.pe.delta is not None:
+        with torch.no_grad():  # non-trivial delta so a wrong phase shows
+            for block in model.blocks:
+                block.attn.pe.delta.uniform_(-6.28, 0)
+    idx = torch.randint(0, 37, (3, 23))
+    full, _ = model(idx)
+    cache = model.new_kv_cache(3, 23)
+    pieces = [model(idx[:, :9], kv_cache=cache)[0]]  # a prompt, then one token at a time
+    for i in range(9, 23):
+        pieces.append(model(idx[:, i:i + 1], kv_cache=cache)[0])
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=0)
+
+
+def test_generate_greedy_equals_argmax_of_full_forward():
+    torch.manual_seed(1)
+    model = GPT(small_config("pope")).eval()
+    prompt = torch.randint(0, 37, (2, 5))
+    out = model.generate(prompt, max_new_tokens=8, temperature=0)
+    assert out.shape == (2, 13) and torch.equal(out[:, :5], prompt)
+    logits, _ = model(out[:, :-1])
+    torch.testing.assert_close(out[:, 5:], logits[:, 4:].argmax(-1))
+    sampled = model.generate(prompt, 4, temperature=1.0, top_k=3, generator=torch.Generator().manual_seed(0))
+    assert sampled.shape == (2, 9) and sampled.max() < 37
+
+
+def test_kv_cache_overflow_and_learned_positions_limit():
+    model = GPT(small_config("pope")).eval()
+    cache = model.new_kv_cache(1, 4)
+    with pytest.raises(ValueError, match="KV cache holds 4"):
+        model(torch.zeros(1, 5, dtype=torch.long), kv_cache=cache)
+    learned = GPT(small_config("learned-abs", max_seq_len=8)).eval()
+    with pytest.raises(ValueError, match="cannot extrapolate"):
+        learned(torch.zeros(1, 9, dtype=torch.long))
+
+
+def test_training_step_reduces_loss_and_masks_targets():
+    torch.manual_seed(2)
+    model = GPT(small_config("pope", n_kv_head=None))
+    idx = torch.randint(0, 37, (4, 16))
+    targets = idx.roll(-1, dims=1)
+    targets[:, -1] = -100  # masked out of the loss
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(30):
+        _, loss = model(idx, targets)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
+    assert all(p.grad is not None for p in model.parameters())  # delta included
+
+
+def test_param_and_flop_counts():
+    cfg = small_config("pope", n_kv_head=None)
+    model = GPT(cfg)
+    c, layers, v = cfg.d_model, cfg.n_layer, cfg.vocab_size
+    per_layer = 4 * c * c + 8 * c * c + 2 * c + c  # q,k,v,o + MLP + two norms + delta (n_head × head_dim = C)
+    assert model.num_params(non_embedding=True) == layers * per_layer + c  # + final norm
+    assert model.num_params() == model.num_params(non_embedding=True) + v * c  # tied: counted once
+    rope = GPT(small_config("rope", n_kv_head=None))
+    t = 64
+    diff = model.estimate_flops_per_token(t) - rope.estimate_flops_per_token(t)
+    # PoPE's QK^T has 2d channels: 6·T·C more per layer (fwd+bwd), plus its delta parameters
+    assert diff == pytest.approx(layers * 6 * t * c + 6 * layers * c)
+    gpt2 = GPT(pope.get_preset("owt-124m").model_config(pe="rope"))
+    assert 123e6 < gpt2.num_params() < 125e6  # GPT-2 small with tied embeddings
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(d_model=30), "divisible by n_head"),
+    (dict(n_kv_head=3), "multiple of n_kv_head"),
+    (dict(dropout=1.5), "dropout"),
+    (dict(pe="ropez"), "unknown positional encoding"),
+    (dict(n_layer=0), "n_layer"),
+])
+def test_config_validation(bad, message):
+    with pytest.raises(ValueError, match=message):
+        small_config(**{"pe": "pope", **bad})
+
+
+def test_config_round_trip_and_presets():
+    cfg = small_config("yarn:scale=4")
+    assert GPTConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match="unknown GPTConfig fields"):
+        GPTConfig.from_dict({**cfg.to_dict(), "n_layers": 3})
+    for name in ("indirect-indexing", "jsb", "maestro", "genome", "owt-124m", "owt-253m", "owt-774m"):
+        assert name in pope.list_presets()
+    assert pope.get_preset("owt-124m").model_config().pe == "pope:delta_init=zero"
+    assert pope.get_preset("jsb").model_config().pe == "pope:delta_init=uniform"
+    big = pope.get_preset("owt-774m").model_config(pe="rope")
+    assert (big.n_layer, big.d_model, big.n_head, big.head_dim) == (36, 1280, 20, 64)
+    with pytest.raises(ValueError, match="valid presets"):
+        pope.get_preset("gpt5")
+    with pytest.raises(ValueError, match="vocab_size"):
+        pope.get_preset("indirect-indexing").model_config()
+
+
+def test_bad_token_input():
+    model = GPT(small_config("pope"))
+    with pytest.raises(TypeError, match="integer tensor"):
+        model(torch.zeros(2, 3))
