@@ -1,0 +1,44 @@
+"""Loading trained runs for evaluation: one place for the checks and the labels."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+
+def load_run_model(path: str | Path, device: str | torch.device = "cpu"):
+    """(model in eval mode on ``device``, info) from a run or checkpoint directory via pope.checkpoint."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"run or checkpoint directory {path} does not exist")
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} is not a directory; give a run directory (made by `pope train`) or one of "
+                                f"its checkpoints/<name> directories")
+    from pope.checkpoint import load_model
+
+    model, info = load_model(path, map_location=str(device))
+    return model.to(device).eval(), info
+
+
+def run_config(path: str | Path) -> dict:
+    """The run's resolved config.json (empty when ``path`` is a bare checkpoint directory)."""
+    path = Path(path)
+    for candidate in (path / "config.json", path.parent.parent / "config.json"):
+        if candidate.is_file():
+            return json.loads(candidate.read_text())
+    return {}
+
+
+def run_label(path: str | Path, model=None) -> str:
+    """A short label for tables and legends: the directory name and its positional encoding."""
+    path = Path(path)
+    name = path.name if path.name not in ("best", "last") else f"{path.parent.parent.name}/{path.name}"
+    pe = getattr(getattr(model, "config", None), "pe", None)
+    return f"{name} ({pe})" if pe and pe not in name else name
+
+
+def run_dir_of(path: str | Path) -> Path:
+    """The run directory for a run dir or one of its checkpoints/<name> directories."""
+    path = Path(path)
+    return path.parent.parent if path.parent.name == "checkpoints" else path

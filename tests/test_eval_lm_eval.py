@@ -1,0 +1,161 @@
+"""The lm-eval model: lm-eval's own interface on local tasks, and log-likelihoods checked directly."""
+import json
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("lm_eval", reason="lm-eval is part of the [eval] extra")
+
+from lm_eval.api.instance import Instance  # noqa: E402
+
+from pope.eval.lm_eval_model import PoPELM  # noqa: E402
+from pope.eval.tokenizers import get_tokenizer  # noqa: E402
+from pope.model import GPT, GPTConfig  # noqa: E402
+
+QUESTIONS = [
+    ("The cat sat on the", ["mat", "moon", "xylophone"], 0),
+    ("One, two, three,", ["four", "seven", "banana"], 0),
+    ("Roses are red, violets are", ["blue", "green", "loud"], 0),
+    ("A B C D", ["E", "Q", "zz"], 1),
+    ("2 + 2 =", ["4", "5", "22"], 2),
+]
+
+
+@pytest.fixture(scope="module")
+def byte_model():
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=256, n_layer=2, n_head=2, d_model=32, max_seq_len=24, pe="pope")
+    return GPT(config).eval()
+
+
+def _direct_logprob(model, context_ids, continuation_ids):
+    """Sum of log p(continuation token | everything before it), one full forward pass, float64."""
+    ids = torch.tensor([context_ids + continuation_ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids[:, :-1])[0].double(), -1)[0]  # (T-1, V)
+    n = len(continuation_ids)
+    positions = range(len(context_ids) - 1, len(context_ids) - 1 + n)
+    return sum(logp[p, t].item() for p, t in zip(positions, continuation_ids))
+
+
+def _instance(kind, args):
+    return Instance(request_type=kind, doc={}, arguments=args, idx=0)
+
+
+def test_loglikelihood_equals_direct_sum_of_token_logprobs(byte_model):
+    lm = PoPELM(model=byte_model, tokenizer=get_tokenizer("bytes"), batch_size=3)
+    requests = [("The cat sat on the", " mat"), ("", "hello"), ("abc ", "def"), ("x" * 40, " tail!")]
+    results = lm.loglikelihood([_instance("loglikelihood", r) for r in requests])
+    for (context, continuation), (logprob, greedy) in zip(requests, results):
+        if context == "":
+            ctx, cont = [0], list(continuation.encode())
+        else:  # trailing spaces move to the continuation
+            stripped = context.rstrip()
+            ctx, cont = list(stripped.encode()), list((context[len(stripped):] + continuation).encode())
+        whole = (ctx + cont)[-(24 + 1):]  # the model's window: max_length inputs + 1
+        expected = _direct_logprob(byte_model, whole[: len(whole) - len(cont)], cont)
+        assert logprob == pytest.approx(expected, abs=1e-4)
+        assert isinstance(greedy, bool)
+
+
+def test_rolling_scores_every_token_once(byte_model):
+    lm = PoPELM(model=byte_model, tokenizer=get_tokenizer("bytes"), max_length=8)
+    text = "abcdefghijklmnopqrstu"  # 21 tokens -> windows of 8 predicted tokens: 8, 8, 5 (last keeps 8 inputs)
+    (total,) = lm.loglikelihood_rolling([_instance("loglikelihood_rolling", (text,))])
+    ids = [0] + list(text.encode())
+    expected = 0.0
+    for start, stop in ((0, 8), (8, 16)):  # disjoint windows: inputs ids[start:stop], targets ids[start+1:stop+1]
+        expected += _direct_logprob(byte_model, ids[start:start + 1], ids[start + 1:stop + 1])
+    # Last window: the final 8 inputs, scoring only the 5 tokens not yet predicted.
+    last_inputs = ids[-9:-1]
+    with torch.no_grad():
+        logp = torch.log_softmax(byte_model(torch.tensor([last_inputs]))[0].double(), -1)[0]
+    expected += sum(logp[p, ids[-8 + p]].item() for p in range(3, 8))
+    assert total == pytest.approx(expected, abs=1e-4)
+
+
+def test_generate_until_is_greedy_and_stops(byte_model):
+    lm = PoPELM(model=byte_model, tokenizer=get_tokenizer("bytes"), max_gen_toks=6)
+    (text,) = lm.generate_until([_instance("generate_until", ("Hello", {"until": ["\n\n"], "max_gen_toks": 6}))])
+    ids = list(b"Hello")
+    with torch.no_grad():
+        for _ in range(6):  # reference: greedy without a cache
+            ids.append(int(byte_model(torch.tensor([ids]))[0][0, -1].argmax()))
+    expected = bytes(ids[5:]).decode("utf-8", errors="replace").split("\n\n")[0]
+    assert text == expected
+    with pytest.raises(ValueError, match="greedily"):
+        lm.generate_until([_instance("generate_until", ("Hi", {"do_sample": True, "temperature": 0.7}))])
+
+
+def test_bad_arguments_are_refused(byte_model, tmp_path):
+    with pytest.raises(ValueError, match="vocabulary mismatch"):
+        small = GPT(GPTConfig(vocab_size=100, n_layer=1, n_head=1, d_model=8, max_seq_len=8, pe="rope"))
+        PoPELM(model=small, tokenizer=get_tokenizer("bytes"))
+    with pytest.raises(ValueError, match="exactly one of"):
+        PoPELM(tokenizer="bytes")
+    with pytest.raises(ValueError, match="unknown model_args"):
+        PoPELM(model=byte_model, tokenizer="bytes", temperature=3)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        PoPELM(path=str(tmp_path / "missing"), tokenizer="bytes")
+
+
+def _write_tasks(tmp_path):
+    data = tmp_path / "choice.jsonl"
+    data.write_text("".join(json.dumps({"question": q, "choices": c, "label": a}) + "\n" for q, c, a in QUESTIONS))
+    texts = tmp_path / "texts.jsonl"
+    texts.write_text("".join(json.dumps({"text": t}) + "\n" for t in ["alpha beta gamma delta " * 3, "short one."]))
+    (tmp_path / "pope_local_choice.yaml").write_text(f"""
+task: pope_local_choice
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{question}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: label
+metric_list:
+  - metric: acc
+""")
+    (tmp_path / "pope_local_ppl.yaml").write_text(f"""
+task: pope_local_ppl
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {texts}
+test_split: test
+output_type: loglikelihood_rolling
+doc_to_text: ""
+doc_to_target: "{{{{text}}}}"
+metric_list:
+  - metric: word_perplexity
+  - metric: bits_per_byte
+""")
+    return tmp_path
+
+
+def test_simple_evaluate_on_local_tasks(byte_model, tmp_path):
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    task_dir = _write_tasks(tmp_path)
+    lm = PoPELM(model=byte_model, tokenizer=get_tokenizer("bytes"), batch_size=4)
+    out = simple_evaluate(model=lm, tasks=["pope_local_choice", "pope_local_ppl"],
+                          task_manager=TaskManager(include_path=str(task_dir)), bootstrap_iters=0, log_samples=False)
+    accuracy = out["results"]["pope_local_choice"]["acc,none"]
+    # The same accuracy computed directly: argmax over choices of log p(" " + choice | question).
+    correct = 0
+    for question, choices, answer in QUESTIONS:
+        scores = [_direct_logprob(byte_model, list(question.encode()), list((" " + c).encode())) for c in choices]
+        correct += int(max(range(len(choices)), key=scores.__getitem__) == answer)
+    assert accuracy == pytest.approx(correct / len(QUESTIONS))
+    word_ppl = out["results"]["pope_local_ppl"]["word_perplexity,none"]
+    assert math.isfinite(word_ppl) and word_ppl > 1.0
+
+
+def test_registered_under_the_name_pope():
+    from lm_eval.api.registry import get_model
+
+    assert get_model("pope") is PoPELM
