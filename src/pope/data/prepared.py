@@ -1,0 +1,466 @@
+"""The on-disk prepared-data format, its atomic writer and its reader.
+
+A prepared dataset is a directory::
+
+    DIR/manifest.json          vocabulary, token counts, sha256 of every file, source + library versions,
+                               the request that produced it, and ``"complete": true`` (written last)
+    DIR/{split}.bin            flat token ids, uint16 when vocab_size < 65536 else uint32 (raw memmap)
+    DIR/{split}.docs.npy       int64 document offsets into {split}.bin, length n_docs + 1
+
+Writing goes to a sibling temporary directory that is renamed onto DIR only after every file and the
+manifest are on disk, so an interrupted prepare never leaves a DIR whose manifest claims completeness.
+Reading is cheap (numpy memmaps); :meth:`PreparedDataset.verify` re-hashes the files on demand.
+
+This module needs only numpy: builders with heavy dependencies live in sibling modules.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+STANDARD_SPLITS = ("train", "valid", "test")
+_PARTIAL_MARKER = ".partial-"
+
+
+# --------------------------------------------------------------------------------------------- paths
+def cache_root() -> Path:
+    """$POPE_CACHE, default ~/.cache/pope: downloaded sources and prepared datasets live below it."""
+    return Path(os.environ.get("POPE_CACHE") or Path.home() / ".cache" / "pope").expanduser()
+
+
+def data_root() -> Path:
+    """Where dataset *names* resolve: $POPE_DATA_DIR, else $POPE_CACHE/data (default ~/.cache/pope/data)."""
+    explicit = os.environ.get("POPE_DATA_DIR")
+    return Path(explicit).expanduser() if explicit else cache_root() / "data"
+
+
+def token_dtype_for(vocab_size: int) -> np.dtype:
+    """uint16 when every id fits (vocab < 65536), else uint32."""
+    if not isinstance(vocab_size, (int, np.integer)) or vocab_size <= 0:
+        raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}")
+    if vocab_size >= 2**32:
+        raise ValueError(f"vocab_size {vocab_size} does not fit uint32 token ids")
+    return np.dtype(np.uint16) if vocab_size < 2**16 else np.dtype(np.uint32)
+
+
+def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk_bytes):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def file_fingerprint(paths: Iterable[str | os.PathLike]) -> str:
+    """Cheap identity of source files (path, size, mtime) for idempotence checks; not a content hash."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(p) for p in paths):
+        stat = path.stat()
+        digest.update(f"{path.name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+def stable_order_key(item_id: str) -> str:
+    """Deterministic, library-version-independent shuffle key for split assignment (sha256 of the id)."""
+    return hashlib.sha256(item_id.encode("utf-8")).hexdigest()
+
+
+def split_counts(n_items: int, fractions: tuple[float, float, float]) -> tuple[int, int, int]:
+    """Items per (train, valid, test) for `fractions`; valid/test get at least one item when n >= 3."""
+    if n_items <= 0:
+        raise ValueError("cannot split an empty collection: the source produced no items")
+    if abs(sum(fractions) - 1.0) > 1e-9 or min(fractions) < 0:
+        raise ValueError(f"split fractions must be non-negative and sum to 1, got {fractions}")
+    n_valid = int(round(n_items * fractions[1]))
+    n_test = int(round(n_items * fractions[2]))
+    if n_items >= 3:
+        n_valid = max(n_valid, 1 if fractions[1] > 0 else 0)
+        n_test = max(n_test, 1 if fractions[2] > 0 else 0)
+    n_train = n_items - n_valid - n_test
+    if n_train < 1:
+        raise ValueError(f"{n_items} items are too few for a train/valid/test split {fractions}")
+    return n_train, n_valid, n_test
+
+
+def assign_splits(item_ids: Iterable[str], fractions: tuple[float, float, float]) -> dict[str, str]:
+    """Map each id to "train"/"valid"/"test": order by sha256(id), then cut by `fractions`.
+
+    Deterministic across machines and library versions; whole items (pieces, files, regions) stay in
+    one split, so splits never share an item.
+    """
+    ids = sorted(set(item_ids), key=stable_order_key)
+    n_train, n_valid, _ = split_counts(len(ids), fractions)
+    assignment = {}
+    for rank, item_id in enumerate(ids):
+        assignment[item_id] = "train" if rank < n_train else "valid" if rank < n_train + n_valid else "test"
+    return assignment
+
+
+def warn(message: str) -> None:
+    """User-visible notice on stderr (skipped inputs etc.); the same facts also go into the manifest."""
+    print(f"pope data: {message}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------------------- reading
+@dataclass(frozen=True)
+class TokenSplit:
+    """One split: `tokens` (n_tokens,) memmap and `doc_offsets` (n_docs + 1,) int64 boundaries."""
+
+    name: str
+    tokens: np.memmap
+    doc_offsets: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def n_docs(self) -> int:
+        return int(self.doc_offsets.shape[0] - 1)
+
+    def document(self, index: int) -> np.ndarray:
+        """Tokens of document `index` (a view into the memmap)."""
+        if not -self.n_docs <= index < self.n_docs:
+            raise IndexError(f"document {index} out of range: split {self.name!r} has {self.n_docs} documents")
+        index %= self.n_docs
+        return self.tokens[self.doc_offsets[index]: self.doc_offsets[index + 1]]
+
+    def document_lengths(self) -> np.ndarray:
+        return np.diff(self.doc_offsets)
+
+
+class TokenRangeShift:
+    """Train-time augmentation: add one random shift s to every token id inside [low, high].
+
+    Used for MAESTRO pitch transposition (REMI Pitch tokens are a contiguous id range ordered by pitch,
+    so shifting the id by s transposes by s semitones). s is uniform over the shifts in
+    {-max_shift..+max_shift} that keep every shifted token of this sequence inside [low, high]
+    (s = 0 is always allowed), so pitches never leave the vocabulary's range.
+    """
+
+    def __init__(self, low: int, high: int, max_shift: int):
+        if not (isinstance(low, int) and isinstance(high, int) and 0 <= low <= high):
+            raise ValueError(f"TokenRangeShift needs integer ids 0 <= low <= high, got low={low!r} high={high!r}")
+        if not isinstance(max_shift, int) or max_shift < 0:
+            raise ValueError(f"max_shift must be a non-negative integer, got {max_shift!r}")
+        self.low, self.high, self.max_shift = low, high, max_shift
+
+    def allowed_shifts(self, tokens: np.ndarray) -> np.ndarray:
+        in_range = tokens[(tokens >= self.low) & (tokens <= self.high)]
+        shifts = np.arange(-self.max_shift, self.max_shift + 1)
+        if in_range.size == 0:
+            return shifts[shifts == 0]
+        lowest, highest = int(in_range.min()), int(in_range.max())
+        return shifts[(lowest + shifts >= self.low) & (highest + shifts <= self.high)]
+
+    def __call__(self, tokens: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        tokens = np.asarray(tokens)
+        if tokens.dtype.kind not in "iu":
+            raise TypeError(f"token ids must be an integer array, got dtype {tokens.dtype}")
+        shift = int(rng.choice(self.allowed_shifts(tokens)))
+        shifted = tokens.astype(np.int64, copy=True)
+        shifted[(shifted >= self.low) & (shifted <= self.high)] += shift
+        return shifted.astype(tokens.dtype, copy=False)
+
+    def __repr__(self) -> str:
+        return f"TokenRangeShift(low={self.low}, high={self.high}, max_shift={self.max_shift})"
+
+
+def _build_transform(spec: dict | None) -> Callable[[np.ndarray, np.random.Generator], np.ndarray] | None:
+    if spec is None:
+        return None
+    kind = spec.get("name")
+    if kind == "token_range_shift":
+        return TokenRangeShift(int(spec["low"]), int(spec["high"]), int(spec["max_shift"]))
+    raise ValueError(f"manifest names an unknown train_transform {kind!r}; upgrade pope or re-prepare the data")
+
+
+class PreparedDataset:
+    """Reader for a prepared dataset directory (see the module docstring)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path).expanduser()
+        manifest_path = self.path / MANIFEST_NAME
+        if not self.path.is_dir():
+            raise FileNotFoundError(f"prepared dataset directory {self.path} does not exist; "
+                                    f"create it with `pope data prepare NAME --out {self.path}`")
+        if not manifest_path.is_file():
+            raise FileNotFoundError(f"{self.path} has no {MANIFEST_NAME}: it is not a prepared dataset "
+                                    f"(or its prepare was interrupted); run `pope data prepare` again")
+        try:
+            self.manifest: dict[str, Any] = json.loads(manifest_path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{manifest_path} is not valid JSON ({err}); re-run `pope data prepare`") from err
+        if self.manifest.get("complete") is not True:
+            raise ValueError(f"{manifest_path} does not claim completeness (interrupted prepare?); "
+                             f"re-run `pope data prepare`")
+        if self.manifest.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"{manifest_path} has format_version {self.manifest.get('format_version')!r}, "
+                             f"this pope reads {FORMAT_VERSION}; re-run `pope data prepare`")
+        self.token_dtype = np.dtype(self.manifest["dtype"])
+        if self.token_dtype != token_dtype_for(self.vocab_size):
+            raise ValueError(f"{manifest_path}: dtype {self.token_dtype} does not match vocab size {self.vocab_size}")
+        self._splits: dict[str, TokenSplit] = {}
+        for name, info in self.manifest["splits"].items():  # cheap size checks now, hashes in verify()
+            expected = info["n_tokens"] * self.token_dtype.itemsize
+            actual = (self.path / info["tokens_file"]).stat().st_size if (self.path / info["tokens_file"]).exists() else -1
+            if actual != expected:
+                raise ValueError(f"{self.path / info['tokens_file']} has {actual} bytes, the manifest expects "
+                                 f"{expected}; the dataset is damaged: re-run `pope data prepare`")
+
+    # -- metadata
+    @property
+    def name(self) -> str:
+        return self.manifest["name"]
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.manifest["vocab"]["size"])
+
+    @property
+    def pad_id(self) -> int | None:
+        return self.manifest["vocab"].get("pad_id")
+
+    @property
+    def seq_len(self) -> int | None:
+        """The context length the paper uses for this data (sequences/windows are at most this long)."""
+        return self.manifest.get("seq_len")
+
+    @property
+    def vocabulary(self) -> list[str] | None:
+        """Token strings by id, when the manifest stores them (small vocabularies); else None."""
+        return self.manifest["vocab"].get("tokens")
+
+    @property
+    def split_names(self) -> tuple[str, ...]:
+        return tuple(self.manifest["splits"])
+
+    @property
+    def train_transform(self) -> Callable[[np.ndarray, np.random.Generator], np.ndarray] | None:
+        """None, or callable(tokens, rng) -> tokens applied to training sequences (e.g. MAESTRO transposition)."""
+        return _build_transform(self.manifest.get("train_transform"))
+
+    def split(self, name: str) -> TokenSplit:
+        if name not in self.manifest["splits"]:
+            raise ValueError(f"dataset {self.name!r} at {self.path} has no split {name!r}; "
+                             f"available: {', '.join(self.split_names)}")
+        if name not in self._splits:
+            info = self.manifest["splits"][name]
+            n_tokens = int(info["n_tokens"])
+            if n_tokens:
+                tokens = np.memmap(self.path / info["tokens_file"], dtype=self.token_dtype, mode="r",
+                                   shape=(n_tokens,))
+            else:  # numpy cannot memmap an empty file
+                tokens = np.zeros((0,), dtype=self.token_dtype)
+            offsets = np.load(self.path / info["docs_file"])
+            if offsets.ndim != 1 or offsets.shape[0] != info["n_docs"] + 1 or offsets[-1] != n_tokens:
+                raise ValueError(f"{self.path / info['docs_file']} does not match the manifest; re-run prepare")
+            self._splits[name] = TokenSplit(name=name, tokens=tokens, doc_offsets=offsets)
+        return self._splits[name]
+
+    def verify(self) -> None:
+        """Re-hash every file against the manifest's sha256; raise ValueError naming a mismatch."""
+        for name, info in self.manifest["splits"].items():
+            for key in ("tokens_file", "docs_file"):
+                file_path = self.path / info[key]
+                if not file_path.is_file():
+                    raise ValueError(f"{file_path} is missing; re-run `pope data prepare`")
+                actual = sha256_file(file_path)
+                if actual != info["sha256"][info[key]]:
+                    raise ValueError(f"checksum mismatch for {file_path} (sha256 {actual[:12]}…, manifest "
+                                     f"{info['sha256'][info[key]][:12]}…); re-run `pope data prepare --force`")
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{s}={self.manifest['splits'][s]['n_tokens']}" for s in self.split_names)
+        return f"PreparedDataset({str(self.path)!r}, vocab_size={self.vocab_size}, tokens: {sizes})"
+
+
+def resolve_dataset(name_or_path: str | os.PathLike, *, prepare_if_missing: bool = False) -> PreparedDataset:
+    """A PreparedDataset from a directory path, or from a name looked up under :func:`data_root`.
+
+    With ``prepare_if_missing`` a known name that is not prepared yet is prepared from its default
+    (offline) source first.
+    """
+    candidate = Path(name_or_path).expanduser()
+    if candidate.is_dir() or os.sep in str(name_or_path) or str(name_or_path).startswith("."):
+        return PreparedDataset(candidate)
+    from pope.data import registry  # light: only names and lazy builders
+
+    canonical = registry.canonical_name(str(name_or_path))
+    target = data_root() / canonical
+    if not (target / MANIFEST_NAME).is_file() and prepare_if_missing:
+        registry.prepare(canonical, out_dir=target)
+    if not target.is_dir():
+        raise FileNotFoundError(f"dataset {name_or_path!r} is not prepared under {data_root()} "
+                                f"(set POPE_DATA_DIR to look elsewhere); run `pope data prepare {canonical}`")
+    return PreparedDataset(target)
+
+
+# ------------------------------------------------------------------------------------------- writing
+class PreparedWriter:
+    """Streams documents into a temporary directory, then publishes it atomically.
+
+    Usage::
+
+        with PreparedWriter(out_dir, vocab_size=90) as writer:
+            writer.add_document("train", tokens)   # tokens: 1-D integer array
+            ...
+            writer.finish(manifest_fields)          # writes manifest (complete: true), renames onto out_dir
+
+    Leaving the block without ``finish`` (an exception, Ctrl-C) deletes the temporary directory; a
+    killed process leaves only a ``.NAME.partial-*`` sibling, removed by the next prepare.
+    """
+
+    def __init__(self, out_dir: str | os.PathLike, vocab_size: int, splits: Iterable[str] = STANDARD_SPLITS):
+        self.out_dir = Path(out_dir).expanduser().absolute()
+        self.vocab_size = int(vocab_size)
+        self.dtype = token_dtype_for(self.vocab_size)
+        self.split_names = tuple(splits)
+        self.out_dir.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_partials(self.out_dir)
+        self.tmp_dir = self.out_dir.parent / f".{self.out_dir.name}{_PARTIAL_MARKER}{uuid.uuid4().hex[:8]}"
+        self.tmp_dir.mkdir()
+        self._handles = {s: open(self.tmp_dir / f"{s}.bin", "wb") for s in self.split_names}
+        self._offsets: dict[str, list[int]] = {s: [0] for s in self.split_names}
+        self._finished = False
+
+    def __enter__(self) -> "PreparedWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if not self._finished:
+            self.abort()
+
+    def add_document(self, split: str, tokens: np.ndarray | list[int]) -> None:
+        if split not in self._handles:
+            raise ValueError(f"unknown split {split!r}; this writer has {self.split_names}")
+        array = np.asarray(tokens)
+        if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+            raise TypeError(f"a document must be a 1-D integer token array, got shape {array.shape} dtype {array.dtype}")
+        if array.size == 0:
+            return  # an empty document carries nothing; callers count their own empty inputs
+        if int(array.min()) < 0 or int(array.max()) >= self.vocab_size:
+            raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got range "
+                             f"[{int(array.min())}, {int(array.max())}] in split {split!r}")
+        self._handles[split].write(array.astype(self.dtype, copy=False).tobytes())
+        self._offsets[split].append(self._offsets[split][-1] + int(array.size))
+
+    def n_tokens(self, split: str) -> int:
+        return self._offsets[split][-1]
+
+    def n_docs(self, split: str) -> int:
+        return len(self._offsets[split]) - 1
+
+    def finish(self, manifest_fields: dict[str, Any]) -> PreparedDataset:
+        """Write docs offsets + manifest, hash everything, and rename onto out_dir (replacing it)."""
+        splits: dict[str, Any] = {}
+        for split in self.split_names:
+            self._handles[split].close()
+            docs_name, tokens_name = f"{split}.docs.npy", f"{split}.bin"
+            np.save(self.tmp_dir / docs_name, np.asarray(self._offsets[split], dtype=np.int64))
+            splits[split] = {
+                "n_tokens": self.n_tokens(split),
+                "n_docs": self.n_docs(split),
+                "tokens_file": tokens_name,
+                "docs_file": docs_name,
+                "sha256": {tokens_name: sha256_file(self.tmp_dir / tokens_name),
+                           docs_name: sha256_file(self.tmp_dir / docs_name)},
+            }
+        vocab = dict(manifest_fields.pop("vocab"))
+        vocab["size"] = self.vocab_size
+        from pope.version import __version__
+
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "name": manifest_fields.pop("name"),
+            "vocab": vocab,
+            "dtype": self.dtype.name,
+            "splits": splits,
+            **manifest_fields,
+            "pope_version": __version__,
+            "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "complete": True,  # last key, written only here
+        }
+        _write_json_atomic(self.tmp_dir / MANIFEST_NAME, manifest)
+        _fsync_dir(self.tmp_dir)
+        if self.out_dir.exists():  # replace: move the old one aside first (os.replace cannot overwrite a dir)
+            old = self.out_dir.parent / f".{self.out_dir.name}{_PARTIAL_MARKER}old-{uuid.uuid4().hex[:8]}"
+            os.replace(self.out_dir, old)
+            os.replace(self.tmp_dir, self.out_dir)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(self.tmp_dir, self.out_dir)
+        _fsync_dir(self.out_dir.parent)
+        self._finished = True
+        return PreparedDataset(self.out_dir)
+
+    def abort(self) -> None:
+        for handle in self._handles.values():
+            handle.close()
+        shutil.rmtree(self.tmp_dir, ignore_errors=True)
+        self._finished = True
+
+
+def remove_stale_partials(out_dir: Path) -> None:
+    """Delete temporary siblings left by a killed prepare of the same target."""
+    for stale in out_dir.parent.glob(f".{out_dir.name}{_PARTIAL_MARKER}*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def _write_json_atomic(path: Path, payload: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as handle:
+        json.dump(payload, handle, indent=1)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def reuse_if_prepared(out_dir: str | os.PathLike, request: dict[str, Any], *, force: bool = False) -> PreparedDataset | None:
+    """Idempotence: the existing dataset at out_dir if it was made by the same `request` and its files
+    still match their checksums; None when it must be (re)built.
+
+    A complete dataset made by a *different* request is not overwritten silently: ValueError unless
+    `force`. An incomplete or damaged one is rebuilt (with a notice).
+    """
+    out_dir = Path(out_dir).expanduser()
+    if force or not out_dir.exists():
+        return None
+    try:
+        existing = PreparedDataset(out_dir)
+    except (FileNotFoundError, ValueError, KeyError) as err:
+        warn(f"{out_dir} exists but is not a usable prepared dataset ({err}); rebuilding it")
+        return None
+    if existing.manifest.get("request") != request:
+        raise ValueError(f"{out_dir} already holds a dataset prepared with different settings "
+                         f"({existing.manifest.get('request')}); choose another --out or pass --force to replace it")
+    try:
+        existing.verify()
+    except ValueError as err:
+        warn(f"{err}; rebuilding")
+        return None
+    return existing
