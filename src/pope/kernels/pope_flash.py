@@ -1,0 +1,711 @@
+"""Fused PoPE flash attention: Triton forward, backward and decode kernels (launchers only, no autograd).
+
+What it supports
+    q (B, Hq, Nq, d), k/v (B, Hkv, Nk, d), Hq % Hkv == 0 (GQA: K/V are read per key head, never repeated),
+    Nq <= Nk, queries at positions q_offset + i (q_offset >= 0), keys at j, bottom-right causal masking
+    (key j visible iff j <= q_offset + i) or none; bf16 / fp16 / fp32 inputs with fp32 softmax statistics
+    (fp32 dots use input_precision="ieee", not tf32); head dims up to 128 (any d, padded to a power of two
+    inside the kernel: 32, 48, 64, 128 tested); any length (masked tails); magnitude softplus / relu /
+    identity; delta (Hq, d) or none; gradients for q, k, v and delta. Partial rotary (rotary_dim < d) is
+    not supported: the dispatcher falls back to the reference.
+
+How the 2d-channel dot product is computed
+    score(i, j) = scale * (q'_i . k'_j) with q' = [f(q) cos(t theta - delta), f(q) sin(t theta - delta)]
+    and k' = [f(k) cos(s theta), f(k) sin(s theta)]. Each kernel keeps the two halves as separate
+    (rows, d) tiles and computes S = Qcos @ Kcos^T + Qsin @ Ksin^T: two d-wide tl.dot calls accumulating
+    into one fp32 tile. The transcendental work (softplus = exp + log, accurate cos/sin) is done ONCE per
+    element, never per (query block, key block) pair:
+      * the side a program holds fixed (the query block in forward / dq, the key block in dk/dv, the
+        query rows in decode) is transformed in registers when the program starts;
+      * the side that streams through the inner loop is read from a pre-pass buffer x' (B, H, N, 2d)
+        written by `_pope_transform_kernel` (one memory-bound pass, freed right after the kernel that
+        reads it: the forward saves only q, k, v, out and lse for backward);
+      * the decode kernel (few queries, long cache) transforms each raw key tile in registers, because
+        there every key element is used by exactly one program: the cache stays at d channels per key
+        (RoPE's memory) and no 2d-channel copy of it is ever written.
+    Backward: no atomics. dq (+ the per-block partial sums of d(delta)) comes from one kernel that
+    iterates over key blocks; dk and dv from another that iterates over the query blocks of every query
+    head of its key head's group; d(delta) is the sum of the per-block partials (a fixed-order torch
+    reduction), so two runs give bitwise-identical gradients.
+
+Angles: position (fp32) x theta (fp32) rounded once, as pope.frequencies.angles does; cos/sin through
+libdevice's accurate cosf/sinf; softplus as max(x, 0) + log(1 + exp(-|x|)) in fp32.
+
+Measured: see docs/kernels.md (one NVIDIA H200, torch 2.11 / triton 3.6) for the numbers and which
+issue-5 targets are met.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+# Interpreter mode (TRITON_INTERPRET=1 before triton is imported) runs these kernels on CPU tensors.
+INTERPRET = triton.knobs.runtime.interpret if hasattr(triton, "knobs") else False
+
+
+
+def _fix_triton_interpreter() -> None:
+    """Two gaps in Triton 3.6's CPU interpreter that these kernels hit, closed by wrapping its internals:
+    * it turns a scalar tensor into an int with int(array([x])), which NumPy >= 2.4 rejects, so loop
+      bounds computed from program_id fail: use the single element instead;
+    * its tl.dot multiplies bfloat16 operands as their raw uint16 bit patterns: widen them to fp32 first
+      (exact, as the tensor cores' bf16 products are)."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    if getattr(interpreter, "_pope_fixed", False):
+        return
+    original_patch_tensor = interpreter._patch_lang_tensor
+
+    def patch_lang_tensor(tensor, scope):
+        original_patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    original_dot = interpreter.InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        def widen(x):
+            if x.dtype == tl.bfloat16:
+                data = (x.data.astype(np.uint32) << 16).view(np.float32)
+                return interpreter.TensorHandle(data, tl.float32)
+            return x
+
+        return original_dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+
+    interpreter._patch_lang_tensor = patch_lang_tensor
+    interpreter.InterpreterBuilder.create_dot = create_dot
+    interpreter._pope_fixed = True
+
+
+if INTERPRET:
+    _fix_triton_interpreter()
+
+MAGNITUDE_CODES = {"softplus": 0, "relu": 1, "identity": 2}
+LOG2E = 1.4426950408889634
+
+
+# ----------------------------------------------------------------------------------------------------
+# Shared device helpers
+# ----------------------------------------------------------------------------------------------------
+@triton.jit
+def _magnitude(x, MAGNITUDE: tl.constexpr):
+    """f(x) in fp32: 0 softplus, 1 relu, 2 identity."""
+    if MAGNITUDE == 0:
+        return tl.maximum(x, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(x)))
+    elif MAGNITUDE == 1:
+        return tl.maximum(x, 0.0)
+    else:
+        return x
+
+
+@triton.jit
+def _magnitude_grad(x, MAGNITUDE: tl.constexpr):
+    """f'(x) in fp32 (relu: 1 where x > 0, as torch's relu backward)."""
+    if MAGNITUDE == 0:
+        return 1.0 / (1.0 + tl.exp(-x))
+    elif MAGNITUDE == 1:
+        return tl.where(x > 0.0, 1.0, 0.0)
+    else:
+        return tl.full(x.shape, 1.0, tl.float32)
+
+
+@triton.jit
+def _phase(positions, theta_ptr, delta_row_ptr, offs_d, mask_d, HAS_DELTA: tl.constexpr):
+    """Angles (rows, BLOCK_D) fp32: position * theta (rounded once, as pope.frequencies.angles) - delta.
+
+    positions: (rows,) int32; delta_row_ptr: pointer to this head's delta row (ignored without delta).
+    """
+    theta = tl.load(theta_ptr + offs_d, mask=mask_d, other=0.0)
+    phase = positions.to(tl.float32)[:, None] * theta[None, :]
+    if HAS_DELTA:
+        delta = tl.load(delta_row_ptr + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+        phase = phase - delta[None, :]
+    return phase
+
+
+@triton.jit
+def _polar_to_cartesian(x, phase, valid, scale, MAGNITUDE: tl.constexpr):
+    """(f(x) cos(phase) * scale, f(x) sin(phase) * scale) in fp32; zero where not `valid` (padding)."""
+    magnitude = tl.where(valid, _magnitude(x.to(tl.float32), MAGNITUDE), 0.0) * scale
+    return magnitude * tl.cos(phase), magnitude * tl.sin(phase)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Pre-pass: x (B, H, N, d) -> x' (B, H, N, 2d) = scale * [f(x) cos(phase), f(x) sin(phase)]
+# ----------------------------------------------------------------------------------------------------
+@triton.jit
+def _pope_transform_kernel(
+    X, Theta, Delta, Out,
+    stride_xb, stride_xh, stride_xn,
+    n_heads, seq_len, position_offset, scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+    HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr,
+):
+    pid_r = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // n_heads
+    h = pid_bh % n_heads
+    offs_r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    mask = (offs_r < seq_len)[:, None] & mask_d[None, :]
+    x = tl.load(X + b * stride_xb + h * stride_xh + offs_r[:, None] * stride_xn + offs_d[None, :], mask=mask, other=0.0)
+    phase = _phase(position_offset + offs_r, Theta, Delta + h * HEAD_DIM, offs_d, mask_d, HAS_DELTA)
+    x_cos, x_sin = _polar_to_cartesian(x, phase, mask, scale, MAGNITUDE)
+    out_rows = Out + (pid_bh * seq_len + offs_r[:, None]) * (2 * HEAD_DIM) + offs_d[None, :]
+    tl.store(out_rows, x_cos.to(Out.dtype.element_ty), mask=mask)
+    tl.store(out_rows + HEAD_DIM, x_sin.to(Out.dtype.element_ty), mask=mask)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Forward
+# ----------------------------------------------------------------------------------------------------
+@triton.jit
+def _fwd_inner(
+    acc, row_sum, row_max, q_cos, q_sin, kp_base, v_base, stride_vn,
+    offs_m, q_offset, seq_k, lo, hi,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    MASK_KEYS: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """Online softmax over key blocks [lo, hi). Scores are kept in base 2 (scaled by log2 e)."""
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kp_rows = kp_base + offs_n[:, None] * (2 * HEAD_DIM) + offs_d[None, :]  # (BLOCK_N, BLOCK_D)
+        v_rows = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]
+        if MASK_KEYS:
+            kv_mask = (offs_n < seq_k)[:, None] & mask_d[None, :]
+            k_cos = tl.load(kp_rows, mask=kv_mask, other=0.0)
+            k_sin = tl.load(kp_rows + HEAD_DIM, mask=kv_mask, other=0.0)
+            v = tl.load(v_rows, mask=kv_mask, other=0.0)
+        elif EVEN_D:
+            k_cos = tl.load(kp_rows)
+            k_sin = tl.load(kp_rows + HEAD_DIM)
+            v = tl.load(v_rows)
+        else:
+            k_cos = tl.load(kp_rows, mask=mask_d[None, :], other=0.0)
+            k_sin = tl.load(kp_rows + HEAD_DIM, mask=mask_d[None, :], other=0.0)
+            v = tl.load(v_rows, mask=mask_d[None, :], other=0.0)
+        # S (BLOCK_M, BLOCK_N) = Qcos Kcos^T + Qsin Ksin^T, softmax scale already folded into q'.
+        scores = tl.dot(q_cos, tl.trans(k_cos), input_precision=PRECISION)
+        scores = tl.dot(q_sin, tl.trans(k_sin), scores, input_precision=PRECISION)
+        scores = scores * 1.4426950408889634
+        if MASK_KEYS:
+            visible = (offs_n < seq_k)[None, :]
+            if CAUSAL:
+                visible = visible & (offs_n[None, :] <= (q_offset + offs_m)[:, None])
+            scores = tl.where(visible, scores, float("-inf"))
+        new_max = tl.maximum(row_max, tl.max(scores, 1))
+        probs = tl.math.exp2(scores - new_max[:, None])
+        rescale = tl.math.exp2(row_max - new_max)
+        row_sum = row_sum * rescale + tl.sum(probs, 1)
+        acc = acc * rescale[:, None]
+        acc = tl.dot(probs.to(v.dtype), v, acc, input_precision=PRECISION)
+        row_max = new_max
+    return acc, row_sum, row_max
+
+
+@triton.jit
+def _pope_fwd_kernel(
+    Q, KP, V, Theta, Delta, Out, LSE,
+    stride_qb, stride_qh, stride_qn,
+    stride_vb, stride_vh, stride_vn,
+    stride_ob, stride_oh, stride_on,
+    n_q_heads, group_size, seq_q, seq_k, q_offset, softmax_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr, PRECISION: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // n_q_heads
+    h = pid_bh % n_q_heads
+    kv_bh = b * (n_q_heads // group_size) + h // group_size
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    mask_q = (offs_m < seq_q)[:, None] & mask_d[None, :]
+
+    # This program's query block, transformed once: q' (BLOCK_M, BLOCK_D) x 2, scale folded in.
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :], mask=mask_q, other=0.0)
+    phase = _phase(q_offset + offs_m, Theta, Delta + h * HEAD_DIM, offs_d, mask_d, HAS_DELTA)
+    q_cos, q_sin = _polar_to_cartesian(q, phase, mask_q, softmax_scale, MAGNITUDE)
+    q_cos = q_cos.to(q.dtype)
+    q_sin = q_sin.to(q.dtype)
+
+    kp_base = KP + kv_bh.to(tl.int64) * seq_k * (2 * HEAD_DIM)
+    v_base = V + b * stride_vb + (h // group_size) * stride_vh
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+    row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+
+    # Key blocks that every row of this query block sees entirely need no mask.
+    if CAUSAL:
+        last_visible = tl.minimum(q_offset + pid_m * BLOCK_M + BLOCK_M, seq_k)  # exclusive
+        unmasked_end = (tl.minimum(q_offset + pid_m * BLOCK_M + 1, seq_k) // BLOCK_N) * BLOCK_N
+    else:
+        last_visible = seq_k
+        unmasked_end = (seq_k // BLOCK_N) * BLOCK_N
+    acc, row_sum, row_max = _fwd_inner(
+        acc, row_sum, row_max, q_cos, q_sin, kp_base, v_base, stride_vn, offs_m, q_offset, seq_k,
+        0, unmasked_end, HEAD_DIM, BLOCK_N, BLOCK_D, False, CAUSAL, BLOCK_D == HEAD_DIM, PRECISION)
+    acc, row_sum, row_max = _fwd_inner(
+        acc, row_sum, row_max, q_cos, q_sin, kp_base, v_base, stride_vn, offs_m, q_offset, seq_k,
+        unmasked_end, last_visible, HEAD_DIM, BLOCK_N, BLOCK_D, True, CAUSAL, BLOCK_D == HEAD_DIM, PRECISION)
+
+    out = acc / row_sum[:, None]
+    lse = (row_max + tl.math.log2(row_sum)) * 0.6931471805599453  # natural-log log-sum-exp
+    tl.store(Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :],
+             out.to(Out.dtype.element_ty), mask=mask_q)
+    tl.store(LSE + pid_bh * seq_q + offs_m, lse, mask=offs_m < seq_q)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Backward, part 1: dq (and the per-block partials of d delta, and D = rowsum(dO * O))
+# ----------------------------------------------------------------------------------------------------
+@triton.jit
+def _bwd_dq_inner(
+    dq_cos, dq_sin, q_cos, q_sin, do, lse2, row_delta, kp_base, v_base, stride_vn,
+    offs_m, q_offset, seq_k, lo, hi,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    MASK_KEYS: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
+):
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kv_mask = (offs_n < seq_k)[:, None] & mask_d[None, :]
+        kp_rows = kp_base + offs_n[:, None] * (2 * HEAD_DIM) + offs_d[None, :]
+        k_cos = tl.load(kp_rows, mask=kv_mask, other=0.0)
+        k_sin = tl.load(kp_rows + HEAD_DIM, mask=kv_mask, other=0.0)
+        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+        scores = tl.dot(q_cos, tl.trans(k_cos), input_precision=PRECISION)
+        scores = tl.dot(q_sin, tl.trans(k_sin), scores, input_precision=PRECISION)
+        probs = tl.math.exp2(scores * 1.4426950408889634 - lse2[:, None])  # (BLOCK_M, BLOCK_N)
+        if MASK_KEYS:
+            visible = (offs_n < seq_k)[None, :]
+            if CAUSAL:
+                visible = visible & (offs_n[None, :] <= (q_offset + offs_m)[:, None])
+            probs = tl.where(visible, probs, 0.0)
+        dprobs = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        dscores = (probs * (dprobs - row_delta[:, None])).to(k_cos.dtype)
+        dq_cos = tl.dot(dscores, k_cos, dq_cos, input_precision=PRECISION)
+        dq_sin = tl.dot(dscores, k_sin, dq_sin, input_precision=PRECISION)
+    return dq_cos, dq_sin
+
+
+@triton.jit
+def _pope_bwd_dq_kernel(
+    Q, KP, V, Out, DO, LSE, Theta, Delta, DQ, RowDelta, DDeltaPartial,
+    stride_qb, stride_qh, stride_qn,
+    stride_vb, stride_vh, stride_vn,
+    stride_ob, stride_oh, stride_on,
+    stride_dob, stride_doh, stride_don,
+    stride_dqb, stride_dqh, stride_dqn,
+    n_q_heads, group_size, seq_q, seq_k, q_offset, softmax_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr, PRECISION: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // n_q_heads
+    h = pid_bh % n_q_heads
+    kv_bh = b * (n_q_heads // group_size) + h // group_size
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    mask_rows = offs_m < seq_q
+    mask_q = mask_rows[:, None] & mask_d[None, :]
+
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :], mask=mask_q, other=0.0)
+    phase = _phase(q_offset + offs_m, Theta, Delta + h * HEAD_DIM, offs_d, mask_d, HAS_DELTA)
+    q32 = q.to(tl.float32)
+    magnitude = tl.where(mask_q, _magnitude(q32, MAGNITUDE), 0.0)
+    cos_q = tl.cos(phase)
+    sin_q = tl.sin(phase)
+    q_cos = (magnitude * cos_q * softmax_scale).to(q.dtype)
+    q_sin = (magnitude * sin_q * softmax_scale).to(q.dtype)
+
+    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :], mask=mask_q, other=0.0)
+    out = tl.load(Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :], mask=mask_q, other=0.0)
+    row_delta = tl.sum(do.to(tl.float32) * out.to(tl.float32), 1)  # D_i = dO_i . O_i  (BLOCK_M,)
+    tl.store(RowDelta + pid_bh * seq_q + offs_m, row_delta, mask=mask_rows)
+    lse2 = tl.load(LSE + pid_bh * seq_q + offs_m, mask=mask_rows, other=float("inf")) * 1.4426950408889634
+
+    kp_base = KP + kv_bh.to(tl.int64) * seq_k * (2 * HEAD_DIM)
+    v_base = V + b * stride_vb + (h // group_size) * stride_vh
+    dq_cos = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    dq_sin = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    if CAUSAL:
+        last_visible = tl.minimum(q_offset + pid_m * BLOCK_M + BLOCK_M, seq_k)
+        unmasked_end = (tl.minimum(q_offset + pid_m * BLOCK_M + 1, seq_k) // BLOCK_N) * BLOCK_N
+    else:
+        last_visible = seq_k
+        unmasked_end = (seq_k // BLOCK_N) * BLOCK_N
+    dq_cos, dq_sin = _bwd_dq_inner(
+        dq_cos, dq_sin, q_cos, q_sin, do, lse2, row_delta, kp_base, v_base, stride_vn, offs_m, q_offset, seq_k,
+        0, unmasked_end, HEAD_DIM, BLOCK_N, BLOCK_D, False, CAUSAL, PRECISION)
+    dq_cos, dq_sin = _bwd_dq_inner(
+        dq_cos, dq_sin, q_cos, q_sin, do, lse2, row_delta, kp_base, v_base, stride_vn, offs_m, q_offset, seq_k,
+        unmasked_end, last_visible, HEAD_DIM, BLOCK_N, BLOCK_D, True, CAUSAL, PRECISION)
+
+    # Chain rule through q' = f(q) [cos(phase), sin(phase)], phase = t theta - delta (scale applied here).
+    dq_cos = dq_cos * softmax_scale
+    dq_sin = dq_sin * softmax_scale
+    d_magnitude = dq_cos * cos_q + dq_sin * sin_q
+    dq = d_magnitude * _magnitude_grad(q32, MAGNITUDE)
+    tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqn + offs_d[None, :],
+             dq.to(DQ.dtype.element_ty), mask=mask_q)
+    if HAS_DELTA:
+        # d phase = f(q) (-dq'_cos sin + dq'_sin cos); d delta = -sum_rows d phase. One partial per block.
+        d_phase = magnitude * (dq_sin * cos_q - dq_cos * sin_q)
+        d_delta = -tl.sum(tl.where(mask_q, d_phase, 0.0), 0)  # (BLOCK_D,)
+        tl.store(DDeltaPartial + (pid_bh * tl.num_programs(0) + pid_m) * HEAD_DIM + offs_d, d_delta, mask=mask_d)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Backward, part 2: dk, dv (one program per key block, looping over its group's query heads)
+# ----------------------------------------------------------------------------------------------------
+@triton.jit
+def _bwd_dkdv_inner(
+    dk_cos, dk_sin, dv, k_cos, k_sin, v, qp_base, do_base, stride_don, lse_base, rowdelta_base,
+    offs_n, q_offset, seq_q, lo, hi,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    MASK_CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
+):
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        mask_rows = offs_m < seq_q
+        q_mask = mask_rows[:, None] & mask_d[None, :]
+        qp_rows = qp_base + offs_m[:, None] * (2 * HEAD_DIM) + offs_d[None, :]
+        q_cos = tl.load(qp_rows, mask=q_mask, other=0.0)  # scale already folded into q'
+        q_sin = tl.load(qp_rows + HEAD_DIM, mask=q_mask, other=0.0)
+        do = tl.load(do_base + offs_m[:, None] * stride_don + offs_d[None, :], mask=q_mask, other=0.0)
+        lse2 = tl.load(lse_base + offs_m, mask=mask_rows, other=float("inf")) * 1.4426950408889634
+        row_delta = tl.load(rowdelta_base + offs_m, mask=mask_rows, other=0.0)
+        # Transposed scores S^T (BLOCK_N, BLOCK_M); padded query rows get lse = +inf, so P^T = 0 there.
+        scores_t = tl.dot(k_cos, tl.trans(q_cos), input_precision=PRECISION)
+        scores_t = tl.dot(k_sin, tl.trans(q_sin), scores_t, input_precision=PRECISION)
+        probs_t = tl.math.exp2(scores_t * 1.4426950408889634 - lse2[None, :])
+        if MASK_CAUSAL:
+            probs_t = tl.where(offs_n[:, None] <= (q_offset + offs_m)[None, :], probs_t, 0.0)
+        dv = tl.dot(probs_t.to(do.dtype), do, dv, input_precision=PRECISION)
+        dprobs_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+        dscores_t = (probs_t * (dprobs_t - row_delta[None, :])).to(q_cos.dtype)
+        dk_cos = tl.dot(dscores_t, q_cos, dk_cos, input_precision=PRECISION)
+        dk_sin = tl.dot(dscores_t, q_sin, dk_sin, input_precision=PRECISION)
+    return dk_cos, dk_sin, dv
+
+
+@triton.jit
+def _pope_bwd_dkdv_kernel(
+    K, V, QP, DO, LSE, RowDelta, Theta, DK, DV,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_dob, stride_doh, stride_don,
+    stride_dkb, stride_dkh, stride_dkn,
+    stride_dvb, stride_dvh, stride_dvn,
+    n_kv_heads, group_size, seq_q, seq_k, q_offset,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr, MAGNITUDE: tl.constexpr, PRECISION: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // n_kv_heads
+    hk = pid_bh % n_kv_heads
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    mask_k = (offs_n < seq_k)[:, None] & mask_d[None, :]
+
+    # This program's key block, transformed once (no scale: it is folded into q').
+    k = tl.load(K + b * stride_kb + hk * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :], mask=mask_k, other=0.0)
+    v = tl.load(V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :], mask=mask_k, other=0.0)
+    phase = _phase(offs_n, Theta, Theta, offs_d, mask_d, False)
+    k32 = k.to(tl.float32)
+    magnitude = tl.where(mask_k, _magnitude(k32, MAGNITUDE), 0.0)
+    cos_k = tl.cos(phase)
+    sin_k = tl.sin(phase)
+    k_cos = (magnitude * cos_k).to(k.dtype)
+    k_sin = (magnitude * sin_k).to(k.dtype)
+
+    dk_cos = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dk_sin = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    start_n = pid_n * BLOCK_N
+    if CAUSAL:
+        # Query rows i see this whole block iff q_offset + i >= start_n + BLOCK_N - 1.
+        first_row = tl.maximum(start_n - q_offset, 0)
+        masked_lo = tl.minimum((first_row // BLOCK_M) * BLOCK_M, seq_q)
+        masked_hi = tl.minimum(tl.maximum(start_n + BLOCK_N - 1 - q_offset, 0), seq_q)
+        masked_hi = tl.minimum(tl.cdiv(masked_hi, BLOCK_M) * BLOCK_M, tl.cdiv(seq_q, BLOCK_M) * BLOCK_M)
+        masked_hi = tl.maximum(masked_hi, masked_lo)
+    else:
+        masked_lo = 0
+        masked_hi = 0
+    n_q_heads = n_kv_heads * group_size
+    for g in range(0, group_size):
+        h = hk * group_size + g
+        bh_q = b * n_q_heads + h
+        qp_base = QP + bh_q.to(tl.int64) * seq_q * (2 * HEAD_DIM)
+        do_base = DO + b * stride_dob + h * stride_doh
+        lse_base = LSE + bh_q * seq_q
+        rowdelta_base = RowDelta + bh_q * seq_q
+        if CAUSAL:
+            dk_cos, dk_sin, dv = _bwd_dkdv_inner(
+                dk_cos, dk_sin, dv, k_cos, k_sin, v, qp_base, do_base, stride_don, lse_base, rowdelta_base,
+                offs_n, q_offset, seq_q, masked_lo, masked_hi, HEAD_DIM, BLOCK_M, BLOCK_D, True, PRECISION)
+        dk_cos, dk_sin, dv = _bwd_dkdv_inner(
+            dk_cos, dk_sin, dv, k_cos, k_sin, v, qp_base, do_base, stride_don, lse_base, rowdelta_base,
+            offs_n, q_offset, seq_q, masked_hi, seq_q, HEAD_DIM, BLOCK_M, BLOCK_D, False, PRECISION)
+
+    # Chain rule through k' = f(k) [cos(s theta), sin(s theta)].
+    dk = (dk_cos * cos_k + dk_sin * sin_k) * _magnitude_grad(k32, MAGNITUDE)
+    tl.store(DK + b * stride_dkb + hk * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :],
+             dk.to(DK.dtype.element_ty), mask=mask_k)
+    tl.store(DV + b * stride_dvb + hk * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :],
+             dv.to(DV.dtype.element_ty), mask=mask_k)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Decode: few queries (all query heads of one key head packed into the rows), long raw-k cache, split-K
+# ----------------------------------------------------------------------------------------------------
+@triton.jit
+def _pope_decode_kernel(
+    Q, K, V, Theta, Delta, PartialOut, PartialLSE,
+    stride_qb, stride_qh, stride_qn,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, keys_per_split,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr, PRECISION: tl.constexpr,
+):
+    pid_split = tl.program_id(0)
+    pid_bh = tl.program_id(1)  # b * n_kv_heads + hk
+    b = pid_bh // n_kv_heads
+    hk = pid_bh % n_kv_heads
+    # Row r of this program = query head hk * group_size + r // seq_q, query index r % seq_q.
+    offs_r = tl.arange(0, BLOCK_M)
+    rows = group_size * seq_q
+    mask_rows = offs_r < rows
+    head = hk * group_size + offs_r // seq_q
+    qi = offs_r % seq_q
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    mask_q = mask_rows[:, None] & mask_d[None, :]
+
+    q = tl.load(Q + b * stride_qb + head[:, None] * stride_qh + qi[:, None] * stride_qn + offs_d[None, :], mask=mask_q, other=0.0)
+    theta = tl.load(Theta + offs_d, mask=mask_d, other=0.0)
+    phase_q = (q_offset + qi).to(tl.float32)[:, None] * theta[None, :]
+    if HAS_DELTA:
+        phase_q = phase_q - tl.load(Delta + head[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_q, other=0.0).to(tl.float32)
+    q_cos, q_sin = _polar_to_cartesian(q, phase_q, mask_q, softmax_scale, MAGNITUDE)
+    q_cos = q_cos.to(q.dtype)
+    q_sin = q_sin.to(q.dtype)
+
+    k_base = K + b * stride_kb + hk * stride_kh
+    v_base = V + b * stride_vb + hk * stride_vh
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+    row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    lo = pid_split * keys_per_split
+    hi = tl.minimum(lo + keys_per_split, seq_k)
+    if CAUSAL:
+        hi = tl.minimum(hi, q_offset + seq_q)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kv_mask = (offs_n < hi)[:, None] & mask_d[None, :]
+        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+        # The raw key tile becomes k' here, in registers: each cached key is transformed by one program.
+        phase_k = offs_n.to(tl.float32)[:, None] * theta[None, :]
+        k_cos, k_sin = _polar_to_cartesian(k, phase_k, kv_mask, 1.0, MAGNITUDE)
+        scores = tl.dot(q_cos, tl.trans(k_cos.to(k.dtype)), input_precision=PRECISION)
+        scores = tl.dot(q_sin, tl.trans(k_sin.to(k.dtype)), scores, input_precision=PRECISION)
+        visible = (offs_n < hi)[None, :]
+        if CAUSAL:
+            visible = visible & (offs_n[None, :] <= (q_offset + qi)[:, None])
+        scores = tl.where(visible, scores * 1.4426950408889634, float("-inf"))
+        new_max = tl.maximum(row_max, tl.max(scores, 1))
+        # Rows with nothing visible yet keep max = -inf; subtracting 0 there keeps exp2 at 0, not NaN.
+        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+        probs = tl.math.exp2(scores - safe_max[:, None])
+        rescale = tl.math.exp2(row_max - safe_max)
+        row_sum = row_sum * rescale + tl.sum(probs, 1)
+        acc = tl.dot(probs.to(v.dtype), v, acc * rescale[:, None], input_precision=PRECISION)
+        row_max = new_max
+
+    # Normalised partial output and its natural-log LSE (-inf where this split saw no key).
+    has_keys = row_sum > 0.0
+    out = acc / tl.where(has_keys, row_sum, 1.0)[:, None]
+    lse = tl.where(has_keys, (row_max + tl.math.log2(tl.where(has_keys, row_sum, 1.0))) * 0.6931471805599453,
+                   float("-inf"))
+    partial_row = (pid_split * tl.num_programs(1) + pid_bh) * BLOCK_M + offs_r
+    tl.store(PartialOut + partial_row[:, None] * BLOCK_D + offs_d[None, :], out, mask=mask_q)
+    tl.store(PartialLSE + partial_row, lse, mask=mask_rows)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------------------------------
+# Hand-picked tile shapes per head dim (BLOCK_M, BLOCK_N, num_warps, num_stages); see docs/kernels.md.
+FWD_CONFIGS = {64: (128, 64, 8, 3), 128: (128, 64, 8, 3)}
+BWD_DQ_CONFIGS = {64: (128, 64, 8, 2), 128: (128, 64, 8, 2)}
+BWD_DKDV_CONFIGS = {64: (64, 128, 8, 2), 128: (64, 128, 8, 2)}
+TRANSFORM_ROWS = 64
+
+
+def _block_d(head_dim: int) -> int:
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def _pick(configs: dict, head_dim: int, override):
+    if override is not None:
+        return override
+    if INTERPRET:  # small tiles keep the CPU interpreter fast and exercise multi-block paths
+        return (32, 32, 4, 1)
+    return configs[64 if _block_d(head_dim) <= 64 else 128]
+
+
+def _precision(dtype: torch.dtype) -> str:
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _strides(t: torch.Tensor):
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def transform(x: torch.Tensor, theta: torch.Tensor, delta: torch.Tensor | None, *, position_offset: int,
+              scale: float, magnitude: str) -> torch.Tensor:
+    """x (B, H, N, d) -> x' (B, H, N, 2d) contiguous, in x's dtype: scale * [f(x) cos(phase), f(x) sin(phase)],
+    phase = (position_offset + n) * theta - delta[h]."""
+    batch, heads, seq, head_dim = x.shape
+    out = torch.empty((batch, heads, seq, 2 * head_dim), device=x.device, dtype=x.dtype)
+    grid = (triton.cdiv(seq, TRANSFORM_ROWS), batch * heads)
+    _pope_transform_kernel[grid](
+        x, theta, delta if delta is not None else theta, out, *_strides(x),
+        heads, seq, position_offset, scale,
+        HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), BLOCK_R=TRANSFORM_ROWS,
+        HAS_DELTA=delta is not None, MAGNITUDE=MAGNITUDE_CODES[magnitude], num_warps=4)
+    return out
+
+
+def forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float, q_offset: int, magnitude: str,
+            config=None):
+    """Returns (out (B, Hq, Nq, d) in q's dtype, lse (B, Hq, Nq) fp32, natural log)."""
+    batch, n_q_heads, seq_q, head_dim = q.shape
+    n_kv_heads, seq_k = k.shape[1], k.shape[2]
+    k_prime = transform(k, theta, None, position_offset=0, scale=1.0, magnitude=magnitude)  # freed on return
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((batch, n_q_heads, seq_q), device=q.device, dtype=torch.float32)
+    block_m, block_n, num_warps, num_stages = _pick(FWD_CONFIGS, head_dim, config)
+    grid = (triton.cdiv(seq_q, block_m), batch * n_q_heads)
+    _pope_fwd_kernel[grid](
+        q, k_prime, v, theta, delta if delta is not None else theta, out, lse,
+        *_strides(q), *_strides(v), *_strides(out),
+        n_q_heads, n_q_heads // n_kv_heads, seq_q, seq_k, q_offset, softmax_scale,
+        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_block_d(head_dim),
+        CAUSAL=causal, HAS_DELTA=delta is not None, MAGNITUDE=MAGNITUDE_CODES[magnitude],
+        PRECISION=_precision(q.dtype), num_warps=num_warps, num_stages=num_stages)
+    return out, lse
+
+
+def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale: float, q_offset: int,
+             magnitude: str, dq_config=None, dkdv_config=None):
+    """Returns (dq, dk, dv, d_delta or None). Deterministic: no atomics anywhere."""
+    batch, n_q_heads, seq_q, head_dim = q.shape
+    n_kv_heads, seq_k = k.shape[1], k.shape[2]
+    group_size = n_q_heads // n_kv_heads
+    block_d = _block_d(head_dim)
+    code = MAGNITUDE_CODES[magnitude]
+    precision = _precision(q.dtype)
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    row_delta = torch.empty((batch, n_q_heads, seq_q), device=q.device, dtype=torch.float32)
+
+    # Part 1: dq, D and the d delta partials, streaming the keys' k' (written here, freed after).
+    block_m, block_n, num_warps, num_stages = _pick(BWD_DQ_CONFIGS, head_dim, dq_config)
+    n_m_blocks = triton.cdiv(seq_q, block_m)
+    d_delta_partial = torch.empty((batch, n_q_heads, n_m_blocks, head_dim), device=q.device, dtype=torch.float32)
+    k_prime = transform(k, theta, None, position_offset=0, scale=1.0, magnitude=magnitude)
+    _pope_bwd_dq_kernel[(n_m_blocks, batch * n_q_heads)](
+        q, k_prime, v, out, do, lse, theta, delta if delta is not None else theta, dq, row_delta, d_delta_partial,
+        *_strides(q), *_strides(v), *_strides(out), *_strides(do), *_strides(dq),
+        n_q_heads, group_size, seq_q, seq_k, q_offset, softmax_scale,
+        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        CAUSAL=causal, HAS_DELTA=delta is not None, MAGNITUDE=code, PRECISION=precision,
+        num_warps=num_warps, num_stages=num_stages)
+    del k_prime
+
+    # Part 2: dk, dv, streaming the queries' q' (scale folded in; written here, freed after).
+    q_prime = transform(q, theta, delta, position_offset=q_offset, scale=softmax_scale, magnitude=magnitude)
+    block_m, block_n, num_warps, num_stages = _pick(BWD_DKDV_CONFIGS, head_dim, dkdv_config)
+    _pope_bwd_dkdv_kernel[(triton.cdiv(seq_k, block_n), batch * n_kv_heads)](
+        k, v, q_prime, do, lse, row_delta, theta, dk, dv,
+        *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
+        n_kv_heads, group_size, seq_q, seq_k, q_offset,
+        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        CAUSAL=causal, MAGNITUDE=code, PRECISION=precision, num_warps=num_warps, num_stages=num_stages)
+    del q_prime
+
+    d_delta = None
+    if delta is not None:
+        d_delta = d_delta_partial.sum(dim=(0, 2)).to(delta.dtype)  # (Hq, d), fixed-order reduction
+    return dq, dk, dv, d_delta
+
+
+def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float, q_offset: int, magnitude: str,
+                   block_n: int = 64, num_splits: int | None = None, num_warps: int = 4):
+    """Split-K decode over a raw (d-channel) cache. Returns (out, lse) like `forward`.
+
+    Suited to group_size * Nq <= 64 rows per key head; keys are transformed once, in registers.
+    """
+    batch, n_q_heads, seq_q, head_dim = q.shape
+    n_kv_heads, seq_k = k.shape[1], k.shape[2]
+    group_size = n_q_heads // n_kv_heads
+    rows = group_size * seq_q
+    block_m = max(16, triton.next_power_of_2(rows))
+    block_d = _block_d(head_dim)
+    if INTERPRET:
+        block_n = min(block_n, 32)
+    if num_splits is None:
+        # Enough programs to fill the GPU (~132 SMs x 4), each with at least a few key tiles.
+        sm_count = 132 if not q.is_cuda else torch.cuda.get_device_properties(q.device).multi_processor_count
+        num_splits = max(1, min(triton.cdiv(seq_k, 4 * block_n), triton.cdiv(4 * sm_count, batch * n_kv_heads)))
+    keys_per_split = triton.cdiv(triton.cdiv(seq_k, num_splits), block_n) * block_n
+    num_splits = triton.cdiv(seq_k, keys_per_split)
+    partial_out = torch.empty((num_splits, batch * n_kv_heads, block_m, block_d), device=q.device, dtype=torch.float32)
+    partial_lse = torch.empty((num_splits, batch * n_kv_heads, block_m), device=q.device, dtype=torch.float32)
+    _pope_decode_kernel[(num_splits, batch * n_kv_heads)](
+        q, k, v, theta, delta if delta is not None else theta, partial_out, partial_lse,
+        *_strides(q), *_strides(k), *_strides(v),
+        n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, keys_per_split,
+        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        CAUSAL=causal, HAS_DELTA=delta is not None, MAGNITUDE=MAGNITUDE_CODES[magnitude],
+        PRECISION=_precision(q.dtype), num_warps=num_warps, num_stages=2)
+    # Combine the splits: (splits, B*Hkv, rows, d) -> (B, Hq, Nq, d).
+    partial_out = partial_out[:, :, :rows, :head_dim]
+    partial_lse = partial_lse[:, :, :rows]
+    lse = torch.logsumexp(partial_lse, dim=0)  # (B*Hkv, rows); every row sees key 0, so finite
+    weights = torch.exp(partial_lse - lse[None])  # 0 for splits that saw no key
+    out = (weights[..., None] * partial_out).sum(dim=0)
+    out = out.view(batch, n_kv_heads, group_size, seq_q, head_dim).reshape(batch, n_q_heads, seq_q, head_dim)
+    lse = lse.view(batch, n_q_heads, seq_q)
+    return out.to(q.dtype), lse
+
+
+def frequencies(head_dim: int, base: float, device) -> torch.Tensor:
+    """theta (head_dim,) fp32 on device, from pope.frequencies (the project's one frequency function)."""
+    from pope.frequencies import pope_frequencies
+
+    return pope_frequencies(head_dim, base, device=device).contiguous()
+
+
+__all__ = ["forward", "backward", "decode_forward", "transform", "frequencies", "INTERPRET", "MAGNITUDE_CODES",
+           "LOG2E", "math"]

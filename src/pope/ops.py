@@ -1,0 +1,165 @@
+"""PoPE flash attention as PyTorch operators: `torch.library.custom_op`s over the Triton kernels.
+
+Two operators, each with a fake (meta) implementation so that `torch.compile` traces through them with
+no graph break:
+    pope::flash_attention_forward(q, k, v, delta, ...) -> (out, lse)
+    pope::flash_attention_backward(do, q, k, v, delta, out, lse, ...) -> (dq, dk, dv, d_delta)
+wired together with `torch.library.register_autograd` (the forward saves q, k, v, delta, out, lse only).
+
+`triton_pope_attention` is what pope.attention dispatches backend="triton" to; input validation
+(shapes, dtypes, devices) is done there. `triton_unsupported_reason` says why a call cannot run on the
+kernels (None when it can); pope.attention uses it for backend="auto" and for its error message.
+Importing this module imports torch only; Triton is imported on the first kernel call.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+SUPPORTED_MAGNITUDES = ("softplus", "relu", "identity")
+MAX_HEAD_DIM = 128
+# Few query rows per key head (generation with a KV cache): the split-K decode kernel instead.
+DECODE_MAX_QUERIES = 16
+DECODE_MAX_ROWS = 64
+
+_frequency_cache: dict = {}
+
+
+def _kernels():
+    from pope.kernels import pope_flash
+
+    return pope_flash
+
+
+def _theta(head_dim: int, base: float, device: torch.device) -> torch.Tensor:
+    key = (head_dim, float(base), str(device))
+    if key not in _frequency_cache:
+        _frequency_cache[key] = _kernels().frequencies(head_dim, base, device)
+    return _frequency_cache[key]
+
+
+def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    # The kernels take any (batch, head, seq) strides but need unit stride along head_dim.
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _use_decode_kernel(q: torch.Tensor, k: torch.Tensor) -> bool:
+    seq_q, seq_k = q.shape[2], k.shape[2]
+    rows = (q.shape[1] // k.shape[1]) * seq_q
+    return seq_q <= DECODE_MAX_QUERIES and rows <= DECODE_MAX_ROWS and seq_k > seq_q
+
+
+@torch.library.custom_op("pope::flash_attention_forward", mutates_args=())
+def flash_attention_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: Optional[torch.Tensor],
+    base: float, causal: bool, softmax_scale: float, q_offset: int, magnitude: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    kernels = _kernels()
+    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+    delta = delta.contiguous() if delta is not None else None
+    theta = _theta(q.shape[-1], base, q.device)
+    options = dict(causal=causal, softmax_scale=softmax_scale, q_offset=q_offset, magnitude=magnitude)
+    if _use_decode_kernel(q, k):
+        return kernels.decode_forward(q, k, v, delta, theta, **options)
+    return kernels.forward(q, k, v, delta, theta, **options)
+
+
+@flash_attention_forward.register_fake
+def _(q, k, v, delta, base, causal, softmax_scale, q_offset, magnitude):
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    return out, lse
+
+
+@torch.library.custom_op("pope::flash_attention_backward", mutates_args=())
+def flash_attention_backward(
+    do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: Optional[torch.Tensor],
+    out: torch.Tensor, lse: torch.Tensor,
+    base: float, causal: bool, softmax_scale: float, q_offset: int, magnitude: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns (dq, dk, dv, d_delta); d_delta is an empty (0,) tensor when delta is None."""
+    q, k, v, out, do = (_last_dim_contiguous(t) for t in (q, k, v, out, do))
+    delta = delta.contiguous() if delta is not None else None
+    theta = _theta(q.shape[-1], base, q.device)
+    dq, dk, dv, d_delta = _kernels().backward(
+        do, q, k, v, delta, out, lse.contiguous(), theta, causal=causal, softmax_scale=softmax_scale,
+        q_offset=q_offset, magnitude=magnitude)
+    if d_delta is None:
+        d_delta = torch.empty((0,), dtype=q.dtype, device=q.device)
+    return dq, dk, dv, d_delta
+
+
+@flash_attention_backward.register_fake
+def _(do, q, k, v, delta, out, lse, base, causal, softmax_scale, q_offset, magnitude):
+    d_delta = (torch.empty(delta.shape, dtype=delta.dtype, device=delta.device) if delta is not None
+               else torch.empty((0,), dtype=q.dtype, device=q.device))
+    return (torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device),
+            torch.empty(v.shape, dtype=v.dtype, device=v.device), d_delta)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, delta, base, causal, softmax_scale, q_offset, magnitude = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, delta, out, lse)
+    ctx.options = (base, causal, softmax_scale, q_offset, magnitude)
+    ctx.has_delta = delta is not None
+
+
+def _backward(ctx, grad_out, grad_lse):
+    # lse is an internal output: nothing downstream differentiates it (pope attention returns `out` only).
+    q, k, v, delta, out, lse = ctx.saved_tensors
+    dq, dk, dv, d_delta = flash_attention_backward(grad_out, q, k, v, delta, out, lse, *ctx.options)
+    return dq, dk, dv, (d_delta if ctx.has_delta else None), None, None, None, None, None
+
+
+torch.library.register_autograd("pope::flash_attention_forward", _backward, setup_context=_setup_context)
+
+
+def triton_pope_attention(q, k, v, delta, *, base, causal, softmax_scale, q_offset, magnitude, rotary_dim):
+    """PoPE attention on the fused Triton kernels. Inputs already validated by pope.attention.
+
+    q (B, Hq, Nq, d), k/v (B, Hkv, Nk, d), delta (Hq, d) or None. Returns (B, Hq, Nq, d) in q's dtype.
+    """
+    reason = triton_unsupported_reason(q, k, v, delta, causal=causal, q_offset=q_offset, magnitude=magnitude,
+                                       rotary_dim=rotary_dim)
+    if reason is not None:
+        raise ValueError(f"the Triton PoPE kernels cannot run this call: {reason}")
+    seq_q, seq_k = q.shape[2], k.shape[2]
+    q_offset = seq_k - seq_q if q_offset is None else int(q_offset)
+    softmax_scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    out, _ = flash_attention_forward(q, k, v, delta, float(base), bool(causal), softmax_scale, q_offset, magnitude)
+    return out
+
+
+def triton_unsupported_reason(q, k, v, delta, *, causal, q_offset, magnitude, rotary_dim) -> str | None:
+    """Why the Triton kernels cannot run this call, or None when they can."""
+    try:
+        kernels = _kernels()
+    except ImportError as err:
+        return f"Triton is not importable ({err}); install it with pip install 'pope-attention[triton]'"
+    head_dim = q.shape[-1]
+    if q.device.type != "cuda" and not (kernels.INTERPRET and q.device.type == "cpu"):
+        return f"the Triton kernels need CUDA tensors (got {q.device}; CPU runs only under TRITON_INTERPRET=1)"
+    if q.device.type == "cuda" and torch.cuda.get_device_capability(q.device) < (8, 0):
+        return "the Triton kernels need an NVIDIA GPU of compute capability 8.0 or newer"
+    if q.dtype not in SUPPORTED_DTYPES:
+        return f"dtype {q.dtype} is not supported (use float16, bfloat16 or float32)"
+    if head_dim > MAX_HEAD_DIM:
+        return f"head_dim {head_dim} > {MAX_HEAD_DIM} is not supported"
+    if rotary_dim is not None and rotary_dim != head_dim:
+        return f"partial rotary (rotary_dim={rotary_dim} < head_dim={head_dim}) is not supported"
+    if magnitude not in SUPPORTED_MAGNITUDES:
+        return f"magnitude {magnitude!r} is not supported (choose one of {SUPPORTED_MAGNITUDES})"
+    if q_offset is not None and int(q_offset) < 0:
+        return f"q_offset must be >= 0 (got {q_offset})"
+    if q.shape[2] > k.shape[2]:
+        return f"Nq ({q.shape[2]}) > Nk ({k.shape[2]})"
+    if delta is not None and tuple(delta.shape) != (q.shape[1], head_dim):
+        return f"delta must have shape ({q.shape[1]}, {head_dim}); got {tuple(delta.shape)}"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.numel() >= 2**31:
+            return f"{name} has {t.numel()} elements; the kernels index with 32-bit offsets (< 2**31)"
+    return None
+
