@@ -26,7 +26,7 @@ def test_shapes(pe, rows):
     usage = analyze_frequencies(model, chunk_tokens(np.arange(40) % 13, 32), progress=False)
     assert usage.query.shape == usage.key.shape == (3, rows)
     assert usage.frequencies.shape == (rows,)
-    expected = (model.blocks[0].attn.pe.frequencies.numpy() if usage.kind == "rope"
+    expected = (model.blocks[0].attn.pe.frequencies()[0].numpy() if usage.kind == "rope"
                 else 10000.0 ** -(np.arange(rows) / rows))  # PoPE: theta_c = base^(-(c-1)/d)
     np.testing.assert_allclose(usage.frequencies, expected, rtol=1e-6)
     assert usage.n_tokens == 40

@@ -14,7 +14,6 @@ layer × head × frequency. Row 0 is always the highest frequency (theta = 1).
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ import torch
 
 from pope.attention import MAGNITUDES
 from pope.encodings import PoPE, RoPE
+from pope.eval.files import savefig_atomic, write_json_atomic
 
 
 @dataclass
@@ -78,7 +78,7 @@ def encoding_frequencies(pe: torch.nn.Module, head_dim: int) -> tuple[str, np.nd
 
         return "pope", pope_frequencies(pe.rotary_dim or head_dim, pe.base).numpy()
     if isinstance(pe, RoPE):
-        return "rope", pe.frequencies.detach().float().cpu().numpy()
+        return "rope", pe.frequencies()[0].detach().float().cpu().numpy()
     frequency_magnitudes(torch.zeros(1, 1, head_dim), 1, pe)  # raises the explanatory error
     raise AssertionError("unreachable")
 
@@ -168,8 +168,7 @@ def plot_frequency_usage(usage: FrequencyUsage, path: Path, *, title: str = "") 
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    savefig_atomic(fig, path, dpi=120)
     plt.close(fig)
     return path
 
@@ -196,8 +195,7 @@ def plot_delta(delta: np.ndarray, path: Path, *, title: str = "") -> Path:
     fig.colorbar(image, ax=axes.ravel().tolist(), label="delta (rad)")
     if title:
         fig.suptitle(title)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    savefig_atomic(fig, path, dpi=120)
     plt.close(fig)
     return path
 
@@ -206,8 +204,7 @@ def write_frequency_report(usage: FrequencyUsage, out_dir: Path, *, title: str =
     """frequency_usage.json + frequency_usage.png (+ delta.png and delta.npy for PoPE)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = [out_dir / "frequency_usage.json"]
-    written[0].write_text(json.dumps(usage.to_dict()) + "\n")
+    written = [write_json_atomic(out_dir / "frequency_usage.json", usage.to_dict())]
     written.append(plot_frequency_usage(usage, out_dir / "frequency_usage.png", title=title))
     if usage.delta is not None:
         np.save(out_dir / "delta.npy", usage.delta)

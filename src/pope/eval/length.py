@@ -235,3 +235,178 @@ def parse_lengths(lengths) -> list[int]:
         if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 1:
             raise ValueError(f"evaluation lengths must be positive integers, got {length!r}")
     return sorted({int(length) for length in lengths})
+
+
+# ------------------------------------------------------------------------------------------------
+# Runs -> result files (``pope eval length``)
+@dataclass
+class RunLengthResults:
+    label: str
+    run: str
+    pe: str
+    train_length: int | None
+    results: list[LengthResult]
+
+
+def run_length_eval(
+    runs: list[str],
+    data: str,
+    *,
+    lengths,
+    split: str = "test",
+    out_dir: str | None = None,
+    tail: str = "context",
+    same_documents: bool = True,
+    max_docs: int | None = None,
+    batch_size: int = 8,
+    n_buckets: int = 8,
+    device: str = "cpu",
+    autocast_dtype: torch.dtype | None = None,
+    progress: bool = True,
+) -> list[RunLengthResults]:
+    """Evaluate every run at every length; write RUN/eval/length-DATA-SPLIT.json per run and, in
+    ``out_dir``, length.csv, length.md and length.png over all runs."""
+    from pathlib import Path
+
+    from pope.data.prepared import resolve_dataset
+    from pope.eval.files import write_json_atomic
+    from pope.eval.provenance import provenance
+    from pope.eval.runs import load_run_model, run_dir_of, run_label
+
+    lengths = parse_lengths(lengths)
+    if not runs:
+        raise ValueError("give at least one run directory")
+    dataset = resolve_dataset(data)
+    token_split = dataset.split(split)
+    offsets = validate_doc_offsets(token_split.doc_offsets, len(token_split))
+    # Fail before loading any model when the data is too short for the longest length.
+    plan_windows(offsets, max(lengths), tail=tail)
+    stamp = {**provenance(device), "data": str(dataset.path), "data_name": dataset.name, "split": split,
+             "tail": tail, "same_documents": same_documents, "max_docs": max_docs, "n_buckets": n_buckets}
+    collected: list[RunLengthResults] = []
+    for run in runs:
+        model, info = load_run_model(run, device)
+        data_name = f"dataset {dataset.name!r} ({dataset.path})"
+        check_vocab_compatible(dataset.vocab_size, model.config.vocab_size, data_name=data_name)
+        check_token_range(np.asarray(token_split.tokens), model.config.vocab_size, data_name=data_name)
+        label = run_label(run, model)
+        run_config = info.get("run_config") or {}
+        train_length = (run_config.get("recipe") or {}).get("seq_len") or model.config.max_seq_len
+        results = evaluate_lengths(
+            model, token_split.tokens, offsets, lengths, tail=tail, same_documents=same_documents, max_docs=max_docs,
+            batch_size=batch_size, device=device, autocast_dtype=autocast_dtype, progress=progress, label=label)
+        entry = RunLengthResults(label=label, run=str(run), pe=model.config.pe, train_length=int(train_length),
+                                 results=results)
+        write_json_atomic(run_dir_of(run) / "eval" / f"length-{dataset.name}-{split}.json", {
+            **stamp, "run": str(run), "checkpoint": info.get("path"), "step": info.get("step"), "pe": entry.pe,
+            "train_length": entry.train_length, "results": [r.to_dict(n_buckets) for r in results]})
+        collected.append(entry)
+        del model
+    _disambiguate_labels(collected)
+    if out_dir is not None:
+        write_length_outputs(collected, Path(out_dir), n_buckets=n_buckets,
+                             title=f"{dataset.name} / {split}", provenance_stamp=stamp)
+    return collected
+
+
+def _disambiguate_labels(entries: list[RunLengthResults]) -> None:
+    seen: dict[str, int] = {}
+    for entry in entries:
+        seen[entry.label] = seen.get(entry.label, 0) + 1
+    for entry in entries:
+        if seen[entry.label] > 1:
+            entry.label = f"{entry.label} [{entry.run}]"
+
+
+def length_table_markdown(entries: list[RunLengthResults]) -> str:
+    """Rows: runs; columns: lengths; cells: mean NLL (perplexity)."""
+    lengths = sorted({r.length for e in entries for r in e.results})
+    header = "| run | PE | train len | " + " | ".join(f"L={length:,}" for length in lengths) + " |"
+    lines = [header, "|" + "---|" * (3 + len(lengths))]
+    for entry in entries:
+        by_length = {r.length: r for r in entry.results}
+        cells = [f"{by_length[L].mean_nll:.4f} ({by_length[L].perplexity:.3g})" if L in by_length else "—"
+                 for L in lengths]
+        lines.append(f"| {entry.label} | {entry.pe} | {entry.train_length or '?'} | " + " | ".join(cells) + " |")
+    first = entries[0].results
+    lines.append("")
+    lines.append("Cells: mean NLL in nats/token (perplexity). Scored targets per length: "
+                 + ", ".join(f"L={r.length:,}: {r.n_targets:,} in {r.plan['n_docs_used']:,} docs "
+                             f"({r.plan['n_docs_excluded']:,} docs / {r.plan['n_targets_excluded']:,} targets excluded)"
+                             for r in first) + ".")
+    return "\n".join(lines) + "\n"
+
+
+def write_length_outputs(entries: list[RunLengthResults], out_dir, *, n_buckets: int = 8, title: str = "",
+                         provenance_stamp: dict | None = None) -> list:
+    """length.csv, length.md, length.json and length.png in ``out_dir``."""
+    import csv
+    import io
+    from pathlib import Path
+
+    from pope.eval.files import write_json_atomic, write_text_atomic
+
+    out_dir = Path(out_dir)
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(["label", "run", "pe", "train_length", "length", "mean_nll", "perplexity", "n_targets",
+                     "n_windows", "n_tail_windows", "n_docs_used", "n_docs_excluded", "n_targets_excluded",
+                     "bucket_edges", "bucket_nll"])
+    for entry in entries:
+        for r in entry.results:
+            edges, means, _ = r.bucket_nll(n_buckets)
+            writer.writerow([entry.label, entry.run, entry.pe, entry.train_length, r.length, f"{r.mean_nll:.6f}",
+                             f"{r.perplexity:.6f}", r.n_targets, r.plan["n_windows"], r.plan["n_tail_windows"],
+                             r.plan["n_docs_used"], r.plan["n_docs_excluded"], r.plan["n_targets_excluded"],
+                             ";".join(map(str, edges)), ";".join(f"{m:.6f}" for m in means)])
+    written = [write_text_atomic(out_dir / "length.csv", buffer.getvalue())]
+    markdown = (f"# Perplexity vs evaluation length{': ' + title if title else ''}\n\n"
+                + length_table_markdown(entries))
+    if provenance_stamp:
+        markdown += "\n" + ", ".join(f"{k}: {provenance_stamp[k]}" for k in
+                                     ("git_commit", "torch", "device", "date_utc", "command")) + "\n"
+    written.append(write_text_atomic(out_dir / "length.md", markdown))
+    written.append(write_json_atomic(out_dir / "length.json", {
+        "provenance": provenance_stamp or {},
+        "runs": [{"label": e.label, "run": e.run, "pe": e.pe, "train_length": e.train_length,
+                  "results": [r.to_dict(n_buckets) for r in e.results]} for e in entries]}))
+    written.append(plot_length_curves(entries, out_dir / "length.png", n_buckets=n_buckets, title=title))
+    return written
+
+
+def plot_length_curves(entries: list[RunLengthResults], path, *, n_buckets: int = 8, title: str = ""):
+    """Left: perplexity vs length (one line per run). Right: NLL per window-position bucket at the
+    longest length (does the loss rise past the training length?)."""
+    from pope.eval._optional import pyplot
+    from pope.eval.files import savefig_atomic
+
+    plt = pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for entry in entries:
+        lengths = [r.length for r in entry.results]
+        line, = left.plot(lengths, [r.perplexity for r in entry.results], marker="o", label=entry.label)
+        longest = entry.results[-1]
+        edges, means, _ = longest.bucket_nll(n_buckets)
+        centers = [(lo + hi) / 2 for lo, hi in zip(edges[:-1], edges[1:])]
+        right.plot(centers, means, marker=".", color=line.get_color(), label=entry.label)
+    train_lengths = {e.train_length for e in entries if e.train_length}
+    for train_length in train_lengths:
+        for ax in (left, right):
+            ax.axvline(train_length, color="grey", linestyle=":", linewidth=1)
+    left.set_xscale("log", base=2)
+    left.set_yscale("log")
+    left.set_xlabel("evaluation length L (tokens); dotted: training length")
+    left.set_ylabel("perplexity")
+    left.set_title("perplexity vs window length")
+    right.set_xlabel(f"position in the window (L = {max(r.length for e in entries for r in e.results):,})")
+    right.set_ylabel("mean NLL (nats/token)")
+    right.set_title("NLL by position at the longest length")
+    left.legend(fontsize=8)
+    left.grid(True, which="both", alpha=0.3)
+    right.grid(True, alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    savefig_atomic(fig, path, dpi=120)
+    plt.close(fig)
+    return path
