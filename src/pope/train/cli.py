@@ -1,0 +1,61 @@
+"""`pope train` and `pope accuracy` (thin: argument parsing over pope.train).
+
+    pope train PRESET --pe NAME --out DIR [--set section.key=value ...] [--resume] [--seed N]
+    pope accuracy RUN --data FILE          accuracy of a trained indirect-indexing model on a file
+                                           of examples (one per line); the lead may mount it as
+                                           `pope eval accuracy`.
+Under `torchrun --nproc_per_node=N pope train ...` the same command trains with DDP (or FSDP2 with
+--set train.parallel=fsdp).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(subparsers) -> None:
+    train = subparsers.add_parser("train", help="train a preset (see docs/training.md)",
+                                  description="Train one of the paper's presets with a positional encoding.")
+    train.add_argument("preset", help="preset name, e.g. indirect-indexing, jsb, owt-124m, indirect-indexing-tiny")
+    train.add_argument("--pe", required=True, help="positional encoding spec, e.g. pope, rope, 'rope:base=500000'")
+    train.add_argument("--out", required=True, help="run directory (config, metrics, checkpoints)")
+    train.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                       help="override a model/recipe/train field, e.g. --set recipe.lr=1e-3 --set model.n_layer=2 "
+                            "--set train.compile=false (repeatable)")
+    train.add_argument("--resume", action="store_true", help="continue the run in --out from checkpoints/last")
+    train.add_argument("--seed", type=int, default=0, help="training seed (model init, data order); default 0")
+    train.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    train.set_defaults(func=_train)
+
+    accuracy = subparsers.add_parser("accuracy", help="accuracy of a trained model on indirect-indexing examples")
+    accuracy.add_argument("run", help="run directory or checkpoint directory")
+    accuracy.add_argument("--data", required=True, help="file of examples, one per line (e.g. DIR/test.txt)")
+    accuracy.add_argument("--batch-size", type=int, default=256)
+    accuracy.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    accuracy.add_argument("--json", action="store_true", help="print the result as JSON")
+    accuracy.set_defaults(func=_accuracy)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from pope.train.config import resolve_run_config
+    from pope.train.trainer import run_training
+
+    config = resolve_run_config(args.preset, args.pe, seed=args.seed, overrides=args.overrides)
+    if args.print_config:
+        print(json.dumps(config, indent=2))
+        return 0
+    summary = run_training(config, args.out, resume=args.resume)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _accuracy(args: argparse.Namespace) -> int:
+    from pope.train.evaluate import task_accuracy
+
+    result = task_accuracy(args.run, args.data, batch_size=args.batch_size, device=args.device)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"accuracy {result['accuracy']:.4f} ({result['correct']}/{result['examples']}) "
+              f"loss {result['loss']:.4f}  model {result['checkpoint']} (step {result['step']})  data {result['data']}")
+    return 0

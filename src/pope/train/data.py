@@ -1,0 +1,305 @@
+"""Training batches and evaluation passes over the project's datasets.
+
+Two kinds of data, one rule for distribution: every training step has a GLOBAL batch that is a pure
+function of (seed, step); rank r of W takes its share of every micro-batch. The global batch, and so
+the loss, does not depend on the number of processes, and the sampler's whole resumable state is the
+step counter (``state_dict()`` stores it with the seed so a resume can check it).
+
+- ``ExampleBatches``: a fixed set of examples, ``inputs``/``targets`` (N, T) int64 (targets -100 where
+  not scored). Used for the indirect-indexing task and for document datasets (each document padded
+  with pad_id to the longest, targets -100 on the padding). Order: a fresh permutation per epoch
+  (``torch.randperm`` with a CPU generator seeded by (seed, epoch)); a batch may straddle two epochs.
+  The examples can live on the GPU (``device``), so a step gathers its batch without a host copy.
+- ``WindowBatches``: random windows of T+1 tokens from one flat token stream (OpenWebText, genome):
+  starts drawn with ``np.random.default_rng([seed, step])``.
+
+Evaluation (``evaluation_batches``) walks a split in a fixed order: every example / document once, or
+non-overlapping T+1-token windows (stride T) for token streams; rank r takes every W-th batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+
+IGNORE_INDEX = -100
+
+
+@dataclass(frozen=True)
+class Shard:
+    rank: int = 0
+    world_size: int = 1
+
+
+def _check_batch_layout(global_batch: int, micro_steps: int, shard: Shard) -> int:
+    parts = micro_steps * shard.world_size
+    if global_batch % parts:
+        raise ValueError(f"batch size {global_batch} is not divisible by grad_accum ({micro_steps}) x world size "
+                         f"({shard.world_size}); choose sizes so every rank gets whole examples")
+    return global_batch // parts
+
+
+class ExampleBatches:
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, *, global_batch: int, micro_steps: int = 1,
+                 seed: int = 0, shard: Shard = Shard(), device: torch.device | str = "cpu",
+                 sequences: np.ndarray | None = None, lengths: np.ndarray | None = None,
+                 transform: Callable[[np.ndarray, np.random.Generator], np.ndarray] | None = None,
+                 pad_id: int | None = None) -> None:
+        if inputs.shape != targets.shape or inputs.ndim != 2:
+            raise ValueError(f"inputs and targets must both be (N, T); got {tuple(inputs.shape)} and {tuple(targets.shape)}")
+        self.device = torch.device(device)
+        self.micro_batch = _check_batch_layout(global_batch, micro_steps, shard)
+        self.global_batch, self.micro_steps, self.seed, self.shard = global_batch, micro_steps, seed, shard
+        self.num_examples = inputs.shape[0]
+        # Document datasets with a train-time transform (MAESTRO transposition) keep the raw padded
+        # sequences on the CPU and build each example on the fly; otherwise examples sit on `device`.
+        self.transform = transform
+        if transform is not None:
+            if sequences is None or lengths is None or pad_id is None:
+                raise ValueError("a transform needs the raw padded sequences, their lengths and pad_id")
+            self.sequences, self.lengths, self.pad_id = sequences, lengths, pad_id
+        storage = torch.device("cpu") if transform is not None else self.device
+        self.inputs = inputs.to(storage)
+        self.targets = targets.to(storage)
+        self.scored_per_example = (targets != IGNORE_INDEX).sum(dim=1).cpu().numpy()  # (N,)
+        self._epoch_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _permutation(self, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(CPU permutation, the same on `device`) of epoch `epoch`; the last two epochs are cached."""
+        if epoch not in self._epoch_cache:
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            order = torch.randperm(self.num_examples, generator=generator)
+            self._epoch_cache = {e: v for e, v in self._epoch_cache.items() if e >= epoch - 1}
+            self._epoch_cache[epoch] = (order, order.to(self.device))
+        return self._epoch_cache[epoch]
+
+    def _global_indices(self, step: int, on_device: bool) -> torch.Tensor:
+        """Example indices of step `step`'s global batch, (global_batch,)."""
+        start = step * self.global_batch
+        pieces = []
+        while start < (step + 1) * self.global_batch:
+            epoch, offset = divmod(start, self.num_examples)
+            take = min(self.num_examples - offset, (step + 1) * self.global_batch - start)
+            pieces.append(self._permutation(epoch)[1 if on_device else 0][offset: offset + take])
+            start += take
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+
+    def _local_slice(self, micro: int) -> slice:
+        # micro-batch `micro` of this rank: global positions [micro*W*m + rank*m, ... + m)
+        begin = (micro * self.shard.world_size + self.shard.rank) * self.micro_batch
+        return slice(begin, begin + self.micro_batch)
+
+    def scored_tokens(self, step: int) -> int:
+        """Scored (non -100) targets in the whole global batch of `step` (all ranks and micro-steps)."""
+        return int(self.scored_per_example[self._global_indices(step, on_device=False).numpy()].sum())
+
+    def get(self, step: int, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets), each (micro_batch, T), on `device`."""
+        if self.transform is None:
+            index = self._global_indices(step, on_device=True)[self._local_slice(micro)]
+            return self.inputs[index], self.targets[index]
+        index = self._global_indices(step, on_device=False)[self._local_slice(micro)].numpy()
+        rows_in, rows_out = [], []
+        first = self._local_slice(micro).start
+        for offset, example in enumerate(index):
+            rng = np.random.default_rng([self.seed, step, first + offset])  # per global batch position
+            length = int(self.lengths[example])
+            tokens = self.transform(np.asarray(self.sequences[example, :length]), rng)
+            row_in, row_out = _document_row(tokens, self.inputs.shape[1], self.pad_id)
+            rows_in.append(row_in)
+            rows_out.append(row_out)
+        return (torch.from_numpy(np.stack(rows_in)).to(self.device, non_blocking=True),
+                torch.from_numpy(np.stack(rows_out)).to(self.device, non_blocking=True))
+
+    def get_all_micro(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """All micro-batches of this rank for `step`: (micro_steps, micro_batch, T) each (CUDA-graph path)."""
+        index = self._global_indices(step, on_device=True)
+        rank_rows = torch.cat([index[self._local_slice(m)] for m in range(self.micro_steps)]) \
+            if self.micro_steps > 1 else index[self._local_slice(0)]
+        shape = (self.micro_steps, self.micro_batch, self.inputs.shape[1])
+        return self.inputs[rank_rows].view(shape), self.targets[rank_rows].view(shape)
+
+    def state_dict(self, step: int) -> dict:
+        return {"kind": "examples", "seed": self.seed, "step": step, "global_batch": self.global_batch,
+                "num_examples": self.num_examples}
+
+
+def _document_row(tokens: np.ndarray, seq_len: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """One document (L <= seq_len + 1 tokens) -> inputs (seq_len,) padded with pad_id and
+    targets (seq_len,) with -100 on the padding."""
+    inputs = np.full(seq_len, pad_id, dtype=np.int64)
+    targets = np.full(seq_len, IGNORE_INDEX, dtype=np.int64)
+    inputs[: len(tokens) - 1] = tokens[:-1]
+    targets[: len(tokens) - 1] = tokens[1:]
+    return inputs, targets
+
+
+def documents_as_examples(split, seq_len: int, pad_id: int, *, source: str) -> tuple[torch.Tensor, torch.Tensor, np.ndarray, np.ndarray]:
+    """A document split (TokenSplit) as padded examples: (inputs, targets, sequences, lengths).
+    A document longer than seq_len + 1 tokens is refused, never truncated."""
+    lengths = split.document_lengths()
+    if len(lengths) == 0:
+        raise ValueError(f"{source}: split {split.name!r} has no documents")
+    too_long = np.flatnonzero(lengths > seq_len + 1)
+    if len(too_long):
+        raise ValueError(f"{source}: document {too_long[0]} of split {split.name!r} has {lengths[too_long[0]]} tokens, "
+                         f"more than the model's max_seq_len + 1 = {seq_len + 1}; raise model.max_seq_len or "
+                         "re-prepare the data with shorter chunks")
+    width = int(lengths.max())
+    sequences = np.full((len(lengths), seq_len + 1), pad_id, dtype=np.int64)
+    for i in range(len(lengths)):
+        sequences[i, : lengths[i]] = split.document(i)
+    rows = [_document_row(sequences[i, : lengths[i]], seq_len, pad_id) for i in range(len(lengths))]
+    inputs = torch.from_numpy(np.stack([r[0] for r in rows])[:, : max(width - 1, 1)].copy())
+    targets = torch.from_numpy(np.stack([r[1] for r in rows])[:, : max(width - 1, 1)].copy())
+    return inputs, targets, sequences, lengths
+
+
+class WindowBatches:
+    def __init__(self, tokens: np.ndarray, seq_len: int, *, global_batch: int, micro_steps: int = 1, seed: int = 0,
+                 shard: Shard = Shard(), device: torch.device | str = "cpu",
+                 transform: Callable[[np.ndarray, np.random.Generator], np.ndarray] | None = None,
+                 source: str = "tokens") -> None:
+        if len(tokens) < seq_len + 2:
+            raise ValueError(f"{source}: {len(tokens)} tokens cannot hold one window of {seq_len + 1} tokens; "
+                             "lower model.max_seq_len or use more data")
+        self.tokens, self.seq_len, self.device = tokens, seq_len, torch.device(device)
+        self.micro_batch = _check_batch_layout(global_batch, micro_steps, shard)
+        self.global_batch, self.micro_steps, self.seed, self.shard = global_batch, micro_steps, seed, shard
+        self.transform = transform
+
+    def _starts(self, step: int) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, step])
+        return rng.integers(0, len(self.tokens) - self.seq_len - 1, size=self.global_batch, endpoint=True)
+
+    def scored_tokens(self, step: int) -> int:
+        return self.global_batch * self.seq_len
+
+    def get(self, step: int, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        begin = (micro * self.shard.world_size + self.shard.rank) * self.micro_batch
+        starts = self._starts(step)[begin: begin + self.micro_batch]
+        windows = np.stack([np.asarray(self.tokens[s: s + self.seq_len + 1], dtype=np.int64) for s in starts])
+        if self.transform is not None:
+            windows = np.stack([self.transform(w, np.random.default_rng([self.seed, step, begin + i]))
+                                for i, w in enumerate(windows)]).astype(np.int64)
+        batch = torch.from_numpy(windows)
+        if self.device.type == "cuda":
+            batch = batch.pin_memory().to(self.device, non_blocking=True)
+        return batch[:, :-1], batch[:, 1:]
+
+    def state_dict(self, step: int) -> dict:
+        return {"kind": "windows", "seed": self.seed, "step": step, "global_batch": self.global_batch,
+                "num_tokens": len(self.tokens)}
+
+
+def evaluation_batches(*, batch_size: int, shard: Shard, device: torch.device,
+                       examples: tuple[torch.Tensor, torch.Tensor] | None = None,
+                       tokens: np.ndarray | None = None, seq_len: int | None = None,
+                       max_batches: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """A fixed pass over an evaluation split; rank r yields global batches r, r+W, r+2W, ...
+    ``max_batches`` (None = the whole split) caps the global batch count for long token streams."""
+    if examples is not None:
+        inputs, targets = examples
+        total = (len(inputs) + batch_size - 1) // batch_size
+    else:
+        assert tokens is not None and seq_len is not None
+        n_windows = (len(tokens) - 1) // seq_len
+        if n_windows < 1:
+            raise ValueError(f"evaluation split has {len(tokens)} tokens, fewer than one window of {seq_len + 1}")
+        total = (n_windows + batch_size - 1) // batch_size
+    if max_batches is not None:
+        total = min(total, max_batches)
+    for batch_index in range(shard.rank, total, shard.world_size):
+        if examples is not None:
+            rows = slice(batch_index * batch_size, (batch_index + 1) * batch_size)
+            yield inputs[rows].to(device, non_blocking=True), targets[rows].to(device, non_blocking=True)
+        else:
+            first = batch_index * batch_size
+            last = min(first + batch_size, n_windows)
+            windows = np.stack([np.asarray(tokens[w * seq_len: w * seq_len + seq_len + 1], dtype=np.int64)
+                                for w in range(first, last)])
+            batch = torch.from_numpy(windows).to(device, non_blocking=True)
+            yield batch[:, :-1], batch[:, 1:]
+
+
+INDIRECT_INDEXING = "indirect-indexing"
+
+
+@dataclass
+class TrainingData:
+    """What the trainer needs from a dataset."""
+
+    name: str
+    vocab_size: int
+    train: ExampleBatches | WindowBatches
+    # split -> (examples (inputs, targets) on CPU) or (token stream) for evaluation
+    eval_examples: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    eval_tokens: dict[str, np.ndarray]
+    seq_len: int
+    is_task: bool = False  # scored on one token per example (indirect indexing)
+
+
+def load_training_data(recipe: dict, options, *, micro_steps: int, seed: int, shard: Shard,
+                       device: torch.device, seq_len: int, is_main: bool) -> TrainingData:
+    """Build the training sampler and evaluation sets for ``recipe['dataset']`` (or train.data_dir).
+
+    - 'indirect-indexing' (or a directory with its manifest): generated splits, cached under
+      $POPE_CACHE/data/indirect-indexing-seed{data_seed}; examples live on ``device``.
+    - a prepared dataset (pope.data.prepared) with a pad id: documents, padded;
+    - a prepared dataset without one: a token stream, random windows of seq_len + 1 tokens.
+    """
+    from pope.train.distributed import barrier
+
+    source = options.data_dir or recipe["dataset"]
+    global_batch = recipe["batch_size"]
+    eval_splits = [s.strip() for s in options.eval_splits.split(",") if s.strip()]
+    from pathlib import Path
+    is_task_dir = Path(str(source)).is_dir() and (Path(str(source)) / "manifest.json").exists() and \
+        '"indirect-indexing"' in (Path(str(source)) / "manifest.json").read_text()
+    if source == INDIRECT_INDEXING or is_task_dir:
+        from pope.data import indirect_indexing as task
+        if is_task_dir:  # an explicit split directory (any sizes), e.g. written by write_splits
+            directory = Path(source)
+        else:
+            if is_main:
+                task.ensure_splits(None, seed=options.data_seed)
+            barrier()
+            directory = task.default_data_dir(options.data_seed)
+        train = task.load_split(directory, "train")
+        if seq_len < task.SEQ_LEN:
+            raise ValueError(f"indirect-indexing needs {task.SEQ_LEN} input tokens; recipe.seq_len is {seq_len}")
+        batches = ExampleBatches(torch.from_numpy(train.inputs), torch.from_numpy(train.targets),
+                                 global_batch=global_batch, micro_steps=micro_steps, seed=seed, shard=shard,
+                                 device=device)
+        evals = {}
+        for split in eval_splits:
+            examples = task.load_split(directory, split)
+            evals[split] = (torch.from_numpy(examples.inputs), torch.from_numpy(examples.targets))
+        return TrainingData(name=INDIRECT_INDEXING, vocab_size=task.VOCAB_SIZE, train=batches, eval_examples=evals,
+                            eval_tokens={}, seq_len=task.SEQ_LEN, is_task=True)
+
+    from pope.data.prepared import resolve_dataset
+    if is_main:
+        dataset = resolve_dataset(source, prepare_if_missing=True)
+    barrier()
+    dataset = resolve_dataset(source)
+    transform = dataset.train_transform
+    if dataset.pad_id is not None:  # documents
+        inputs, targets, sequences, lengths = documents_as_examples(dataset.split("train"), seq_len, dataset.pad_id,
+                                                                    source=str(dataset.path))
+        batches = ExampleBatches(inputs, targets, global_batch=global_batch, micro_steps=micro_steps, seed=seed,
+                                 shard=shard, device=device, sequences=sequences, lengths=lengths,
+                                 transform=transform, pad_id=dataset.pad_id)
+        evals = {}
+        for split in eval_splits:
+            e_in, e_out, _, _ = documents_as_examples(dataset.split(split), seq_len, dataset.pad_id,
+                                                      source=str(dataset.path))
+            evals[split] = (e_in, e_out)
+        return TrainingData(name=dataset.name, vocab_size=dataset.vocab_size, train=batches, eval_examples=evals,
+                            eval_tokens={}, seq_len=seq_len)
+    batches = WindowBatches(dataset.split("train").tokens, seq_len, global_batch=global_batch, micro_steps=micro_steps,
+                            seed=seed, shard=shard, device=device, transform=transform, source=str(dataset.path))
+    return TrainingData(name=dataset.name, vocab_size=dataset.vocab_size, train=batches, eval_examples={},
+                        eval_tokens={s: dataset.split(s).tokens for s in eval_splits}, seq_len=seq_len)

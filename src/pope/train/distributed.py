@@ -1,0 +1,99 @@
+"""Process-group setup for ``torchrun`` and model wrapping (DDP, or FSDP2 for the largest presets).
+
+Under ``torchrun --nproc_per_node=N`` the environment has RANK / LOCAL_RANK / WORLD_SIZE; the
+backend is NCCL on CUDA and gloo on CPU. Without them the run is a single process (rank 0 of 1).
+"""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+@dataclass(frozen=True)
+class DistributedContext:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def setup_distributed(device: str = "auto") -> DistributedContext:
+    """Initialise the process group if launched by torchrun; choose this process's device.
+    ``device``: "auto" (CUDA if available), "cpu" or "cuda"."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
+    use_cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
+    if use_cuda and not torch.cuda.is_available():
+        raise RuntimeError("device 'cuda' was asked for but torch.cuda.is_available() is False")
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size == 1:
+        return DistributedContext(device=torch.device("cuda", torch.cuda.current_device()) if use_cuda
+                                  else torch.device("cpu"))
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+        target = torch.device("cuda", local_rank)
+    else:
+        target = torch.device("cpu")
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo", timeout=datetime.timedelta(minutes=30),
+                                device_id=target if use_cuda else None)
+    return DistributedContext(rank=rank, local_rank=local_rank, world_size=world_size, device=target)
+
+
+def teardown_distributed() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap_model(model: nn.Module, context: DistributedContext, parallel: str) -> nn.Module:
+    """DDP (``parallel="ddp"``) or FSDP2 (``"fsdp"``: each transformer block sharded, then the root).
+    Returns the module to call for training; the caller keeps the unwrapped model for checkpoints."""
+    if parallel not in ("ddp", "fsdp"):
+        raise ValueError(f"train.parallel must be 'ddp' or 'fsdp', got {parallel!r}")
+    if not context.is_distributed:
+        return model
+    if parallel == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+        device_ids = [context.local_rank] if context.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=device_ids)
+    from torch.distributed.fsdp import fully_shard
+    blocks = getattr(model, "blocks", None)
+    if blocks is None:
+        raise ValueError("FSDP2 wrapping expects the model to have `.blocks` (a list of transformer blocks)")
+    for block in blocks:
+        fully_shard(block)
+    fully_shard(model)
+    return model
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def broadcast_object(obj, src: int = 0):
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return obj
+    holder = [obj]
+    dist.broadcast_object_list(holder, src=src)
+    return holder[0]
+
+
+def barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()

@@ -1,0 +1,81 @@
+"""Run records: ``metrics.jsonl`` (one JSON object per line), TensorBoard events and a tqdm bar.
+
+Only rank 0 writes (``enabled=False`` elsewhere). Every record has ``step`` and ``kind``
+(``"train"`` or ``"eval"``); train records carry ``loss``, ``lr``, ``tokens_per_s``; eval records carry
+``{split}_loss`` / ``{split}_accuracy`` (accuracy = argmax over the vocabulary on the scored tokens).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+
+class MetricsLogger:
+    def __init__(self, run_dir: str | os.PathLike, *, enabled: bool, total_steps: int, start_step: int = 0,
+                 tensorboard: bool = True, progress: bool = True) -> None:
+        self.enabled = enabled
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self._writer = None
+        self._bar = None
+        if not enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._truncate_after(start_step)
+        self._file = open(self.path, "a", buffering=1)
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as err:  # tensorboard is in the [train] extra
+                raise ImportError("TensorBoard logging needs tensorboard: pip install 'pope-attention[train]' "
+                                  "(or pass --set train.tensorboard=false)") from err
+            self._writer = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"), purge_step=start_step or None)
+        if progress:
+            from tqdm.auto import tqdm
+            self._bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
+
+    def _truncate_after(self, step: int) -> None:
+        """On resume, drop records of steps after the checkpoint: those steps are run again."""
+        if not self.path.exists():
+            return
+        kept = [line for line in self.path.read_text().splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= step]
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, self.path)
+
+    def log(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+        self._file.write(json.dumps(clean) + "\n")
+        if self._writer is not None:
+            for key, value in record.items():
+                if key not in ("step", "kind") and isinstance(value, (int, float)):
+                    self._writer.add_scalar(f"{record.get('kind', 'train')}/{key}", value, record["step"])
+        if self._bar is not None and record.get("kind") == "train":
+            self._bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}")
+        if self._bar is not None and record.get("kind") == "eval":
+            self._bar.write(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
+                                     for k, v in record.items()))
+
+    def advance(self, steps: int = 1) -> None:
+        if self._bar is not None:
+            self._bar.update(steps)
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        self._file.close()
+        if self._writer is not None:
+            self._writer.close()
+        if self._bar is not None:
+            self._bar.close()
+
+
+def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: is {run_dir} a `pope train` run directory?")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

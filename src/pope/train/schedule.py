@@ -1,0 +1,42 @@
+"""Learning-rate schedule: linear warmup, then cosine decay to a minimum learning rate.
+
+    step < warmup:            lr = peak * (step + 1) / warmup        (never 0, reaches peak at warmup-1)
+    warmup <= step <= total:  lr = min + (peak - min) * (1 + cos(pi * progress)) / 2,
+                              progress = (step - warmup) / (total - warmup)
+    step > total:             lr = min
+
+``step`` is the index of the optimiser step about to be taken (0-based), so the first update uses
+``peak / warmup`` and the last (step ``total - 1``) uses a value just above ``min``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class WarmupCosineSchedule:
+    peak_lr: float
+    min_lr: float
+    warmup_steps: int
+    total_steps: int
+
+    def __post_init__(self) -> None:
+        if not (self.peak_lr > 0 and 0 <= self.min_lr <= self.peak_lr):
+            raise ValueError(f"need 0 <= min_lr <= peak_lr and peak_lr > 0, got peak_lr={self.peak_lr}, "
+                             f"min_lr={self.min_lr}")
+        if not (0 <= self.warmup_steps <= self.total_steps and self.total_steps >= 1):
+            raise ValueError(f"need 0 <= warmup_steps <= total_steps and total_steps >= 1, got "
+                             f"warmup_steps={self.warmup_steps}, total_steps={self.total_steps}")
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return self.peak_lr * (step + 1) / self.warmup_steps
+        if step >= self.total_steps:
+            return self.min_lr
+        progress = (step - self.warmup_steps) / (self.total_steps - self.warmup_steps)
+        return self.min_lr + (self.peak_lr - self.min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    def state_dict(self) -> dict:
+        return {"peak_lr": self.peak_lr, "min_lr": self.min_lr, "warmup_steps": self.warmup_steps,
+                "total_steps": self.total_steps}
