@@ -339,8 +339,10 @@ def prepare_jsb(out_dir: str | os.PathLike, *, source: str | os.PathLike | None 
         source_info = {"description": "music21 Bach chorale corpus: 4-part .mxl scores sampled on the 16th grid, "
                                       "no transposition, duplicates removed, deterministic 229:76:77 split",
                        "libraries": {"music21": report["music21_version"]}}
-        for item in report["skipped"]:
-            warn(f"skipped {item['id']}: {item['reason']}")
+        if report["skipped"]:
+            listed = ", ".join(f"{item['id']} ({item['reason'].split(',')[0]})" for item in report["skipped"][:6])
+            warn(f"skipped {len(report['skipped'])} of {report['scores_read']} scores that are not 4-part chorales "
+                 f"(all listed in the manifest): {listed}{' ...' if len(report['skipped']) > 6 else ''}")
 
     chunked = []
     with PreparedWriter(out_dir, VOCAB_SIZE) as writer:

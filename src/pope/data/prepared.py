@@ -108,6 +108,16 @@ def assign_splits(item_ids: Iterable[str], fractions: tuple[float, float, float]
     return assignment
 
 
+def library_version(distribution: str) -> str | None:
+    """Installed version of a distribution (for manifests), None when it is not installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def warn(message: str) -> None:
     """User-visible notice on stderr (skipped inputs etc.); the same facts also go into the manifest."""
     print(f"pope data: {message}", file=sys.stderr, flush=True)
@@ -191,6 +201,7 @@ class PreparedDataset:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path).expanduser()
+        self.reused = False  # set by reuse_if_prepared when a prepare call found it already built
         manifest_path = self.path / MANIFEST_NAME
         if not self.path.is_dir():
             raise FileNotFoundError(f"prepared dataset directory {self.path} does not exist; "
@@ -463,4 +474,5 @@ def reuse_if_prepared(out_dir: str | os.PathLike, request: dict[str, Any], *, fo
     except ValueError as err:
         warn(f"{err}; rebuilding")
         return None
+    existing.reused = True
     return existing

@@ -1,0 +1,55 @@
+"""Dataset names -> builders. Light to import: each builder module is imported only when used.
+
+| name (aliases)            | default source (offline unless noted)            | --source                         |
+|---------------------------|--------------------------------------------------|----------------------------------|
+| jsb (chorales)            | music21's Bach chorale corpus                    | Jsb16thSeparated.json            |
+| maestro                   | the 10 MAESTRO files of the miditok 3.1.0 sdist  | a MAESTRO v3 MIDI directory      |
+| genome                    | human chrX (Debian smalt-examples)               | a FASTA file (plain or gzip)     |
+| genome-hf                 | HF InstaDeepAI/human_reference_genome (internet) | another HF dataset id            |
+| text (prose)              | State of the Union + Moby-Dick (npm @stdlib)     | a directory of .txt files        |
+| openwebtext (owt)         | HF Skylion007/openwebtext (internet)             | another HF dataset id            |
+| pg19                      | HF emozilla/pg19-test (internet)                 | another HF dataset id            |
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+from typing import Any
+
+# canonical name -> (module, function); the function takes (out_dir, *, source, force, progress, **options)
+BUILDERS: dict[str, tuple[str, str]] = {
+    "jsb": ("pope.data.chorales", "prepare_jsb"),
+    "maestro": ("pope.data.maestro", "prepare_maestro"),
+    "genome": ("pope.data.genome", "prepare_genome"),
+    "genome-hf": ("pope.data.genome", "prepare_genome_hf"),
+    "text": ("pope.data.text", "prepare_text"),
+    "openwebtext": ("pope.data.text", "prepare_openwebtext"),
+    "pg19": ("pope.data.text", "prepare_pg19"),
+}
+ALIASES = {"chorales": "jsb", "jsb-chorales": "jsb", "owt": "openwebtext", "prose": "text", "pg-19": "pg19"}
+
+
+def canonical_name(name: str) -> str:
+    key = name.strip().lower()
+    key = ALIASES.get(key, key)
+    if key not in BUILDERS:
+        known = ", ".join(sorted(set(BUILDERS) | set(ALIASES)))
+        raise ValueError(f"unknown dataset {name!r}; known names: {known} (or pass a prepared dataset directory)")
+    return key
+
+
+def prepare(name: str, *, out_dir: str | os.PathLike | None = None, source: str | os.PathLike | None = None,
+            force: bool = False, progress: bool = True, **options: Any):
+    """Prepare dataset `name` into out_dir (default $POPE_DATA_DIR/NAME); returns the PreparedDataset."""
+    from pope.data.prepared import data_root
+
+    canonical = canonical_name(name)
+    module_name, function_name = BUILDERS[canonical]
+    builder = getattr(importlib.import_module(module_name), function_name)
+    if canonical == "genome-hf":
+        if source is not None:
+            options["dataset_id"] = str(source)
+        return builder(Path(out_dir) if out_dir else data_root() / "genome", force=force, progress=progress, **options)
+    target = Path(out_dir).expanduser() if out_dir else data_root() / canonical
+    return builder(target, source=source, force=force, progress=progress, **options)
