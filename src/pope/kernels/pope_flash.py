@@ -52,7 +52,8 @@ def _fix_triton_interpreter() -> None:
     * it turns a scalar tensor into an int with int(array([x])), which NumPy >= 2.4 rejects, so loop
       bounds computed from program_id fail: use the single element instead;
     * its tl.dot multiplies bfloat16 operands as their raw uint16 bit patterns: widen them to fp32 first
-      (exact, as the tensor cores' bf16 products are)."""
+      (exact, as the tensor cores' bf16 products are);
+    * its fp32 -> bf16 cast truncates, where compiled Triton rounds to nearest even: round like the GPU."""
     import numpy as np
     from triton.runtime import interpreter
 
@@ -75,8 +76,17 @@ def _fix_triton_interpreter() -> None:
 
         return original_dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
 
+    original_cast = interpreter.InterpreterBuilder.cast_impl
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            rounded = torch.from_numpy(np.ascontiguousarray(src.data)).to(torch.bfloat16)
+            return interpreter.TensorHandle(rounded.view(torch.int16).numpy().view(np.uint16), tl.bfloat16)
+        return original_cast(self, src, dst_type)
+
     interpreter._patch_lang_tensor = patch_lang_tensor
     interpreter.InterpreterBuilder.create_dot = create_dot
+    interpreter.InterpreterBuilder.cast_impl = cast_impl
     interpreter._pope_fixed = True
 
 
@@ -84,6 +94,13 @@ if INTERPRET:
     _fix_triton_interpreter()
 
 MAGNITUDE_CODES = {"softplus": 0, "relu": 1, "identity": 2}
+# Tests set this: every buffer a kernel writes then starts NaN-filled, so an unwritten element fails.
+POISON_OUTPUTS = False
+
+
+def _empty(shape, *, device, dtype) -> torch.Tensor:
+    buffer = torch.empty(shape, device=device, dtype=dtype)
+    return buffer.fill_(float("nan")) if POISON_OUTPUTS else buffer
 LOG2E = 1.4426950408889634
 
 
@@ -166,7 +183,7 @@ def _pope_transform_kernel(
 @triton.jit
 def _fwd_inner(
     acc, row_sum, row_max, q_cos, q_sin, kp_base, v_base, stride_vn,
-    offs_m, q_offset, seq_k, lo, hi,
+    offs_m, q_offset, seq_k, lo, hi, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     MASK_KEYS: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
 ):
@@ -190,10 +207,10 @@ def _fwd_inner(
             k_cos = tl.load(kp_rows, mask=mask_d[None, :], other=0.0)
             k_sin = tl.load(kp_rows + HEAD_DIM, mask=mask_d[None, :], other=0.0)
             v = tl.load(v_rows, mask=mask_d[None, :], other=0.0)
-        # S (BLOCK_M, BLOCK_N) = Qcos Kcos^T + Qsin Ksin^T, softmax scale already folded into q'.
+        # S (BLOCK_M, BLOCK_N) = Qcos Kcos^T + Qsin Ksin^T; qk_scale = softmax_scale * log2(e).
         scores = tl.dot(q_cos, tl.trans(k_cos), input_precision=PRECISION)
         scores = tl.dot(q_sin, tl.trans(k_sin), scores, input_precision=PRECISION)
-        scores = scores * 1.4426950408889634
+        scores = scores * qk_scale
         if MASK_KEYS:
             visible = (offs_n < seq_k)[None, :]
             if CAUSAL:
@@ -229,10 +246,11 @@ def _pope_fwd_kernel(
     mask_d = offs_d < HEAD_DIM
     mask_q = (offs_m < seq_q)[:, None] & mask_d[None, :]
 
-    # This program's query block, transformed once: q' (BLOCK_M, BLOCK_D) x 2, scale folded in.
+    # This program's query block, transformed once: q' (BLOCK_M, BLOCK_D) x 2 (unscaled, as the reference
+    # rounds it; the softmax scale is applied to the fp32 scores).
     q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :], mask=mask_q, other=0.0)
     phase = _phase(q_offset + offs_m, Theta, Delta + h * HEAD_DIM, offs_d, mask_d, HAS_DELTA)
-    q_cos, q_sin = _polar_to_cartesian(q, phase, mask_q, softmax_scale, MAGNITUDE)
+    q_cos, q_sin = _polar_to_cartesian(q, phase, mask_q, 1.0, MAGNITUDE)
     q_cos = q_cos.to(q.dtype)
     q_sin = q_sin.to(q.dtype)
 
@@ -251,10 +269,12 @@ def _pope_fwd_kernel(
         unmasked_end = (seq_k // BLOCK_N) * BLOCK_N
     acc, row_sum, row_max = _fwd_inner(
         acc, row_sum, row_max, q_cos, q_sin, kp_base, v_base, stride_vn, offs_m, q_offset, seq_k,
-        0, unmasked_end, HEAD_DIM, BLOCK_N, BLOCK_D, False, CAUSAL, BLOCK_D == HEAD_DIM, PRECISION)
+        0, unmasked_end, softmax_scale * 1.4426950408889634, HEAD_DIM, BLOCK_N, BLOCK_D, False, CAUSAL,
+        BLOCK_D == HEAD_DIM, PRECISION)
     acc, row_sum, row_max = _fwd_inner(
         acc, row_sum, row_max, q_cos, q_sin, kp_base, v_base, stride_vn, offs_m, q_offset, seq_k,
-        unmasked_end, last_visible, HEAD_DIM, BLOCK_N, BLOCK_D, True, CAUSAL, BLOCK_D == HEAD_DIM, PRECISION)
+        unmasked_end, last_visible, softmax_scale * 1.4426950408889634, HEAD_DIM, BLOCK_N, BLOCK_D, True, CAUSAL,
+        BLOCK_D == HEAD_DIM, PRECISION)
 
     out = acc / row_sum[:, None]
     lse = (row_max + tl.math.log2(row_sum)) * 0.6931471805599453  # natural-log log-sum-exp
@@ -269,7 +289,7 @@ def _pope_fwd_kernel(
 @triton.jit
 def _bwd_dq_inner(
     dq_cos, dq_sin, q_cos, q_sin, do, lse2, row_delta, kp_base, v_base, stride_vn,
-    offs_m, q_offset, seq_k, lo, hi,
+    offs_m, q_offset, seq_k, lo, hi, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     MASK_KEYS: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
 ):
@@ -284,7 +304,7 @@ def _bwd_dq_inner(
         v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
         scores = tl.dot(q_cos, tl.trans(k_cos), input_precision=PRECISION)
         scores = tl.dot(q_sin, tl.trans(k_sin), scores, input_precision=PRECISION)
-        probs = tl.math.exp2(scores * 1.4426950408889634 - lse2[:, None])  # (BLOCK_M, BLOCK_N)
+        probs = tl.math.exp2(scores * qk_scale - lse2[:, None])  # (BLOCK_M, BLOCK_N)
         if MASK_KEYS:
             visible = (offs_n < seq_k)[None, :]
             if CAUSAL:
@@ -326,8 +346,8 @@ def _pope_bwd_dq_kernel(
     magnitude = tl.where(mask_q, _magnitude(q32, MAGNITUDE), 0.0)
     cos_q = tl.cos(phase)
     sin_q = tl.sin(phase)
-    q_cos = (magnitude * cos_q * softmax_scale).to(q.dtype)
-    q_sin = (magnitude * sin_q * softmax_scale).to(q.dtype)
+    q_cos = (magnitude * cos_q).to(q.dtype)
+    q_sin = (magnitude * sin_q).to(q.dtype)
 
     do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :], mask=mask_q, other=0.0)
     out = tl.load(Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :], mask=mask_q, other=0.0)
@@ -347,12 +367,13 @@ def _pope_bwd_dq_kernel(
         unmasked_end = (seq_k // BLOCK_N) * BLOCK_N
     dq_cos, dq_sin = _bwd_dq_inner(
         dq_cos, dq_sin, q_cos, q_sin, do, lse2, row_delta, kp_base, v_base, stride_vn, offs_m, q_offset, seq_k,
-        0, unmasked_end, HEAD_DIM, BLOCK_N, BLOCK_D, False, CAUSAL, PRECISION)
+        0, unmasked_end, softmax_scale * 1.4426950408889634, HEAD_DIM, BLOCK_N, BLOCK_D, False, CAUSAL, PRECISION)
     dq_cos, dq_sin = _bwd_dq_inner(
         dq_cos, dq_sin, q_cos, q_sin, do, lse2, row_delta, kp_base, v_base, stride_vn, offs_m, q_offset, seq_k,
-        unmasked_end, last_visible, HEAD_DIM, BLOCK_N, BLOCK_D, True, CAUSAL, PRECISION)
+        unmasked_end, last_visible, softmax_scale * 1.4426950408889634, HEAD_DIM, BLOCK_N, BLOCK_D, True, CAUSAL,
+        PRECISION)
 
-    # Chain rule through q' = f(q) [cos(phase), sin(phase)], phase = t theta - delta (scale applied here).
+    # Chain rule through q' = f(q) [cos(phase), sin(phase)], phase = t theta - delta; dq' = scale * dS k'.
     dq_cos = dq_cos * softmax_scale
     dq_sin = dq_sin * softmax_scale
     d_magnitude = dq_cos * cos_q + dq_sin * sin_q
@@ -372,7 +393,7 @@ def _pope_bwd_dq_kernel(
 @triton.jit
 def _bwd_dkdv_inner(
     dk_cos, dk_sin, dv, k_cos, k_sin, v, qp_base, do_base, stride_don, lse_base, rowdelta_base,
-    offs_n, q_offset, seq_q, lo, hi,
+    offs_n, q_offset, seq_q, lo, hi, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
     MASK_CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
 ):
@@ -383,7 +404,7 @@ def _bwd_dkdv_inner(
         mask_rows = offs_m < seq_q
         q_mask = mask_rows[:, None] & mask_d[None, :]
         qp_rows = qp_base + offs_m[:, None] * (2 * HEAD_DIM) + offs_d[None, :]
-        q_cos = tl.load(qp_rows, mask=q_mask, other=0.0)  # scale already folded into q'
+        q_cos = tl.load(qp_rows, mask=q_mask, other=0.0)
         q_sin = tl.load(qp_rows + HEAD_DIM, mask=q_mask, other=0.0)
         do = tl.load(do_base + offs_m[:, None] * stride_don + offs_d[None, :], mask=q_mask, other=0.0)
         lse2 = tl.load(lse_base + offs_m, mask=mask_rows, other=float("inf")) * 1.4426950408889634
@@ -391,7 +412,7 @@ def _bwd_dkdv_inner(
         # Transposed scores S^T (BLOCK_N, BLOCK_M); padded query rows get lse = +inf, so P^T = 0 there.
         scores_t = tl.dot(k_cos, tl.trans(q_cos), input_precision=PRECISION)
         scores_t = tl.dot(k_sin, tl.trans(q_sin), scores_t, input_precision=PRECISION)
-        probs_t = tl.math.exp2(scores_t * 1.4426950408889634 - lse2[None, :])
+        probs_t = tl.math.exp2(scores_t * qk_scale - lse2[None, :])
         if MASK_CAUSAL:
             probs_t = tl.where(offs_n[:, None] <= (q_offset + offs_m)[None, :], probs_t, 0.0)
         dv = tl.dot(probs_t.to(do.dtype), do, dv, input_precision=PRECISION)
@@ -410,7 +431,7 @@ def _pope_bwd_dkdv_kernel(
     stride_dob, stride_doh, stride_don,
     stride_dkb, stride_dkh, stride_dkn,
     stride_dvb, stride_dvh, stride_dvn,
-    n_kv_heads, group_size, seq_q, seq_k, q_offset,
+    n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, MAGNITUDE: tl.constexpr, PRECISION: tl.constexpr,
 ):
@@ -423,7 +444,7 @@ def _pope_bwd_dkdv_kernel(
     mask_d = offs_d < HEAD_DIM
     mask_k = (offs_n < seq_k)[:, None] & mask_d[None, :]
 
-    # This program's key block, transformed once (no scale: it is folded into q').
+    # This program's key block, transformed once.
     k = tl.load(K + b * stride_kb + hk * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :], mask=mask_k, other=0.0)
     v = tl.load(V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :], mask=mask_k, other=0.0)
     phase = _phase(offs_n, Theta, Theta, offs_d, mask_d, False)
@@ -459,13 +480,15 @@ def _pope_bwd_dkdv_kernel(
         if CAUSAL:
             dk_cos, dk_sin, dv = _bwd_dkdv_inner(
                 dk_cos, dk_sin, dv, k_cos, k_sin, v, qp_base, do_base, stride_don, lse_base, rowdelta_base,
-                offs_n, q_offset, seq_q, masked_lo, masked_hi, HEAD_DIM, BLOCK_M, BLOCK_D, True, PRECISION)
+                offs_n, q_offset, seq_q, masked_lo, masked_hi, softmax_scale * 1.4426950408889634,
+                HEAD_DIM, BLOCK_M, BLOCK_D, True, PRECISION)
         dk_cos, dk_sin, dv = _bwd_dkdv_inner(
             dk_cos, dk_sin, dv, k_cos, k_sin, v, qp_base, do_base, stride_don, lse_base, rowdelta_base,
-            offs_n, q_offset, seq_q, masked_hi, seq_q, HEAD_DIM, BLOCK_M, BLOCK_D, False, PRECISION)
+            offs_n, q_offset, seq_q, masked_hi, seq_q, softmax_scale * 1.4426950408889634,
+            HEAD_DIM, BLOCK_M, BLOCK_D, False, PRECISION)
 
-    # Chain rule through k' = f(k) [cos(s theta), sin(s theta)].
-    dk = (dk_cos * cos_k + dk_sin * sin_k) * _magnitude_grad(k32, MAGNITUDE)
+    # Chain rule through k' = f(k) [cos(s theta), sin(s theta)]; dk' = scale * dS^T q'.
+    dk = (dk_cos * cos_k + dk_sin * sin_k) * (_magnitude_grad(k32, MAGNITUDE) * softmax_scale)
     tl.store(DK + b * stride_dkb + hk * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :],
              dk.to(DK.dtype.element_ty), mask=mask_k)
     tl.store(DV + b * stride_dvb + hk * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :],
@@ -504,9 +527,10 @@ def _pope_decode_kernel(
     phase_q = (q_offset + qi).to(tl.float32)[:, None] * theta[None, :]
     if HAS_DELTA:
         phase_q = phase_q - tl.load(Delta + head[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_q, other=0.0).to(tl.float32)
-    q_cos, q_sin = _polar_to_cartesian(q, phase_q, mask_q, softmax_scale, MAGNITUDE)
+    q_cos, q_sin = _polar_to_cartesian(q, phase_q, mask_q, 1.0, MAGNITUDE)
     q_cos = q_cos.to(q.dtype)
     q_sin = q_sin.to(q.dtype)
+    qk_scale = softmax_scale * 1.4426950408889634
 
     k_base = K + b * stride_kb + hk * stride_kh
     v_base = V + b * stride_vb + hk * stride_vh
@@ -530,7 +554,7 @@ def _pope_decode_kernel(
         visible = (offs_n < hi)[None, :]
         if CAUSAL:
             visible = visible & (offs_n[None, :] <= (q_offset + qi)[:, None])
-        scores = tl.where(visible, scores * 1.4426950408889634, float("-inf"))
+        scores = tl.where(visible, scores * qk_scale, float("-inf"))
         new_max = tl.maximum(row_max, tl.max(scores, 1))
         # Rows with nothing visible yet keep max = -inf; subtracting 0 there keeps exp2 at 0, not NaN.
         safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
@@ -585,7 +609,7 @@ def transform(x: torch.Tensor, theta: torch.Tensor, delta: torch.Tensor | None, 
     """x (B, H, N, d) -> x' (B, H, N, 2d) contiguous, in x's dtype: scale * [f(x) cos(phase), f(x) sin(phase)],
     phase = (position_offset + n) * theta - delta[h]."""
     batch, heads, seq, head_dim = x.shape
-    out = torch.empty((batch, heads, seq, 2 * head_dim), device=x.device, dtype=x.dtype)
+    out = _empty((batch, heads, seq, 2 * head_dim), device=x.device, dtype=x.dtype)
     grid = (triton.cdiv(seq, TRANSFORM_ROWS), batch * heads)
     _pope_transform_kernel[grid](
         x, theta, delta if delta is not None else theta, out, *_strides(x),
@@ -601,8 +625,8 @@ def forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float, q_offs
     batch, n_q_heads, seq_q, head_dim = q.shape
     n_kv_heads, seq_k = k.shape[1], k.shape[2]
     k_prime = transform(k, theta, None, position_offset=0, scale=1.0, magnitude=magnitude)  # freed on return
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty((batch, n_q_heads, seq_q), device=q.device, dtype=torch.float32)
+    out = _empty(q.shape, device=q.device, dtype=q.dtype)
+    lse = _empty((batch, n_q_heads, seq_q), device=q.device, dtype=torch.float32)
     block_m, block_n, num_warps, num_stages = _pick(FWD_CONFIGS, head_dim, config)
     grid = (triton.cdiv(seq_q, block_m), batch * n_q_heads)
     _pope_fwd_kernel[grid](
@@ -624,15 +648,15 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
     block_d = _block_d(head_dim)
     code = MAGNITUDE_CODES[magnitude]
     precision = _precision(q.dtype)
-    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
-    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
-    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
-    row_delta = torch.empty((batch, n_q_heads, seq_q), device=q.device, dtype=torch.float32)
+    dq = _empty(q.shape, device=q.device, dtype=q.dtype)
+    dk = _empty(k.shape, device=k.device, dtype=k.dtype)
+    dv = _empty(v.shape, device=v.device, dtype=v.dtype)
+    row_delta = _empty((batch, n_q_heads, seq_q), device=q.device, dtype=torch.float32)
 
     # Part 1: dq, D and the d delta partials, streaming the keys' k' (written here, freed after).
     block_m, block_n, num_warps, num_stages = _pick(BWD_DQ_CONFIGS, head_dim, dq_config)
     n_m_blocks = triton.cdiv(seq_q, block_m)
-    d_delta_partial = torch.empty((batch, n_q_heads, n_m_blocks, head_dim), device=q.device, dtype=torch.float32)
+    d_delta_partial = _empty((batch, n_q_heads, n_m_blocks, head_dim), device=q.device, dtype=torch.float32)
     k_prime = transform(k, theta, None, position_offset=0, scale=1.0, magnitude=magnitude)
     _pope_bwd_dq_kernel[(n_m_blocks, batch * n_q_heads)](
         q, k_prime, v, out, do, lse, theta, delta if delta is not None else theta, dq, row_delta, d_delta_partial,
@@ -643,13 +667,13 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
         num_warps=num_warps, num_stages=num_stages)
     del k_prime
 
-    # Part 2: dk, dv, streaming the queries' q' (scale folded in; written here, freed after).
-    q_prime = transform(q, theta, delta, position_offset=q_offset, scale=softmax_scale, magnitude=magnitude)
+    # Part 2: dk, dv, streaming the queries' q' (written here, freed after).
+    q_prime = transform(q, theta, delta, position_offset=q_offset, scale=1.0, magnitude=magnitude)
     block_m, block_n, num_warps, num_stages = _pick(BWD_DKDV_CONFIGS, head_dim, dkdv_config)
     _pope_bwd_dkdv_kernel[(triton.cdiv(seq_k, block_n), batch * n_kv_heads)](
         k, v, q_prime, do, lse, row_delta, theta, dk, dv,
         *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
-        n_kv_heads, group_size, seq_q, seq_k, q_offset,
+        n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale,
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         CAUSAL=causal, MAGNITUDE=code, PRECISION=precision, num_warps=num_warps, num_stages=num_stages)
     del q_prime
@@ -680,8 +704,8 @@ def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float,
         num_splits = max(1, min(triton.cdiv(seq_k, 4 * block_n), triton.cdiv(4 * sm_count, batch * n_kv_heads)))
     keys_per_split = triton.cdiv(triton.cdiv(seq_k, num_splits), block_n) * block_n
     num_splits = triton.cdiv(seq_k, keys_per_split)
-    partial_out = torch.empty((num_splits, batch * n_kv_heads, block_m, block_d), device=q.device, dtype=torch.float32)
-    partial_lse = torch.empty((num_splits, batch * n_kv_heads, block_m), device=q.device, dtype=torch.float32)
+    partial_out = _empty((num_splits, batch * n_kv_heads, block_m, block_d), device=q.device, dtype=torch.float32)
+    partial_lse = _empty((num_splits, batch * n_kv_heads, block_m), device=q.device, dtype=torch.float32)
     _pope_decode_kernel[(num_splits, batch * n_kv_heads)](
         q, k, v, theta, delta if delta is not None else theta, partial_out, partial_lse,
         *_strides(q), *_strides(k), *_strides(v),
