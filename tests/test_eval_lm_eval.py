@@ -159,3 +159,23 @@ def test_registered_under_the_name_pope():
     from lm_eval.api.registry import get_model
 
     assert get_model("pope") is PoPELM
+
+
+def test_simple_evaluate_by_name_with_a_checkpoint_path(byte_model, tmp_path):
+    """`lm_eval --model pope --model_args path=...` route: the registry name and model_args string."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from pope.checkpoint import save_checkpoint
+
+    checkpoint = save_checkpoint(tmp_path / "ckpt", model_state=byte_model.state_dict(),
+                                 model_config=byte_model.config.to_dict())
+    (tmp_path / "tasks").mkdir()
+    task_dir = _write_tasks(tmp_path / "tasks")
+    out = simple_evaluate(model="pope", model_args=f"path={checkpoint},tokenizer=bytes", tasks=["pope_local_choice"],
+                          task_manager=TaskManager(include_path=str(task_dir)), bootstrap_iters=0, log_samples=False,
+                          batch_size=2)
+    in_process = simple_evaluate(model=PoPELM(model=byte_model, tokenizer=get_tokenizer("bytes")),
+                                 tasks=["pope_local_choice"], task_manager=TaskManager(include_path=str(task_dir)),
+                                 bootstrap_iters=0, log_samples=False)
+    assert out["results"]["pope_local_choice"]["acc,none"] == in_process["results"]["pope_local_choice"]["acc,none"]

@@ -289,7 +289,7 @@ def run_length_eval(
         data_name = f"dataset {dataset.name!r} ({dataset.path})"
         check_vocab_compatible(dataset.vocab_size, model.config.vocab_size, data_name=data_name)
         check_token_range(np.asarray(token_split.tokens), model.config.vocab_size, data_name=data_name)
-        label = run_label(run, model)
+        label = run_label(run)
         run_config = info.get("run_config") or {}
         train_length = (run_config.get("recipe") or {}).get("seq_len") or model.config.max_seq_len
         results = evaluate_lengths(
@@ -384,11 +384,12 @@ def plot_length_curves(entries: list[RunLengthResults], path, *, n_buckets: int 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     for entry in entries:
         lengths = [r.length for r in entry.results]
-        line, = left.plot(lengths, [r.perplexity for r in entry.results], marker="o", label=entry.label)
+        legend = f"{entry.label} ({entry.pe.split(':')[0]})"
+        line, = left.plot(lengths, [r.perplexity for r in entry.results], marker="o", label=legend)
         longest = entry.results[-1]
         edges, means, _ = longest.bucket_nll(n_buckets)
         centers = [(lo + hi) / 2 for lo, hi in zip(edges[:-1], edges[1:])]
-        right.plot(centers, means, marker=".", color=line.get_color(), label=entry.label)
+        right.plot(centers, means, marker=".", color=line.get_color(), label=legend)
     train_lengths = {e.train_length for e in entries if e.train_length}
     for train_length in train_lengths:
         for ax in (left, right):

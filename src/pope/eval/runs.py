@@ -30,12 +30,10 @@ def run_config(path: str | Path) -> dict:
     return {}
 
 
-def run_label(path: str | Path, model=None) -> str:
-    """A short label for tables and legends: the directory name and its positional encoding."""
-    path = Path(path)
-    name = path.name if path.name not in ("best", "last") else f"{path.parent.parent.name}/{path.name}"
-    pe = getattr(getattr(model, "config", None), "pe", None)
-    return f"{name} ({pe})" if pe and pe not in name else name
+def run_label(path: str | Path) -> str:
+    """A short label for tables and legends: the run directory's name (checkpoint name appended)."""
+    path = Path(path).resolve()
+    return path.name if path.name not in ("best", "last") else f"{path.parent.parent.name}/{path.name}"
 
 
 def run_dir_of(path: str | Path) -> Path:

@@ -1,0 +1,256 @@
+"""`pope eval length|downstream|accuracy`, `pope finetune`, `pope analyze frequencies`, `pope report`.
+
+Thin argument parsing over pope.eval; every heavy import happens inside the command that needs it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    _register_eval(subparsers)
+    if "finetune" not in subparsers.choices:  # pope.train.cli may mount it itself
+        _register_finetune(subparsers)
+    _register_analyze(subparsers)
+    _register_report(subparsers)
+
+
+# ------------------------------------------------------------------------------------------- eval
+def _register_eval(subparsers) -> None:
+    parser = subparsers.add_parser("eval", help="evaluate trained runs (length, downstream, accuracy)",
+                                   description="Evaluate trained runs. See docs/evaluation.md.")
+    commands = parser.add_subparsers(dest="eval_command", metavar="WHAT")
+    parser.set_defaults(func=lambda args: _usage(parser))
+
+    length = commands.add_parser("length", help="perplexity vs evaluation length (windows of exactly L tokens)",
+                                 description="Mean NLL / perplexity per window length L over a prepared split: "
+                                             "non-overlapping windows of exactly L tokens inside documents, "
+                                             "every target scored once (docs/evaluation.md).")
+    length.add_argument("runs", nargs="+", metavar="RUN", help="run or checkpoint directories")
+    length.add_argument("--data", required=True, help="prepared dataset name or directory (pope data prepare)")
+    length.add_argument("--split", default="test", help="split to score (default test)")
+    length.add_argument("--lengths", required=True, help="comma-separated window lengths, e.g. 1024,2048,4096")
+    length.add_argument("--out", default="pope-eval-length",
+                        help="directory for length.csv/.md/.json/.png (default ./pope-eval-length)")
+    length.add_argument("--tail", choices=("context", "drop"), default="context",
+                        help="a document's last (n-1) mod L targets: scored in one end-aligned window of L tokens "
+                             "(context, default) or left out and counted (drop)")
+    length.add_argument("--all-documents", action="store_true",
+                        help="at each length score every document long enough for it (default: only documents "
+                             "long enough for the longest length, so every length scores the same tokens)")
+    length.add_argument("--max-docs", type=int, default=None,
+                        help="score only the first N qualifying documents (reported in the outputs)")
+    length.add_argument("--batch-size", type=int, default=8, help="windows per forward pass at the longest length")
+    length.add_argument("--buckets", type=int, default=8, help="window-position buckets for the per-position NLL")
+    length.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    length.add_argument("--bf16", action="store_true", help="bf16 autocast on CUDA (default fp32)")
+    length.set_defaults(func=_eval_length)
+
+    downstream = commands.add_parser("downstream", help="zero-shot lm-eval tasks in the paper's table layout",
+                                     description="Runs lm-evaluation-harness on the pope model (needs the task "
+                                                 "data from the Hugging Face hub, i.e. internet or a filled cache).")
+    downstream.add_argument("run", help="run or checkpoint directory")
+    downstream.add_argument("--tasks", default=None,
+                            help="comma-separated lm-eval tasks (default: the paper's lambada_openai,blimp,cbt,"
+                                 "hellaswag,piqa,arc_easy; 'cbt' is defined by pope)")
+    downstream.add_argument("--tokenizer", default="gpt2", help="gpt2 (default) or bytes")
+    downstream.add_argument("--limit", type=float, default=None, help="examples per task (for quick checks)")
+    downstream.add_argument("--num-fewshot", type=int, default=None)
+    downstream.add_argument("--include-path", default=None, help="directory of extra lm-eval task YAML files")
+    downstream.add_argument("--batch-size", type=int, default=8)
+    downstream.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    downstream.set_defaults(func=_eval_downstream)
+
+    accuracy = commands.add_parser("accuracy", help="indirect-indexing accuracy on a file of examples",
+                                   description="Accuracy of a trained indirect-indexing model on a file of "
+                                               "examples, one per line (pope.train.evaluate.task_accuracy).")
+    accuracy.add_argument("run", help="run or checkpoint directory")
+    accuracy.add_argument("--data", required=True, help="file of examples, one per line")
+    accuracy.add_argument("--batch-size", type=int, default=256)
+    accuracy.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    accuracy.add_argument("--json", action="store_true", help="print the result as JSON")
+    accuracy.set_defaults(func=_eval_accuracy)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
+
+
+def _device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: CUDA is not available on this machine; use --device cpu")
+    return name
+
+
+def _eval_length(args: argparse.Namespace) -> int:
+    import torch
+
+    from pope.eval.length import length_table_markdown, run_length_eval
+
+    device = _device(args.device)
+    if args.bf16 and not device.startswith("cuda"):
+        raise ValueError("--bf16 needs a CUDA device")
+    entries = run_length_eval(args.runs, args.data, lengths=args.lengths, split=args.split, out_dir=args.out,
+                              tail=args.tail, same_documents=not args.all_documents, max_docs=args.max_docs,
+                              batch_size=args.batch_size, n_buckets=args.buckets, device=device,
+                              autocast_dtype=torch.bfloat16 if args.bf16 else None)
+    print(length_table_markdown(entries))
+    print(f"wrote {Path(args.out) / 'length.csv'}, length.md, length.json, length.png")
+    return 0
+
+
+def _eval_downstream(args: argparse.Namespace) -> int:
+    from pope.eval.downstream import downstream_table, extra_rows, paper_row, run_downstream, write_downstream
+    from pope.eval.runs import run_label
+
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
+    limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
+    out = run_downstream(args.run, tasks=tasks, tokenizer=args.tokenizer, device=_device(args.device),
+                         batch_size=args.batch_size, limit=limit, include_path=args.include_path,
+                         num_fewshot=args.num_fewshot)
+    label = run_label(args.run)
+    print(downstream_table({label: paper_row(out["results"])}))
+    for task, value in extra_rows(out["results"]).items():
+        print(f"{task}: {value:.2f}")
+    print(f"wrote {write_downstream(args.run, out, label)}")
+    return 0
+
+
+def _eval_accuracy(args: argparse.Namespace) -> int:
+    from pope.train.evaluate import task_accuracy  # the trainer's implementation (issue 3)
+
+    result = task_accuracy(args.run, args.data, batch_size=args.batch_size, device=args.device)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"accuracy {result['accuracy']:.4f} ({result['correct']}/{result['examples']}) loss {result['loss']:.4f}"
+              f"  model {result['checkpoint']} (step {result['step']})  data {result['data']}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------- finetune
+def _register_finetune(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "finetune", help="extend a run's context by fine-tuning (RoPE -> YaRN, PoPE -> PoPE+ft)",
+        description="The paper's context-extension fine-tune: batch 64, lr 6e-5, 20 warmup steps, no decay. "
+                    "RoPE becomes YaRN with scale = context / training context (alpha 1, beta 32, temperature "
+                    "(0.1 ln s + 1)^2 in the softmax scale); PoPE is fine-tuned without interpolation.")
+    parser.add_argument("run", help="trained run (or checkpoint) directory")
+    parser.add_argument("--context", type=int, required=True, help="new context length, e.g. 4096")
+    parser.add_argument("--steps", type=int, default=500, help="fine-tuning steps (default 500)")
+    parser.add_argument("--out", default=None, help="run directory of the fine-tune (default RUN-ft{context})")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=6e-5)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="recipe/train overrides as in `pope train`, e.g. --set recipe.grad_accum=8")
+    parser.add_argument("--resume", action="store_true", help="continue an interrupted fine-tune in --out")
+    parser.set_defaults(func=_finetune)
+
+
+def _finetune(args: argparse.Namespace) -> int:
+    from pope.eval.finetune import run_finetune
+    from pope.eval.runs import run_dir_of
+
+    out = args.out or f"{run_dir_of(args.run).as_posix().rstrip('/')}-ft{args.context}"
+    summary = run_finetune(args.run, out, context=args.context, steps=args.steps, batch_size=args.batch_size,
+                           lr=args.lr, warmup_steps=args.warmup, overrides=args.overrides, resume=args.resume)
+    print(json.dumps(summary, indent=2))
+    print(f"fine-tuned run: {out}  (evaluate it with `pope eval length {out} ...`)")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------- analyze
+def _register_analyze(subparsers) -> None:
+    parser = subparsers.add_parser("analyze", help="analyses of trained runs (frequency usage)")
+    commands = parser.add_subparsers(dest="analyze_command", metavar="WHAT")
+    parser.set_defaults(func=lambda args: _usage(parser))
+    frequencies = commands.add_parser(
+        "frequencies", help="query/key magnitude per layer x frequency, and the learned delta",
+        description="Mean query/key magnitude per layer x frequency (PoPE: softplus magnitudes, d rows; RoPE: "
+                    "2-D chunk norms, d/2 rows), averaged over heads and tokens, as heatmaps; PoPE's learned "
+                    "delta per layer x head x frequency. Captured with forward hooks on q_proj/k_proj.")
+    frequencies.add_argument("run", help="run or checkpoint directory")
+    source = frequencies.add_mutually_exclusive_group(required=True)
+    source.add_argument("--text", help="text file to run through the model (e.g. 10 Shakespeare sonnets)")
+    source.add_argument("--data", help="prepared dataset name or directory (for non-text models)")
+    frequencies.add_argument("--tokenizer", default="gpt2", help="tokenizer for --text: gpt2 (default) or bytes")
+    frequencies.add_argument("--split", default="test", help="split of --data (default test)")
+    frequencies.add_argument("--max-tokens", type=int, default=None,
+                             help="use only the first N tokens of --data (stated in the output)")
+    frequencies.add_argument("--seq-len", type=int, default=None,
+                             help="tokens per forward pass (default: the model's training context)")
+    frequencies.add_argument("--out", default=None, help="output directory (default RUN/eval/frequencies)")
+    frequencies.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    frequencies.set_defaults(func=_analyze_frequencies)
+
+
+def _analyze_frequencies(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from pope.eval.frequency_usage import analyze_frequencies, chunk_tokens, write_frequency_report
+    from pope.eval.length import check_token_range, check_vocab_compatible
+    from pope.eval.runs import load_run_model, run_dir_of, run_label
+
+    device = _device(args.device)
+    model, _ = load_run_model(args.run, device)
+    vocab = model.config.vocab_size
+    if args.text:
+        from pope.eval.tokenizers import get_tokenizer
+
+        path = Path(args.text)
+        if not path.is_file():
+            raise FileNotFoundError(f"--text {path} does not exist")
+        tokenizer = get_tokenizer(args.tokenizer)
+        check_vocab_compatible(tokenizer.vocab_size, vocab, data_name=f"tokenizer {tokenizer.name!r}")
+        tokens = np.asarray(tokenizer.encode(path.read_text(encoding="utf-8")), dtype=np.int64)
+        source = f"{path} ({tokenizer.name} tokens)"
+    else:
+        from pope.data.prepared import resolve_dataset
+
+        dataset = resolve_dataset(args.data)
+        check_vocab_compatible(dataset.vocab_size, vocab, data_name=f"dataset {dataset.name!r}")
+        tokens = np.asarray(dataset.split(args.split).tokens, dtype=np.int64)
+        source = f"{dataset.path} split {args.split}"
+        if args.max_tokens is not None:
+            source += f", first {args.max_tokens:,} of {len(tokens):,} tokens"
+            tokens = tokens[: args.max_tokens]
+    check_token_range(tokens, vocab, data_name=source)
+    sequences = chunk_tokens(tokens, args.seq_len or model.config.max_seq_len)
+    usage = analyze_frequencies(model, sequences, device=device)
+    out = Path(args.out) if args.out else run_dir_of(args.run) / "eval" / "frequencies"
+    written = write_frequency_report(usage, out, title=f"{run_label(args.run)} on {source}")
+    np.set_printoptions(precision=3, suppress=True, linewidth=160)
+    print(f"{usage.kind}: {usage.query.shape[0]} layers x {usage.query.shape[1]} frequencies, {usage.n_tokens:,} "
+          f"tokens of {source}")
+    print("mean query magnitude per layer (rows) x frequency (columns, highest first):")
+    print(usage.query)
+    print("wrote " + ", ".join(str(p) for p in written))
+    return 0
+
+
+# ----------------------------------------------------------------------------------------- report
+def _register_report(subparsers) -> None:
+    parser = subparsers.add_parser("report", help="one markdown table (+ plot) over runs and seeds",
+                                   description="Metric per preset x positional encoding, mean ± std over seeds, "
+                                               "with the paper's number where the preset matches; plus length "
+                                               "and downstream tables when those evaluations exist.")
+    parser.add_argument("runs", nargs="+", metavar="RUN", help="run directories")
+    parser.add_argument("--out", default="pope-report", help="directory for report.md and report.png")
+    parser.set_defaults(func=_report)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from pope.eval.report import write_report
+
+    markdown, written = write_report(args.runs, args.out)
+    print(markdown)
+    print("wrote " + ", ".join(str(p) for p in written))
+    return 0

@@ -1,0 +1,189 @@
+"""End-to-end over real (tiny) runs made by pope.train: the eval CLI, YaRN / PoPE+ft fine-tuning, reports."""
+import csv
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from pope.cli import main
+from pope.data.prepared import PreparedWriter
+
+TEST_DOC_LENGTHS = (40, 100, 70, 9)
+
+
+def _document(rng, n):
+    """A learnable toy 'piece': an 8-token motif transposed up by one every repetition."""
+    motif = rng.integers(0, 80, size=8)
+    return np.array([(motif[i % 8] + i // 8) % 88 for i in range(n)])
+
+
+def _write_dataset(path, vocab=90, name="toy"):
+    rng = np.random.default_rng(0)
+    with PreparedWriter(path, vocab) as writer:
+        for n in (300, 200, 250):
+            writer.add_document("train", _document(rng, n))
+        for n in (60, 50):
+            writer.add_document("valid", _document(rng, n))
+        for n in TEST_DOC_LENGTHS:
+            writer.add_document("test", _document(rng, n))
+        writer.finish({"name": name, "vocab": {"pad_id": None}})
+    return path
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """A prepared toy dataset and two 4-step runs (RoPE, PoPE) trained by pope.train at context 16."""
+    from pope.train.config import resolve_run_config
+    from pope.train.trainer import run_training
+
+    root = tmp_path_factory.mktemp("eval_runs")
+    data = _write_dataset(root / "data")
+    runs = {}
+    for pe in ("rope", "pope"):
+        config = resolve_run_config("jsb-tiny", pe, seed=0, overrides=[
+            "model.n_layer=1", "model.d_model=32", "model.max_seq_len=16", "recipe.seq_len=16",
+            "recipe.max_steps=4", "recipe.warmup_steps=1", "recipe.batch_size=4", "recipe.eval_interval=2",
+            "recipe.eval_batches=2", f"train.data_dir={data}", "train.tensorboard=false", "train.progress=false",
+            "train.device=cpu"])
+        run_training(config, root / pe)
+        runs[pe] = root / pe
+    return {"root": root, "data": data, **runs}
+
+
+def test_eval_length_cli_writes_tables_and_counts_tokens(workspace, capsys):
+    out = workspace["root"] / "length_out"
+    code = main(["eval", "length", str(workspace["rope"]), str(workspace["pope"]), "--data", str(workspace["data"]),
+                 "--lengths", "16,32,64", "--out", str(out), "--device", "cpu"])
+    assert code == 0
+    assert {p.name for p in out.iterdir()} >= {"length.csv", "length.md", "length.json", "length.png"}
+    rows = list(csv.DictReader((out / "length.csv").open()))
+    assert len(rows) == 6
+    # Same documents at every length (those with >= 65 tokens: 100 and 70): every target once.
+    assert {int(r["n_targets"]) for r in rows} == {99 + 69}
+    assert {int(r["n_docs_excluded"]) for r in rows} == {2}
+    for row in rows:
+        assert math.isclose(float(row["perplexity"]), math.exp(float(row["mean_nll"])), rel_tol=1e-5)
+    per_run = json.loads((workspace["rope"] / "eval" / "length-toy-test.json").read_text())
+    assert [r["length"] for r in per_run["results"]] == [16, 32, 64] and per_run["git_commit"] is not None
+    assert "| rope | rope | 16 |" in capsys.readouterr().out
+
+
+def test_eval_length_bad_input(workspace, capsys, tmp_path):
+    data = str(workspace["data"])
+    assert main(["eval", "length", str(workspace["rope"]), "--data", data, "--lengths", "128", "--out",
+                 str(tmp_path)]) == 1
+    assert "the longest has 100 tokens" in capsys.readouterr().err
+    (tmp_path / "no_checkpoint").mkdir()
+    assert main(["eval", "length", str(tmp_path / "no_checkpoint"), "--data", data, "--lengths", "16",
+                 "--out", str(tmp_path)]) == 1
+    assert "no checkpoint in" in capsys.readouterr().err
+    big_vocab = _write_dataset(tmp_path / "big_vocab", vocab=300, name="big")
+    assert main(["eval", "length", str(workspace["rope"]), "--data", str(big_vocab), "--lengths", "16",
+                 "--out", str(tmp_path)]) == 1
+    assert "vocabulary mismatch" in capsys.readouterr().err
+
+
+def _hand_yarn(head_dim, base, scale, original, alpha=1.0, beta=32.0):
+    """YaRN written out from the paper (Peng et al. 2023), independent of pope.frequencies."""
+    out = []
+    for i in range(head_dim // 2):
+        theta = base ** (-2 * i / head_dim)
+        ratio = original / (2 * math.pi / theta)
+        gamma = 0.0 if ratio < alpha else 1.0 if ratio > beta else (ratio - alpha) / (beta - alpha)
+        out.append((1 - gamma) * theta / scale + gamma * theta)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def test_yarn_finetune_changes_frequencies_exactly_as_the_formula(workspace, tmp_path):
+    from pope.checkpoint import load_model
+    from pope.eval.finetune import build_finetune_trainer
+
+    original, _ = load_model(workspace["rope"])
+    trainer = build_finetune_trainer(workspace["rope"], tmp_path / "yarn", context=64, steps=2, batch_size=4)
+    config = trainer.config
+    assert config["recipe"]["lr"] == config["recipe"]["min_lr"] == 6e-5 and config["recipe"]["seq_len"] == 64
+    assert config["finetune"]["scale"] == 4.0 and config["model"]["pe"].startswith("yarn:")
+    # Starts from the trained weights.
+    for name, tensor in original.state_dict().items():
+        torch.testing.assert_close(trainer.model.state_dict()[name], tensor, rtol=0, atol=0)
+    head_dim = trainer.model.config.head_dim
+    for block in trainer.model.blocks:
+        frequencies, factor = block.attn.pe.frequencies()
+        torch.testing.assert_close(frequencies.double(), _hand_yarn(head_dim, 10000.0, 4.0, 16), rtol=1e-6, atol=0)
+        assert block.attn.pe.softmax_scale == pytest.approx((0.1 * math.log(4.0) + 1) ** 2 / math.sqrt(head_dim))
+    summary = trainer.train()
+    trainer.close()
+    assert summary["step"] == 2
+    tuned, info = load_model(tmp_path / "yarn")
+    assert tuned.config.pe == config["model"]["pe"] and tuned.config.max_seq_len == 64
+    assert json.loads((tmp_path / "yarn" / "config.json").read_text())["finetune"]["from"]["run"] == str(workspace["rope"])
+
+
+def test_pope_finetune_does_not_interpolate(workspace, tmp_path):
+    from pope.eval.finetune import build_finetune_trainer, finetune_config
+
+    trainer = build_finetune_trainer(workspace["pope"], tmp_path / "popeft", context=32, steps=1, batch_size=4)
+    assert trainer.model.config.pe == json.loads((workspace["pope"] / "config.json").read_text())["model"]["pe"]
+    assert trainer.model.config.max_seq_len == 32 and trainer.config["finetune"]["method"] == "no interpolation"
+    trainer.close()
+    # The paper's recipe for 500 steps: batch 64, lr 6e-5, 20 warmup, no decay.
+    run_config = json.loads((workspace["pope"] / "config.json").read_text())
+    recipe = finetune_config(run_config, context=64, steps=500)["recipe"]
+    assert (recipe["batch_size"], recipe["lr"], recipe["min_lr"], recipe["warmup_steps"], recipe["max_steps"]) == \
+        (64, 6e-5, 6e-5, 20, 500)
+    with pytest.raises(ValueError, match="not longer than"):
+        finetune_config(run_config, context=16, steps=10)
+    with pytest.raises(ValueError, match="model's shape"):
+        finetune_config(run_config, context=64, steps=10, overrides=["model.n_layer=3"])
+
+
+def test_finetune_refuses_extended_and_absolute_encodings():
+    from pope.eval.finetune import extended_pe
+
+    with pytest.raises(ValueError, match="already context-extended"):
+        extended_pe("yarn:scale=2", head_dim=16, n_heads=2, scale=2, original_max_len=16)
+    with pytest.raises(ValueError, match="cannot be context-extended"):
+        extended_pe("learned-abs", head_dim=16, n_heads=2, scale=2, original_max_len=16)
+    assert extended_pe("rope-half", head_dim=16, n_heads=2, scale=2, original_max_len=16).startswith(
+        "yarn:base=10000,layout=half,rotary_dim=8,scale=2,")
+    assert extended_pe("alibi", head_dim=16, n_heads=2, scale=2, original_max_len=16) == "alibi"
+
+
+def test_analyze_frequencies_cli(workspace, tmp_path, capsys):
+    assert main(["analyze", "frequencies", str(workspace["rope"]), "--data", str(workspace["data"]),
+                 "--out", str(tmp_path), "--device", "cpu"]) == 0
+    usage = json.loads((tmp_path / "frequency_usage.json").read_text())
+    assert usage["kind"] == "rope" and np.array(usage["query"]).shape == (1, 4)
+    assert usage["n_tokens"] == sum(TEST_DOC_LENGTHS)
+    text = tmp_path / "sonnet.txt"
+    text.write_text("Shall I compare thee to a summer's day?")
+    assert main(["analyze", "frequencies", str(workspace["pope"]), "--text", str(text), "--tokenizer", "bytes",
+                 "--out", str(tmp_path)]) == 1
+    assert "vocabulary mismatch" in capsys.readouterr().err  # 256 byte ids, 90-token model
+
+
+def _fake_run(path, preset, pe, seed, test_losses):
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({"preset": preset, "pe": pe, "seed": seed}))
+    records = [{"step": 100 * (i + 1), "kind": "eval", "test_loss": v, "valid_loss": v} for i, v in enumerate(test_losses)]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+
+def test_report_mean_std_over_seeds_and_paper_numbers(tmp_path, workspace):
+    from pope.eval.report import paper_value, write_report
+
+    runs = [_fake_run(tmp_path / f"rope{s}", "jsb", "rope", s, [0.7, loss, 0.6]) for s, loss in enumerate([0.52, 0.50])]
+    runs += [_fake_run(tmp_path / f"pope{s}", "jsb", "pope", s, [0.49 + s / 100, 0.55]) for s in range(3)]
+    markdown, written = write_report(runs + [str(workspace["rope"])], tmp_path / "report")
+    # best test NLL per seed: rope 0.52, 0.50 -> 0.51 ± 0.014142; pope 0.49, 0.50, 0.51 -> 0.50 ± 0.01
+    assert "| jsb | rope | test_nll | 0.5100 ± 0.0141 (n=2) | 0.5081 |" in markdown
+    assert "| jsb | pope | test_nll | 0.5000 ± 0.0100 (n=3) | 0.4889 |" in markdown
+    assert "| jsb-tiny | rope |" in markdown and (tmp_path / "report" / "report.png").stat().st_size > 0
+    assert paper_value("jsb", "pope:delta_init=uniform") == 0.4889
+    assert paper_value("jsb", "pope:delta_init=zero") is None  # not the paper's setting for JSB
+    assert paper_value("owt-124m", "pope") == 21.33 and paper_value("owt-124m", "alibi") is None
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        write_report([str(tmp_path)], tmp_path / "r2")
