@@ -304,7 +304,8 @@ def split_music21_chorales(chorales: Iterable[Chorale]) -> dict[str, list[Choral
     total = sum(CANONICAL_SPLIT_SIZES.values())
     fractions = tuple(CANONICAL_SPLIT_SIZES[s] / total for s in ("train", "valid", "test"))
     assignment = assign_splits([c.chorale_id for c in chorales], fractions)
-    return {split: [c for c in chorales if assignment[c.chorale_id] == split] for split in ("train", "valid", "test")}
+    ordered = sorted(chorales, key=lambda c: c.chorale_id)  # the output does not depend on the input order
+    return {split: [c for c in ordered if assignment[c.chorale_id] == split] for split in ("train", "valid", "test")}
 
 
 # ----------------------------------------------------------------------------------------- prepare

@@ -242,7 +242,7 @@ def prepare_genome(out_dir: str | os.PathLike, *, source: str | os.PathLike | No
         return existing
 
     skipped: list[dict[str, Any]] = []
-    regions_per_split = {"train": 0, "valid": 0, "test": 0}
+    regions_by_split: dict[str, list[str]] = {"train": [], "valid": [], "test": []}
     bases_read = n_bases_in_splits = 0
     block: list[tuple[str, np.ndarray]] = []
     bar = tqdm(desc="genome", unit="bp", unit_scale=True, disable=not progress, total=max_bases)
@@ -251,7 +251,7 @@ def prepare_genome(out_dir: str | os.PathLike, *, source: str | os.PathLike | No
             assignment = _assign_block([region_id for region_id, _ in block])
             for region_id, tokens in block:
                 split = assignment[region_id]
-                regions_per_split[split] += 1
+                regions_by_split[split].append(region_id)
                 for window in _windows(tokens, window_tokens):
                     writer.add_document(split, window)
             block.clear()
@@ -277,7 +277,7 @@ def prepare_genome(out_dir: str | os.PathLike, *, source: str | os.PathLike | No
                  f"(listed in the manifest): {', '.join(s['region'] for s in skipped[:5])}"
                  f"{' ...' if len(skipped) > 5 else ''}")
         if writer.n_tokens("valid") == 0 or writer.n_tokens("test") == 0:
-            raise ValueError(f"{fasta}: too little sequence for train/valid/test regions ({sum(regions_per_split.values())} "
+            raise ValueError(f"{fasta}: too little sequence for train/valid/test regions ({sum(map(len, regions_by_split.values()))} "
                              f"usable region(s) of {region_bases} bp); use a smaller --region-bases")
         return writer.finish({
             "name": "genome",
@@ -291,7 +291,9 @@ def prepare_genome(out_dir: str | os.PathLike, *, source: str | os.PathLike | No
                        "sha256": hashlib.sha256(fasta.read_bytes()).hexdigest()},
             "train_transform": None,
             "stats": {"bases_read": bases_read, "bases_in_splits": n_bases_in_splits,
-                      "max_bases_cap": max_bases, "regions_per_split": regions_per_split,
+                      "max_bases_cap": max_bases,
+                      "regions_per_split": {k: len(v) for k, v in regions_by_split.items()},
+                      "regions": regions_by_split,
                       "regions_skipped_for_n": skipped, "region_bases": region_bases,
                       "documents_are": f"consecutive windows of at most {window_tokens} tokens of one region"},
         })
