@@ -187,36 +187,39 @@ def prepare_maestro(out_dir: str | os.PathLike, *, source: str | os.PathLike | N
     bos, eos, bar = (tokenizer.vocab[k] for k in ("BOS_None", "EOS_None", "Bar_None"))
     position_ids = {i for name, i in tokenizer.vocab.items() if name.startswith("Position_")}
     pitch_low, pitch_high = pitch_token_range(tokenizer)
-    assignment = assign_splits([f.relative_to(directory).as_posix() for f in files], SPLIT_FRACTIONS)
-
+    # Tokenise every file first, then split the readable pieces 90/5/5 (an unreadable file never
+    # leaves a split empty).
     skipped, outside_keyboard, finer_cuts = [], 0, 0
+    pieces: dict[str, list[np.ndarray]] = {}
+    for path in tqdm(files, desc="maestro", unit="file", disable=not progress):
+        relative = path.relative_to(directory).as_posix()
+        try:
+            score = read_score(path)
+            ids, counts = encode_score(tokenizer, score)
+        except (ValueError, RuntimeError) as err:
+            skipped.append({"file": relative, "reason": str(err)})
+            warn(f"skipped unreadable MIDI {path}: {err}")
+            continue
+        if ids.size == 0:
+            skipped.append({"file": relative, "reason": "no notes"})
+            warn(f"skipped {path}: it has no notes")
+            continue
+        outside_keyboard += counts["notes_outside_keyboard"]
+        chunks, cuts = chunk_piece(np.concatenate([[bos], ids, [eos]]), bar, position_ids)
+        finer_cuts += cuts
+        pieces[relative] = chunks
+    if not pieces:
+        raise ValueError(f"none of the {len(files)} MIDI files under {directory} could be tokenised")
+    assignment = assign_splits(pieces, SPLIT_FRACTIONS) if len(pieces) >= 3 else {p: "train" for p in pieces}
     pieces_per_split = {"train": 0, "valid": 0, "test": 0}
     with PreparedWriter(out_dir, VOCAB_SIZE) as writer:
-        for path in tqdm(files, desc="maestro", unit="file", disable=not progress):
-            relative = path.relative_to(directory).as_posix()
-            try:
-                score = read_score(path)
-                ids, counts = encode_score(tokenizer, score)
-            except (ValueError, RuntimeError) as err:
-                skipped.append({"file": relative, "reason": str(err)})
-                warn(f"skipped unreadable MIDI {path}: {err}")
-                continue
-            if ids.size == 0:
-                skipped.append({"file": relative, "reason": "no notes"})
-                warn(f"skipped {path}: it has no notes")
-                continue
-            outside_keyboard += counts["notes_outside_keyboard"]
-            piece = np.concatenate([[bos], ids, [eos]])
-            chunks, cuts = chunk_piece(piece, bar, position_ids)
-            finer_cuts += cuts
+        for relative in sorted(pieces):
             split = assignment[relative]
             pieces_per_split[split] += 1
-            for chunk in chunks:
+            for chunk in pieces[relative]:
                 writer.add_document(split, chunk)
         if outside_keyboard:
             warn(f"{outside_keyboard} note(s) outside MIDI 21..108 were dropped by REMI (counted in the manifest)")
-        if sum(pieces_per_split.values()) == 0:
-            raise ValueError(f"none of the {len(files)} MIDI files under {directory} could be tokenised")
         vocab_tokens = [name for name, _ in sorted(tokenizer.vocab.items(), key=lambda item: item[1])]
         return writer.finish({
             "name": "maestro",
