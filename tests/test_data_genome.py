@@ -173,3 +173,13 @@ def test_hf_loader_plumbing(tmp_path, monkeypatch):
     assert detokenize(np.asarray(train.tokens)) == "".join(rows["train"])
     assert train.document_lengths().tolist() == [1000, 170, 8]  # 7000 bases = 1166 six-mers + 4 singles; 4 N + 4
     assert detokenize(np.asarray(dataset.split("valid").tokens)) == "GGGGGGA"
+
+
+def test_ambiguity_codes_only_as_n_when_asked(tmp_path):
+    path = tmp_path / "iupac.fa"
+    path.write_text(">chr3\nACGTACGTRYACGT\nacgtnM\n")
+    with pytest.raises(ValueError, match=r"line 2, column 9: letter 'R'.*--ambiguous-as-n"):
+        list(read_fasta_regions(path))
+    counts = {}
+    sequence = b"".join(b for _, _, b in read_fasta_regions(path, ambiguous_as_n=True, counts=counts))
+    assert sequence == b"ACGTACGTNNACGTACGTNN" and counts["ambiguous_as_n"] == 3

@@ -30,6 +30,8 @@ def register(subparsers) -> None:
     genome.add_argument("--max-bases", type=int, help="read at most this many bases (default: the whole FASTA)")
     genome.add_argument("--region-bases", type=int, help="region size for the split (default 1,000,000)")
     genome.add_argument("--max-n-fraction", type=float, help="skip regions with more N than this (default 0.5)")
+    genome.add_argument("--ambiguous-as-n", action="store_true", default=None,
+                        help="read IUPAC ambiguity codes (R, Y, ...) as N instead of failing")
     hub = prepare.add_argument_group("HF hub options (openwebtext, pg19, genome-hf)")
     hub.add_argument("--max-docs", type=int, help="stop after this many documents per split (default: all)")
     prepare.set_defaults(func=_prepare)
@@ -46,9 +48,9 @@ def _prepare(args: argparse.Namespace) -> int:
 
     canonical = canonical_name(args.name)
     options = {}
-    allowed = {"genome": ("max_bases", "region_bases", "max_n_fraction"),
+    allowed = {"genome": ("max_bases", "region_bases", "max_n_fraction", "ambiguous_as_n"),
                "openwebtext": ("max_docs",), "pg19": ("max_docs",), "genome-hf": ("max_docs",)}.get(canonical, ())
-    for option in ("max_bases", "region_bases", "max_n_fraction", "max_docs"):
+    for option in ("max_bases", "region_bases", "max_n_fraction", "ambiguous_as_n", "max_docs"):
         value = getattr(args, option)
         if value is None:
             continue
@@ -56,8 +58,11 @@ def _prepare(args: argparse.Namespace) -> int:
             raise ValueError(f"--{option.replace('_', '-')} does not apply to dataset {canonical!r}")
         options[option] = value
     start = time.perf_counter()
-    dataset = prepare(canonical, out_dir=args.out, source=args.source, force=args.force,
-                      progress=not args.no_progress, **options)
+    try:
+        dataset = prepare(canonical, out_dir=args.out, source=args.source, force=args.force,
+                          progress=not args.no_progress, **options)
+    except ImportError as err:  # a missing optional extra: one clear line naming it
+        raise RuntimeError(str(err)) from err
     elapsed = time.perf_counter() - start
     print(_summary(dataset))
     print(f"{'verified and reused' if dataset.reused else 'prepared'} in {elapsed:.1f} s: {dataset.path}")

@@ -56,6 +56,8 @@ for _code, _base in enumerate(SINGLE_BASES):
     _CODE_OF_BYTE[ord(_base)] = _code
     _CODE_OF_BYTE[ord(_base.lower())] = _code
 _VALID_LETTERS = b"ACGTNacgtn"
+AMBIGUOUS_LETTERS = b"RYKMSWBDHVUrykmswbdhvu"  # IUPAC codes (and U): N only with ambiguous_as_n=True
+_AMBIGUOUS_TO_N = bytes.maketrans(AMBIGUOUS_LETTERS, b"N" * len(AMBIGUOUS_LETTERS))
 
 
 def vocabulary() -> list[str]:
@@ -138,13 +140,18 @@ def _open_fasta(path: Path):
 
 
 def read_fasta_regions(path: str | os.PathLike, region_bases: int = DEFAULT_REGION_BASES,
-                       max_bases: int | None = None) -> Iterator[tuple[str, int, bytes]]:
+                       max_bases: int | None = None, ambiguous_as_n: bool = False,
+                       counts: dict[str, int] | None = None) -> Iterator[tuple[str, int, bytes]]:
     """Yield (record_name, start, upper-case bases) regions of at most region_bases per record.
 
     Validates as it reads: a clear ValueError names the file and line for a malformed header, data
     before the first header, a non-ACGTN letter (with its column) or a truncated/corrupt gzip stream.
     Stops after `max_bases` bases in all when given (an explicit cap, recorded by the caller).
+    With `ambiguous_as_n`, IUPAC ambiguity codes (R, Y, K, M, S, W, B, D, H, V) and U are read as N
+    and counted in ``counts["ambiguous_as_n"]`` (GRCh38 has a handful); otherwise they are an error.
     """
+    counts = counts if counts is not None else {}
+    counts.setdefault("ambiguous_as_n", 0)
     path = Path(path).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"FASTA file {path} does not exist")
@@ -176,10 +183,16 @@ def read_fasta_regions(path: str | os.PathLike, region_bases: int = DEFAULT_REGI
                 if record is None:
                     raise ValueError(f"{path}, line {line_number}: sequence data before the first '>' header "
                                      f"(is this a FASTA file?)")
+                if ambiguous_as_n and line.translate(None, _VALID_LETTERS):
+                    cleaned = line.translate(_AMBIGUOUS_TO_N)
+                    counts["ambiguous_as_n"] += sum(a != b for a, b in zip(line, cleaned))
+                    line = cleaned
                 if line.translate(None, _VALID_LETTERS):
                     column = next(i for i, byte in enumerate(line) if byte not in _VALID_LETTERS)
+                    hint = " (an IUPAC ambiguity code: pass --ambiguous-as-n to read it as N)" \
+                        if line[column] in AMBIGUOUS_LETTERS else ""
                     raise ValueError(f"{path}, line {line_number}, column {column + 1}: letter "
-                                     f"{chr(line[column])!r} in record {record!r} is not A, C, G, T or N")
+                                     f"{chr(line[column])!r} in record {record!r} is not A, C, G, T or N{hint}")
                 if max_bases is not None and total + len(line) > max_bases:
                     line = line[: max_bases - total]
                 buffer += line.upper()
@@ -216,7 +229,8 @@ def _assign_block(region_ids: list[str]) -> dict[str, str]:
 
 def prepare_genome(out_dir: str | os.PathLike, *, source: str | os.PathLike | None = None, force: bool = False,
                    progress: bool = True, region_bases: int = DEFAULT_REGION_BASES, max_bases: int | None = None,
-                   max_n_fraction: float = 0.5, window_tokens: int = WINDOW_TOKENS) -> PreparedDataset:
+                   max_n_fraction: float = 0.5, window_tokens: int = WINDOW_TOKENS,
+                   ambiguous_as_n: bool = False) -> PreparedDataset:
     """Write the prepared "genome" dataset from a FASTA file (default: the offline human chrX)."""
     from tqdm import tqdm
 
@@ -236,11 +250,12 @@ def prepare_genome(out_dir: str | os.PathLike, *, source: str | os.PathLike | No
         raise ValueError(f"max_bases must be positive (or None for the whole file), got {max_bases}")
     request = {"dataset": "genome", "path": str(fasta), "fingerprint": file_fingerprint([fasta]),
                "region_bases": region_bases, "max_bases": max_bases, "max_n_fraction": max_n_fraction,
-               "window_tokens": window_tokens, "tokenizer_version": 1}
+               "window_tokens": window_tokens, "ambiguous_as_n": ambiguous_as_n, "tokenizer_version": 1}
     existing = reuse_if_prepared(out_dir, request, force=force)
     if existing is not None:
         return existing
 
+    reader_counts: dict[str, int] = {}
     skipped: list[dict[str, Any]] = []
     regions_by_split: dict[str, list[str]] = {"train": [], "valid": [], "test": []}
     bases_read = n_bases_in_splits = 0
@@ -256,7 +271,7 @@ def prepare_genome(out_dir: str | os.PathLike, *, source: str | os.PathLike | No
                     writer.add_document(split, window)
             block.clear()
 
-        for record, start, bases in read_fasta_regions(fasta, region_bases, max_bases):
+        for record, start, bases in read_fasta_regions(fasta, region_bases, max_bases, ambiguous_as_n, reader_counts):
             bar.update(len(bases))
             bases_read += len(bases)
             region_id = f"{record}:{start}-{start + len(bases)}"
@@ -291,6 +306,7 @@ def prepare_genome(out_dir: str | os.PathLike, *, source: str | os.PathLike | No
                        "sha256": hashlib.sha256(fasta.read_bytes()).hexdigest()},
             "train_transform": None,
             "stats": {"bases_read": bases_read, "bases_in_splits": n_bases_in_splits,
+                      "ambiguous_letters_read_as_n": reader_counts.get("ambiguous_as_n", 0),
                       "max_bases_cap": max_bases,
                       "regions_per_split": {k: len(v) for k, v in regions_by_split.items()},
                       "regions": regions_by_split,
