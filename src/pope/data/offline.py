@@ -220,19 +220,27 @@ def fetch(names: list[str] | None = None) -> None:
     for name in names:
         if name not in ALL_NAMES:
             raise ValueError(f"unknown offline source {name!r}; known: {', '.join(ALL_NAMES)}")
-    for name in names:
+    failures = []
+    for name in names:  # one failing source does not stop the others; all failures are reported at the end
         start = time.perf_counter()
-        if name == CHORALES:
-            from pope.data.chorales import build_music21_chorales, music21_grid_cache_path
+        try:
+            if name == CHORALES:
+                from pope.data.chorales import build_music21_chorales, music21_grid_cache_path
 
-            cached = music21_grid_cache_path().is_file()
-            chorales, _ = build_music21_chorales(progress=True)
-            where, state = music21_grid_cache_path(), "cached" if cached else f"built ({len(chorales)} chorales)"
-        else:
-            cached = is_cached(name)
-            where = fetch_source(name)
-            state = "cached" if cached else "fetched"
+                cached = music21_grid_cache_path().is_file()
+                chorales, _ = build_music21_chorales(progress=True)
+                where, state = music21_grid_cache_path(), "cached" if cached else f"built ({len(chorales)} chorales)"
+            else:
+                cached = is_cached(name)
+                where = fetch_source(name)
+                state = "cached" if cached else "fetched"
+        except (RuntimeError, ValueError, FileNotFoundError, ImportError, OSError) as err:
+            failures.append(f"{name}: {err}")
+            print(f"{name:15s} FAILED", flush=True)
+            continue
         print(f"{name:15s} {state:24s} {time.perf_counter() - start:6.1f} s  {where}", flush=True)
+    if failures:
+        raise RuntimeError("some offline sources could not be fetched:\n  " + "\n  ".join(failures))
 
 
 def status() -> int:
