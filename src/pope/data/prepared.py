@@ -304,11 +304,17 @@ def resolve_dataset(name_or_path: str | os.PathLike, *, prepare_if_missing: bool
     (offline) source first.
     """
     candidate = Path(name_or_path).expanduser()
-    if candidate.is_dir() or os.sep in str(name_or_path) or str(name_or_path).startswith("."):
+    looks_like_path = os.sep in str(name_or_path) or str(name_or_path).startswith((".", "~"))
+    if looks_like_path or (candidate / MANIFEST_NAME).is_file():
         return PreparedDataset(candidate)
     from pope.data import registry  # light: only names and lazy builders
 
-    canonical = registry.canonical_name(str(name_or_path))
+    try:
+        canonical = registry.canonical_name(str(name_or_path))
+    except ValueError:
+        if candidate.is_dir():  # a directory that is not (yet) a prepared dataset: say so
+            return PreparedDataset(candidate)
+        raise
     target = data_root() / canonical
     if not (target / MANIFEST_NAME).is_file() and prepare_if_missing:
         registry.prepare(canonical, out_dir=target)
