@@ -214,3 +214,17 @@ def test_cli_prepare_info_and_errors(tmp_path, monkeypatch, capsys):
     assert "--max-bases does not apply to dataset 'jsb'" in capsys.readouterr().err
     assert main(["data", "info", str(tmp_path / "nowhere")]) == 1
     assert "pope data prepare" in capsys.readouterr().err
+
+
+def test_never_replaces_a_directory_of_other_files(tmp_path):
+    precious = tmp_path / "mine"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("keep me")
+    with pytest.raises(ValueError, match="not part of a prepared dataset.*notes.txt.*another --out"):
+        _write_small(precious)
+    assert (precious / "notes.txt").read_text() == "keep me"
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ValueError, match="is a file"):
+        _write_small(tmp_path / "afile")
+    (tmp_path / "empty").mkdir()
+    assert _write_small(tmp_path / "empty").split("valid").tokens.tolist() == [4, 5]

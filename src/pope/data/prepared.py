@@ -344,6 +344,7 @@ class PreparedWriter:
         self.vocab_size = int(vocab_size)
         self.dtype = token_dtype_for(self.vocab_size)
         self.split_names = tuple(splits)
+        ensure_replaceable(self.out_dir)
         self.out_dir.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_partials(self.out_dir)
         self.tmp_dir = self.out_dir.parent / f".{self.out_dir.name}{_PARTIAL_MARKER}{uuid.uuid4().hex[:8]}"
@@ -412,6 +413,7 @@ class PreparedWriter:
         _write_json_atomic(self.tmp_dir / MANIFEST_NAME, manifest)
         _fsync_dir(self.tmp_dir)
         if self.out_dir.exists():  # replace: move the old one aside first (os.replace cannot overwrite a dir)
+            ensure_replaceable(self.out_dir)
             old = self.out_dir.parent / f".{self.out_dir.name}{_PARTIAL_MARKER}old-{uuid.uuid4().hex[:8]}"
             os.replace(self.out_dir, old)
             os.replace(self.tmp_dir, self.out_dir)
@@ -427,6 +429,19 @@ class PreparedWriter:
             handle.close()
         shutil.rmtree(self.tmp_dir, ignore_errors=True)
         self._finished = True
+
+
+def ensure_replaceable(out_dir: Path) -> None:
+    """Refuse to replace a path that is not an (empty dir or) prepared dataset: never delete user files."""
+    if not out_dir.exists():
+        return
+    if not out_dir.is_dir():
+        raise ValueError(f"output {out_dir} exists and is a file; choose a directory for --out")
+    foreign = [p.name for p in out_dir.iterdir()
+               if not (p.is_file() and (p.name.startswith(MANIFEST_NAME) or p.name.endswith((".bin", ".docs.npy"))))]
+    if foreign:
+        raise ValueError(f"output directory {out_dir} holds files that are not part of a prepared dataset "
+                         f"({', '.join(sorted(foreign)[:5])}); refusing to replace it: choose another --out")
 
 
 def remove_stale_partials(out_dir: Path) -> None:
