@@ -136,14 +136,20 @@ metric_list:
     return tmp_path
 
 
-def test_simple_evaluate_on_local_tasks(byte_model, tmp_path):
-    from lm_eval import simple_evaluate
+@pytest.fixture(scope="module")
+def task_manager(tmp_path_factory):
+    """The local tasks only (indexing all of lm-eval's task files takes seconds)."""
     from lm_eval.tasks import TaskManager
 
-    task_dir = _write_tasks(tmp_path)
+    return TaskManager(include_path=str(_write_tasks(tmp_path_factory.mktemp("lm_eval_tasks"))), include_defaults=False)
+
+
+def test_simple_evaluate_on_local_tasks(byte_model, task_manager):
+    from lm_eval import simple_evaluate
+
     lm = PoPELM(model=byte_model, tokenizer=get_tokenizer("bytes"), batch_size=4)
     out = simple_evaluate(model=lm, tasks=["pope_local_choice", "pope_local_ppl"],
-                          task_manager=TaskManager(include_path=str(task_dir)), bootstrap_iters=0, log_samples=False)
+                          task_manager=task_manager, bootstrap_iters=0, log_samples=False)
     accuracy = out["results"]["pope_local_choice"]["acc,none"]
     # The same accuracy computed directly: argmax over choices of log p(" " + choice | question).
     correct = 0
@@ -161,21 +167,62 @@ def test_registered_under_the_name_pope():
     assert get_model("pope") is PoPELM
 
 
-def test_simple_evaluate_by_name_with_a_checkpoint_path(byte_model, tmp_path):
+def test_simple_evaluate_by_name_with_a_checkpoint_path(byte_model, tmp_path, task_manager):
     """`lm_eval --model pope --model_args path=...` route: the registry name and model_args string."""
     from lm_eval import simple_evaluate
-    from lm_eval.tasks import TaskManager
-
     from pope.checkpoint import save_checkpoint
 
     checkpoint = save_checkpoint(tmp_path / "ckpt", model_state=byte_model.state_dict(),
                                  model_config=byte_model.config.to_dict())
-    (tmp_path / "tasks").mkdir()
-    task_dir = _write_tasks(tmp_path / "tasks")
     out = simple_evaluate(model="pope", model_args=f"path={checkpoint},tokenizer=bytes", tasks=["pope_local_choice"],
-                          task_manager=TaskManager(include_path=str(task_dir)), bootstrap_iters=0, log_samples=False,
-                          batch_size=2)
+                          task_manager=task_manager, bootstrap_iters=0, log_samples=False, batch_size=2)
     in_process = simple_evaluate(model=PoPELM(model=byte_model, tokenizer=get_tokenizer("bytes")),
-                                 tasks=["pope_local_choice"], task_manager=TaskManager(include_path=str(task_dir)),
+                                 tasks=["pope_local_choice"], task_manager=task_manager,
                                  bootstrap_iters=0, log_samples=False)
     assert out["results"]["pope_local_choice"]["acc,none"] == in_process["results"]["pope_local_choice"]["acc,none"]
+
+
+CBT_DOCS = [
+    {"sentences": ["Tom had a red ball .", "He gave it to Ann ."], "question": "Ann threw the XXXXX back .",
+     "options": ["ball", "cat", "tree"], "answer": "ball"},
+    {"sentences": ["The dog ran home ."], "question": "XXXXX was happy to be home .",
+     "options": ["Tom", "The dog", "Ann"], "answer": "The dog"},
+    {"sentences": ["It rained all day ."], "question": "Everyone stayed XXXXX", "options": ["inside", "wet"],
+     "answer": "inside"},
+]
+
+
+def test_cbt_task_scores_candidate_plus_rest_of_question(byte_model, tmp_path, task_manager):
+    """pope's CBT task on local data in the HF cam-cst/cbt format, checked against a direct computation."""
+    from pope.eval.downstream import cbt_choices, cbt_context, cbt_task_config, run_downstream
+
+    assert cbt_context(CBT_DOCS[0]) == "Tom had a red ball . He gave it to Ann . Ann threw the"
+    assert cbt_choices(CBT_DOCS[0]) == ["ball back .", "cat back .", "tree back ."]
+    assert cbt_context(CBT_DOCS[1]) == "The dog ran home ." and cbt_choices(CBT_DOCS[1])[0] == "Tom was happy to be home ."
+    data = tmp_path / "cbt.jsonl"
+    data.write_text("".join(json.dumps(d) + "\n" for d in CBT_DOCS))
+    config = cbt_task_config("cn", dataset_path="json", dataset_kwargs={"data_files": {"test": str(data)}})
+    lm = PoPELM(model=byte_model, tokenizer=get_tokenizer("bytes"), max_length=128)  # no truncation here
+    out = run_downstream(None, tasks=[config], lm=lm, task_manager=task_manager)
+    correct = 0
+    for doc in CBT_DOCS:
+        scores = [_direct_logprob(byte_model, list(cbt_context(doc).encode()), list((" " + c).encode()))
+                  for c in cbt_choices(doc)]
+        correct += int(max(range(len(scores)), key=scores.__getitem__) == doc["options"].index(doc["answer"]))
+    assert out["results"]["pope_cbt_cn"]["acc,none"] == pytest.approx(correct / len(CBT_DOCS))
+
+
+def test_paper_table_layout():
+    from pope.eval.downstream import downstream_table, paper_row
+
+    results = {"lambada_openai": {"acc,none": 0.2767}, "blimp": {"acc,none": 0.7775},
+               "pope_cbt_cn": {"acc,none": 0.45}, "pope_cbt_ne": {"acc,none": 0.4386},
+               "hellaswag": {"acc,none": 0.2918}, "piqa": {"acc,none": 0.5958}, "arc_easy": {"acc,none": 0.3852}}
+    row = paper_row(results)
+    assert row["CBT"] == pytest.approx(44.43) and row["Average"] == pytest.approx(
+        (27.67 + 77.75 + 44.43 + 29.18 + 59.58 + 38.52) / 6)
+    table = downstream_table({"pope-124m": row})
+    assert table.splitlines()[0] == "| model | LAMBADA | BLiMP | CBT | HellaSwag | PIQA | ARC-E | Average |"
+    assert "| pope-124m | 27.67 | 77.75 | 44.43 | 29.18 | 59.58 | 38.52 | 46.19 |" in table
+    partial = paper_row({"piqa": {"acc,none": 0.5}})
+    assert partial["PIQA"] == 50.0 and partial["Average"] is None and partial["LAMBADA"] is None

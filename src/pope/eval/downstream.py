@@ -84,7 +84,7 @@ def expand_tasks(tasks: list[str]) -> list:
 
 def run_downstream(run: str | None, *, tasks: list[str] | None = None, tokenizer: str = "gpt2", device: str = "cpu",
                    batch_size: int = 8, limit: float | None = None, include_path: str | None = None,
-                   num_fewshot: int | None = None, lm=None) -> dict:
+                   num_fewshot: int | None = None, lm=None, task_manager=None) -> dict:
     """Run lm-eval's ``simple_evaluate`` on the pope model of ``run`` (or a ready ``lm``). Returns its results."""
     from pope.eval._optional import require
 
@@ -94,7 +94,8 @@ def run_downstream(run: str | None, *, tasks: list[str] | None = None, tokenizer
 
     if lm is None:
         lm = PoPELM(path=run, tokenizer=tokenizer, device=device, batch_size=batch_size)
-    manager = task_module.TaskManager(include_path=include_path) if include_path else task_module.TaskManager()
+    manager = task_manager or (task_module.TaskManager(include_path=include_path) if include_path
+                               else task_module.TaskManager())
     out = evaluator.simple_evaluate(model=lm, tasks=expand_tasks(list(tasks or PAPER_TASKS)), task_manager=manager,
                                     limit=limit, num_fewshot=num_fewshot, bootstrap_iters=0, log_samples=False)
     if out is None:  # non-zero ranks
