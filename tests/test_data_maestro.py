@@ -130,3 +130,16 @@ def test_unreadable_midi_and_missing_source(tmp_path):
     with pytest.raises(ValueError, match="none of the 1 MIDI files"):
         maestro.prepare_maestro(tmp_path / "out", source=only_bad, progress=False)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.data
+def test_worker_processes_give_identical_tokens(maestro_dir, monkeypatch):
+    files = maestro.find_midi_files(maestro_dir)[:4]
+    sequential = maestro._tokenize_all(files, progress=False)
+    monkeypatch.setattr(maestro, "PARALLEL_MIN_FILES", 1)
+    monkeypatch.setattr(maestro, "PARALLEL_MIN_CORES", 1)
+    monkeypatch.setattr(maestro.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    parallel = maestro._tokenize_all(files, progress=False)
+    assert len(parallel) == 4
+    for one, other in zip(sequential, parallel):
+        np.testing.assert_array_equal(one["ids"], other["ids"])

@@ -152,6 +152,39 @@ def chunk_piece(ids: np.ndarray, bar_id: int, position_ids: set[int], max_len: i
     return chunks, finer_cuts
 
 
+_WORKER_TOKENIZER = None
+PARALLEL_MIN_FILES = 64  # below this, starting worker processes costs more than it saves
+PARALLEL_MIN_CORES = 4  # on 2 cores, 70 files took 26 s in 2 workers vs 19 s in one process
+
+
+def _tokenize_file(path: str) -> dict[str, Any]:
+    """Worker: one MIDI file -> {"ids", "notes_outside_keyboard"} or {"error", "unreadable"}."""
+    global _WORKER_TOKENIZER
+    if _WORKER_TOKENIZER is None:
+        _WORKER_TOKENIZER = build_tokenizer()
+    try:
+        ids, counts = encode_score(_WORKER_TOKENIZER, read_score(path))
+    except (ValueError, RuntimeError) as err:
+        return {"error": str(err), "unreadable": True}
+    if ids.size == 0:
+        return {"error": "it has no notes", "unreadable": False}
+    return {"ids": ids, **counts}
+
+
+def _tokenize_all(files: list[Path], progress: bool) -> list[dict[str, Any]]:
+    from tqdm import tqdm
+
+    workers = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1, 16)
+    paths = [str(f) for f in files]
+    if workers < PARALLEL_MIN_CORES or len(files) < PARALLEL_MIN_FILES:
+        return [_tokenize_file(p) for p in tqdm(paths, desc="maestro", unit="file", disable=not progress)]
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        return list(tqdm(pool.imap(_tokenize_file, paths, chunksize=4), total=len(paths), desc="maestro",
+                         unit="file", disable=not progress))
+
+
 def find_midi_files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.rglob("*") if p.is_file() and p.suffix.lower() in MIDI_SUFFIXES)
 
@@ -159,8 +192,6 @@ def find_midi_files(directory: Path) -> list[Path]:
 def prepare_maestro(out_dir: str | os.PathLike, *, source: str | os.PathLike | None = None, force: bool = False,
                     progress: bool = True) -> PreparedDataset:
     """Write the prepared "maestro" dataset from a directory of MIDI files (default: the offline 10)."""
-    from tqdm import tqdm
-
     _require_miditok()
     if source is None:
         from pope.data.offline import source_path
@@ -187,25 +218,18 @@ def prepare_maestro(out_dir: str | os.PathLike, *, source: str | os.PathLike | N
     bos, eos, bar = (tokenizer.vocab[k] for k in ("BOS_None", "EOS_None", "Bar_None"))
     position_ids = {i for name, i in tokenizer.vocab.items() if name.startswith("Position_")}
     pitch_low, pitch_high = pitch_token_range(tokenizer)
-    # Tokenise every file first, then split the readable pieces 90/5/5 (an unreadable file never
-    # leaves a split empty).
+    # Tokenise every file first (in worker processes for a large directory), then split the readable
+    # pieces 90/5/5, so an unreadable file never leaves a split empty.
     skipped, outside_keyboard, finer_cuts = [], 0, 0
     pieces: dict[str, list[np.ndarray]] = {}
-    for path in tqdm(files, desc="maestro", unit="file", disable=not progress):
+    for path, result in zip(files, _tokenize_all(files, progress)):
         relative = path.relative_to(directory).as_posix()
-        try:
-            score = read_score(path)
-            ids, counts = encode_score(tokenizer, score)
-        except (ValueError, RuntimeError) as err:
-            skipped.append({"file": relative, "reason": str(err)})
-            warn(f"skipped unreadable MIDI {path}: {err}")
+        if "error" in result:
+            skipped.append({"file": relative, "reason": result["error"]})
+            warn(f"skipped {'unreadable MIDI ' if result['unreadable'] else ''}{path}: {result['error']}")
             continue
-        if ids.size == 0:
-            skipped.append({"file": relative, "reason": "no notes"})
-            warn(f"skipped {path}: it has no notes")
-            continue
-        outside_keyboard += counts["notes_outside_keyboard"]
-        chunks, cuts = chunk_piece(np.concatenate([[bos], ids, [eos]]), bar, position_ids)
+        outside_keyboard += result["notes_outside_keyboard"]
+        chunks, cuts = chunk_piece(np.concatenate([[bos], result["ids"], [eos]]), bar, position_ids)
         finer_cuts += cuts
         pieces[relative] = chunks
     if not pieces:
