@@ -384,9 +384,15 @@ class PreparedWriter:
         """Write docs offsets + manifest, hash everything, and rename onto out_dir (replacing it)."""
         splits: dict[str, Any] = {}
         for split in self.split_names:
-            self._handles[split].close()
+            handle = self._handles[split]
+            handle.flush()
+            os.fsync(handle.fileno())  # data on disk before the rename publishes it
+            handle.close()
             docs_name, tokens_name = f"{split}.docs.npy", f"{split}.bin"
-            np.save(self.tmp_dir / docs_name, np.asarray(self._offsets[split], dtype=np.int64))
+            with open(self.tmp_dir / docs_name, "wb") as docs_handle:
+                np.save(docs_handle, np.asarray(self._offsets[split], dtype=np.int64))
+                docs_handle.flush()
+                os.fsync(docs_handle.fileno())
             splits[split] = {
                 "n_tokens": self.n_tokens(split),
                 "n_docs": self.n_docs(split),
