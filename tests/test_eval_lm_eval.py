@@ -226,3 +226,17 @@ def test_paper_table_layout():
     assert "| pope-124m | 27.67 | 77.75 | 44.43 | 29.18 | 59.58 | 38.52 | 46.19 |" in table
     partial = paper_row({"piqa": {"acc,none": 0.5}})
     assert partial["PIQA"] == 50.0 and partial["Average"] is None and partial["LAMBADA"] is None
+
+
+@pytest.mark.data
+def test_gpt2_tokenizer_offline_and_word_boundary_split():
+    """The GPT-2 tokenizer (offline files from `make data`) and the context/continuation split on it."""
+    tokenizer = get_tokenizer("gpt2")
+    assert tokenizer.encode("Hello world") == [15496, 995] and tokenizer.prefix_token_id == 50256
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=50257, n_layer=1, n_head=1, d_model=8, max_seq_len=32, pe="pope")).eval()
+    lm = PoPELM(model=model, tokenizer=tokenizer)
+    context_ids, continuation_ids = lm._encode_pair("The capital of France is ", "Paris")
+    assert tokenizer.decode(continuation_ids) == " Paris" and tokenizer.decode(context_ids) == "The capital of France is"
+    ((logprob, _),) = lm.loglikelihood([_instance("loglikelihood", ("The capital of France is ", "Paris"))])
+    assert logprob == pytest.approx(_direct_logprob(model, context_ids, continuation_ids), abs=1e-4)

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from pope.eval.windows import WindowPlan, describe_split, plan_windows, validate_doc_offsets
 
@@ -89,9 +88,17 @@ def model_logits(model: torch.nn.Module, idx: torch.Tensor) -> torch.Tensor:
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
-def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Per-token negative log-likelihood in fp32: logits (B, T, V), targets (B, T) -> (B, T)."""
-    return F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")
+def token_nll(logits: torch.Tensor, targets: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    """Per-token negative log-likelihood in fp32: logits (B, T, V), targets (B, T) -> (B, T).
+
+    Computed ``chunk`` positions at a time so the fp32 temporaries stay small at long T and large V.
+    """
+    pieces = []
+    for start in range(0, logits.shape[1], chunk):
+        part = logits[:, start:start + chunk].float()  # (B, c, V)
+        target = targets[:, start:start + chunk, None]  # (B, c, 1)
+        pieces.append(torch.logsumexp(part, dim=-1) - part.gather(-1, target).squeeze(-1))
+    return torch.cat(pieces, dim=1)
 
 
 @torch.no_grad()

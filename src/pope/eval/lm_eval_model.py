@@ -104,11 +104,11 @@ class PoPELM(_lm_eval_api_model.LM):
             for row, (_, whole, _) in enumerate(batch):
                 inputs[row, : len(whole) - 1] = torch.tensor(whole[:-1])
             logits = self.model(inputs.to(self._device))[0]  # (B, W, V)
-            log_probs = F.log_softmax(logits.float(), dim=-1)
             for row, (index, whole, n_cont) in enumerate(batch):
                 n_inputs = len(whole) - 1
                 targets = torch.tensor(whole[-n_cont:], device=self._device)  # (n_cont,)
-                rows = log_probs[row, n_inputs - n_cont: n_inputs]  # (n_cont, V) predicts the continuation
+                # (n_cont, V): the positions that predict the continuation, fp32 log-softmax
+                rows = F.log_softmax(logits[row, n_inputs - n_cont: n_inputs].float(), dim=-1)
                 total = rows.gather(-1, targets[:, None]).sum().item()
                 greedy = bool((rows.argmax(-1) == targets).all())
                 results[index] = (total, greedy)
