@@ -29,7 +29,7 @@ How the 2d-channel dot product is computed
     reduction), so two runs give bitwise-identical gradients.
 
 Angles: position (fp32) x theta (fp32) rounded once, as pope.frequencies.angles does; cos/sin through
-libdevice's accurate cosf/sinf; softplus as max(x, 0) + log(1 + exp(-|x|)) in fp32.
+an FMA-only sincos (Cody-Waite reduction + minimax polynomials, ~1 ulp); softplus as max(x, 0) + log(1 + exp(-|x|)) in fp32.
 
 Measured: see docs/kernels.md (one NVIDIA H200, torch 2.11 / triton 3.6) for the numbers and which
 issue-5 targets are met.
@@ -144,10 +144,36 @@ def _phase(positions, theta_ptr, delta_row_ptr, offs_d, mask_d, HAS_DELTA: tl.co
 
 
 @triton.jit
+def _sincos(x):
+    """(sin x, cos x) in fp32 on FMA units, about 1 ulp for |x| < 2**15 (positions x frequencies here).
+
+    Cody-Waite reduction by pi/2 in three parts (each step one fused multiply-add), then Cephes' minimax
+    polynomials on [-pi/4, pi/4] and the quadrant swap. No special-function unit, no slow path, few
+    registers; libdevice's sinf/cosf carry a Payne-Hanek branch that inflates every kernel's registers.
+    """
+    quadrant = tl.floor(x * 0.6366197723675814 + 0.5)  # round(x / (pi/2))
+    r = tl.fma(quadrant, -1.5703125, x)
+    r = tl.fma(quadrant, -4.837512969970703125e-4, r)
+    r = tl.fma(quadrant, -7.549789948768648e-8, r)
+    z = r * r
+    sin_r = tl.fma(r * z, tl.fma(z, tl.fma(z, -1.9515295891e-4, 8.3321608736e-3), -1.6666654611e-1), r)
+    cos_r = tl.fma(z * z, tl.fma(z, tl.fma(z, 2.443315711809948e-5, -1.388731625493765e-3), 4.166664568298827e-2),
+                   tl.fma(z, -0.5, 1.0))
+    q = quadrant.to(tl.int32)
+    swap = (q & 1) != 0
+    sin_x = tl.where(swap, cos_r, sin_r)
+    cos_x = tl.where(swap, sin_r, cos_r)
+    sin_x = tl.where((q & 2) != 0, -sin_x, sin_x)
+    cos_x = tl.where(((q + 1) & 2) != 0, -cos_x, cos_x)
+    return sin_x, cos_x
+
+
+@triton.jit
 def _polar_to_cartesian(x, phase, valid, scale, MAGNITUDE: tl.constexpr):
     """(f(x) cos(phase) * scale, f(x) sin(phase) * scale) in fp32; zero where not `valid` (padding)."""
     magnitude = tl.where(valid, _magnitude(x.to(tl.float32), MAGNITUDE), 0.0) * scale
-    return magnitude * tl.cos(phase), magnitude * tl.sin(phase)
+    sin_phase, cos_phase = _sincos(phase)
+    return magnitude * cos_phase, magnitude * sin_phase
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -340,14 +366,12 @@ def _pope_bwd_dq_kernel(
     mask_rows = offs_m < seq_q
     mask_q = mask_rows[:, None] & mask_d[None, :]
 
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :], mask=mask_q, other=0.0)
+    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=mask_q, other=0.0)
     phase = _phase(q_offset + offs_m, Theta, Delta + h * HEAD_DIM, offs_d, mask_d, HAS_DELTA)
-    q32 = q.to(tl.float32)
-    magnitude = tl.where(mask_q, _magnitude(q32, MAGNITUDE), 0.0)
-    cos_q = tl.cos(phase)
-    sin_q = tl.sin(phase)
-    q_cos = (magnitude * cos_q).to(q.dtype)
-    q_sin = (magnitude * sin_q).to(q.dtype)
+    q_cos, q_sin = _polar_to_cartesian(q, phase, mask_q, 1.0, MAGNITUDE)
+    q_cos = q_cos.to(q.dtype)
+    q_sin = q_sin.to(q.dtype)
 
     do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :], mask=mask_q, other=0.0)
     out = tl.load(Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :], mask=mask_q, other=0.0)
@@ -374,6 +398,10 @@ def _pope_bwd_dq_kernel(
         PRECISION)
 
     # Chain rule through q' = f(q) [cos(phase), sin(phase)], phase = t theta - delta; dq' = scale * dS k'.
+    # The fp32 phase and magnitude are recomputed here rather than kept live through the loop (registers).
+    q32 = tl.load(q_ptrs, mask=mask_q, other=0.0).to(tl.float32)
+    phase = _phase(q_offset + offs_m, Theta, Delta + h * HEAD_DIM, offs_d, mask_d, HAS_DELTA)
+    sin_q, cos_q = _sincos(phase)
     dq_cos = dq_cos * softmax_scale
     dq_sin = dq_sin * softmax_scale
     d_magnitude = dq_cos * cos_q + dq_sin * sin_q
@@ -382,6 +410,7 @@ def _pope_bwd_dq_kernel(
              dq.to(DQ.dtype.element_ty), mask=mask_q)
     if HAS_DELTA:
         # d phase = f(q) (-dq'_cos sin + dq'_sin cos); d delta = -sum_rows d phase. One partial per block.
+        magnitude = tl.where(mask_q, _magnitude(q32, MAGNITUDE), 0.0)
         d_phase = magnitude * (dq_sin * cos_q - dq_cos * sin_q)
         d_delta = -tl.sum(tl.where(mask_q, d_phase, 0.0), 0)  # (BLOCK_D,)
         tl.store(DDeltaPartial + (pid_bh * tl.num_programs(0) + pid_m) * HEAD_DIM + offs_d, d_delta, mask=mask_d)
@@ -445,15 +474,13 @@ def _pope_bwd_dkdv_kernel(
     mask_k = (offs_n < seq_k)[:, None] & mask_d[None, :]
 
     # This program's key block, transformed once.
-    k = tl.load(K + b * stride_kb + hk * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :], mask=mask_k, other=0.0)
+    k_ptrs = K + b * stride_kb + hk * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :]
+    k = tl.load(k_ptrs, mask=mask_k, other=0.0)
     v = tl.load(V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :], mask=mask_k, other=0.0)
     phase = _phase(offs_n, Theta, Theta, offs_d, mask_d, False)
-    k32 = k.to(tl.float32)
-    magnitude = tl.where(mask_k, _magnitude(k32, MAGNITUDE), 0.0)
-    cos_k = tl.cos(phase)
-    sin_k = tl.sin(phase)
-    k_cos = (magnitude * cos_k).to(k.dtype)
-    k_sin = (magnitude * sin_k).to(k.dtype)
+    k_cos, k_sin = _polar_to_cartesian(k, phase, mask_k, 1.0, MAGNITUDE)
+    k_cos = k_cos.to(k.dtype)
+    k_sin = k_sin.to(k.dtype)
 
     dk_cos = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dk_sin = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -487,7 +514,9 @@ def _pope_bwd_dkdv_kernel(
             offs_n, q_offset, seq_q, masked_hi, seq_q, softmax_scale * 1.4426950408889634,
             HEAD_DIM, BLOCK_M, BLOCK_D, False, PRECISION)
 
-    # Chain rule through k' = f(k) [cos(s theta), sin(s theta)]; dk' = scale * dS^T q'.
+    # Chain rule through k' = f(k) [cos(s theta), sin(s theta)]; dk' = scale * dS^T q'. Recomputed, not kept.
+    k32 = tl.load(k_ptrs, mask=mask_k, other=0.0).to(tl.float32)
+    sin_k, cos_k = _sincos(_phase(offs_n, Theta, Theta, offs_d, mask_d, False))
     dk = (dk_cos * cos_k + dk_sin * sin_k) * (_magnitude_grad(k32, MAGNITUDE) * softmax_scale)
     tl.store(DK + b * stride_dkb + hk * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :],
              dk.to(DK.dtype.element_ty), mask=mask_k)

@@ -1,0 +1,302 @@
+"""Issue-5 attention benchmark: fused PoPE Triton kernels against the alternatives, one GPU, one run.
+
+Shapes (B, H, N, d): (8,12,1024,64), (4,16,4096,64), (2,16,8192,64), (1,16,16384,64), (4,16,4096,128);
+bf16, causal. Providers, side by side in the same process:
+    sdpa               F.scaled_dot_product_attention without positional encoding (FlashAttention-2)
+    rope+sdpa          rotate-half RoPE in eager PyTorch (cos/sin tables cached, as models do) + SDPA
+    pope materialized  pope.attention's reference: 2d-channel q'/k' built in eager PyTorch + SDPA
+    pope-pytorch       PoPE_pytorch 0.2.1's fused Triton kernel (flash_attn, its (B, N, H, d) layout;
+                       autotuning off unless --pope-pytorch-autotune, to spare device time)
+    pope triton        this project's kernels via pope_attention(backend="triton")
+Per provider: forward and forward+backward median time (triton.testing.do_bench), peak memory allocated
+above the inputs during forward+backward, and TFLOP/s with the provider's own attention FLOPs: PoPE
+forward 6*B*H*N^2*d (the QK product has 2d channels), standard 4*B*H*N^2*d, halved when causal;
+backward 2.5x forward. Targets (issue 5), as ratios in this run: pope triton fwd+bwd <= 1.5x sdpa at
+N >= 4096 and <= 1.0x rope+sdpa everywhere; peak memory <= 1.15x sdpa; >= 20x faster than pope-pytorch.
+
+With --decode: one query against a long KV cache (generation), raw d-channel cache through the
+split-K decode kernel vs SDPA over a materialised 2d-channel k' cache (q' precomputed: a lower bound
+for that approach) and vs RoPE's SDPA over a d-channel cache.
+
+    PYTHONPATH=src python benchmarks/attention.py [--decode] [--out benchmarks/results]
+Appends to OUT/attention.csv (and OUT/decode.csv) with GPU, versions, commit and date; plots OUT/attention.png.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import math
+import os
+import subprocess
+import sys
+
+import torch
+import torch.nn.functional as F
+
+SHAPES = [(8, 12, 1024, 64), (4, 16, 4096, 64), (2, 16, 8192, 64), (1, 16, 16384, 64), (4, 16, 4096, 128)]
+PROVIDERS = ["sdpa", "rope+sdpa", "pope materialized", "pope-pytorch", "pope triton"]
+DECODE_SHAPES = [(8, 16, 16, 1024, 64), (8, 16, 16, 4096, 64), (8, 16, 16, 16384, 64), (4, 16, 16, 65536, 64),
+                 (8, 32, 8, 16384, 128)]  # (B, Hq, Hkv, Nk, d)
+BASE = 10000.0
+
+
+def attention_flops(batch, heads, seq, head_dim, *, pope: bool, causal: bool = True) -> tuple[float, float]:
+    """(forward, forward+backward) FLOPs of the attention core."""
+    forward = (6 if pope else 4) * batch * heads * seq * seq * head_dim * (0.5 if causal else 1.0)
+    return forward, forward * 3.5
+
+
+def _rope_tables(seq, head_dim, device, dtype):
+    from pope.frequencies import angles, rope_frequencies
+
+    phase = angles(torch.arange(seq, device=device), rope_frequencies(head_dim, BASE, device=device))  # (N, d/2) fp32
+    phase = torch.cat([phase, phase], dim=-1)
+    return phase.cos().to(dtype), phase.sin().to(dtype)
+
+
+def _rotate_half(x):
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat([-second, first], dim=-1)
+
+
+def make_provider(name, q, k, v, delta, *, autotune_pope_pytorch=False):
+    """A zero-argument callable computing the causal attention output from the given leaves."""
+    seq, head_dim = q.shape[2], q.shape[3]
+    if name == "sdpa":
+        return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if name == "rope+sdpa":
+        cos, sin = _rope_tables(seq, head_dim, q.device, q.dtype)
+
+        def rope_sdpa():
+            return F.scaled_dot_product_attention(q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin,
+                                                  v, is_causal=True)
+        return rope_sdpa
+    if name == "pope materialized":
+        from pope.attention import reference_pope_attention
+
+        return lambda: reference_pope_attention(q, k, v, delta, base=BASE, causal=True, softmax_scale=head_dim ** -0.5,
+                                                q_offset=0, magnitude="softplus", rotary_dim=None)
+    if name == "pope-pytorch":
+        if not autotune_pope_pytorch:
+            os.environ["POPE_NO_AUTOTUNE"] = "1"
+        from PoPE_pytorch.triton_pope_flash_attn import flash_attn
+
+        from pope.frequencies import angles, pope_frequencies
+
+        freqs = angles(torch.arange(seq, device=q.device), pope_frequencies(head_dim, BASE, device=q.device))
+        # Its layout is (B, N, H, d): hand it that layout (a model using it would produce it directly).
+        q_t, k_t, v_t = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
+        provider = lambda: flash_attn(q_t, k_t, v_t, freqs=freqs, pope_bias=delta, causal=True)  # noqa: E731
+        provider.leaves = [q_t, k_t, v_t, delta]
+        provider.transposed = True
+        return provider
+    if name == "pope triton":
+        from pope.attention import pope_attention
+
+        return lambda: pope_attention(q, k, v, delta, base=BASE, causal=True, backend="triton")
+    raise ValueError(f"unknown provider {name!r}; choose from {PROVIDERS}")
+
+
+def bench_provider(name, shape, *, autotune_pope_pytorch=False):
+    from triton.testing import do_bench
+
+    batch, heads, seq, head_dim = shape
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    delta = (-2 * math.pi * torch.rand(heads, head_dim, device="cuda")).requires_grad_()
+    provider = make_provider(name, q, k, v, delta, autotune_pope_pytorch=autotune_pope_pytorch)
+    leaves = getattr(provider, "leaves", [q, k, v, delta])
+    grad_out = torch.randn(batch, seq, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    grad_out = grad_out if getattr(provider, "transposed", False) else grad_out.transpose(1, 2).contiguous()
+
+    def forward_backward():
+        torch.autograd.backward(provider(), grad_out)
+
+    forward_backward()  # compile / autotune outside the timed region
+    torch.cuda.synchronize()
+    for leaf in leaves:
+        leaf.grad = None
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    forward_backward()
+    torch.cuda.synchronize()
+    peak_mb = (torch.cuda.max_memory_allocated() - before) / 2**20
+    fwd_ms = do_bench(provider, warmup=25, rep=100, return_mode="median")
+    fwd_bwd_ms = do_bench(forward_backward, warmup=25, rep=100, grad_to_none=leaves, return_mode="median")
+    pope = name.startswith("pope")
+    flops_fwd, flops_fwd_bwd = attention_flops(batch, heads, seq, head_dim, pope=pope)
+    return {"shape": "x".join(map(str, shape)), "provider": name, "fwd_ms": fwd_ms, "fwd_bwd_ms": fwd_bwd_ms,
+            "peak_mb": peak_mb, "fwd_tflops": flops_fwd / fwd_ms / 1e9, "fwd_bwd_tflops": flops_fwd_bwd / fwd_bwd_ms / 1e9}
+
+
+def bench_decode(shape):
+    """One decode step (Nq = 1) against an Nk-key cache; returns rows for three approaches."""
+    from triton.testing import do_bench
+
+    from pope.attention import pope_attention
+    from pope.frequencies import angles, pope_frequencies
+
+    batch, n_q_heads, n_kv_heads, seq_k, head_dim = shape
+    torch.manual_seed(0)
+    dtype = torch.bfloat16
+    q = torch.randn(batch, n_q_heads, 1, head_dim, device="cuda", dtype=dtype)
+    k_cache, v_cache = (torch.randn(batch, n_kv_heads, seq_k, head_dim, device="cuda", dtype=dtype) for _ in range(2))
+    delta = -2 * math.pi * torch.rand(n_q_heads, head_dim, device="cuda")
+    group = n_q_heads // n_kv_heads
+    # Materialised 2d-channel caches, built outside the timed region.
+    phase_k = angles(torch.arange(seq_k, device="cuda"), pope_frequencies(head_dim, BASE, device="cuda"))
+    mag_k = F.softplus(k_cache.float())
+    k_prime = torch.cat([mag_k * phase_k.cos(), mag_k * phase_k.sin()], dim=-1).to(dtype)
+    phase_q = angles(torch.tensor([seq_k - 1], device="cuda"), pope_frequencies(head_dim, BASE, device="cuda"))
+    phase_q = phase_q[None] - delta[:, None, :]
+    mag_q = F.softplus(q.float())
+    q_prime = torch.cat([mag_q * phase_q.cos(), mag_q * phase_q.sin()], dim=-1).to(dtype)
+    scale = head_dim ** -0.5
+    enable_gqa = group > 1
+    approaches = {
+        "pope triton decode (raw d-channel cache)": lambda: pope_attention(q, k_cache, v_cache, delta, base=BASE,
+                                                                           causal=True, backend="triton"),
+        "pope materialized cache (2d channels) + sdpa": lambda: F.scaled_dot_product_attention(
+            q_prime, k_prime, v_cache, scale=scale, enable_gqa=enable_gqa),
+        "rope cache (d channels) + sdpa": lambda: F.scaled_dot_product_attention(
+            q, k_cache, v_cache, scale=scale, enable_gqa=enable_gqa),
+    }
+    reference = approaches["pope materialized cache (2d channels) + sdpa"]()
+    rows = []
+    for name, fn in approaches.items():
+        out = fn()
+        error = (out.float() - reference.float()).abs().max().item() if name.startswith("pope") else float("nan")
+        ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
+        cache_channels = 3 * head_dim if "2d" in name else 2 * head_dim
+        cache_mb = batch * n_kv_heads * seq_k * cache_channels * 2 / 2**20
+        rows.append({"shape": "x".join(map(str, shape)), "approach": name, "ms": ms, "cache_mb": cache_mb,
+                     "max_abs_diff_vs_materialized": error})
+    return rows
+
+
+def provenance() -> dict:
+    import triton
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown"
+    except OSError:
+        commit = "unknown"
+    return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "commit": os.environ.get("POPE_COMMIT", commit),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+
+
+def append_csv(path, rows, meta):
+    fields = list(meta) + list(rows[0])
+    exists = os.path.exists(path)
+    with open(path, "a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        if not exists:
+            writer.writeheader()
+        for row in rows:
+            writer.writerow({**meta, **row})
+
+
+def plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    providers = [p for p in PROVIDERS if any(r["provider"] == p for r in rows)]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    width = 0.8 / len(providers)
+    for i, provider in enumerate(providers):
+        for ax, key in zip(axes, ["fwd_bwd_ms", "peak_mb"]):
+            values = [next((r[key] for r in rows if r["shape"] == s and r["provider"] == provider), float("nan"))
+                      for s in shapes]
+            ax.bar([j + i * width for j in range(len(shapes))], values, width, label=provider)
+    for ax, title in zip(axes, ["forward+backward (ms, log)", "peak memory above inputs (MB)"]):
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(shapes))], shapes, rotation=15, fontsize=8)
+        ax.set_title(title)
+    axes[0].set_yscale("log")
+    axes[0].legend(fontsize=8)
+    fig.suptitle("PoPE attention, bf16 causal, one GPU")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def targets(rows) -> list[str]:
+    """The issue's targets, stated plainly per shape."""
+    lines = []
+    by = {(r["shape"], r["provider"]): r for r in rows}
+    for shape in dict.fromkeys(r["shape"] for r in rows):
+        ours = by.get((shape, "pope triton"))
+        if ours is None:
+            continue
+        seq = int(shape.split("x")[2])
+        parts = []
+        if (shape, "sdpa") in by:
+            ratio = ours["fwd_bwd_ms"] / by[(shape, "sdpa")]["fwd_bwd_ms"]
+            mem = ours["peak_mb"] / by[(shape, "sdpa")]["peak_mb"]
+            if seq >= 4096:
+                parts.append(f"fwd+bwd {ratio:.2f}x sdpa ({'MET' if ratio <= 1.5 else 'MISSED'} <=1.5x)")
+            else:
+                parts.append(f"fwd+bwd {ratio:.2f}x sdpa (no target at N<4096)")
+            parts.append(f"peak mem {mem:.2f}x sdpa ({'MET' if mem <= 1.15 else 'MISSED'} <=1.15x)")
+        if (shape, "rope+sdpa") in by:
+            ratio = ours["fwd_bwd_ms"] / by[(shape, "rope+sdpa")]["fwd_bwd_ms"]
+            parts.append(f"{ratio:.2f}x rope+sdpa ({'MET' if ratio <= 1.0 else 'MISSED'} <=1.0x)")
+        if (shape, "pope-pytorch") in by:
+            speedup = by[(shape, "pope-pytorch")]["fwd_bwd_ms"] / ours["fwd_bwd_ms"]
+            parts.append(f"{speedup:.1f}x faster than pope-pytorch ({'MET' if speedup >= 20 else 'MISSED'} >=20x)")
+        lines.append(f"{shape}: " + "; ".join(parts))
+    return lines
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    parser.add_argument("--providers", default=",".join(PROVIDERS))
+    parser.add_argument("--shapes", default=None, help="e.g. 8x12x1024x64,4x16x4096x128 (default: the issue's five)")
+    parser.add_argument("--decode", action="store_true", help="also run the decode benchmark")
+    parser.add_argument("--pope-pytorch-autotune", action="store_true")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks/attention.py needs a CUDA GPU")
+    os.makedirs(args.out, exist_ok=True)
+    shapes = SHAPES if args.shapes is None else [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    providers = args.providers.split(",")
+    meta = provenance()
+    rows = []
+    for shape in shapes:
+        for name in providers:
+            try:
+                row = bench_provider(name, shape, autotune_pope_pytorch=args.pope_pytorch_autotune)
+            except Exception as err:  # e.g. pope-pytorch not installed: say so, keep going
+                print(f"{name} {shape}: {type(err).__name__}: {str(err)[:200]}", file=sys.stderr, flush=True)
+                continue
+            rows.append(row)
+            print(f"{row['shape']:>16} {name:>18}: fwd {row['fwd_ms']:.3f} ms, fwd+bwd {row['fwd_bwd_ms']:.3f} ms, "
+                  f"peak {row['peak_mb']:.0f} MB, {row['fwd_bwd_tflops']:.0f} TFLOP/s", flush=True)
+            torch.cuda.empty_cache()
+    append_csv(os.path.join(args.out, "attention.csv"), rows, meta)
+    plot(rows, os.path.join(args.out, "attention.png"))
+    decode_rows = []
+    if args.decode:
+        for shape in DECODE_SHAPES:
+            decode_rows += bench_decode(shape)
+            torch.cuda.empty_cache()
+        append_csv(os.path.join(args.out, "decode.csv"), decode_rows, meta)
+    print(f"\n{meta}")
+    print(f"{'shape':>16} {'provider':>18} {'fwd ms':>8} {'f+b ms':>8} {'peak MB':>8} {'f+b TF/s':>8}")
+    for r in rows:
+        print(f"{r['shape']:>16} {r['provider']:>18} {r['fwd_ms']:8.3f} {r['fwd_bwd_ms']:8.3f} {r['peak_mb']:8.0f} "
+              f"{r['fwd_bwd_tflops']:8.0f}")
+    for r in decode_rows:
+        print(f"decode {r['shape']:>18} {r['approach']:>46}: {r['ms']:.4f} ms, cache {r['cache_mb']:.0f} MB, "
+              f"diff {r['max_abs_diff_vs_materialized']:.1e}")
+    print("\n".join(targets(rows)))
+
+
+if __name__ == "__main__":
+    main()

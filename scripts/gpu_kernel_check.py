@@ -1,0 +1,176 @@
+"""The fused PoPE kernels on a CUDA GPU: correctness in bf16 / fp16 / fp32 at the benchmark sizes, a
+determinism check, and (with --sweep) timings of candidate tile configurations.
+
+Correctness rule (flash-attention's, as in tests/test_kernel_pope_flash.py): against float64, the
+kernel's output and every gradient are off by at most 2x what pope.attention's pure-PyTorch reference
+makes in the same dtype (+ a rounding-sized floor for fp32). Outputs are NaN-poisoned before each run.
+The float64 reference materialises (B, H, N, N) scores, so the long shapes run with fewer heads.
+
+    PYTHONPATH=src python scripts/gpu_kernel_check.py [--sweep] [--out DIR]
+Writes DIR/gpu_kernel_check.json and prints a table; exits 1 if any check fails.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+
+import torch
+
+from pope.attention import reference_pope_attention
+from pope.kernels import pope_flash
+from pope.ops import triton_pope_attention
+
+# (batch, Hq, Hkv, Nq, Nk, d, causal): the issue's benchmark sizes (fewer heads where the float64
+# reference would not fit), plus GQA, decode, odd lengths and d = 32 / 48.
+CHECK_SHAPES = [
+    (8, 12, 12, 1024, 1024, 64, True),
+    (1, 2, 2, 4096, 4096, 64, True),
+    (1, 2, 2, 8192, 8192, 64, True),
+    (1, 1, 1, 16384, 16384, 64, True),
+    (1, 2, 2, 4096, 4096, 128, True),
+    (2, 8, 2, 1000, 1000, 64, True),
+    (2, 4, 4, 777, 1999, 48, False),
+    (2, 8, 8, 333, 1025, 32, True),
+    (4, 16, 4, 1, 5000, 128, True),
+    (4, 12, 12, 7, 3001, 64, True),
+]
+# fp16 and fp32 at these rows of CHECK_SHAPES (each dtype x head dim is a separate compile).
+OTHER_DTYPE_ROWS = (0, 4, 6, 8)
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# TRITON_INTERPRET=1 python scripts/gpu_kernel_check.py --smoke runs tiny shapes on CPU (checks this script).
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _grads(fn, q, k, v, delta, grad_out, dtype, options):
+    leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+    delta_leaf = delta.detach().to(torch.float64 if dtype == torch.float64 else torch.float32).requires_grad_()
+    out = fn(*leaves, delta_leaf, **options)
+    grads = torch.autograd.grad(out, leaves + [delta_leaf], grad_out.to(dtype))
+    return [out.detach()] + [g.detach() for g in grads]
+
+
+def check_correctness(shape, dtype_name, seed=0):
+    batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim, causal = shape
+    dtype = DTYPES[dtype_name]
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    randn = lambda *s: torch.randn(*s, generator=g, device=DEVICE, dtype=torch.float64)  # noqa: E731
+    q, k, v = randn(batch, n_q_heads, seq_q, head_dim), randn(batch, n_kv_heads, seq_k, head_dim), randn(batch, n_kv_heads, seq_k, head_dim)
+    delta = -2 * math.pi * torch.rand(n_q_heads, head_dim, generator=g, device=DEVICE, dtype=torch.float64)
+    grad_out = randn(batch, n_q_heads, seq_q, head_dim)
+    options = dict(base=10000.0, causal=causal, softmax_scale=head_dim ** -0.5, q_offset=seq_k - seq_q,
+                   magnitude="softplus", rotary_dim=None)
+    exact = _grads(reference_pope_attention, q, k, v, delta, grad_out, torch.float64, options)
+    reference = _grads(reference_pope_attention, q, k, v, delta, grad_out, dtype, options)
+    fused = _grads(triton_pope_attention, q, k, v, delta, grad_out, dtype, options)
+    result = {"shape": shape, "dtype": dtype_name, "passed": True}
+    for name, ours, theirs, truth in zip(["out", "dq", "dk", "dv", "d_delta"], fused, reference, exact):
+        our_error = (ours.double() - truth).abs().max().item()
+        reference_error = (theirs.double() - truth).abs().max().item()
+        floor = 1e-5 * truth.abs().max().item() if dtype == torch.float32 else 0.0
+        ok = bool(torch.isfinite(ours).all()) and our_error <= 2 * reference_error + floor
+        result[name] = {"kernel": our_error, "reference": reference_error, "ok": ok}
+        result["passed"] &= ok
+    del exact, reference, fused
+    torch.cuda.empty_cache()
+    return result
+
+
+def check_determinism(shape=(2, 16, 4, 4096, 4096, 64, True)):
+    batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim, causal = shape
+    torch.manual_seed(1)
+    q = torch.randn(batch, n_q_heads, seq_q, head_dim, device=DEVICE, dtype=torch.bfloat16)
+    k, v = (torch.randn(batch, n_kv_heads, seq_k, head_dim, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
+    delta = -2 * math.pi * torch.rand(n_q_heads, head_dim, device=DEVICE)
+    grad_out = torch.randn_like(q)
+    options = dict(base=10000.0, causal=causal, softmax_scale=None, q_offset=None, magnitude="softplus", rotary_dim=None)
+    runs = [_grads(triton_pope_attention, q, k, v, delta, grad_out, torch.bfloat16, options) for _ in range(3)]
+    identical = all(torch.equal(a, b) for run in runs[1:] for a, b in zip(runs[0], run))
+    return {"shape": shape, "bitwise_identical_over_3_runs": identical}
+
+
+def sweep_configs(shapes=((4, 16, 4096, 64), (4, 16, 4096, 128))):
+    """Time each candidate tile config of each kernel (bf16, causal); returns rows."""
+    from triton.testing import do_bench
+
+    candidates = {
+        64: {"fwd": [(128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 64, 4, 3)],
+             "dq": [(64, 64, 8, 2), (128, 32, 8, 2), (128, 64, 8, 2), (64, 64, 4, 2)],
+             "dkdv": [(64, 64, 8, 2), (32, 128, 8, 2), (64, 128, 8, 2), (64, 64, 4, 2)]},
+        128: {"fwd": [(128, 32, 8, 3), (64, 32, 4, 3), (128, 64, 8, 2), (64, 64, 4, 2)],
+              "dq": [(64, 64, 8, 2), (32, 64, 4, 2), (64, 32, 4, 2)],
+              "dkdv": [(64, 64, 8, 2), (32, 64, 4, 2), (32, 128, 8, 2)]},
+    }
+    rows = []
+    for batch, heads, seq, head_dim in shapes:
+        torch.manual_seed(0)
+        q, k, v, do = (torch.randn(batch, heads, seq, head_dim, device=DEVICE, dtype=torch.bfloat16) for _ in range(4))
+        delta = -2 * math.pi * torch.rand(heads, head_dim, device=DEVICE)
+        theta = pope_flash.frequencies(head_dim, 10000.0, q.device)
+        opts = dict(causal=True, softmax_scale=head_dim ** -0.5, q_offset=0, magnitude="softplus")
+        out, lse = pope_flash.forward(q, k, v, delta, theta, **opts)
+        for kind, configs in candidates[head_dim].items():
+            for config in configs:
+                if kind == "fwd":
+                    fn = lambda: pope_flash.forward(q, k, v, delta, theta, config=config, **opts)  # noqa: E731
+                elif kind == "dq":
+                    fn = lambda: pope_flash.backward(do, q, k, v, delta, out, lse, theta, dq_config=config, **opts)  # noqa: E731
+                else:
+                    fn = lambda: pope_flash.backward(do, q, k, v, delta, out, lse, theta, dkdv_config=config, **opts)  # noqa: E731
+                try:
+                    ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
+                except Exception as err:  # a config can exceed shared memory: record and move on
+                    ms = float("nan")
+                    print(f"  {kind} {config}: {type(err).__name__}: {str(err)[:120]}", file=sys.stderr)
+                rows.append({"shape": (batch, heads, seq, head_dim), "kernel": kind, "config": config, "ms": ms})
+                print(f"  sweep {(batch, heads, seq, head_dim)} {kind:5s} {config}: {ms:.3f} ms", flush=True)
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sweep", action="store_true", help="also time candidate tile configurations")
+    parser.add_argument("--out", default=".", help="directory for gpu_kernel_check.json")
+    parser.add_argument("--dtypes", default="bf16,fp16,fp32")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter smoke test)")
+    args = parser.parse_args(argv)
+    pope_flash.POISON_OUTPUTS = True
+    started = time.time()
+    global CHECK_SHAPES
+    if args.smoke:
+        CHECK_SHAPES = [(1, 2, 1, 37, 37, 32, True), (1, 2, 2, 5, 40, 48, False), (1, 2, 2, 40, 40, 64, True),
+                        (1, 2, 2, 40, 40, 64, True), (1, 4, 2, 1, 50, 64, True), (1, 2, 2, 3, 33, 64, True),
+                        (1, 2, 2, 20, 40, 48, False), (1, 2, 2, 20, 40, 48, False), (1, 4, 2, 1, 50, 64, True)]
+    results = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (interpreter)",
+               "torch": torch.__version__}
+    import triton
+
+    results["triton"] = triton.__version__
+    correctness = []
+    for dtype_name in args.dtypes.split(","):
+        rows = range(len(CHECK_SHAPES)) if dtype_name == "bf16" else OTHER_DTYPE_ROWS
+        for shape in [CHECK_SHAPES[i] for i in rows]:
+            correctness.append(check_correctness(shape, dtype_name))
+            r = correctness[-1]
+            print(f"{'PASS' if r['passed'] else 'FAIL'} {dtype_name} {shape} " + " ".join(
+                f"{n}={r[n]['kernel']:.1e}/{r[n]['reference']:.1e}" for n in ["out", "dq", "dk", "dv", "d_delta"]), flush=True)
+    results["correctness"] = correctness
+    results["determinism"] = check_determinism((1, 4, 2, 97, 97, 48, True) if args.smoke else (2, 16, 4, 4096, 4096, 64, True))
+    pope_flash.POISON_OUTPUTS = False
+    print(f"determinism: {results['determinism']}", flush=True)
+    if args.sweep:
+        results["sweep"] = sweep_configs()
+    results["seconds"] = time.time() - started
+    with open(f"{args.out}/gpu_kernel_check.json", "w") as f:
+        json.dump(results, f, indent=1, default=str)
+    failed = [r for r in correctness if not r["passed"]]
+    print(f"correctness: {len(correctness) - len(failed)}/{len(correctness)} passed "
+          f"(kernel error / reference error vs float64, max abs); determinism "
+          f"{'OK' if results['determinism']['bitwise_identical_over_3_runs'] else 'FAILED'}; {results['seconds']:.0f} s")
+    return 1 if failed or not results["determinism"]["bitwise_identical_over_3_runs"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
