@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         result = args.func(args)
-    except (ValueError, FileNotFoundError, RuntimeError) as err:  # user-facing errors: one clear line
+    except (ValueError, FileNotFoundError, RuntimeError, ImportError) as err:  # user-facing errors: one clear line
         print(f"pope {args.command}: error: {err}", file=sys.stderr)
         return 1
     return int(result or 0)
