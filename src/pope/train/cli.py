@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 
 def register(subparsers) -> None:
@@ -45,7 +46,8 @@ def _train(args: argparse.Namespace) -> int:
         print(json.dumps(config, indent=2))
         return 0
     summary = run_training(config, args.out, resume=args.resume)
-    print(json.dumps(summary, indent=2))
+    if os.environ.get("RANK", "0") == "0":  # under torchrun only rank 0 reports
+        print(json.dumps(summary, indent=2))
     return 0
 
 

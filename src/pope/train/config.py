@@ -55,12 +55,16 @@ class TrainOptions:
     stop_at_step: int | None = None
     """Stop (after checkpointing) once this step is reached, without finishing the schedule; for
     splitting a run over several invocations (resume with --resume)."""
+    max_seconds: float | None = None
+    """Stop (after checkpointing) once this invocation has trained this long; resume with --resume.
+    For machines that allow only bounded jobs."""
     tensorboard: bool = True
     progress: bool = True
 
 
 RESUME_MUTABLE = {"train.device", "train.compile", "train.cuda_graph", "train.log_interval", "train.stop_at_step",
-                  "train.tensorboard", "train.progress", "train.checkpoint_interval", "train.data_dir"}
+                  "train.tensorboard", "train.progress", "train.checkpoint_interval", "train.data_dir",
+                  "train.max_seconds"}
 
 
 def _field_types(cls) -> dict[str, typing.Any]:

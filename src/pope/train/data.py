@@ -138,23 +138,29 @@ def _document_row(tokens: np.ndarray, seq_len: int, pad_id: int) -> tuple[np.nda
 
 def documents_as_examples(split, seq_len: int, pad_id: int, *, source: str) -> tuple[torch.Tensor, torch.Tensor, np.ndarray, np.ndarray]:
     """A document split (TokenSplit) as padded examples: (inputs, targets, sequences, lengths).
-    A document longer than seq_len + 1 tokens is refused, never truncated."""
+
+    A document of L <= seq_len + 1 tokens is one example. A longer one is cut into consecutive pieces
+    of seq_len + 1 tokens that overlap by one token (piece k = tokens [k*T, k*T + T + 1)), so every
+    next-token prediction of the document is made exactly once, with the context reset at each piece
+    boundary; nothing is dropped. Rows are padded to the longest piece (inputs with pad_id, targets -100).
+    """
     lengths = split.document_lengths()
     if len(lengths) == 0:
         raise ValueError(f"{source}: split {split.name!r} has no documents")
-    too_long = np.flatnonzero(lengths > seq_len + 1)
-    if len(too_long):
-        raise ValueError(f"{source}: document {too_long[0]} of split {split.name!r} has {lengths[too_long[0]]} tokens, "
-                         f"more than the model's max_seq_len + 1 = {seq_len + 1}; raise model.max_seq_len or "
-                         "re-prepare the data with shorter chunks")
-    width = int(lengths.max())
-    sequences = np.full((len(lengths), seq_len + 1), pad_id, dtype=np.int64)
-    for i in range(len(lengths)):
-        sequences[i, : lengths[i]] = split.document(i)
-    rows = [_document_row(sequences[i, : lengths[i]], seq_len, pad_id) for i in range(len(lengths))]
-    inputs = torch.from_numpy(np.stack([r[0] for r in rows])[:, : max(width - 1, 1)].copy())
-    targets = torch.from_numpy(np.stack([r[1] for r in rows])[:, : max(width - 1, 1)].copy())
-    return inputs, targets, sequences, lengths
+    pieces = []  # (start token offset, length) of each piece
+    for doc in range(len(lengths)):
+        begin, length = int(split.doc_offsets[doc]), int(lengths[doc])
+        for first in range(0, max(length - 1, 1), seq_len):
+            pieces.append((begin + first, min(seq_len + 1, length - first)))
+    piece_lengths = np.array([n for _, n in pieces], dtype=np.int64)
+    width = max(int(piece_lengths.max()), 2)
+    sequences = np.full((len(pieces), width), pad_id, dtype=np.int64)
+    for row, (begin, length) in enumerate(pieces):
+        sequences[row, :length] = split.tokens[begin: begin + length]
+    rows = [_document_row(sequences[i, : piece_lengths[i]], width - 1, pad_id) for i in range(len(pieces))]
+    inputs = torch.from_numpy(np.stack([r[0] for r in rows]))
+    targets = torch.from_numpy(np.stack([r[1] for r in rows]))
+    return inputs, targets, sequences, piece_lengths
 
 
 class WindowBatches:

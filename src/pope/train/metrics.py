@@ -56,9 +56,12 @@ class MetricsLogger:
                     self._writer.add_scalar(f"{record.get('kind', 'train')}/{key}", value, record["step"])
         if self._bar is not None and record.get("kind") == "train":
             self._bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}")
-        if self._bar is not None and record.get("kind") == "eval":
-            self._bar.write(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
-                                     for k, v in record.items()))
+        if record.get("kind") == "eval":  # evaluations are always echoed (also without a progress bar)
+            line = " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items())
+            if self._bar is not None:
+                self._bar.write(line)
+            else:
+                print(line, flush=True)
 
     def advance(self, steps: int = 1) -> None:
         if self._bar is not None:

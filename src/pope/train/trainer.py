@@ -136,17 +136,19 @@ class Trainer:
         self.use_graph = self._use_cuda_graph()
         self.schedule = WarmupCosineSchedule(self.recipe["lr"], self.recipe["min_lr"], self.recipe["warmup_steps"],
                                              self.recipe["max_steps"])
+        self.step = 0
+        self.best: dict = {}
+        loaded = self._load_model_checkpoint(self.resume_from) if self.resume_from is not None else None
+        # wrap before building the optimizer: FSDP2 replaces the parameters by sharded DTensors
+        self.train_model = wrap_model(self.model, self.context, self.options.parallel)
         fused = self.device.type == "cuda"
         self.lr_tensor = torch.tensor(self.schedule(0), device=self.device) if self.use_graph else None
         self.optimizer = build_optimizer(self.model, lr=self.lr_tensor if self.use_graph else self.schedule(0),
                                          betas=(self.recipe["beta1"], self.recipe["beta2"]),
                                          weight_decay=self.recipe["weight_decay"], fused=fused,
                                          capturable=self.use_graph)
-        self.step = 0
-        self.best: dict = {}
-        if self.resume_from is not None:
-            self._load_trainer_checkpoint(self.resume_from)
-        self.train_model = wrap_model(self.model, self.context, self.options.parallel)
+        if loaded is not None:
+            self._load_trainer_state(loaded.trainer_state)
         if self.compile:
             self.train_model = torch.compile(self.train_model)
         self._graph = None
@@ -188,14 +190,22 @@ class Trainer:
         resolved = ckpt._resolve_checkpoint_dir(last)
         return resolved if resolved.exists() else None  # a run killed before its first checkpoint restarts
 
-    def _load_trainer_checkpoint(self, path: Path) -> None:
+    def _load_model_checkpoint(self, path: Path) -> ckpt.Checkpoint:
         loaded = ckpt.load_checkpoint(path, map_location="cpu")  # verified and fully read before any change
         state = loaded.trainer_state
         if state.get("data") != self.data.train.state_dict(state.get("step")):
             raise ValueError(f"checkpoint {path} was written for other data ({state.get('data')}); "
                              f"this run has {self.data.train.state_dict(state.get('step'))}")
         ckpt.apply_model_state(self.model, loaded.model_state, source=f"checkpoint {path}")
-        self.optimizer.load_state_dict(state["optimizer"])
+        return loaded
+
+    def _load_trainer_state(self, state: dict) -> None:
+        if self.context.is_distributed and self.options.parallel == "fsdp":
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+            set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=state["optimizer"],
+                                     options=StateDictOptions(full_state_dict=True))
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
         if self.lr_tensor is not None:  # keep the one device tensor the captured graph reads
             for group in self.optimizer.param_groups:
                 group["lr"] = self.lr_tensor
@@ -405,10 +415,14 @@ class Trainer:
         checkpoint_every = self.options.checkpoint_interval or self.recipe["eval_interval"]
         tokens_per_step = self.recipe["batch_size"] * self.data.seq_len
         started = last_time = time.perf_counter()
-        last_step = self.step
+        last_step = last_saved = self.step
         metrics = {}
         try:
             while self.step < stop:
+                if self.options.max_seconds is not None and self._out_of_time(started):
+                    if self.step != last_saved:
+                        self.save("last", metrics)
+                    break
                 step = self.step
                 self._loss_sum += self.train_step(step)
                 self._loss_steps += 1
@@ -429,6 +443,7 @@ class Trainer:
                     metrics = self._evaluate_all(logger)
                 if self.step % checkpoint_every == 0 or self.step == stop:
                     self.save("last", metrics)
+                    last_saved = self.step
                     last_time = time.perf_counter()  # keep checkpoint time out of tokens/s
         finally:
             logger.close()
@@ -436,6 +451,15 @@ class Trainer:
         if self.is_main:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
+
+    def _out_of_time(self, started: float) -> bool:
+        """Every rank stops at the same step: rank 0 decides (a broadcast every 100 steps)."""
+        if self.step % 100:
+            return False
+        decision = torch.tensor(float(time.perf_counter() - started > self.options.max_seconds), device=self.device)
+        if self.context.is_distributed:
+            torch.distributed.broadcast(decision, src=0)
+        return bool(decision.item())
 
     def _summary(self, final_metrics: dict, seconds: float) -> dict:
         best = self.best

@@ -1,0 +1,90 @@
+"""The indirect-indexing task generator, file format and splits (pope.data.indirect_indexing)."""
+import numpy as np
+import pytest
+
+from pope.data import indirect_indexing as task
+
+
+@pytest.fixture(scope="module")
+def lines():
+    return task.generate_examples(5000, np.random.default_rng(1))
+
+
+def test_examples_follow_every_rule(lines):
+    shifts, lengths = [], []
+    for line in lines:
+        example = task.parse_example(line)  # raises on any broken rule
+        letters = example.string
+        assert len(set(letters)) == len(letters) and 20 <= len(letters) <= 40
+        src = letters.index(example.source)
+        assert example.shift != 0 and -15 <= example.shift <= 15
+        assert example.target == letters[src + example.shift]
+        assert example.to_line() == line  # format parses back to the same text
+        shifts.append(example.shift)
+        lengths.append(len(letters))
+    # the whole ranges are used: every non-zero shift and every string length appear
+    assert set(shifts) == set(range(-15, 16)) - {0}
+    assert set(lengths) == set(range(20, 41))
+    assert all(line.split(",")[2][0] in "+-" for line in lines)  # positive shifts carry '+'
+    assert max(len(line) for line in lines) <= task.MAX_EXAMPLE_CHARS == 48
+
+
+@pytest.mark.parametrize("bad, rule", [
+    ("ABCDEFGHIJKLMNOPQRST,A,+0,A", "not 0"),
+    ("ABCDEFGHIJKLMNOPQRST,A,-1,T", "outside"),
+    ("ABCDEFGHIJKLMNOPQRST,A,+2,D", "target"),
+    ("ABCDEFGHIJKLMNOPQRSA,A,+2,C", "distinct"),
+    ("ABCDEFGHIJKLMNOPQRST,A,2,C", "signed"),
+    ("ABCDEFGHIJKLMNOPQRST,A,+16,Q", "[-15, +15]"),
+    ("ABCDEFGHIJKLMNOPQRS,A,+2,C", "20..40"),
+])
+def test_parse_rejects_broken_examples(bad, rule):
+    with pytest.raises(ValueError, match=rule.replace("[", r"\[").replace("+", r"\+")):
+        task.parse_example(bad)
+
+
+def test_splits_deterministic_disjoint_and_stable(tmp_path):
+    sizes = {"train": 3000, "valid": 300, "test": 300}
+    first = task.make_splits(7, sizes)
+    assert first == task.make_splits(7, sizes)  # same seed, same data
+    assert first["test"] != task.make_splits(8, sizes)["test"]
+    strings = {name: {line.split(",")[0] for line in split} for name, split in first.items()}
+    assert {name: len(s) for name, s in strings.items()} == sizes  # no string repeats inside a split
+    assert not strings["train"] & strings["valid"] and not strings["train"] & strings["test"]
+    assert not strings["valid"] & strings["test"]
+    # held-out sets do not depend on the training-set size
+    assert task.make_splits(7, {"train": 10, "valid": 300, "test": 300})["test"] == first["test"]
+
+
+def test_files_round_trip_and_encoding(tmp_path):
+    directory = task.write_splits(tmp_path / "ii", seed=3, sizes={"train": 500, "valid": 50, "test": 50})
+    lines = (directory / "test.txt").read_text().splitlines()
+    assert task.validate_file(directory / "test.txt") == 50
+    encoded = task.load_split(directory, "test")
+    assert encoded.inputs.shape == (50, task.SEQ_LEN) == encoded.targets.shape
+    for row, line in enumerate(lines):
+        ids = [task.CHARACTERS.index(c) for c in line]
+        scored = np.flatnonzero(encoded.targets[row] != -100)
+        assert list(scored) == [len(line) - 2]  # one scored position: the final ','
+        assert encoded.targets[row, len(line) - 2] == ids[-1]  # predicting the target letter
+        assert list(encoded.inputs[row, : len(line) - 1]) == ids[:-1]
+        assert (encoded.inputs[row, len(line) - 1:] == task.PAD_ID).all()
+    # ensure_splits refuses to reuse a directory made with other settings
+    with pytest.raises(ValueError, match="seed"):
+        task.ensure_splits(directory, seed=4, sizes={"train": 500, "valid": 50, "test": 50})
+    # a corrupted split is detected by its checksum
+    (directory / "valid.txt").write_text((directory / "valid.txt").read_text().replace("A", "B", 1))
+    with pytest.raises(ValueError, match="checksum"):
+        task.load_split(directory, "valid")
+
+
+def test_bad_files_give_clear_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="write_splits"):
+        task.load_file(tmp_path / "missing.txt")
+    bad = tmp_path / "bad.txt"
+    bad.write_text("ABCDEFGHIJKLMNOPQRST,A,+2,C\nABCDEFGHIJKLMNOPQRST;A,+2,C\n")
+    with pytest.raises(ValueError, match="line 2"):
+        task.load_file(bad)
+    bad.write_text("too short\n")
+    with pytest.raises(ValueError, match="line 1"):
+        task.load_file(bad)

@@ -1,0 +1,49 @@
+"""Learning-rate schedule and optimizer parameter groups."""
+import math
+
+import pytest
+
+from pope.train.schedule import WarmupCosineSchedule
+
+
+def test_warmup_peak_and_end_values():
+    schedule = WarmupCosineSchedule(peak_lr=2e-4, min_lr=2e-5, warmup_steps=4000, total_steps=100_000)
+    assert schedule(0) == pytest.approx(2e-4 / 4000)  # first update: never lr 0
+    assert schedule(1999) == pytest.approx(1e-4)  # linear half-way
+    assert schedule(3999) == pytest.approx(2e-4)  # last warmup step reaches the peak
+    assert schedule(4000) == pytest.approx(2e-4)  # cosine starts at the peak
+    assert schedule(52_000) == pytest.approx((2e-4 + 2e-5) / 2)  # cosine mid-point
+    assert schedule(99_999) == pytest.approx(2e-5, rel=1e-6)  # just above the minimum
+    assert schedule(100_000) == schedule(150_000) == 2e-5
+    values = [schedule(s) for s in range(4000, 100_000, 500)]
+    assert all(a >= b for a, b in zip(values, values[1:]))  # monotone decay
+
+
+def test_no_warmup_and_bad_arguments():
+    schedule = WarmupCosineSchedule(peak_lr=1.0, min_lr=0.1, warmup_steps=0, total_steps=10)
+    assert schedule(0) == 1.0
+    assert schedule(5) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    with pytest.raises(ValueError, match="min_lr"):
+        WarmupCosineSchedule(peak_lr=1.0, min_lr=2.0, warmup_steps=0, total_steps=10)
+    with pytest.raises(ValueError, match="warmup_steps"):
+        WarmupCosineSchedule(peak_lr=1.0, min_lr=0.1, warmup_steps=11, total_steps=10)
+
+
+def test_weight_decay_groups():
+    from pope.model import GPT, GPTConfig
+    from pope.train.optimizer import build_optimizer, split_decay_groups
+
+    for pe in ("pope", "learned-abs"):
+        model = GPT(GPTConfig(vocab_size=50, n_layer=2, n_head=2, d_model=32, max_seq_len=16, pe=pe))
+        decay, no_decay = split_decay_groups(model)
+        assert "token_embedding.weight" in decay and "blocks.0.attn.q_proj.weight" in decay
+        assert all("norm" in n or "delta" in n or "position_embedding" in n for n in no_decay)
+        assert any("norm" in n for n in no_decay)
+        if pe == "pope":
+            assert "blocks.1.attn.pe.delta" in no_decay
+        else:
+            assert "position_embedding.weight" in no_decay
+        counted = sum(p.numel() for p in model.parameters())  # tied weights once
+        optimizer = build_optimizer(model, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)
+        assert sum(p.numel() for g in optimizer.param_groups for p in g["params"]) == counted
+        assert [g["weight_decay"] for g in optimizer.param_groups] == [0.1, 0.0]
