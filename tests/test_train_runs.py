@@ -90,14 +90,16 @@ def test_two_process_gloo_matches_single_process(splits, tmp_path, parallel):
         torch.testing.assert_close(p2, p1, rtol=1e-4, atol=1e-6, msg=name)
 
 
+@pytest.mark.data
 @pytest.mark.slow
 def test_tiny_preset_learns(tmp_path):
-    """indirect-indexing-tiny on its generated splits: the loss falls well below its start."""
-    config = resolve_run_config("indirect-indexing-tiny", "pope", overrides=[
-        "train.tensorboard=false", "train.progress=false", "train.log_interval=25", "recipe.max_steps=200",
-        "recipe.eval_interval=200", "train.eval_splits=valid"])
+    """jsb-tiny on the prepared chorales (documents cut into 257-token pieces): within 60 steps the
+    training loss falls far below its start and the validation loss follows."""
+    config = resolve_run_config("jsb-tiny", "pope", overrides=[
+        "train.tensorboard=false", "train.progress=false", "train.log_interval=10", "recipe.max_steps=60",
+        "recipe.eval_interval=60", "train.eval_splits=valid"])
     summary = run_training(config, tmp_path / "tiny")
     losses = _train_losses(tmp_path / "tiny")
-    first, last = losses[25], losses[200]
-    assert last < first - 0.5, (first, last)
-    assert summary["final"]["valid_loss"] < 3.5  # ln(52) = 3.95 is the loss of guessing among the letters
+    first, last = losses[10], losses[60]
+    assert last < first - 1.0, (first, last)
+    assert summary["final"]["valid_loss"] < first - 1.0
