@@ -77,7 +77,7 @@ def _torchrun(args, out, nproc):
 def test_two_process_gloo_matches_single_process(splits, tmp_path, parallel):
     sets = _sets(splits, 6, f"train.parallel={parallel}", "train.device=cpu")
     args = ["indirect-indexing-tiny", "--pe", "pope", "--seed", "1"] + [x for s in sets for x in ("--set", s)]
-    _torchrun(args, tmp_path / "one", 1)
+    run_training(resolve_run_config("indirect-indexing-tiny", "pope", seed=1, overrides=sets), tmp_path / "one")
     _torchrun(args, tmp_path / "two", 2)
     single, double = _train_losses(tmp_path / "one"), _train_losses(tmp_path / "two")
     assert sorted(double) == list(range(1, 7))
