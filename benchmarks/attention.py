@@ -169,11 +169,50 @@ def bench_decode(shape):
         out = fn()
         error = (out.float() - reference.float()).abs().max().item() if name.startswith("pope") else float("nan")
         ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
+        graph_ms = _graph_replay_ms(fn)
         cache_channels = 3 * head_dim if "2d" in name else 2 * head_dim
         cache_mb = batch * n_kv_heads * seq_k * cache_channels * 2 / 2**20
-        rows.append({"shape": "x".join(map(str, shape)), "approach": name, "ms": ms, "cache_mb": cache_mb,
+        rows.append({"shape": "x".join(map(str, shape)), "approach": name, "ms": ms, "graph_ms": graph_ms,
+                     "cache_mb": cache_mb,
                      "max_abs_diff_vs_materialized": error})
     return rows
+
+
+def _graph_replay_ms(fn) -> float:
+    """Median time of fn captured in a CUDA graph (GPU time without Python/launch overhead, as in a
+    generation loop run under CUDA graphs)."""
+    from triton.testing import do_bench
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return do_bench(graph.replay, warmup=25, rep=100, return_mode="median")
+
+
+def profile_provider(name, shape):
+    """torch.profiler table (CPU and CUDA time per op) of 10 forward+backward calls."""
+    from torch.profiler import ProfilerActivity, profile
+
+    batch, heads, seq, head_dim = shape
+    q, k, v = (torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    delta = (-2 * math.pi * torch.rand(heads, head_dim, device="cuda")).requires_grad_()
+    provider = make_provider(name, q, k, v, delta)
+    grad_out = torch.randn_like(q)
+    for _ in range(3):
+        torch.autograd.backward(provider(), grad_out)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            torch.autograd.backward(provider(), grad_out)
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=20)
 
 
 def provenance() -> dict:
@@ -260,6 +299,8 @@ def main(argv=None):
     parser.add_argument("--shapes", default=None, help="e.g. 8x12x1024x64,4x16x4096x128 (default: the issue's five)")
     parser.add_argument("--decode", action="store_true", help="also run the decode benchmark")
     parser.add_argument("--pope-pytorch-autotune", action="store_true")
+    parser.add_argument("--profile", action="store_true",
+                        help="also write OUT/profile.txt: torch.profiler of pope triton fwd+bwd, first two shapes")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/attention.py needs a CUDA GPU")
@@ -279,6 +320,10 @@ def main(argv=None):
             print(f"{row['shape']:>16} {name:>18}: fwd {row['fwd_ms']:.3f} ms, fwd+bwd {row['fwd_bwd_ms']:.3f} ms, "
                   f"peak {row['peak_mb']:.0f} MB, {row['fwd_bwd_tflops']:.0f} TFLOP/s", flush=True)
             torch.cuda.empty_cache()
+    if args.profile:
+        with open(os.path.join(args.out, "profile.txt"), "w") as f:
+            for shape in shapes[:2]:
+                f.write(f"pope triton fwd+bwd x10, shape {shape}\n{profile_provider('pope triton', shape)}\n\n")
     append_csv(os.path.join(args.out, "attention.csv"), rows, meta)
     plot(rows, os.path.join(args.out, "attention.png"))
     decode_rows = []
@@ -293,7 +338,8 @@ def main(argv=None):
         print(f"{r['shape']:>16} {r['provider']:>18} {r['fwd_ms']:8.3f} {r['fwd_bwd_ms']:8.3f} {r['peak_mb']:8.0f} "
               f"{r['fwd_bwd_tflops']:8.0f}")
     for r in decode_rows:
-        print(f"decode {r['shape']:>18} {r['approach']:>46}: {r['ms']:.4f} ms, cache {r['cache_mb']:.0f} MB, "
+        print(f"decode {r['shape']:>18} {r['approach']:>46}: {r['ms']:.4f} ms (graph {r['graph_ms']:.4f}), "
+              f"cache {r['cache_mb']:.0f} MB, "
               f"diff {r['max_abs_diff_vs_materialized']:.1e}")
     print("\n".join(targets(rows)))
 

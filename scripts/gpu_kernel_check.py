@@ -91,19 +91,22 @@ def check_determinism(shape=(2, 16, 4, 4096, 4096, 64, True)):
     return {"shape": shape, "bitwise_identical_over_3_runs": identical}
 
 
-def sweep_configs(shapes=((4, 16, 4096, 64), (4, 16, 4096, 128))):
-    """Time each candidate tile config of each kernel (bf16, causal); returns rows."""
+SWEEP_CANDIDATES = {
+    64: {"fwd": [(64, 64, 4, 3), (128, 64, 4, 3), (64, 128, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3)],
+         "dq": [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (64, 128, 4, 2), (128, 64, 4, 2)],
+         "dkdv": [(64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 8, 2), (128, 64, 8, 2), (32, 64, 4, 3)]},
+    128: {"fwd": [(128, 64, 8, 2), (64, 32, 4, 3), (64, 64, 8, 2)],
+          "dq": [(64, 32, 4, 2), (64, 64, 8, 2), (32, 32, 4, 2)],
+          "dkdv": [(32, 64, 4, 2), (32, 128, 8, 2), (16, 64, 4, 2)]},
+}
+
+
+def sweep_configs(shapes=((4, 16, 4096, 64), (4, 16, 4096, 128)), apply_best=True):
+    """Time each candidate tile config of each kernel (bf16, causal; fwd = forward, dq / dkdv = the whole
+    backward with that kernel's config changed); with apply_best, install the fastest in pope_flash."""
     from triton.testing import do_bench
 
-    candidates = {
-        64: {"fwd": [(128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 64, 4, 3)],
-             "dq": [(64, 64, 8, 2), (128, 32, 8, 2), (128, 64, 8, 2), (64, 64, 4, 2)],
-             "dkdv": [(64, 64, 8, 2), (32, 128, 8, 2), (64, 128, 8, 2), (64, 64, 4, 2)]},
-        128: {"fwd": [(128, 32, 8, 3), (64, 32, 4, 3), (128, 64, 8, 2), (64, 64, 4, 2)],
-              "dq": [(64, 64, 8, 2), (32, 64, 4, 2), (64, 32, 4, 2)],
-              "dkdv": [(64, 64, 8, 2), (32, 64, 4, 2), (32, 128, 8, 2)]},
-    }
-    rows = []
+    rows, best = [], {}
     for batch, heads, seq, head_dim in shapes:
         torch.manual_seed(0)
         q, k, v, do = (torch.randn(batch, heads, seq, head_dim, device=DEVICE, dtype=torch.bfloat16) for _ in range(4))
@@ -111,7 +114,8 @@ def sweep_configs(shapes=((4, 16, 4096, 64), (4, 16, 4096, 128))):
         theta = pope_flash.frequencies(head_dim, 10000.0, q.device)
         opts = dict(causal=True, softmax_scale=head_dim ** -0.5, q_offset=0, magnitude="softplus")
         out, lse = pope_flash.forward(q, k, v, delta, theta, **opts)
-        for kind, configs in candidates[head_dim].items():
+        for kind, configs in SWEEP_CANDIDATES[head_dim].items():
+            timings = []
             for config in configs:
                 if kind == "fwd":
                     fn = lambda: pope_flash.forward(q, k, v, delta, theta, config=config, **opts)  # noqa: E731
@@ -124,20 +128,35 @@ def sweep_configs(shapes=((4, 16, 4096, 64), (4, 16, 4096, 128))):
                 except Exception as err:  # a config can exceed shared memory: record and move on
                     ms = float("nan")
                     print(f"  {kind} {config}: {type(err).__name__}: {str(err)[:120]}", file=sys.stderr)
+                timings.append((ms, config))
                 rows.append({"shape": (batch, heads, seq, head_dim), "kernel": kind, "config": config, "ms": ms})
                 print(f"  sweep {(batch, heads, seq, head_dim)} {kind:5s} {config}: {ms:.3f} ms", flush=True)
-    return rows
+            fastest = min((t for t in timings if t[0] == t[0]), default=None)
+            if fastest is not None:
+                best.setdefault(kind, {})[str(head_dim)] = list(fastest[1])
+                if apply_best:
+                    pope_flash.KERNEL_CONFIGS[kind][head_dim] = fastest[1]
+    return rows, best
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sweep", action="store_true", help="also time candidate tile configurations")
+    parser.add_argument("--sweep", action="store_true",
+                        help="first time candidate tile configs, install the fastest, write OUT/kernel_configs.json")
+    parser.add_argument("--bf16-rows", default=None, help="comma-separated CHECK_SHAPES rows for bf16 (default all)")
+    parser.add_argument("--other-rows", default=None, help="rows for fp16/fp32 (default %s)" % (OTHER_DTYPE_ROWS,))
     parser.add_argument("--out", default=".", help="directory for gpu_kernel_check.json")
     parser.add_argument("--dtypes", default="bf16,fp16,fp32")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter smoke test)")
     args = parser.parse_args(argv)
-    pope_flash.POISON_OUTPUTS = True
     started = time.time()
+    sweep = None
+    if args.sweep:
+        sweep, best = sweep_configs()
+        with open(f"{args.out}/kernel_configs.json", "w") as f:
+            json.dump(best, f)
+        print(f"fastest configs installed: {best}", flush=True)
+    pope_flash.POISON_OUTPUTS = True
     global CHECK_SHAPES
     if args.smoke:
         CHECK_SHAPES = [(1, 2, 1, 37, 37, 32, True), (1, 2, 2, 5, 40, 48, False), (1, 2, 2, 40, 40, 64, True),
@@ -150,7 +169,9 @@ def main(argv=None):
     results["triton"] = triton.__version__
     correctness = []
     for dtype_name in args.dtypes.split(","):
-        rows = range(len(CHECK_SHAPES)) if dtype_name == "bf16" else OTHER_DTYPE_ROWS
+        bf16_rows = range(len(CHECK_SHAPES)) if args.bf16_rows is None else [int(r) for r in args.bf16_rows.split(",")]
+        other_rows = OTHER_DTYPE_ROWS if args.other_rows is None else [int(r) for r in args.other_rows.split(",")]
+        rows = bf16_rows if dtype_name == "bf16" else other_rows
         for shape in [CHECK_SHAPES[i] for i in rows]:
             correctness.append(check_correctness(shape, dtype_name))
             r = correctness[-1]
@@ -160,8 +181,8 @@ def main(argv=None):
     results["determinism"] = check_determinism((1, 4, 2, 97, 97, 48, True) if args.smoke else (2, 16, 4, 4096, 4096, 64, True))
     pope_flash.POISON_OUTPUTS = False
     print(f"determinism: {results['determinism']}", flush=True)
-    if args.sweep:
-        results["sweep"] = sweep_configs()
+    if sweep is not None:
+        results["sweep"] = sweep
     results["seconds"] = time.time() - started
     with open(f"{args.out}/gpu_kernel_check.json", "w") as f:
         json.dump(results, f, indent=1, default=str)

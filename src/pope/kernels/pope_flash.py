@@ -29,7 +29,8 @@ How the 2d-channel dot product is computed
     reduction), so two runs give bitwise-identical gradients.
 
 Angles: position (fp32) x theta (fp32) rounded once, as pope.frequencies.angles does; cos/sin through
-an FMA-only sincos (Cody-Waite reduction + minimax polynomials, ~1 ulp); softplus as max(x, 0) + log(1 + exp(-|x|)) in fp32.
+an FMA-only sincos (Cody-Waite reduction + minimax polynomials, ~1 ulp); softplus as max(x, 0) + log1p(exp(-|x|)) in fp32 (log1p by a
+9-FMA polynomial, 2e-7 relative).
 
 Measured: see docs/kernels.md (one NVIDIA H200, torch 2.11 / triton 3.6) for the numbers and which
 issue-5 targets are met.
@@ -37,6 +38,7 @@ issue-5 targets are met.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
@@ -108,10 +110,26 @@ LOG2E = 1.4426950408889634
 # Shared device helpers
 # ----------------------------------------------------------------------------------------------------
 @triton.jit
+def _log1p_unit(u):
+    """log(1 + u) for u in [0, 1]: u * P(u), a degree-8 fit of log1p(u)/u (max relative error 2e-7).
+
+    Nine FMAs instead of libdevice's logf (about 30 instructions and a branch)."""
+    p = tl.fma(u, 0.005253523122519255, -0.02958887256681919)
+    p = tl.fma(p, u, 0.07836245745420456)
+    p = tl.fma(p, u, -0.13674858212471008)
+    p = tl.fma(p, u, 0.1911148577928543)
+    p = tl.fma(p, u, -0.24844388663768768)
+    p = tl.fma(p, u, 0.33319273591041565)
+    p = tl.fma(p, u, -0.49999502301216125)
+    p = tl.fma(p, u, 1.0)
+    return u * p
+
+
+@triton.jit
 def _magnitude(x, MAGNITUDE: tl.constexpr):
-    """f(x) in fp32: 0 softplus, 1 relu, 2 identity."""
+    """f(x) in fp32: 0 softplus = max(x, 0) + log1p(exp(-|x|)), 1 relu, 2 identity."""
     if MAGNITUDE == 0:
-        return tl.maximum(x, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(x)))
+        return tl.maximum(x, 0.0) + _log1p_unit(tl.exp(-tl.abs(x)))
     elif MAGNITUDE == 1:
         return tl.maximum(x, 0.0)
     else:
@@ -570,14 +588,22 @@ def _pope_decode_kernel(
     hi = tl.minimum(lo + keys_per_split, seq_k)
     if CAUSAL:
         hi = tl.minimum(hi, q_offset + seq_q)
+    # Key phases by angle addition: (start_n + j) theta from a per-program table of (cos, sin)(j theta),
+    # (BLOCK_N, BLOCK_D), and one row (cos, sin)(start_n theta) per tile: 4 FMAs per key element instead
+    # of a sincos (the decode kernel transforms every cached key it reads).
+    offs_j = tl.arange(0, BLOCK_N)
+    table_sin, table_cos = _sincos(offs_j.to(tl.float32)[:, None] * theta[None, :])
     for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
+        offs_n = start_n + offs_j
         kv_mask = (offs_n < hi)[:, None] & mask_d[None, :]
         k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
-        # The raw key tile becomes k' here, in registers: each cached key is transformed by one program.
-        phase_k = offs_n.to(tl.float32)[:, None] * theta[None, :]
-        k_cos, k_sin = _polar_to_cartesian(k, phase_k, kv_mask, 1.0, MAGNITUDE)
+        base_sin, base_cos = _sincos(theta * start_n)  # (BLOCK_D,), start_n exact in fp32 (< 2**24)
+        cos_k = base_cos[None, :] * table_cos - base_sin[None, :] * table_sin
+        sin_k = base_sin[None, :] * table_cos + base_cos[None, :] * table_sin
+        magnitude_k = tl.where(kv_mask, _magnitude(k.to(tl.float32), MAGNITUDE), 0.0)
+        k_cos = magnitude_k * cos_k
+        k_sin = magnitude_k * sin_k
         scores = tl.dot(q_cos, tl.trans(k_cos.to(k.dtype)), input_precision=PRECISION)
         scores = tl.dot(q_sin, tl.trans(k_sin.to(k.dtype)), scores, input_precision=PRECISION)
         visible = (offs_n < hi)[None, :]
@@ -606,11 +632,34 @@ def _pope_decode_kernel(
 # ----------------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------------
-# Hand-picked tile shapes per head dim (BLOCK_M, BLOCK_N, num_warps, num_stages); see docs/kernels.md.
-FWD_CONFIGS = {64: (128, 64, 8, 3), 128: (128, 64, 8, 3)}
-BWD_DQ_CONFIGS = {64: (128, 64, 8, 2), 128: (128, 64, 8, 2)}
-BWD_DKDV_CONFIGS = {64: (64, 128, 8, 2), 128: (64, 128, 8, 2)}
+# Tile shapes per head dim (BLOCK_M, BLOCK_N, num_warps, num_stages), picked by timing candidates on an
+# H200 at (4, 16, 4096, d) bf16 causal (scripts/gpu_kernel_check.py --sweep; docs/kernels.md).
+FWD_CONFIGS = {64: (64, 64, 4, 3), 128: (128, 64, 8, 2)}
+BWD_DQ_CONFIGS = {64: (64, 64, 4, 2), 128: (64, 32, 4, 2)}
+BWD_DKDV_CONFIGS = {64: (64, 64, 4, 2), 128: (32, 64, 4, 2)}
 TRANSFORM_ROWS = 64
+KERNEL_CONFIGS = {"fwd": FWD_CONFIGS, "dq": BWD_DQ_CONFIGS, "dkdv": BWD_DKDV_CONFIGS}
+
+
+def load_configs(path: str) -> None:
+    """Replace tile configs from a JSON file {"fwd"|"dq"|"dkdv": {"64"|"128": [BM, BN, warps, stages]}}, as
+    written by scripts/gpu_kernel_check.py --sweep (tuning for another GPU). Also read from the
+    environment variable POPE_KERNEL_CONFIGS at import."""
+    import json
+
+    with open(path) as f:
+        table = json.load(f)
+    for kind, by_dim in table.items():
+        if kind not in KERNEL_CONFIGS:
+            raise ValueError(f"{path}: unknown kernel {kind!r}; expected one of {sorted(KERNEL_CONFIGS)}")
+        for dim, config in by_dim.items():
+            if int(dim) not in (64, 128) or len(config) != 4:
+                raise ValueError(f"{path}: {kind}[{dim}] must be head-dim bucket 64/128 -> [BLOCK_M, BLOCK_N, warps, stages]")
+            KERNEL_CONFIGS[kind][int(dim)] = tuple(int(x) for x in config)
+
+
+if os.environ.get("POPE_KERNEL_CONFIGS"):
+    load_configs(os.environ["POPE_KERNEL_CONFIGS"])
 
 
 def _block_d(head_dim: int) -> int:
@@ -713,8 +762,19 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
     return dq, dk, dv, d_delta
 
 
+_SM_COUNTS: dict = {}
+
+
+def _sm_count(device) -> int:
+    if device.type != "cuda":
+        return 132
+    if device not in _SM_COUNTS:
+        _SM_COUNTS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _SM_COUNTS[device]
+
+
 def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float, q_offset: int, magnitude: str,
-                   block_n: int = 64, num_splits: int | None = None, num_warps: int = 4):
+                   block_n: int | None = None, num_splits: int | None = None, num_warps: int = 4):
     """Split-K decode over a raw (d-channel) cache. Returns (out, lse) like `forward`.
 
     Suited to group_size * Nq <= 64 rows per key head; keys are transformed once, in registers.
@@ -725,12 +785,13 @@ def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float,
     rows = group_size * seq_q
     block_m = max(16, triton.next_power_of_2(rows))
     block_d = _block_d(head_dim)
+    if block_n is None:  # the (block_n, d) cos/sin table lives in registers: keep it at 4K elements
+        block_n = 64 if block_d <= 64 else 32
     if INTERPRET:
         block_n = min(block_n, 32)
     if num_splits is None:
-        # Enough programs to fill the GPU (~132 SMs x 4), each with at least a few key tiles.
-        sm_count = 132 if not q.is_cuda else torch.cuda.get_device_properties(q.device).multi_processor_count
-        num_splits = max(1, min(triton.cdiv(seq_k, 4 * block_n), triton.cdiv(4 * sm_count, batch * n_kv_heads)))
+        # ~16 programs per SM to hide latency, each with at least two key tiles.
+        num_splits = max(1, min(triton.cdiv(seq_k, 2 * block_n), triton.cdiv(16 * _sm_count(q.device), batch * n_kv_heads)))
     keys_per_split = triton.cdiv(triton.cdiv(seq_k, num_splits), block_n) * block_n
     num_splits = triton.cdiv(seq_k, keys_per_split)
     partial_out = _empty((num_splits, batch * n_kv_heads, block_m, block_d), device=q.device, dtype=torch.float32)
