@@ -66,14 +66,21 @@ def library_versions() -> dict:
 
 
 def git_commit() -> dict:
+    """The source tree's git commit and whether tracked files differ from it. Copies without .git
+    (e.g. a tree shipped to a GPU machine) report None unless POPE_GIT_COMMIT names the commit."""
     root = Path(__file__).resolve().parents[3]
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                                timeout=10).stdout.strip() or None
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                                    capture_output=True, text=True, timeout=10).stdout.strip())
+        result = subprocess.run(["git", "rev-parse", "--verify", "HEAD"], cwd=root, capture_output=True, text=True,
+                                timeout=10)
+        commit = result.stdout.strip() if result.returncode == 0 else None
+        dirty = None
+        if commit:
+            dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                                        capture_output=True, text=True, timeout=10).stdout.strip())
     except (OSError, subprocess.SubprocessError):
         commit, dirty = None, None
+    if commit is None and os.environ.get("POPE_GIT_COMMIT"):
+        return {"commit": os.environ["POPE_GIT_COMMIT"], "dirty": None, "source": "POPE_GIT_COMMIT"}
     return {"commit": commit, "dirty": dirty}
 
 
