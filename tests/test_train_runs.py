@@ -103,3 +103,18 @@ def test_tiny_preset_learns(tmp_path):
     first, last = losses[10], losses[60]
     assert last < first - 1.0, (first, last)
     assert summary["final"]["valid_loss"] < first - 1.0
+
+
+def test_run_records(splits, tmp_path):
+    """env.json, config.json, metrics.jsonl fields and TensorBoard events of a run."""
+    sets = [s for s in _sets(splits, 5) if not s.startswith("train.tensorboard")]
+    config = resolve_run_config("indirect-indexing-tiny", "pope", overrides=sets)
+    run_training(config, tmp_path / "run")
+    env = json.loads((tmp_path / "run" / "env.json").read_text())
+    assert {"versions", "git", "device_name", "world_size", "command"} <= set(env)
+    assert env["versions"]["torch"] == torch.__version__ and env["world_size"] == 1
+    assert json.loads((tmp_path / "run" / "config.json").read_text()) == config
+    train = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+             if r["kind"] == "train"]
+    assert {"step", "loss", "lr", "tokens_per_s", "step_ms"} <= set(train[0]) and train[0]["tokens_per_s"] > 0
+    assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
