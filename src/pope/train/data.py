@@ -6,8 +6,8 @@ the loss, does not depend on the number of processes, and the sampler's whole re
 step counter (``state_dict()`` stores it with the seed so a resume can check it).
 
 - ``ExampleBatches``: a fixed set of examples, ``inputs``/``targets`` (N, T) int64 (targets -100 where
-  not scored). Used for the indirect-indexing task and for document datasets (each document padded
-  with pad_id to the longest, targets -100 on the padding). Order: a fresh permutation per epoch
+  not scored). Used for the indirect-indexing task and for document datasets (each document, or each
+  piece of a document longer than seq_len + 1, padded with pad_id; targets -100 on the padding). Order: a fresh permutation per epoch
   (``torch.randperm`` with a CPU generator seeded by (seed, epoch)); a batch may straddle two epochs.
   The examples can live on the GPU (``device``), so a step gathers its batch without a host copy.
 - ``WindowBatches``: random windows of T+1 tokens from one flat token stream (OpenWebText, genome):

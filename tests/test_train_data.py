@@ -1,0 +1,80 @@
+"""Samplers: the global batch does not depend on world size or accumulation; epochs cover every
+example once; long documents are cut without losing a prediction."""
+import numpy as np
+import pytest
+import torch
+
+from pope.train.data import ExampleBatches, Shard, WindowBatches, documents_as_examples, evaluation_batches
+
+
+def _examples(n=50, t=6):
+    inputs = torch.arange(n * t).view(n, t)
+    targets = inputs.clone()
+    targets[:, :2] = -100
+    return inputs, targets
+
+
+@pytest.mark.parametrize("world, micro", [(1, 1), (2, 1), (2, 2), (4, 2)])
+def test_example_batches_shard_the_same_global_batch(world, micro):
+    inputs, targets = _examples()
+    reference = ExampleBatches(inputs, targets, global_batch=8, seed=5)
+    shards = [ExampleBatches(inputs, targets, global_batch=8, micro_steps=micro, seed=5, shard=Shard(r, world))
+              for r in range(world)]
+    for step in (0, 6, 7, 13):  # 50 examples / 8 per step: step 6 straddles two epochs
+        whole, _ = reference.get(step)
+        pieces = [s.get(step, m)[0] for m in range(micro) for s in shards]
+        assert sorted(torch.cat(pieces)[:, 0].tolist()) == sorted(whole[:, 0].tolist())
+        assert shards[0].scored_tokens(step) == reference.scored_tokens(step) == 8 * 4
+
+
+def test_epochs_cover_every_example_once():
+    inputs, targets = _examples(n=40)
+    batches = ExampleBatches(inputs, targets, global_batch=8, seed=1)
+    first_epoch = torch.cat([batches.get(s)[0][:, 0] for s in range(5)]) // 6
+    second_epoch = torch.cat([batches.get(s)[0][:, 0] for s in range(5, 10)]) // 6
+    assert sorted(first_epoch.tolist()) == sorted(second_epoch.tolist()) == list(range(40))
+    assert first_epoch.tolist() != second_epoch.tolist()  # reshuffled
+    with pytest.raises(ValueError, match="divisible"):
+        ExampleBatches(inputs, targets, global_batch=8, micro_steps=3)
+
+
+def test_window_batches_are_a_function_of_the_step():
+    tokens = np.arange(1000, dtype=np.uint16)
+    one = WindowBatches(tokens, 16, global_batch=4, seed=2)
+    two = [WindowBatches(tokens, 16, global_batch=4, seed=2, shard=Shard(r, 2)) for r in range(2)]
+    x, y = one.get(3)
+    assert torch.equal(torch.cat([w.get(3)[0] for w in two]), x)
+    assert torch.equal(y[:, :-1], x[:, 1:])  # targets are the next tokens
+    assert not torch.equal(one.get(4)[0], x)
+    with pytest.raises(ValueError, match="cannot hold"):
+        WindowBatches(tokens[:10], 16, global_batch=4)
+
+
+class _Split:
+    def __init__(self, docs):
+        self.name = "train"
+        self.tokens = np.concatenate(docs)
+        self.doc_offsets = np.concatenate([[0], np.cumsum([len(d) for d in docs])])
+
+    def document_lengths(self):
+        return np.diff(self.doc_offsets)
+
+
+def test_long_documents_are_cut_without_losing_predictions():
+    docs = [np.arange(100, 100 + n) for n in (5, 9, 10, 23)]
+    inputs, targets, _, lengths = documents_as_examples(_Split(docs), 8, pad_id=0, source="test")
+    pairs = {(int(a), int(b)) for row_in, row_out in zip(inputs, targets)
+             for a, b in zip(row_in, row_out) if b != -100}
+    expected = {(int(d[i]), int(d[i + 1])) for d in docs for i in range(len(d) - 1)}
+    assert pairs == expected
+    assert int((targets != -100).sum()) == sum(len(d) - 1 for d in docs)  # each prediction exactly once
+    assert lengths.max() <= 9 and inputs.shape[1] == 8
+
+
+def test_evaluation_batches_split_by_rank():
+    inputs, targets = _examples(n=10)
+    whole = [x for x, _ in evaluation_batches(batch_size=3, shard=Shard(), device=torch.device("cpu"),
+                                              examples=(inputs, targets))]
+    ranks = [x for r in range(2) for x, _ in evaluation_batches(batch_size=3, shard=Shard(r, 2),
+                                                                device=torch.device("cpu"), examples=(inputs, targets))]
+    assert sorted(torch.cat(ranks)[:, 0].tolist()) == torch.cat(whole)[:, 0].tolist() == list(range(0, 60, 6))
