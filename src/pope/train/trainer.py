@@ -317,8 +317,9 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self, split: str) -> dict:
         """Mean loss and accuracy over the scored tokens of a whole split (windows: up to
-        recipe.eval_batches batches). Uses the uncompiled model (no recompiles for eval shapes)."""
-        model = self.model if self.options.parallel != "fsdp" else self.train_model
+        recipe.eval_batches batches). Uses the uncompiled model (no recompiles for eval shapes); under
+        FSDP2 that is the sharded module itself (fully_shard converts the module in place)."""
+        model = self.model
         model.eval()
         batch_size = self.options.eval_batch_size or self.recipe["batch_size"]
         shard = Shard(self.context.rank, self.context.world_size)
