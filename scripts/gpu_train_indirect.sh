@@ -2,7 +2,7 @@
 # The paper's indirect-indexing runs (issue 3) on a 2-GPU machine: PoPE on GPU 0 and RoPE on GPU 1 at
 # the same time, seed ${SEED:-0}, the full `indirect-indexing` preset (100k steps). Each run stops
 # itself after LIMIT seconds with a checkpoint (train.max_seconds); calling the script again on the same
-# machine resumes both (--resume). When a run has finished, `pope accuracy` re-scores its best
+# machine resumes both (--resume). When a run has finished, `pope eval accuracy` re-scores its best
 # checkpoint on the held-out test file. Metrics (not weights) are copied to $OUT.
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -33,6 +33,6 @@ json.dump(record, open(target, "w"), indent=2)
 print("summary", json.dumps({k: record["summary"][k] for k in ("step", "finished", "seconds", "final")}))
 PY
   if grep -q '"finished": true' "$run/summary.json"; then
-    CUDA_VISIBLE_DEVICES=0 python3 -m pope.cli accuracy "$run" --data "$splits/test.txt" | tee -a "$OUT/accuracy.txt"
+    CUDA_VISIBLE_DEVICES=0 python3 -m pope.cli eval accuracy "$run" --data "$splits/test.txt" | tee -a "$OUT/accuracy.txt"
   fi
 done

@@ -140,8 +140,8 @@ def test_interrupted_save_keeps_the_previous_checkpoint(trained_run, tmp_path, m
 def test_accuracy_command(trained_run, capsys):
     run_dir, config = trained_run
     data = Path(config["train"]["data_dir"]) / "test.txt"
-    assert pope_main(["accuracy", str(run_dir), "--data", str(data), "--json"]) == 0
+    assert pope_main(["eval", "accuracy", str(run_dir), "--data", str(data), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["examples"] == 32 and 0 <= result["accuracy"] <= 1 and result["step"] == 4
-    assert pope_main(["accuracy", str(run_dir), "--data", str(data.parent / "missing.txt")]) == 1
+    assert pope_main(["eval", "accuracy", str(run_dir), "--data", str(data.parent / "missing.txt")]) == 1
     assert "does not exist" in capsys.readouterr().err

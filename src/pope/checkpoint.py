@@ -18,7 +18,6 @@ copied into a model, so a bad checkpoint never leaves a half-loaded model.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -26,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from pope.data.prepared import sha256_file as _sha256
 
 MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "model_config.json"
@@ -40,14 +41,6 @@ def _require_safetensors():
     except ImportError as err:
         raise ImportError("checkpoints need safetensors: pip install 'pope-attention[train]'") from err
     return safetensors.torch
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _fsync_file(path: Path) -> None:

@@ -21,11 +21,10 @@ Tokens are single characters: ``A-Z a-z 0-9 , + -`` (ids 0..64) and a padding id
 Splits are deterministic from a seed (default 1M train / 10k valid / 10k test) and disjoint: no
 letter string of one split appears in another (hence no example either). They are written as
 ``{train,valid,test}.txt`` (one example per line) plus ``manifest.json`` with counts and SHA-256
-checksums, so a held-out test file can be evaluated later (``pope accuracy RUN --data test.txt``).
+checksums, so a held-out test file can be evaluated later (``pope eval accuracy RUN --data test.txt``).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import string
@@ -33,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from pope.data.prepared import sha256_file as _sha256
 
 LETTERS = string.ascii_uppercase + string.ascii_lowercase  # 52 letters, ids 0..51
 CHARACTERS = LETTERS + string.digits + ",+-"  # ids 0..64
@@ -142,14 +143,6 @@ def make_splits(seed: int = 0, sizes: dict[str, int] | None = None) -> dict[str,
                     chosen.append(line)
         splits[name] = chosen
     return splits
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def write_splits(directory: str | os.PathLike, seed: int = 0, sizes: dict[str, int] | None = None) -> Path:

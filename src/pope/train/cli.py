@@ -1,9 +1,9 @@
-"""`pope train` and `pope accuracy` (thin: argument parsing over pope.train).
+"""`pope train` (thin: argument parsing over pope.train).
 
     pope train PRESET --pe NAME --out DIR [--set section.key=value ...] [--resume] [--seed N]
-    pope accuracy RUN --data FILE          accuracy of a trained indirect-indexing model on a file
-                                           of examples (one per line); the lead may mount it as
-                                           `pope eval accuracy`.
+
+The indirect-indexing accuracy of a trained run on a file of examples is `pope eval accuracy RUN
+--data FILE` (registered by pope.eval.cli over pope.train.evaluate.task_accuracy).
 Under `torchrun --nproc_per_node=N pope train ...` the same command trains with DDP (or FSDP2 with
 --set train.parallel=fsdp).
 """
@@ -28,14 +28,6 @@ def register(subparsers) -> None:
     train.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     train.set_defaults(func=_train)
 
-    accuracy = subparsers.add_parser("accuracy", help="accuracy of a trained model on indirect-indexing examples")
-    accuracy.add_argument("run", help="run directory or checkpoint directory")
-    accuracy.add_argument("--data", required=True, help="file of examples, one per line (e.g. DIR/test.txt)")
-    accuracy.add_argument("--batch-size", type=int, default=256)
-    accuracy.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    accuracy.add_argument("--json", action="store_true", help="print the result as JSON")
-    accuracy.set_defaults(func=_accuracy)
-
 
 def _train(args: argparse.Namespace) -> int:
     from pope.train.config import resolve_run_config
@@ -48,16 +40,4 @@ def _train(args: argparse.Namespace) -> int:
     summary = run_training(config, args.out, resume=args.resume)
     if os.environ.get("RANK", "0") == "0":  # under torchrun only rank 0 reports
         print(json.dumps(summary, indent=2))
-    return 0
-
-
-def _accuracy(args: argparse.Namespace) -> int:
-    from pope.train.evaluate import task_accuracy
-
-    result = task_accuracy(args.run, args.data, batch_size=args.batch_size, device=args.device)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(f"accuracy {result['accuracy']:.4f} ({result['correct']}/{result['examples']}) "
-              f"loss {result['loss']:.4f}  model {result['checkpoint']} (step {result['step']})  data {result['data']}")
     return 0

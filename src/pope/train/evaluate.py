@@ -1,4 +1,4 @@
-"""Accuracy of a trained model on a file of indirect-indexing examples (`pope accuracy`)."""
+"""Accuracy of a trained model on a file of indirect-indexing examples (`pope eval accuracy`)."""
 from __future__ import annotations
 
 import torch
