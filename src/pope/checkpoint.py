@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from pope.data.prepared import _fsync_dir  # one fsync-a-directory helper for the package
 from pope.data.prepared import sha256_file as _sha256
 
 MODEL_FILE = "model.safetensors"
@@ -46,19 +47,6 @@ def _require_safetensors():
 def _fsync_file(path: Path) -> None:
     with open(path, "rb") as handle:
         os.fsync(handle.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _dedup_tied(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
