@@ -666,12 +666,18 @@ def _block_d(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))
 
 
-def _pick(configs: dict, head_dim: int, override):
+# fp32 inputs take exact fp32 dots (input_precision="ieee": FMA units, no tensor cores): small tiles, one
+# stage, or the fp32 operand tiles overflow shared memory (228 KB on an H200) and registers.
+FP32_CONFIGS = {64: (32, 32, 4, 1), 128: (16, 32, 4, 1)}
+
+
+def _pick(configs: dict, head_dim: int, override, dtype=None):
     if override is not None:
         return override
     if INTERPRET:  # small tiles keep the CPU interpreter fast and exercise multi-block paths
         return (32, 32, 4, 1)
-    return configs[64 if _block_d(head_dim) <= 64 else 128]
+    bucket = 64 if _block_d(head_dim) <= 64 else 128
+    return FP32_CONFIGS[bucket] if dtype == torch.float32 else configs[bucket]
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -688,11 +694,12 @@ def transform(x: torch.Tensor, theta: torch.Tensor, delta: torch.Tensor | None, 
     phase = (position_offset + n) * theta - delta[h]."""
     batch, heads, seq, head_dim = x.shape
     out = _empty((batch, heads, seq, 2 * head_dim), device=x.device, dtype=x.dtype)
-    grid = (triton.cdiv(seq, TRANSFORM_ROWS), batch * heads)
+    rows = TRANSFORM_ROWS if _block_d(head_dim) <= 64 else TRANSFORM_ROWS // 2  # 4K elements a program
+    grid = (triton.cdiv(seq, rows), batch * heads)
     _pope_transform_kernel[grid](
         x, theta, delta if delta is not None else theta, out, *_strides(x),
         heads, seq, position_offset, scale,
-        HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), BLOCK_R=TRANSFORM_ROWS,
+        HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), BLOCK_R=rows,
         HAS_DELTA=delta is not None, MAGNITUDE=MAGNITUDE_CODES[magnitude], num_warps=4)
     return out
 
@@ -705,7 +712,7 @@ def forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float, q_offs
     k_prime = transform(k, theta, None, position_offset=0, scale=1.0, magnitude=magnitude)  # freed on return
     out = _empty(q.shape, device=q.device, dtype=q.dtype)
     lse = _empty((batch, n_q_heads, seq_q), device=q.device, dtype=torch.float32)
-    block_m, block_n, num_warps, num_stages = _pick(FWD_CONFIGS, head_dim, config)
+    block_m, block_n, num_warps, num_stages = _pick(FWD_CONFIGS, head_dim, config, q.dtype)
     grid = (triton.cdiv(seq_q, block_m), batch * n_q_heads)
     _pope_fwd_kernel[grid](
         q, k_prime, v, theta, delta if delta is not None else theta, out, lse,
@@ -732,7 +739,7 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
     row_delta = _empty((batch, n_q_heads, seq_q), device=q.device, dtype=torch.float32)
 
     # Part 1: dq, D and the d delta partials, streaming the keys' k' (written here, freed after).
-    block_m, block_n, num_warps, num_stages = _pick(BWD_DQ_CONFIGS, head_dim, dq_config)
+    block_m, block_n, num_warps, num_stages = _pick(BWD_DQ_CONFIGS, head_dim, dq_config, q.dtype)
     n_m_blocks = triton.cdiv(seq_q, block_m)
     d_delta_partial = _empty((batch, n_q_heads, n_m_blocks, head_dim), device=q.device, dtype=torch.float32)
     k_prime = transform(k, theta, None, position_offset=0, scale=1.0, magnitude=magnitude)
@@ -747,7 +754,7 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
 
     # Part 2: dk, dv, streaming the queries' q' (written here, freed after).
     q_prime = transform(q, theta, delta, position_offset=q_offset, scale=1.0, magnitude=magnitude)
-    block_m, block_n, num_warps, num_stages = _pick(BWD_DKDV_CONFIGS, head_dim, dkdv_config)
+    block_m, block_n, num_warps, num_stages = _pick(BWD_DKDV_CONFIGS, head_dim, dkdv_config, q.dtype)
     _pope_bwd_dkdv_kernel[(triton.cdiv(seq_k, block_n), batch * n_kv_heads)](
         k, v, q_prime, do, lse, row_delta, theta, dk, dv,
         *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
@@ -787,6 +794,8 @@ def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float,
     block_d = _block_d(head_dim)
     if block_n is None:  # the (block_n, d) cos/sin table lives in registers: keep it at 4K elements
         block_n = 64 if block_d <= 64 else 32
+        if q.dtype == torch.float32:
+            block_n = 16
     if INTERPRET:
         block_n = min(block_n, 32)
     if num_splits is None:
