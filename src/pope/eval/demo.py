@@ -47,7 +47,7 @@ def demo_root() -> Path:
     return cache_root() / "demo"
 
 
-def chorale_stream_dataset(progress: bool = True):
+def chorale_stream_dataset(work_dir: Path):
     """The prepared chorales with the pad id dropped from the manifest, so pope.train samples random
     windows from the train split's token stream instead of padding whole chorales (up to 2048 tokens)
     to one example each. Tokens and document offsets are copied unchanged. Built once, then reused."""
@@ -57,7 +57,7 @@ def chorale_stream_dataset(progress: bool = True):
     request = {"derived_from": str(chorales.path), "source_request": chorales.manifest.get("request"),
                "source_sha256": {s: chorales.manifest["splits"][s]["sha256"] for s in chorales.split_names},
                "change": "pad_id removed (train as a token stream)"}
-    out_dir = demo_root() / "jsb-stream"
+    out_dir = work_dir / "jsb-stream"
     existing = reuse_if_prepared(out_dir, request, force=(out_dir / "manifest.json").exists() and
                                  _request_of(out_dir) != request)
     if existing is not None:
@@ -113,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="results/demo", help="where the table and plot go (default results/demo)")
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=f"training steps per model ({DEFAULT_STEPS})")
     parser.add_argument("--fresh", action="store_true", help="delete earlier demo runs and retrain")
+    parser.add_argument("--max-docs", type=int, default=None,
+                        help="evaluate on the first N qualifying test chorales only (default: all; for quick checks)")
+    parser.add_argument("--work", default=None,
+                        help="directory for the demo's runs and derived data (default $POPE_CACHE/demo)")
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error("--steps must be positive")
@@ -123,14 +127,15 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     load_before = _load_average()
     print("[demo] 1/3 data: Bach chorales (music21 corpus, prepared by pope.data)", flush=True)
-    chorales, stream = chorale_stream_dataset()
+    work_dir = Path(args.work) if args.work else demo_root()
+    chorales, stream = chorale_stream_dataset(work_dir)
     test = chorales.split("test")
     print(f"[demo]     {chorales.path}: train {len(chorales.split('train')):,} tokens, test {len(test):,} tokens "
           f"in {test.n_docs} chorales", flush=True)
 
     runs = {}
     for index, (label, pe) in enumerate(ENCODINGS.items()):
-        run_dir = demo_root() / "runs" / pe.replace(":", "-").replace("=", "-").replace(",", "-")
+        run_dir = work_dir / "runs" / pe.replace(":", "-").replace("=", "-").replace(",", "-")
         if args.fresh and run_dir.exists():
             shutil.rmtree(run_dir)
         print(f"[demo] 2/3 training {pe} ({index + 1}/{len(ENCODINGS)}): {MODEL['n_layer']} layers, d_model "
@@ -144,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[demo] 3/3 evaluating on the test chorales at {', '.join(map(str, lengths))} tokens", flush=True)
     out_dir = Path(args.out)
     entries = run_length_eval([str(runs[label]) for label in ENCODINGS], str(chorales.path), lengths=lengths,
-                              split="test", out_dir=None, device="cpu", batch_size=8)
+                              split="test", out_dir=None, device="cpu", batch_size=8, max_docs=args.max_docs)
     for entry, label in zip(entries, ENCODINGS):
         entry.label = label
     table = length_table_markdown(entries)
