@@ -632,11 +632,12 @@ def _pope_decode_kernel(
 # ----------------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------------
-# Tile shapes per head dim (BLOCK_M, BLOCK_N, num_warps, num_stages), picked by timing candidates on an
-# H200 at (4, 16, 4096, d) bf16 causal (scripts/gpu_kernel_check.py --sweep; docs/kernels.md).
-FWD_CONFIGS = {64: (64, 64, 4, 3), 128: (128, 64, 8, 2)}
-BWD_DQ_CONFIGS = {64: (64, 64, 4, 2), 128: (64, 32, 4, 2)}
-BWD_DKDV_CONFIGS = {64: (64, 64, 4, 2), 128: (32, 64, 4, 2)}
+# Tile shapes per head dim (BLOCK_M, BLOCK_N, num_warps, num_stages), timed on an H200 at (4, 16, 4096, d)
+# bf16 causal (benchmarks/results/kernel_sweep.json, docs/kernels.md). d=64: the sweep's fastest forward and
+# dq tiles; d=128: the first version's tiles, which beat every sweep candidate.
+FWD_CONFIGS = {64: (64, 64, 4, 3), 128: (128, 64, 8, 3)}
+BWD_DQ_CONFIGS = {64: (64, 64, 4, 2), 128: (128, 64, 8, 2)}
+BWD_DKDV_CONFIGS = {64: (64, 128, 8, 2), 128: (64, 128, 8, 2)}
 TRANSFORM_ROWS = 64
 KERNEL_CONFIGS = {"fwd": FWD_CONFIGS, "dq": BWD_DQ_CONFIGS, "dkdv": BWD_DKDV_CONFIGS}
 
