@@ -159,6 +159,7 @@ class Trainer:
         if self.compile:
             self.train_model = torch.compile(self.train_model)
         self._graph = None
+        self._graph_warmup_left = CUDA_GRAPH_WARMUP_STEPS  # eager steps before capture (compile, AdamW state)
         self._loss_sum = torch.zeros((), device=self.device)  # sum of per-step losses since the last log
         self._loss_steps = 0
 
@@ -272,8 +273,6 @@ class Trainer:
         """Step through the captured CUDA graph (capturing it on first use after the warm-up steps)."""
         batches: ExampleBatches = self.data.train
         if self._graph is None:
-            if not hasattr(self, "_graph_warmup_left"):
-                self._graph_warmup_left = CUDA_GRAPH_WARMUP_STEPS
             if self._graph_warmup_left > 0:  # real training steps, run eagerly on a side stream
                 self._graph_warmup_left -= 1
                 stream = torch.cuda.Stream()
