@@ -179,6 +179,12 @@ def test_decode_kernel_agrees_with_the_full_kernel(kernels):
     out_decode, lse_decode = kernels.decode_forward(q, k, v, delta, theta, num_splits=3, **options)
     assert torch.allclose(out_block, out_decode, rtol=1e-5, atol=1e-6)
     assert torch.allclose(lse_block, lse_decode, rtol=1e-5, atol=1e-6)
+    # Queries at positions 40, 41: keys 42.. are invisible, so the later splits see no key at all.
+    options["q_offset"] = 40
+    out_block, lse_block = kernels.forward(q, k, v, delta, theta, **options)
+    out_decode, lse_decode = kernels.decode_forward(q, k, v, delta, theta, num_splits=4, **options)
+    assert torch.allclose(out_block, out_decode, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(lse_block, lse_decode, rtol=1e-5, atol=1e-6)
 
 
 def test_custom_ops_pass_opcheck(kernels):

@@ -629,6 +629,33 @@ def _pope_decode_kernel(
     tl.store(PartialLSE + partial_row, lse, mask=mask_rows)
 
 
+@triton.jit
+def _pope_decode_combine_kernel(
+    PartialOut, PartialLSE, Out, LSE, num_splits, n_kv_programs, rows,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    """One query row: merge the splits' normalised outputs by their log-sum-exp weights.
+
+    Program pid = (b * Hkv + hk) * rows + r is also the row's index in (B, Hq, Nq) order."""
+    pid = tl.program_id(0)
+    bh = pid // rows
+    r = pid % rows
+    offs_s = tl.arange(0, BLOCK_S)
+    mask_s = offs_s < num_splits
+    partial_row = (offs_s * n_kv_programs + bh) * BLOCK_M + r  # (BLOCK_S,)
+    split_lse = tl.load(PartialLSE + partial_row, mask=mask_s, other=float("-inf"))
+    top = tl.max(split_lse, 0)  # finite: the first split always sees key 0
+    weights = tl.exp(split_lse - top)
+    total = tl.sum(weights, 0)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    parts = tl.load(PartialOut + partial_row[:, None] * BLOCK_D + offs_d[None, :],
+                    mask=mask_s[:, None] & mask_d[None, :], other=0.0)
+    out = tl.sum(weights[:, None] * parts, 0) / total
+    tl.store(Out + pid * HEAD_DIM + offs_d, out.to(Out.dtype.element_ty), mask=mask_d)
+    tl.store(LSE + pid, top + tl.log(total))
+
+
 # ----------------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------------
@@ -771,6 +798,7 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
 
 
 _SM_COUNTS: dict = {}
+MAX_DECODE_SPLITS = 128
 
 
 def _sm_count(device) -> int:
@@ -800,8 +828,10 @@ def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float,
     if INTERPRET:
         block_n = min(block_n, 32)
     if num_splits is None:
-        # ~16 programs per SM to hide latency, each with at least two key tiles.
-        num_splits = max(1, min(triton.cdiv(seq_k, 2 * block_n), triton.cdiv(16 * _sm_count(q.device), batch * n_kv_heads)))
+        # ~16 programs per SM to hide latency, each with at least two key tiles; at most MAX_DECODE_SPLITS
+        # (the combine kernel holds all of a row's splits in registers).
+        num_splits = max(1, min(triton.cdiv(seq_k, 2 * block_n), triton.cdiv(16 * _sm_count(q.device), batch * n_kv_heads),
+                                MAX_DECODE_SPLITS))
     keys_per_split = triton.cdiv(triton.cdiv(seq_k, num_splits), block_n) * block_n
     num_splits = triton.cdiv(seq_k, keys_per_split)
     partial_out = _empty((num_splits, batch * n_kv_heads, block_m, block_d), device=q.device, dtype=torch.float32)
@@ -813,15 +843,14 @@ def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float,
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         CAUSAL=causal, HAS_DELTA=delta is not None, MAGNITUDE=MAGNITUDE_CODES[magnitude],
         PRECISION=_precision(q.dtype), num_warps=num_warps, num_stages=2)
-    # Combine the splits: (splits, B*Hkv, rows, d) -> (B, Hq, Nq, d).
-    partial_out = partial_out[:, :, :rows, :head_dim]
-    partial_lse = partial_lse[:, :, :rows]
-    lse = torch.logsumexp(partial_lse, dim=0)  # (B*Hkv, rows); every row sees key 0, so finite
-    weights = torch.exp(partial_lse - lse[None])  # 0 for splits that saw no key
-    out = (weights[..., None] * partial_out).sum(dim=0)
-    out = out.view(batch, n_kv_heads, group_size, seq_q, head_dim).reshape(batch, n_q_heads, seq_q, head_dim)
-    lse = lse.view(batch, n_q_heads, seq_q)
-    return out.to(q.dtype), lse
+    # Combine the splits in one launch: (splits, B*Hkv, rows, d) -> (B, Hq, Nq, d) and the row LSEs.
+    out = _empty((batch, n_q_heads, seq_q, head_dim), device=q.device, dtype=q.dtype)
+    lse = _empty((batch, n_q_heads, seq_q), device=q.device, dtype=torch.float32)
+    _pope_decode_combine_kernel[(batch * n_kv_heads * rows,)](
+        partial_out, partial_lse, out, lse, num_splits, batch * n_kv_heads, rows,
+        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
+        num_warps=4)
+    return out, lse
 
 
 def frequencies(head_dim: int, base: float, device) -> torch.Tensor:
