@@ -112,6 +112,7 @@ CASES = [
     pytest.param(1, 2, 1, 40, 40, 128, True, torch.bfloat16, "identity", False, id="causal-d128-identity-nodelta"),
     pytest.param(1, 8, 2, 1, 97, 64, True, torch.bfloat16, "softplus", True, id="decode-1-query-gqa"),
     pytest.param(2, 4, 4, 3, 97, 48, True, torch.float16, "softplus", True, id="decode-3-queries-d48"),
+    pytest.param(1, 4, 1, 5, 70, 32, False, torch.float32, "relu", True, id="decode-noncausal-mqa-fp32-relu"),
 ]
 
 
@@ -219,6 +220,23 @@ def test_torch_compile_traces_without_graph_break(kernels):
     loss.backward()
     expected = loss_fn(q.detach(), k.detach(), v.detach(), delta.detach())
     assert torch.allclose(loss.detach(), expected) and torch.isfinite(delta.grad).all()
+
+
+def test_tile_configs_load_from_json(kernels, tmp_path):
+    if _delegated(kernels):
+        return
+    saved = {kind: dict(table) for kind, table in kernels.KERNEL_CONFIGS.items()}
+    try:
+        path = tmp_path / "configs.json"
+        path.write_text('{"fwd": {"64": [32, 32, 4, 2]}}')
+        kernels.load_configs(str(path))
+        assert kernels.FWD_CONFIGS[64] == (32, 32, 4, 2)
+        path.write_text('{"bwd": {"64": [32, 32, 4, 2]}}')
+        with pytest.raises(ValueError, match="unknown kernel"):
+            kernels.load_configs(str(path))
+    finally:
+        for kind, table in saved.items():
+            kernels.KERNEL_CONFIGS[kind].update(table)
 
 
 def test_unsupported_calls_have_reasons(kernels):
