@@ -35,9 +35,13 @@ def _kernels():
 
 def _theta(head_dim: int, base: float, device: torch.device) -> torch.Tensor:
     key = (head_dim, float(base), str(device))
-    if key not in _frequency_cache:
-        _frequency_cache[key] = _kernels().frequencies(head_dim, base, device)
-    return _frequency_cache[key]
+    if key in _frequency_cache:
+        return _frequency_cache[key]
+    theta = _kernels().frequencies(head_dim, base, device)
+    # A tensor made during CUDA-graph capture lives in the graph's private pool: never cache that one.
+    if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        _frequency_cache[key] = theta
+    return theta
 
 
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
