@@ -13,8 +13,8 @@ How the 2d-channel dot product is computed
     score(i, j) = scale * (q'_i . k'_j) with q' = [f(q) cos(t theta - delta), f(q) sin(t theta - delta)]
     and k' = [f(k) cos(s theta), f(k) sin(s theta)]. Each kernel keeps the two halves as separate
     (rows, d) tiles and computes S = Qcos @ Kcos^T + Qsin @ Ksin^T: two d-wide tl.dot calls accumulating
-    into one fp32 tile. The transcendental work (softplus = exp + log, accurate cos/sin) is done ONCE per
-    element, never per (query block, key block) pair:
+    into one fp32 tile. The transcendental work (softplus, cos/sin) is done ONCE per element, never per
+    (query block, key block) pair:
       * the side a program holds fixed (the query block in forward / dq, the key block in dk/dv, the
         query rows in decode) is transformed in registers when the program starts;
       * the side that streams through the inner loop is read from a pre-pass buffer x' (B, H, N, 2d)
@@ -28,9 +28,9 @@ How the 2d-channel dot product is computed
     head of its key head's group; d(delta) is the sum of the per-block partials (a fixed-order torch
     reduction), so two runs give bitwise-identical gradients.
 
-Angles: position (fp32) x theta (fp32) rounded once, as pope.frequencies.angles does; cos/sin through
-an FMA-only sincos (Cody-Waite reduction + minimax polynomials, ~1 ulp); softplus as max(x, 0) + log1p(exp(-|x|)) in fp32 (log1p by a
-9-FMA polynomial, 2e-7 relative).
+Angles: position (fp32) x theta (fp32) rounded once, as pope.frequencies.angles does; cos/sin through an
+FMA-only sincos (Cody-Waite reduction + minimax polynomials, ~1 ulp); softplus as max(x, 0) +
+log1p(exp(-|x|)) in fp32 (log1p by a 9-FMA polynomial, 2e-7 relative).
 
 Measured (one NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, commit 20a8736; full table and targets in
 docs/kernels.md): bf16 causal forward+backward 0.91 / 3.20 / 5.59 / 10.2 ms at (B,H,N,64) = (8,12,1K),
@@ -42,7 +42,6 @@ by the interpreter tests and sm_90a compiles only.
 """
 from __future__ import annotations
 
-import math
 import os
 
 import torch
@@ -51,11 +50,11 @@ import triton.language as tl
 
 # Interpreter mode (TRITON_INTERPRET=1 before triton is imported) runs these kernels on CPU tensors.
 INTERPRET = triton.knobs.runtime.interpret if hasattr(triton, "knobs") else False
-
+LOG2E = 1.4426950408889634
 
 
 def _fix_triton_interpreter() -> None:
-    """Two gaps in Triton 3.6's CPU interpreter that these kernels hit, closed by wrapping its internals:
+    """Three gaps in Triton 3.6's CPU interpreter that these kernels hit, closed by wrapping its internals:
     * it turns a scalar tensor into an int with int(array([x])), which NumPy >= 2.4 rejects, so loop
       bounds computed from program_id fail: use the single element instead;
     * its tl.dot multiplies bfloat16 operands as their raw uint16 bit patterns: widen them to fp32 first
@@ -108,7 +107,6 @@ POISON_OUTPUTS = False
 def _empty(shape, *, device, dtype) -> torch.Tensor:
     buffer = torch.empty(shape, device=device, dtype=dtype)
     return buffer.fill_(float("nan")) if POISON_OUTPUTS else buffer
-LOG2E = 1.4426950408889634
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -192,21 +190,21 @@ def _sincos(x):
 
 
 @triton.jit
-def _polar_to_cartesian(x, phase, valid, scale, MAGNITUDE: tl.constexpr):
-    """(f(x) cos(phase) * scale, f(x) sin(phase) * scale) in fp32; zero where not `valid` (padding)."""
-    magnitude = tl.where(valid, _magnitude(x.to(tl.float32), MAGNITUDE), 0.0) * scale
+def _polar_to_cartesian(x, phase, valid, MAGNITUDE: tl.constexpr):
+    """(f(x) cos(phase), f(x) sin(phase)) in fp32; zero where not `valid` (padding)."""
+    magnitude = tl.where(valid, _magnitude(x.to(tl.float32), MAGNITUDE), 0.0)
     sin_phase, cos_phase = _sincos(phase)
     return magnitude * cos_phase, magnitude * sin_phase
 
 
 # ----------------------------------------------------------------------------------------------------
-# Pre-pass: x (B, H, N, d) -> x' (B, H, N, 2d) = scale * [f(x) cos(phase), f(x) sin(phase)]
+# Pre-pass: x (B, H, N, d) -> x' (B, H, N, 2d) = [f(x) cos(phase), f(x) sin(phase)]
 # ----------------------------------------------------------------------------------------------------
 @triton.jit
 def _pope_transform_kernel(
     X, Theta, Delta, Out,
     stride_xb, stride_xh, stride_xn,
-    n_heads, seq_len, position_offset, scale,
+    n_heads, seq_len, position_offset,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
     HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr,
 ):
@@ -220,7 +218,7 @@ def _pope_transform_kernel(
     mask = (offs_r < seq_len)[:, None] & mask_d[None, :]
     x = tl.load(X + b * stride_xb + h * stride_xh + offs_r[:, None] * stride_xn + offs_d[None, :], mask=mask, other=0.0)
     phase = _phase(position_offset + offs_r, Theta, Delta + h * HEAD_DIM, offs_d, mask_d, HAS_DELTA)
-    x_cos, x_sin = _polar_to_cartesian(x, phase, mask, scale, MAGNITUDE)
+    x_cos, x_sin = _polar_to_cartesian(x, phase, mask, MAGNITUDE)
     out_rows = Out + (pid_bh * seq_len + offs_r[:, None]) * (2 * HEAD_DIM) + offs_d[None, :]
     tl.store(out_rows, x_cos.to(Out.dtype.element_ty), mask=mask)
     tl.store(out_rows + HEAD_DIM, x_sin.to(Out.dtype.element_ty), mask=mask)
@@ -299,7 +297,7 @@ def _pope_fwd_kernel(
     # rounds it; the softmax scale is applied to the fp32 scores).
     q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :], mask=mask_q, other=0.0)
     phase = _phase(q_offset + offs_m, Theta, Delta + h * HEAD_DIM, offs_d, mask_d, HAS_DELTA)
-    q_cos, q_sin = _polar_to_cartesian(q, phase, mask_q, 1.0, MAGNITUDE)
+    q_cos, q_sin = _polar_to_cartesian(q, phase, mask_q, MAGNITUDE)
     q_cos = q_cos.to(q.dtype)
     q_sin = q_sin.to(q.dtype)
 
@@ -392,7 +390,7 @@ def _pope_bwd_dq_kernel(
     q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :]
     q = tl.load(q_ptrs, mask=mask_q, other=0.0)
     phase = _phase(q_offset + offs_m, Theta, Delta + h * HEAD_DIM, offs_d, mask_d, HAS_DELTA)
-    q_cos, q_sin = _polar_to_cartesian(q, phase, mask_q, 1.0, MAGNITUDE)
+    q_cos, q_sin = _polar_to_cartesian(q, phase, mask_q, MAGNITUDE)
     q_cos = q_cos.to(q.dtype)
     q_sin = q_sin.to(q.dtype)
 
@@ -501,7 +499,7 @@ def _pope_bwd_dkdv_kernel(
     k = tl.load(k_ptrs, mask=mask_k, other=0.0)
     v = tl.load(V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :], mask=mask_k, other=0.0)
     phase = _phase(offs_n, Theta, Theta, offs_d, mask_d, False)
-    k_cos, k_sin = _polar_to_cartesian(k, phase, mask_k, 1.0, MAGNITUDE)
+    k_cos, k_sin = _polar_to_cartesian(k, phase, mask_k, MAGNITUDE)
     k_cos = k_cos.to(k.dtype)
     k_sin = k_sin.to(k.dtype)
 
@@ -579,7 +577,7 @@ def _pope_decode_kernel(
     phase_q = (q_offset + qi).to(tl.float32)[:, None] * theta[None, :]
     if HAS_DELTA:
         phase_q = phase_q - tl.load(Delta + head[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_q, other=0.0).to(tl.float32)
-    q_cos, q_sin = _polar_to_cartesian(q, phase_q, mask_q, 1.0, MAGNITUDE)
+    q_cos, q_sin = _polar_to_cartesian(q, phase_q, mask_q, MAGNITUDE)
     q_cos = q_cos.to(q.dtype)
     q_sin = q_sin.to(q.dtype)
     qk_scale = softmax_scale * 1.4426950408889634
@@ -722,8 +720,8 @@ def _strides(t: torch.Tensor):
 
 
 def transform(x: torch.Tensor, theta: torch.Tensor, delta: torch.Tensor | None, *, position_offset: int,
-              scale: float, magnitude: str) -> torch.Tensor:
-    """x (B, H, N, d) -> x' (B, H, N, 2d) contiguous, in x's dtype: scale * [f(x) cos(phase), f(x) sin(phase)],
+              magnitude: str) -> torch.Tensor:
+    """x (B, H, N, d) -> x' (B, H, N, 2d) contiguous, in x's dtype: [f(x) cos(phase), f(x) sin(phase)],
     phase = (position_offset + n) * theta - delta[h]."""
     batch, heads, seq, head_dim = x.shape
     out = _empty((batch, heads, seq, 2 * head_dim), device=x.device, dtype=x.dtype)
@@ -731,7 +729,7 @@ def transform(x: torch.Tensor, theta: torch.Tensor, delta: torch.Tensor | None, 
     grid = (triton.cdiv(seq, rows), batch * heads)
     _pope_transform_kernel[grid](
         x, theta, delta if delta is not None else theta, out, *_strides(x),
-        heads, seq, position_offset, scale,
+        heads, seq, position_offset,
         HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), BLOCK_R=rows,
         HAS_DELTA=delta is not None, MAGNITUDE=MAGNITUDE_CODES[magnitude], num_warps=4)
     return out
@@ -742,7 +740,7 @@ def forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float, q_offs
     """Returns (out (B, Hq, Nq, d) in q's dtype, lse (B, Hq, Nq) fp32, natural log)."""
     batch, n_q_heads, seq_q, head_dim = q.shape
     n_kv_heads, seq_k = k.shape[1], k.shape[2]
-    k_prime = transform(k, theta, None, position_offset=0, scale=1.0, magnitude=magnitude)  # freed on return
+    k_prime = transform(k, theta, None, position_offset=0, magnitude=magnitude)  # freed on return
     out = _empty(q.shape, device=q.device, dtype=q.dtype)
     lse = _empty((batch, n_q_heads, seq_q), device=q.device, dtype=torch.float32)
     block_m, block_n, num_warps, num_stages = _pick(FWD_CONFIGS, head_dim, config, q.dtype)
@@ -775,7 +773,7 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
     block_m, block_n, num_warps, num_stages = _pick(BWD_DQ_CONFIGS, head_dim, dq_config, q.dtype)
     n_m_blocks = triton.cdiv(seq_q, block_m)
     d_delta_partial = _empty((batch, n_q_heads, n_m_blocks, head_dim), device=q.device, dtype=torch.float32)
-    k_prime = transform(k, theta, None, position_offset=0, scale=1.0, magnitude=magnitude)
+    k_prime = transform(k, theta, None, position_offset=0, magnitude=magnitude)
     _pope_bwd_dq_kernel[(n_m_blocks, batch * n_q_heads)](
         q, k_prime, v, out, do, lse, theta, delta if delta is not None else theta, dq, row_delta, d_delta_partial,
         *_strides(q), *_strides(v), *_strides(out), *_strides(do), *_strides(dq),
@@ -786,7 +784,7 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
     del k_prime
 
     # Part 2: dk, dv, streaming the queries' q' (written here, freed after).
-    q_prime = transform(q, theta, delta, position_offset=q_offset, scale=1.0, magnitude=magnitude)
+    q_prime = transform(q, theta, delta, position_offset=q_offset, magnitude=magnitude)
     block_m, block_n, num_warps, num_stages = _pick(BWD_DKDV_CONFIGS, head_dim, dkdv_config, q.dtype)
     _pope_bwd_dkdv_kernel[(triton.cdiv(seq_k, block_n), batch * n_kv_heads)](
         k, v, q_prime, do, lse, row_delta, theta, dk, dv,
@@ -865,5 +863,5 @@ def frequencies(head_dim: int, base: float, device) -> torch.Tensor:
     return pope_frequencies(head_dim, base, device=device).contiguous()
 
 
-__all__ = ["forward", "backward", "decode_forward", "transform", "frequencies", "INTERPRET", "MAGNITUDE_CODES",
-           "LOG2E", "math"]
+__all__ = ["forward", "backward", "decode_forward", "transform", "frequencies", "load_configs", "INTERPRET",
+           "MAGNITUDE_CODES", "KERNEL_CONFIGS", "POISON_OUTPUTS"]
