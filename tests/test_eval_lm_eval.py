@@ -240,3 +240,31 @@ def test_gpt2_tokenizer_offline_and_word_boundary_split():
     assert tokenizer.decode(continuation_ids) == " Paris" and tokenizer.decode(context_ids) == "The capital of France is"
     ((logprob, _),) = lm.loglikelihood([_instance("loglikelihood", ("The capital of France is ", "Paris"))])
     assert logprob == pytest.approx(_direct_logprob(model, context_ids, continuation_ids), abs=1e-4)
+
+
+def test_paper_downstream_rows_match_the_paper_averages():
+    from pope.eval.downstream import PAPER_DOWNSTREAM, paper_downstream
+    from pope.eval.report import paper_encoding
+
+    for values in PAPER_DOWNSTREAM.values():  # the printed averages are the means of the six tasks
+        assert sum(values[:6]) / 6 == pytest.approx(values[6], abs=0.006)
+    assert paper_encoding("owt-124m", "pope:delta_init=zero") == "pope"
+    assert paper_downstream("owt-124m", "pope")["CBT"] == 44.43 and paper_downstream("jsb", "pope") is None
+
+
+def test_eval_downstream_cli_on_a_local_task(byte_model, tmp_path, capsys):
+    from pope.checkpoint import save_checkpoint
+    from pope.cli import main
+
+    checkpoint = save_checkpoint(tmp_path / "run" / "checkpoints" / "last", model_state=byte_model.state_dict(),
+                                 model_config=byte_model.config.to_dict())
+    (tmp_path / "tasks").mkdir()
+    _write_tasks(tmp_path / "tasks")
+    assert main(["eval", "downstream", str(tmp_path / "run"), "--tasks", "pope_local_choice", "--include-path",
+                 str(tmp_path / "tasks"), "--tokenizer", "bytes", "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    assert "| model | LAMBADA | BLiMP | CBT | HellaSwag | PIQA | ARC-E | Average |" in printed
+    saved = json.loads((tmp_path / "run" / "eval" / "downstream.json").read_text())
+    accuracy = saved["results"]["pope_local_choice"]["acc,none"]
+    assert f"pope_local_choice: {100 * accuracy:.2f}" in printed and saved["git_commit"]
+    assert checkpoint.exists()

@@ -187,3 +187,20 @@ def test_report_mean_std_over_seeds_and_paper_numbers(tmp_path, workspace):
     assert paper_value("owt-124m", "pope") == 21.33 and paper_value("owt-124m", "alibi") is None
     with pytest.raises(FileNotFoundError, match="config.json"):
         write_report([str(tmp_path)], tmp_path / "r2")
+
+
+def test_eval_accuracy_is_the_trainers_task_accuracy(tmp_path, capsys):
+    from pope.checkpoint import save_checkpoint
+    from pope.data import indirect_indexing as task
+    from pope.model import GPT, GPTConfig
+    from pope.train.evaluate import task_accuracy
+
+    lines = task.generate_examples(20, np.random.default_rng(0))
+    data = tmp_path / "examples.txt"
+    data.write_text("\n".join(lines) + "\n")
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=task.VOCAB_SIZE, n_layer=1, n_head=2, d_model=16, max_seq_len=48, pe="pope"))
+    checkpoint = save_checkpoint(tmp_path / "ckpt", model_state=model.state_dict(), model_config=model.config.to_dict())
+    assert main(["eval", "accuracy", str(checkpoint), "--data", str(data), "--json", "--device", "cpu"]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed == task_accuracy(str(checkpoint), str(data), device="cpu") and printed["examples"] == 20

@@ -107,8 +107,10 @@ def _eval_length(args: argparse.Namespace) -> int:
 
 
 def _eval_downstream(args: argparse.Namespace) -> int:
-    from pope.eval.downstream import downstream_table, extra_rows, paper_row, run_downstream, write_downstream
-    from pope.eval.runs import run_label
+    from pope.eval.downstream import (downstream_table, extra_rows, paper_downstream, paper_row, run_downstream,
+                                      write_downstream)
+    from pope.eval.report import paper_encoding
+    from pope.eval.runs import run_config, run_dir_of, run_label
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
     limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
@@ -116,7 +118,13 @@ def _eval_downstream(args: argparse.Namespace) -> int:
                          batch_size=args.batch_size, limit=limit, include_path=args.include_path,
                          num_fewshot=args.num_fewshot)
     label = run_label(args.run)
-    print(downstream_table({label: paper_row(out["results"])}))
+    rows = {label: paper_row(out["results"])}
+    config = run_config(run_dir_of(args.run))
+    encoding = paper_encoding(str(config.get("preset")), str(config.get("pe")))
+    paper = paper_downstream(str(config.get("preset")), encoding or "")
+    if paper:
+        rows[f"paper: {config['preset']} {encoding}"] = paper
+    print(downstream_table(rows))
     for task, value in extra_rows(out["results"]).items():
         print(f"{task}: {value:.2f}")
     print(f"wrote {write_downstream(args.run, out, label)}")

@@ -26,6 +26,15 @@ PAPER_COLUMNS = (
     ("ARC-E", ("arc_easy",), "acc"),
 )
 PAPER_TASKS = ("lambada_openai", "blimp", "cbt", "hellaswag", "piqa", "arc_easy")
+# The paper's zero-shot accuracies (%), in PAPER_COLUMNS order, then the average (shared/paper.md).
+PAPER_DOWNSTREAM = {
+    ("owt-124m", "rope"): (28.74, 77.55, 38.80, 29.55, 60.28, 37.08, 45.33),
+    ("owt-124m", "pope"): (27.67, 77.75, 44.43, 29.18, 59.58, 38.52, 46.19),
+    ("owt-253m", "rope"): (31.38, 79.12, 48.51, 31.47, 62.24, 39.87, 48.76),
+    ("owt-253m", "pope"): (30.47, 80.01, 49.39, 31.82, 61.70, 39.32, 48.78),
+    ("owt-774m", "rope"): (35.95, 81.05, 52.56, 35.39, 63.55, 42.28, 51.80),
+    ("owt-774m", "pope"): (36.89, 82.03, 53.67, 35.86, 63.93, 42.37, 52.46),
+}
 CBT_BLANK = "XXXXX"
 
 
@@ -138,6 +147,14 @@ def extra_rows(results: dict) -> dict[str, float]:
         if value is not None:
             extra[task] = 100 * value
     return extra
+
+
+def paper_downstream(preset: str, encoding: str) -> dict[str, float] | None:
+    """The paper's row (column -> %) for an OpenWebText preset and "rope"/"pope", else None."""
+    values = PAPER_DOWNSTREAM.get((preset, encoding))
+    if values is None:
+        return None
+    return dict(zip([column for column, _, _ in PAPER_COLUMNS] + ["Average"], values))
 
 
 def downstream_table(rows: dict[str, dict]) -> str:

@@ -75,13 +75,13 @@ def headline_metric(records: list[dict], paper_metric: str | None) -> tuple[str 
     return None, None
 
 
-def paper_value(preset_name: str, pe: str) -> float | None:
-    """The paper's number for this preset and encoding when the encoding is the paper's own setting."""
+def paper_encoding(preset_name: str, pe: str) -> str | None:
+    """"rope" or "pope" when ``pe`` is the paper's own setting of that encoding for this preset, else None."""
     from pope.encodings import parse_pe_spec
     from pope.presets import PRESETS
 
     preset = PRESETS.get(preset_name)
-    if preset is None or not preset.paper:
+    if preset is None:
         return None
     try:
         name, options = parse_pe_spec(pe)
@@ -91,10 +91,19 @@ def paper_value(preset_name: str, pe: str) -> float | None:
     if name == "pope":
         options = {k: v for k, v in options.items() if k not in execution_only}
         if options in ({}, {"delta_init": preset.pope_delta_init}):
-            return preset.paper.get("pope")
+            return "pope"
     if name == "rope" and not set(options) - execution_only - {"layout"}:
-        return preset.paper.get("rope")
+        return "rope"
     return None
+
+
+def paper_value(preset_name: str, pe: str) -> float | None:
+    """The paper's number for this preset and encoding when the encoding is the paper's own setting."""
+    from pope.presets import PRESETS
+
+    encoding = paper_encoding(preset_name, pe)
+    preset = PRESETS.get(preset_name)
+    return None if encoding is None or not preset.paper else preset.paper.get(encoding)
 
 
 def collect_run(path: str | Path) -> RunRecord:
@@ -167,7 +176,7 @@ def report_markdown(records: list[RunRecord]) -> str:
             lines.append(f"| {preset} | {pe} | " + " | ".join(cells) + " |")
 
     if any(m.downstream for m in records):
-        from pope.eval.downstream import PAPER_COLUMNS
+        from pope.eval.downstream import PAPER_COLUMNS, paper_downstream
 
         columns = [c for c, _, _ in PAPER_COLUMNS] + ["Average"]
         lines += ["", "## Zero-shot downstream accuracy (%)", "",
@@ -177,6 +186,10 @@ def report_markdown(records: list[RunRecord]) -> str:
             if rows:
                 cells = [format_mean_std(_finite(r.get(c) for r in rows), 2) for c in columns]
                 lines.append(f"| {preset} | {pe} | " + " | ".join(cells) + " |")
+                paper = paper_downstream(preset, paper_encoding(preset, pe) or "")
+                if paper:
+                    lines.append(f"| {preset} | paper {paper_encoding(preset, pe)} | "
+                                 + " | ".join(f"{paper[c]:.2f}" for c in columns) + " |")
     return "\n".join(lines) + "\n"
 
 
