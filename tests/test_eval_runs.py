@@ -164,24 +164,31 @@ def test_analyze_frequencies_cli(workspace, tmp_path, capsys):
     assert "vocabulary mismatch" in capsys.readouterr().err  # 256 byte ids, 90-token model
 
 
-def _fake_run(path, preset, pe, seed, test_losses):
+def _fake_run(path, preset, pe, seed, test_losses, length_ppl=None):
     path.mkdir(parents=True)
     (path / "config.json").write_text(json.dumps({"preset": preset, "pe": pe, "seed": seed}))
     records = [{"step": 100 * (i + 1), "kind": "eval", "test_loss": v, "valid_loss": v} for i, v in enumerate(test_losses)]
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    if length_ppl:
+        (path / "eval").mkdir()
+        (path / "eval" / "length-jsb-test.json").write_text(json.dumps({"data_name": "jsb", "split": "test", "results": [
+            {"length": length, "perplexity": ppl} for length, ppl in length_ppl.items()]}))
     return str(path)
 
 
 def test_report_mean_std_over_seeds_and_paper_numbers(tmp_path, workspace):
     from pope.eval.report import paper_value, write_report
 
-    runs = [_fake_run(tmp_path / f"rope{s}", "jsb", "rope", s, [0.7, loss, 0.6]) for s, loss in enumerate([0.52, 0.50])]
+    runs = [_fake_run(tmp_path / f"rope{s}", "jsb", "rope", s, [0.7, loss, 0.6], {64: 2.0 + s, 128: 3.0})
+            for s, loss in enumerate([0.52, 0.50])]
     runs += [_fake_run(tmp_path / f"pope{s}", "jsb", "pope", s, [0.49 + s / 100, 0.55]) for s in range(3)]
     markdown, written = write_report(runs + [str(workspace["rope"])], tmp_path / "report")
     # best test NLL per seed: rope 0.52, 0.50 -> 0.51 ± 0.014142; pope 0.49, 0.50, 0.51 -> 0.50 ± 0.01
     assert "| jsb | rope | test_nll | 0.5100 ± 0.0141 (n=2) | 0.5081 |" in markdown
     assert "| jsb | pope | test_nll | 0.5000 ± 0.0100 (n=3) | 0.4889 |" in markdown
     assert "| jsb-tiny | rope |" in markdown and (tmp_path / "report" / "report.png").stat().st_size > 0
+    assert "| jsb | rope | 2.500 ± 0.707 (n=2) | 3.000 ± 0.000 (n=2) |" in markdown  # perplexity per length
+    assert (tmp_path / "report" / "report_length.png").stat().st_size > 0
     assert paper_value("jsb", "pope:delta_init=uniform") == 0.4889
     assert paper_value("jsb", "pope:delta_init=zero") is None  # not the paper's setting for JSB
     assert paper_value("owt-124m", "pope") == 21.33 and paper_value("owt-124m", "alibi") is None

@@ -225,6 +225,36 @@ def plot_report(records: list[RunRecord], path: Path) -> Path | None:
     return path
 
 
+def plot_report_lengths(records: list[RunRecord], path: Path) -> Path | None:
+    """Perplexity vs evaluation length per (preset, PE): mean over seeds, error bars = std; one panel per data."""
+    from pope.eval._optional import pyplot
+
+    keys = sorted({key for record in records for key in record.length_ppl})
+    if not keys:
+        return None
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 4.5), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        for (preset, pe), members in sorted(_groups(records).items()):
+            lengths = sorted({L for m in members for L in m.length_ppl.get(key, {})})
+            if not lengths:
+                continue
+            stats = [mean_std(_finite(m.length_ppl.get(key, {}).get(L) for m in members)) for L in lengths]
+            ax.errorbar(lengths, [s[0] for s in stats], yerr=[s[1] or 0 for s in stats], marker="o", capsize=3,
+                        label=f"{preset} {pe} (n={max(s[2] for s in stats)})")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("evaluation length (tokens)")
+        ax.set_ylabel("perplexity")
+        ax.set_title(key)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    savefig_atomic(fig, path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def write_report(runs: list[str], out_dir: str | Path) -> tuple[str, list[Path]]:
     if not runs:
         raise ValueError("give at least one run directory")
@@ -232,7 +262,8 @@ def write_report(runs: list[str], out_dir: str | Path) -> tuple[str, list[Path]]
     markdown = report_markdown(records)
     out_dir = Path(out_dir)
     written = [write_text_atomic(out_dir / "report.md", markdown)]
-    plot = plot_report(records, out_dir / "report.png")
-    if plot is not None:
-        written.append(plot)
+    for plot in (plot_report(records, out_dir / "report.png"),
+                 plot_report_lengths(records, out_dir / "report_length.png")):
+        if plot is not None:
+            written.append(plot)
     return markdown, written
