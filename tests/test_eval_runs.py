@@ -211,3 +211,16 @@ def test_eval_accuracy_is_the_trainers_task_accuracy(tmp_path, capsys):
     assert main(["eval", "accuracy", str(checkpoint), "--data", str(data), "--json", "--device", "cpu"]) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert printed == task_accuracy(str(checkpoint), str(data), device="cpu") and printed["examples"] == 20
+
+
+def test_finetune_cli_trains_resumes_and_refuses_bad_context(workspace, tmp_path, capsys):
+    out = tmp_path / "rope-ft32"
+    arguments = ["finetune", str(workspace["rope"]), "--context", "32", "--steps", "2", "--batch-size", "4",
+                 "--out", str(out), "--set", "train.progress=false", "--set", "train.device=cpu"]
+    assert main(arguments) == 0
+    assert json.loads((out / "config.json").read_text())["model"]["pe"].startswith("yarn:")
+    assert main(arguments) == 1  # the run directory exists: refused without --resume
+    assert "already holds a run" in capsys.readouterr().err
+    assert main(arguments + ["--resume"]) == 0  # finished run: nothing left to train
+    assert main(["finetune", str(workspace["rope"]), "--context", "8", "--out", str(tmp_path / "x")]) == 1
+    assert "not longer than the run's training context 16" in capsys.readouterr().err
