@@ -32,13 +32,13 @@ Angles: position (fp32) x theta (fp32) rounded once, as pope.frequencies.angles 
 FMA-only sincos (Cody-Waite reduction + minimax polynomials, ~1 ulp); softplus as max(x, 0) +
 log1p(exp(-|x|)) in fp32 (log1p by a 9-FMA polynomial, 2e-7 relative).
 
-Measured (one NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, commit 20a8736; full table and targets in
-docs/kernels.md): bf16 causal forward+backward 0.91 / 3.20 / 5.59 / 10.2 ms at (B,H,N,64) = (8,12,1K),
-(4,16,4K), (2,16,8K), (1,16,16K) and 6.48 ms at (4,16,4K,128): 2.3-3.2x SDPA without PE and 1.5-2.0x
-RoPE+SDPA (both targets missed), peak memory equal to SDPA's (met), 17-91x faster than pope-pytorch
-0.2.1. Correct within 2x the reference's error in bf16/fp16/fp32 on that GPU. Later changes (tiles
-picked by a sweep, polynomial log1p, decode angle addition and combine kernel, fp32 tiles) are verified
-by the interpreter tests and sm_90a compiles only.
+Measured (one NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, commit 0130902; full table and targets in
+docs/kernels.md): bf16 causal forward+backward 1.38 / 2.87 / 5.13 / 9.46 ms at (B,H,N,64) = (8,12,1K),
+(4,16,4K), (2,16,8K), (1,16,16K) and 5.88 ms at (4,16,4K,128): 2.1-3.0x SDPA without PE at N >= 4K and
+1.4-1.9x RoPE+SDPA (both targets missed; the backward dominates), peak memory equal to SDPA's (met),
+55-96x faster than pope-pytorch 0.2.1 at N >= 4K (11x at 1K). The forward alone is 0.84x RoPE+SDPA's at
+(4,16,4K,64). GPT-2 124M training step: 0.958x RoPE's tokens/s. Correct within 2x the reference's error
+in bf16/fp16/fp32 on that GPU; backward bitwise deterministic there.
 """
 from __future__ import annotations
 
