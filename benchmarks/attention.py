@@ -28,7 +28,6 @@ import csv
 import datetime
 import math
 import os
-import subprocess
 import sys
 
 import torch
@@ -216,15 +215,12 @@ def profile_provider(name, shape):
 
 
 def provenance() -> dict:
-    import triton
+    """The benchmark CSVs' provenance columns (commit from git, or POPE_GIT_COMMIT on a copy without .git)."""
+    from pope.provenance import commit_label, device_name, library_versions
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown"
-    except OSError:
-        commit = "unknown"
-    return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "commit": os.environ.get("POPE_COMMIT", commit),
+    versions = library_versions()
+    return {"gpu": device_name("cuda"), "torch": versions["torch"], "triton": versions["triton"],
+            "commit": commit_label() or "unknown",
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
 
 

@@ -26,7 +26,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from pope.train.config import resolve_run_config  # noqa: E402
-from pope.train.trainer import Trainer, git_commit, library_versions  # noqa: E402
+from pope.provenance import git_commit, library_versions  # noqa: E402
+from pope.train.trainer import Trainer  # noqa: E402
 
 MODES = {"eager": ("false", "false"), "compile": ("true", "false"), "graph": ("false", "true"),
          "compile+graph": ("true", "true")}

@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - started
     verdict = _verdict(entries)
     from pope.eval.length import write_length_outputs
-    from pope.eval.provenance import provenance
+    from pope.provenance import provenance
 
     stamp = provenance("cpu")
     write_length_outputs(entries, out_dir, title="Bach chorales (test), trained at 64 tokens", provenance_stamp=stamp)

@@ -277,7 +277,7 @@ def run_length_eval(
 
     from pope.data.prepared import resolve_dataset
     from pope.eval.files import write_json_atomic
-    from pope.eval.provenance import provenance
+    from pope.provenance import provenance
     from pope.eval.runs import load_run_model, run_dir_of, run_label
 
     lengths = parse_lengths(lengths)

@@ -138,7 +138,6 @@ def resolve_run_config(preset_name: str, pe: str, *, seed: int = 0, overrides: l
                        vocab_size: int | None = None) -> dict:
     """The full, validated run config. ``vocab_size`` comes from the data when the preset has none."""
     from pope.encodings import parse_pe_spec
-    from pope.model import GPTConfig
     from pope.presets import get_preset, with_recipe
 
     preset = get_preset(preset_name)  # unknown -> ValueError listing valid presets

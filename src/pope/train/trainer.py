@@ -32,7 +32,6 @@ import math
 import os
 import platform
 import random
-import subprocess
 import sys
 import time
 import warnings
@@ -43,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from pope import checkpoint as ckpt
+from pope.provenance import device_name, git_commit, library_versions
 from pope.train.config import RESUME_MUTABLE, config_differences, train_options
 from pope.train.data import IGNORE_INDEX, ExampleBatches, Shard, evaluation_batches, load_training_data
 from pope.train.distributed import (all_reduce_sum, barrier, setup_distributed, teardown_distributed, wrap_model)
@@ -51,37 +51,6 @@ from pope.train.optimizer import build_optimizer
 from pope.train.schedule import WarmupCosineSchedule
 
 CUDA_GRAPH_WARMUP_STEPS = 3
-
-
-def library_versions() -> dict:
-    versions = {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__}
-    for name in ("triton", "safetensors", "tensorboard"):
-        try:
-            versions[name] = __import__(name).__version__
-        except Exception:  # optional: absent or broken installs are recorded as such
-            versions[name] = None
-    from pope.version import __version__
-    versions["pope"] = __version__
-    return versions
-
-
-def git_commit() -> dict:
-    """The source tree's git commit and whether tracked files differ from it. Copies without .git
-    (e.g. a tree shipped to a GPU machine) report None unless POPE_GIT_COMMIT names the commit."""
-    root = Path(__file__).resolve().parents[3]
-    try:
-        result = subprocess.run(["git", "rev-parse", "--verify", "HEAD"], cwd=root, capture_output=True, text=True,
-                                timeout=10)
-        commit = result.stdout.strip() if result.returncode == 0 else None
-        dirty = None
-        if commit:
-            dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                                        capture_output=True, text=True, timeout=10).stdout.strip())
-    except (OSError, subprocess.SubprocessError):
-        commit, dirty = None, None
-    if commit is None and os.environ.get("POPE_GIT_COMMIT"):
-        return {"commit": os.environ["POPE_GIT_COMMIT"], "dirty": None, "source": "POPE_GIT_COMMIT"}
-    return {"commit": commit, "dirty": dirty}
 
 
 def _rng_state() -> dict:
@@ -380,9 +349,8 @@ class Trainer:
         if not self.is_main:
             return
         (self.run_dir / "config.json").write_text(json.dumps(self.config, indent=2, sort_keys=True) + "\n")
-        device_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else platform.processor() or "cpu"
         env = {"versions": library_versions(), "git": git_commit(), "device": str(self.device),
-               "device_name": device_name, "world_size": self.context.world_size, "host": platform.node(),
+               "device_name": device_name(self.device), "world_size": self.context.world_size, "host": platform.node(),
                "command": sys.argv, "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "resumed_from_step": self.step, "compile": self.compile, "cuda_graph": self.use_graph,
                "autocast": str(self.autocast_dtype), "model_params": self.model.num_params()}

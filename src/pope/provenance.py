@@ -1,0 +1,84 @@
+"""Provenance stamped on every run record, result file and benchmark row: code version, libraries,
+device, date and command. One implementation for the trainer, the evaluation tools and the benchmarks.
+
+A source tree without .git (e.g. the copy shipped to a GPU machine) reports its commit from the
+environment variable POPE_GIT_COMMIT when set, else None — never a guess.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+_SOURCE_ROOT = Path(__file__).resolve().parent
+
+
+def git_commit() -> dict:
+    """{"commit": full hash or None, "dirty": tracked files differ from it (None if unknown), "source"}."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--verify", "HEAD"], cwd=_SOURCE_ROOT, capture_output=True,
+                              text=True, timeout=10)
+        commit = head.stdout.strip() if head.returncode == 0 else None
+        dirty = None
+        if commit:
+            status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=_SOURCE_ROOT,
+                                    capture_output=True, text=True, timeout=10)
+            dirty = bool(status.stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = None, None
+    if commit is None and os.environ.get("POPE_GIT_COMMIT"):
+        return {"commit": os.environ["POPE_GIT_COMMIT"], "dirty": None, "source": "POPE_GIT_COMMIT"}
+    return {"commit": commit, "dirty": dirty, "source": "git" if commit else None}
+
+
+def commit_label() -> str | None:
+    """Short form for tables: 'abc1234', 'abc1234+dirty' or None."""
+    info = git_commit()
+    if info["commit"] is None:
+        return None
+    return info["commit"][:7] + ("+dirty" if info["dirty"] else "")
+
+
+def library_versions() -> dict:
+    """Versions of Python, torch, numpy, pope and the optional libraries (None where absent)."""
+    import numpy as np
+    import torch
+
+    from pope.version import __version__
+
+    versions = {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
+                "pope": __version__}
+    for name in ("triton", "safetensors", "tensorboard"):
+        try:
+            versions[name] = __import__(name).__version__
+        except Exception:  # optional: an absent or broken install is recorded as such
+            versions[name] = None
+    return versions
+
+
+def device_name(device="cpu") -> str:
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def provenance(device="cpu") -> dict:
+    """The stamp for one result: commit, versions, device, UTC date and the command line."""
+    versions = library_versions()
+    return {
+        "pope_version": versions["pope"],
+        "git_commit": commit_label(),
+        "torch": versions["torch"],
+        "triton": versions["triton"],
+        "python": versions["python"],
+        "device": device_name(device),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": " ".join(shlex.quote(arg) for arg in sys.argv),
+    }
