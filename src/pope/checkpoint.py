@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from pope.optional import require
+
 from pope.data.prepared import _fsync_dir  # one fsync-a-directory helper for the package
 from pope.data.prepared import sha256_file as _sha256
 
@@ -37,11 +39,7 @@ CHECKPOINT_FORMAT = 1
 
 
 def _require_safetensors():
-    try:
-        import safetensors.torch
-    except ImportError as err:
-        raise ImportError("checkpoints need safetensors: pip install 'pope-attention[train]'") from err
-    return safetensors.torch
+    return require("safetensors.torch", "train", "checkpoints")
 
 
 def _fsync_file(path: Path) -> None:

@@ -39,6 +39,7 @@ import numpy as np
 
 from pope.data.prepared import (PreparedDataset, PreparedWriter, assign_splits, cache_root, file_fingerprint,
                                 reuse_if_prepared, warn)
+from pope.optional import require
 
 N_VOICES = 4
 VOICE_NAMES = ("soprano", "alto", "tenor", "bass")
@@ -164,11 +165,7 @@ def _json_pitch(value: Any, where: str) -> int:
 
 # -------------------------------------------------------------------------------- music21 builder
 def _require_music21():
-    try:
-        import music21  # noqa: F401
-    except ImportError as err:
-        raise ImportError("the JSB chorales builder needs music21: pip install 'pope-attention[data]'") from err
-    return music21
+    return require("music21", "data", "the JSB chorales builder")
 
 
 def _music21_score_to_grid(path: str) -> dict[str, Any]:

@@ -30,6 +30,7 @@ import numpy as np
 
 from pope.data.prepared import (PreparedDataset, PreparedWriter, assign_splits, file_fingerprint, library_version,
                                 reuse_if_prepared, warn)
+from pope.optional import require
 
 MIDITOK_VERSION = "3.1.0"
 REMI_OPTIONS: dict[str, Any] = {"pitch_range": (21, 108), "use_tempos": True, "use_sustain_pedals": True,
@@ -42,11 +43,8 @@ MIDI_SUFFIXES = (".mid", ".midi")
 
 
 def _require_miditok():
-    try:
-        import miditok
-        import symusic  # noqa: F401  (miditok's MIDI reader)
-    except ImportError as err:
-        raise ImportError("MAESTRO/REMI tokenisation needs miditok: pip install 'pope-attention[data]'") from err
+    miditok = require("miditok", "data", "MAESTRO/REMI tokenisation")
+    require("symusic", "data", "miditok's MIDI reader")
     if library_version("miditok") != MIDITOK_VERSION:
         raise ImportError(f"the MAESTRO tokenisation is pinned to miditok {MIDITOK_VERSION} (its vocabulary "
                           f"differs between versions), found {library_version('miditok')}: "

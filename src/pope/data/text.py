@@ -33,6 +33,7 @@ import numpy as np
 
 from pope.data.prepared import (PreparedDataset, PreparedWriter, assign_splits, file_fingerprint, library_version,
                                 reuse_if_prepared, stable_order_key, warn)
+from pope.optional import require
 
 GPT2_VOCAB_SIZE = 50257
 EOT_ID = 50256
@@ -45,19 +46,11 @@ BATCH_DOCS = 256
 
 
 def _require_tiktoken():
-    try:
-        import tiktoken
-    except ImportError as err:
-        raise ImportError("GPT-2 tokenisation needs tiktoken: pip install 'pope-attention[data]'") from err
-    return tiktoken
+    return require("tiktoken", "data", "GPT-2 tokenisation")
 
 
 def _require_datasets():
-    try:
-        import datasets
-    except ImportError as err:
-        raise ImportError("HF dataset loading needs `datasets`: pip install 'pope-attention[data]'") from err
-    return datasets
+    return require("datasets", "data", "Hugging Face dataset loading")
 
 
 def gpt2_encoding():

@@ -95,7 +95,7 @@ def run_downstream(run: str | None, *, tasks: list[str] | None = None, tokenizer
                    batch_size: int = 8, limit: float | None = None, include_path: str | None = None,
                    num_fewshot: int | None = None, lm=None, task_manager=None) -> dict:
     """Run lm-eval's ``simple_evaluate`` on the pope model of ``run`` (or a ready ``lm``). Returns its results."""
-    from pope.eval._optional import require
+    from pope.optional import require
 
     evaluator = require("lm_eval", "eval")
     task_module = require("lm_eval.tasks", "eval")

@@ -153,7 +153,7 @@ def chunk_tokens(tokens: list[int] | np.ndarray, max_len: int) -> list[torch.Ten
 
 def plot_frequency_usage(usage: FrequencyUsage, path: Path, *, title: str = "") -> Path:
     """Heatmaps layer × frequency for queries and keys (like the paper's figure)."""
-    from pope.eval._optional import pyplot
+    from pope.optional import pyplot
 
     plt = pyplot()
     n_layer, n_freq = usage.query.shape
@@ -175,7 +175,7 @@ def plot_frequency_usage(usage: FrequencyUsage, path: Path, *, title: str = "") 
 
 def plot_delta(delta: np.ndarray, path: Path, *, title: str = "") -> Path:
     """One heatmap per layer: head × frequency of the clamped delta in [-2π, 0]."""
-    from pope.eval._optional import pyplot
+    from pope.optional import pyplot
 
     plt = pyplot()
     n_layer, n_head, n_freq = delta.shape

@@ -384,7 +384,7 @@ def write_length_outputs(entries: list[RunLengthResults], out_dir, *, n_buckets:
 def plot_length_curves(entries: list[RunLengthResults], path, *, n_buckets: int = 8, title: str = ""):
     """Left: perplexity vs length (one line per run). Right: NLL per window-position bucket at the
     longest length (does the loss rise past the training length?)."""
-    from pope.eval._optional import pyplot
+    from pope.optional import pyplot
     from pope.eval.files import savefig_atomic
 
     plt = pyplot()

@@ -29,7 +29,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from pope.eval._optional import require
+from pope.optional import require
 from pope.eval.tokenizers import Tokenizer, get_tokenizer
 
 _lm_eval_api_model = require("lm_eval.api.model", "eval")

@@ -195,7 +195,7 @@ def report_markdown(records: list[RunRecord]) -> str:
 
 def plot_report(records: list[RunRecord], path: Path) -> Path | None:
     """Bar per preset × PE (mean, error bar = std over seeds, dots = seeds, cross = paper)."""
-    from pope.eval._optional import pyplot
+    from pope.optional import pyplot
 
     groups = [(key, members) for key, members in sorted(_groups(records).items())
               if _finite(m.value for m in members)]
@@ -227,7 +227,7 @@ def plot_report(records: list[RunRecord], path: Path) -> Path | None:
 
 def plot_report_lengths(records: list[RunRecord], path: Path) -> Path | None:
     """Perplexity vs evaluation length per (preset, PE): mean over seeds, error bars = std; one panel per data."""
-    from pope.eval._optional import pyplot
+    from pope.optional import pyplot
 
     keys = sorted({key for record in records for key in record.length_ppl})
     if not keys:

