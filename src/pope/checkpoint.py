@@ -28,8 +28,7 @@ import torch
 
 from pope.optional import require
 
-from pope.data.prepared import _fsync_dir  # one fsync-a-directory helper for the package
-from pope.data.prepared import sha256_file as _sha256
+from pope.files import fsync_dir, fsync_file, sha256_file
 
 MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "model_config.json"
@@ -40,11 +39,6 @@ CHECKPOINT_FORMAT = 1
 
 def _require_safetensors():
     return require("safetensors.torch", "train", "checkpoints")
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as handle:
-        os.fsync(handle.fileno())
 
 
 def _dedup_tied(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -82,17 +76,17 @@ def save_checkpoint(directory: str | os.PathLike, *, model_state: dict[str, torc
     torch.save(trainer_state or {}, tmp / STATE_FILE)
     manifest = {"format": CHECKPOINT_FORMAT, "files": {}}
     for name in (MODEL_FILE, CONFIG_FILE, STATE_FILE):
-        _fsync_file(tmp / name)
-        manifest["files"][name] = {"bytes": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name)}
+        fsync_file(tmp / name)
+        manifest["files"][name] = {"bytes": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)}
     (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
-    _fsync_file(tmp / MANIFEST_FILE)
-    _fsync_dir(tmp)
+    fsync_file(tmp / MANIFEST_FILE)
+    fsync_dir(tmp)
     if old.exists():
         shutil.rmtree(old)
     if directory.exists():
         os.replace(directory, old)
     os.replace(tmp, directory)
-    _fsync_dir(parent)
+    fsync_dir(parent)
     if old.exists():
         shutil.rmtree(old)
     return directory
@@ -139,7 +133,7 @@ def verify_checkpoint(directory: str | os.PathLike) -> Path:
         if size != files[name]["bytes"]:
             raise ValueError(f"checkpoint {directory}: {name} is truncated or altered ({size} bytes, "
                              f"expected {files[name]['bytes']})")
-        if _sha256(path) != files[name]["sha256"]:
+        if sha256_file(path) != files[name]["sha256"]:
             raise ValueError(f"checkpoint {directory}: {name} is corrupt (SHA-256 does not match its manifest)")
     return directory
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pope.data.prepared import sha256_file as _sha256
+from pope.files import sha256_file as _sha256
 
 LETTERS = string.ascii_uppercase + string.ascii_lowercase  # 52 letters, ids 0..51
 CHARACTERS = LETTERS + string.digits + ",+-"  # ids 0..64

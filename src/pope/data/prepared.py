@@ -28,6 +28,8 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from pope.files import fsync_dir, sha256_file, write_json_atomic
+
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 STANDARD_SPLITS = ("train", "valid", "test")
@@ -53,14 +55,6 @@ def token_dtype_for(vocab_size: int) -> np.dtype:
     if vocab_size >= 2**32:
         raise ValueError(f"vocab_size {vocab_size} does not fit uint32 token ids")
     return np.dtype(np.uint16) if vocab_size < 2**16 else np.dtype(np.uint32)
-
-
-def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk_bytes):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def file_fingerprint(paths: Iterable[str | os.PathLike]) -> str:
@@ -416,8 +410,8 @@ class PreparedWriter:
             "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "complete": True,  # last key, written only here
         }
-        _write_json_atomic(self.tmp_dir / MANIFEST_NAME, manifest)
-        _fsync_dir(self.tmp_dir)
+        write_json_atomic(self.tmp_dir / MANIFEST_NAME, manifest, indent=1)
+        fsync_dir(self.tmp_dir)
         if self.out_dir.exists():  # replace: move the old one aside first (os.replace cannot overwrite a dir)
             ensure_replaceable(self.out_dir)
             old = self.out_dir.parent / f".{self.out_dir.name}{_PARTIAL_MARKER}old-{uuid.uuid4().hex[:8]}"
@@ -426,7 +420,7 @@ class PreparedWriter:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(self.tmp_dir, self.out_dir)
-        _fsync_dir(self.out_dir.parent)
+        fsync_dir(self.out_dir.parent)
         self._finished = True
         return PreparedDataset(self.out_dir)
 
@@ -455,27 +449,6 @@ def remove_stale_partials(out_dir: Path) -> None:
     for stale in out_dir.parent.glob(f".{out_dir.name}{_PARTIAL_MARKER}*"):
         shutil.rmtree(stale, ignore_errors=True)
 
-
-def _write_json_atomic(path: Path, payload: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as handle:
-        json.dump(payload, handle, indent=1)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def reuse_if_prepared(out_dir: str | os.PathLike, request: dict[str, Any], *, force: bool = False) -> PreparedDataset | None:

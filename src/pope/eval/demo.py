@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
 
-    from pope.eval.files import write_text_atomic
+    from pope.files import write_text_atomic
     from pope.eval.length import length_table_markdown, run_length_eval
 
     started = time.perf_counter()

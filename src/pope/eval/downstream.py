@@ -169,7 +169,7 @@ def downstream_table(rows: dict[str, dict]) -> str:
 
 def write_downstream(run: str, out: dict, label: str) -> Path:
     """RUN/eval/downstream.json with provenance; returns the path."""
-    from pope.eval.files import write_json_atomic
+    from pope.files import write_json_atomic
     from pope.provenance import provenance
     from pope.eval.runs import run_dir_of
 

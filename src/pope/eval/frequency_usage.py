@@ -23,7 +23,7 @@ import torch
 
 from pope.attention import MAGNITUDES
 from pope.encodings import PoPE, RoPE
-from pope.eval.files import savefig_atomic, write_json_atomic
+from pope.files import savefig_atomic, write_json_atomic
 
 
 @dataclass

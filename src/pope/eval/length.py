@@ -276,7 +276,7 @@ def run_length_eval(
     from pathlib import Path
 
     from pope.data.prepared import resolve_dataset
-    from pope.eval.files import write_json_atomic
+    from pope.files import write_json_atomic
     from pope.provenance import provenance
     from pope.eval.runs import load_run_model, run_dir_of, run_label
 
@@ -351,7 +351,7 @@ def write_length_outputs(entries: list[RunLengthResults], out_dir, *, n_buckets:
     import io
     from pathlib import Path
 
-    from pope.eval.files import write_json_atomic, write_text_atomic
+    from pope.files import write_json_atomic, write_text_atomic
 
     out_dir = Path(out_dir)
     buffer = io.StringIO()
@@ -385,7 +385,7 @@ def plot_length_curves(entries: list[RunLengthResults], path, *, n_buckets: int 
     """Left: perplexity vs length (one line per run). Right: NLL per window-position bucket at the
     longest length (does the loss rise past the training length?)."""
     from pope.optional import pyplot
-    from pope.eval.files import savefig_atomic
+    from pope.files import savefig_atomic
 
     plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))

@@ -19,7 +19,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pope.eval.files import savefig_atomic, write_text_atomic
+from pope.files import savefig_atomic, write_text_atomic
 
 
 @dataclass

@@ -1,0 +1,65 @@
+"""Durable, atomic file writes and checksums (standard library only).
+
+Everything the project publishes — prepared datasets, checkpoints, result tables and plots — is written
+to a temporary name, flushed to disk, then renamed into place, so a crash never leaves half a file
+under the final name.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+
+def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk_bytes):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fsync_file(path: str | os.PathLike) -> None:
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Make a rename inside `path` durable (best effort: some filesystems refuse directory fsync)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def write_json_atomic(path: str | os.PathLike, data, indent: int = 2) -> Path:
+    return write_text_atomic(path, json.dumps(data, indent=indent, allow_nan=True) + "\n")
+
+
+def savefig_atomic(fig, path: str | os.PathLike, **kwargs) -> Path:
+    """matplotlib figure -> file, atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
+    fig.savefig(tmp, **kwargs)
+    os.replace(tmp, path)
+    return path
