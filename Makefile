@@ -27,8 +27,10 @@ test: setup data
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow and not data" tests
 
+# Finished demo runs are reused from $(POPE_CACHE)/demo; DEMO_ARGS=--fresh retrains them.
+DEMO_ARGS ?=
 demo: setup data
-	$(PY) -m pope.eval.demo
+	$(PY) -m pope.eval.demo $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info
