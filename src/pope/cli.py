@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, RuntimeError, ImportError) as err:  # user-facing errors: one clear line
         print(f"pope {args.command}: error: {err}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # output piped into `head` and closed early: not an error
+        sys.stderr.close()
+        return 0
     return int(result or 0)
 
 
