@@ -91,7 +91,7 @@ def build_finetune_trainer(run: str | Path, out: str | Path, *, context: int, st
                            resume: bool = False):
     """A pope.train Trainer for the fine-tune, holding the original weights (or the fine-tune's own
     checkpoint when resuming)."""
-    from pope.checkpoint import apply_model_state, find_checkpoint, load_checkpoint
+    from pope.checkpoint import find_checkpoint, load_checkpoint
     from pope.train.trainer import Trainer
 
     checkpoint = load_checkpoint(find_checkpoint(run), map_location="cpu")
@@ -102,11 +102,8 @@ def build_finetune_trainer(run: str | Path, out: str | Path, *, context: int, st
     source = {"run": str(run), "checkpoint": str(checkpoint.path), "step": checkpoint.trainer_state.get("step")}
     config = finetune_config(run_config, context=context, steps=steps, batch_size=batch_size, lr=lr,
                              warmup_steps=warmup_steps, overrides=overrides, source=source)
-    trainer = Trainer(config, out, resume=resume)
-    if trainer.resume_from is None:  # a fresh fine-tune starts from the trained weights
-        apply_model_state(trainer.model, {k: v.to(trainer.device) for k, v in checkpoint.model_state.items()},
-                          source=f"checkpoint {checkpoint.path}")
-    return trainer
+    # a fresh fine-tune starts from the trained weights; a resumed one from its own checkpoint
+    return Trainer(config, out, resume=resume, init_from=checkpoint)
 
 
 def run_finetune(run: str | Path, out: str | Path, **kwargs) -> dict:

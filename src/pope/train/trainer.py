@@ -82,7 +82,10 @@ def _seed_everything(seed: int) -> None:
 class Trainer:
     """Build with a resolved run config (``pope.train.config.resolve_run_config``) and a run dir."""
 
-    def __init__(self, config: dict, run_dir: str | os.PathLike, *, resume: bool = False) -> None:
+    def __init__(self, config: dict, run_dir: str | os.PathLike, *, resume: bool = False,
+                 init_from: ckpt.Checkpoint | None = None) -> None:
+        """init_from: start a new run from these weights (e.g. a fine-tune); ignored when resuming, where the
+        run's own checkpoint wins. Loaded before the model is wrapped (DDP/FSDP2) or compiled."""
         from pope.model import GPT, GPTConfig
 
         self.config = config
@@ -115,6 +118,8 @@ class Trainer:
         self.step = 0
         self.best: dict = {}
         loaded = self._load_model_checkpoint(self.resume_from) if self.resume_from is not None else None
+        if loaded is None and init_from is not None:
+            ckpt.apply_model_state(self.model, init_from.model_state, source=f"checkpoint {init_from.path}")
         # wrap before building the optimizer: FSDP2 replaces the parameters by sharded DTensors
         self.train_model = wrap_model(self.model, self.context, self.options.parallel)
         fused = self.device.type == "cuda"
