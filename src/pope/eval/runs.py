@@ -17,8 +17,7 @@ def load_run_model(path: str | Path, device: str | torch.device = "cpu"):
                                 f"its checkpoints/<name> directories")
     from pope.checkpoint import load_model
 
-    model, info = load_model(path, map_location=str(device))
-    return model.to(device).eval(), info
+    return load_model(path, map_location=str(device))  # already on the device and in eval mode
 
 
 def run_config(path: str | Path) -> dict:
