@@ -7,7 +7,9 @@ bf16, causal. Providers, side by side in the same process:
     pope materialized  pope.attention's reference: 2d-channel q'/k' built in eager PyTorch + SDPA
     pope-pytorch       PoPE_pytorch 0.2.1's fused Triton kernel (flash_attn, its (B, N, H, d) layout;
                        autotuning off unless --pope-pytorch-autotune, to spare device time)
-    pope triton        this project's kernels via pope_attention(backend="triton")
+    pope triton        this project's kernels via pope_attention(backend="triton") (backward strategy "auto":
+                       the fused dk/dv/dq kernel for these causal shapes)
+    pope triton split  the same with the split backward (separate dq and dk/dv kernels, less memory)
 Per provider: forward and forward+backward median time (triton.testing.do_bench), peak memory allocated
 above the inputs during forward+backward, and TFLOP/s with the provider's own attention FLOPs: PoPE
 forward 6*B*H*N^2*d (the QK product has 2d channels), standard 4*B*H*N^2*d, halved when causal;
@@ -34,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 SHAPES = [(8, 12, 1024, 64), (4, 16, 4096, 64), (2, 16, 8192, 64), (1, 16, 16384, 64), (4, 16, 4096, 128)]
-PROVIDERS = ["sdpa", "rope+sdpa", "pope materialized", "pope-pytorch", "pope triton"]
+PROVIDERS = ["sdpa", "rope+sdpa", "pope materialized", "pope-pytorch", "pope triton", "pope triton split"]
 DECODE_SHAPES = [(8, 16, 16, 1024, 64), (8, 16, 16, 4096, 64), (8, 16, 16, 16384, 64), (4, 16, 16, 65536, 64),
                  (8, 32, 8, 16384, 128)]  # (B, Hq, Hkv, Nk, d)
 BASE = 10000.0
@@ -90,10 +92,16 @@ def make_provider(name, q, k, v, delta, *, autotune_pope_pytorch=False):
         provider.leaves = [q_t, k_t, v_t, delta]
         provider.transposed = True
         return provider
-    if name == "pope triton":
+    if name in ("pope triton", "pope triton split"):
         from pope.attention import pope_attention
+        from pope.kernels import pope_flash
 
-        return lambda: pope_attention(q, k, v, delta, base=BASE, causal=True, backend="triton")
+        strategy = "split" if name.endswith("split") else "auto"
+
+        def pope_triton():
+            pope_flash.BACKWARD_STRATEGY = strategy  # read when this output's backward runs
+            return pope_attention(q, k, v, delta, base=BASE, causal=True, backend="triton")
+        return pope_triton
     raise ValueError(f"unknown provider {name!r}; choose from {PROVIDERS}")
 
 
@@ -147,6 +155,7 @@ def bench_decode(shape):
     # Materialised 2d-channel caches, built outside the timed region.
     phase_k = angles(torch.arange(seq_k, device="cuda"), pope_frequencies(head_dim, BASE, device="cuda"))
     mag_k = F.softplus(k_cache.float())
+    mag_cache = mag_k.to(dtype)
     k_prime = torch.cat([mag_k * phase_k.cos(), mag_k * phase_k.sin()], dim=-1).to(dtype)
     phase_q = angles(torch.tensor([seq_k - 1], device="cuda"), pope_frequencies(head_dim, BASE, device="cuda"))
     phase_q = phase_q[None] - delta[:, None, :]
@@ -157,6 +166,10 @@ def bench_decode(shape):
     approaches = {
         "pope triton decode (raw d-channel cache)": lambda: pope_attention(q, k_cache, v_cache, delta, base=BASE,
                                                                            causal=True, backend="triton"),
+        # The cache holds f(k) (d channels, content only); phases come from positions inside the kernel.
+        "pope triton decode (magnitude cache)": lambda: pope_attention(F.softplus(q.float()).to(dtype), mag_cache, v_cache,
+                                                                       delta, base=BASE, causal=True,
+                                                                       magnitude="identity", backend="triton"),
         "pope materialized cache (2d channels) + sdpa": lambda: F.scaled_dot_product_attention(
             q_prime, k_prime, v_cache, scale=scale, enable_gqa=enable_gqa),
         "rope cache (d channels) + sdpa": lambda: F.scaled_dot_product_attention(

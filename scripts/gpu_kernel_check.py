@@ -86,25 +86,32 @@ def check_determinism(shape=(2, 16, 4, 4096, 4096, 64, True)):
     delta = -2 * math.pi * torch.rand(n_q_heads, head_dim, device=DEVICE)
     grad_out = torch.randn_like(q)
     options = dict(base=10000.0, causal=causal, softmax_scale=None, q_offset=None, magnitude="softplus", rotary_dim=None)
-    runs = [_grads(triton_pope_attention, q, k, v, delta, grad_out, torch.bfloat16, options) for _ in range(3)]
-    identical = all(torch.equal(a, b) for run in runs[1:] for a, b in zip(runs[0], run))
-    return {"shape": shape, "bitwise_identical_over_3_runs": identical}
+    identical = True
+    for strategy in ("fused", "split"):  # both backward strategies
+        pope_flash.BACKWARD_STRATEGY = strategy
+        runs = [_grads(triton_pope_attention, q, k, v, delta, grad_out, torch.bfloat16, options) for _ in range(3)]
+        identical &= all(torch.equal(a, b) for run in runs[1:] for a, b in zip(runs[0], run))
+    pope_flash.BACKWARD_STRATEGY = "auto"
+    return {"shape": shape, "strategies": ["fused", "split"], "bitwise_identical_over_3_runs": identical}
 
 
 # The first entry of each list is the shipped config (pope_flash.*_CONFIGS), so a sweep compares against it.
 SWEEP_CANDIDATES = {
     64: {"fwd": [(64, 64, 4, 3), (128, 64, 4, 3), (128, 128, 8, 3)],
          "dq": [(64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 4, 2)],
-         "dkdv": [(64, 128, 8, 2), (64, 64, 4, 2), (64, 64, 4, 3)]},
+         "dkdv": [(64, 128, 8, 2), (64, 64, 4, 2), (64, 64, 4, 3)],
+         "fused": [(64, 128, 8, 2), (64, 64, 4, 2), (64, 64, 8, 2), (32, 128, 8, 2), (64, 128, 8, 1), (128, 128, 8, 2)]},
     128: {"fwd": [(128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 8, 2)],
           "dq": [(128, 64, 8, 2), (64, 32, 4, 2), (64, 64, 8, 2)],
-          "dkdv": [(64, 128, 8, 2), (32, 64, 4, 2), (32, 128, 8, 2)]},
+          "dkdv": [(64, 128, 8, 2), (32, 64, 4, 2), (32, 128, 8, 2)],
+          "fused": [(64, 128, 8, 2), (32, 64, 4, 2), (64, 64, 8, 2), (32, 128, 8, 2), (64, 64, 4, 2)]},
 }
 
 
-def sweep_configs(shapes=((4, 16, 4096, 64), (4, 16, 4096, 128)), apply_best=True):
+def sweep_configs(shapes=((4, 16, 4096, 64), (4, 16, 4096, 128)), apply_best=True, kinds=None):
     """Time each candidate tile config of each kernel (bf16, causal; fwd = forward, dq / dkdv = the whole
-    backward with that kernel's config changed); with apply_best, install the fastest in pope_flash."""
+    backward with that kernel's config changed: dq / dkdv in the split backward, fused in the fused one);
+    with apply_best, install the fastest in pope_flash."""
     from triton.testing import do_bench
 
     rows, best = [], {}
@@ -116,14 +123,18 @@ def sweep_configs(shapes=((4, 16, 4096, 64), (4, 16, 4096, 128)), apply_best=Tru
         opts = dict(causal=True, softmax_scale=head_dim ** -0.5, q_offset=0, magnitude="softplus")
         out, lse = pope_flash.forward(q, k, v, delta, theta, **opts)
         for kind, configs in SWEEP_CANDIDATES[head_dim].items():
+            if kinds is not None and kind not in kinds:
+                continue
             timings = []
             for config in configs:
                 if kind == "fwd":
                     fn = lambda: pope_flash.forward(q, k, v, delta, theta, config=config, **opts)  # noqa: E731
                 elif kind == "dq":
-                    fn = lambda: pope_flash.backward(do, q, k, v, delta, out, lse, theta, dq_config=config, **opts)  # noqa: E731
+                    fn = lambda: pope_flash.backward(do, q, k, v, delta, out, lse, theta, dq_config=config,  # noqa: E731
+                                                     strategy="split", **opts)
                 else:
-                    fn = lambda: pope_flash.backward(do, q, k, v, delta, out, lse, theta, dkdv_config=config, **opts)  # noqa: E731
+                    fn = lambda: pope_flash.backward(do, q, k, v, delta, out, lse, theta, dkdv_config=config,  # noqa: E731
+                                                     strategy="split" if kind == "dkdv" else "fused", **opts)
                 try:
                     ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
                 except Exception as err:  # a config can exceed shared memory: record and move on
@@ -144,6 +155,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true",
                         help="first time candidate tile configs, install the fastest, write OUT/kernel_configs.json")
+    parser.add_argument("--sweep-shapes", default=None, help="e.g. 8x12x1024x64,4x16x4096x64 (default 4x16x4096x{64,128})")
+    parser.add_argument("--sweep-kinds", default=None, help="e.g. fwd,fused (default all)")
     parser.add_argument("--bf16-rows", default=None, help="comma-separated CHECK_SHAPES rows for bf16 (default all)")
     parser.add_argument("--other-rows", default=None, help="rows for fp16/fp32 (default %s)" % (OTHER_DTYPE_ROWS,))
     parser.add_argument("--out", default=".", help="directory for gpu_kernel_check.json")
@@ -153,7 +166,10 @@ def main(argv=None):
     started = time.time()
     sweep = None
     if args.sweep:
-        sweep, best = sweep_configs()
+        shapes = ((4, 16, 4096, 64), (4, 16, 4096, 128)) if args.sweep_shapes is None else [
+            tuple(int(x) for x in s.split("x")) for s in args.sweep_shapes.split(",")]
+        sweep, best = sweep_configs(shapes, apply_best=args.sweep_shapes is None,
+                                    kinds=None if args.sweep_kinds is None else args.sweep_kinds.split(","))
         with open(f"{args.out}/kernel_configs.json", "w") as f:
             json.dump(best, f)
         print(f"fastest configs installed: {best}", flush=True)

@@ -140,6 +140,56 @@ def test_output_and_gradients_within_twice_reference_error(
             f"{name}: kernel error {our_error:.3e} > 2 x reference error {reference_error:.3e}")
 
 
+BACKWARD_CASES = [
+    # causal, Nq == Nk: where the fused backward applies (batch, Hq, Hkv, N, d, dtype, magnitude, delta)
+    pytest.param(2, 4, 2, 97, 48, torch.bfloat16, "softplus", True, id="gqa-97-d48-bf16"),
+    pytest.param(1, 2, 1, 70, 64, torch.float16, "relu", True, id="mqa-70-fp16-relu"),
+    pytest.param(1, 2, 2, 65, 128, torch.float32, "softplus", False, id="65-d128-fp32-nodelta"),
+]
+
+
+@pytest.mark.parametrize("strategy", ["fused", "split"])
+@pytest.mark.parametrize("batch,n_q_heads,n_kv_heads,seq,head_dim,dtype,magnitude,with_delta", BACKWARD_CASES)
+def test_both_backward_strategies_within_twice_reference_error(
+        kernels, monkeypatch, strategy, batch, n_q_heads, n_kv_heads, seq, head_dim, dtype, magnitude, with_delta):
+    """The fused backward (ordered dq accumulation) and the split one (separate dq kernel) each meet the 2x rule."""
+    if _delegated(kernels):
+        return
+    monkeypatch.setattr(kernels, "BACKWARD_STRATEGY", strategy)
+    generator = torch.Generator().manual_seed(seq + head_dim)
+    q, k, v, delta, grad_out = _inputs(batch, n_q_heads, n_kv_heads, seq, seq, head_dim, dtype, with_delta, generator)
+    assert kernels.backward_strategy(q, k, causal=True, q_offset=0, magnitude=magnitude) == strategy
+    options = dict(base=10000.0, causal=True, softmax_scale=head_dim ** -0.5, q_offset=0, magnitude=magnitude,
+                   rotary_dim=None)
+    exact = _run(reference_pope_attention, q, k, v, delta, grad_out, torch.float64, options)
+    reference = _run(reference_pope_attention, q, k, v, delta, grad_out, dtype, options)
+    ours = _run(_triton, q, k, v, delta, grad_out, dtype, options)
+    for name, mine, theirs, truth in zip(["out", "dq", "dk", "dv", "d_delta"], ours, reference, exact):
+        assert torch.isfinite(mine).all(), f"{name}: non-finite values (an element left unwritten?)"
+        our_error = (mine.double() - truth).abs().max().item()
+        reference_error = (theirs.double() - truth).abs().max().item()
+        floor = 1e-5 * truth.abs().max().item() if dtype == torch.float32 else 0.0
+        assert our_error <= 2 * reference_error + floor, (
+            f"{strategy} {name}: kernel error {our_error:.3e} > 2 x reference error {reference_error:.3e}")
+
+
+def test_backward_strategy_choice(kernels, monkeypatch):
+    """Fused only where its ordered accumulation runs without waiting and dq = u / f(q) is defined."""
+    if _delegated(kernels):
+        return
+    q = torch.zeros(1, 2, 8, 32)
+    longer = torch.zeros(1, 2, 12, 32)
+    choose = kernels.backward_strategy
+    assert choose(q, q, causal=True, q_offset=0, magnitude="softplus") == "fused"
+    assert choose(q, q, causal=True, q_offset=0, magnitude="relu") == "fused"
+    assert choose(q, q, causal=False, q_offset=0, magnitude="softplus") == "split"
+    assert choose(q, longer, causal=True, q_offset=4, magnitude="softplus") == "split"
+    assert choose(q, q, causal=True, q_offset=0, magnitude="identity") == "split"
+    assert choose(q, q, causal=True, q_offset=0, magnitude="softplus", strategy="split") == "split"
+    with pytest.raises(ValueError, match="strategy"):
+        choose(q, q, causal=True, q_offset=0, magnitude="softplus", strategy="atomic")
+
+
 def test_explicit_query_offset_matches_reference(kernels):
     """Chunked prefill: 20 queries at positions 30..49 of a 64-key cache (keys past them masked)."""
     if _delegated(kernels):
@@ -155,9 +205,11 @@ def test_explicit_query_offset_matches_reference(kernels):
     assert fused[2][:, :, 50:].abs().max() == 0 and fused[3][:, :, 50:].abs().max() == 0
 
 
-def test_backward_is_bitwise_deterministic(kernels):
+@pytest.mark.parametrize("strategy", ["fused", "split"])
+def test_backward_is_bitwise_deterministic(kernels, monkeypatch, strategy):
     if _delegated(kernels):
         return
+    monkeypatch.setattr(kernels, "BACKWARD_STRATEGY", strategy)
     generator = torch.Generator().manual_seed(2)
     q, k, v, delta, grad_out = _inputs(2, 4, 2, 97, 97, 48, torch.bfloat16, True, generator)
     options = dict(base=10000.0, causal=True, softmax_scale=48 ** -0.5, q_offset=0, magnitude="softplus", rotary_dim=None)
