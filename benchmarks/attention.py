@@ -40,6 +40,7 @@ PROVIDERS = ["sdpa", "rope+sdpa", "pope materialized", "pope-pytorch", "pope tri
 DECODE_SHAPES = [(8, 16, 16, 1024, 64), (8, 16, 16, 4096, 64), (8, 16, 16, 16384, 64), (4, 16, 16, 65536, 64),
                  (8, 32, 8, 16384, 128)]  # (B, Hq, Hkv, Nk, d)
 BASE = 10000.0
+_DEFAULT_STRATEGY = None  # pope_flash.BACKWARD_STRATEGY when first imported here
 
 
 def attention_flops(batch, heads, seq, head_dim, *, pope: bool, causal: bool = True) -> tuple[float, float]:
@@ -96,7 +97,9 @@ def make_provider(name, q, k, v, delta, *, autotune_pope_pytorch=False):
         from pope.attention import pope_attention
         from pope.kernels import pope_flash
 
-        strategy = "split" if name.endswith("split") else "auto"
+        global _DEFAULT_STRATEGY
+        _DEFAULT_STRATEGY = _DEFAULT_STRATEGY or pope_flash.BACKWARD_STRATEGY  # as imported (POPE_BACKWARD)
+        strategy = "split" if name.endswith("split") else _DEFAULT_STRATEGY
 
         def pope_triton():
             pope_flash.BACKWARD_STRATEGY = strategy  # read when this output's backward runs
@@ -309,7 +312,8 @@ def main(argv=None):
     parser.add_argument("--decode", action="store_true", help="also run the decode benchmark")
     parser.add_argument("--pope-pytorch-autotune", action="store_true")
     parser.add_argument("--profile", action="store_true",
-                        help="also write OUT/profile.txt: torch.profiler of pope triton fwd+bwd, first two shapes")
+                        help="also write OUT/profile.txt: torch.profiler of pope triton fwd+bwd (default and split "
+                             "backward), first two shapes")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/attention.py needs a CUDA GPU")
@@ -332,7 +336,8 @@ def main(argv=None):
     if args.profile:
         with open(os.path.join(args.out, "profile.txt"), "w") as f:
             for shape in shapes[:2]:
-                f.write(f"pope triton fwd+bwd x10, shape {shape}\n{profile_provider('pope triton', shape)}\n\n")
+                for name in ("pope triton", "pope triton split"):
+                    f.write(f"{name} fwd+bwd x10, shape {shape}\n{profile_provider(name, shape)}\n\n")
     append_csv(os.path.join(args.out, "attention.csv"), rows, meta)
     plot(rows, os.path.join(args.out, "attention.png"))
     decode_rows = []

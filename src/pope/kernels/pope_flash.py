@@ -678,10 +678,17 @@ def _pope_decode_kernel(
     # of a sincos (the decode kernel transforms every cached key it reads).
     offs_j = tl.arange(0, BLOCK_N)
     table_sin, table_cos = _sincos(offs_j.to(tl.float32)[:, None] * theta[None, :])
+    # Triton's pipeliner prefetches only loads that feed a dot; k feeds the transform, so its next tile is
+    # loaded one iteration ahead by hand (otherwise every tile waits out a full memory latency).
+    k_next = tl.load(k_base + (lo + offs_j)[:, None] * stride_kn + offs_d[None, :],
+                     mask=((lo + offs_j) < hi)[:, None] & mask_d[None, :], other=0.0)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_j
         kv_mask = (offs_n < hi)[:, None] & mask_d[None, :]
-        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
+        k = k_next
+        offs_next = offs_n + BLOCK_N
+        k_next = tl.load(k_base + offs_next[:, None] * stride_kn + offs_d[None, :],
+                         mask=(offs_next < hi)[:, None] & mask_d[None, :], other=0.0)
         v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
         base_sin, base_cos = _sincos(theta * start_n)  # (BLOCK_D,), start_n exact in fp32 (< 2**24)
         cos_k = base_cos[None, :] * table_cos - base_sin[None, :] * table_sin
