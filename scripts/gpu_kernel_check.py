@@ -151,12 +151,47 @@ def sweep_configs(shapes=((4, 16, 4096, 64), (4, 16, 4096, 128)), apply_best=Tru
     return rows, best
 
 
+DECODE_SWEEP_SHAPES = ((8, 16, 16, 16384, 64), (8, 32, 8, 16384, 128))  # (B, Hq, Hkv, Nk, d)
+
+
+def sweep_decode(shapes=DECODE_SWEEP_SHAPES):
+    """Time decode_forward variants (phase table or per-element sincos, key tile, warps, register cap) on one
+    query per head, for a raw cache (softplus in the kernel) and a magnitude cache (identity)."""
+    import itertools
+
+    from triton.testing import do_bench
+
+    rows = []
+    for batch, n_q_heads, n_kv_heads, seq_k, head_dim in shapes:
+        torch.manual_seed(0)
+        q = torch.randn(batch, n_q_heads, 1, head_dim, device=DEVICE, dtype=torch.bfloat16)
+        k, v = (torch.randn(batch, n_kv_heads, seq_k, head_dim, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
+        delta = -2 * math.pi * torch.rand(n_q_heads, head_dim, device=DEVICE)
+        theta = pope_flash.frequencies(head_dim, 10000.0, q.device)
+        tiles = [(64, 4), (32, 4), (64, 8)] if head_dim <= 64 else [(32, 4), (64, 8), (32, 8)]
+        for magnitude, table, (block_n, warps), maxnreg in itertools.product(
+                ("softplus", "identity"), (True, False), tiles, (None, 128)):
+            opts = dict(causal=True, softmax_scale=head_dim ** -0.5, q_offset=seq_k - 1, magnitude=magnitude,
+                        block_n=block_n, num_warps=warps, phase_table=table, maxnreg=maxnreg)
+            try:
+                ms = do_bench(lambda: pope_flash.decode_forward(q, k, v, delta, theta, **opts),  # noqa: B023
+                              warmup=25, rep=100, return_mode="median")
+            except Exception as err:
+                ms = float("nan")
+                print(f"  decode {opts}: {type(err).__name__}: {str(err)[:120]}", file=sys.stderr)
+            rows.append({"shape": (batch, n_q_heads, n_kv_heads, seq_k, head_dim), **opts, "ms": ms})
+            print(f"  decode sweep {rows[-1]['shape']} {magnitude:8s} table={table!s:5s} block_n={block_n:3d} "
+                  f"warps={warps} maxnreg={maxnreg}: {ms:.4f} ms", flush=True)
+    return rows
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true",
                         help="first time candidate tile configs, install the fastest, write OUT/kernel_configs.json")
     parser.add_argument("--sweep-shapes", default=None, help="e.g. 8x12x1024x64,4x16x4096x64 (default 4x16x4096x{64,128})")
     parser.add_argument("--sweep-kinds", default=None, help="e.g. fwd,fused (default all)")
+    parser.add_argument("--decode-sweep", action="store_true", help="time decode kernel variants first")
     parser.add_argument("--bf16-rows", default=None, help="comma-separated CHECK_SHAPES rows for bf16 (default all)")
     parser.add_argument("--other-rows", default=None, help="rows for fp16/fp32 (default %s)" % (OTHER_DTYPE_ROWS,))
     parser.add_argument("--out", default=".", help="directory for gpu_kernel_check.json")
@@ -173,6 +208,7 @@ def main(argv=None):
         with open(f"{args.out}/kernel_configs.json", "w") as f:
             json.dump(best, f)
         print(f"fastest configs installed: {best}", flush=True)
+    decode_sweep = sweep_decode() if args.decode_sweep else None
     pope_flash.POISON_OUTPUTS = True
     global CHECK_SHAPES
     if args.smoke:
@@ -200,6 +236,8 @@ def main(argv=None):
     print(f"determinism: {results['determinism']}", flush=True)
     if sweep is not None:
         results["sweep"] = sweep
+    if decode_sweep is not None:
+        results["decode_sweep"] = decode_sweep
     results["seconds"] = time.time() - started
     with open(f"{args.out}/gpu_kernel_check.json", "w") as f:
         json.dump(results, f, indent=1, default=str)

@@ -229,9 +229,11 @@ def test_decode_kernel_agrees_with_the_full_kernel(kernels):
     theta = kernels.frequencies(64, 10000.0, q.device)
     options = dict(causal=True, softmax_scale=0.125, q_offset=148, magnitude="softplus")
     out_block, lse_block = kernels.forward(q, k, v, delta, theta, **options)
-    out_decode, lse_decode = kernels.decode_forward(q, k, v, delta, theta, num_splits=3, **options)
-    assert torch.allclose(out_block, out_decode, rtol=1e-5, atol=1e-6)
-    assert torch.allclose(lse_block, lse_decode, rtol=1e-5, atol=1e-6)
+    for phase_table in (True, False):  # key phases by table + per-tile query rotation, or per key element
+        out_decode, lse_decode = kernels.decode_forward(q, k, v, delta, theta, num_splits=3, phase_table=phase_table,
+                                                        **options)
+        assert torch.allclose(out_block, out_decode, rtol=1e-5, atol=1e-6), phase_table
+        assert torch.allclose(lse_block, lse_decode, rtol=1e-5, atol=1e-6), phase_table
     # Queries at positions 40, 41: keys 42.. are invisible, so the later splits see no key at all.
     options["q_offset"] = 40
     out_block, lse_block = kernels.forward(q, k, v, delta, theta, **options)

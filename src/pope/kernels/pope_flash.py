@@ -639,6 +639,7 @@ def _pope_decode_kernel(
     n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, keys_per_split,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr, PRECISION: tl.constexpr,
+    PHASE_TABLE: tl.constexpr,
 ):
     pid_split = tl.program_id(0)
     pid_bh = tl.program_id(1)  # b * n_kv_heads + hk
@@ -659,9 +660,12 @@ def _pope_decode_kernel(
     phase_q = (q_offset + qi).to(tl.float32)[:, None] * theta[None, :]
     if HAS_DELTA:
         phase_q = phase_q - tl.load(Delta + head[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_q, other=0.0).to(tl.float32)
-    q_cos, q_sin = _polar_to_cartesian(q, phase_q, mask_q, MAGNITUDE)
-    q_cos = q_cos.to(q.dtype)
-    q_sin = q_sin.to(q.dtype)
+    q_cos32, q_sin32 = _polar_to_cartesian(q, phase_q, mask_q, MAGNITUDE)
+    q_cos = q_cos32.to(q.dtype)
+    q_sin = q_sin32.to(q.dtype)
+    if PHASE_TABLE:  # rotated per tile from the rounded q', as the reference rounds it
+        q_cos32 = q_cos.to(tl.float32)
+        q_sin32 = q_sin.to(tl.float32)
     qk_scale = softmax_scale * 1.4426950408889634
 
     k_base = K + b * stride_kb + hk * stride_kh
@@ -673,13 +677,15 @@ def _pope_decode_kernel(
     hi = tl.minimum(lo + keys_per_split, seq_k)
     if CAUSAL:
         hi = tl.minimum(hi, q_offset + seq_q)
-    # Key phases by angle addition: (start_n + j) theta from a per-program table of (cos, sin)(j theta),
-    # (BLOCK_N, BLOCK_D), and one row (cos, sin)(start_n theta) per tile: 4 FMAs per key element instead
-    # of a sincos (the decode kernel transforms every cached key it reads).
     offs_j = tl.arange(0, BLOCK_N)
-    table_sin, table_cos = _sincos(offs_j.to(tl.float32)[:, None] * theta[None, :])
-    # Triton's pipeliner prefetches only loads that feed a dot; k feeds the transform, so its next tile is
-    # loaded one iteration ahead by hand (otherwise every tile waits out a full memory latency).
+    if PHASE_TABLE:
+        # Key phases by angle addition: (start_n + j) theta from a per-program table of (cos, sin)(j theta),
+        # (BLOCK_N, BLOCK_D) in registers, rotated per tile through the query side: with
+        # A = q'cos, B = q'sin and (c, s) = (cos, sin)(start_n theta), A cos((start_n + j) theta) +
+        # B sin(...) = P cos(j theta) + Q sin(j theta), P = A c + B s, Q = B c - A s (rows x d per tile),
+        # so each key element costs two multiplies with the table.
+        table_sin, table_cos = _sincos(offs_j.to(tl.float32)[:, None] * theta[None, :])
+    # k feeds elementwise math, which Triton's pipeliner does not prefetch: load the next tile by hand.
     k_next = tl.load(k_base + (lo + offs_j)[:, None] * stride_kn + offs_d[None, :],
                      mask=((lo + offs_j) < hi)[:, None] & mask_d[None, :], other=0.0)
     for start_n in range(lo, hi, BLOCK_N):
@@ -690,14 +696,22 @@ def _pope_decode_kernel(
         k_next = tl.load(k_base + offs_next[:, None] * stride_kn + offs_d[None, :],
                          mask=(offs_next < hi)[:, None] & mask_d[None, :], other=0.0)
         v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
-        base_sin, base_cos = _sincos(theta * start_n)  # (BLOCK_D,), start_n exact in fp32 (< 2**24)
-        cos_k = base_cos[None, :] * table_cos - base_sin[None, :] * table_sin
-        sin_k = base_sin[None, :] * table_cos + base_cos[None, :] * table_sin
         magnitude_k = tl.where(kv_mask, _magnitude(k.to(tl.float32), MAGNITUDE), 0.0)
-        k_cos = magnitude_k * cos_k
-        k_sin = magnitude_k * sin_k
-        scores = tl.dot(q_cos, tl.trans(k_cos.to(k.dtype)), input_precision=PRECISION)
-        scores = tl.dot(q_sin, tl.trans(k_sin.to(k.dtype)), scores, input_precision=PRECISION)
+        if PHASE_TABLE:
+            base_sin, base_cos = _sincos(theta * start_n)  # (BLOCK_D,), start_n exact in fp32 (< 2**24)
+            p_rows = (q_cos32 * base_cos[None, :] + q_sin32 * base_sin[None, :]).to(k.dtype)
+            q_rows = (q_sin32 * base_cos[None, :] - q_cos32 * base_sin[None, :]).to(k.dtype)
+            k_cos = (magnitude_k * table_cos).to(k.dtype)
+            k_sin = (magnitude_k * table_sin).to(k.dtype)
+        else:
+            # Phases computed per key element (no table: fewer registers, more FMAs).
+            sin_k, cos_k = _sincos(offs_n.to(tl.float32)[:, None] * theta[None, :])
+            p_rows = q_cos
+            q_rows = q_sin
+            k_cos = (magnitude_k * cos_k).to(k.dtype)
+            k_sin = (magnitude_k * sin_k).to(k.dtype)
+        scores = tl.dot(p_rows, tl.trans(k_cos), input_precision=PRECISION)
+        scores = tl.dot(q_rows, tl.trans(k_sin), scores, input_precision=PRECISION)
         visible = (offs_n < hi)[None, :]
         if CAUSAL:
             visible = visible & (offs_n[None, :] <= (q_offset + qi)[:, None])
@@ -947,7 +961,8 @@ def _sm_count(device) -> int:
 
 
 def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float, q_offset: int, magnitude: str,
-                   block_n: int | None = None, num_splits: int | None = None, num_warps: int = 4):
+                   block_n: int | None = None, num_splits: int | None = None, num_warps: int = 4,
+                   phase_table: bool = True, maxnreg: int | None = None):
     """Split-K decode over a raw (d-channel) cache. Returns (out, lse) like `forward`.
 
     Suited to group_size * Nq <= 64 rows per key head; keys are transformed once, in registers.
@@ -979,7 +994,8 @@ def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float,
         n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, keys_per_split,
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         CAUSAL=causal, HAS_DELTA=delta is not None, MAGNITUDE=MAGNITUDE_CODES[magnitude],
-        PRECISION=_precision(q.dtype), num_warps=num_warps, num_stages=2)
+        PRECISION=_precision(q.dtype), PHASE_TABLE=phase_table, num_warps=num_warps, num_stages=2,
+        **({} if maxnreg is None or INTERPRET else {"maxnreg": maxnreg}))
     # Combine the splits in one launch: (splits, B*Hkv, rows, d) -> (B, Hq, Nq, d) and the row LSEs.
     out = _empty((batch, n_q_heads, seq_q, head_dim), device=q.device, dtype=q.dtype)
     lse = _empty((batch, n_q_heads, seq_q), device=q.device, dtype=torch.float32)

@@ -1,0 +1,70 @@
+"""Host (Python + launch) overhead of one pope_attention call, against SDPA, on a shape too small for the
+GPU to matter: what limits eager-mode PoPE at short sequences (the 8x12x1024x64 benchmark row).
+
+Prints per-call wall time (CUDA-synchronised, mean of many calls) of forward and forward+backward for
+SDPA and for pope_attention(backend="triton"), then the cProfile functions where PoPE's host time goes.
+
+    PYTHONPATH=src python benchmarks/launch_overhead.py [--calls 300]
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import math
+import pstats
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+def per_call_ms(fn, calls: int) -> float:
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e3
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--shape", default="1x2x128x64", help="B x H x N x d")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks/launch_overhead.py needs a CUDA GPU")
+    from pope.attention import pope_attention
+
+    batch, heads, seq, head_dim = (int(x) for x in args.shape.split("x"))
+    q, k, v = (torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    delta = (-2 * math.pi * torch.rand(heads, head_dim, device="cuda")).requires_grad_()
+    grad = torch.randn_like(q)
+    calls = {
+        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        "pope triton": lambda: pope_attention(q, k, v, delta, causal=True, backend="triton"),
+    }
+    print(f"shape {args.shape}, bf16, causal; ms per call (host-bound at this size)")
+    for name, fn in calls.items():
+        with torch.no_grad():
+            forward = per_call_ms(fn, args.calls)
+        both = per_call_ms(lambda: torch.autograd.backward(fn(), grad), args.calls)  # noqa: B023
+        print(f"{name:>12}: forward {forward:.3f} ms, forward+backward {both:.3f} ms")
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(args.calls):
+        torch.autograd.backward(calls["pope triton"](), grad)
+    torch.cuda.synchronize()
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
+    print(f"cProfile of {args.calls} pope triton forward+backward calls (tottime order):")
+    print(text.getvalue()[-6000:])
+
+
+if __name__ == "__main__":
+    main()
