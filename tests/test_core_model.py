@@ -117,3 +117,14 @@ def test_bad_token_input():
     model = GPT(small_config("pope"))
     with pytest.raises(TypeError, match="integer tensor"):
         model(torch.zeros(2, 3))
+
+
+def test_provenance_commit_from_environment_wins(monkeypatch):
+    """A tree copied to another machine may carry a stale .git: POPE_GIT_COMMIT, when set, names the commit."""
+    from pope import provenance
+
+    monkeypatch.setenv("POPE_GIT_COMMIT", "abc1234def")
+    assert provenance.git_commit() == {"commit": "abc1234def", "dirty": None, "source": "POPE_GIT_COMMIT"}
+    assert provenance.commit_label() == "abc1234"
+    monkeypatch.delenv("POPE_GIT_COMMIT")
+    assert provenance.git_commit()["source"] in ("git", None)

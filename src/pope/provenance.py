@@ -1,8 +1,9 @@
 """Provenance stamped on every run record, result file and benchmark row: code version, libraries,
 device, date and command. One implementation for the trainer, the evaluation tools and the benchmarks.
 
-A source tree without .git (e.g. the copy shipped to a GPU machine) reports its commit from the
-environment variable POPE_GIT_COMMIT when set, else None — never a guess.
+The environment variable POPE_GIT_COMMIT, when set, names the commit and wins over git: a copy of the tree
+shipped to another machine may carry no .git, or a stale one (seen on the GPU machine: its .git said an
+older commit + dirty). Without it, git decides, and a tree without .git reports None — never a guess.
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ _SOURCE_ROOT = Path(__file__).resolve().parent
 
 def git_commit() -> dict:
     """{"commit": full hash or None, "dirty": tracked files differ from it (None if unknown), "source"}."""
+    if os.environ.get("POPE_GIT_COMMIT"):
+        return {"commit": os.environ["POPE_GIT_COMMIT"], "dirty": None, "source": "POPE_GIT_COMMIT"}
     try:
         head = subprocess.run(["git", "rev-parse", "--verify", "HEAD"], cwd=_SOURCE_ROOT, capture_output=True,
                               text=True, timeout=10)
@@ -30,8 +33,6 @@ def git_commit() -> dict:
             dirty = bool(status.stdout.strip())
     except (OSError, subprocess.SubprocessError):
         commit, dirty = None, None
-    if commit is None and os.environ.get("POPE_GIT_COMMIT"):
-        return {"commit": os.environ["POPE_GIT_COMMIT"], "dirty": None, "source": "POPE_GIT_COMMIT"}
     return {"commit": commit, "dirty": dirty, "source": "git" if commit else None}
 
 
