@@ -7,9 +7,7 @@ bf16, causal. Providers, side by side in the same process:
     pope materialized  pope.attention's reference: 2d-channel q'/k' built in eager PyTorch + SDPA
     pope-pytorch       PoPE_pytorch 0.2.1's fused Triton kernel (flash_attn, its (B, N, H, d) layout;
                        autotuning off unless --pope-pytorch-autotune, to spare device time)
-    pope triton        this project's kernels via pope_attention(backend="triton") (backward strategy "auto":
-                       the fused dk/dv/dq kernel for these causal shapes)
-    pope triton split  the same with the split backward (separate dq and dk/dv kernels, less memory)
+    pope triton        this project's kernels via pope_attention(backend="triton")
 Per provider: forward and forward+backward median time (triton.testing.do_bench), peak memory allocated
 above the inputs during forward+backward, and TFLOP/s with the provider's own attention FLOPs: PoPE
 forward 6*B*H*N^2*d (the QK product has 2d channels), standard 4*B*H*N^2*d, halved when causal;
@@ -36,11 +34,10 @@ import torch
 import torch.nn.functional as F
 
 SHAPES = [(8, 12, 1024, 64), (4, 16, 4096, 64), (2, 16, 8192, 64), (1, 16, 16384, 64), (4, 16, 4096, 128)]
-PROVIDERS = ["sdpa", "rope+sdpa", "pope materialized", "pope-pytorch", "pope triton", "pope triton split"]
+PROVIDERS = ["sdpa", "rope+sdpa", "pope materialized", "pope-pytorch", "pope triton"]
 DECODE_SHAPES = [(8, 16, 16, 1024, 64), (8, 16, 16, 4096, 64), (8, 16, 16, 16384, 64), (4, 16, 16, 65536, 64),
                  (8, 32, 8, 16384, 128)]  # (B, Hq, Hkv, Nk, d)
 BASE = 10000.0
-_DEFAULT_STRATEGY = None  # pope_flash.BACKWARD_STRATEGY when first imported here
 
 
 def attention_flops(batch, heads, seq, head_dim, *, pope: bool, causal: bool = True) -> tuple[float, float]:
@@ -93,18 +90,10 @@ def make_provider(name, q, k, v, delta, *, autotune_pope_pytorch=False):
         provider.leaves = [q_t, k_t, v_t, delta]
         provider.transposed = True
         return provider
-    if name in ("pope triton", "pope triton split"):
+    if name == "pope triton":
         from pope.attention import pope_attention
-        from pope.kernels import pope_flash
 
-        global _DEFAULT_STRATEGY
-        _DEFAULT_STRATEGY = _DEFAULT_STRATEGY or pope_flash.BACKWARD_STRATEGY  # as imported (POPE_BACKWARD)
-        strategy = "split" if name.endswith("split") else _DEFAULT_STRATEGY
-
-        def pope_triton():
-            pope_flash.BACKWARD_STRATEGY = strategy  # read when this output's backward runs
-            return pope_attention(q, k, v, delta, base=BASE, causal=True, backend="triton")
-        return pope_triton
+        return lambda: pope_attention(q, k, v, delta, base=BASE, causal=True, backend="triton")
     raise ValueError(f"unknown provider {name!r}; choose from {PROVIDERS}")
 
 
@@ -312,8 +301,7 @@ def main(argv=None):
     parser.add_argument("--decode", action="store_true", help="also run the decode benchmark")
     parser.add_argument("--pope-pytorch-autotune", action="store_true")
     parser.add_argument("--profile", action="store_true",
-                        help="also write OUT/profile.txt: torch.profiler of pope triton fwd+bwd (default and split "
-                             "backward), first two shapes")
+                        help="also write OUT/profile.txt: torch.profiler of pope triton fwd+bwd, first two shapes")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/attention.py needs a CUDA GPU")
@@ -336,8 +324,7 @@ def main(argv=None):
     if args.profile:
         with open(os.path.join(args.out, "profile.txt"), "w") as f:
             for shape in shapes[:2]:
-                for name in ("pope triton", "pope triton split"):
-                    f.write(f"{name} fwd+bwd x10, shape {shape}\n{profile_provider(name, shape)}\n\n")
+                f.write(f"pope triton fwd+bwd x10, shape {shape}\n{profile_provider('pope triton', shape)}\n\n")
     append_csv(os.path.join(args.out, "attention.csv"), rows, meta)
     plot(rows, os.path.join(args.out, "attention.png"))
     decode_rows = []

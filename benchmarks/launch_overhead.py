@@ -54,6 +54,28 @@ def main(argv=None):
             forward = per_call_ms(fn, args.calls)
         both = per_call_ms(lambda: torch.autograd.backward(fn(), grad), args.calls)  # noqa: B023
         print(f"{name:>12}: forward {forward:.3f} ms, forward+backward {both:.3f} ms")
+    # The layers of a PoPE call, innermost first: one Triton launch, the launchers, the custom operators.
+    from pope import ops
+    from pope.kernels import pope_flash
+
+    theta = pope_flash.frequencies(head_dim, 10000.0, q.device)
+    opts = dict(causal=True, softmax_scale=head_dim ** -0.5, q_offset=0, magnitude="softplus")
+    out, lse = pope_flash.forward(q.detach(), k.detach(), v.detach(), delta.detach(), theta, **opts)
+    layers = {
+        "one transform launch": lambda: pope_flash.transform(k.detach(), theta, None, position_offset=0,
+                                                             magnitude="softplus"),
+        "pope_flash.forward": lambda: pope_flash.forward(q.detach(), k.detach(), v.detach(), delta.detach(), theta,
+                                                         **opts),
+        "pope_flash.backward": lambda: pope_flash.backward(grad, q.detach(), k.detach(), v.detach(), delta.detach(),
+                                                           out, lse, theta, **opts),
+        "custom op forward": lambda: ops.flash_attention_forward(q.detach(), k.detach(), v.detach(), delta.detach(),
+                                                                 10000.0, True, head_dim ** -0.5, 0, "softplus"),
+        "custom op backward": lambda: ops.flash_attention_backward(grad, q.detach(), k.detach(), v.detach(),
+                                                                   delta.detach(), out, lse, 10000.0, True,
+                                                                   head_dim ** -0.5, 0, "softplus"),
+    }
+    for name, fn in layers.items():
+        print(f"{name:>22}: {per_call_ms(fn, args.calls):.3f} ms")
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(args.calls):

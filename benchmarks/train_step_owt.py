@@ -18,18 +18,11 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from attention import append_csv, provenance  # noqa: E402  (same directory: shared provenance/CSV helpers)
 
-# label -> (pe config string, pope_flash backward strategy); "pope (triton)" runs the shipped default ("auto").
-SPECS = {"rope (sdpa)": ("rope", "auto"), "pope (triton)": ("pope:backend=triton", "auto")}
-VARIANTS = {"pope (triton, split bwd)": ("pope:backend=triton", "split"),
-            "pope (triton, fused bwd)": ("pope:backend=triton", "fused")}
+SPECS = {"rope (sdpa)": "rope", "pope (triton)": "pope:backend=triton"}
 
 
-def step_time(pe: str, *, batch: int, seq_len: int, steps: int, warmup: int, strategy: str = "auto") -> dict:
+def step_time(pe: str, *, batch: int, seq_len: int, steps: int, warmup: int) -> dict:
     from torch._dynamo.utils import counters
-
-    from pope.kernels import pope_flash
-
-    pope_flash.BACKWARD_STRATEGY = strategy  # read by each backward call at run time
     from pope.model import GPT
     from pope.presets import get_preset
 
@@ -74,18 +67,15 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=1024)
-    parser.add_argument("--variants", action="store_true",
-                        help="also time PoPE with each backward strategy forced (split, fused)")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/train_step_owt.py needs a CUDA GPU")
     os.makedirs(args.out, exist_ok=True)
     rows = []
-    specs = {**SPECS, **(VARIANTS if args.variants else {})}
-    for label, (pe, strategy) in specs.items():
-        row = {"model": label, **step_time(pe, batch=args.batch, seq_len=args.seq_len, steps=args.steps, warmup=args.warmup,
-                           strategy=strategy)}
+    for label, pe in SPECS.items():
+        row = {"model": label, **step_time(pe, batch=args.batch, seq_len=args.seq_len, steps=args.steps,
+                                           warmup=args.warmup)}
         rows.append(row)
         print(f"{label:>26}: {row['ms_per_step']:.2f} ms/step, {row['tokens_per_s']:.0f} tokens/s, "
               f"graph breaks {row['graph_breaks']}, loss {row['loss']:.3f}", flush=True)

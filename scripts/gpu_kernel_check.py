@@ -86,32 +86,25 @@ def check_determinism(shape=(2, 16, 4, 4096, 4096, 64, True)):
     delta = -2 * math.pi * torch.rand(n_q_heads, head_dim, device=DEVICE)
     grad_out = torch.randn_like(q)
     options = dict(base=10000.0, causal=causal, softmax_scale=None, q_offset=None, magnitude="softplus", rotary_dim=None)
-    identical = True
-    for strategy in ("fused", "split"):  # both backward strategies
-        pope_flash.BACKWARD_STRATEGY = strategy
-        runs = [_grads(triton_pope_attention, q, k, v, delta, grad_out, torch.bfloat16, options) for _ in range(3)]
-        identical &= all(torch.equal(a, b) for run in runs[1:] for a, b in zip(runs[0], run))
-    pope_flash.BACKWARD_STRATEGY = "auto"
-    return {"shape": shape, "strategies": ["fused", "split"], "bitwise_identical_over_3_runs": identical}
+    runs = [_grads(triton_pope_attention, q, k, v, delta, grad_out, torch.bfloat16, options) for _ in range(3)]
+    identical = all(torch.equal(a, b) for run in runs[1:] for a, b in zip(runs[0], run))
+    return {"shape": shape, "bitwise_identical_over_3_runs": identical}
 
 
 # The first entry of each list is the shipped config (pope_flash.*_CONFIGS), so a sweep compares against it.
 SWEEP_CANDIDATES = {
-    64: {"fwd": [(64, 64, 4, 3), (128, 128, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2)],
-         "dq": [(64, 64, 4, 2), (64, 64, 8, 2), (64, 64, 4, 3), (128, 64, 8, 2)],
-         "dkdv": [(64, 128, 8, 2), (32, 128, 8, 2), (64, 64, 4, 2), (128, 128, 8, 2)],
-         "fused": [(64, 128, 8, 2), (32, 128, 8, 2), (64, 128, 8, 1)]},
+    64: {"fwd": [(128, 128, 8, 3), (64, 64, 4, 3), (128, 64, 4, 3)],
+         "dq": [(64, 64, 4, 3), (64, 64, 4, 2), (128, 64, 8, 2)],
+         "dkdv": [(128, 128, 8, 2), (64, 128, 8, 2), (64, 64, 4, 2)]},
     128: {"fwd": [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 2)],
           "dq": [(128, 64, 8, 2), (64, 64, 8, 2), (64, 32, 4, 2)],
-          "dkdv": [(64, 128, 8, 2), (32, 64, 4, 2), (32, 128, 8, 2)],
-          "fused": [(32, 128, 8, 2), (64, 64, 8, 2)]},
+          "dkdv": [(64, 128, 8, 2), (32, 64, 4, 2), (32, 128, 8, 2)]},
 }
 
 
 def sweep_configs(shapes=((4, 16, 4096, 64), (4, 16, 4096, 128)), apply_best=True, kinds=None):
     """Time each candidate tile config of each kernel (bf16, causal; fwd = forward, dq / dkdv = the whole
-    backward with that kernel's config changed: dq / dkdv in the split backward, fused in the fused one);
-    with apply_best, install the fastest in pope_flash."""
+    backward with that kernel's config changed); with apply_best, install the fastest in pope_flash."""
     from triton.testing import do_bench
 
     rows, best = [], {}
@@ -130,11 +123,9 @@ def sweep_configs(shapes=((4, 16, 4096, 64), (4, 16, 4096, 128)), apply_best=Tru
                 if kind == "fwd":
                     fn = lambda: pope_flash.forward(q, k, v, delta, theta, config=config, **opts)  # noqa: E731
                 elif kind == "dq":
-                    fn = lambda: pope_flash.backward(do, q, k, v, delta, out, lse, theta, dq_config=config,  # noqa: E731
-                                                     strategy="split", **opts)
+                    fn = lambda: pope_flash.backward(do, q, k, v, delta, out, lse, theta, dq_config=config, **opts)  # noqa: E731
                 else:
-                    fn = lambda: pope_flash.backward(do, q, k, v, delta, out, lse, theta, dkdv_config=config,  # noqa: E731
-                                                     strategy="split" if kind == "dkdv" else "fused", **opts)
+                    fn = lambda: pope_flash.backward(do, q, k, v, delta, out, lse, theta, dkdv_config=config, **opts)  # noqa: E731
                 try:
                     ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
                 except Exception as err:  # a config can exceed shared memory: record and move on
@@ -155,8 +146,8 @@ DECODE_SWEEP_SHAPES = ((8, 16, 16, 16384, 64), (8, 32, 8, 16384, 128))  # (B, Hq
 
 
 def sweep_decode(shapes=DECODE_SWEEP_SHAPES):
-    """Time decode_forward variants (phase table or per-element sincos, key tile, warps, register cap) on one
-    query per head, for a raw cache (softplus in the kernel) and a magnitude cache (identity)."""
+    """Time decode_forward key tiles and warps on one query per head, for a raw cache (softplus in the kernel)
+    and a magnitude cache (f(k) cached, magnitude "identity")."""
     import itertools
 
     from triton.testing import do_bench
@@ -169,10 +160,9 @@ def sweep_decode(shapes=DECODE_SWEEP_SHAPES):
         delta = -2 * math.pi * torch.rand(n_q_heads, head_dim, device=DEVICE)
         theta = pope_flash.frequencies(head_dim, 10000.0, q.device)
         tiles = [(64, 4), (32, 4), (64, 8)] if head_dim <= 64 else [(32, 4), (64, 8), (32, 8)]
-        for magnitude, table, (block_n, warps), maxnreg in itertools.product(
-                ("softplus", "identity"), (True, False), tiles, (None, 128)):
+        for magnitude, (block_n, warps) in itertools.product(("softplus", "identity"), tiles):
             opts = dict(causal=True, softmax_scale=head_dim ** -0.5, q_offset=seq_k - 1, magnitude=magnitude,
-                        block_n=block_n, num_warps=warps, phase_table=table, maxnreg=maxnreg)
+                        block_n=block_n, num_warps=warps)
             try:
                 ms = do_bench(lambda: pope_flash.decode_forward(q, k, v, delta, theta, **opts),  # noqa: B023
                               warmup=25, rep=100, return_mode="median")
@@ -180,8 +170,8 @@ def sweep_decode(shapes=DECODE_SWEEP_SHAPES):
                 ms = float("nan")
                 print(f"  decode {opts}: {type(err).__name__}: {str(err)[:120]}", file=sys.stderr)
             rows.append({"shape": (batch, n_q_heads, n_kv_heads, seq_k, head_dim), **opts, "ms": ms})
-            print(f"  decode sweep {rows[-1]['shape']} {magnitude:8s} table={table!s:5s} block_n={block_n:3d} "
-                  f"warps={warps} maxnreg={maxnreg}: {ms:.4f} ms", flush=True)
+            print(f"  decode sweep {rows[-1]['shape']} {magnitude:8s} block_n={block_n:3d} warps={warps}: {ms:.4f} ms",
+                  flush=True)
     return rows
 
 

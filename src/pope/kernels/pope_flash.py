@@ -202,16 +202,12 @@ def _polar_to_cartesian(x, phase, valid, MAGNITUDE: tl.constexpr):
 # ----------------------------------------------------------------------------------------------------
 @triton.jit
 def _pope_transform_kernel(
-    X, Theta, Delta, Out, DO, O, RowDelta,
+    X, Theta, Delta, Out,
     stride_xb, stride_xh, stride_xn,
-    stride_dob, stride_doh, stride_don,
-    stride_ob, stride_oh, stride_on,
     n_heads, seq_len, position_offset,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
-    HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr, ROW_DELTA: tl.constexpr,
+    HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr,
 ):
-    """x' rows; with ROW_DELTA also D = rowsum(dO * O) (B, H, N) fp32 for the same rows (the fused
-    backward's pre-pass over the queries: one launch instead of two)."""
     pid_r = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // n_heads
@@ -226,11 +222,6 @@ def _pope_transform_kernel(
     out_rows = Out + (pid_bh * seq_len + offs_r[:, None]) * (2 * HEAD_DIM) + offs_d[None, :]
     tl.store(out_rows, x_cos.to(Out.dtype.element_ty), mask=mask)
     tl.store(out_rows + HEAD_DIM, x_sin.to(Out.dtype.element_ty), mask=mask)
-    if ROW_DELTA:
-        do = tl.load(DO + b * stride_dob + h * stride_doh + offs_r[:, None] * stride_don + offs_d[None, :], mask=mask, other=0.0)
-        o = tl.load(O + b * stride_ob + h * stride_oh + offs_r[:, None] * stride_on + offs_d[None, :], mask=mask, other=0.0)
-        tl.store(RowDelta + pid_bh * seq_len + offs_r, tl.sum(do.to(tl.float32) * o.to(tl.float32), 1),
-                 mask=offs_r < seq_len)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -447,15 +438,14 @@ def _pope_bwd_dq_kernel(
 
 
 # ----------------------------------------------------------------------------------------------------
-# Backward, part 2: dk, dv (one program per key block, looping over its group's query heads); in the fused
-# backward (ACCUMULATE_DQ) also every query block's dq, accumulated in a fixed order (see below).
+# Backward, part 2: dk, dv (one program per key block, looping over its group's query heads)
 # ----------------------------------------------------------------------------------------------------
 @triton.jit
 def _bwd_dkdv_inner(
-    dk_cos, dk_sin, dv, d_phase_sum, k_cos, k_sin, v, qp_base, do_base, stride_don, lse_base, rowdelta_base,
-    dq_acc_base, lock_base, offs_n, key_block, n_key_blocks, q_offset, seq_q, lo, hi, qk_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    CAUSAL: tl.constexpr, MASK_CAUSAL: tl.constexpr, ACCUMULATE_DQ: tl.constexpr, PRECISION: tl.constexpr,
+    dk_cos, dk_sin, dv, k_cos, k_sin, v, qp_base, do_base, stride_don, lse_base, rowdelta_base,
+    offs_n, q_offset, seq_q, lo, hi, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    MASK_CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
 ):
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
@@ -480,41 +470,12 @@ def _bwd_dkdv_inner(
         dscores_t = (probs_t * (dprobs_t - row_delta[None, :])).to(q_cos.dtype)
         dk_cos = tl.dot(dscores_t, q_cos, dk_cos, input_precision=PRECISION)
         dk_sin = tl.dot(dscores_t, q_sin, dk_sin, input_precision=PRECISION)
-        if ACCUMULATE_DQ:
-            # This key block's share of dq' = dS k' (BLOCK_M, BLOCK_D) x 2 (unscaled), projected at once onto
-            # d channels through q' = f(q) [cos, sin]: u = q'c dq'c + q's dq's = f(q) d|q| and
-            # w = q'c dq's - q's dq'c = f(q) d phase. dq = scale f'(q) u / f(q) (the epilogue kernel);
-            # d delta = -scale sum_rows w (summed here). So the shared accumulator has d channels, not 2d.
-            dscores = tl.trans(dscores_t)
-            dq_cos = tl.dot(dscores, k_cos, input_precision=PRECISION)
-            dq_sin = tl.dot(dscores, k_sin, input_precision=PRECISION)
-            q_cos32 = q_cos.to(tl.float32)
-            q_sin32 = q_sin.to(tl.float32)
-            u = q_cos32 * dq_cos + q_sin32 * dq_sin
-            d_phase_sum += tl.sum(q_cos32 * dq_sin - q_sin32 * dq_cos, 0)
-            # Ordered accumulation (deterministic, no atomics on dq): query block m takes the key blocks'
-            # shares from the last visible key block down to block 0; `turn` = how many come before ours.
-            # Programs run last key block first (pid reversed) and wait only on blocks launched before them.
-            if CAUSAL:
-                last_row = tl.minimum(start_m + BLOCK_M, seq_q) - 1
-                turn = tl.minimum((q_offset + last_row) // BLOCK_N, n_key_blocks - 1) - key_block
-            else:
-                turn = n_key_blocks - 1 - key_block
-            lock = lock_base + start_m // BLOCK_M
-            acc_rows = dq_acc_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
-            if turn > 0:
-                while tl.atomic_add(lock, 0, sem="acquire") != turn:
-                    pass
-                u += tl.load(acc_rows, mask=q_mask, other=0.0, cache_modifier=".cg")
-            tl.store(acc_rows, u, mask=q_mask, cache_modifier=".cg")
-            tl.debug_barrier()  # every thread's share is stored before the count moves on
-            tl.atomic_add(lock, 1, sem="release")
-    return dk_cos, dk_sin, dv, d_phase_sum
+    return dk_cos, dk_sin, dv
 
 
 @triton.jit
 def _pope_bwd_dkdv_kernel(
-    K, V, QP, DO, LSE, RowDelta, Theta, DK, DV, DQAcc, Lock, DDeltaPartial,
+    K, V, QP, DO, LSE, RowDelta, Theta, DK, DV,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_dob, stride_doh, stride_don,
@@ -522,13 +483,9 @@ def _pope_bwd_dkdv_kernel(
     stride_dvb, stride_dvh, stride_dvn,
     n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    CAUSAL: tl.constexpr, MAGNITUDE: tl.constexpr, ACCUMULATE_DQ: tl.constexpr, PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr, MAGNITUDE: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    n_key_blocks = tl.num_programs(0)
-    if ACCUMULATE_DQ:
-        pid_n = n_key_blocks - 1 - tl.program_id(0)  # last key block first: see _bwd_dkdv_inner
-    else:
-        pid_n = tl.program_id(0)
+    pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // n_kv_heads
     hk = pid_bh % n_kv_heads
@@ -561,7 +518,6 @@ def _pope_bwd_dkdv_kernel(
         masked_lo = 0
         masked_hi = 0
     n_q_heads = n_kv_heads * group_size
-    n_query_blocks = tl.cdiv(seq_q, BLOCK_M)
     for g in range(0, group_size):
         h = hk * group_size + g
         bh_q = b * n_q_heads + h
@@ -569,24 +525,15 @@ def _pope_bwd_dkdv_kernel(
         do_base = DO + b * stride_dob + h * stride_doh
         lse_base = LSE + bh_q * seq_q
         rowdelta_base = RowDelta + bh_q * seq_q
-        dq_acc_base = DQAcc + bh_q.to(tl.int64) * seq_q * HEAD_DIM
-        lock_base = Lock + bh_q * n_query_blocks
-        d_phase_sum = tl.zeros([BLOCK_D], dtype=tl.float32)
         if CAUSAL:
-            dk_cos, dk_sin, dv, d_phase_sum = _bwd_dkdv_inner(
-                dk_cos, dk_sin, dv, d_phase_sum, k_cos, k_sin, v, qp_base, do_base, stride_don, lse_base,
-                rowdelta_base, dq_acc_base, lock_base, offs_n, pid_n, n_key_blocks, q_offset, seq_q,
-                masked_lo, masked_hi, softmax_scale * 1.4426950408889634,
-                HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, CAUSAL, True, ACCUMULATE_DQ, PRECISION)
-        dk_cos, dk_sin, dv, d_phase_sum = _bwd_dkdv_inner(
-            dk_cos, dk_sin, dv, d_phase_sum, k_cos, k_sin, v, qp_base, do_base, stride_don, lse_base,
-            rowdelta_base, dq_acc_base, lock_base, offs_n, pid_n, n_key_blocks, q_offset, seq_q,
-            masked_hi, seq_q, softmax_scale * 1.4426950408889634,
-            HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, CAUSAL, False, ACCUMULATE_DQ, PRECISION)
-        if ACCUMULATE_DQ:
-            # This key block's partial of d delta[h] (one row per (b, h, key block); summed in fixed order).
-            tl.store(DDeltaPartial + (bh_q * n_key_blocks + pid_n) * HEAD_DIM + offs_d,
-                     -softmax_scale * d_phase_sum, mask=mask_d)
+            dk_cos, dk_sin, dv = _bwd_dkdv_inner(
+                dk_cos, dk_sin, dv, k_cos, k_sin, v, qp_base, do_base, stride_don, lse_base, rowdelta_base,
+                offs_n, q_offset, seq_q, masked_lo, masked_hi, softmax_scale * 1.4426950408889634,
+                HEAD_DIM, BLOCK_M, BLOCK_D, True, PRECISION)
+        dk_cos, dk_sin, dv = _bwd_dkdv_inner(
+            dk_cos, dk_sin, dv, k_cos, k_sin, v, qp_base, do_base, stride_don, lse_base, rowdelta_base,
+            offs_n, q_offset, seq_q, masked_hi, seq_q, softmax_scale * 1.4426950408889634,
+            HEAD_DIM, BLOCK_M, BLOCK_D, False, PRECISION)
 
     # Chain rule through k' = f(k) [cos(s theta), sin(s theta)]; dk' = scale * dS^T q'. Recomputed, not kept.
     k32 = tl.load(k_ptrs, mask=mask_k, other=0.0).to(tl.float32)
@@ -596,35 +543,6 @@ def _pope_bwd_dkdv_kernel(
              dk.to(DK.dtype.element_ty), mask=mask_k)
     tl.store(DV + b * stride_dvb + hk * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :],
              dv.to(DV.dtype.element_ty), mask=mask_k)
-
-
-@triton.jit
-def _pope_bwd_dq_epilogue_kernel(
-    Q, DQAcc, DQ,
-    stride_qb, stride_qh, stride_qn,
-    stride_dqb, stride_dqh, stride_dqn,
-    n_q_heads, seq_q, softmax_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, MAGNITUDE: tl.constexpr,
-):
-    """Fused backward's last step: dq = scale f'(q) u / f(q) from the accumulated u = f(q) d|q|.
-
-    f(q) = 0 only where relu cuts (f' = 0 there too) or softplus underflows (q < -87: dq ~ 1e-38): 0."""
-    pid_r = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // n_q_heads
-    h = pid_bh % n_q_heads
-    offs_r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask = (offs_r < seq_q)[:, None] & (offs_d < HEAD_DIM)[None, :]
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_r[:, None] * stride_qn + offs_d[None, :], mask=mask,
-                other=0.0).to(tl.float32)
-    u = tl.load(DQAcc + (pid_bh.to(tl.int64) * seq_q + offs_r[:, None]) * HEAD_DIM + offs_d[None, :], mask=mask,
-                other=0.0)
-    magnitude = _magnitude(q, MAGNITUDE)
-    safe = tl.where(magnitude > 0.0, magnitude, 1.0)
-    dq = tl.where(magnitude > 0.0, u * (_magnitude_grad(q, MAGNITUDE) / safe), 0.0) * softmax_scale
-    tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_r[:, None] * stride_dqn + offs_d[None, :],
-             dq.to(DQ.dtype.element_ty), mask=mask)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -639,7 +557,6 @@ def _pope_decode_kernel(
     n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, keys_per_split,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr, PRECISION: tl.constexpr,
-    PHASE_TABLE: tl.constexpr,
 ):
     pid_split = tl.program_id(0)
     pid_bh = tl.program_id(1)  # b * n_kv_heads + hk
@@ -660,12 +577,10 @@ def _pope_decode_kernel(
     phase_q = (q_offset + qi).to(tl.float32)[:, None] * theta[None, :]
     if HAS_DELTA:
         phase_q = phase_q - tl.load(Delta + head[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_q, other=0.0).to(tl.float32)
-    q_cos32, q_sin32 = _polar_to_cartesian(q, phase_q, mask_q, MAGNITUDE)
-    q_cos = q_cos32.to(q.dtype)
-    q_sin = q_sin32.to(q.dtype)
-    if PHASE_TABLE:  # rotated per tile from the rounded q', as the reference rounds it
-        q_cos32 = q_cos.to(tl.float32)
-        q_sin32 = q_sin.to(tl.float32)
+    q_cos, q_sin = _polar_to_cartesian(q, phase_q, mask_q, MAGNITUDE)
+    # q' rounded to the input dtype as the reference rounds it, then rotated per tile in fp32 (below).
+    q_cos32 = q_cos.to(q.dtype).to(tl.float32)
+    q_sin32 = q_sin.to(q.dtype).to(tl.float32)
     qk_scale = softmax_scale * 1.4426950408889634
 
     k_base = K + b * stride_kb + hk * stride_kh
@@ -677,14 +592,14 @@ def _pope_decode_kernel(
     hi = tl.minimum(lo + keys_per_split, seq_k)
     if CAUSAL:
         hi = tl.minimum(hi, q_offset + seq_q)
+    # Key phases by angle addition, folded into the query side: with A = q'cos, B = q'sin (rows x d) and
+    # (c, s) = (cos, sin)(start_n theta) for a tile starting at key start_n,
+    #   A cos((start_n + j) theta) + B sin((start_n + j) theta) = P cos(j theta) + Q sin(j theta),
+    #   P = A c + B s,  Q = B c - A s,
+    # so a per-program table (cos, sin)(j theta) (BLOCK_N, BLOCK_D) and one (rows x d) rotation per tile
+    # leave two multiplies per cached key element (plus f(k)): the cache stays raw, d channels per key.
     offs_j = tl.arange(0, BLOCK_N)
-    if PHASE_TABLE:
-        # Key phases by angle addition: (start_n + j) theta from a per-program table of (cos, sin)(j theta),
-        # (BLOCK_N, BLOCK_D) in registers, rotated per tile through the query side: with
-        # A = q'cos, B = q'sin and (c, s) = (cos, sin)(start_n theta), A cos((start_n + j) theta) +
-        # B sin(...) = P cos(j theta) + Q sin(j theta), P = A c + B s, Q = B c - A s (rows x d per tile),
-        # so each key element costs two multiplies with the table.
-        table_sin, table_cos = _sincos(offs_j.to(tl.float32)[:, None] * theta[None, :])
+    table_sin, table_cos = _sincos(offs_j.to(tl.float32)[:, None] * theta[None, :])
     # k feeds elementwise math, which Triton's pipeliner does not prefetch: load the next tile by hand.
     k_next = tl.load(k_base + (lo + offs_j)[:, None] * stride_kn + offs_d[None, :],
                      mask=((lo + offs_j) < hi)[:, None] & mask_d[None, :], other=0.0)
@@ -697,19 +612,11 @@ def _pope_decode_kernel(
                          mask=(offs_next < hi)[:, None] & mask_d[None, :], other=0.0)
         v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
         magnitude_k = tl.where(kv_mask, _magnitude(k.to(tl.float32), MAGNITUDE), 0.0)
-        if PHASE_TABLE:
-            base_sin, base_cos = _sincos(theta * start_n)  # (BLOCK_D,), start_n exact in fp32 (< 2**24)
-            p_rows = (q_cos32 * base_cos[None, :] + q_sin32 * base_sin[None, :]).to(k.dtype)
-            q_rows = (q_sin32 * base_cos[None, :] - q_cos32 * base_sin[None, :]).to(k.dtype)
-            k_cos = (magnitude_k * table_cos).to(k.dtype)
-            k_sin = (magnitude_k * table_sin).to(k.dtype)
-        else:
-            # Phases computed per key element (no table: fewer registers, more FMAs).
-            sin_k, cos_k = _sincos(offs_n.to(tl.float32)[:, None] * theta[None, :])
-            p_rows = q_cos
-            q_rows = q_sin
-            k_cos = (magnitude_k * cos_k).to(k.dtype)
-            k_sin = (magnitude_k * sin_k).to(k.dtype)
+        base_sin, base_cos = _sincos(theta * start_n)  # (BLOCK_D,), start_n exact in fp32 (< 2**24)
+        p_rows = (q_cos32 * base_cos[None, :] + q_sin32 * base_sin[None, :]).to(k.dtype)
+        q_rows = (q_sin32 * base_cos[None, :] - q_cos32 * base_sin[None, :]).to(k.dtype)
+        k_cos = (magnitude_k * table_cos).to(k.dtype)
+        k_sin = (magnitude_k * table_sin).to(k.dtype)
         scores = tl.dot(p_rows, tl.trans(k_cos), input_precision=PRECISION)
         scores = tl.dot(q_rows, tl.trans(k_sin), scores, input_precision=PRECISION)
         visible = (offs_n < hi)[None, :]
@@ -765,22 +672,19 @@ def _pope_decode_combine_kernel(
 # ----------------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------------
-# Tile shapes per head dim (BLOCK_M, BLOCK_N, num_warps, num_stages), timed on an H200 at (4, 16, 4096, d)
-# bf16 causal (benchmarks/results/kernel_sweep.json, docs/kernels.md). d=64: the sweep's fastest forward and
-# dq tiles; d=128: the first version's tiles, which beat every sweep candidate.
-FWD_CONFIGS = {64: (64, 64, 4, 3), 128: (128, 64, 8, 3)}
-BWD_DQ_CONFIGS = {64: (64, 64, 4, 2), 128: (128, 64, 8, 2)}
-BWD_DKDV_CONFIGS = {64: (64, 128, 8, 2), 128: (64, 128, 8, 2)}
-# The fused backward's dk/dv/dq kernel (untuned: the split backward's dk/dv tiles to start with).
-BWD_FUSED_CONFIGS = {64: (64, 128, 8, 2), 128: (64, 128, 8, 2)}
+# Tile shapes per head dim (BLOCK_M, BLOCK_N, num_warps, num_stages), timed on an H200, bf16 causal, at
+# (8,12,1024,d), (4,16,4096,d) and (1,16,16384,d) (benchmarks/results/kernel_sweep*.json, docs/kernels.md).
+# d=64: the fastest at 4096 and 16384 for each kernel (at 1024 the dk/dv tile (64,128,8,2) would be 10%
+# faster); d=128: the first version's tiles, which beat every sweep candidate.
+FWD_CONFIGS = {64: (128, 128, 8, 3), 128: (128, 64, 8, 3)}
+BWD_DQ_CONFIGS = {64: (64, 64, 4, 3), 128: (128, 64, 8, 2)}
+BWD_DKDV_CONFIGS = {64: (128, 128, 8, 2), 128: (64, 128, 8, 2)}
 TRANSFORM_ROWS = 64
-KERNEL_CONFIGS = {"fwd": FWD_CONFIGS, "dq": BWD_DQ_CONFIGS, "dkdv": BWD_DKDV_CONFIGS, "fused": BWD_FUSED_CONFIGS}
-# "auto": the fused backward where it applies (backward_strategy), else split. Env POPE_BACKWARD overrides.
-BACKWARD_STRATEGY = os.environ.get("POPE_BACKWARD", "auto")
+KERNEL_CONFIGS = {"fwd": FWD_CONFIGS, "dq": BWD_DQ_CONFIGS, "dkdv": BWD_DKDV_CONFIGS}
 
 
 def load_configs(path: str) -> None:
-    """Replace tile configs from a JSON file {"fwd"|"dq"|"dkdv"|"fused": {"64"|"128": [BM, BN, warps, stages]}}, as
+    """Replace tile configs from a JSON file {"fwd"|"dq"|"dkdv": {"64"|"128": [BM, BN, warps, stages]}}, as
     written by scripts/gpu_kernel_check.py --sweep (tuning for another GPU). Also read from the
     environment variable POPE_KERNEL_CONFIGS at import."""
     import json
@@ -827,22 +731,18 @@ def _strides(t: torch.Tensor):
 
 
 def transform(x: torch.Tensor, theta: torch.Tensor, delta: torch.Tensor | None, *, position_offset: int,
-              magnitude: str, row_delta_of: tuple | None = None) -> torch.Tensor:
+              magnitude: str) -> torch.Tensor:
     """x (B, H, N, d) -> x' (B, H, N, 2d) contiguous, in x's dtype: [f(x) cos(phase), f(x) sin(phase)],
-    phase = (position_offset + n) * theta - delta[h]. With row_delta_of = (do, out, row_delta) it also
-    writes row_delta (B, H, N) fp32 = rowsum(do * out) in the same pass (x is then q)."""
+    phase = (position_offset + n) * theta - delta[h]."""
     batch, heads, seq, head_dim = x.shape
     out = _empty((batch, heads, seq, 2 * head_dim), device=x.device, dtype=x.dtype)
     rows = TRANSFORM_ROWS if _block_d(head_dim) <= 64 else TRANSFORM_ROWS // 2  # 4K elements a program
     grid = (triton.cdiv(seq, rows), batch * heads)
-    do, o, row_delta = row_delta_of if row_delta_of is not None else (x, x, theta)
     _pope_transform_kernel[grid](
-        x, theta, delta if delta is not None else theta, out, do, o, row_delta,
-        *_strides(x), *_strides(do), *_strides(o),
+        x, theta, delta if delta is not None else theta, out, *_strides(x),
         heads, seq, position_offset,
         HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), BLOCK_R=rows,
-        HAS_DELTA=delta is not None, MAGNITUDE=MAGNITUDE_CODES[magnitude], ROW_DELTA=row_delta_of is not None,
-        num_warps=4)
+        HAS_DELTA=delta is not None, MAGNITUDE=MAGNITUDE_CODES[magnitude], num_warps=4)
     return out
 
 
@@ -866,24 +766,9 @@ def forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float, q_offs
     return out, lse
 
 
-def backward_strategy(q, k, *, causal: bool, q_offset: int, magnitude: str, strategy: str | None = None) -> str:
-    """"fused" (one dk/dv/dq kernel, 16 M·N·d units, an fp32 d-channel dq accumulator) or "split" (a dq
-    kernel and a dk/dv kernel that both recompute S and dP: 22 units, no accumulator).
-
-    Fused needs causal attention with Nq == Nk: there every key block starts at its own diagonal, so the
-    ordered dq accumulation runs in lock-step without waiting; and f(q) > 0 wherever f'(q) != 0, which
-    "identity" lacks (dq is recovered as u / f(q)). POPE_BACKWARD=split|fused (or `strategy`) overrides
-    "auto" where fused is possible."""
-    strategy = strategy or BACKWARD_STRATEGY
-    if strategy not in ("auto", "fused", "split"):
-        raise ValueError(f"backward strategy must be 'auto', 'fused' or 'split' (got {strategy!r})")
-    possible = causal and q_offset == 0 and q.shape[2] == k.shape[2] and magnitude != "identity"
-    return "fused" if possible and strategy != "split" else "split"
-
-
 def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale: float, q_offset: int,
-             magnitude: str, dq_config=None, dkdv_config=None, strategy: str | None = None):
-    """Returns (dq, dk, dv, d_delta or None). Deterministic: no atomics on any gradient."""
+             magnitude: str, dq_config=None, dkdv_config=None):
+    """Returns (dq, dk, dv, d_delta or None). Deterministic: no atomics anywhere."""
     batch, n_q_heads, seq_q, head_dim = q.shape
     n_kv_heads, seq_k = k.shape[1], k.shape[2]
     group_size = n_q_heads // n_kv_heads
@@ -894,53 +779,31 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
     dk = _empty(k.shape, device=k.device, dtype=k.dtype)
     dv = _empty(v.shape, device=v.device, dtype=v.dtype)
     row_delta = _empty((batch, n_q_heads, seq_q), device=q.device, dtype=torch.float32)
-    fused = backward_strategy(q, k, causal=causal, q_offset=q_offset, magnitude=magnitude, strategy=strategy) == "fused"
-    dkdv_block_m, dkdv_block_n, dkdv_warps, dkdv_stages = _pick(
-        BWD_FUSED_CONFIGS if fused else BWD_DKDV_CONFIGS, head_dim, dkdv_config, q.dtype)
-    n_key_blocks = triton.cdiv(seq_k, dkdv_block_n)
 
-    if fused:
-        # The queries' q' and D = rowsum(dO * O) in one pre-pass; then one kernel for dk, dv and the dq
-        # accumulator u (B, Hq, Nq, d) fp32, whose every block is written first by its last visible key
-        # block (no zero fill); the epilogue turns u into dq.
-        q_prime = transform(q, theta, delta, position_offset=q_offset, magnitude=magnitude,
-                            row_delta_of=(do, out, row_delta))
-        dq_acc = _empty((batch, n_q_heads, seq_q, head_dim), device=q.device, dtype=torch.float32)
-        locks = torch.zeros((batch, n_q_heads, triton.cdiv(seq_q, dkdv_block_m)), device=q.device, dtype=torch.int32)
-        d_delta_partial = _empty((batch, n_q_heads, n_key_blocks, head_dim), device=q.device, dtype=torch.float32)
-        dq_acc_args = (dq_acc, locks, d_delta_partial)
-    else:
-        # Part 1: dq, D and the d delta partials, streaming the keys' k' (written here, freed after).
-        block_m, block_n, num_warps, num_stages = _pick(BWD_DQ_CONFIGS, head_dim, dq_config, q.dtype)
-        n_m_blocks = triton.cdiv(seq_q, block_m)
-        d_delta_partial = _empty((batch, n_q_heads, n_m_blocks, head_dim), device=q.device, dtype=torch.float32)
-        k_prime = transform(k, theta, None, position_offset=0, magnitude=magnitude)
-        _pope_bwd_dq_kernel[(n_m_blocks, batch * n_q_heads)](
-            q, k_prime, v, out, do, lse, theta, delta if delta is not None else theta, dq, row_delta, d_delta_partial,
-            *_strides(q), *_strides(v), *_strides(out), *_strides(do), *_strides(dq),
-            n_q_heads, group_size, seq_q, seq_k, q_offset, softmax_scale,
-            HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-            CAUSAL=causal, HAS_DELTA=delta is not None, MAGNITUDE=code, PRECISION=precision,
-            num_warps=num_warps, num_stages=num_stages)
-        del k_prime
-        # Part 2 streams the queries' q' (written here, freed after).
-        q_prime = transform(q, theta, delta, position_offset=q_offset, magnitude=magnitude)
-        dq_acc_args = (theta, theta, theta)  # unused without ACCUMULATE_DQ
+    # Part 1: dq, D and the d delta partials, streaming the keys' k' (written here, freed after).
+    block_m, block_n, num_warps, num_stages = _pick(BWD_DQ_CONFIGS, head_dim, dq_config, q.dtype)
+    n_m_blocks = triton.cdiv(seq_q, block_m)
+    d_delta_partial = _empty((batch, n_q_heads, n_m_blocks, head_dim), device=q.device, dtype=torch.float32)
+    k_prime = transform(k, theta, None, position_offset=0, magnitude=magnitude)
+    _pope_bwd_dq_kernel[(n_m_blocks, batch * n_q_heads)](
+        q, k_prime, v, out, do, lse, theta, delta if delta is not None else theta, dq, row_delta, d_delta_partial,
+        *_strides(q), *_strides(v), *_strides(out), *_strides(do), *_strides(dq),
+        n_q_heads, group_size, seq_q, seq_k, q_offset, softmax_scale,
+        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        CAUSAL=causal, HAS_DELTA=delta is not None, MAGNITUDE=code, PRECISION=precision,
+        num_warps=num_warps, num_stages=num_stages)
+    del k_prime
 
-    _pope_bwd_dkdv_kernel[(n_key_blocks, batch * n_kv_heads)](
-        k, v, q_prime, do, lse, row_delta, theta, dk, dv, *dq_acc_args,
+    # Part 2: dk, dv, streaming the queries' q' (written here, freed after).
+    q_prime = transform(q, theta, delta, position_offset=q_offset, magnitude=magnitude)
+    block_m, block_n, num_warps, num_stages = _pick(BWD_DKDV_CONFIGS, head_dim, dkdv_config, q.dtype)
+    _pope_bwd_dkdv_kernel[(triton.cdiv(seq_k, block_n), batch * n_kv_heads)](
+        k, v, q_prime, do, lse, row_delta, theta, dk, dv,
         *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
         n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale,
-        HEAD_DIM=head_dim, BLOCK_M=dkdv_block_m, BLOCK_N=dkdv_block_n, BLOCK_D=block_d,
-        CAUSAL=causal, MAGNITUDE=code, ACCUMULATE_DQ=fused, PRECISION=precision,
-        num_warps=dkdv_warps, num_stages=dkdv_stages)
+        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        CAUSAL=causal, MAGNITUDE=code, PRECISION=precision, num_warps=num_warps, num_stages=num_stages)
     del q_prime
-    if fused:
-        rows = TRANSFORM_ROWS if block_d <= 64 else TRANSFORM_ROWS // 2
-        _pope_bwd_dq_epilogue_kernel[(triton.cdiv(seq_q, rows), batch * n_q_heads)](
-            q, dq_acc, dq, *_strides(q), *_strides(dq), n_q_heads, seq_q, softmax_scale,
-            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_R=rows, MAGNITUDE=code, num_warps=4)
-        del dq_acc
 
     d_delta = None
     if delta is not None:
@@ -961,8 +824,7 @@ def _sm_count(device) -> int:
 
 
 def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float, q_offset: int, magnitude: str,
-                   block_n: int | None = None, num_splits: int | None = None, num_warps: int = 4,
-                   phase_table: bool = True, maxnreg: int | None = None):
+                   block_n: int | None = None, num_splits: int | None = None, num_warps: int | None = None):
     """Split-K decode over a raw (d-channel) cache. Returns (out, lse) like `forward`.
 
     Suited to group_size * Nq <= 64 rows per key head; keys are transformed once, in registers.
@@ -977,6 +839,8 @@ def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float,
         block_n = 64 if block_d <= 64 else 32
         if q.dtype == torch.float32:
             block_n = 16
+    if num_warps is None:  # decode sweep on an H200 (docs/kernels.md): 8 warps for d <= 64, 4 for d = 128
+        num_warps = 8 if block_d <= 64 and block_n >= 64 else 4
     if INTERPRET:
         block_n = min(block_n, 32)
     if num_splits is None:
@@ -994,8 +858,7 @@ def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float,
         n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, keys_per_split,
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         CAUSAL=causal, HAS_DELTA=delta is not None, MAGNITUDE=MAGNITUDE_CODES[magnitude],
-        PRECISION=_precision(q.dtype), PHASE_TABLE=phase_table, num_warps=num_warps, num_stages=2,
-        **({} if maxnreg is None or INTERPRET else {"maxnreg": maxnreg}))
+        PRECISION=_precision(q.dtype), num_warps=num_warps, num_stages=2)
     # Combine the splits in one launch: (splits, B*Hkv, rows, d) -> (B, Hq, Nq, d) and the row LSEs.
     out = _empty((batch, n_q_heads, seq_q, head_dim), device=q.device, dtype=q.dtype)
     lse = _empty((batch, n_q_heads, seq_q), device=q.device, dtype=torch.float32)
@@ -1013,5 +876,5 @@ def frequencies(head_dim: int, base: float, device) -> torch.Tensor:
     return pope_frequencies(head_dim, base, device=device).contiguous()
 
 
-__all__ = ["forward", "backward", "backward_strategy", "decode_forward", "transform", "frequencies", "load_configs", "INTERPRET",
+__all__ = ["forward", "backward", "decode_forward", "transform", "frequencies", "load_configs", "INTERPRET",
            "MAGNITUDE_CODES", "KERNEL_CONFIGS", "POISON_OUTPUTS"]
