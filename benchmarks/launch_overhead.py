@@ -76,6 +76,11 @@ def main(argv=None):
     }
     for name, fn in layers.items():
         print(f"{name:>22}: {per_call_ms(fn, args.calls):.3f} ms")
+    # Eager pope_attention through the custom operators' autograd instead of the autograd.Function.
+    ops.EAGER_AUTOGRAD_FUNCTION = False
+    both = per_call_ms(lambda: torch.autograd.backward(calls["pope triton"](), grad), args.calls)
+    ops.EAGER_AUTOGRAD_FUNCTION = True
+    print(f"{'via custom-op autograd':>22}: forward+backward {both:.3f} ms")
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(args.calls):

@@ -205,6 +205,23 @@ def test_custom_ops_pass_opcheck(kernels):
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
 
 
+def test_eager_function_and_custom_operators_agree_bitwise(kernels, monkeypatch):
+    """Eager calls take the autograd.Function, compiled ones the custom operators: same launchers, same bits."""
+    if _delegated(kernels):
+        return
+    from pope import ops
+
+    generator = torch.Generator().manual_seed(6)
+    q, k, v, delta, grad_out = _inputs(1, 4, 2, 33, 33, 32, torch.bfloat16, True, generator)
+    options = dict(base=10000.0, causal=True, softmax_scale=32 ** -0.5, q_offset=0, magnitude="softplus",
+                   rotary_dim=None)
+    eager = _run(_triton, q, k, v, delta, grad_out, torch.bfloat16, options)
+    monkeypatch.setattr(ops, "EAGER_AUTOGRAD_FUNCTION", False)
+    operators = _run(_triton, q, k, v, delta, grad_out, torch.bfloat16, options)
+    for name, a, b in zip(["out", "dq", "dk", "dv", "d_delta"], eager, operators):
+        assert torch.equal(a, b), name
+
+
 def test_torch_compile_traces_without_graph_break(kernels):
     if _delegated(kernels):
         return

@@ -1,7 +1,8 @@
 """PoPE flash attention as PyTorch operators: `torch.library.custom_op`s over the Triton kernels.
 
 Two operators, each with a fake (meta) implementation so that `torch.compile` traces through them with
-no graph break:
+no graph break (eager calls take an equivalent autograd.Function over the same launchers, which costs
+less host time per call):
     pope::flash_attention_forward(q, k, v, delta, ...) -> (out, lse)
     pope::flash_attention_backward(do, q, k, v, delta, out, lse, ...) -> (dq, dk, dv, d_delta)
 wired together with `torch.library.register_autograd` (the forward saves q, k, v, delta, out, lse only).
@@ -23,6 +24,8 @@ MAX_HEAD_DIM = 128
 # Few query rows per key head (generation with a KV cache): the split-K decode kernel instead.
 DECODE_MAX_QUERIES = 16
 DECODE_MAX_ROWS = 64
+# Eager calls go through _EagerFlashAttention (less host time); False routes them through the operators too.
+EAGER_AUTOGRAD_FUNCTION = True
 
 _frequency_cache: dict = {}
 
@@ -55,11 +58,8 @@ def _use_decode_kernel(q: torch.Tensor, k: torch.Tensor) -> bool:
     return seq_q <= DECODE_MAX_QUERIES and rows <= DECODE_MAX_ROWS and seq_k > seq_q
 
 
-@torch.library.custom_op("pope::flash_attention_forward", mutates_args=())
-def flash_attention_forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: Optional[torch.Tensor],
-    base: float, causal: bool, softmax_scale: float, q_offset: int, magnitude: str,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward(q, k, v, delta, base, causal, softmax_scale, q_offset, magnitude):
+    """(out, lse) from the kernels; the body of both the custom operator and the eager autograd Function."""
     kernels = _kernels()
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     delta = delta.contiguous() if delta is not None else None
@@ -68,6 +68,23 @@ def flash_attention_forward(
     if _use_decode_kernel(q, k):
         return kernels.decode_forward(q, k, v, delta, theta, **options)
     return kernels.forward(q, k, v, delta, theta, **options)
+
+
+def _backward_kernels(do, q, k, v, delta, out, lse, base, causal, softmax_scale, q_offset, magnitude):
+    """(dq, dk, dv, d_delta or None) from the kernels."""
+    q, k, v, out, do = (_last_dim_contiguous(t) for t in (q, k, v, out, do))
+    delta = delta.contiguous() if delta is not None else None
+    theta = _theta(q.shape[-1], base, q.device)
+    return _kernels().backward(do, q, k, v, delta, out, lse.contiguous(), theta, causal=causal,
+                               softmax_scale=softmax_scale, q_offset=q_offset, magnitude=magnitude)
+
+
+@torch.library.custom_op("pope::flash_attention_forward", mutates_args=())
+def flash_attention_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: Optional[torch.Tensor],
+    base: float, causal: bool, softmax_scale: float, q_offset: int, magnitude: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _forward(q, k, v, delta, base, causal, softmax_scale, q_offset, magnitude)
 
 
 @flash_attention_forward.register_fake
@@ -84,12 +101,8 @@ def flash_attention_backward(
     base: float, causal: bool, softmax_scale: float, q_offset: int, magnitude: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (dq, dk, dv, d_delta); d_delta is an empty (0,) tensor when delta is None."""
-    q, k, v, out, do = (_last_dim_contiguous(t) for t in (q, k, v, out, do))
-    delta = delta.contiguous() if delta is not None else None
-    theta = _theta(q.shape[-1], base, q.device)
-    dq, dk, dv, d_delta = _kernels().backward(
-        do, q, k, v, delta, out, lse.contiguous(), theta, causal=causal, softmax_scale=softmax_scale,
-        q_offset=q_offset, magnitude=magnitude)
+    dq, dk, dv, d_delta = _backward_kernels(do, q, k, v, delta, out, lse, base, causal, softmax_scale, q_offset,
+                                            magnitude)
     if d_delta is None:
         d_delta = torch.empty((0,), dtype=q.dtype, device=q.device)
     return dq, dk, dv, d_delta
@@ -121,6 +134,25 @@ def _backward(ctx, grad_out, grad_lse):
 torch.library.register_autograd("pope::flash_attention_forward", _backward, setup_context=_setup_context)
 
 
+class _EagerFlashAttention(torch.autograd.Function):
+    """The same forward/backward as the operators above, for eager mode, where the operators' autograd path
+    costs more host time per call (benchmarks/launch_overhead.py; docs/kernels.md). torch.compile traces
+    the operators instead."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, delta, base, causal, softmax_scale, q_offset, magnitude):
+        out, lse = _forward(q, k, v, delta, base, causal, softmax_scale, q_offset, magnitude)
+        ctx.save_for_backward(q, k, v, delta, out, lse)
+        ctx.options = (base, causal, softmax_scale, q_offset, magnitude)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, delta, out, lse = ctx.saved_tensors
+        dq, dk, dv, d_delta = _backward_kernels(grad_out, q, k, v, delta, out, lse, *ctx.options)
+        return dq, dk, dv, d_delta, None, None, None, None, None
+
+
 def triton_pope_attention(q, k, v, delta, *, base, causal, softmax_scale, q_offset, magnitude, rotary_dim):
     """PoPE attention on the fused Triton kernels. Inputs already validated by pope.attention.
 
@@ -133,8 +165,10 @@ def triton_pope_attention(q, k, v, delta, *, base, causal, softmax_scale, q_offs
     seq_q, seq_k = q.shape[2], k.shape[2]
     q_offset = seq_k - seq_q if q_offset is None else int(q_offset)
     softmax_scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
-    out, _ = flash_attention_forward(q, k, v, delta, float(base), bool(causal), softmax_scale, q_offset, magnitude)
-    return out
+    args = (q, k, v, delta, float(base), bool(causal), softmax_scale, q_offset, magnitude)
+    if torch.compiler.is_compiling() or not EAGER_AUTOGRAD_FUNCTION:
+        return flash_attention_forward(*args)[0]
+    return _EagerFlashAttention.apply(*args)
 
 
 def triton_unsupported_reason(q, k, v, delta, *, causal, q_offset, magnitude, rotary_dim) -> str | None:
