@@ -22,7 +22,9 @@ How the 2d-channel dot product is computed
         reads it: the forward saves only q, k, v, out and lse for backward);
       * the decode kernel (few queries, long cache) transforms each raw key tile in registers, because
         there every key element is used by exactly one program: the cache stays at d channels per key
-        (RoPE's memory) and no 2d-channel copy of it is ever written.
+        (RoPE's memory) and no 2d-channel copy of it is ever written. Per key element that is f(k) and
+        two multiplies with a per-program (cos, sin)(j theta) table; the tile's offset is folded into a
+        per-tile rotation of the few query rows.
     Backward: no atomics. dq (+ the per-block partial sums of d(delta)) comes from one kernel that
     iterates over key blocks; dk and dv from another that iterates over the query blocks of every query
     head of its key head's group; d(delta) is the sum of the per-block partials (a fixed-order torch
@@ -32,13 +34,15 @@ Angles: position (fp32) x theta (fp32) rounded once, as pope.frequencies.angles 
 FMA-only sincos (Cody-Waite reduction + minimax polynomials, ~1 ulp); softplus as max(x, 0) +
 log1p(exp(-|x|)) in fp32 (log1p by a 9-FMA polynomial, 2e-7 relative).
 
-Measured (one NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, commit 0130902; full table and targets in
-docs/kernels.md): bf16 causal forward+backward 1.38 / 2.87 / 5.13 / 9.46 ms at (B,H,N,64) = (8,12,1K),
-(4,16,4K), (2,16,8K), (1,16,16K) and 5.88 ms at (4,16,4K,128): 2.1-3.0x SDPA without PE at N >= 4K and
-1.4-1.9x RoPE+SDPA (both targets missed; the backward dominates), peak memory equal to SDPA's (met),
-55-96x faster than pope-pytorch 0.2.1 at N >= 4K (11x at 1K). The forward alone is 0.84x RoPE+SDPA's at
-(4,16,4K,64). GPT-2 124M training step: 0.958x RoPE's tokens/s. Correct within 2x the reference's error
-in bf16/fp16/fp32 on that GPU; backward bitwise deterministic there.
+Measured (one NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, commit 34ad1fe; full table, targets and the
+experiments that lost in docs/kernels.md): bf16 causal forward+backward 1.09 / 2.71 / 4.75 / 8.72 ms at
+(B,H,N,64) = (8,12,1K), (4,16,4K), (2,16,8K), (1,16,16K) and 5.91 ms at (4,16,4K,128): 1.97-2.91x SDPA
+without PE at N >= 4K and 1.28-1.71x RoPE+SDPA (both targets missed; the backward's 22 M.N.d units at
+~300-400 TFLOP/s dominate), peak memory equal to SDPA's (met), 57-99x faster than pope-pytorch 0.2.1 at
+N >= 4K (14x at 1K, host-bound). GPT-2 124M training step: 0.969x RoPE's tokens/s. Decode: 1.9x slower
+than SDPA over a materialised cache at long caches (missed). A fused backward with ordered,
+deterministic dq accumulation (commit 1099773) was correct but slower at every shape and was removed.
+Correct within 2x the reference's error in bf16/fp16/fp32 on that GPU; backward bitwise deterministic.
 """
 from __future__ import annotations
 
