@@ -23,6 +23,7 @@ SPECS = {"rope (sdpa)": "rope", "pope (triton)": "pope:backend=triton"}
 
 def step_time(pe: str, *, batch: int, seq_len: int, steps: int, warmup: int) -> dict:
     from torch._dynamo.utils import counters
+
     from pope.model import GPT
     from pope.presets import get_preset
 

@@ -63,3 +63,17 @@ def savefig_atomic(fig, path: str | os.PathLike, **kwargs) -> Path:
     fig.savefig(tmp, **kwargs)
     os.replace(tmp, path)
     return path
+
+
+def finish_figure(fig, path: str | os.PathLike, *, title: str = "", tight_layout: bool = True) -> Path:
+    """The project's plots end alike: optional suptitle, tight layout, atomic PNG at 120 dpi, figure closed."""
+    import matplotlib.pyplot as plt
+
+    if title:
+        fig.suptitle(title)
+    if tight_layout:
+        fig.tight_layout()
+    try:
+        return savefig_atomic(fig, path, dpi=120)
+    finally:
+        plt.close(fig)

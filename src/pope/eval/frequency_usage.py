@@ -23,7 +23,7 @@ import torch
 
 from pope.attention import MAGNITUDES
 from pope.encodings import PoPE, RoPE
-from pope.files import savefig_atomic, write_json_atomic
+from pope.files import finish_figure, write_json_atomic
 
 
 @dataclass
@@ -165,12 +165,7 @@ def plot_frequency_usage(usage: FrequencyUsage, path: Path, *, title: str = "") 
         ax.set_ylabel("layer")
         ax.set_title(f"{name}: mean {label}")
         fig.colorbar(image, ax=ax)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    savefig_atomic(fig, path, dpi=120)
-    plt.close(fig)
-    return path
+    return finish_figure(fig, path, title=title)
 
 
 def plot_delta(delta: np.ndarray, path: Path, *, title: str = "") -> Path:
@@ -193,11 +188,7 @@ def plot_delta(delta: np.ndarray, path: Path, *, title: str = "") -> Path:
         ax.set_xlabel("frequency index")
         ax.set_ylabel("head")
     fig.colorbar(image, ax=axes.ravel().tolist(), label="delta (rad)")
-    if title:
-        fig.suptitle(title)
-    savefig_atomic(fig, path, dpi=120)
-    plt.close(fig)
-    return path
+    return finish_figure(fig, path, title=title, tight_layout=False)  # the shared colorbar resists tight_layout
 
 
 def write_frequency_report(usage: FrequencyUsage, out_dir: Path, *, title: str = "") -> list[Path]:

@@ -385,7 +385,7 @@ def plot_length_curves(entries: list[RunLengthResults], path, *, n_buckets: int 
     """Left: perplexity vs length (one line per run). Right: NLL per window-position bucket at the
     longest length (does the loss rise past the training length?)."""
     from pope.optional import pyplot
-    from pope.files import savefig_atomic
+    from pope.files import finish_figure
 
     plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -412,9 +412,4 @@ def plot_length_curves(entries: list[RunLengthResults], path, *, n_buckets: int 
     left.legend(fontsize=8)
     left.grid(True, which="both", alpha=0.3)
     right.grid(True, alpha=0.3)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    savefig_atomic(fig, path, dpi=120)
-    plt.close(fig)
-    return path
+    return finish_figure(fig, path, title=title)

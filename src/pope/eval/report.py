@@ -19,7 +19,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pope.files import savefig_atomic, write_text_atomic
+from pope.files import finish_figure, write_text_atomic
 
 
 @dataclass
@@ -219,10 +219,7 @@ def plot_report(records: list[RunRecord], path: Path) -> Path | None:
         ax.set_ylabel(next((m.metric for _, ms in mine for m in ms if m.metric), "metric"))
         if any(paper_value(preset, pe) is not None for pe, _ in mine):
             ax.legend(fontsize=8)
-    fig.tight_layout()
-    savefig_atomic(fig, path, dpi=120)
-    plt.close(fig)
-    return path
+    return finish_figure(fig, path)
 
 
 def plot_report_lengths(records: list[RunRecord], path: Path) -> Path | None:
@@ -249,10 +246,7 @@ def plot_report_lengths(records: list[RunRecord], path: Path) -> Path | None:
         ax.set_title(key)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    savefig_atomic(fig, path, dpi=120)
-    plt.close(fig)
-    return path
+    return finish_figure(fig, path)
 
 
 def write_report(runs: list[str], out_dir: str | Path) -> tuple[str, list[Path]]:
