@@ -128,3 +128,15 @@ def test_provenance_commit_from_environment_wins(monkeypatch):
     assert provenance.commit_label() == "abc1234"
     monkeypatch.delenv("POPE_GIT_COMMIT")
     assert provenance.git_commit()["source"] in ("git", None)
+
+
+def test_device_names_resolve_one_way():
+    from pope.devices import resolve_device
+
+    assert resolve_device("cpu") == "cpu"
+    assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ValueError, match="device must be"):
+        resolve_device("gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            resolve_device("cuda:0")

@@ -8,6 +8,8 @@ import argparse
 import json
 from pathlib import Path
 
+from pope.devices import resolve_device
+
 
 def register(subparsers) -> None:
     _register_eval(subparsers)
@@ -79,22 +81,12 @@ def _usage(parser: argparse.ArgumentParser) -> int:
     return 2
 
 
-def _device(name: str) -> str:
-    import torch
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: CUDA is not available on this machine; use --device cpu")
-    return name
-
-
 def _eval_length(args: argparse.Namespace) -> int:
     import torch
 
     from pope.eval.length import length_table_markdown, run_length_eval
 
-    device = _device(args.device)
+    device = resolve_device(args.device)
     if args.bf16 and not device.startswith("cuda"):
         raise ValueError("--bf16 needs a CUDA device")
     entries = run_length_eval(args.runs, args.data, lengths=args.lengths, split=args.split, out_dir=args.out,
@@ -114,7 +106,7 @@ def _eval_downstream(args: argparse.Namespace) -> int:
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
     limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
-    out = run_downstream(args.run, tasks=tasks, tokenizer=args.tokenizer, device=_device(args.device),
+    out = run_downstream(args.run, tasks=tasks, tokenizer=args.tokenizer, device=resolve_device(args.device),
                          batch_size=args.batch_size, limit=limit, include_path=args.include_path,
                          num_fewshot=args.num_fewshot)
     label = run_label(args.run)
@@ -207,7 +199,7 @@ def _analyze_frequencies(args: argparse.Namespace) -> int:
     from pope.eval.length import check_token_range, check_vocab_compatible
     from pope.eval.runs import load_run_model, run_dir_of, run_label
 
-    device = _device(args.device)
+    device = resolve_device(args.device)
     model, _ = load_run_model(args.run, device)
     vocab = model.config.vocab_size
     if args.text:

@@ -33,11 +33,11 @@ class DistributedContext:
 def setup_distributed(device: str = "auto") -> DistributedContext:
     """Initialise the process group if launched by torchrun; choose this process's device.
     ``device``: "auto" (CUDA if available), "cpu" or "cuda"."""
-    if device not in ("auto", "cpu", "cuda"):
+    from pope.devices import resolve_device
+
+    if device not in ("auto", "cpu", "cuda"):  # the process picks its own GPU (LOCAL_RANK): no "cuda:N"
         raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
-    use_cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
-    if use_cuda and not torch.cuda.is_available():
-        raise RuntimeError("device 'cuda' was asked for but torch.cuda.is_available() is False")
+    use_cuda = resolve_device(device) == "cuda"
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size == 1:
         return DistributedContext(device=torch.device("cuda", torch.cuda.current_device()) if use_cuda

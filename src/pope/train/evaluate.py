@@ -12,8 +12,9 @@ def task_accuracy(run: str, data_file: str, *, batch_size: int = 256, device: st
     from pope.checkpoint import load_model
     from pope.data import indirect_indexing as task
 
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    from pope.devices import resolve_device
+
+    device = resolve_device(device)
     if batch_size <= 0:
         raise ValueError(f"--batch-size must be positive, got {batch_size}")
     examples = task.load_file(data_file)
