@@ -322,3 +322,16 @@ def test_gpt_trains_and_generates_through_the_kernels(kernels, monkeypatch):
     assert torch.equal(fused.generate(idx[:, :5], max_new_tokens=4, top_k=1),
                        reference.generate(idx[:, :5], max_new_tokens=4, top_k=1))
     assert calls["forward"] >= 2 and calls["decode_forward"] >= 2, calls
+
+
+def test_forward_kernel_compiles_for_hopper_without_spills():
+    """Compiled for sm_90a here (no GPU needed; Triton's bundled ptxas): the shipped d=64 forward tile keeps
+    everything in registers. A kernel change that makes it spill fails here before it costs GPU time."""
+    script = os.path.join(os.path.dirname(__file__), os.pardir, "scripts", "kernel_registers.py")
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.path.join(os.path.dirname(__file__), os.pardir, "src")
+    run = subprocess.run([sys.executable, script, "--kernels", "fwd", "--head-dims", "64"], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    line = next(line for line in run.stdout.splitlines() if line.startswith("fwd    d=64"))
+    assert "0 bytes spill stores" in line and "wgmma" in line, line

@@ -201,6 +201,29 @@ def _polar_to_cartesian(x, phase, valid, MAGNITUDE: tl.constexpr):
     return magnitude * cos_phase, magnitude * sin_phase
 
 
+@triton.jit
+def _query_prime(q, q_offset, offs_m, Theta, delta_row_ptr, offs_d, mask_d, mask_q,
+                 HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr):
+    """A program's query block q (BLOCK_M, BLOCK_D) -> (q'cos, q'sin) in q's dtype: unscaled, rounded once
+    as the reference rounds it (the softmax scale is applied to the fp32 scores)."""
+    phase = _phase(q_offset + offs_m, Theta, delta_row_ptr, offs_d, mask_d, HAS_DELTA)
+    q_cos, q_sin = _polar_to_cartesian(q, phase, mask_q, MAGNITUDE)
+    return q_cos.to(q.dtype), q_sin.to(q.dtype)
+
+
+@triton.jit
+def _key_ranges(pid_m, q_offset, seq_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """(unmasked_end, last_visible): key blocks [0, unmasked_end) are seen whole by every row of query block
+    pid_m (no mask); [unmasked_end, last_visible) need the causal / length mask."""
+    if CAUSAL:
+        last_visible = tl.minimum(q_offset + pid_m * BLOCK_M + BLOCK_M, seq_k)  # exclusive
+        unmasked_end = (tl.minimum(q_offset + pid_m * BLOCK_M + 1, seq_k) // BLOCK_N) * BLOCK_N
+    else:
+        last_visible = seq_k
+        unmasked_end = (seq_k // BLOCK_N) * BLOCK_N
+    return unmasked_end, last_visible
+
+
 # ----------------------------------------------------------------------------------------------------
 # Pre-pass: x (B, H, N, d) -> x' (B, H, N, 2d) = [f(x) cos(phase), f(x) sin(phase)]
 # ----------------------------------------------------------------------------------------------------
@@ -297,13 +320,10 @@ def _pope_fwd_kernel(
     mask_d = offs_d < HEAD_DIM
     mask_q = (offs_m < seq_q)[:, None] & mask_d[None, :]
 
-    # This program's query block, transformed once: q' (BLOCK_M, BLOCK_D) x 2 (unscaled, as the reference
-    # rounds it; the softmax scale is applied to the fp32 scores).
+    # This program's query block, transformed once: q' (BLOCK_M, BLOCK_D) x 2.
     q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :], mask=mask_q, other=0.0)
-    phase = _phase(q_offset + offs_m, Theta, Delta + h * HEAD_DIM, offs_d, mask_d, HAS_DELTA)
-    q_cos, q_sin = _polar_to_cartesian(q, phase, mask_q, MAGNITUDE)
-    q_cos = q_cos.to(q.dtype)
-    q_sin = q_sin.to(q.dtype)
+    q_cos, q_sin = _query_prime(q, q_offset, offs_m, Theta, Delta + h * HEAD_DIM, offs_d, mask_d, mask_q,
+                                HAS_DELTA, MAGNITUDE)
 
     kp_base = KP + kv_bh.to(tl.int64) * seq_k * (2 * HEAD_DIM)
     v_base = V + b * stride_vb + (h // group_size) * stride_vh
@@ -311,13 +331,7 @@ def _pope_fwd_kernel(
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
 
-    # Key blocks that every row of this query block sees entirely need no mask.
-    if CAUSAL:
-        last_visible = tl.minimum(q_offset + pid_m * BLOCK_M + BLOCK_M, seq_k)  # exclusive
-        unmasked_end = (tl.minimum(q_offset + pid_m * BLOCK_M + 1, seq_k) // BLOCK_N) * BLOCK_N
-    else:
-        last_visible = seq_k
-        unmasked_end = (seq_k // BLOCK_N) * BLOCK_N
+    unmasked_end, last_visible = _key_ranges(pid_m, q_offset, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
     acc, row_sum, row_max = _fwd_inner(
         acc, row_sum, row_max, q_cos, q_sin, kp_base, v_base, stride_vn, offs_m, q_offset, seq_k,
         0, unmasked_end, softmax_scale * 1.4426950408889634, HEAD_DIM, BLOCK_N, BLOCK_D, False, CAUSAL,
@@ -393,10 +407,8 @@ def _pope_bwd_dq_kernel(
 
     q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :]
     q = tl.load(q_ptrs, mask=mask_q, other=0.0)
-    phase = _phase(q_offset + offs_m, Theta, Delta + h * HEAD_DIM, offs_d, mask_d, HAS_DELTA)
-    q_cos, q_sin = _polar_to_cartesian(q, phase, mask_q, MAGNITUDE)
-    q_cos = q_cos.to(q.dtype)
-    q_sin = q_sin.to(q.dtype)
+    q_cos, q_sin = _query_prime(q, q_offset, offs_m, Theta, Delta + h * HEAD_DIM, offs_d, mask_d, mask_q,
+                                HAS_DELTA, MAGNITUDE)
 
     do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :], mask=mask_q, other=0.0)
     out = tl.load(Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :], mask=mask_q, other=0.0)
@@ -408,12 +420,7 @@ def _pope_bwd_dq_kernel(
     v_base = V + b * stride_vb + (h // group_size) * stride_vh
     dq_cos = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     dq_sin = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    if CAUSAL:
-        last_visible = tl.minimum(q_offset + pid_m * BLOCK_M + BLOCK_M, seq_k)
-        unmasked_end = (tl.minimum(q_offset + pid_m * BLOCK_M + 1, seq_k) // BLOCK_N) * BLOCK_N
-    else:
-        last_visible = seq_k
-        unmasked_end = (seq_k // BLOCK_N) * BLOCK_N
+    unmasked_end, last_visible = _key_ranges(pid_m, q_offset, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
     dq_cos, dq_sin = _bwd_dq_inner(
         dq_cos, dq_sin, q_cos, q_sin, do, lse2, row_delta, kp_base, v_base, stride_vn, offs_m, q_offset, seq_k,
         0, unmasked_end, softmax_scale * 1.4426950408889634, HEAD_DIM, BLOCK_N, BLOCK_D, False, CAUSAL, PRECISION)

@@ -1,0 +1,94 @@
+"""Registers, spills and shared memory of the PoPE kernels compiled for Hopper (sm_90a), on any machine:
+Triton compiles to PTX without a GPU and its bundled ptxas reports what each tile configuration costs.
+
+Why: every backward tile spills (255 registers), the forward at (128, 128, 8, 3) does not; this is how
+docs/kernels.md's register analysis was made, and how to check a kernel change before spending GPU time.
+
+    PYTHONPATH=src python scripts/kernel_registers.py [--maxnreg N]
+Prints one line per (kernel, head dim, tile): shared memory bytes, wgmma instructions, ptxas's report.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+
+from pope.kernels import pope_flash as kernels
+
+FLOAT32_POINTERS = {"Theta", "Delta", "LSE", "RowDelta", "DDeltaPartial", "PartialOut", "PartialLSE"}
+# (kernel, constexprs without HEAD_DIM / BLOCK_*, tiles per head dim)
+KERNELS = {
+    "fwd": (kernels._pope_fwd_kernel, dict(CAUSAL=True, HAS_DELTA=True, MAGNITUDE=0, PRECISION="tf32"),
+            {64: [kernels.FWD_CONFIGS[64]], 128: [kernels.FWD_CONFIGS[128]]}),
+    "dq": (kernels._pope_bwd_dq_kernel, dict(CAUSAL=True, HAS_DELTA=True, MAGNITUDE=0, PRECISION="tf32"),
+           {64: [kernels.BWD_DQ_CONFIGS[64]], 128: [kernels.BWD_DQ_CONFIGS[128]]}),
+    "dkdv": (kernels._pope_bwd_dkdv_kernel, dict(CAUSAL=True, MAGNITUDE=0, PRECISION="tf32"),
+             {64: [kernels.BWD_DKDV_CONFIGS[64]], 128: [kernels.BWD_DKDV_CONFIGS[128]]}),
+    "decode": (kernels._pope_decode_kernel, dict(CAUSAL=True, HAS_DELTA=True, MAGNITUDE=0, PRECISION="tf32"),
+               {64: [(16, 64, 8, 2)], 128: [(16, 32, 4, 2)]}),
+}
+
+
+def signature(kernel, constexprs: dict) -> dict:
+    types = {}
+    for name in kernel.arg_names:
+        if name in constexprs:
+            types[name] = "constexpr"
+        elif name in FLOAT32_POINTERS:
+            types[name] = "*fp32"
+        elif name[0].isupper():
+            types[name] = "*bf16"
+        elif name == "softmax_scale":
+            types[name] = "fp32"
+        else:
+            types[name] = "i32"
+    return types
+
+
+def report(kernel, constexprs: dict, num_warps: int, num_stages: int, maxnreg: int | None) -> str:
+    options = {"num_warps": num_warps, "num_stages": num_stages, **({"maxnreg": maxnreg} if maxnreg else {})}
+    source = triton.compiler.ASTSource(fn=kernel, signature=signature(kernel, constexprs), constexprs=constexprs)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    ptx = compiled.asm["ptx"]
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx)
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    try:
+        run = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull],
+                             capture_output=True, text=True, timeout=300)
+    finally:
+        os.unlink(f.name)
+    info = "; ".join(line.split("info    : ")[-1] for line in run.stderr.splitlines() if "Used" in line or "spill" in line)
+    return f"shared {compiled.metadata.shared} B, wgmma {ptx.count('wgmma.mma_async')}, {info or run.stderr.strip()[:200]}"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--maxnreg", type=int, default=None, help="cap registers per thread (ptxas .maxnreg)")
+    parser.add_argument("--kernels", default=",".join(KERNELS), help=f"comma-separated subset of {list(KERNELS)}")
+    parser.add_argument("--head-dims", default="64,128")
+    args = parser.parse_args(argv)
+    if kernels.INTERPRET:
+        raise SystemExit("unset TRITON_INTERPRET: this compiles the kernels, it does not interpret them")
+    head_dims = [int(d) for d in args.head_dims.split(",")]
+    for name in args.kernels.split(","):
+        if name not in KERNELS:
+            raise SystemExit(f"unknown kernel {name!r}; choose from {list(KERNELS)}")
+        kernel, flags, tiles = KERNELS[name]
+        for head_dim, configs in tiles.items():
+            if head_dim not in head_dims:
+                continue
+            for block_m, block_n, num_warps, num_stages in configs:  # noqa: B007
+                constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_dim, **flags)
+                line = report(kernel, constexprs, num_warps, num_stages, args.maxnreg)
+                print(f"{name:6s} d={head_dim:<3d} tile {(block_m, block_n, num_warps, num_stages)}: {line}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
