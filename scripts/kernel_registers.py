@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 
@@ -30,7 +31,8 @@ KERNELS = {
     "dkdv": (kernels._pope_bwd_dkdv_kernel, dict(CAUSAL=True, MAGNITUDE=0, PRECISION="tf32"),
              {64: [kernels.BWD_DKDV_CONFIGS[64]], 128: [kernels.BWD_DKDV_CONFIGS[128]]}),
     "decode": (kernels._pope_decode_kernel, dict(CAUSAL=True, HAS_DELTA=True, MAGNITUDE=0, PRECISION="tf32"),
-               {64: [(16, 64, 8, 2)], 128: [(16, 32, 4, 2)]}),
+               # one query row padded to BLOCK_M = 16, the shipped (block_n, warps), 2 stages
+               {d: [(16, *kernels.decode_tile(d, torch.bfloat16), 2)] for d in (64, 128)}),
 }
 
 
@@ -83,7 +85,7 @@ def main(argv=None) -> int:
         for head_dim, configs in tiles.items():
             if head_dim not in head_dims:
                 continue
-            for block_m, block_n, num_warps, num_stages in configs:  # noqa: B007
+            for block_m, block_n, num_warps, num_stages in configs:
                 constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_dim, **flags)
                 line = report(kernel, constexprs, num_warps, num_stages, args.maxnreg)
                 print(f"{name:6s} d={head_dim:<3d} tile {(block_m, block_n, num_warps, num_stages)}: {line}", flush=True)

@@ -834,6 +834,15 @@ def _sm_count(device) -> int:
     return _SM_COUNTS[device]
 
 
+def decode_tile(head_dim: int, dtype: torch.dtype) -> tuple[int, int]:
+    """Default (block_n, num_warps) of the decode kernel. The (block_n, d) cos/sin table lives in registers:
+    keep it at 4K elements (16 rows for fp32); 8 warps for d <= 64, 4 for d = 128 (decode sweep on an H200,
+    docs/kernels.md)."""
+    block_d = _block_d(head_dim)
+    block_n = 16 if dtype == torch.float32 else (64 if block_d <= 64 else 32)
+    return block_n, (8 if block_d <= 64 and block_n >= 64 else 4)
+
+
 def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float, q_offset: int, magnitude: str,
                    block_n: int | None = None, num_splits: int | None = None, num_warps: int | None = None):
     """Split-K decode over a raw (d-channel) cache. Returns (out, lse) like `forward`.
@@ -846,12 +855,9 @@ def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float,
     rows = group_size * seq_q
     block_m = max(16, triton.next_power_of_2(rows))
     block_d = _block_d(head_dim)
-    if block_n is None:  # the (block_n, d) cos/sin table lives in registers: keep it at 4K elements
-        block_n = 64 if block_d <= 64 else 32
-        if q.dtype == torch.float32:
-            block_n = 16
-    if num_warps is None:  # decode sweep on an H200 (docs/kernels.md): 8 warps for d <= 64, 4 for d = 128
-        num_warps = 8 if block_d <= 64 and block_n >= 64 else 4
+    default_block_n, default_warps = decode_tile(head_dim, q.dtype)
+    block_n = default_block_n if block_n is None else block_n
+    num_warps = default_warps if num_warps is None else num_warps
     if INTERPRET:
         block_n = min(block_n, 32)
     if num_splits is None:
@@ -887,5 +893,5 @@ def frequencies(head_dim: int, base: float, device) -> torch.Tensor:
     return pope_frequencies(head_dim, base, device=device).contiguous()
 
 
-__all__ = ["forward", "backward", "decode_forward", "transform", "frequencies", "load_configs", "INTERPRET",
+__all__ = ["forward", "backward", "decode_forward", "decode_tile", "transform", "frequencies", "load_configs", "INTERPRET",
            "MAGNITUDE_CODES", "KERNEL_CONFIGS", "POISON_OUTPUTS"]
