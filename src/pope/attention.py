@@ -68,7 +68,7 @@ def pope_attention(
         if reason is None:
             from pope.ops import triton_pope_attention
 
-            return triton_pope_attention(q, k, v, delta, **options)
+            return triton_pope_attention(q, k, v, delta, **options, supported=True)
         if backend == "triton":
             raise ValueError(f"backend='triton' cannot run this call: {reason}. Use backend='reference' or 'auto'.")
     return reference_pope_attention(q, k, v, delta, dropout_p=dropout_p, **options)

@@ -153,15 +153,19 @@ class _EagerFlashAttention(torch.autograd.Function):
         return dq, dk, dv, d_delta, None, None, None, None, None
 
 
-def triton_pope_attention(q, k, v, delta, *, base, causal, softmax_scale, q_offset, magnitude, rotary_dim):
+def triton_pope_attention(q, k, v, delta, *, base, causal, softmax_scale, q_offset, magnitude, rotary_dim,
+                          supported: bool = False):
     """PoPE attention on the fused Triton kernels. Inputs already validated by pope.attention.
 
     q (B, Hq, Nq, d), k/v (B, Hkv, Nk, d), delta (Hq, d) or None. Returns (B, Hq, Nq, d) in q's dtype.
+    supported=True: the caller has just had triton_unsupported_reason return None for this call (pope.attention
+    does), so it is not asked again on this per-call path.
     """
-    reason = triton_unsupported_reason(q, k, v, delta, causal=causal, q_offset=q_offset, magnitude=magnitude,
-                                       rotary_dim=rotary_dim)
-    if reason is not None:
-        raise ValueError(f"the Triton PoPE kernels cannot run this call: {reason}")
+    if not supported:
+        reason = triton_unsupported_reason(q, k, v, delta, causal=causal, q_offset=q_offset, magnitude=magnitude,
+                                           rotary_dim=rotary_dim)
+        if reason is not None:
+            raise ValueError(f"the Triton PoPE kernels cannot run this call: {reason}")
     seq_q, seq_k = q.shape[2], k.shape[2]
     q_offset = seq_k - seq_q if q_offset is None else int(q_offset)
     softmax_scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
