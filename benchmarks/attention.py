@@ -36,7 +36,7 @@ import torch.nn.functional as F
 SHAPES = [(8, 12, 1024, 64), (4, 16, 4096, 64), (2, 16, 8192, 64), (1, 16, 16384, 64), (4, 16, 4096, 128)]
 PROVIDERS = ["sdpa", "rope+sdpa", "pope materialized", "pope-pytorch", "pope triton"]
 DECODE_SHAPES = [(8, 16, 16, 1024, 64), (8, 16, 16, 4096, 64), (8, 16, 16, 16384, 64), (4, 16, 16, 65536, 64),
-                 (8, 32, 8, 16384, 128)]  # (B, Hq, Hkv, Nk, d)
+                 (8, 16, 16, 16384, 128), (8, 32, 8, 16384, 128)]  # (B, Hq, Hkv, Nk, d)
 BASE = 10000.0
 
 
@@ -299,6 +299,7 @@ def main(argv=None):
     parser.add_argument("--providers", default=",".join(PROVIDERS))
     parser.add_argument("--shapes", default=None, help="e.g. 8x12x1024x64,4x16x4096x128 (default: the issue's five)")
     parser.add_argument("--decode", action="store_true", help="also run the decode benchmark")
+    parser.add_argument("--decode-only", action="store_true", help="only the decode benchmark")
     parser.add_argument("--pope-pytorch-autotune", action="store_true")
     parser.add_argument("--profile", action="store_true",
                         help="also write OUT/profile.txt: torch.profiler of pope triton fwd+bwd, first two shapes")
@@ -307,6 +308,8 @@ def main(argv=None):
         raise SystemExit("benchmarks/attention.py needs a CUDA GPU")
     os.makedirs(args.out, exist_ok=True)
     shapes = SHAPES if args.shapes is None else [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    if args.decode_only:
+        shapes, args.decode = [], True
     providers = args.providers.split(",")
     meta = provenance()
     rows = []
@@ -325,8 +328,9 @@ def main(argv=None):
         with open(os.path.join(args.out, "profile.txt"), "w") as f:
             for shape in shapes[:2]:
                 f.write(f"pope triton fwd+bwd x10, shape {shape}\n{profile_provider('pope triton', shape)}\n\n")
-    append_csv(os.path.join(args.out, "attention.csv"), rows, meta)
-    plot(rows, os.path.join(args.out, "attention.png"))
+    if rows:
+        append_csv(os.path.join(args.out, "attention.csv"), rows, meta)
+        plot(rows, os.path.join(args.out, "attention.png"))
     decode_rows = []
     if args.decode:
         for shape in DECODE_SHAPES:

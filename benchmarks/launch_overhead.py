@@ -19,15 +19,18 @@ import torch
 import torch.nn.functional as F
 
 
-def per_call_ms(fn, calls: int) -> float:
+def per_call_ms(fn, calls: int, *, host_only: bool = False) -> float:
+    """Mean wall time per call; host_only: stop the clock before the final synchronize (Python + launch time
+    alone, as long as the GPU queue does not fill up)."""
     for _ in range(10):
         fn()
     torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(calls):
         fn()
+    host = time.perf_counter()
     torch.cuda.synchronize()
-    return (time.perf_counter() - start) / calls * 1e3
+    return ((host if host_only else time.perf_counter()) - start) / calls * 1e3
 
 
 def main(argv=None):
@@ -53,7 +56,9 @@ def main(argv=None):
         with torch.no_grad():
             forward = per_call_ms(fn, args.calls)
         both = per_call_ms(lambda: torch.autograd.backward(fn(), grad), args.calls)  # noqa: B023
-        print(f"{name:>12}: forward {forward:.3f} ms, forward+backward {both:.3f} ms")
+        host = per_call_ms(lambda: torch.autograd.backward(fn(), grad), args.calls, host_only=True)  # noqa: B023
+        print(f"{name:>12}: forward {forward:.3f} ms, forward+backward {both:.3f} ms "
+              f"(host time before the final synchronize: {host:.3f} ms)")
     # The layers of a PoPE call, innermost first: one Triton launch, the launchers, the custom operators.
     from pope import ops
     from pope.kernels import pope_flash
@@ -88,9 +93,18 @@ def main(argv=None):
     torch.cuda.synchronize()
     profiler.disable()
     text = io.StringIO()
-    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
     print(f"cProfile of {args.calls} pope triton forward+backward calls (tottime order):")
     print(text.getvalue()[-6000:])
+    # The CUDA-runtime side of the same calls (launches, allocations, any synchronisation), per call.
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(20):
+            torch.autograd.backward(calls["pope triton"](), grad)
+        torch.cuda.synchronize()
+    print("torch.profiler, 20 pope triton forward+backward calls (self CPU time order):")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
 
 
 if __name__ == "__main__":

@@ -36,9 +36,11 @@ CHECK_SHAPES = [
     (2, 8, 8, 333, 1025, 32, True),
     (4, 16, 4, 1, 5000, 128, True),
     (4, 12, 12, 7, 3001, 64, True),
+    (8, 12, 12, 1, 3001, 64, True),  # one row per key head: the lanes decode kernel
+    (4, 16, 16, 1, 16384, 128, True),
 ]
 # fp16 and fp32 at these rows of CHECK_SHAPES (each dtype x head dim is a separate compile).
-OTHER_DTYPE_ROWS = (0, 4, 6, 8)
+OTHER_DTYPE_ROWS = (0, 4, 6, 8, 10)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # TRITON_INTERPRET=1 python scripts/gpu_kernel_check.py --smoke runs tiny shapes on CPU (checks this script).
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -142,12 +144,12 @@ def sweep_configs(shapes=((4, 16, 4096, 64), (4, 16, 4096, 128)), apply_best=Tru
     return rows, best
 
 
-DECODE_SWEEP_SHAPES = ((8, 16, 16, 16384, 64), (8, 32, 8, 16384, 128))  # (B, Hq, Hkv, Nk, d)
+DECODE_SWEEP_SHAPES = ((8, 16, 16, 16384, 64), (8, 16, 16, 16384, 128), (8, 32, 8, 16384, 128))  # (B, Hq, Hkv, Nk, d)
 
 
 def sweep_decode(shapes=DECODE_SWEEP_SHAPES):
-    """Time decode_forward key tiles and warps on one query per head, for a raw cache (softplus in the kernel)
-    and a magnitude cache (f(k) cached, magnitude "identity")."""
+    """Time decode_forward's kernels, key tiles and warps on one query per head, for a raw cache (softplus in
+    the kernel) and a magnitude cache (f(k) cached, magnitude "identity")."""
     import itertools
 
     from triton.testing import do_bench
@@ -159,10 +161,14 @@ def sweep_decode(shapes=DECODE_SWEEP_SHAPES):
         k, v = (torch.randn(batch, n_kv_heads, seq_k, head_dim, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
         delta = -2 * math.pi * torch.rand(n_q_heads, head_dim, device=DEVICE)
         theta = pope_flash.frequencies(head_dim, 10000.0, q.device)
-        tiles = [(64, 4), (32, 4), (64, 8)] if head_dim <= 64 else [(32, 4), (64, 8), (32, 8)]
-        for magnitude, (block_n, warps) in itertools.product(("softplus", "identity"), tiles):
+        tiles = [("tensor_cores", *pope_flash.decode_tile(head_dim, torch.bfloat16, "tensor_cores"))]
+        if n_q_heads == n_kv_heads:
+            small = head_dim <= 64
+            tiles += [("lanes", block_n, warps) for block_n, warps in
+                      ([(32, 4), (64, 4), (64, 8), (128, 8), (128, 4)] if small else [(16, 4), (32, 4), (32, 8), (64, 8)])]
+        for magnitude, (method, block_n, warps) in itertools.product(("softplus", "identity"), tiles):
             opts = dict(causal=True, softmax_scale=head_dim ** -0.5, q_offset=seq_k - 1, magnitude=magnitude,
-                        block_n=block_n, num_warps=warps)
+                        method=method, block_n=block_n, num_warps=warps)
             try:
                 ms = do_bench(lambda: pope_flash.decode_forward(q, k, v, delta, theta, **opts),  # noqa: B023
                               warmup=25, rep=100, return_mode="median")
@@ -170,8 +176,8 @@ def sweep_decode(shapes=DECODE_SWEEP_SHAPES):
                 ms = float("nan")
                 print(f"  decode {opts}: {type(err).__name__}: {str(err)[:120]}", file=sys.stderr)
             rows.append({"shape": (batch, n_q_heads, n_kv_heads, seq_k, head_dim), **opts, "ms": ms})
-            print(f"  decode sweep {rows[-1]['shape']} {magnitude:8s} block_n={block_n:3d} warps={warps}: {ms:.4f} ms",
-                  flush=True)
+            print(f"  decode sweep {rows[-1]['shape']} {magnitude:8s} {method:12s} block_n={block_n:3d} warps={warps}: "
+                  f"{ms:.4f} ms", flush=True)
     return rows
 
 
@@ -204,7 +210,8 @@ def main(argv=None):
     if args.smoke:
         CHECK_SHAPES = [(1, 2, 1, 37, 37, 32, True), (1, 2, 2, 5, 40, 48, False), (1, 2, 2, 40, 40, 64, True),
                         (1, 2, 2, 40, 40, 64, True), (1, 4, 2, 1, 50, 64, True), (1, 2, 2, 3, 33, 64, True),
-                        (1, 2, 2, 20, 40, 48, False), (1, 2, 2, 20, 40, 48, False), (1, 4, 2, 1, 50, 64, True)]
+                        (1, 2, 2, 20, 40, 48, False), (1, 2, 2, 20, 40, 48, False), (1, 4, 2, 1, 50, 64, True),
+                        (1, 2, 2, 7, 40, 64, True), (1, 2, 2, 1, 50, 64, True), (1, 2, 2, 1, 40, 128, True)]
     results = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (interpreter)",
                "torch": torch.__version__}
     import triton

@@ -22,7 +22,7 @@ from triton.backends.compiler import GPUTarget
 from pope.kernels import pope_flash as kernels
 
 FLOAT32_POINTERS = {"Theta", "Delta", "LSE", "RowDelta", "DDeltaPartial", "PartialOut", "PartialLSE"}
-# (kernel, constexprs without HEAD_DIM / BLOCK_*, tiles per head dim)
+# (kernel, constexprs without HEAD_DIM / BLOCK_*, tiles per head dim); the lanes decode kernel has no BLOCK_M.
 KERNELS = {
     "fwd": (kernels._pope_fwd_kernel, dict(CAUSAL=True, HAS_DELTA=True, MAGNITUDE=0, PRECISION="tf32"),
             {64: [kernels.FWD_CONFIGS[64]], 128: [kernels.FWD_CONFIGS[128]]}),
@@ -32,7 +32,10 @@ KERNELS = {
              {64: [kernels.BWD_DKDV_CONFIGS[64]], 128: [kernels.BWD_DKDV_CONFIGS[128]]}),
     "decode": (kernels._pope_decode_kernel, dict(CAUSAL=True, HAS_DELTA=True, MAGNITUDE=0, PRECISION="tf32"),
                # one query row padded to BLOCK_M = 16, the shipped (block_n, warps), 2 stages
-               {d: [(16, *kernels.decode_tile(d, torch.bfloat16), 2)] for d in (64, 128)}),
+               {d: [(16, *kernels.decode_tile(d, torch.bfloat16, "tensor_cores"), 2)] for d in (64, 128)}),
+    "decode-lanes": (kernels._pope_decode_lanes_kernel, dict(CAUSAL=True, HAS_DELTA=True, MAGNITUDE=0),
+                     # one query row per key head, the shipped (block_n, warps), 1 stage
+                     {d: [(1, *kernels.decode_tile(d, torch.bfloat16, "lanes"), 1)] for d in (64, 128)}),
 }
 
 
@@ -54,7 +57,11 @@ def signature(kernel, constexprs: dict) -> dict:
 
 def report(kernel, constexprs: dict, num_warps: int, num_stages: int, maxnreg: int | None) -> str:
     options = {"num_warps": num_warps, "num_stages": num_stages, **({"maxnreg": maxnreg} if maxnreg else {})}
-    source = triton.compiler.ASTSource(fn=kernel, signature=signature(kernel, constexprs), constexprs=constexprs)
+    types = signature(kernel, constexprs)
+    # As a launch on real tensors specialises them: pointers and row strides divisible by 16 (vector loads).
+    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
+               if types[name].startswith("*") or name.startswith("stride_")}
+    source = triton.compiler.ASTSource(fn=kernel, signature=types, constexprs=constexprs, attrs=aligned)
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
     ptx = compiled.asm["ptx"]
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
@@ -86,7 +93,9 @@ def main(argv=None) -> int:
             if head_dim not in head_dims:
                 continue
             for block_m, block_n, num_warps, num_stages in configs:
-                constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_dim, **flags)
+                constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=block_n, BLOCK_D=head_dim, **flags)
+                if "BLOCK_M" in kernel.arg_names:
+                    constexprs["BLOCK_M"] = block_m
                 line = report(kernel, constexprs, num_warps, num_stages, args.maxnreg)
                 print(f"{name:6s} d={head_dim:<3d} tile {(block_m, block_n, num_warps, num_stages)}: {line}", flush=True)
     return 0

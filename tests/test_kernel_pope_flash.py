@@ -116,6 +116,10 @@ CASES = [
     pytest.param(1, 8, 2, 1, 97, 64, True, torch.bfloat16, "softplus", True, id="decode-1-query-gqa"),
     pytest.param(2, 4, 4, 3, 97, 48, True, torch.float16, "softplus", True, id="decode-3-queries-d48"),
     pytest.param(1, 4, 1, 5, 70, 32, False, torch.float32, "relu", True, id="decode-noncausal-mqa-fp32-relu"),
+    # one row per key head: the CUDA-core lanes decode kernel
+    pytest.param(2, 3, 3, 1, 97, 48, True, torch.bfloat16, "softplus", True, id="decode-lanes-mha-d48-bf16"),
+    pytest.param(1, 2, 2, 1, 70, 64, False, torch.float16, "identity", False, id="decode-lanes-noncausal-fp16"),
+    pytest.param(1, 2, 2, 1, 45, 128, True, torch.float32, "relu", True, id="decode-lanes-d128-fp32-relu"),
 ]
 
 
@@ -170,25 +174,37 @@ def test_backward_is_bitwise_deterministic(kernels):
         assert torch.equal(a, b), f"{name} differs between two identical runs"
 
 
-def test_decode_kernel_agrees_with_the_full_kernel(kernels):
-    """The split-K decode path and the block kernel compute the same output and log-sum-exp."""
+@pytest.mark.parametrize("method,n_q_heads,seq_q", [("tensor_cores", 4, 2), ("lanes", 2, 1)])
+def test_decode_kernel_agrees_with_the_full_kernel(kernels, method, n_q_heads, seq_q):
+    """The split-K decode kernels and the block kernel compute the same output and log-sum-exp."""
     if _delegated(kernels):
         return
     generator = torch.Generator().manual_seed(3)
-    q, k, v, delta, _ = _inputs(1, 4, 2, 2, 150, 64, torch.float32, True, generator)
+    q, k, v, delta, _ = _inputs(1, n_q_heads, 2, seq_q, 150, 64, torch.float32, True, generator)
     q, k, v, delta = q.float(), k.float(), v.float(), delta.float()
     theta = kernels.frequencies(64, 10000.0, q.device)
-    options = dict(causal=True, softmax_scale=0.125, q_offset=148, magnitude="softplus")
+    options = dict(causal=True, softmax_scale=0.125, q_offset=150 - seq_q, magnitude="softplus")
     out_block, lse_block = kernels.forward(q, k, v, delta, theta, **options)
-    out_decode, lse_decode = kernels.decode_forward(q, k, v, delta, theta, num_splits=3, **options)
+    out_decode, lse_decode = kernels.decode_forward(q, k, v, delta, theta, method=method, num_splits=3, **options)
     assert torch.allclose(out_block, out_decode, rtol=1e-5, atol=1e-6)
     assert torch.allclose(lse_block, lse_decode, rtol=1e-5, atol=1e-6)
-    # Queries at positions 40, 41: keys 42.. are invisible, so the later splits see no key at all.
+    # Queries at positions 40(, 41): keys 42.. are invisible, so the later splits see no key at all.
     options["q_offset"] = 40
     out_block, lse_block = kernels.forward(q, k, v, delta, theta, **options)
-    out_decode, lse_decode = kernels.decode_forward(q, k, v, delta, theta, num_splits=4, **options)
+    out_decode, lse_decode = kernels.decode_forward(q, k, v, delta, theta, method=method, num_splits=4, **options)
     assert torch.allclose(out_block, out_decode, rtol=1e-5, atol=1e-6)
     assert torch.allclose(lse_block, lse_decode, rtol=1e-5, atol=1e-6)
+
+
+def test_lanes_decode_rejects_more_than_one_row(kernels):
+    if _delegated(kernels):
+        return
+    q = torch.randn(1, 4, 1, 32, device=DEVICE)
+    k = torch.randn(1, 2, 40, 32, device=DEVICE)
+    theta = kernels.frequencies(32, 10000.0, q.device)
+    with pytest.raises(ValueError, match="1 query row per key head .*got 2"):
+        kernels.decode_forward(q, k, k, None, theta, causal=True, softmax_scale=0.2, q_offset=39, magnitude="softplus",
+                               method="lanes")
 
 
 def test_custom_ops_pass_opcheck(kernels):

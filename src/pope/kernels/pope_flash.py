@@ -560,6 +560,47 @@ def _pope_bwd_dkdv_kernel(
 # Decode: few queries (all query heads of one key head packed into the rows), long raw-k cache, split-K
 # ----------------------------------------------------------------------------------------------------
 @triton.jit
+def _decode_query_rows(Q, Theta, Delta, b, hk, stride_qb, stride_qh, stride_qn, group_size, seq_q, q_offset,
+                       HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+                       HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr):
+    """The ROWS query rows of one key head hk: row r = query head hk * group_size + r // seq_q, query index
+    r % seq_q. Returns (q'cos, q'sin) fp32 (ROWS, BLOCK_D) (zero in padded rows/channels), the rows' query
+    indices qi (ROWS,), and theta (BLOCK_D,)."""
+    offs_r = tl.arange(0, ROWS)
+    mask_rows = offs_r < group_size * seq_q
+    head = hk * group_size + offs_r // seq_q
+    qi = offs_r % seq_q
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    mask_q = mask_rows[:, None] & mask_d[None, :]
+    q = tl.load(Q + b * stride_qb + head[:, None] * stride_qh + qi[:, None] * stride_qn + offs_d[None, :], mask=mask_q, other=0.0)
+    theta = tl.load(Theta + offs_d, mask=mask_d, other=0.0)
+    phase_q = (q_offset + qi).to(tl.float32)[:, None] * theta[None, :]
+    if HAS_DELTA:
+        phase_q = phase_q - tl.load(Delta + head[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_q, other=0.0).to(tl.float32)
+    q_cos, q_sin = _polar_to_cartesian(q, phase_q, mask_q, MAGNITUDE)
+    return q_cos, q_sin, qi, theta
+
+
+@triton.jit
+def _decode_store_partial(PartialOut, PartialLSE, pid_split, pid_bh, acc, row_sum, row_max, group_size, seq_q,
+                          HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Normalised partial output (ROWS, BLOCK_D) and natural-log LSE (-inf where this split saw no key) of one
+    split, at rows (pid_split, pid_bh, r) of the (splits, B*Hkv, ROWS, BLOCK_D) partial buffers."""
+    offs_r = tl.arange(0, ROWS)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_rows = offs_r < group_size * seq_q
+    has_keys = row_sum > 0.0
+    out = acc / tl.where(has_keys, row_sum, 1.0)[:, None]
+    lse = tl.where(has_keys, (row_max + tl.math.log2(tl.where(has_keys, row_sum, 1.0))) * 0.6931471805599453,
+                   float("-inf"))
+    partial_row = (pid_split * tl.num_programs(1) + pid_bh) * ROWS + offs_r
+    tl.store(PartialOut + partial_row[:, None] * BLOCK_D + offs_d[None, :], out,
+             mask=mask_rows[:, None] & (offs_d < HEAD_DIM)[None, :])
+    tl.store(PartialLSE + partial_row, lse, mask=mask_rows)
+
+
+@triton.jit
 def _pope_decode_kernel(
     Q, K, V, Theta, Delta, PartialOut, PartialLSE,
     stride_qb, stride_qh, stride_qn,
@@ -569,30 +610,19 @@ def _pope_decode_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr, PRECISION: tl.constexpr,
 ):
+    """Tensor-core decode: the rows padded to BLOCK_M >= 16, scores and P V by tl.dot."""
     pid_split = tl.program_id(0)
     pid_bh = tl.program_id(1)  # b * n_kv_heads + hk
     b = pid_bh // n_kv_heads
     hk = pid_bh % n_kv_heads
-    # Row r of this program = query head hk * group_size + r // seq_q, query index r % seq_q.
-    offs_r = tl.arange(0, BLOCK_M)
-    rows = group_size * seq_q
-    mask_rows = offs_r < rows
-    head = hk * group_size + offs_r // seq_q
-    qi = offs_r % seq_q
+    q_cos, q_sin, qi, theta = _decode_query_rows(Q, Theta, Delta, b, hk, stride_qb, stride_qh, stride_qn, group_size,
+                                                 seq_q, q_offset, HEAD_DIM, BLOCK_M, BLOCK_D, HAS_DELTA, MAGNITUDE)
+    # q' rounded to the input dtype as the reference rounds it, then rotated per tile in fp32 (below).
+    q_cos32 = q_cos.to(Q.dtype.element_ty).to(tl.float32)
+    q_sin32 = q_sin.to(Q.dtype.element_ty).to(tl.float32)
+    qk_scale = softmax_scale * 1.4426950408889634
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
-    mask_q = mask_rows[:, None] & mask_d[None, :]
-
-    q = tl.load(Q + b * stride_qb + head[:, None] * stride_qh + qi[:, None] * stride_qn + offs_d[None, :], mask=mask_q, other=0.0)
-    theta = tl.load(Theta + offs_d, mask=mask_d, other=0.0)
-    phase_q = (q_offset + qi).to(tl.float32)[:, None] * theta[None, :]
-    if HAS_DELTA:
-        phase_q = phase_q - tl.load(Delta + head[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_q, other=0.0).to(tl.float32)
-    q_cos, q_sin = _polar_to_cartesian(q, phase_q, mask_q, MAGNITUDE)
-    # q' rounded to the input dtype as the reference rounds it, then rotated per tile in fp32 (below).
-    q_cos32 = q_cos.to(q.dtype).to(tl.float32)
-    q_sin32 = q_sin.to(q.dtype).to(tl.float32)
-    qk_scale = softmax_scale * 1.4426950408889634
 
     k_base = K + b * stride_kb + hk * stride_kh
     v_base = V + b * stride_vb + hk * stride_vh
@@ -642,15 +672,90 @@ def _pope_decode_kernel(
         row_sum = row_sum * rescale + tl.sum(probs, 1)
         acc = tl.dot(probs.to(v.dtype), v, acc * rescale[:, None], input_precision=PRECISION)
         row_max = new_max
+    _decode_store_partial(PartialOut, PartialLSE, pid_split, pid_bh, acc, row_sum, row_max, group_size, seq_q,
+                          HEAD_DIM, BLOCK_M, BLOCK_D)
 
-    # Normalised partial output and its natural-log LSE (-inf where this split saw no key).
-    has_keys = row_sum > 0.0
-    out = acc / tl.where(has_keys, row_sum, 1.0)[:, None]
-    lse = tl.where(has_keys, (row_max + tl.math.log2(tl.where(has_keys, row_sum, 1.0))) * 0.6931471805599453,
-                   float("-inf"))
-    partial_row = (pid_split * tl.num_programs(1) + pid_bh) * BLOCK_M + offs_r
-    tl.store(PartialOut + partial_row[:, None] * BLOCK_D + offs_d[None, :], out, mask=mask_q)
-    tl.store(PartialLSE + partial_row, lse, mask=mask_rows)
+
+@triton.jit
+def _pope_decode_lanes_kernel(
+    Q, K, V, Theta, Delta, PartialOut, PartialLSE,
+    stride_qb, stride_qh, stride_qn,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, keys_per_split,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr,
+):
+    """CUDA-core decode for one query row per key head (MHA/MQA-free generation: group_size * Nq = 1): fp32
+    FMAs, no tensor cores, no padding of the row to 16.
+
+    Score of key n = start_n + j, by the same angle addition as _pope_decode_kernel:
+        s[j] = sum_c f(k[n, c]) * W[j, c],   W = P[c] cos(j theta_c) + Q[c] sin(j theta_c),
+    three FMAs per cached key element plus f(k), all in fp32. Each key position j of the tile is its own
+    online-softmax lane (running max m[j], sum l[j], output acc[j, :]), so the loop has no reduction across
+    keys (no cross-warp exchange per tile); the BLOCK_N lanes are merged once at the end.
+    Shapes: table, W, acc (BLOCK_N, BLOCK_D); m, l, s (BLOCK_N,).
+    """
+    pid_split = tl.program_id(0)
+    pid_bh = tl.program_id(1)  # b * n_kv_heads + hk
+    b = pid_bh // n_kv_heads
+    hk = pid_bh % n_kv_heads
+    q_cos, q_sin, qi, theta = _decode_query_rows(Q, Theta, Delta, b, hk, stride_qb, stride_qh, stride_qn, group_size,
+                                                 seq_q, q_offset, HEAD_DIM, 1, BLOCK_D, HAS_DELTA, MAGNITUDE)
+    qk_scale = softmax_scale * 1.4426950408889634  # scores come out in base 2, scaled
+    q_cos = tl.reshape(q_cos, (BLOCK_D,)) * qk_scale
+    q_sin = tl.reshape(q_sin, (BLOCK_D,)) * qk_scale
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    offs_j = tl.arange(0, BLOCK_N)
+    table_sin, table_cos = _sincos(offs_j.to(tl.float32)[:, None] * theta[None, :])  # (BLOCK_N, BLOCK_D)
+
+    k_base = K + b * stride_kb + hk * stride_kh
+    v_base = V + b * stride_vb + hk * stride_vh
+    acc = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    lane_sum = tl.zeros([BLOCK_N], dtype=tl.float32)
+    lane_max = tl.full([BLOCK_N], float("-inf"), dtype=tl.float32)
+    lo = pid_split * keys_per_split
+    hi = tl.minimum(lo + keys_per_split, seq_k)
+    if CAUSAL:
+        hi = tl.minimum(hi, q_offset + 1)
+    # k and v feed elementwise math only, which Triton's pipeliner does not prefetch: load ahead by hand.
+    first = ((lo + offs_j) < hi)[:, None] & mask_d[None, :]
+    k_next = tl.load(k_base + (lo + offs_j)[:, None] * stride_kn + offs_d[None, :], mask=first, other=0.0)
+    v_next = tl.load(v_base + (lo + offs_j)[:, None] * stride_vn + offs_d[None, :], mask=first, other=0.0)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + offs_j
+        k = k_next
+        v = v_next
+        offs_next = offs_n + BLOCK_N
+        next_mask = (offs_next < hi)[:, None] & mask_d[None, :]
+        k_next = tl.load(k_base + offs_next[:, None] * stride_kn + offs_d[None, :], mask=next_mask, other=0.0)
+        v_next = tl.load(v_base + offs_next[:, None] * stride_vn + offs_d[None, :], mask=next_mask, other=0.0)
+        base_sin, base_cos = _sincos(theta * start_n)  # (BLOCK_D,), start_n exact in fp32 (< 2**24)
+        p_row = q_cos * base_cos + q_sin * base_sin  # (BLOCK_D,)
+        q_row = q_sin * base_cos - q_cos * base_sin
+        # Keys past hi were loaded as 0: finite f(0), masked out of the scores here, and v = 0 there.
+        magnitude_k = _magnitude(k.to(tl.float32), MAGNITUDE)  # (BLOCK_N, BLOCK_D)
+        scores = tl.sum((magnitude_k * table_cos) * p_row[None, :] + (magnitude_k * table_sin) * q_row[None, :], 1)
+        scores = tl.where(offs_n < hi, scores, float("-inf"))
+        new_max = tl.maximum(lane_max, scores)
+        # Lanes with nothing visible yet keep max = -inf; subtracting 0 there keeps exp2 at 0, not NaN.
+        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+        probs = tl.math.exp2(scores - safe_max)
+        rescale = tl.math.exp2(lane_max - safe_max)
+        lane_sum = lane_sum * rescale + probs
+        acc = acc * rescale[:, None] + probs[:, None] * v.to(tl.float32)
+        lane_max = new_max
+
+    # Merge the BLOCK_N lanes: one reduction across keys for the whole split. (1, BLOCK_N) views give the
+    # one-row shapes that _decode_store_partial takes.
+    row_max = tl.max(lane_max[None, :], 1)  # (1,)
+    safe_row_max = tl.where(row_max == float("-inf"), 0.0, row_max)
+    lane_weight = tl.math.exp2(lane_max[None, :] - safe_row_max[:, None])  # (1, BLOCK_N); 0 where no key
+    row_sum = tl.sum(lane_sum[None, :] * lane_weight, 1)
+    out = tl.sum(acc * tl.reshape(lane_weight, (BLOCK_N, 1)), 0)  # (BLOCK_D,)
+    _decode_store_partial(PartialOut, PartialLSE, pid_split, pid_bh, out[None, :], row_sum, row_max, group_size,
+                          seq_q, HEAD_DIM, 1, BLOCK_D)
 
 
 @triton.jit
@@ -834,28 +939,46 @@ def _sm_count(device) -> int:
     return _SM_COUNTS[device]
 
 
-def decode_tile(head_dim: int, dtype: torch.dtype) -> tuple[int, int]:
-    """Default (block_n, num_warps) of the decode kernel. The (block_n, d) cos/sin table lives in registers:
-    keep it at 4K elements (16 rows for fp32); 8 warps for d <= 64, 4 for d = 128 (decode sweep on an H200,
-    docs/kernels.md)."""
+# Rows per key head (group_size * Nq) up to which decode takes the CUDA-core lanes kernel (it is written for
+# one row); more rows go to the tensor-core kernel, which pads them to 16.
+DECODE_LANES_MAX_ROWS = 1
+
+
+def decode_tile(head_dim: int, dtype: torch.dtype, method: str, rows: int = 1) -> tuple[int, int]:
+    """Default (block_n, num_warps) of a decode kernel for `rows` query rows per key head.
+
+    "lanes": its (block_n, d) fp32 accumulator and cos/sin table hold 4K elements each.
+    "tensor_cores": the (block_n, d) cos/sin table lives in registers: keep it at 4K elements (16 rows for
+    fp32); 8 warps for d <= 64, 4 for d = 128 (decode sweep on an H200, docs/kernels.md)."""
     block_d = _block_d(head_dim)
+    if method == "lanes":
+        return 4096 // block_d, 8
     block_n = 16 if dtype == torch.float32 else (64 if block_d <= 64 else 32)
     return block_n, (8 if block_d <= 64 and block_n >= 64 else 4)
 
 
 def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float, q_offset: int, magnitude: str,
-                   block_n: int | None = None, num_splits: int | None = None, num_warps: int | None = None):
+                   method: str | None = None, block_n: int | None = None, num_splits: int | None = None,
+                   num_warps: int | None = None):
     """Split-K decode over a raw (d-channel) cache. Returns (out, lse) like `forward`.
 
     Suited to group_size * Nq <= 64 rows per key head; keys are transformed once, in registers.
+    method: "lanes" (CUDA cores, one row per key head), "tensor_cores", or None: lanes when the rows fit.
     """
     batch, n_q_heads, seq_q, head_dim = q.shape
     n_kv_heads, seq_k = k.shape[1], k.shape[2]
     group_size = n_q_heads // n_kv_heads
     rows = group_size * seq_q
-    block_m = max(16, triton.next_power_of_2(rows))
     block_d = _block_d(head_dim)
-    default_block_n, default_warps = decode_tile(head_dim, q.dtype)
+    if method is None:
+        method = "lanes" if rows <= DECODE_LANES_MAX_ROWS else "tensor_cores"
+    elif method not in ("lanes", "tensor_cores"):
+        raise ValueError(f"decode method must be 'lanes' or 'tensor_cores'; got {method!r}")
+    if method == "lanes" and rows > DECODE_LANES_MAX_ROWS:
+        raise ValueError(f"the lanes decode kernel takes {DECODE_LANES_MAX_ROWS} query row per key head "
+                         f"(group_size * Nq); got {rows}: use method='tensor_cores'")
+    default_block_n, default_warps = decode_tile(head_dim, q.dtype, method, rows)
+    block_m = triton.next_power_of_2(rows) if method == "lanes" else max(16, triton.next_power_of_2(rows))
     block_n = default_block_n if block_n is None else block_n
     num_warps = default_warps if num_warps is None else num_warps
     if INTERPRET:
@@ -869,13 +992,16 @@ def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float,
     num_splits = triton.cdiv(seq_k, keys_per_split)
     partial_out = _empty((num_splits, batch * n_kv_heads, block_m, block_d), device=q.device, dtype=torch.float32)
     partial_lse = _empty((num_splits, batch * n_kv_heads, block_m), device=q.device, dtype=torch.float32)
-    _pope_decode_kernel[(num_splits, batch * n_kv_heads)](
-        q, k, v, theta, delta if delta is not None else theta, partial_out, partial_lse,
-        *_strides(q), *_strides(k), *_strides(v),
-        n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, keys_per_split,
-        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        CAUSAL=causal, HAS_DELTA=delta is not None, MAGNITUDE=MAGNITUDE_CODES[magnitude],
-        PRECISION=_precision(q.dtype), num_warps=num_warps, num_stages=2)
+    args = (q, k, v, theta, delta if delta is not None else theta, partial_out, partial_lse,
+            *_strides(q), *_strides(k), *_strides(v),
+            n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, keys_per_split)
+    options = dict(HEAD_DIM=head_dim, BLOCK_N=block_n, BLOCK_D=block_d, CAUSAL=causal, HAS_DELTA=delta is not None,
+                   MAGNITUDE=MAGNITUDE_CODES[magnitude], num_warps=num_warps)
+    if method == "lanes":
+        _pope_decode_lanes_kernel[(num_splits, batch * n_kv_heads)](*args, num_stages=1, **options)
+    else:
+        _pope_decode_kernel[(num_splits, batch * n_kv_heads)](*args, BLOCK_M=block_m, PRECISION=_precision(q.dtype),
+                                                              num_stages=2, **options)
     # Combine the splits in one launch: (splits, B*Hkv, rows, d) -> (B, Hq, Nq, d) and the row LSEs.
     out = _empty((batch, n_q_heads, seq_q, head_dim), device=q.device, dtype=q.dtype)
     lse = _empty((batch, n_q_heads, seq_q), device=q.device, dtype=torch.float32)
