@@ -17,6 +17,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from triton import cdiv as triton_cdiv
 
 
 def per_call_ms(fn, calls: int, *, host_only: bool = False) -> float:
@@ -81,11 +82,64 @@ def main(argv=None):
     }
     for name, fn in layers.items():
         print(f"{name:>22}: {per_call_ms(fn, args.calls):.3f} ms")
+    # Triton's per-launch Python path (binder, cache key, checks) against calling the compiled kernel directly.
+    x = k.detach()
+    out_buffer = torch.empty(*x.shape[:3], 2 * head_dim, device=x.device, dtype=x.dtype)
+    grid = (triton_cdiv(seq, pope_flash.TRANSFORM_ROWS), batch * heads)
+    positional = (x, theta, theta, out_buffer, *x.stride()[:3], heads, seq, 0)
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=head_dim, BLOCK_R=pope_flash.TRANSFORM_ROWS, HAS_DELTA=False,
+                      MAGNITUDE=0)
+    compiled = pope_flash._pope_transform_kernel[grid](*positional, **constexprs, num_warps=4)
+    ordered = positional + tuple(constexprs.values())
+    direct_grid = (*grid, 1)
+    print(f"{'transform via run()':>22}: {per_call_ms(lambda: pope_flash._pope_transform_kernel[grid](*positional, **constexprs, num_warps=4), args.calls, host_only=True):.4f} ms host")
+    print(f"{'transform compiled[]':>22}: {per_call_ms(lambda: compiled[direct_grid](*ordered), args.calls, host_only=True):.4f} ms host")
+    print(f"{'torch.empty x1':>22}: {per_call_ms(lambda: torch.empty(16, device=x.device), args.calls, host_only=True):.4f} ms host")
     # Eager pope_attention through the custom operators' autograd instead of the autograd.Function.
     ops.EAGER_AUTOGRAD_FUNCTION = False
     both = per_call_ms(lambda: torch.autograd.backward(calls["pope triton"](), grad), args.calls)
     ops.EAGER_AUTOGRAD_FUNCTION = True
     print(f"{'via custom-op autograd':>22}: forward+backward {both:.3f} ms")
+    # Where the host time of one eager fwd+bwd goes, by wall clock (no profiler): each layer's inclusive time.
+    segments = {name: 0.0 for name in ("pope_attention (forward)", "ops._forward", "pope_flash.forward",
+                                       "autograd.backward", "ops._backward_kernels", "pope_flash.backward")}
+
+    def timed(owner, attribute, name):
+        original = getattr(owner, attribute)
+
+        def wrapper(*a, **kw):
+            start = time.perf_counter()
+            try:
+                return original(*a, **kw)
+            finally:
+                segments[name] += time.perf_counter() - start
+        setattr(owner, attribute, wrapper)
+        return original
+
+    import pope.attention as attention_module
+
+    originals = [(ops, "_forward", timed(ops, "_forward", "ops._forward")),
+                 (ops, "_backward_kernels", timed(ops, "_backward_kernels", "ops._backward_kernels")),
+                 (pope_flash, "forward", timed(pope_flash, "forward", "pope_flash.forward")),
+                 (pope_flash, "backward", timed(pope_flash, "backward", "pope_flash.backward"))]
+    for _ in range(10):
+        torch.autograd.backward(calls["pope triton"](), grad)
+    torch.cuda.synchronize()
+    for key in segments:
+        segments[key] = 0.0
+    for _ in range(args.calls):
+        start = time.perf_counter()
+        out = attention_module.pope_attention(q, k, v, delta, causal=True, backend="triton")
+        middle = time.perf_counter()
+        torch.autograd.backward(out, grad)
+        segments["pope_attention (forward)"] += middle - start
+        segments["autograd.backward"] += time.perf_counter() - middle
+    torch.cuda.synchronize()
+    for owner, attribute, original in originals:
+        setattr(owner, attribute, original)
+    print("host time per eager fwd+bwd by layer (inclusive, ms):")
+    for name, seconds in segments.items():
+        print(f"{name:>26}: {seconds / args.calls * 1e3:.3f}")
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(args.calls):

@@ -161,14 +161,15 @@ def sweep_decode(shapes=DECODE_SWEEP_SHAPES):
         k, v = (torch.randn(batch, n_kv_heads, seq_k, head_dim, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
         delta = -2 * math.pi * torch.rand(n_q_heads, head_dim, device=DEVICE)
         theta = pope_flash.frequencies(head_dim, 10000.0, q.device)
-        tiles = [("tensor_cores", *pope_flash.decode_tile(head_dim, torch.bfloat16, "tensor_cores"))]
+        tc_block_n, tc_warps = pope_flash.decode_tile(head_dim, torch.bfloat16, "tensor_cores")
+        tiles = [("tensor_cores", tc_block_n, tc_warps, stages) for stages in (2, 3, 4)]
         if n_q_heads == n_kv_heads:
-            small = head_dim <= 64
-            tiles += [("lanes", block_n, warps) for block_n, warps in
-                      ([(32, 4), (64, 4), (64, 8), (128, 8), (128, 4)] if small else [(16, 4), (32, 4), (32, 8), (64, 8)])]
-        for magnitude, (method, block_n, warps) in itertools.product(("softplus", "identity"), tiles):
+            tiles += [("lanes", block_n, warps, stages) for block_n, warps, stages in
+                      ([(64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 3), (32, 4, 3), (128, 8, 3)] if head_dim <= 64 else
+                       [(32, 4, 2), (32, 4, 3), (32, 4, 4), (16, 4, 3), (32, 8, 3), (64, 8, 3)])]
+        for magnitude, (method, block_n, warps, stages) in itertools.product(("softplus", "identity"), tiles):
             opts = dict(causal=True, softmax_scale=head_dim ** -0.5, q_offset=seq_k - 1, magnitude=magnitude,
-                        method=method, block_n=block_n, num_warps=warps)
+                        method=method, block_n=block_n, num_warps=warps, stages=stages)
             try:
                 ms = do_bench(lambda: pope_flash.decode_forward(q, k, v, delta, theta, **opts),  # noqa: B023
                               warmup=25, rep=100, return_mode="median")
@@ -176,7 +177,8 @@ def sweep_decode(shapes=DECODE_SWEEP_SHAPES):
                 ms = float("nan")
                 print(f"  decode {opts}: {type(err).__name__}: {str(err)[:120]}", file=sys.stderr)
             rows.append({"shape": (batch, n_q_heads, n_kv_heads, seq_k, head_dim), **opts, "ms": ms})
-            print(f"  decode sweep {rows[-1]['shape']} {magnitude:8s} {method:12s} block_n={block_n:3d} warps={warps}: "
+            print(f"  decode sweep {rows[-1]['shape']} {magnitude:8s} {method:12s} block_n={block_n:3d} warps={warps} "
+                  f"stages={stages}: "
                   f"{ms:.4f} ms", flush=True)
     return rows
 

@@ -609,6 +609,7 @@ def _pope_decode_kernel(
     n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, keys_per_split,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr, PRECISION: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     """Tensor-core decode: the rows padded to BLOCK_M >= 16, scores and P V by tl.dot."""
     pid_split = tl.program_id(0)
@@ -641,16 +642,11 @@ def _pope_decode_kernel(
     # leave two multiplies per cached key element (plus f(k)): the cache stays raw, d channels per key.
     offs_j = tl.arange(0, BLOCK_N)
     table_sin, table_cos = _sincos(offs_j.to(tl.float32)[:, None] * theta[None, :])
-    # k feeds elementwise math, which Triton's pipeliner does not prefetch: load the next tile by hand.
-    k_next = tl.load(k_base + (lo + offs_j)[:, None] * stride_kn + offs_d[None, :],
-                     mask=((lo + offs_j) < hi)[:, None] & mask_d[None, :], other=0.0)
-    for start_n in range(lo, hi, BLOCK_N):
+    # k feeds elementwise math: pipelined only through an explicit tl.range(num_stages=STAGES).
+    for start_n in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):
         offs_n = start_n + offs_j
         kv_mask = (offs_n < hi)[:, None] & mask_d[None, :]
-        k = k_next
-        offs_next = offs_n + BLOCK_N
-        k_next = tl.load(k_base + offs_next[:, None] * stride_kn + offs_d[None, :],
-                         mask=(offs_next < hi)[:, None] & mask_d[None, :], other=0.0)
+        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
         magnitude_k = tl.where(kv_mask, _magnitude(k.to(tl.float32), MAGNITUDE), 0.0)
         base_sin, base_cos = _sincos(theta * start_n)  # (BLOCK_D,), start_n exact in fp32 (< 2**24)
@@ -684,7 +680,7 @@ def _pope_decode_lanes_kernel(
     stride_vb, stride_vh, stride_vn,
     n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, keys_per_split,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr, STAGES: tl.constexpr,
 ):
     """CUDA-core decode for one query row per key head (MHA/MQA-free generation: group_size * Nq = 1): fp32
     FMAs, no tensor cores, no padding of the row to 16.
@@ -719,18 +715,13 @@ def _pope_decode_lanes_kernel(
     hi = tl.minimum(lo + keys_per_split, seq_k)
     if CAUSAL:
         hi = tl.minimum(hi, q_offset + 1)
-    # k and v feed elementwise math only, which Triton's pipeliner does not prefetch: load ahead by hand.
-    first = ((lo + offs_j) < hi)[:, None] & mask_d[None, :]
-    k_next = tl.load(k_base + (lo + offs_j)[:, None] * stride_kn + offs_d[None, :], mask=first, other=0.0)
-    v_next = tl.load(v_base + (lo + offs_j)[:, None] * stride_vn + offs_d[None, :], mask=first, other=0.0)
-    for start_n in range(lo, hi, BLOCK_N):
+    # k and v feed elementwise math only: Triton's default pipeliner does not prefetch such loads, an explicit
+    # tl.range(num_stages=STAGES) does (cp.async into STAGES - 1 shared-memory buffers).
+    for start_n in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):
         offs_n = start_n + offs_j
-        k = k_next
-        v = v_next
-        offs_next = offs_n + BLOCK_N
-        next_mask = (offs_next < hi)[:, None] & mask_d[None, :]
-        k_next = tl.load(k_base + offs_next[:, None] * stride_kn + offs_d[None, :], mask=next_mask, other=0.0)
-        v_next = tl.load(v_base + offs_next[:, None] * stride_vn + offs_d[None, :], mask=next_mask, other=0.0)
+        kv_mask = (offs_n < hi)[:, None] & mask_d[None, :]
+        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
         base_sin, base_cos = _sincos(theta * start_n)  # (BLOCK_D,), start_n exact in fp32 (< 2**24)
         p_row = q_cos * base_cos + q_sin * base_sin  # (BLOCK_D,)
         q_row = q_sin * base_cos - q_cos * base_sin
@@ -952,14 +943,14 @@ def decode_tile(head_dim: int, dtype: torch.dtype, method: str, rows: int = 1) -
     fp32); 8 warps for d <= 64, 4 for d = 128 (decode sweep on an H200, docs/kernels.md)."""
     block_d = _block_d(head_dim)
     if method == "lanes":
-        return 4096 // block_d, 8
+        return 4096 // block_d, 4
     block_n = 16 if dtype == torch.float32 else (64 if block_d <= 64 else 32)
     return block_n, (8 if block_d <= 64 and block_n >= 64 else 4)
 
 
 def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float, q_offset: int, magnitude: str,
                    method: str | None = None, block_n: int | None = None, num_splits: int | None = None,
-                   num_warps: int | None = None):
+                   num_warps: int | None = None, stages: int = 3):
     """Split-K decode over a raw (d-channel) cache. Returns (out, lse) like `forward`.
 
     Suited to group_size * Nq <= 64 rows per key head; keys are transformed once, in registers.
@@ -996,12 +987,12 @@ def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float,
             *_strides(q), *_strides(k), *_strides(v),
             n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, keys_per_split)
     options = dict(HEAD_DIM=head_dim, BLOCK_N=block_n, BLOCK_D=block_d, CAUSAL=causal, HAS_DELTA=delta is not None,
-                   MAGNITUDE=MAGNITUDE_CODES[magnitude], num_warps=num_warps)
+                   MAGNITUDE=MAGNITUDE_CODES[magnitude], STAGES=stages, num_warps=num_warps, num_stages=stages)
     if method == "lanes":
-        _pope_decode_lanes_kernel[(num_splits, batch * n_kv_heads)](*args, num_stages=1, **options)
+        _pope_decode_lanes_kernel[(num_splits, batch * n_kv_heads)](*args, **options)
     else:
         _pope_decode_kernel[(num_splits, batch * n_kv_heads)](*args, BLOCK_M=block_m, PRECISION=_precision(q.dtype),
-                                                              num_stages=2, **options)
+                                                              **options)
     # Combine the splits in one launch: (splits, B*Hkv, rows, d) -> (B, Hq, Nq, d) and the row LSEs.
     out = _empty((batch, n_q_heads, seq_q, head_dim), device=q.device, dtype=q.dtype)
     lse = _empty((batch, n_q_heads, seq_q), device=q.device, dtype=torch.float32)
