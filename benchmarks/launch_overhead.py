@@ -101,8 +101,10 @@ def main(argv=None):
     ops.EAGER_AUTOGRAD_FUNCTION = True
     print(f"{'via custom-op autograd':>22}: forward+backward {both:.3f} ms")
     # Where the host time of one eager fwd+bwd goes, by wall clock (no profiler): each layer's inclusive time.
-    segments = {name: 0.0 for name in ("pope_attention (forward)", "ops._forward", "pope_flash.forward",
-                                       "autograd.backward", "ops._backward_kernels", "pope_flash.backward")}
+    segments = {name: 0.0 for name in ("pope_attention (forward)", "_check_inputs", "_triton_unsupported_reason",
+                                       "ops.triton_pope_attention", "ops._forward", "pope_flash.forward",
+                                       "autograd.backward", "ops._backward_kernels", "pope_flash.backward",
+                                       "Triton launches (forward)", "Triton launches (backward)")}
 
     def timed(owner, attribute, name):
         original = getattr(owner, attribute)
@@ -118,10 +120,37 @@ def main(argv=None):
 
     import pope.attention as attention_module
 
-    originals = [(ops, "_forward", timed(ops, "_forward", "ops._forward")),
-                 (ops, "_backward_kernels", timed(ops, "_backward_kernels", "ops._backward_kernels")),
-                 (pope_flash, "forward", timed(pope_flash, "forward", "pope_flash.forward")),
-                 (pope_flash, "backward", timed(pope_flash, "backward", "pope_flash.backward"))]
+    patches = [(ops, "_forward", "ops._forward"), (ops, "_backward_kernels", "ops._backward_kernels"),
+               (pope_flash, "forward", "pope_flash.forward"), (pope_flash, "backward", "pope_flash.backward"),
+               (attention_module, "_check_inputs", "_check_inputs"),
+               (attention_module, "_triton_unsupported_reason", "_triton_unsupported_reason"),
+               (ops, "triton_pope_attention", "ops.triton_pope_attention")]
+    patches += [(getattr(pope_flash, kernel), "run", f"Triton launches ({phase})") for kernel, phase in (
+        ("_pope_fwd_kernel", "forward"), ("_pope_bwd_dq_kernel", "backward"), ("_pope_bwd_dkdv_kernel", "backward"))]
+    originals = [(owner, attribute, timed(owner, attribute, name)) for owner, attribute, name in patches]
+    # The transform kernel launches in both passes: count it where it is called from.
+    transform_run = pope_flash._pope_transform_kernel.run
+    in_backward = [False]
+
+    def transform_timed(*a, **kw):
+        start = time.perf_counter()
+        try:
+            return transform_run(*a, **kw)
+        finally:
+            segments["Triton launches (backward)" if in_backward[0] else "Triton launches (forward)"] += (
+                time.perf_counter() - start)
+    pope_flash._pope_transform_kernel.run = transform_timed
+    backward_layer = pope_flash.backward
+
+    def backward_flagged(*a, **kw):
+        in_backward[0] = True
+        try:
+            return backward_layer(*a, **kw)
+        finally:
+            in_backward[0] = False
+    pope_flash.backward = backward_flagged
+    originals.append((pope_flash._pope_transform_kernel, "run", transform_run))
+    originals.append((pope_flash, "backward", originals[3][2]))
     for _ in range(10):
         torch.autograd.backward(calls["pope triton"](), grad)
     torch.cuda.synchronize()
@@ -137,6 +166,8 @@ def main(argv=None):
     torch.cuda.synchronize()
     for owner, attribute, original in originals:
         setattr(owner, attribute, original)
+    for kernel in ("_pope_transform_kernel", "_pope_fwd_kernel", "_pope_bwd_dq_kernel", "_pope_bwd_dkdv_kernel"):
+        getattr(pope_flash, kernel).__dict__.pop("run", None)  # back to the class's method
     print("host time per eager fwd+bwd by layer (inclusive, ms):")
     for name, seconds in segments.items():
         print(f"{name:>26}: {seconds / args.calls * 1e3:.3f}")

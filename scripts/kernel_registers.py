@@ -30,12 +30,12 @@ KERNELS = {
            {64: [kernels.BWD_DQ_CONFIGS[64]], 128: [kernels.BWD_DQ_CONFIGS[128]]}),
     "dkdv": (kernels._pope_bwd_dkdv_kernel, dict(CAUSAL=True, MAGNITUDE=0, PRECISION="tf32"),
              {64: [kernels.BWD_DKDV_CONFIGS[64]], 128: [kernels.BWD_DKDV_CONFIGS[128]]}),
-    "decode": (kernels._pope_decode_kernel, dict(CAUSAL=True, HAS_DELTA=True, MAGNITUDE=0, PRECISION="tf32"),
-               # one query row padded to BLOCK_M = 16, the shipped (block_n, warps), 2 stages
-               {d: [(16, *kernels.decode_tile(d, torch.bfloat16, "tensor_cores"), 2)] for d in (64, 128)}),
-    "decode-lanes": (kernels._pope_decode_lanes_kernel, dict(CAUSAL=True, HAS_DELTA=True, MAGNITUDE=0),
-                     # one query row per key head, the shipped (block_n, warps), 1 stage
-                     {d: [(1, *kernels.decode_tile(d, torch.bfloat16, "lanes"), 1)] for d in (64, 128)}),
+    "decode": (kernels._pope_decode_kernel, dict(CAUSAL=True, HAS_DELTA=True, MAGNITUDE=0, PRECISION="tf32", STAGES=3),
+               # one query row padded to BLOCK_M = 16, the shipped (block_n, warps), 3 stages
+               {d: [(16, *kernels.decode_tile(d, torch.bfloat16, "tensor_cores"), 3)] for d in (64, 128)}),
+    "decode-lanes": (kernels._pope_decode_lanes_kernel, dict(CAUSAL=True, HAS_DELTA=True, MAGNITUDE=0, STAGES=3),
+                     # one query row per key head, the shipped (block_n, warps), 3 stages
+                     {d: [(1, *kernels.decode_tile(d, torch.bfloat16, "lanes"), 3)] for d in (64, 128)}),
 }
 
 

@@ -935,15 +935,15 @@ def _sm_count(device) -> int:
 DECODE_LANES_MAX_ROWS = 1
 
 
-def decode_tile(head_dim: int, dtype: torch.dtype, method: str, rows: int = 1) -> tuple[int, int]:
-    """Default (block_n, num_warps) of a decode kernel for `rows` query rows per key head.
-
-    "lanes": its (block_n, d) fp32 accumulator and cos/sin table hold 4K elements each.
+def decode_tile(head_dim: int, dtype: torch.dtype, method: str) -> tuple[int, int]:
+    """Default (block_n, num_warps) of a decode kernel ("lanes" or "tensor_cores"; both stream
+    k/v through a 3-stage cp.async pipeline). From the decode sweeps on an H200 (docs/kernels.md):
+    "lanes": 2K-element key tiles, 4 warps (d=64: 32 keys, d=128: 16).
     "tensor_cores": the (block_n, d) cos/sin table lives in registers: keep it at 4K elements (16 rows for
-    fp32); 8 warps for d <= 64, 4 for d = 128 (decode sweep on an H200, docs/kernels.md)."""
+    fp32); 8 warps for d <= 64, 4 for d = 128."""
     block_d = _block_d(head_dim)
     if method == "lanes":
-        return 4096 // block_d, 4
+        return max(16, 2048 // block_d), 4
     block_n = 16 if dtype == torch.float32 else (64 if block_d <= 64 else 32)
     return block_n, (8 if block_d <= 64 and block_n >= 64 else 4)
 
@@ -968,7 +968,7 @@ def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float,
     if method == "lanes" and rows > DECODE_LANES_MAX_ROWS:
         raise ValueError(f"the lanes decode kernel takes {DECODE_LANES_MAX_ROWS} query row per key head "
                          f"(group_size * Nq); got {rows}: use method='tensor_cores'")
-    default_block_n, default_warps = decode_tile(head_dim, q.dtype, method, rows)
+    default_block_n, default_warps = decode_tile(head_dim, q.dtype, method)
     block_m = triton.next_power_of_2(rows) if method == "lanes" else max(16, triton.next_power_of_2(rows))
     block_n = default_block_n if block_n is None else block_n
     num_warps = default_warps if num_warps is None else num_warps
