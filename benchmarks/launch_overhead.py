@@ -171,6 +171,31 @@ def main(argv=None):
     print("host time per eager fwd+bwd by layer (inclusive, ms):")
     for name, seconds in segments.items():
         print(f"{name:>26}: {seconds / args.calls * 1e3:.3f}")
+    # Host time of the same loop under conditions that would explain a slow real path.
+    import gc
+
+    def loop_host_ms(fn, calls=args.calls):
+        return per_call_ms(fn, calls, host_only=True)
+
+    def fwd_bwd():
+        torch.autograd.backward(attention_module.pope_attention(q, k, v, delta, causal=True, backend="triton"), grad)
+
+    def fwd_only():
+        attention_module.pope_attention(q, k, v, delta, causal=True, backend="triton")
+
+    print("host ms per call, eager pope triton:")
+    print(f"{'fwd+bwd':>40}: {loop_host_ms(fwd_bwd):.3f}")
+    print(f"{'fwd only (grad on, output dropped)':>40}: {loop_host_ms(fwd_only):.3f}")
+    with torch.no_grad():
+        print(f"{'fwd only (no_grad)':>40}: {loop_host_ms(fwd_only):.3f}")
+    gc.disable()
+    print(f"{'fwd+bwd, gc disabled':>40}: {loop_host_ms(fwd_bwd):.3f}")
+    gc.enable()
+    torch.autograd.set_multithreading_enabled(False)
+    print(f"{'fwd+bwd, autograd on the calling thread':>40}: {loop_host_ms(fwd_bwd):.3f}")
+    torch.autograd.set_multithreading_enabled(True)
+    sdpa_fwd_bwd = lambda: torch.autograd.backward(F.scaled_dot_product_attention(q, k, v, is_causal=True), grad)  # noqa: E731
+    print(f"{'sdpa fwd+bwd':>40}: {loop_host_ms(sdpa_fwd_bwd):.3f}")
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(args.calls):
