@@ -196,6 +196,22 @@ def main(argv=None):
     torch.autograd.set_multithreading_enabled(True)
     sdpa_fwd_bwd = lambda: torch.autograd.backward(F.scaled_dot_product_attention(q, k, v, is_causal=True), grad)  # noqa: E731
     print(f"{'sdpa fwd+bwd':>40}: {loop_host_ms(sdpa_fwd_bwd):.3f}")
+
+    class Doubling(torch.autograd.Function):  # the cheapest Python autograd.Function: one aten op each way
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    trivial = lambda: torch.autograd.backward(Doubling.apply(q), grad)  # noqa: E731
+    print(f"{'trivial autograd.Function fwd+bwd':>40}: {loop_host_ms(trivial):.3f}")
+    torch.autograd.set_multithreading_enabled(False)
+    print(f"{'  the same, autograd on the calling thread':>40}: {loop_host_ms(trivial):.3f}")
+    print(f"{'sdpa fwd+bwd, autograd on calling thread':>40}: {loop_host_ms(sdpa_fwd_bwd):.3f}")
+    torch.autograd.set_multithreading_enabled(True)
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(args.calls):
