@@ -14,9 +14,14 @@ forward 6*B*H*N^2*d (the QK product has 2d channels), standard 4*B*H*N^2*d, halv
 backward 2.5x forward. Targets (issue 5), as ratios in this run: pope triton fwd+bwd <= 1.5x sdpa at
 N >= 4096 and <= 1.0x rope+sdpa everywhere; peak memory <= 1.15x sdpa; >= 20x faster than pope-pytorch.
 
-With --decode: one query against a long KV cache (generation), raw d-channel cache through the
-split-K decode kernel vs SDPA over a materialised 2d-channel k' cache (q' precomputed: a lower bound
-for that approach) and vs RoPE's SDPA over a d-channel cache.
+With --decode: one query against a long KV cache (generation), through the split-K decode kernels over a
+raw d-channel cache and over a cache of magnitudes f(k) (what the model's KV cache holds), vs SDPA over a
+materialised 2d-channel k' cache (q' precomputed: a lower bound for that approach) and vs RoPE's SDPA
+over a d-channel cache. --decode-only skips the attention shapes.
+
+With --autograd-calling-thread every provider's backward runs on the calling thread instead of autograd's
+CUDA device thread (shape labels say so): at short sequences eager PoPE is host-bound, and most of that
+host time is its Python backward running on the device thread.
 
     PYTHONPATH=src python benchmarks/attention.py [--decode] [--out benchmarks/results]
 Appends to OUT/attention.csv (and OUT/decode.csv) with GPU, versions, commit and date; plots OUT/attention.png.
@@ -300,6 +305,10 @@ def main(argv=None):
     parser.add_argument("--shapes", default=None, help="e.g. 8x12x1024x64,4x16x4096x128 (default: the issue's five)")
     parser.add_argument("--decode", action="store_true", help="also run the decode benchmark")
     parser.add_argument("--decode-only", action="store_true", help="only the decode benchmark")
+    parser.add_argument("--autograd-calling-thread", action="store_true",
+                        help="every provider's backward on the calling thread (torch.autograd."
+                             "set_multithreading_enabled(False)), not autograd's CUDA device thread; rows are "
+                             "labelled so (docs/kernels.md: eager host overhead)")
     parser.add_argument("--pope-pytorch-autotune", action="store_true")
     parser.add_argument("--profile", action="store_true",
                         help="also write OUT/profile.txt: torch.profiler of pope triton fwd+bwd, first two shapes")
@@ -310,6 +319,10 @@ def main(argv=None):
     shapes = SHAPES if args.shapes is None else [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     if args.decode_only:
         shapes, args.decode = [], True
+    label = ""
+    if args.autograd_calling_thread:
+        torch.autograd.set_multithreading_enabled(False)
+        label = " [autograd on calling thread]"
     providers = args.providers.split(",")
     meta = provenance()
     rows = []
@@ -320,6 +333,7 @@ def main(argv=None):
             except Exception as err:  # e.g. pope-pytorch not installed: say so, keep going
                 print(f"{name} {shape}: {type(err).__name__}: {str(err)[:200]}", file=sys.stderr, flush=True)
                 continue
+            row["shape"] += label
             rows.append(row)
             print(f"{row['shape']:>16} {name:>18}: fwd {row['fwd_ms']:.3f} ms, fwd+bwd {row['fwd_bwd_ms']:.3f} ms, "
                   f"peak {row['peak_mb']:.0f} MB, {row['fwd_bwd_tflops']:.0f} TFLOP/s", flush=True)

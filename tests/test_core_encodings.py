@@ -108,3 +108,22 @@ def test_registry_names_options_and_errors():
     with pytest.raises(ValueError, match="even"):
         build_positional_encoding("rope", n_heads=2, head_dim=7)
     assert "magnitude" in pope.describe_positional_encoding("pope")
+
+
+@pytest.mark.parametrize("spec", ["pope", "pope:magnitude=relu,rotary_dim=6", "pope:magnitude=identity", "rope"])
+def test_cached_keys_give_the_same_attention(spec):
+    """What a KV cache stores (cache_keys) and attention over it (attend_cached) equal attention over raw keys;
+    PoPE's cache holds the key magnitudes f(k) in RoPE's d channels per key."""
+    torch.manual_seed(0)
+    pe = build_positional_encoding(spec, n_heads=4, n_kv_heads=2, head_dim=8)
+    if getattr(pe, "delta", None) is not None:
+        with torch.no_grad():
+            pe.delta.uniform_(-6.28, 0)
+    q, k, v = torch.randn(2, 4, 3, 8), torch.randn(2, 2, 11, 8), torch.randn(2, 2, 11, 8)
+    cached = pe.cache_keys(k)
+    assert cached.shape == k.shape and cached.dtype == k.dtype
+    torch.testing.assert_close(pe.attend_cached(q, cached, v), pe(q, k, v), atol=1e-6, rtol=1e-5)
+    if spec == "pope":
+        torch.testing.assert_close(cached, torch.nn.functional.softplus(k))
+    if spec.startswith("pope:magnitude=relu"):
+        assert torch.equal(cached[..., :6], k[..., :6].relu()) and torch.equal(cached[..., 6:], k[..., 6:])

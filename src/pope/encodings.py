@@ -51,6 +51,15 @@ class PositionalEncoding(nn.Module):
     def forward(self, q, k, v, *, q_offset: int | None = None, causal: bool = True, dropout_p: float = 0.0):
         raise NotImplementedError
 
+    def cache_keys(self, k: torch.Tensor) -> torch.Tensor:
+        """Keys (B, Hkv, T, d) as a KV cache stores them; `attend_cached` reads them back. Raw keys here."""
+        return k
+
+    def attend_cached(self, q, cached_k, v, *, q_offset: int | None = None, causal: bool = True,
+                      dropout_p: float = 0.0):
+        """Attention over keys that went through `cache_keys` (a KV cache's content); same contract as forward."""
+        return self(q, cached_k, v, q_offset=q_offset, causal=causal, dropout_p=dropout_p)
+
     def _check(self, q, k) -> None:
         if q.shape[1] != self.n_heads or q.shape[-1] != self.head_dim or k.shape[1] != self.n_kv_heads:
             raise ValueError(
@@ -118,6 +127,27 @@ class PoPE(PositionalEncoding):
         return pope_attention(q, k, v, self.clamped_delta(), base=self.base, causal=causal, q_offset=q_offset,
                               magnitude=self.magnitude, rotary_dim=self.rotary_dim, dropout_p=dropout_p,
                               backend=self.backend)
+
+    def cache_keys(self, k: torch.Tensor) -> torch.Tensor:
+        """PoPE's keys reach the score only through their magnitudes f(k): the cache holds f(k) (d channels per
+        key, RoPE's cache memory), so a decode step does not recompute f over the whole cache."""
+        return self._magnitudes(k)
+
+    def attend_cached(self, q, cached_k, v, *, q_offset=None, causal=True, dropout_p=0.0):
+        self._check(q, cached_k)
+        return pope_attention(self._magnitudes(q), cached_k, v, self.clamped_delta(), base=self.base, causal=causal,
+                              q_offset=q_offset, magnitude="identity", rotary_dim=self.rotary_dim,
+                              dropout_p=dropout_p, backend=self.backend)
+
+    def _magnitudes(self, x: torch.Tensor) -> torch.Tensor:
+        """f on the first rotary_dim channels (in float32, float64 for float64 input, as pope_attention computes
+        it), the rest unchanged; returned in x's dtype."""
+        if self.magnitude == "identity":
+            return x
+        rotated = self.rotary_dim or self.head_dim
+        compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+        magnitudes = MAGNITUDES[self.magnitude](x[..., :rotated].to(compute)).to(x.dtype)
+        return magnitudes if rotated == self.head_dim else torch.cat([magnitudes, x[..., rotated:]], dim=-1)
 
     def extra_repr(self) -> str:
         return (f"heads={self.n_heads}, head_dim={self.head_dim}, base={self.base}, magnitude={self.magnitude}, "

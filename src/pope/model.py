@@ -2,8 +2,8 @@
 
 Pre-norm RMSNorm blocks, causal self-attention whose positional encoding is chosen by a config string
 (see pope.encodings), a GELU MLP of ratio 4, no biases, tied input/output embeddings, dropout.
-`generate()` decodes with a KV cache that stores raw keys (d channels per key, like RoPE's cache) and
-gives the same logits as a full forward pass.
+`generate()` decodes with a KV cache of d channels per key (raw keys, or PoPE's magnitudes f(k): RoPE's
+cache memory) and gives the same logits as a full forward pass.
 """
 from __future__ import annotations
 
@@ -80,9 +80,11 @@ class GPTConfig:
 
 
 class KVCache:
-    """Preallocated raw keys/values for every layer: (n_layer, B, Hkv, max_len, head_dim) each.
+    """Preallocated keys/values for every layer: (n_layer, B, Hkv, max_len, head_dim) each.
 
-    Keys are stored before any positional transform, so PoPE's cache costs what RoPE's does.
+    Keys are stored as the layer's encoding caches them (`PositionalEncoding.cache_keys`): raw keys, or PoPE's
+    magnitudes f(k) (its phases come from positions), d channels per key either way, so PoPE's cache costs
+    what RoPE's does.
     The model writes each layer's new entries with `update` and then calls `advance`.
     """
 
@@ -129,9 +131,13 @@ class CausalSelfAttention(nn.Module):
         q = self.q_proj(x).view(b, t, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
         k = self.k_proj(x).view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
         v = self.v_proj(x).view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)
+        dropout_p = self.dropout if self.training else 0.0
         if kv_cache is not None:
-            k, v = kv_cache.update(self.layer_idx, k, v)  # (B, Hkv, cached + T, hd)
-        y = self.pe(q, k, v, causal=True, dropout_p=self.dropout if self.training else 0.0)  # (B, H, T, hd)
+            # The cache holds keys as the encoding caches them (PoPE: magnitudes f(k)): (B, Hkv, cached + T, hd).
+            k, v = kv_cache.update(self.layer_idx, self.pe.cache_keys(k), v)
+            y = self.pe.attend_cached(q, k, v, causal=True, dropout_p=dropout_p)  # (B, H, T, hd)
+        else:
+            y = self.pe(q, k, v, causal=True, dropout_p=dropout_p)
         y = y.transpose(1, 2).reshape(b, t, self.n_head * self.head_dim)
         return self.resid_dropout(self.o_proj(y))
 
