@@ -144,7 +144,8 @@ def sweep_configs(shapes=((4, 16, 4096, 64), (4, 16, 4096, 128)), apply_best=Tru
     return rows, best
 
 
-DECODE_SWEEP_SHAPES = ((8, 16, 16, 16384, 64), (8, 16, 16, 16384, 128), (8, 32, 8, 16384, 128))  # (B, Hq, Hkv, Nk, d)
+DECODE_SWEEP_SHAPES = ((8, 16, 16, 16384, 64), (8, 16, 16, 16384, 128), (8, 32, 8, 16384, 128),
+                       (8, 32, 4, 16384, 64))  # (B, Hq, Hkv, Nk, d)
 
 
 def sweep_decode(shapes=DECODE_SWEEP_SHAPES):
@@ -162,11 +163,10 @@ def sweep_decode(shapes=DECODE_SWEEP_SHAPES):
         delta = -2 * math.pi * torch.rand(n_q_heads, head_dim, device=DEVICE)
         theta = pope_flash.frequencies(head_dim, 10000.0, q.device)
         tc_block_n, tc_warps = pope_flash.decode_tile(head_dim, torch.bfloat16, "tensor_cores")
-        tiles = [("tensor_cores", tc_block_n, tc_warps, stages) for stages in (2, 3, 4)]
-        if n_q_heads == n_kv_heads:
-            tiles += [("lanes", block_n, warps, stages) for block_n, warps, stages in
-                      ([(64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 3), (32, 4, 3), (128, 8, 3)] if head_dim <= 64 else
-                       [(32, 4, 2), (32, 4, 3), (32, 4, 4), (16, 4, 3), (32, 8, 3), (64, 8, 3)])]
+        tiles = [("tensor_cores", tc_block_n, tc_warps, stages) for stages in (2, 3)]
+        tiles += [("lanes", block_n, warps, stages) for block_n, warps, stages in
+                  ([(64, 4, 3), (32, 4, 3), (32, 4, 4), (64, 8, 3)] if head_dim <= 64 else
+                   [(32, 4, 3), (16, 4, 3), (16, 4, 4), (32, 8, 3)])]
         for magnitude, (method, block_n, warps, stages) in itertools.product(("softplus", "identity"), tiles):
             opts = dict(causal=True, softmax_scale=head_dim ** -0.5, q_offset=seq_k - 1, magnitude=magnitude,
                         method=method, block_n=block_n, num_warps=warps, stages=stages)
@@ -195,6 +195,10 @@ def main(argv=None):
     parser.add_argument("--out", default=".", help="directory for gpu_kernel_check.json")
     parser.add_argument("--dtypes", default="bf16,fp16,fp32")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter smoke test)")
+    parser.add_argument("--decode-lanes-max-rows", type=int, default=None,
+                        help="route decode calls with up to this many rows per key head to the lanes kernel")
+    parser.add_argument("--decode-sweep-shapes", default=None,
+                        help="rows of DECODE_SWEEP_SHAPES to sweep, e.g. 2,3 (default all)")
     args = parser.parse_args(argv)
     started = time.time()
     sweep = None
@@ -206,7 +210,11 @@ def main(argv=None):
         with open(f"{args.out}/kernel_configs.json", "w") as f:
             json.dump(best, f)
         print(f"fastest configs installed: {best}", flush=True)
-    decode_sweep = sweep_decode() if args.decode_sweep else None
+    if args.decode_lanes_max_rows is not None:
+        pope_flash.DECODE_LANES_MAX_ROWS = args.decode_lanes_max_rows
+    sweep_shapes = DECODE_SWEEP_SHAPES if args.decode_sweep_shapes is None else [
+        DECODE_SWEEP_SHAPES[int(i)] for i in args.decode_sweep_shapes.split(",")]
+    decode_sweep = sweep_decode(sweep_shapes) if args.decode_sweep else None
     pope_flash.POISON_OUTPUTS = True
     global CHECK_SHAPES
     if args.smoke:
@@ -219,6 +227,10 @@ def main(argv=None):
     import triton
 
     results["triton"] = triton.__version__
+    from pope.provenance import commit_label
+
+    results["commit"] = commit_label() or "unknown"
+    results["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     correctness = []
     for dtype_name in args.dtypes.split(","):
         bf16_rows = range(len(CHECK_SHAPES)) if args.bf16_rows is None else [int(r) for r in args.bf16_rows.split(",")]

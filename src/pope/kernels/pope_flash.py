@@ -560,13 +560,13 @@ def _pope_bwd_dkdv_kernel(
 # Decode: few queries (all query heads of one key head packed into the rows), long raw-k cache, split-K
 # ----------------------------------------------------------------------------------------------------
 @triton.jit
-def _decode_query_rows(Q, Theta, Delta, b, hk, stride_qb, stride_qh, stride_qn, group_size, seq_q, q_offset,
-                       HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+def _decode_query_rows(Q, Theta, Delta, b, hk, first_row, stride_qb, stride_qh, stride_qn, group_size, seq_q,
+                       q_offset, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
                        HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr):
-    """The ROWS query rows of one key head hk: row r = query head hk * group_size + r // seq_q, query index
-    r % seq_q. Returns (q'cos, q'sin) fp32 (ROWS, BLOCK_D) (zero in padded rows/channels), the rows' query
-    indices qi (ROWS,), and theta (BLOCK_D,)."""
-    offs_r = tl.arange(0, ROWS)
+    """Query rows first_row .. first_row + ROWS - 1 of key head hk: row r = query head hk * group_size + r // seq_q,
+    query index r % seq_q. Returns (q'cos, q'sin) fp32 (ROWS, BLOCK_D) (zero in padded rows/channels), the
+    rows' query indices qi (ROWS,), and theta (BLOCK_D,)."""
+    offs_r = first_row + tl.arange(0, ROWS)
     mask_rows = offs_r < group_size * seq_q
     head = hk * group_size + offs_r // seq_q
     qi = offs_r % seq_q
@@ -583,18 +583,15 @@ def _decode_query_rows(Q, Theta, Delta, b, hk, stride_qb, stride_qh, stride_qn, 
 
 
 @triton.jit
-def _decode_store_partial(PartialOut, PartialLSE, pid_split, pid_bh, acc, row_sum, row_max, group_size, seq_q,
-                          HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Normalised partial output (ROWS, BLOCK_D) and natural-log LSE (-inf where this split saw no key) of one
-    split, at rows (pid_split, pid_bh, r) of the (splits, B*Hkv, ROWS, BLOCK_D) partial buffers."""
-    offs_r = tl.arange(0, ROWS)
+def _decode_store_partial(PartialOut, PartialLSE, partial_row, mask_rows, acc, row_sum, row_max,
+                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Normalised partial output (rows, BLOCK_D) and natural-log LSE (-inf where this split saw no key) of one
+    split, at rows partial_row (rows,) of the (splits, B*Hkv, row stride, BLOCK_D) partial buffers."""
     offs_d = tl.arange(0, BLOCK_D)
-    mask_rows = offs_r < group_size * seq_q
     has_keys = row_sum > 0.0
     out = acc / tl.where(has_keys, row_sum, 1.0)[:, None]
     lse = tl.where(has_keys, (row_max + tl.math.log2(tl.where(has_keys, row_sum, 1.0))) * 0.6931471805599453,
                    float("-inf"))
-    partial_row = (pid_split * tl.num_programs(1) + pid_bh) * ROWS + offs_r
     tl.store(PartialOut + partial_row[:, None] * BLOCK_D + offs_d[None, :], out,
              mask=mask_rows[:, None] & (offs_d < HEAD_DIM)[None, :])
     tl.store(PartialLSE + partial_row, lse, mask=mask_rows)
@@ -616,8 +613,9 @@ def _pope_decode_kernel(
     pid_bh = tl.program_id(1)  # b * n_kv_heads + hk
     b = pid_bh // n_kv_heads
     hk = pid_bh % n_kv_heads
-    q_cos, q_sin, qi, theta = _decode_query_rows(Q, Theta, Delta, b, hk, stride_qb, stride_qh, stride_qn, group_size,
-                                                 seq_q, q_offset, HEAD_DIM, BLOCK_M, BLOCK_D, HAS_DELTA, MAGNITUDE)
+    q_cos, q_sin, qi, theta = _decode_query_rows(Q, Theta, Delta, b, hk, 0, stride_qb, stride_qh, stride_qn,
+                                                 group_size, seq_q, q_offset, HEAD_DIM, BLOCK_M, BLOCK_D, HAS_DELTA,
+                                                 MAGNITUDE)
     # q' rounded to the input dtype as the reference rounds it, then rotated per tile in fp32 (below).
     q_cos32 = q_cos.to(Q.dtype.element_ty).to(tl.float32)
     q_sin32 = q_sin.to(Q.dtype.element_ty).to(tl.float32)
@@ -668,8 +666,10 @@ def _pope_decode_kernel(
         row_sum = row_sum * rescale + tl.sum(probs, 1)
         acc = tl.dot(probs.to(v.dtype), v, acc * rescale[:, None], input_precision=PRECISION)
         row_max = new_max
-    _decode_store_partial(PartialOut, PartialLSE, pid_split, pid_bh, acc, row_sum, row_max, group_size, seq_q,
-                          HEAD_DIM, BLOCK_M, BLOCK_D)
+    offs_r = tl.arange(0, BLOCK_M)
+    partial_row = (pid_split * tl.num_programs(1) + pid_bh) * BLOCK_M + offs_r  # row stride BLOCK_M
+    _decode_store_partial(PartialOut, PartialLSE, partial_row, offs_r < group_size * seq_q, acc, row_sum, row_max,
+                          HEAD_DIM, BLOCK_D)
 
 
 @triton.jit
@@ -682,8 +682,10 @@ def _pope_decode_lanes_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr, STAGES: tl.constexpr,
 ):
-    """CUDA-core decode for one query row per key head (MHA/MQA-free generation: group_size * Nq = 1): fp32
-    FMAs, no tensor cores, no padding of the row to 16.
+    """CUDA-core decode, one program per (split, query row): fp32 FMAs, no tensor cores, no padding of the
+    rows to 16. The rows of a key head (its group's query heads x Nq) are separate programs that stream the
+    same key range, so their K/V reads after the first mostly hit L2 (and f(k) is recomputed per row: a
+    cache of magnitudes, magnitude "identity", avoids that).
 
     Score of key n = start_n + j, by the same angle addition as _pope_decode_kernel:
         s[j] = sum_c f(k[n, c]) * W[j, c],   W = P[c] cos(j theta_c) + Q[c] sin(j theta_c),
@@ -693,11 +695,14 @@ def _pope_decode_lanes_kernel(
     Shapes: table, W, acc (BLOCK_N, BLOCK_D); m, l, s (BLOCK_N,).
     """
     pid_split = tl.program_id(0)
-    pid_bh = tl.program_id(1)  # b * n_kv_heads + hk
+    pid_row = tl.program_id(1)  # (b * n_kv_heads + hk) * rows + r
+    rows = group_size * seq_q
+    pid_bh = pid_row // rows
+    row = pid_row % rows
     b = pid_bh // n_kv_heads
     hk = pid_bh % n_kv_heads
-    q_cos, q_sin, qi, theta = _decode_query_rows(Q, Theta, Delta, b, hk, stride_qb, stride_qh, stride_qn, group_size,
-                                                 seq_q, q_offset, HEAD_DIM, 1, BLOCK_D, HAS_DELTA, MAGNITUDE)
+    q_cos, q_sin, qi, theta = _decode_query_rows(Q, Theta, Delta, b, hk, row, stride_qb, stride_qh, stride_qn,
+                                                 group_size, seq_q, q_offset, HEAD_DIM, 1, BLOCK_D, HAS_DELTA, MAGNITUDE)
     qk_scale = softmax_scale * 1.4426950408889634  # scores come out in base 2, scaled
     q_cos = tl.reshape(q_cos, (BLOCK_D,)) * qk_scale
     q_sin = tl.reshape(q_sin, (BLOCK_D,)) * qk_scale
@@ -714,7 +719,7 @@ def _pope_decode_lanes_kernel(
     lo = pid_split * keys_per_split
     hi = tl.minimum(lo + keys_per_split, seq_k)
     if CAUSAL:
-        hi = tl.minimum(hi, q_offset + 1)
+        hi = tl.minimum(hi, q_offset + row % seq_q + 1)
     # k and v feed elementwise math only: Triton's default pipeliner does not prefetch such loads, an explicit
     # tl.range(num_stages=STAGES) does (cp.async into STAGES - 1 shared-memory buffers).
     for start_n in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):
@@ -745,14 +750,15 @@ def _pope_decode_lanes_kernel(
     lane_weight = tl.math.exp2(lane_max[None, :] - safe_row_max[:, None])  # (1, BLOCK_N); 0 where no key
     row_sum = tl.sum(lane_sum[None, :] * lane_weight, 1)
     out = tl.sum(acc * tl.reshape(lane_weight, (BLOCK_N, 1)), 0)  # (BLOCK_D,)
-    _decode_store_partial(PartialOut, PartialLSE, pid_split, pid_bh, out[None, :], row_sum, row_max, group_size,
-                          seq_q, HEAD_DIM, 1, BLOCK_D)
+    partial_row = tl.full([1], pid_split * tl.num_programs(1) + pid_row, tl.int32)  # row stride: rows
+    _decode_store_partial(PartialOut, PartialLSE, partial_row, partial_row >= 0, out[None, :], row_sum, row_max,
+                          HEAD_DIM, BLOCK_D)
 
 
 @triton.jit
 def _pope_decode_combine_kernel(
-    PartialOut, PartialLSE, Out, LSE, num_splits, n_kv_programs, rows,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    PartialOut, PartialLSE, Out, LSE, num_splits, n_kv_programs, rows, row_stride,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
     """One query row: merge the splits' normalised outputs by their log-sum-exp weights.
 
@@ -762,7 +768,7 @@ def _pope_decode_combine_kernel(
     r = pid % rows
     offs_s = tl.arange(0, BLOCK_S)
     mask_s = offs_s < num_splits
-    partial_row = (offs_s * n_kv_programs + bh) * BLOCK_M + r  # (BLOCK_S,)
+    partial_row = (offs_s * n_kv_programs + bh) * row_stride + r  # (BLOCK_S,)
     split_lse = tl.load(PartialLSE + partial_row, mask=mask_s, other=float("-inf"))
     top = tl.max(split_lse, 0)  # finite: the first split always sees key 0
     weights = tl.exp(split_lse - top)
@@ -930,8 +936,8 @@ def _sm_count(device) -> int:
     return _SM_COUNTS[device]
 
 
-# Rows per key head (group_size * Nq) up to which decode takes the CUDA-core lanes kernel (it is written for
-# one row); more rows go to the tensor-core kernel, which pads them to 16.
+# Rows per key head (group_size * Nq) up to which decode takes the CUDA-core lanes kernel (one program per
+# row); more rows go to the tensor-core kernel (one program per key head, rows padded to 16).
 DECODE_LANES_MAX_ROWS = 1
 
 
@@ -954,7 +960,8 @@ def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float,
     """Split-K decode over a raw (d-channel) cache. Returns (out, lse) like `forward`.
 
     Suited to group_size * Nq <= 64 rows per key head; keys are transformed once, in registers.
-    method: "lanes" (CUDA cores, one row per key head), "tensor_cores", or None: lanes when the rows fit.
+    method: "lanes" (CUDA cores, one program per query row), "tensor_cores" (one program per key head), or
+    None: lanes up to DECODE_LANES_MAX_ROWS rows per key head.
     """
     batch, n_q_heads, seq_q, head_dim = q.shape
     n_kv_heads, seq_k = k.shape[1], k.shape[2]
@@ -965,11 +972,11 @@ def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float,
         method = "lanes" if rows <= DECODE_LANES_MAX_ROWS else "tensor_cores"
     elif method not in ("lanes", "tensor_cores"):
         raise ValueError(f"decode method must be 'lanes' or 'tensor_cores'; got {method!r}")
-    if method == "lanes" and rows > DECODE_LANES_MAX_ROWS:
-        raise ValueError(f"the lanes decode kernel takes {DECODE_LANES_MAX_ROWS} query row per key head "
-                         f"(group_size * Nq); got {rows}: use method='tensor_cores'")
     default_block_n, default_warps = decode_tile(head_dim, q.dtype, method)
-    block_m = triton.next_power_of_2(rows) if method == "lanes" else max(16, triton.next_power_of_2(rows))
+    # Partial results are (splits, B*Hkv, row_stride, d): the tensor-core kernel's rows are padded to block_m.
+    block_m = max(16, triton.next_power_of_2(rows))
+    row_stride = rows if method == "lanes" else block_m
+    programs_per_split = batch * n_kv_heads * (rows if method == "lanes" else 1)
     block_n = default_block_n if block_n is None else block_n
     num_warps = default_warps if num_warps is None else num_warps
     if INTERPRET:
@@ -977,19 +984,19 @@ def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float,
     if num_splits is None:
         # ~16 programs per SM to hide latency, each with at least two key tiles; at most MAX_DECODE_SPLITS
         # (the combine kernel holds all of a row's splits in registers).
-        num_splits = max(1, min(triton.cdiv(seq_k, 2 * block_n), triton.cdiv(16 * _sm_count(q.device), batch * n_kv_heads),
+        num_splits = max(1, min(triton.cdiv(seq_k, 2 * block_n), triton.cdiv(16 * _sm_count(q.device), programs_per_split),
                                 MAX_DECODE_SPLITS))
     keys_per_split = triton.cdiv(triton.cdiv(seq_k, num_splits), block_n) * block_n
     num_splits = triton.cdiv(seq_k, keys_per_split)
-    partial_out = _empty((num_splits, batch * n_kv_heads, block_m, block_d), device=q.device, dtype=torch.float32)
-    partial_lse = _empty((num_splits, batch * n_kv_heads, block_m), device=q.device, dtype=torch.float32)
+    partial_out = _empty((num_splits, batch * n_kv_heads, row_stride, block_d), device=q.device, dtype=torch.float32)
+    partial_lse = _empty((num_splits, batch * n_kv_heads, row_stride), device=q.device, dtype=torch.float32)
     args = (q, k, v, theta, delta if delta is not None else theta, partial_out, partial_lse,
             *_strides(q), *_strides(k), *_strides(v),
             n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, keys_per_split)
     options = dict(HEAD_DIM=head_dim, BLOCK_N=block_n, BLOCK_D=block_d, CAUSAL=causal, HAS_DELTA=delta is not None,
                    MAGNITUDE=MAGNITUDE_CODES[magnitude], STAGES=stages, num_warps=num_warps, num_stages=stages)
     if method == "lanes":
-        _pope_decode_lanes_kernel[(num_splits, batch * n_kv_heads)](*args, **options)
+        _pope_decode_lanes_kernel[(num_splits, programs_per_split)](*args, **options)
     else:
         _pope_decode_kernel[(num_splits, batch * n_kv_heads)](*args, BLOCK_M=block_m, PRECISION=_precision(q.dtype),
                                                               **options)
@@ -997,8 +1004,8 @@ def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float,
     out = _empty((batch, n_q_heads, seq_q, head_dim), device=q.device, dtype=q.dtype)
     lse = _empty((batch, n_q_heads, seq_q), device=q.device, dtype=torch.float32)
     _pope_decode_combine_kernel[(batch * n_kv_heads * rows,)](
-        partial_out, partial_lse, out, lse, num_splits, batch * n_kv_heads, rows,
-        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
+        partial_out, partial_lse, out, lse, num_splits, batch * n_kv_heads, rows, row_stride,
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
         num_warps=4)
     return out, lse
 
