@@ -937,7 +937,9 @@ def _sm_count(device) -> int:
 
 
 # Rows per key head (group_size * Nq) up to which decode takes the CUDA-core lanes kernel (one program per
-# row); more rows go to the tensor-core kernel (one program per key head, rows padded to 16).
+# row); more rows go to the tensor-core kernel (one program per key head, rows padded to 16). On an H200 the
+# lanes kernel wins at one row (0.27 vs 0.36 ms at 8x16x16x16384x64) and loses from four (GQA 8x32x8x16384x128:
+# 0.72 vs 0.39 ms; decode_sweep_4cba99b.json).
 DECODE_LANES_MAX_ROWS = 1
 
 
