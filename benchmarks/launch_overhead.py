@@ -104,7 +104,7 @@ def main(argv=None):
     segments = {name: 0.0 for name in ("pope_attention (forward)", "_check_inputs", "_triton_unsupported_reason",
                                        "ops.triton_pope_attention", "ops._forward", "pope_flash.forward",
                                        "autograd.backward", "ops._backward_kernels", "pope_flash.backward",
-                                       "Triton launches (forward)", "Triton launches (backward)")}
+                                       "kernel launches (forward)", "kernel launches (backward)")}
 
     def timed(owner, attribute, name):
         original = getattr(owner, attribute)
@@ -125,21 +125,19 @@ def main(argv=None):
                (attention_module, "_check_inputs", "_check_inputs"),
                (attention_module, "_triton_unsupported_reason", "_triton_unsupported_reason"),
                (ops, "triton_pope_attention", "ops.triton_pope_attention")]
-    patches += [(getattr(pope_flash, kernel), "run", f"Triton launches ({phase})") for kernel, phase in (
-        ("_pope_fwd_kernel", "forward"), ("_pope_bwd_dq_kernel", "backward"), ("_pope_bwd_dkdv_kernel", "backward"))]
     originals = [(owner, attribute, timed(owner, attribute, name)) for owner, attribute, name in patches]
-    # The transform kernel launches in both passes: count it where it is called from.
-    transform_run = pope_flash._pope_transform_kernel.run
+    # Every kernel launch goes through pope_flash._launch: count it under the pass it is called from.
+    launch = pope_flash._launch
     in_backward = [False]
 
-    def transform_timed(*a, **kw):
+    def launch_timed(*a, **kw):
         start = time.perf_counter()
         try:
-            return transform_run(*a, **kw)
+            return launch(*a, **kw)
         finally:
-            segments["Triton launches (backward)" if in_backward[0] else "Triton launches (forward)"] += (
+            segments["kernel launches (backward)" if in_backward[0] else "kernel launches (forward)"] += (
                 time.perf_counter() - start)
-    pope_flash._pope_transform_kernel.run = transform_timed
+    pope_flash._launch = launch_timed
     backward_layer = pope_flash.backward
 
     def backward_flagged(*a, **kw):
@@ -149,7 +147,7 @@ def main(argv=None):
         finally:
             in_backward[0] = False
     pope_flash.backward = backward_flagged
-    originals.append((pope_flash._pope_transform_kernel, "run", transform_run))
+    originals.append((pope_flash, "_launch", launch))
     originals.append((pope_flash, "backward", originals[3][2]))
     for _ in range(10):
         torch.autograd.backward(calls["pope triton"](), grad)
@@ -166,8 +164,6 @@ def main(argv=None):
     torch.cuda.synchronize()
     for owner, attribute, original in originals:
         setattr(owner, attribute, original)
-    for kernel in ("_pope_transform_kernel", "_pope_fwd_kernel", "_pope_bwd_dq_kernel", "_pope_bwd_dkdv_kernel"):
-        getattr(pope_flash, kernel).__dict__.pop("run", None)  # back to the class's method
     print("host time per eager fwd+bwd by layer (inclusive, ms):")
     for name, seconds in segments.items():
         print(f"{name:>26}: {seconds / args.calls * 1e3:.3f}")
@@ -185,6 +181,9 @@ def main(argv=None):
 
     print("host ms per call, eager pope triton:")
     print(f"{'fwd+bwd':>40}: {loop_host_ms(fwd_bwd):.3f}")
+    pope_flash.DIRECT_LAUNCH = False
+    print(f"{'fwd+bwd, every launch via Triton':>40}: {loop_host_ms(fwd_bwd):.3f}")
+    pope_flash.DIRECT_LAUNCH = True
     print(f"{'fwd only (grad on, output dropped)':>40}: {loop_host_ms(fwd_only):.3f}")
     with torch.no_grad():
         print(f"{'fwd only (no_grad)':>40}: {loop_host_ms(fwd_only):.3f}")

@@ -196,6 +196,56 @@ def test_decode_kernel_agrees_with_the_full_kernel(kernels, method, n_q_heads, s
     assert torch.allclose(lse_block, lse_decode, rtol=1e-5, atol=1e-6)
 
 
+def test_direct_launch_reuses_the_compiled_kernel_per_site(kernels, monkeypatch):
+    """_launch: Triton's path on a site's first call, then the compiled launcher with every parameter in order
+    (constexprs included); a changed config or site=None goes back through Triton."""
+    if _delegated(kernels):
+        return
+
+    class Compiled:
+        function, packed_metadata = "function", "packed"
+
+        def __init__(self):
+            self.calls = []
+
+        @property
+        def run(self):
+            return lambda *launch_args: self.calls.append(launch_args)
+
+    class Kernel:
+        arg_names = ["X", "n", "BLOCK", "FLAG"]
+
+        def __init__(self):
+            self.triton_launches = 0
+            self.compiled = Compiled()
+
+        def __getitem__(self, grid):
+            def launch(*args, **meta):
+                self.triton_launches += 1
+                return self.compiled
+            return launch
+
+    monkeypatch.setattr(kernels, "INTERPRET", False)
+    monkeypatch.setattr(kernels, "_DIRECT_LAUNCHES", {})
+    monkeypatch.setattr(kernels, "_current_stream", lambda device: 77)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    kernel, x = Kernel(), torch.zeros(3)
+    for _ in range(3):
+        kernels._launch(kernel, (5, 2), ("plan", "site"), (x, 9), BLOCK=16, FLAG=True, num_warps=4)
+    assert kernel.triton_launches == 1 and len(kernel.compiled.calls) == 2
+    assert kernel.compiled.calls[-1] == (5, 2, 1, 77, "function", "packed", None, None, None, x, 9, 16, True)
+    kernels._launch(kernel, (5, 2), ("plan", "site"), (x, 9), BLOCK=32, FLAG=True, num_warps=4)  # new config
+    kernels._launch(kernel, (5, 2), ("plan", "other site"), (x, 9), BLOCK=32, FLAG=True, num_warps=4)
+    kernels._launch(kernel, (5, 2), None, (x, 9), BLOCK=32, FLAG=True, num_warps=4)
+    assert kernel.triton_launches == 4 and len(kernel.compiled.calls) == 2
+    kernels._launch(kernel, (5, 2), ("plan", "site"), (x, 9), BLOCK=32, FLAG=True, num_warps=4)
+    assert kernel.triton_launches == 4 and kernel.compiled.calls[-1][-2:] == (32, True)
+    # Plans see every input's layout: a transposed or misaligned view is another plan.
+    base = torch.zeros(4, 8)
+    assert kernels._plan(base, 1) != kernels._plan(base.t(), 1) != kernels._plan(base.view(-1)[1:].view(-1), 1)
+    assert kernels._plan(base, 1) == kernels._plan(torch.ones(4, 8), 1)
+
+
 def test_custom_ops_pass_opcheck(kernels):
     """Schema, fake (meta) implementation and autograd registration of the forward operator."""
     if _delegated(kernels):

@@ -843,17 +843,74 @@ def _strides(t: torch.Tensor):
     return t.stride(0), t.stride(1), t.stride(2)
 
 
+# Compiled kernels by launch site, called directly after their first launch (see _launch). Bounded: shapes that
+# change every call (a growing decode cache) would otherwise grow it forever; those launchers pass no plan.
+_DIRECT_LAUNCHES: dict = {}
+MAX_DIRECT_LAUNCHES = 512
+DIRECT_LAUNCH = True  # False: every launch through Triton's own path (benchmarks/launch_overhead.py compares)
+
+
+def _plan(*items) -> tuple:
+    """A launcher call's plan key: what fixes every argument Triton specialises on for the kernels it launches.
+    Tensors give shape, strides, dtype, device and 16-byte alignment (the buffers a launcher allocates itself
+    follow from these); other items (flags, offsets, tile configs) are taken as they are."""
+    return tuple((x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16 == 0) if isinstance(x, torch.Tensor) else x
+                 for x in items)
+
+
+def _launch(kernel, grid: tuple, site: tuple | None, args: tuple, **meta):
+    """kernel[grid](*args, **meta). After the first launch of a site (plan key + launch-site tag), the compiled
+    kernel is called directly: Triton's launch path (binding and specialising ~30 arguments, cache lookup,
+    checks) costs several times the launch itself in host time, which is what an eager call at short
+    sequences waits on (docs/kernels.md, host overhead). site=None (or the interpreter, or a Triton launch
+    hook) always takes Triton's path."""
+    if site is None or not DIRECT_LAUNCH or INTERPRET or _launch_hooks_active():
+        return kernel[grid](*args, **meta)
+    key = (kernel, site, grid)
+    entry = _DIRECT_LAUNCHES.get(key)
+    if entry is None:
+        compiled = kernel[grid](*args, **meta)
+        if len(_DIRECT_LAUNCHES) >= MAX_DIRECT_LAUNCHES:
+            _DIRECT_LAUNCHES.clear()
+        # The compiled launcher takes every kernel parameter in order, constexprs included (it skips them).
+        constants = tuple(meta[name] for name in kernel.arg_names[len(args):])
+        _DIRECT_LAUNCHES[key] = (compiled.run, compiled.function, compiled.packed_metadata, constants, dict(meta))
+        return compiled
+    run, function, packed_metadata, constants, first_meta = entry
+    if meta != first_meta:  # a config changed (load_configs, overrides): not the kernel that was compiled
+        del _DIRECT_LAUNCHES[key]
+        return _launch(kernel, grid, site, args, **meta)
+    stream = _current_stream(torch.cuda.current_device())
+    grid_y = grid[1] if len(grid) > 1 else 1
+    run(grid[0], grid_y, 1, stream, function, packed_metadata, None, None, None, *args, *constants)
+    return None
+
+
+def _launch_hooks_active() -> bool:
+    """A launch hook (e.g. Triton's proton profiler) wants to see launches: Triton 3.6 keeps hook chains that
+    are empty when unused, older versions None."""
+    if not hasattr(triton, "knobs"):  # an older Triton: take its own launch path
+        return True
+    runtime = triton.knobs.runtime
+    return any(hook is not None and bool(getattr(hook, "calls", True))
+               for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook))
+
+
+def _current_stream(device: int) -> int:
+    return triton.runtime.driver.active.get_current_stream(device)
+
+
 def transform(x: torch.Tensor, theta: torch.Tensor, delta: torch.Tensor | None, *, position_offset: int,
-              magnitude: str) -> torch.Tensor:
+              magnitude: str, site: tuple | None = None) -> torch.Tensor:
     """x (B, H, N, d) -> x' (B, H, N, 2d) contiguous, in x's dtype: [f(x) cos(phase), f(x) sin(phase)],
-    phase = (position_offset + n) * theta - delta[h]."""
+    phase = (position_offset + n) * theta - delta[h]. site: the caller's launch-site key (_launch)."""
     batch, heads, seq, head_dim = x.shape
     out = _empty((batch, heads, seq, 2 * head_dim), device=x.device, dtype=x.dtype)
     rows = TRANSFORM_ROWS if _block_d(head_dim) <= 64 else TRANSFORM_ROWS // 2  # 4K elements a program
     grid = (triton.cdiv(seq, rows), batch * heads)
-    _pope_transform_kernel[grid](
+    _launch(_pope_transform_kernel, grid, site, (
         x, theta, delta if delta is not None else theta, out, *_strides(x),
-        heads, seq, position_offset,
+        heads, seq, position_offset),
         HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), BLOCK_R=rows,
         HAS_DELTA=delta is not None, MAGNITUDE=MAGNITUDE_CODES[magnitude], num_warps=4)
     return out
@@ -864,15 +921,16 @@ def forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float, q_offs
     """Returns (out (B, Hq, Nq, d) in q's dtype, lse (B, Hq, Nq) fp32, natural log)."""
     batch, n_q_heads, seq_q, head_dim = q.shape
     n_kv_heads, seq_k = k.shape[1], k.shape[2]
-    k_prime = transform(k, theta, None, position_offset=0, magnitude=magnitude)  # freed on return
-    out = _empty(q.shape, device=q.device, dtype=q.dtype)
+    plan = _plan(q, k, v, delta, theta, causal, q_offset, magnitude, config)
+    k_prime = transform(k, theta, None, position_offset=0, magnitude=magnitude, site=plan + ("forward k'",))
+    out = _empty(q.shape, device=q.device, dtype=q.dtype)  # k_prime is freed on return
     lse = _empty((batch, n_q_heads, seq_q), device=q.device, dtype=torch.float32)
     block_m, block_n, num_warps, num_stages = _pick(FWD_CONFIGS, head_dim, config, q.dtype)
     grid = (triton.cdiv(seq_q, block_m), batch * n_q_heads)
-    _pope_fwd_kernel[grid](
+    _launch(_pope_fwd_kernel, grid, plan + ("forward",), (
         q, k_prime, v, theta, delta if delta is not None else theta, out, lse,
         *_strides(q), *_strides(v), *_strides(out),
-        n_q_heads, n_q_heads // n_kv_heads, seq_q, seq_k, q_offset, softmax_scale,
+        n_q_heads, n_q_heads // n_kv_heads, seq_q, seq_k, q_offset, softmax_scale),
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_block_d(head_dim),
         CAUSAL=causal, HAS_DELTA=delta is not None, MAGNITUDE=MAGNITUDE_CODES[magnitude],
         PRECISION=_precision(q.dtype), num_warps=num_warps, num_stages=num_stages)
@@ -888,6 +946,7 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
     block_d = _block_d(head_dim)
     code = MAGNITUDE_CODES[magnitude]
     precision = _precision(q.dtype)
+    plan = _plan(do, q, k, v, delta, out, lse, theta, causal, q_offset, magnitude, dq_config, dkdv_config)
     dq = _empty(q.shape, device=q.device, dtype=q.dtype)
     dk = _empty(k.shape, device=k.device, dtype=k.dtype)
     dv = _empty(v.shape, device=v.device, dtype=v.dtype)
@@ -897,23 +956,23 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
     block_m, block_n, num_warps, num_stages = _pick(BWD_DQ_CONFIGS, head_dim, dq_config, q.dtype)
     n_m_blocks = triton.cdiv(seq_q, block_m)
     d_delta_partial = _empty((batch, n_q_heads, n_m_blocks, head_dim), device=q.device, dtype=torch.float32)
-    k_prime = transform(k, theta, None, position_offset=0, magnitude=magnitude)
-    _pope_bwd_dq_kernel[(n_m_blocks, batch * n_q_heads)](
+    k_prime = transform(k, theta, None, position_offset=0, magnitude=magnitude, site=plan + ("backward k'",))
+    _launch(_pope_bwd_dq_kernel, (n_m_blocks, batch * n_q_heads), plan + ("dq",), (
         q, k_prime, v, out, do, lse, theta, delta if delta is not None else theta, dq, row_delta, d_delta_partial,
         *_strides(q), *_strides(v), *_strides(out), *_strides(do), *_strides(dq),
-        n_q_heads, group_size, seq_q, seq_k, q_offset, softmax_scale,
+        n_q_heads, group_size, seq_q, seq_k, q_offset, softmax_scale),
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         CAUSAL=causal, HAS_DELTA=delta is not None, MAGNITUDE=code, PRECISION=precision,
         num_warps=num_warps, num_stages=num_stages)
     del k_prime
 
     # Part 2: dk, dv, streaming the queries' q' (written here, freed after).
-    q_prime = transform(q, theta, delta, position_offset=q_offset, magnitude=magnitude)
+    q_prime = transform(q, theta, delta, position_offset=q_offset, magnitude=magnitude, site=plan + ("backward q'",))
     block_m, block_n, num_warps, num_stages = _pick(BWD_DKDV_CONFIGS, head_dim, dkdv_config, q.dtype)
-    _pope_bwd_dkdv_kernel[(triton.cdiv(seq_k, block_n), batch * n_kv_heads)](
+    _launch(_pope_bwd_dkdv_kernel, (triton.cdiv(seq_k, block_n), batch * n_kv_heads), plan + ("dk dv",), (
         k, v, q_prime, do, lse, row_delta, theta, dk, dv,
         *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
-        n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale,
+        n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale),
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         CAUSAL=causal, MAGNITUDE=code, PRECISION=precision, num_warps=num_warps, num_stages=num_stages)
     del q_prime
