@@ -20,11 +20,13 @@ How the 2d-channel dot product is computed
       * the side that streams through the inner loop is read from a pre-pass buffer x' (B, H, N, 2d)
         written by `_pope_transform_kernel` (one memory-bound pass, freed right after the kernel that
         reads it: the forward saves only q, k, v, out and lse for backward);
-      * the decode kernel (few queries, long cache) transforms each raw key tile in registers, because
-        there every key element is used by exactly one program: the cache stays at d channels per key
-        (RoPE's memory) and no 2d-channel copy of it is ever written. Per key element that is f(k) and
-        two multiplies with a per-program (cos, sin)(j theta) table; the tile's offset is folded into a
-        per-tile rotation of the few query rows.
+      * the decode kernels (few queries, long cache) transform each cached key tile in registers, because
+        there every key element is used by one program: the cache stays at d channels per key (RoPE's
+        memory; raw keys, or the magnitudes f(k) the model caches, magnitude "identity") and no
+        2d-channel copy of it is ever written. Per key element that is f(k) and a few FMAs with a
+        per-program (cos, sin)(j theta) table; the tile's offset is folded into a per-tile rotation of
+        the query rows. One query row per key head runs on CUDA cores (_pope_decode_lanes_kernel, fp32
+        FMAs, one online-softmax lane per key position); more rows (GQA) on tensor cores, padded to 16.
     Backward: no atomics. dq (+ the per-block partial sums of d(delta)) comes from one kernel that
     iterates over key blocks; dk and dv from another that iterates over the query blocks of every query
     head of its key head's group; d(delta) is the sum of the per-block partials (a fixed-order torch
@@ -34,15 +36,17 @@ Angles: position (fp32) x theta (fp32) rounded once, as pope.frequencies.angles 
 FMA-only sincos (Cody-Waite reduction + minimax polynomials, ~1 ulp); softplus as max(x, 0) +
 log1p(exp(-|x|)) in fp32 (log1p by a 9-FMA polynomial, 2e-7 relative).
 
-Measured (one NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, commit 34ad1fe; full table, targets and the
-experiments that lost in docs/kernels.md): bf16 causal forward+backward 1.09 / 2.71 / 4.75 / 8.72 ms at
-(B,H,N,64) = (8,12,1K), (4,16,4K), (2,16,8K), (1,16,16K) and 5.91 ms at (4,16,4K,128): 1.97-2.91x SDPA
-without PE at N >= 4K and 1.28-1.71x RoPE+SDPA (both targets missed; the backward's 22 M.N.d units at
-~300-400 TFLOP/s dominate), peak memory equal to SDPA's (met), 57-99x faster than pope-pytorch 0.2.1 at
-N >= 4K (14x at 1K, host-bound). GPT-2 124M training step: 0.969x RoPE's tokens/s. Decode: 1.9x slower
-than SDPA over a materialised cache at long caches (missed). A fused backward with ordered,
-deterministic dq accumulation (commit 1099773) was correct but slower at every shape and was removed.
-Correct within 2x the reference's error in bf16/fp16/fp32 on that GPU; backward bitwise deterministic.
+Measured (one NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, commit 81e5db6; full table, targets and the
+experiments that lost in docs/kernels.md): bf16 causal forward+backward 0.92 / 2.68 / 4.74 / 8.71 ms at
+(B,H,N,64) = (8,12,1K), (4,16,4K), (2,16,8K), (1,16,16K) and 5.91 ms at (4,16,4K,128): 1.97-2.94x SDPA
+without PE at N >= 4K and 1.28-1.70x RoPE+SDPA (both targets missed; the backward's 22 M.N.d units at
+~300-400 TFLOP/s dominate), peak memory equal to SDPA's (met), 58-99x faster than pope-pytorch 0.2.1 at
+N >= 4K (17x at 1K in eager mode, host-bound: 32x and 0.93x RoPE+SDPA with autograd's backward on the
+calling thread). GPT-2 124M training step: 0.969x RoPE's tokens/s. Decode over a cache of magnitudes,
+one query row per key head: 0.98x the time of SDPA over a materialised 2d-channel cache at 8x16x16384x64
+(met); raw-key cache at d=64 1.35x, GQA 1.4-2.0x (missed). A fused backward with ordered, deterministic
+dq accumulation (commit 1099773) was correct but slower at every shape and was removed. Correct within
+2x the reference's error in bf16/fp16/fp32 on that GPU; backward bitwise deterministic.
 """
 from __future__ import annotations
 
@@ -557,7 +561,7 @@ def _pope_bwd_dkdv_kernel(
 
 
 # ----------------------------------------------------------------------------------------------------
-# Decode: few queries (all query heads of one key head packed into the rows), long raw-k cache, split-K
+# Decode: few queries against a long d-channel cache (raw keys or magnitudes f(k)), split-K
 # ----------------------------------------------------------------------------------------------------
 @triton.jit
 def _decode_query_rows(Q, Theta, Delta, b, hk, first_row, stride_qb, stride_qh, stride_qn, group_size, seq_q,
