@@ -587,6 +587,18 @@ def _decode_query_rows(Q, Theta, Delta, b, hk, first_row, stride_qb, stride_qh, 
 
 
 @triton.jit
+def _decode_split(K, V, b, hk, stride_kb, stride_kh, stride_vb, stride_vh, pid_split, keys_per_split, seq_k,
+                  visible_end, CAUSAL: tl.constexpr):
+    """Key head hk's K/V base pointers and this split's key range [lo, hi), clipped when causal to the keys
+    its rows may see (key index < visible_end)."""
+    lo = pid_split * keys_per_split
+    hi = tl.minimum(lo + keys_per_split, seq_k)
+    if CAUSAL:
+        hi = tl.minimum(hi, visible_end)
+    return K + b * stride_kb + hk * stride_kh, V + b * stride_vb + hk * stride_vh, lo, hi
+
+
+@triton.jit
 def _decode_store_partial(PartialOut, PartialLSE, partial_row, mask_rows, acc, row_sum, row_max,
                           HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
     """Normalised partial output (rows, BLOCK_D) and natural-log LSE (-inf where this split saw no key) of one
@@ -627,15 +639,11 @@ def _pope_decode_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
 
-    k_base = K + b * stride_kb + hk * stride_kh
-    v_base = V + b * stride_vb + hk * stride_vh
+    k_base, v_base, lo, hi = _decode_split(K, V, b, hk, stride_kb, stride_kh, stride_vb, stride_vh, pid_split,
+                                           keys_per_split, seq_k, q_offset + seq_q, CAUSAL)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    lo = pid_split * keys_per_split
-    hi = tl.minimum(lo + keys_per_split, seq_k)
-    if CAUSAL:
-        hi = tl.minimum(hi, q_offset + seq_q)
     # Key phases by angle addition, folded into the query side: with A = q'cos, B = q'sin (rows x d) and
     # (c, s) = (cos, sin)(start_n theta) for a tile starting at key start_n,
     #   A cos((start_n + j) theta) + B sin((start_n + j) theta) = P cos(j theta) + Q sin(j theta),
@@ -715,15 +723,11 @@ def _pope_decode_lanes_kernel(
     offs_j = tl.arange(0, BLOCK_N)
     table_sin, table_cos = _sincos(offs_j.to(tl.float32)[:, None] * theta[None, :])  # (BLOCK_N, BLOCK_D)
 
-    k_base = K + b * stride_kb + hk * stride_kh
-    v_base = V + b * stride_vb + hk * stride_vh
+    k_base, v_base, lo, hi = _decode_split(K, V, b, hk, stride_kb, stride_kh, stride_vb, stride_vh, pid_split,
+                                           keys_per_split, seq_k, q_offset + row % seq_q + 1, CAUSAL)
     acc = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     lane_sum = tl.zeros([BLOCK_N], dtype=tl.float32)
     lane_max = tl.full([BLOCK_N], float("-inf"), dtype=tl.float32)
-    lo = pid_split * keys_per_split
-    hi = tl.minimum(lo + keys_per_split, seq_k)
-    if CAUSAL:
-        hi = tl.minimum(hi, q_offset + row % seq_q + 1)
     # k and v feed elementwise math only: Triton's default pipeliner does not prefetch such loads, an explicit
     # tl.range(num_stages=STAGES) does (cp.async into STAGES - 1 shared-memory buffers).
     for start_n in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):
