@@ -47,6 +47,16 @@ def _theta(head_dim: int, base: float, device: torch.device) -> torch.Tensor:
     return theta
 
 
+_capabilities: dict = {}
+
+
+def _capability(device: torch.device) -> tuple[int, int]:
+    """torch.cuda.get_device_capability, asked once per device (it is on every call's path)."""
+    if device not in _capabilities:
+        _capabilities[device] = torch.cuda.get_device_capability(device)
+    return _capabilities[device]
+
+
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     # The kernels take any (batch, head, seq) strides but need unit stride along head_dim.
     return t if t.stride(-1) == 1 else t.contiguous()
@@ -184,7 +194,7 @@ def triton_unsupported_reason(q, k, v, delta, *, causal, q_offset, magnitude, ro
     head_dim = q.shape[-1]
     if q.device.type != "cuda" and not (kernels.INTERPRET and q.device.type == "cpu"):
         return f"the Triton kernels need CUDA tensors (got {q.device}; CPU runs only under TRITON_INTERPRET=1)"
-    if q.device.type == "cuda" and torch.cuda.get_device_capability(q.device) < (8, 0):
+    if q.device.type == "cuda" and _capability(q.device) < (8, 0):
         return "the Triton kernels need an NVIDIA GPU of compute capability 8.0 or newer"
     if q.dtype not in SUPPORTED_DTYPES:
         return f"dtype {q.dtype} is not supported (use float16, bfloat16 or float32)"

@@ -874,7 +874,8 @@ def _launch(kernel, grid: tuple, site: tuple | None, args: tuple, **meta):
     hook) always takes Triton's path."""
     if site is None or not DIRECT_LAUNCH or INTERPRET or _launch_hooks_active():
         return kernel[grid](*args, **meta)
-    key = (kernel, site, grid)
+    device = torch.cuda.current_device()  # Triton launches on the current device, and loads kernels per device
+    key = (kernel, site, grid, device)
     entry = _DIRECT_LAUNCHES.get(key)
     if entry is None:
         compiled = kernel[grid](*args, **meta)
@@ -888,7 +889,7 @@ def _launch(kernel, grid: tuple, site: tuple | None, args: tuple, **meta):
     if meta != first_meta:  # a config changed (load_configs, overrides): not the kernel that was compiled
         del _DIRECT_LAUNCHES[key]
         return _launch(kernel, grid, site, args, **meta)
-    stream = _current_stream(torch.cuda.current_device())
+    stream = _current_stream(device)
     grid_y = grid[1] if len(grid) > 1 else 1
     run(grid[0], grid_y, 1, stream, function, packed_metadata, None, None, None, *args, *constants)
     return None
