@@ -110,7 +110,8 @@ def test_registry_names_options_and_errors():
     assert "magnitude" in pope.describe_positional_encoding("pope")
 
 
-@pytest.mark.parametrize("spec", ["pope", "pope:magnitude=relu,rotary_dim=6", "pope:magnitude=identity", "rope"])
+@pytest.mark.parametrize("spec", ["pope", "pope:magnitude=relu,rotary_dim=6", "pope:magnitude=identity", "rope",
+                                  "yarn:scale=4,original_max_len=8", "rope:layout=interleaved,rotary_dim=4", "alibi"])
 def test_cached_keys_give_the_same_attention(spec):
     """What a KV cache stores (cache_keys) and attention over it (attend_cached) equal attention over raw keys;
     PoPE's cache holds the key magnitudes f(k) in RoPE's d channels per key."""
@@ -120,9 +121,13 @@ def test_cached_keys_give_the_same_attention(spec):
         with torch.no_grad():
             pe.delta.uniform_(-6.28, 0)
     q, k, v = torch.randn(2, 4, 3, 8), torch.randn(2, 2, 11, 8), torch.randn(2, 2, 11, 8)
-    cached = pe.cache_keys(k)
+    cached = pe.cache_keys(k, 0)
     assert cached.shape == k.shape and cached.dtype == k.dtype
     torch.testing.assert_close(pe.attend_cached(q, cached, v), pe(q, k, v), atol=1e-6, rtol=1e-5)
+    # A cache filled in pieces (a prompt, then one key at a time) holds the same keys (up to the last bit:
+    # elementwise kernels may vectorise a long tensor differently from a short one).
+    pieces = torch.cat([pe.cache_keys(k[:, :, :7], 0)] + [pe.cache_keys(k[:, :, i:i + 1], i) for i in range(7, 11)], 2)
+    torch.testing.assert_close(pieces, cached, rtol=1e-6, atol=1e-7)
     if spec == "pope":
         torch.testing.assert_close(cached, torch.nn.functional.softplus(k))
     if spec.startswith("pope:magnitude=relu"):

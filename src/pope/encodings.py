@@ -51,8 +51,9 @@ class PositionalEncoding(nn.Module):
     def forward(self, q, k, v, *, q_offset: int | None = None, causal: bool = True, dropout_p: float = 0.0):
         raise NotImplementedError
 
-    def cache_keys(self, k: torch.Tensor) -> torch.Tensor:
-        """Keys (B, Hkv, T, d) as a KV cache stores them; `attend_cached` reads them back. Raw keys here."""
+    def cache_keys(self, k: torch.Tensor, start: int) -> torch.Tensor:
+        """Keys (B, Hkv, T, d) at positions start .. start + T - 1 as a KV cache stores them; `attend_cached`
+        reads them back. Raw keys here."""
         return k
 
     def attend_cached(self, q, cached_k, v, *, q_offset: int | None = None, causal: bool = True,
@@ -128,9 +129,10 @@ class PoPE(PositionalEncoding):
                               magnitude=self.magnitude, rotary_dim=self.rotary_dim, dropout_p=dropout_p,
                               backend=self.backend)
 
-    def cache_keys(self, k: torch.Tensor) -> torch.Tensor:
-        """PoPE's keys reach the score only through their magnitudes f(k): the cache holds f(k) (d channels per
-        key, RoPE's cache memory), so a decode step does not recompute f over the whole cache."""
+    def cache_keys(self, k: torch.Tensor, start: int) -> torch.Tensor:
+        """PoPE's keys reach the score only through their magnitudes f(k) (phases come from positions): the
+        cache holds f(k) (d channels per key, RoPE's cache memory), so a decode step does not recompute f
+        over the whole cache."""
         return self._magnitudes(k)
 
     def attend_cached(self, q, cached_k, v, *, q_offset=None, causal=True, dropout_p=0.0):
@@ -217,12 +219,19 @@ class RoPE(PositionalEncoding):
         return torch.cat([rotated.to(x.dtype), x[..., r:]], dim=-1)
 
     def forward(self, q, k, v, *, q_offset=None, causal=True, dropout_p=0.0):
-        self._check(q, k)
-        nq, nk = q.shape[2], k.shape[2]
+        return self.attend_cached(q, self.cache_keys(k, 0), v, q_offset=q_offset, causal=causal, dropout_p=dropout_p)
+
+    def cache_keys(self, k: torch.Tensor, start: int) -> torch.Tensor:
+        """RoPE's cache holds rotated keys (each rotated once, when it is stored)."""
+        return self.rotate(k, torch.arange(k.shape[2], device=k.device) + start)
+
+    def attend_cached(self, q, cached_k, v, *, q_offset=None, causal=True, dropout_p=0.0):
+        self._check(q, cached_k)
+        nq, nk = q.shape[2], cached_k.shape[2]
         q_offset = nk - nq if q_offset is None else q_offset
         q = self.rotate(q, torch.arange(nq, device=q.device) + q_offset)
-        k = self.rotate(k, torch.arange(nk, device=k.device))
-        return sdpa(q, k, v, causal=causal, softmax_scale=self.softmax_scale, q_offset=q_offset, dropout_p=dropout_p)
+        return sdpa(q, cached_k, v, causal=causal, softmax_scale=self.softmax_scale, q_offset=q_offset,
+                    dropout_p=dropout_p)
 
     def extra_repr(self) -> str:
         return (f"base={self.base}, layout={self.layout}, rotary_dim={self.rotary_dim}, scaling={self.scaling}, "

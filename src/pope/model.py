@@ -82,9 +82,9 @@ class GPTConfig:
 class KVCache:
     """Preallocated keys/values for every layer: (n_layer, B, Hkv, max_len, head_dim) each.
 
-    Keys are stored as the layer's encoding caches them (`PositionalEncoding.cache_keys`): raw keys, or PoPE's
-    magnitudes f(k) (its phases come from positions), d channels per key either way, so PoPE's cache costs
-    what RoPE's does.
+    Keys are stored as the layer's encoding caches them (`PositionalEncoding.cache_keys`): raw keys, RoPE's
+    rotated keys, or PoPE's magnitudes f(k) (its phases come from positions), d channels per key in every
+    case, so PoPE's cache costs what RoPE's does.
     The model writes each layer's new entries with `update` and then calls `advance`.
     """
 
@@ -134,7 +134,7 @@ class CausalSelfAttention(nn.Module):
         dropout_p = self.dropout if self.training else 0.0
         if kv_cache is not None:
             # The cache holds keys as the encoding caches them (PoPE: magnitudes f(k)): (B, Hkv, cached + T, hd).
-            k, v = kv_cache.update(self.layer_idx, self.pe.cache_keys(k), v)
+            k, v = kv_cache.update(self.layer_idx, self.pe.cache_keys(k, kv_cache.length), v)
             y = self.pe.attend_cached(q, k, v, causal=True, dropout_p=dropout_p)  # (B, H, T, hd)
         else:
             y = self.pe(q, k, v, causal=True, dropout_p=dropout_p)
