@@ -153,7 +153,7 @@ DECODE_SWEEP_SHAPES = ((8, 16, 16, 16384, 64), (8, 16, 16, 16384, 128), (8, 32, 
                        (8, 32, 4, 16384, 64))  # (B, Hq, Hkv, Nk, d)
 
 
-def sweep_decode(shapes=DECODE_SWEEP_SHAPES):
+def sweep_decode(shapes=DECODE_SWEEP_SHAPES, tensor_cores_only=False):
     """Time decode_forward's kernels, key tiles and warps on one query per head, for a raw cache (softplus in
     the kernel) and a magnitude cache (f(k) cached, magnitude "identity")."""
     import itertools
@@ -169,9 +169,12 @@ def sweep_decode(shapes=DECODE_SWEEP_SHAPES):
         theta = pope_flash.frequencies(head_dim, 10000.0, q.device)
         tc_block_n, tc_warps = pope_flash.decode_tile(head_dim, torch.bfloat16, "tensor_cores")
         tiles = [("tensor_cores", tc_block_n, tc_warps, stages) for stages in (2, 3)]
-        tiles += [("lanes", block_n, warps, stages) for block_n, warps, stages in
-                  ([(64, 4, 3), (32, 4, 3), (32, 4, 4), (64, 8, 3)] if head_dim <= 64 else
-                   [(32, 4, 3), (16, 4, 3), (16, 4, 4), (32, 8, 3)])]
+        tiles += [("tensor_cores", block_n, warps, 3) for block_n, warps in
+                  ([(32, 4), (128, 8), (64, 4)] if head_dim <= 64 else [(16, 4), (32, 8), (64, 8)])]
+        if not tensor_cores_only:
+            tiles += [("lanes", block_n, warps, stages) for block_n, warps, stages in
+                      ([(64, 4, 3), (32, 4, 3), (32, 4, 4), (64, 8, 3)] if head_dim <= 64 else
+                       [(32, 4, 3), (16, 4, 3), (16, 4, 4), (32, 8, 3)])]
         for magnitude, (method, block_n, warps, stages) in itertools.product(("softplus", "identity"), tiles):
             opts = dict(causal=True, softmax_scale=head_dim ** -0.5, q_offset=seq_k - 1, magnitude=magnitude,
                         method=method, block_n=block_n, num_warps=warps, stages=stages)
@@ -202,6 +205,8 @@ def main(argv=None):
     parser.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter smoke test)")
     parser.add_argument("--decode-lanes-max-rows", type=int, default=None,
                         help="route decode calls with up to this many rows per key head to the lanes kernel")
+    parser.add_argument("--decode-sweep-tensor-cores-only", action="store_true",
+                        help="sweep only the tensor-core decode kernel's tiles")
     parser.add_argument("--decode-sweep-shapes", default=None,
                         help="rows of DECODE_SWEEP_SHAPES to sweep, e.g. 2,3 (default all)")
     args = parser.parse_args(argv)
@@ -219,7 +224,7 @@ def main(argv=None):
         pope_flash.DECODE_LANES_MAX_ROWS = args.decode_lanes_max_rows
     sweep_shapes = DECODE_SWEEP_SHAPES if args.decode_sweep_shapes is None else [
         DECODE_SWEEP_SHAPES[int(i)] for i in args.decode_sweep_shapes.split(",")]
-    decode_sweep = sweep_decode(sweep_shapes) if args.decode_sweep else None
+    decode_sweep = sweep_decode(sweep_shapes, args.decode_sweep_tensor_cores_only) if args.decode_sweep else None
     pope_flash.POISON_OUTPUTS = True
     global CHECK_SHAPES
     if args.smoke:
