@@ -124,10 +124,7 @@ class PoPE(PositionalEncoding):
         return None if self.delta is None else self.delta.clamp(-TWO_PI, 0.0)
 
     def forward(self, q, k, v, *, q_offset=None, causal=True, dropout_p=0.0):
-        self._check(q, k)
-        return pope_attention(q, k, v, self.clamped_delta(), base=self.base, causal=causal, q_offset=q_offset,
-                              magnitude=self.magnitude, rotary_dim=self.rotary_dim, dropout_p=dropout_p,
-                              backend=self.backend)
+        return self._attend(q, k, v, self.magnitude, q_offset=q_offset, causal=causal, dropout_p=dropout_p)
 
     def cache_keys(self, k: torch.Tensor, start: int) -> torch.Tensor:
         """PoPE's keys reach the score only through their magnitudes f(k) (phases come from positions): the
@@ -136,10 +133,15 @@ class PoPE(PositionalEncoding):
         return self._magnitudes(k)
 
     def attend_cached(self, q, cached_k, v, *, q_offset=None, causal=True, dropout_p=0.0):
-        self._check(q, cached_k)
-        return pope_attention(self._magnitudes(q), cached_k, v, self.clamped_delta(), base=self.base, causal=causal,
-                              q_offset=q_offset, magnitude="identity", rotary_dim=self.rotary_dim,
-                              dropout_p=dropout_p, backend=self.backend)
+        return self._attend(self._magnitudes(q), cached_k, v, "identity", q_offset=q_offset, causal=causal,
+                            dropout_p=dropout_p)
+
+    def _attend(self, q, k, v, magnitude: str, *, q_offset, causal, dropout_p):
+        """pope_attention with this layer's delta, base, rotary_dim and backend."""
+        self._check(q, k)
+        return pope_attention(q, k, v, self.clamped_delta(), base=self.base, causal=causal, q_offset=q_offset,
+                              magnitude=magnitude, rotary_dim=self.rotary_dim, dropout_p=dropout_p,
+                              backend=self.backend)
 
     def _magnitudes(self, x: torch.Tensor) -> torch.Tensor:
         """f on the first rotary_dim channels (in float32, float64 for float64 input, as pope_attention computes
