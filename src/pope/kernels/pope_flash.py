@@ -216,6 +216,20 @@ def _query_prime(q, q_offset, offs_m, Theta, delta_row_ptr, offs_d, mask_d, mask
 
 
 @triton.jit
+def _query_block(n_q_heads, group_size, seq_q, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """A query-block program's coordinates: batch b, query head h, its key head's (b, hk) row kv_bh, query
+    rows offs_m (BLOCK_M,), channels offs_d (BLOCK_D,) with mask_d, and mask_rows = offs_m < seq_q."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // n_q_heads
+    h = pid_bh % n_q_heads
+    kv_bh = b * (n_q_heads // group_size) + h // group_size
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    return pid_m, pid_bh, b, h, kv_bh, offs_m, offs_d, offs_d < HEAD_DIM, offs_m < seq_q
+
+
+@triton.jit
 def _key_ranges(pid_m, q_offset, seq_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     """(unmasked_end, last_visible): key blocks [0, unmasked_end) are seen whole by every row of query block
     pid_m (no mask); [unmasked_end, last_visible) need the causal / length mask."""
@@ -314,15 +328,9 @@ def _pope_fwd_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // n_q_heads
-    h = pid_bh % n_q_heads
-    kv_bh = b * (n_q_heads // group_size) + h // group_size
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < HEAD_DIM
-    mask_q = (offs_m < seq_q)[:, None] & mask_d[None, :]
+    pid_m, pid_bh, b, h, kv_bh, offs_m, offs_d, mask_d, mask_rows = _query_block(n_q_heads, group_size, seq_q,
+                                                                                 BLOCK_M, BLOCK_D, HEAD_DIM)
+    mask_q = mask_rows[:, None] & mask_d[None, :]
 
     # This program's query block, transformed once: q' (BLOCK_M, BLOCK_D) x 2.
     q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :], mask=mask_q, other=0.0)
@@ -398,15 +406,8 @@ def _pope_bwd_dq_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // n_q_heads
-    h = pid_bh % n_q_heads
-    kv_bh = b * (n_q_heads // group_size) + h // group_size
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < HEAD_DIM
-    mask_rows = offs_m < seq_q
+    pid_m, pid_bh, b, h, kv_bh, offs_m, offs_d, mask_d, mask_rows = _query_block(n_q_heads, group_size, seq_q,
+                                                                                 BLOCK_M, BLOCK_D, HEAD_DIM)
     mask_q = mask_rows[:, None] & mask_d[None, :]
 
     q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :]
