@@ -11,9 +11,12 @@ What it supports
 
 How the 2d-channel dot product is computed
     score(i, j) = scale * (q'_i . k'_j) with q' = [f(q) cos(t theta - delta), f(q) sin(t theta - delta)]
-    and k' = [f(k) cos(s theta), f(k) sin(s theta)]. Each kernel keeps the two halves as separate
-    (rows, d) tiles and computes S = Qcos @ Kcos^T + Qsin @ Ksin^T: two d-wide tl.dot calls accumulating
-    into one fp32 tile. The transcendental work (softplus, cos/sin) is done ONCE per element, never per
+    and k' = [f(k) cos(s theta), f(k) sin(s theta)]. The forward and decode kernels keep the two halves as
+    separate (rows, d) tiles and compute S = Qcos @ Kcos^T + Qsin @ Ksin^T: two d-wide tl.dot calls into one
+    fp32 tile; the backward kernels hold q' and k' as one wide (rows, 2d) tile [cos | sin], so S, dq' and dk'
+    are single dots over 2d channels (Triton waits for a first wgmma group before issuing a second into the
+    same accumulator; one dot saves that wait: backward 2-4% faster on an H200, forward 2-5% slower, so the
+    forward keeps the halves; scripts/kernel_variants.py, docs/kernels.md). The transcendental work (softplus, cos/sin) is done ONCE per element, never per
     (query block, key block) pair:
       * the side a program holds fixed (the query block in forward / dq, the key block in dk/dv, the
         query rows in decode) is transformed in registers when the program starts;
@@ -216,6 +219,38 @@ def _query_prime(q, q_offset, offs_m, Theta, delta_row_ptr, offs_d, mask_d, mask
 
 
 @triton.jit
+def _wide_columns(BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """The 2 * BLOCK_D columns of a wide [cos | sin] tile: their offsets in a row of x' (cos at 0, sin at HEAD_DIM)
+    and which of them hold a real channel (fewer than BLOCK_D when the head dim is not a power of two)."""
+    offs_w = tl.arange(0, 2 * BLOCK_D)
+    if BLOCK_D == HEAD_DIM:  # contiguous: the compiler sees it, and loads 16 bytes at a time
+        return offs_w, offs_w < 2 * HEAD_DIM
+    else:
+        channel = offs_w % BLOCK_D
+        return channel + (offs_w // BLOCK_D) * HEAD_DIM, channel < HEAD_DIM
+
+
+@triton.jit
+def _join_halves(x_cos, x_sin):
+    """Two (rows, BLOCK_D) halves -> one wide (rows, 2 * BLOCK_D) tile [x_cos | x_sin].
+
+    Why wide: a score is then ONE dot over 2d channels. As two d-wide dots into one accumulator, Triton waits for
+    the first wgmma group to finish before issuing the second (sm_90a PTX), once per tile of every loop; the
+    backward kernels are 2-4% faster wide on an H200 (the forward slower: it keeps the halves)."""
+    rows: tl.constexpr = x_cos.shape[0]
+    width: tl.constexpr = 2 * x_cos.shape[1]
+    return tl.reshape(tl.permute(tl.join(x_cos, x_sin), (0, 2, 1)), (rows, width))
+
+
+@triton.jit
+def _split_halves(x):
+    """A wide (rows, 2 * BLOCK_D) tile -> its halves (x_cos, x_sin), each (rows, BLOCK_D)."""
+    rows: tl.constexpr = x.shape[0]
+    half: tl.constexpr = x.shape[1] // 2
+    return tl.split(tl.permute(tl.reshape(x, (rows, 2, half)), (0, 2, 1)))
+
+
+@triton.jit
 def _query_block(n_q_heads, group_size, seq_q, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr):
     """A query-block program's coordinates: batch b, query head h, its key head's (b, hk) row kv_bh, query
     rows offs_m (BLOCK_M,), channels offs_d (BLOCK_D,) with mask_d, and mask_rows = offs_m < seq_q."""
@@ -365,22 +400,21 @@ def _pope_fwd_kernel(
 # ----------------------------------------------------------------------------------------------------
 @triton.jit
 def _bwd_dq_inner(
-    dq_cos, dq_sin, q_cos, q_sin, do, lse2, row_delta, kp_base, v_base, stride_vn,
+    dq_wide, q_wide, do, lse2, row_delta, kp_base, v_base, stride_vn,
     offs_m, q_offset, seq_k, lo, hi, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     MASK_KEYS: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
 ):
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
+    offs_w, mask_w = _wide_columns(BLOCK_D, HEAD_DIM)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        kv_mask = (offs_n < seq_k)[:, None] & mask_d[None, :]
-        kp_rows = kp_base + offs_n[:, None] * (2 * HEAD_DIM) + offs_d[None, :]
-        k_cos = tl.load(kp_rows, mask=kv_mask, other=0.0)
-        k_sin = tl.load(kp_rows + HEAD_DIM, mask=kv_mask, other=0.0)
-        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
-        scores = tl.dot(q_cos, tl.trans(k_cos), input_precision=PRECISION)
-        scores = tl.dot(q_sin, tl.trans(k_sin), scores, input_precision=PRECISION)
+        k_wide = tl.load(kp_base + offs_n[:, None] * (2 * HEAD_DIM) + offs_w[None, :],
+                         mask=(offs_n < seq_k)[:, None] & mask_w[None, :], other=0.0)  # (BLOCK_N, 2 BLOCK_D)
+        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :],
+                    mask=(offs_n < seq_k)[:, None] & mask_d[None, :], other=0.0)
+        scores = tl.dot(q_wide, tl.trans(k_wide), input_precision=PRECISION)
         probs = tl.math.exp2(scores * qk_scale - lse2[:, None])  # (BLOCK_M, BLOCK_N)
         if MASK_KEYS:
             visible = (offs_n < seq_k)[None, :]
@@ -388,10 +422,9 @@ def _bwd_dq_inner(
                 visible = visible & (offs_n[None, :] <= (q_offset + offs_m)[:, None])
             probs = tl.where(visible, probs, 0.0)
         dprobs = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        dscores = (probs * (dprobs - row_delta[:, None])).to(k_cos.dtype)
-        dq_cos = tl.dot(dscores, k_cos, dq_cos, input_precision=PRECISION)
-        dq_sin = tl.dot(dscores, k_sin, dq_sin, input_precision=PRECISION)
-    return dq_cos, dq_sin
+        dscores = (probs * (dprobs - row_delta[:, None])).to(k_wide.dtype)
+        dq_wide = tl.dot(dscores, k_wide, dq_wide, input_precision=PRECISION)  # dq' (BLOCK_M, 2 BLOCK_D)
+    return dq_wide
 
 
 @triton.jit
@@ -412,8 +445,8 @@ def _pope_bwd_dq_kernel(
 
     q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :]
     q = tl.load(q_ptrs, mask=mask_q, other=0.0)
-    q_cos, q_sin = _query_prime(q, q_offset, offs_m, Theta, Delta + h * HEAD_DIM, offs_d, mask_d, mask_q,
-                                HAS_DELTA, MAGNITUDE)
+    q_wide = _join_halves(*_query_prime(q, q_offset, offs_m, Theta, Delta + h * HEAD_DIM, offs_d, mask_d, mask_q,
+                                        HAS_DELTA, MAGNITUDE))
 
     do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :], mask=mask_q, other=0.0)
     out = tl.load(Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :], mask=mask_q, other=0.0)
@@ -423,14 +456,13 @@ def _pope_bwd_dq_kernel(
 
     kp_base = KP + kv_bh.to(tl.int64) * seq_k * (2 * HEAD_DIM)
     v_base = V + b * stride_vb + (h // group_size) * stride_vh
-    dq_cos = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    dq_sin = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    dq_wide = tl.zeros([BLOCK_M, 2 * BLOCK_D], dtype=tl.float32)
     unmasked_end, last_visible = _key_ranges(pid_m, q_offset, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
-    dq_cos, dq_sin = _bwd_dq_inner(
-        dq_cos, dq_sin, q_cos, q_sin, do, lse2, row_delta, kp_base, v_base, stride_vn, offs_m, q_offset, seq_k,
+    dq_wide = _bwd_dq_inner(
+        dq_wide, q_wide, do, lse2, row_delta, kp_base, v_base, stride_vn, offs_m, q_offset, seq_k,
         0, unmasked_end, softmax_scale * 1.4426950408889634, HEAD_DIM, BLOCK_N, BLOCK_D, False, CAUSAL, PRECISION)
-    dq_cos, dq_sin = _bwd_dq_inner(
-        dq_cos, dq_sin, q_cos, q_sin, do, lse2, row_delta, kp_base, v_base, stride_vn, offs_m, q_offset, seq_k,
+    dq_wide = _bwd_dq_inner(
+        dq_wide, q_wide, do, lse2, row_delta, kp_base, v_base, stride_vn, offs_m, q_offset, seq_k,
         unmasked_end, last_visible, softmax_scale * 1.4426950408889634, HEAD_DIM, BLOCK_N, BLOCK_D, True, CAUSAL,
         PRECISION)
 
@@ -439,8 +471,7 @@ def _pope_bwd_dq_kernel(
     q32 = tl.load(q_ptrs, mask=mask_q, other=0.0).to(tl.float32)
     phase = _phase(q_offset + offs_m, Theta, Delta + h * HEAD_DIM, offs_d, mask_d, HAS_DELTA)
     sin_q, cos_q = _sincos(phase)
-    dq_cos = dq_cos * softmax_scale
-    dq_sin = dq_sin * softmax_scale
+    dq_cos, dq_sin = _split_halves(dq_wide * softmax_scale)
     d_magnitude = dq_cos * cos_q + dq_sin * sin_q
     dq = d_magnitude * _magnitude_grad(q32, MAGNITUDE)
     tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqn + offs_d[None, :],
@@ -458,35 +489,33 @@ def _pope_bwd_dq_kernel(
 # ----------------------------------------------------------------------------------------------------
 @triton.jit
 def _bwd_dkdv_inner(
-    dk_cos, dk_sin, dv, k_cos, k_sin, v, qp_base, do_base, stride_don, lse_base, rowdelta_base,
+    dk_wide, dv, k_wide, v, qp_base, do_base, stride_don, lse_base, rowdelta_base,
     offs_n, q_offset, seq_q, lo, hi, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
     MASK_CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
 ):
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
+    offs_w, mask_w = _wide_columns(BLOCK_D, HEAD_DIM)
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         mask_rows = offs_m < seq_q
-        q_mask = mask_rows[:, None] & mask_d[None, :]
-        qp_rows = qp_base + offs_m[:, None] * (2 * HEAD_DIM) + offs_d[None, :]
-        q_cos = tl.load(qp_rows, mask=q_mask, other=0.0)
-        q_sin = tl.load(qp_rows + HEAD_DIM, mask=q_mask, other=0.0)
-        do = tl.load(do_base + offs_m[:, None] * stride_don + offs_d[None, :], mask=q_mask, other=0.0)
+        q_wide = tl.load(qp_base + offs_m[:, None] * (2 * HEAD_DIM) + offs_w[None, :],
+                         mask=mask_rows[:, None] & mask_w[None, :], other=0.0)  # (BLOCK_M, 2 BLOCK_D)
+        do = tl.load(do_base + offs_m[:, None] * stride_don + offs_d[None, :],
+                     mask=mask_rows[:, None] & mask_d[None, :], other=0.0)
         lse2 = tl.load(lse_base + offs_m, mask=mask_rows, other=float("inf")) * 1.4426950408889634
         row_delta = tl.load(rowdelta_base + offs_m, mask=mask_rows, other=0.0)
         # Transposed scores S^T (BLOCK_N, BLOCK_M); padded query rows get lse = +inf, so P^T = 0 there.
-        scores_t = tl.dot(k_cos, tl.trans(q_cos), input_precision=PRECISION)
-        scores_t = tl.dot(k_sin, tl.trans(q_sin), scores_t, input_precision=PRECISION)
+        scores_t = tl.dot(k_wide, tl.trans(q_wide), input_precision=PRECISION)
         probs_t = tl.math.exp2(scores_t * qk_scale - lse2[None, :])
         if MASK_CAUSAL:
             probs_t = tl.where(offs_n[:, None] <= (q_offset + offs_m)[None, :], probs_t, 0.0)
         dv = tl.dot(probs_t.to(do.dtype), do, dv, input_precision=PRECISION)
         dprobs_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
-        dscores_t = (probs_t * (dprobs_t - row_delta[None, :])).to(q_cos.dtype)
-        dk_cos = tl.dot(dscores_t, q_cos, dk_cos, input_precision=PRECISION)
-        dk_sin = tl.dot(dscores_t, q_sin, dk_sin, input_precision=PRECISION)
-    return dk_cos, dk_sin, dv
+        dscores_t = (probs_t * (dprobs_t - row_delta[None, :])).to(q_wide.dtype)
+        dk_wide = tl.dot(dscores_t, q_wide, dk_wide, input_precision=PRECISION)  # dk' (BLOCK_N, 2 BLOCK_D)
+    return dk_wide, dv
 
 
 @triton.jit
@@ -516,11 +545,9 @@ def _pope_bwd_dkdv_kernel(
     v = tl.load(V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :], mask=mask_k, other=0.0)
     phase = _phase(offs_n, Theta, Theta, offs_d, mask_d, False)
     k_cos, k_sin = _polar_to_cartesian(k, phase, mask_k, MAGNITUDE)
-    k_cos = k_cos.to(k.dtype)
-    k_sin = k_sin.to(k.dtype)
+    k_wide = _join_halves(k_cos.to(k.dtype), k_sin.to(k.dtype))  # k' (BLOCK_N, 2 BLOCK_D)
 
-    dk_cos = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    dk_sin = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dk_wide = tl.zeros([BLOCK_N, 2 * BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     start_n = pid_n * BLOCK_N
     if CAUSAL:
@@ -542,18 +569,19 @@ def _pope_bwd_dkdv_kernel(
         lse_base = LSE + bh_q * seq_q
         rowdelta_base = RowDelta + bh_q * seq_q
         if CAUSAL:
-            dk_cos, dk_sin, dv = _bwd_dkdv_inner(
-                dk_cos, dk_sin, dv, k_cos, k_sin, v, qp_base, do_base, stride_don, lse_base, rowdelta_base,
+            dk_wide, dv = _bwd_dkdv_inner(
+                dk_wide, dv, k_wide, v, qp_base, do_base, stride_don, lse_base, rowdelta_base,
                 offs_n, q_offset, seq_q, masked_lo, masked_hi, softmax_scale * 1.4426950408889634,
                 HEAD_DIM, BLOCK_M, BLOCK_D, True, PRECISION)
-        dk_cos, dk_sin, dv = _bwd_dkdv_inner(
-            dk_cos, dk_sin, dv, k_cos, k_sin, v, qp_base, do_base, stride_don, lse_base, rowdelta_base,
+        dk_wide, dv = _bwd_dkdv_inner(
+            dk_wide, dv, k_wide, v, qp_base, do_base, stride_don, lse_base, rowdelta_base,
             offs_n, q_offset, seq_q, masked_hi, seq_q, softmax_scale * 1.4426950408889634,
             HEAD_DIM, BLOCK_M, BLOCK_D, False, PRECISION)
 
     # Chain rule through k' = f(k) [cos(s theta), sin(s theta)]; dk' = scale * dS^T q'. Recomputed, not kept.
     k32 = tl.load(k_ptrs, mask=mask_k, other=0.0).to(tl.float32)
     sin_k, cos_k = _sincos(_phase(offs_n, Theta, Theta, offs_d, mask_d, False))
+    dk_cos, dk_sin = _split_halves(dk_wide)
     dk = (dk_cos * cos_k + dk_sin * sin_k) * (_magnitude_grad(k32, MAGNITUDE) * softmax_scale)
     tl.store(DK + b * stride_dkb + hk * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :],
              dk.to(DK.dtype.element_ty), mask=mask_k)

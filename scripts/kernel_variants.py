@@ -1,0 +1,104 @@
+"""Time versions of the kernel module side by side on one GPU: forward and backward medians per shape and tile.
+
+For kernel work: put the version to compare against in a file (e.g. `git show REV:src/pope/kernels/pope_flash.py >
+old.py`), then, in one call on the GPU machine,
+
+    PYTHONPATH=src python3 scripts/kernel_variants.py --module old=old.py --module new=src/pope/kernels/pope_flash.py \
+        --shapes 4x16x4096x64,1x16x16384x64 --dkdv 128,128,8,2 --dkdv 64,64,4,2 --out $OUT
+
+Each (module, shape, tile) row times pope_flash.forward and pope_flash.backward (bf16, causal, softplus, delta)
+with triton.testing.do_bench (median ms), after checking that the module's forward output and gradients agree with
+the first module's to bf16 rounding. Tiles not given are the module's defaults. Prints a table; writes JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import time
+
+import torch
+import triton
+
+
+def load_module(name: str, path: str):
+    spec = importlib.util.spec_from_file_location(f"pope_flash_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def tile(text: str) -> tuple:
+    values = tuple(int(x) for x in text.split(","))
+    if len(values) != 4:
+        raise argparse.ArgumentTypeError(f"a tile is BLOCK_M,BLOCK_N,warps,stages; got {text!r}")
+    return values
+
+
+def inputs(shape, seed=0):
+    batch, heads, seq, head_dim = shape
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v, do = (torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+                   for _ in range(4))
+    delta = -6.28 * torch.rand(heads, head_dim, device="cuda", generator=g)
+    return q, k, v, do, delta
+
+
+def run(module, shape, fwd=None, dq=None, dkdv=None):
+    q, k, v, do, delta = inputs(shape)
+    theta = module.frequencies(shape[3], 10000.0, "cuda")
+    options = dict(causal=True, softmax_scale=shape[3] ** -0.5, q_offset=0, magnitude="softplus")
+    out, lse = module.forward(q, k, v, delta, theta, config=fwd, **options)
+    grads = module.backward(do, q, k, v, delta, out, lse, theta, dq_config=dq, dkdv_config=dkdv, **options)
+    fwd_ms = triton.testing.do_bench(lambda: module.forward(q, k, v, delta, theta, config=fwd, **options),
+                                     warmup=25, rep=100, return_mode="median")
+    bwd_ms = triton.testing.do_bench(lambda: module.backward(do, q, k, v, delta, out, lse, theta, dq_config=dq,
+                                                             dkdv_config=dkdv, **options),
+                                     warmup=25, rep=100, return_mode="median")
+    return [out, *grads], fwd_ms, bwd_ms
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--module", action="append", required=True, help="NAME=PATH of a kernel module version")
+    parser.add_argument("--shapes", default="4x16x4096x64", help="comma-separated BxHxNxd")
+    parser.add_argument("--fwd", action="append", type=tile, default=[], help="forward tile (repeatable)")
+    parser.add_argument("--dq", action="append", type=tile, default=[], help="dq tile (repeatable)")
+    parser.add_argument("--dkdv", action="append", type=tile, default=[], help="dk/dv tile (repeatable)")
+    parser.add_argument("--variant-tiles-only", default=None,
+                        help="apply the tile options only to this module (others run their defaults)")
+    parser.add_argument("--out", default=".")
+    args = parser.parse_args(argv)
+    modules = [(spec.split("=", 1)[0], load_module(*spec.split("=", 1))) for spec in args.module]
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    rows = []
+    for shape in shapes:
+        baseline = None
+        for name, module in modules:
+            plans = [dict()]
+            if args.variant_tiles_only in (None, name):
+                plans += [dict(fwd=t) for t in args.fwd] + [dict(dq=t) for t in args.dq] + [dict(dkdv=t) for t in args.dkdv]
+            for plan in plans:
+                try:
+                    tensors, fwd_ms, bwd_ms = run(module, shape, **plan)
+                except Exception as error:  # a tile that does not compile or fit: report it, go on
+                    rows.append({"shape": shape, "module": name, "plan": plan, "error": repr(error)[:300]})
+                    print(f"{shape} {name} {plan}: {repr(error)[:120]}", flush=True)
+                    continue
+                if baseline is None:
+                    baseline = tensors
+                # Same function: every output within a few bf16 roundings of the first module's default run.
+                agree = all(torch.allclose(a.float(), b.float(), rtol=2e-2, atol=2e-2 * b.float().abs().max().item())
+                            for a, b in zip(tensors, baseline) if a is not None)
+                rows.append({"shape": shape, "module": name, "plan": {k: list(v) for k, v in plan.items()},
+                             "fwd_ms": fwd_ms, "bwd_ms": bwd_ms, "agrees_with_first": agree})
+                print(f"{'x'.join(map(str, shape)):>16} {name:>8} {str(plan):<34} fwd {fwd_ms:7.3f}  bwd {bwd_ms:7.3f}"
+                      f"  total {fwd_ms + bwd_ms:7.3f}  {'ok' if agree else 'DIFFERS'}", flush=True)
+    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "modules": args.module, "rows": rows}
+    with open(f"{args.out}/kernel_variants.json", "w") as f:
+        json.dump(result, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""Drive the fused PoPE kernels for a profiler: forward + backward at one shape, a few times.
+
+Nothing is timed here; run it under Nsight Compute to read where a kernel's time goes, e.g.
+
+    ncu --clock-control none -k regex:_pope_ --launch-skip 4 --launch-count 4 \
+        --section SpeedOfLight --section WarpStateStats --section SourceCounters \
+        python3 scripts/ncu_kernels.py --shape 4x16x4096x64
+
+Each iteration launches the k' pre-pass and the forward kernel, then the k' pre-pass, dq kernel, q' pre-pass
+and dk/dv kernel (the first iteration compiles: skip its launches).
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from pope.kernels import pope_flash
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="4x16x4096x64", help="BxHxNxd (MHA, causal)")
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    parser.add_argument("--iters", type=int, default=3)
+    args = parser.parse_args(argv)
+    batch, heads, seq, head_dim = (int(x) for x in args.shape.split("x"))
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+    torch.manual_seed(0)
+    q, k, v, do = (torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=dtype) for _ in range(4))
+    delta = -6.28 * torch.rand(heads, head_dim, device="cuda")
+    theta = pope_flash.frequencies(head_dim, 10000.0, "cuda")
+    options = dict(causal=True, softmax_scale=head_dim ** -0.5, q_offset=0, magnitude="softplus")
+    for _ in range(args.iters):
+        out, lse = pope_flash.forward(q, k, v, delta, theta, **options)
+        pope_flash.backward(do, q, k, v, delta, out, lse, theta, **options)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
