@@ -58,6 +58,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 # Interpreter mode (TRITON_INTERPRET=1 before triton is imported) runs these kernels on CPU tensors.
 INTERPRET = triton.knobs.runtime.interpret if hasattr(triton, "knobs") else False
@@ -219,18 +220,6 @@ def _query_prime(q, q_offset, offs_m, Theta, delta_row_ptr, offs_d, mask_d, mask
 
 
 @triton.jit
-def _wide_columns(BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """The 2 * BLOCK_D columns of a wide [cos | sin] tile: their offsets in a row of x' (cos at 0, sin at HEAD_DIM)
-    and which of them hold a real channel (fewer than BLOCK_D when the head dim is not a power of two)."""
-    offs_w = tl.arange(0, 2 * BLOCK_D)
-    if BLOCK_D == HEAD_DIM:  # contiguous: the compiler sees it, and loads 16 bytes at a time
-        return offs_w, offs_w < 2 * HEAD_DIM
-    else:
-        channel = offs_w % BLOCK_D
-        return channel + (offs_w // BLOCK_D) * HEAD_DIM, channel < HEAD_DIM
-
-
-@triton.jit
 def _join_halves(x_cos, x_sin):
     """Two (rows, BLOCK_D) halves -> one wide (rows, 2 * BLOCK_D) tile [x_cos | x_sin].
 
@@ -299,9 +288,12 @@ def _pope_transform_kernel(
     x = tl.load(X + b * stride_xb + h * stride_xh + offs_r[:, None] * stride_xn + offs_d[None, :], mask=mask, other=0.0)
     phase = _phase(position_offset + offs_r, Theta, Delta + h * HEAD_DIM, offs_d, mask_d, HAS_DELTA)
     x_cos, x_sin = _polar_to_cartesian(x, phase, mask, MAGNITUDE)
-    out_rows = Out + (pid_bh * seq_len + offs_r[:, None]) * (2 * HEAD_DIM) + offs_d[None, :]
-    tl.store(out_rows, x_cos.to(Out.dtype.element_ty), mask=mask)
-    tl.store(out_rows + HEAD_DIM, x_sin.to(Out.dtype.element_ty), mask=mask)
+    # Rows of x' are [cos (BLOCK_D) | sin (BLOCK_D)]: the padded channels are written as zeros, so a kernel
+    # reads a whole (rows, 2 BLOCK_D) tile with one TMA copy.
+    out_rows = Out + (pid_bh * seq_len + offs_r[:, None]) * (2 * BLOCK_D) + offs_d[None, :]
+    row_mask = (offs_r < seq_len)[:, None]
+    tl.store(out_rows, x_cos.to(Out.dtype.element_ty), mask=row_mask)
+    tl.store(out_rows + BLOCK_D, x_sin.to(Out.dtype.element_ty), mask=row_mask)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -309,31 +301,18 @@ def _pope_transform_kernel(
 # ----------------------------------------------------------------------------------------------------
 @triton.jit
 def _fwd_inner(
-    acc, row_sum, row_max, q_cos, q_sin, kp_base, v_base, stride_vn,
+    acc, row_sum, row_max, q_cos, q_sin, kp_desc, v_desc, kp_row, b, hk,
     offs_m, q_offset, seq_k, lo, hi, qk_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    MASK_KEYS: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MASK_KEYS: tl.constexpr, CAUSAL: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
-    """Online softmax over key blocks [lo, hi). Scores are kept in base 2 (scaled by log2 e)."""
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < HEAD_DIM
+    """Online softmax over key blocks [lo, hi). Scores are kept in base 2 (scaled by log2 e). k' and v come by
+    TMA: rows past the keys (and padded channels) arrive as zeros."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        kp_rows = kp_base + offs_n[:, None] * (2 * HEAD_DIM) + offs_d[None, :]  # (BLOCK_N, BLOCK_D)
-        v_rows = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]
-        if MASK_KEYS:
-            kv_mask = (offs_n < seq_k)[:, None] & mask_d[None, :]
-            k_cos = tl.load(kp_rows, mask=kv_mask, other=0.0)
-            k_sin = tl.load(kp_rows + HEAD_DIM, mask=kv_mask, other=0.0)
-            v = tl.load(v_rows, mask=kv_mask, other=0.0)
-        elif EVEN_D:
-            k_cos = tl.load(kp_rows)
-            k_sin = tl.load(kp_rows + HEAD_DIM)
-            v = tl.load(v_rows)
-        else:
-            k_cos = tl.load(kp_rows, mask=mask_d[None, :], other=0.0)
-            k_sin = tl.load(kp_rows + HEAD_DIM, mask=mask_d[None, :], other=0.0)
-            v = tl.load(v_rows, mask=mask_d[None, :], other=0.0)
+        k_cos = kp_desc.load([kp_row, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
+        k_sin = kp_desc.load([kp_row, start_n, BLOCK_D]).reshape(BLOCK_N, BLOCK_D)
+        v = v_desc.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
         # S (BLOCK_M, BLOCK_N) = Qcos Kcos^T + Qsin Ksin^T; qk_scale = softmax_scale * log2(e).
         scores = tl.dot(q_cos, tl.trans(k_cos), input_precision=PRECISION)
         scores = tl.dot(q_sin, tl.trans(k_sin), scores, input_precision=PRECISION)
@@ -355,9 +334,8 @@ def _fwd_inner(
 
 @triton.jit
 def _pope_fwd_kernel(
-    Q, KP, V, Theta, Delta, Out, LSE,
+    Q, kp_desc, v_desc, Theta, Delta, Out, LSE,
     stride_qb, stride_qh, stride_qn,
-    stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_on,
     n_q_heads, group_size, seq_q, seq_k, q_offset, softmax_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -372,21 +350,18 @@ def _pope_fwd_kernel(
     q_cos, q_sin = _query_prime(q, q_offset, offs_m, Theta, Delta + h * HEAD_DIM, offs_d, mask_d, mask_q,
                                 HAS_DELTA, MAGNITUDE)
 
-    kp_base = KP + kv_bh.to(tl.int64) * seq_k * (2 * HEAD_DIM)
-    v_base = V + b * stride_vb + (h // group_size) * stride_vh
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
 
     unmasked_end, last_visible = _key_ranges(pid_m, q_offset, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
+    hk = h // group_size
     acc, row_sum, row_max = _fwd_inner(
-        acc, row_sum, row_max, q_cos, q_sin, kp_base, v_base, stride_vn, offs_m, q_offset, seq_k,
-        0, unmasked_end, softmax_scale * 1.4426950408889634, HEAD_DIM, BLOCK_N, BLOCK_D, False, CAUSAL,
-        BLOCK_D == HEAD_DIM, PRECISION)
+        acc, row_sum, row_max, q_cos, q_sin, kp_desc, v_desc, kv_bh, b, hk, offs_m, q_offset, seq_k,
+        0, unmasked_end, softmax_scale * 1.4426950408889634, BLOCK_N, BLOCK_D, False, CAUSAL, PRECISION)
     acc, row_sum, row_max = _fwd_inner(
-        acc, row_sum, row_max, q_cos, q_sin, kp_base, v_base, stride_vn, offs_m, q_offset, seq_k,
-        unmasked_end, last_visible, softmax_scale * 1.4426950408889634, HEAD_DIM, BLOCK_N, BLOCK_D, True, CAUSAL,
-        BLOCK_D == HEAD_DIM, PRECISION)
+        acc, row_sum, row_max, q_cos, q_sin, kp_desc, v_desc, kv_bh, b, hk, offs_m, q_offset, seq_k,
+        unmasked_end, last_visible, softmax_scale * 1.4426950408889634, BLOCK_N, BLOCK_D, True, CAUSAL, PRECISION)
 
     out = acc / row_sum[:, None]
     lse = (row_max + tl.math.log2(row_sum)) * 0.6931471805599453  # natural-log log-sum-exp
@@ -405,15 +380,16 @@ def _bwd_dq_inner(
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     MASK_KEYS: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
 ):
+    """dq' over key blocks [lo, hi). k' and v by plain loads: through TMA this kernel was no faster on an H200
+    at d = 64 and slower at d = 128 (docs/kernels.md)."""
     offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < HEAD_DIM
-    offs_w, mask_w = _wide_columns(BLOCK_D, HEAD_DIM)
+    offs_w = tl.arange(0, 2 * BLOCK_D)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k_wide = tl.load(kp_base + offs_n[:, None] * (2 * HEAD_DIM) + offs_w[None, :],
-                         mask=(offs_n < seq_k)[:, None] & mask_w[None, :], other=0.0)  # (BLOCK_N, 2 BLOCK_D)
+        k_wide = tl.load(kp_base + offs_n[:, None] * (2 * BLOCK_D) + offs_w[None, :],
+                         mask=(offs_n < seq_k)[:, None], other=0.0)  # k' (BLOCK_N, 2 BLOCK_D)
         v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :],
-                    mask=(offs_n < seq_k)[:, None] & mask_d[None, :], other=0.0)
+                    mask=(offs_n < seq_k)[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0)
         scores = tl.dot(q_wide, tl.trans(k_wide), input_precision=PRECISION)
         probs = tl.math.exp2(scores * qk_scale - lse2[:, None])  # (BLOCK_M, BLOCK_N)
         if MASK_KEYS:
@@ -435,7 +411,7 @@ def _pope_bwd_dq_kernel(
     stride_ob, stride_oh, stride_on,
     stride_dob, stride_doh, stride_don,
     stride_dqb, stride_dqh, stride_dqn,
-    n_q_heads, group_size, seq_q, seq_k, q_offset, softmax_scale,
+    n_q_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, row_delta_stride,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr, PRECISION: tl.constexpr,
 ):
@@ -451,10 +427,10 @@ def _pope_bwd_dq_kernel(
     do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :], mask=mask_q, other=0.0)
     out = tl.load(Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :], mask=mask_q, other=0.0)
     row_delta = tl.sum(do.to(tl.float32) * out.to(tl.float32), 1)  # D_i = dO_i . O_i  (BLOCK_M,)
-    tl.store(RowDelta + pid_bh * seq_q + offs_m, row_delta, mask=mask_rows)
+    tl.store(RowDelta + pid_bh * row_delta_stride + offs_m, row_delta, mask=mask_rows)
     lse2 = tl.load(LSE + pid_bh * seq_q + offs_m, mask=mask_rows, other=float("inf")) * 1.4426950408889634
 
-    kp_base = KP + kv_bh.to(tl.int64) * seq_k * (2 * HEAD_DIM)
+    kp_base = KP + kv_bh.to(tl.int64) * seq_k * (2 * BLOCK_D)
     v_base = V + b * stride_vb + (h // group_size) * stride_vh
     dq_wide = tl.zeros([BLOCK_M, 2 * BLOCK_D], dtype=tl.float32)
     unmasked_end, last_visible = _key_ranges(pid_m, q_offset, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
@@ -489,24 +465,20 @@ def _pope_bwd_dq_kernel(
 # ----------------------------------------------------------------------------------------------------
 @triton.jit
 def _bwd_dkdv_inner(
-    dk_wide, dv, k_wide, v, qp_base, do_base, stride_don, lse_base, rowdelta_base,
+    dk_wide, dv, k_wide, v, qp_desc, do_desc, lse_desc, rowdelta_desc, bh_q, b, h,
     offs_n, q_offset, seq_q, lo, hi, qk_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-    MASK_CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, MASK_CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < HEAD_DIM
-    offs_w, mask_w = _wide_columns(BLOCK_D, HEAD_DIM)
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        mask_rows = offs_m < seq_q
-        q_wide = tl.load(qp_base + offs_m[:, None] * (2 * HEAD_DIM) + offs_w[None, :],
-                         mask=mask_rows[:, None] & mask_w[None, :], other=0.0)  # (BLOCK_M, 2 BLOCK_D)
-        do = tl.load(do_base + offs_m[:, None] * stride_don + offs_d[None, :],
-                     mask=mask_rows[:, None] & mask_d[None, :], other=0.0)
-        lse2 = tl.load(lse_base + offs_m, mask=mask_rows, other=float("inf")) * 1.4426950408889634
-        row_delta = tl.load(rowdelta_base + offs_m, mask=mask_rows, other=0.0)
-        # Transposed scores S^T (BLOCK_N, BLOCK_M); padded query rows get lse = +inf, so P^T = 0 there.
+        q_wide = qp_desc.load([bh_q, start_m, 0]).reshape(BLOCK_M, 2 * BLOCK_D)  # q' (BLOCK_M, 2 BLOCK_D)
+        do = do_desc.load([b, h, start_m, 0]).reshape(BLOCK_M, BLOCK_D)
+        # Rows past the queries (the statistics' row padding holds anything): lse = +inf and D = 0, so P^T = 0 and
+        # dS^T = 0 in those columns (q' and dO read as zeros there).
+        valid_rows = offs_m < seq_q
+        lse2 = tl.where(valid_rows, lse_desc.load([bh_q, start_m]).reshape(BLOCK_M), float("inf")) * 1.4426950408889634
+        row_delta = tl.where(valid_rows, rowdelta_desc.load([bh_q, start_m]).reshape(BLOCK_M), 0.0)
+        # Transposed scores S^T (BLOCK_N, BLOCK_M).
         scores_t = tl.dot(k_wide, tl.trans(q_wide), input_precision=PRECISION)
         probs_t = tl.math.exp2(scores_t * qk_scale - lse2[None, :])
         if MASK_CAUSAL:
@@ -520,10 +492,9 @@ def _bwd_dkdv_inner(
 
 @triton.jit
 def _pope_bwd_dkdv_kernel(
-    K, V, QP, DO, LSE, RowDelta, Theta, DK, DV,
+    K, V, qp_desc, do_desc, lse_desc, rowdelta_desc, Theta, DK, DV,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
-    stride_dob, stride_doh, stride_don,
     stride_dkb, stride_dkh, stride_dkn,
     stride_dvb, stride_dvh, stride_dvn,
     n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale,
@@ -564,19 +535,15 @@ def _pope_bwd_dkdv_kernel(
     for g in range(0, group_size):
         h = hk * group_size + g
         bh_q = b * n_q_heads + h
-        qp_base = QP + bh_q.to(tl.int64) * seq_q * (2 * HEAD_DIM)
-        do_base = DO + b * stride_dob + h * stride_doh
-        lse_base = LSE + bh_q * seq_q
-        rowdelta_base = RowDelta + bh_q * seq_q
         if CAUSAL:
             dk_wide, dv = _bwd_dkdv_inner(
-                dk_wide, dv, k_wide, v, qp_base, do_base, stride_don, lse_base, rowdelta_base,
+                dk_wide, dv, k_wide, v, qp_desc, do_desc, lse_desc, rowdelta_desc, bh_q, b, h,
                 offs_n, q_offset, seq_q, masked_lo, masked_hi, softmax_scale * 1.4426950408889634,
-                HEAD_DIM, BLOCK_M, BLOCK_D, True, PRECISION)
+                BLOCK_M, BLOCK_D, True, PRECISION)
         dk_wide, dv = _bwd_dkdv_inner(
-            dk_wide, dv, k_wide, v, qp_base, do_base, stride_don, lse_base, rowdelta_base,
+            dk_wide, dv, k_wide, v, qp_desc, do_desc, lse_desc, rowdelta_desc, bh_q, b, h,
             offs_n, q_offset, seq_q, masked_hi, seq_q, softmax_scale * 1.4426950408889634,
-            HEAD_DIM, BLOCK_M, BLOCK_D, False, PRECISION)
+            BLOCK_M, BLOCK_D, False, PRECISION)
 
     # Chain rule through k' = f(k) [cos(s theta), sin(s theta)]; dk' = scale * dS^T q'. Recomputed, not kept.
     k32 = tl.load(k_ptrs, mask=mask_k, other=0.0).to(tl.float32)
@@ -823,12 +790,14 @@ def _pope_decode_combine_kernel(
 # Launchers
 # ----------------------------------------------------------------------------------------------------
 # Tile shapes per head dim (BLOCK_M, BLOCK_N, num_warps, num_stages), timed on an H200, bf16 causal, at
-# (8,12,1024,d), (4,16,4096,d) and (1,16,16384,d) (benchmarks/results/kernel_sweep*.json, docs/kernels.md).
-# d=64: the fastest at 4096 and 16384 for each kernel (at 1024 the dk/dv tile (64,128,8,2) would be 10%
-# faster); d=128: the first version's tiles, which beat every sweep candidate.
+# (8,12,1024,d), (4,16,4096,d) and (1,16,16384,d) (benchmarks/results/kernel_sweep*.json, kernel_variants_*.json,
+# docs/kernels.md). Forward and dq: the fastest in the sweeps (forward unchanged by TMA loads). dk/dv, since its
+# q'/dO/lse/D stream by TMA: (64, 128, 8, 3) at d=64 (1.71 / 5.51 ms backward at 4K / 16K against 1.67 / 5.76 for
+# (64, 64, 4, 3); the pointer-load kernel's (128, 128, 8, 2) spills 1.1 KB under TMA and runs 2.3 ms), and
+# (64, 64, 8, 3) at d=128 (4.89 ms against 5.44 for the old (64, 128, 8, 2)).
 FWD_CONFIGS = {64: (128, 128, 8, 3), 128: (128, 64, 8, 3)}
 BWD_DQ_CONFIGS = {64: (64, 64, 4, 3), 128: (128, 64, 8, 2)}
-BWD_DKDV_CONFIGS = {64: (128, 128, 8, 2), 128: (64, 128, 8, 2)}
+BWD_DKDV_CONFIGS = {64: (64, 128, 8, 3), 128: (64, 64, 8, 3)}
 TRANSFORM_ROWS = 64
 KERNEL_CONFIGS = {"fwd": FWD_CONFIGS, "dq": BWD_DQ_CONFIGS, "dkdv": BWD_DKDV_CONFIGS}
 
@@ -940,10 +909,11 @@ def _current_stream(device: int) -> int:
 
 def transform(x: torch.Tensor, theta: torch.Tensor, delta: torch.Tensor | None, *, position_offset: int,
               magnitude: str, site: tuple | None = None) -> torch.Tensor:
-    """x (B, H, N, d) -> x' (B, H, N, 2d) contiguous, in x's dtype: [f(x) cos(phase), f(x) sin(phase)],
+    """x (B, H, N, d) -> x' (B, H, N, 2 * BLOCK_D) contiguous, in x's dtype: [f(x) cos(phase) | f(x) sin(phase)],
+    each half padded with zeros to BLOCK_D = _block_d(d) channels (no padding for d = 16, 32, 64, 128),
     phase = (position_offset + n) * theta - delta[h]. site: the caller's launch-site key (_launch)."""
     batch, heads, seq, head_dim = x.shape
-    out = _empty((batch, heads, seq, 2 * head_dim), device=x.device, dtype=x.dtype)
+    out = _empty((batch, heads, seq, 2 * _block_d(head_dim)), device=x.device, dtype=x.dtype)
     rows = TRANSFORM_ROWS if _block_d(head_dim) <= 64 else TRANSFORM_ROWS // 2  # 4K elements a program
     grid = (triton.cdiv(seq, rows), batch * heads)
     _launch(_pope_transform_kernel, grid, site, (
@@ -952,6 +922,29 @@ def transform(x: torch.Tensor, theta: torch.Tensor, delta: torch.Tensor | None, 
         HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), BLOCK_R=rows,
         HAS_DELTA=delta is not None, MAGNITUDE=MAGNITUDE_CODES[magnitude], num_warps=4)
     return out
+
+
+def _tma_ready(t: torch.Tensor, block_d: int) -> torch.Tensor:
+    """t (..., d) in a layout a TMA copy reads: last dim contiguous, base and other strides 16-byte aligned. The
+    usual inputs (contiguous, or (B, N, H, d) transposed to (B, H, N, d)) already are and pass through; others
+    are copied, padded with zero channels to block_d when d * element size is not a multiple of 16 bytes."""
+    size = t.element_size()
+    if t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(
+            (stride * size) % 16 == 0 for stride, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1):
+        return t
+    if (t.shape[-1] * size) % 16:
+        return torch.nn.functional.pad(t, (0, block_d - t.shape[-1]))
+    return t.contiguous()
+
+
+def _descriptor(t: torch.Tensor, block_shape: list) -> TensorDescriptor:
+    """A host-side TMA descriptor of t, copied tile by tile in block_shape; a tile's part outside t reads as
+    zeros. Strides of size-1 dims are meaningless and may be unaligned: they are replaced by aligned ones."""
+    strides = list(t.stride())
+    for i in range(t.dim() - 2, -1, -1):
+        if t.shape[i] == 1:
+            strides[i] = strides[i + 1] * t.shape[i + 1]
+    return TensorDescriptor(t, list(t.shape), strides, list(block_shape))
 
 
 def forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float, q_offset: int, magnitude: str,
@@ -964,12 +957,16 @@ def forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float, q_offs
     out = _empty(q.shape, device=q.device, dtype=q.dtype)  # k_prime is freed on return
     lse = _empty((batch, n_q_heads, seq_q), device=q.device, dtype=torch.float32)
     block_m, block_n, num_warps, num_stages = _pick(FWD_CONFIGS, head_dim, config, q.dtype)
+    block_d = _block_d(head_dim)
+    # k' halves and v stream in by TMA: (key rows, BLOCK_D) tiles, zeros past the keys.
+    kp_desc = _descriptor(k_prime.view(batch * n_kv_heads, seq_k, 2 * block_d), [1, block_n, block_d])
+    v_desc = _descriptor(_tma_ready(v, block_d), [1, 1, block_n, block_d])
     grid = (triton.cdiv(seq_q, block_m), batch * n_q_heads)
     _launch(_pope_fwd_kernel, grid, plan + ("forward",), (
-        q, k_prime, v, theta, delta if delta is not None else theta, out, lse,
-        *_strides(q), *_strides(v), *_strides(out),
+        q, kp_desc, v_desc, theta, delta if delta is not None else theta, out, lse,
+        *_strides(q), *_strides(out),
         n_q_heads, n_q_heads // n_kv_heads, seq_q, seq_k, q_offset, softmax_scale),
-        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_block_d(head_dim),
+        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         CAUSAL=causal, HAS_DELTA=delta is not None, MAGNITUDE=MAGNITUDE_CODES[magnitude],
         PRECISION=_precision(q.dtype), num_warps=num_warps, num_stages=num_stages)
     return out, lse
@@ -988,7 +985,12 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
     dq = _empty(q.shape, device=q.device, dtype=q.dtype)
     dk = _empty(k.shape, device=k.device, dtype=k.dtype)
     dv = _empty(v.shape, device=v.device, dtype=v.dtype)
-    row_delta = _empty((batch, n_q_heads, seq_q), device=q.device, dtype=torch.float32)
+    # Per-row statistics as (B * Hq, rows) TMA sources: rows padded to a multiple of 4 (16-byte row stride).
+    padded_q = triton.cdiv(seq_q, 4) * 4
+    row_delta = _empty((batch * n_q_heads, padded_q), device=q.device, dtype=torch.float32)
+    lse_rows = lse.reshape(batch * n_q_heads, seq_q)
+    if padded_q != seq_q:
+        lse_rows = torch.nn.functional.pad(lse_rows, (0, padded_q - seq_q))
 
     # Part 1: dq, D and the d delta partials, streaming the keys' k' (written here, freed after).
     block_m, block_n, num_warps, num_stages = _pick(BWD_DQ_CONFIGS, head_dim, dq_config, q.dtype)
@@ -998,7 +1000,7 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
     _launch(_pope_bwd_dq_kernel, (n_m_blocks, batch * n_q_heads), plan + ("dq",), (
         q, k_prime, v, out, do, lse, theta, delta if delta is not None else theta, dq, row_delta, d_delta_partial,
         *_strides(q), *_strides(v), *_strides(out), *_strides(do), *_strides(dq),
-        n_q_heads, group_size, seq_q, seq_k, q_offset, softmax_scale),
+        n_q_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, padded_q),
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         CAUSAL=causal, HAS_DELTA=delta is not None, MAGNITUDE=code, PRECISION=precision,
         num_warps=num_warps, num_stages=num_stages)
@@ -1007,9 +1009,13 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
     # Part 2: dk, dv, streaming the queries' q' (written here, freed after).
     q_prime = transform(q, theta, delta, position_offset=q_offset, magnitude=magnitude, site=plan + ("backward q'",))
     block_m, block_n, num_warps, num_stages = _pick(BWD_DKDV_CONFIGS, head_dim, dkdv_config, q.dtype)
+    # q', dO, lse and D stream in by TMA.
+    descriptors = (_descriptor(q_prime.view(batch * n_q_heads, seq_q, 2 * block_d), [1, block_m, 2 * block_d]),
+                   _descriptor(_tma_ready(do, block_d), [1, 1, block_m, block_d]),
+                   _descriptor(lse_rows, [1, block_m]), _descriptor(row_delta, [1, block_m]))
     _launch(_pope_bwd_dkdv_kernel, (triton.cdiv(seq_k, block_n), batch * n_kv_heads), plan + ("dk dv",), (
-        k, v, q_prime, do, lse, row_delta, theta, dk, dv,
-        *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
+        k, v, *descriptors, theta, dk, dv,
+        *_strides(k), *_strides(v), *_strides(dk), *_strides(dv),
         n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale),
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         CAUSAL=causal, MAGNITUDE=code, PRECISION=precision, num_warps=num_warps, num_stages=num_stages)
