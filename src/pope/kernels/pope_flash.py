@@ -16,13 +16,16 @@ How the 2d-channel dot product is computed
     fp32 tile; the backward kernels hold q' and k' as one wide (rows, 2d) tile [cos | sin], so S, dq' and dk'
     are single dots over 2d channels (Triton waits for a first wgmma group before issuing a second into the
     same accumulator; one dot saves that wait: backward 2-4% faster on an H200, forward 2-5% slower, so the
-    forward keeps the halves; scripts/kernel_variants.py, docs/kernels.md). The transcendental work (softplus, cos/sin) is done ONCE per element, never per
-    (query block, key block) pair:
+    forward keeps the halves; scripts/kernel_variants.py, docs/kernels.md). The transcendental work
+    (softplus, cos/sin) is done ONCE per element, never per (query block, key block) pair:
       * the side a program holds fixed (the query block in forward / dq, the key block in dk/dv, the
         query rows in decode) is transformed in registers when the program starts;
-      * the side that streams through the inner loop is read from a pre-pass buffer x' (B, H, N, 2d)
-        written by `_pope_transform_kernel` (one memory-bound pass, freed right after the kernel that
-        reads it: the forward saves only q, k, v, out and lse for backward);
+      * the side that streams through the inner loop is read from a pre-pass buffer x' (B, H, N, 2 BLOCK_D),
+        rows [cos | sin] zero-padded to the power-of-two BLOCK_D, written by `_pope_transform_kernel` (one
+        memory-bound pass, freed right after the kernel that reads it: the forward saves only q, k, v, out
+        and lse for backward). The forward's k'/v tiles and the dk/dv kernel's q'/dO/lse/D tiles stream in
+        by TMA (host-side tensor descriptors): 10-12% off forward+backward at d = 64 on an H200, mostly from
+        the dk/dv kernel, whose pointer version spilled; the dq kernel keeps pointer loads;
       * the decode kernels (few queries, long cache) transform each cached key tile in registers, because
         there every key element is used by one program: the cache stays at d channels per key (RoPE's
         memory; raw keys, or the magnitudes f(k) the model caches, magnitude "identity") and no
@@ -39,13 +42,13 @@ Angles: position (fp32) x theta (fp32) rounded once, as pope.frequencies.angles 
 FMA-only sincos (Cody-Waite reduction + minimax polynomials, ~1 ulp); softplus as max(x, 0) +
 log1p(exp(-|x|)) in fp32 (log1p by a 9-FMA polynomial, 2e-7 relative).
 
-Measured (one NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, commit 81e5db6; full table, targets and the
-experiments that lost in docs/kernels.md): bf16 causal forward+backward 0.92 / 2.68 / 4.74 / 8.71 ms at
-(B,H,N,64) = (8,12,1K), (4,16,4K), (2,16,8K), (1,16,16K) and 5.91 ms at (4,16,4K,128): 1.97-2.94x SDPA
-without PE at N >= 4K and 1.28-1.70x RoPE+SDPA (both targets missed; the backward's 22 M.N.d units at
-~300-400 TFLOP/s dominate), peak memory equal to SDPA's (met), 58-99x faster than pope-pytorch 0.2.1 at
-N >= 4K (17x at 1K in eager mode, host-bound: 32x and 0.93x RoPE+SDPA with autograd's backward on the
-calling thread). GPT-2 124M training step: 0.969x RoPE's tokens/s. Decode over a cache of magnitudes,
+Measured (one NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, commit 8f9d9f4; full table, targets and the
+experiments that lost in docs/kernels.md): bf16 causal forward+backward 0.97 / 2.37 / 4.19 / 7.81 ms at
+(B,H,N,64) = (8,12,1K), (4,16,4K), (2,16,8K), (1,16,16K) and 5.94 ms at (4,16,4K,128): 1.76-1.89x SDPA
+without PE at N >= 4K (2.91x at d=128) and 1.13-1.53x RoPE+SDPA (both targets missed; the backward's
+22 M.N.d units dominate), peak memory equal to SDPA's (met), 75-97x faster than pope-pytorch 0.2.1 at
+N >= 4K (19.5x at 1K in eager mode, host-bound; 0.83x RoPE+SDPA at 1K with autograd's backward on the
+calling thread). GPT-2 124M training step: 1.02x RoPE's tokens/s. Decode over a cache of magnitudes,
 one query row per key head: 0.98x the time of SDPA over a materialised 2d-channel cache at 8x16x16384x64
 (met); raw-key cache at d=64 1.35x, GQA 1.4-2.0x (missed). A fused backward with ordered, deterministic
 dq accumulation (commit 1099773) was correct but slower at every shape and was removed. Correct within
