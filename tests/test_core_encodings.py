@@ -62,7 +62,7 @@ def test_frequency_bad_input(bad):
 
 def test_rope_layouts_are_rotations_with_relative_scores():
     g = torch.Generator().manual_seed(0)
-    q, k = torch.randn(1, 1, 6, 8, generator=g), torch.randn(1, 1, 6, 8, generator=g)
+    q = torch.randn(1, 1, 6, 8, generator=g)
     for layout in ("half", "interleaved"):
         rope = RoPE(n_heads=1, n_kv_heads=1, head_dim=8, layout=layout)
         rotated = rope.rotate(q, torch.arange(6))

@@ -147,6 +147,48 @@ def test_output_and_gradients_within_twice_reference_error(
             f"{name}: kernel error {our_error:.3e} > 2 x reference error {reference_error:.3e}")
 
 
+def test_layouts_tma_cannot_read_directly(kernels):
+    """The kernels read some tiles by TMA, which needs 16-byte-aligned bases and strides: a head dim of 36
+    (72-byte rows), q/k/v as views one element into wider rows (unaligned base and strides), and the stride-0
+    output gradient that `out.sum()` gives must still come out right (the launchers copy such tensors)."""
+    if _delegated(kernels):
+        return
+    generator = torch.Generator().manual_seed(5)
+    batch, heads, seq, head_dim, dtype = 1, 2, 45, 36, torch.bfloat16
+    q, k, v, delta, _ = _inputs(batch, heads, heads, seq, seq, head_dim, dtype, True, generator)
+    options = dict(base=10000.0, causal=True, softmax_scale=head_dim ** -0.5, q_offset=0, magnitude="softplus",
+                   rotary_dim=None)
+
+    def grads(fn, dtype, unaligned):
+        leaves, inputs = [], []
+        for t in (q, k, v):
+            if unaligned:  # a (B, H, N, 36) view starting one element into rows of 39
+                wide = torch.zeros(*t.shape[:-1], head_dim + 3, dtype=dtype, device=t.device)
+                wide[..., 1:head_dim + 1] = t.to(dtype)
+                wide.requires_grad_()
+                leaves.append(wide)
+                inputs.append(wide[..., 1:head_dim + 1])
+            else:
+                leaves.append(t.detach().to(dtype).requires_grad_())
+                inputs.append(leaves[-1])
+        delta_leaf = delta.detach().to(torch.float64 if dtype == torch.float64 else torch.float32).requires_grad_()
+        out = fn(*inputs, delta_leaf, **options)
+        result = torch.autograd.grad(out.float().sum(), inputs + [delta_leaf])  # dO: ones, expanded (stride 0)
+        return [out.detach()] + [g.detach() for g in result]
+
+    if not ON_GPU:
+        unaligned_view = torch.zeros(1, 2, 3, head_dim + 3, dtype=dtype)[..., 1:head_dim + 1]
+        assert unaligned_view.data_ptr() % 16 != 0  # the case this test is about
+    exact = grads(reference_pope_attention, torch.float64, False)
+    reference = grads(reference_pope_attention, dtype, False)
+    fused = grads(_triton, dtype, True)
+    for name, ours, theirs, truth in zip(["out", "dq", "dk", "dv", "d_delta"], fused, reference, exact):
+        assert torch.isfinite(ours).all(), name
+        our_error = (ours.double() - truth).abs().max().item()
+        reference_error = (theirs.double() - truth).abs().max().item()
+        assert our_error <= 2 * reference_error, f"{name}: {our_error:.3e} > 2 x {reference_error:.3e}"
+
+
 def test_explicit_query_offset_matches_reference(kernels):
     """Chunked prefill: 20 queries at positions 30..49 of a 64-key cache (keys past them masked)."""
     if _delegated(kernels):

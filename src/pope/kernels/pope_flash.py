@@ -932,8 +932,8 @@ def _tma_ready(t: torch.Tensor, block_d: int) -> torch.Tensor:
     usual inputs (contiguous, or (B, N, H, d) transposed to (B, H, N, d)) already are and pass through; others
     are copied, padded with zero channels to block_d when d * element size is not a multiple of 16 bytes."""
     size = t.element_size()
-    if t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(
-            (stride * size) % 16 == 0 for stride, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1):
+    if t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(  # (broadcast, stride-0 dims are copied too)
+            stride > 0 and (stride * size) % 16 == 0 for stride, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1):
         return t
     if (t.shape[-1] * size) % 16:
         return torch.nn.functional.pad(t, (0, block_d - t.shape[-1]))
