@@ -9,12 +9,15 @@ old.py`), then, in one call on the GPU machine,
 Each (module, shape, tile) row times pope_flash.forward and pope_flash.backward (bf16, causal, softplus, delta)
 with triton.testing.do_bench (median ms), after checking that the module's forward output and gradients agree with
 the first module's to bf16 rounding. Tiles not given are the module's defaults. Prints a table; writes JSON.
+`TRITON_INTERPRET=1 ... --device cpu --shapes 1x2x40x32` runs it on CPU through Triton's interpreter (a check of
+this script: its timings mean nothing there).
 """
 from __future__ import annotations
 
 import argparse
 import importlib.util
 import json
+import statistics
 import time
 
 import torch
@@ -35,26 +38,35 @@ def tile(text: str) -> tuple:
     return values
 
 
-def inputs(shape, seed=0):
+def inputs(shape, device, seed=0):
     batch, heads, seq, head_dim = shape
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v, do = (torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+    g = torch.Generator(device=device).manual_seed(seed)
+    q, k, v, do = (torch.randn(batch, heads, seq, head_dim, device=device, dtype=torch.bfloat16, generator=g)
                    for _ in range(4))
-    delta = -6.28 * torch.rand(heads, head_dim, device="cuda", generator=g)
+    delta = -6.28 * torch.rand(heads, head_dim, device=device, generator=g)
     return q, k, v, do, delta
 
 
-def run(module, shape, fwd=None, dq=None, dkdv=None):
-    q, k, v, do, delta = inputs(shape)
-    theta = module.frequencies(shape[3], 10000.0, "cuda")
+def median_ms(fn, device) -> float:
+    if device == "cuda":
+        return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def run(module, shape, device, fwd=None, dq=None, dkdv=None):
+    q, k, v, do, delta = inputs(shape, device)
+    theta = module.frequencies(shape[3], 10000.0, device)
     options = dict(causal=True, softmax_scale=shape[3] ** -0.5, q_offset=0, magnitude="softplus")
     out, lse = module.forward(q, k, v, delta, theta, config=fwd, **options)
     grads = module.backward(do, q, k, v, delta, out, lse, theta, dq_config=dq, dkdv_config=dkdv, **options)
-    fwd_ms = triton.testing.do_bench(lambda: module.forward(q, k, v, delta, theta, config=fwd, **options),
-                                     warmup=25, rep=100, return_mode="median")
-    bwd_ms = triton.testing.do_bench(lambda: module.backward(do, q, k, v, delta, out, lse, theta, dq_config=dq,
-                                                             dkdv_config=dkdv, **options),
-                                     warmup=25, rep=100, return_mode="median")
+    fwd_ms = median_ms(lambda: module.forward(q, k, v, delta, theta, config=fwd, **options), device)
+    bwd_ms = median_ms(lambda: module.backward(do, q, k, v, delta, out, lse, theta, dq_config=dq, dkdv_config=dkdv,
+                                               **options), device)
     return [out, *grads], fwd_ms, bwd_ms
 
 
@@ -67,6 +79,7 @@ def main(argv=None) -> None:
     parser.add_argument("--dkdv", action="append", type=tile, default=[], help="dk/dv tile (repeatable)")
     parser.add_argument("--variant-tiles-only", default=None,
                         help="apply the tile options only to this module (others run their defaults)")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--out", default=".")
     args = parser.parse_args(argv)
     modules = [(spec.split("=", 1)[0], load_module(*spec.split("=", 1))) for spec in args.module]
@@ -80,7 +93,7 @@ def main(argv=None) -> None:
                 plans += [dict(fwd=t) for t in args.fwd] + [dict(dq=t) for t in args.dq] + [dict(dkdv=t) for t in args.dkdv]
             for plan in plans:
                 try:
-                    tensors, fwd_ms, bwd_ms = run(module, shape, **plan)
+                    tensors, fwd_ms, bwd_ms = run(module, shape, args.device, **plan)
                 except Exception as error:  # a tile that does not compile or fit: report it, go on
                     rows.append({"shape": shape, "module": name, "plan": plan, "error": repr(error)[:300]})
                     print(f"{shape} {name} {plan}: {repr(error)[:120]}", flush=True)
@@ -94,7 +107,7 @@ def main(argv=None) -> None:
                              "fwd_ms": fwd_ms, "bwd_ms": bwd_ms, "agrees_with_first": agree})
                 print(f"{'x'.join(map(str, shape)):>16} {name:>8} {str(plan):<34} fwd {fwd_ms:7.3f}  bwd {bwd_ms:7.3f}"
                       f"  total {fwd_ms + bwd_ms:7.3f}  {'ok' if agree else 'DIFFERS'}", flush=True)
-    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+    result = {"gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu (interpreter)", "torch": torch.__version__, "triton": triton.__version__,
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "modules": args.module, "rows": rows}
     with open(f"{args.out}/kernel_variants.json", "w") as f:
         json.dump(result, f, indent=1, default=str)
