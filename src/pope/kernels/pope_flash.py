@@ -61,7 +61,12 @@ import os
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
+
+try:  # host-side TMA descriptors, passed to kernels as arguments: Triton >= 3.4
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError as _error:
+    raise ImportError(f"pope's fused kernels need Triton >= 3.4 (triton.tools.tensor_descriptor); found triton "
+                      f"{triton.__version__}: pip install -U 'triton>=3.4'") from _error
 
 # Interpreter mode (TRITON_INTERPRET=1 before triton is imported) runs these kernels on CPU tensors.
 INTERPRET = triton.knobs.runtime.interpret if hasattr(triton, "knobs") else False
