@@ -59,7 +59,8 @@ def kernels(request, subprocess_results):
         results, log = subprocess_results
         name = request.node.name
         assert results.get(name) is True, f"{name} did not pass in the TRITON_INTERPRET=1 subprocess:\n{log}"
-        return None
+        yield None  # the test body sees None and returns: its checks already ran in the subprocess
+        return
     from pope.kernels import pope_flash
 
     if not ON_GPU and not pope_flash.INTERPRET:  # imported before TRITON_INTERPRET was set
