@@ -993,12 +993,9 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
     dq = _empty(q.shape, device=q.device, dtype=q.dtype)
     dk = _empty(k.shape, device=k.device, dtype=k.dtype)
     dv = _empty(v.shape, device=v.device, dtype=v.dtype)
-    # Per-row statistics as (B * Hq, rows) TMA sources: rows padded to a multiple of 4 (16-byte row stride).
+    # D = rowsum(dO * O) as a (B * Hq, rows) TMA source for part 2: rows padded to a multiple of 4 (16-byte stride).
     padded_q = triton.cdiv(seq_q, 4) * 4
     row_delta = _empty((batch * n_q_heads, padded_q), device=q.device, dtype=torch.float32)
-    lse_rows = lse.reshape(batch * n_q_heads, seq_q)
-    if padded_q != seq_q:
-        lse_rows = torch.nn.functional.pad(lse_rows, (0, padded_q - seq_q))
 
     # Part 1: dq, D and the d delta partials, streaming the keys' k' (written here, freed after).
     block_m, block_n, num_warps, num_stages = _pick(BWD_DQ_CONFIGS, head_dim, dq_config, q.dtype)
@@ -1017,7 +1014,10 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
     # Part 2: dk, dv, streaming the queries' q' (written here, freed after).
     q_prime = transform(q, theta, delta, position_offset=q_offset, magnitude=magnitude, site=plan + ("backward q'",))
     block_m, block_n, num_warps, num_stages = _pick(BWD_DKDV_CONFIGS, head_dim, dkdv_config, q.dtype)
-    # q', dO, lse and D stream in by TMA.
+    # q', dO, lse and D stream in by TMA; lse's rows padded like D's.
+    lse_rows = lse.reshape(batch * n_q_heads, seq_q)
+    if padded_q != seq_q:
+        lse_rows = torch.nn.functional.pad(lse_rows, (0, padded_q - seq_q))
     descriptors = (_descriptor(q_prime.view(batch * n_q_heads, seq_q, 2 * block_d), [1, block_m, 2 * block_d]),
                    _descriptor(_tma_ready(do, block_d), [1, 1, block_m, block_d]),
                    _descriptor(lse_rows, [1, block_m]), _descriptor(row_delta, [1, block_m]))
