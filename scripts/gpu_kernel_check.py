@@ -104,7 +104,7 @@ SWEEP_CANDIDATES = {
          "dq": [(64, 64, 4, 3), (64, 64, 4, 2), (128, 64, 8, 2)],
          "dkdv": [(64, 128, 8, 3), (64, 64, 4, 3), (32, 64, 4, 4)]},
     128: {"fwd": [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 2)],
-          "dq": [(128, 64, 8, 2), (64, 64, 8, 2), (64, 32, 4, 2)],
+          "dq": [(128, 32, 8, 3), (128, 64, 8, 2), (64, 32, 4, 2)],
           "dkdv": [(64, 64, 8, 3), (64, 128, 8, 2), (32, 128, 8, 3)]},
 }
 
@@ -168,16 +168,18 @@ def sweep_decode(shapes=DECODE_SWEEP_SHAPES, tensor_cores_only=False):
         delta = -2 * math.pi * torch.rand(n_q_heads, head_dim, device=DEVICE)
         theta = pope_flash.frequencies(head_dim, 10000.0, q.device)
         tc_block_n, tc_warps = pope_flash.decode_tile(head_dim, torch.bfloat16, "tensor_cores")
-        tiles = [("tensor_cores", tc_block_n, tc_warps, stages) for stages in (2, 3)]
-        tiles += [("tensor_cores", block_n, warps, 3) for block_n, warps in
+        tiles = [("tensor_cores", tc_block_n, tc_warps, stages, None) for stages in (2, 3)]
+        # A register cap: more programs resident per SM (the kernel is latency-bound at 2 per SM, ncu_decode_7295e52).
+        tiles += [("tensor_cores", tc_block_n, tc_warps, 3, cap) for cap in (168, 128)]
+        tiles += [("tensor_cores", block_n, warps, 3, None) for block_n, warps in
                   ([(32, 4), (128, 8), (64, 4)] if head_dim <= 64 else [(16, 4), (32, 8), (64, 8)])]
         if not tensor_cores_only:
-            tiles += [("lanes", block_n, warps, stages) for block_n, warps, stages in
+            tiles += [("lanes", block_n, warps, stages, None) for block_n, warps, stages in
                       ([(64, 4, 3), (32, 4, 3), (32, 4, 4), (64, 8, 3)] if head_dim <= 64 else
                        [(32, 4, 3), (16, 4, 3), (16, 4, 4), (32, 8, 3)])]
-        for magnitude, (method, block_n, warps, stages) in itertools.product(("softplus", "identity"), tiles):
+        for magnitude, (method, block_n, warps, stages, maxnreg) in itertools.product(("softplus", "identity"), tiles):
             opts = dict(causal=True, softmax_scale=head_dim ** -0.5, q_offset=seq_k - 1, magnitude=magnitude,
-                        method=method, block_n=block_n, num_warps=warps, stages=stages)
+                        method=method, block_n=block_n, num_warps=warps, stages=stages, maxnreg=maxnreg)
             try:
                 ms = do_bench(lambda: pope_flash.decode_forward(q, k, v, delta, theta, **opts),  # noqa: B023
                               warmup=25, rep=100, return_mode="median")
@@ -186,7 +188,7 @@ def sweep_decode(shapes=DECODE_SWEEP_SHAPES, tensor_cores_only=False):
                 print(f"  decode {opts}: {type(err).__name__}: {str(err)[:120]}", file=sys.stderr)
             rows.append({"shape": (batch, n_q_heads, n_kv_heads, seq_k, head_dim), **opts, "ms": ms})
             print(f"  decode sweep {rows[-1]['shape']} {magnitude:8s} {method:12s} block_n={block_n:3d} warps={warps} "
-                  f"stages={stages}: "
+                  f"stages={stages} maxnreg={maxnreg}: "
                   f"{ms:.4f} ms", flush=True)
     return rows
 

@@ -39,18 +39,19 @@ KERNELS = {
 }
 
 
-def descriptor_types(constexprs: dict) -> dict:
+def descriptor_types(kernel, constexprs: dict) -> dict:
     """The TMA descriptor arguments' types (element type and block shape) as the launchers build them: the forward
-    reads k' by (BLOCK_N, BLOCK_D) halves, the dk/dv kernel q' as one (BLOCK_M, 2 BLOCK_D) tile."""
+    reads k' by (BLOCK_N, BLOCK_D) halves, the dq kernel k' and the dk/dv kernel q' as one (rows, 2 BLOCK_D) tile."""
     bm, bn, bd = constexprs.get("BLOCK_M", 16), constexprs["BLOCK_N"], constexprs["BLOCK_D"]
-    return {"kp_desc": f"tensordesc<bf16[1,{bn},{bd}]>", "v_desc": f"tensordesc<bf16[1,1,{bn},{bd}]>",
+    key_width = 2 * bd if kernel is kernels._pope_bwd_dq_kernel else bd
+    return {"kp_desc": f"tensordesc<bf16[1,{bn},{key_width}]>", "v_desc": f"tensordesc<bf16[1,1,{bn},{bd}]>",
             "qp_desc": f"tensordesc<bf16[1,{bm},{2 * bd}]>", "do_desc": f"tensordesc<bf16[1,1,{bm},{bd}]>",
             "lse_desc": f"tensordesc<fp32[1,{bm}]>", "rowdelta_desc": f"tensordesc<fp32[1,{bm}]>"}
 
 
 def signature(kernel, constexprs: dict) -> dict:
     types = {}
-    descriptors = descriptor_types(constexprs)
+    descriptors = descriptor_types(kernel, constexprs)
     for name in kernel.arg_names:
         if name in constexprs:
             types[name] = "constexpr"

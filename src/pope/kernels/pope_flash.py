@@ -25,7 +25,7 @@ How the 2d-channel dot product is computed
         memory-bound pass, freed right after the kernel that reads it: the forward saves only q, k, v, out
         and lse for backward). The forward's k'/v tiles and the dk/dv kernel's q'/dO/lse/D tiles stream in
         by TMA (host-side tensor descriptors): 10-12% off forward+backward at d = 64 on an H200, mostly from
-        the dk/dv kernel, whose pointer version spilled; the dq kernel keeps pointer loads;
+        the dk/dv kernel, whose pointer version spilled; the dq kernel's k'/v by TMA too (2-4% off its backward);
       * the decode kernels (few queries, long cache) transform each cached key tile in registers, because
         there every key element is used by one program: the cache stays at d channels per key (RoPE's
         memory; raw keys, or the magnitudes f(k) the model caches, magnitude "identity") and no
@@ -383,21 +383,17 @@ def _pope_fwd_kernel(
 # ----------------------------------------------------------------------------------------------------
 @triton.jit
 def _bwd_dq_inner(
-    dq_wide, q_wide, do, lse2, row_delta, kp_base, v_base, stride_vn,
+    dq_wide, q_wide, do, lse2, row_delta, kp_desc, v_desc, kv_bh, b, hk,
     offs_m, q_offset, seq_k, lo, hi, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     MASK_KEYS: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """dq' over key blocks [lo, hi). k' and v by plain loads: TMA here read -5% to +1% on an H200 across runs,
-    never compared with these loads in one run (docs/kernels.md), so this kernel has not been switched."""
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_w = tl.arange(0, 2 * BLOCK_D)
+    """dq' over key blocks [lo, hi). k' and v come by TMA (rows past the keys arrive as zeros): against pointer
+    loads in the same H200 run, backward 1.742 -> 1.702 ms at 4x16x4096x64, 5.830 -> 5.600 at 1x16x16384x64."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k_wide = tl.load(kp_base + offs_n[:, None] * (2 * BLOCK_D) + offs_w[None, :],
-                         mask=(offs_n < seq_k)[:, None], other=0.0)  # k' (BLOCK_N, 2 BLOCK_D)
-        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :],
-                    mask=(offs_n < seq_k)[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0)
+        k_wide = kp_desc.load([kv_bh, start_n, 0]).reshape(BLOCK_N, 2 * BLOCK_D)
+        v = v_desc.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
         scores = tl.dot(q_wide, tl.trans(k_wide), input_precision=PRECISION)
         probs = tl.math.exp2(scores * qk_scale - lse2[:, None])  # (BLOCK_M, BLOCK_N)
         if MASK_KEYS:
@@ -413,9 +409,8 @@ def _bwd_dq_inner(
 
 @triton.jit
 def _pope_bwd_dq_kernel(
-    Q, KP, V, Out, DO, LSE, Theta, Delta, DQ, RowDelta, DDeltaPartial,
+    Q, kp_desc, v_desc, Out, DO, LSE, Theta, Delta, DQ, RowDelta, DDeltaPartial,
     stride_qb, stride_qh, stride_qn,
-    stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_on,
     stride_dob, stride_doh, stride_don,
     stride_dqb, stride_dqh, stride_dqn,
@@ -438,15 +433,14 @@ def _pope_bwd_dq_kernel(
     tl.store(RowDelta + pid_bh * row_delta_stride + offs_m, row_delta, mask=mask_rows)
     lse2 = tl.load(LSE + pid_bh * seq_q + offs_m, mask=mask_rows, other=float("inf")) * 1.4426950408889634
 
-    kp_base = KP + kv_bh.to(tl.int64) * seq_k * (2 * BLOCK_D)
-    v_base = V + b * stride_vb + (h // group_size) * stride_vh
+    hk = h // group_size
     dq_wide = tl.zeros([BLOCK_M, 2 * BLOCK_D], dtype=tl.float32)
     unmasked_end, last_visible = _key_ranges(pid_m, q_offset, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
     dq_wide = _bwd_dq_inner(
-        dq_wide, q_wide, do, lse2, row_delta, kp_base, v_base, stride_vn, offs_m, q_offset, seq_k,
+        dq_wide, q_wide, do, lse2, row_delta, kp_desc, v_desc, kv_bh, b, hk, offs_m, q_offset, seq_k,
         0, unmasked_end, softmax_scale * 1.4426950408889634, HEAD_DIM, BLOCK_N, BLOCK_D, False, CAUSAL, PRECISION)
     dq_wide = _bwd_dq_inner(
-        dq_wide, q_wide, do, lse2, row_delta, kp_base, v_base, stride_vn, offs_m, q_offset, seq_k,
+        dq_wide, q_wide, do, lse2, row_delta, kp_desc, v_desc, kv_bh, b, hk, offs_m, q_offset, seq_k,
         unmasked_end, last_visible, softmax_scale * 1.4426950408889634, HEAD_DIM, BLOCK_N, BLOCK_D, True, CAUSAL,
         PRECISION)
 
@@ -799,12 +793,14 @@ def _pope_decode_combine_kernel(
 # ----------------------------------------------------------------------------------------------------
 # Tile shapes per head dim (BLOCK_M, BLOCK_N, num_warps, num_stages), timed on an H200, bf16 causal, at
 # (8,12,1024,d), (4,16,4096,d) and (1,16,16384,d) (benchmarks/results/kernel_sweep*.json, kernel_variants_*.json,
-# docs/kernels.md). Forward and dq: the fastest in the sweeps (forward unchanged by TMA loads). dk/dv, since its
+# docs/kernels.md). Forward and dq: the fastest in the sweeps (forward unchanged by TMA loads; dq at d=128
+# (128, 32, 8, 3) since its k'/v came by TMA: backward 4.67 against 4.89 ms for (128, 64, 8, 2) at 4x16x4096x128,
+# kernel_variants_dqtma_d128.json). dk/dv, since its
 # q'/dO/lse/D stream by TMA: (64, 128, 8, 3) at d=64 (1.71 / 5.51 ms backward at 4K / 16K against 1.67 / 5.76 for
 # (64, 64, 4, 3); the pointer-load kernel's (128, 128, 8, 2) spills 1.1 KB under TMA and runs 2.3 ms), and
 # (64, 64, 8, 3) at d=128 (4.89 ms against 5.44 for the old (64, 128, 8, 2)).
 FWD_CONFIGS = {64: (128, 128, 8, 3), 128: (128, 64, 8, 3)}
-BWD_DQ_CONFIGS = {64: (64, 64, 4, 3), 128: (128, 64, 8, 2)}
+BWD_DQ_CONFIGS = {64: (64, 64, 4, 3), 128: (128, 32, 8, 3)}
 BWD_DKDV_CONFIGS = {64: (64, 128, 8, 3), 128: (64, 64, 8, 3)}
 TRANSFORM_ROWS = 64
 KERNEL_CONFIGS = {"fwd": FWD_CONFIGS, "dq": BWD_DQ_CONFIGS, "dkdv": BWD_DKDV_CONFIGS}
@@ -1002,9 +998,11 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
     n_m_blocks = triton.cdiv(seq_q, block_m)
     d_delta_partial = _empty((batch, n_q_heads, n_m_blocks, head_dim), device=q.device, dtype=torch.float32)
     k_prime = transform(k, theta, None, position_offset=0, magnitude=magnitude, site=plan + ("backward k'",))
+    kp_desc = _descriptor(k_prime.view(batch * n_kv_heads, seq_k, 2 * block_d), [1, block_n, 2 * block_d])
+    v_desc = _descriptor(_tma_ready(v, block_d), [1, 1, block_n, block_d])
     _launch(_pope_bwd_dq_kernel, (n_m_blocks, batch * n_q_heads), plan + ("dq",), (
-        q, k_prime, v, out, do, lse, theta, delta if delta is not None else theta, dq, row_delta, d_delta_partial,
-        *_strides(q), *_strides(v), *_strides(out), *_strides(do), *_strides(dq),
+        q, kp_desc, v_desc, out, do, lse, theta, delta if delta is not None else theta, dq, row_delta, d_delta_partial,
+        *_strides(q), *_strides(out), *_strides(do), *_strides(dq),
         n_q_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, padded_q),
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         CAUSAL=causal, HAS_DELTA=delta is not None, MAGNITUDE=code, PRECISION=precision,
@@ -1069,12 +1067,13 @@ def decode_tile(head_dim: int, dtype: torch.dtype, method: str) -> tuple[int, in
 
 def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float, q_offset: int, magnitude: str,
                    method: str | None = None, block_n: int | None = None, num_splits: int | None = None,
-                   num_warps: int | None = None, stages: int = 3):
+                   num_warps: int | None = None, stages: int = 3, maxnreg: int | None = None):
     """Split-K decode over a raw (d-channel) cache. Returns (out, lse) like `forward`.
 
     Suited to group_size * Nq <= 64 rows per key head; keys are transformed once, in registers.
     method: "lanes" (CUDA cores, one program per query row), "tensor_cores" (one program per key head), or
-    None: lanes up to DECODE_LANES_MAX_ROWS rows per key head.
+    None: lanes up to DECODE_LANES_MAX_ROWS rows per key head. maxnreg: a cap on registers per thread (Triton's
+    launch option; more programs resident per SM at the price of spills), None for the compiler's choice.
     """
     batch, n_q_heads, seq_q, head_dim = q.shape
     n_kv_heads, seq_k = k.shape[1], k.shape[2]
@@ -1108,6 +1107,8 @@ def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float,
             n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, keys_per_split)
     options = dict(HEAD_DIM=head_dim, BLOCK_N=block_n, BLOCK_D=block_d, CAUSAL=causal, HAS_DELTA=delta is not None,
                    MAGNITUDE=MAGNITUDE_CODES[magnitude], STAGES=stages, num_warps=num_warps, num_stages=stages)
+    if maxnreg is not None and not INTERPRET:
+        options["maxnreg"] = maxnreg
     if method == "lanes":
         _pope_decode_lanes_kernel[(num_splits, programs_per_split)](*args, **options)
     else:
