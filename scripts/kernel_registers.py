@@ -94,6 +94,8 @@ def main(argv=None) -> int:
     parser.add_argument("--maxnreg", type=int, default=None, help="cap registers per thread (ptxas .maxnreg)")
     parser.add_argument("--kernels", default=",".join(KERNELS), help=f"comma-separated subset of {list(KERNELS)}")
     parser.add_argument("--head-dims", default="64,128")
+    parser.add_argument("--tile", action="append", default=[],
+                        help="BLOCK_M,BLOCK_N,warps,stages to compile instead of the shipped tiles (repeatable)")
     args = parser.parse_args(argv)
     if kernels.INTERPRET:
         raise SystemExit("unset TRITON_INTERPRET: this compiles the kernels, it does not interpret them")
@@ -105,6 +107,8 @@ def main(argv=None) -> int:
         for head_dim, configs in tiles.items():
             if head_dim not in head_dims:
                 continue
+            if args.tile:
+                configs = [tuple(int(x) for x in tile.split(",")) for tile in args.tile]
             for block_m, block_n, num_warps, num_stages in configs:
                 constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=block_n, BLOCK_D=head_dim, **flags)
                 if "BLOCK_M" in kernel.arg_names:
