@@ -217,6 +217,32 @@ def test_backward_is_bitwise_deterministic(kernels):
         assert torch.equal(a, b), f"{name} differs between two identical runs"
 
 
+def test_backward_frees_each_prepass_buffer_before_the_next(kernels, monkeypatch):
+    """Peak memory: the backward's k' (part 1) must be gone before its q' (part 2) is written, or the backward
+    holds both, 1.33x SDPA's peak (a TMA descriptor kept k' alive once, commit c6429b1)."""
+    if _delegated(kernels):
+        return
+    import weakref
+
+    buffers = []
+    original = kernels.transform
+
+    def recording_transform(x, *args, **kwargs):
+        alive = [ref() is not None for ref in buffers]
+        assert not any(alive), f"a pre-pass buffer is still alive when the next one is made ({alive})"
+        out = original(x, *args, **kwargs)
+        buffers.append(weakref.ref(out))
+        return out
+
+    monkeypatch.setattr(kernels, "transform", recording_transform)
+    generator = torch.Generator().manual_seed(3)
+    q, k, v, delta, grad_out = _inputs(1, 2, 2, 40, 40, 32, torch.bfloat16, True, generator)
+    options = dict(base=10000.0, causal=True, softmax_scale=32 ** -0.5, q_offset=0, magnitude="softplus", rotary_dim=None)
+    _run(_triton, q, k, v, delta, grad_out, torch.bfloat16, options)
+    assert len(buffers) == 3, "expected the forward's k', then the backward's k' and q'"
+    assert all(ref() is None for ref in buffers), "a pre-pass buffer outlived the call"
+
+
 @pytest.mark.parametrize("method,n_q_heads,seq_q", [("tensor_cores", 4, 2), ("lanes", 2, 1), ("lanes", 4, 2)])
 def test_decode_kernel_agrees_with_the_full_kernel(kernels, method, n_q_heads, seq_q):
     """The split-K decode kernels and the block kernel compute the same output and log-sum-exp."""

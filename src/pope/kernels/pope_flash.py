@@ -1012,7 +1012,7 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         CAUSAL=causal, HAS_DELTA=delta is not None, MAGNITUDE=code, PRECISION=precision,
         num_warps=num_warps, num_stages=num_stages)
-    del k_prime
+    del k_prime, kp_desc  # a descriptor holds its tensor: k' would otherwise live on through part 2 (peak memory)
 
     # Part 2: dk, dv, streaming the queries' q' (written here, freed after).
     q_prime = transform(q, theta, delta, position_offset=q_offset, magnitude=magnitude, site=plan + ("backward q'",))
@@ -1030,7 +1030,7 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
         n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale),
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         CAUSAL=causal, MAGNITUDE=code, PRECISION=precision, num_warps=num_warps, num_stages=num_stages)
-    del q_prime
+    del q_prime, descriptors
 
     d_delta = None
     if delta is not None:
