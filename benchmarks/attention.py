@@ -21,7 +21,8 @@ over a d-channel cache. --decode-only skips the attention shapes.
 
 With --autograd-calling-thread every provider's backward runs on the calling thread instead of autograd's
 CUDA device thread (shape labels say so): at short sequences eager PoPE is host-bound, and most of that
-host time is its Python backward running on the device thread.
+host time is its Python backward running on the device thread. With --cuda-graph the timings are CUDA-graph
+replays (triton.testing.do_bench_cudagraph): what each provider costs the GPU, with no host overhead at all.
 
     PYTHONPATH=src python benchmarks/attention.py [--decode] [--out benchmarks/results]
 Appends to OUT/attention.csv (and OUT/decode.csv) with GPU, versions, commit and date; plots OUT/attention.png.
@@ -102,8 +103,8 @@ def make_provider(name, q, k, v, delta, *, autotune_pope_pytorch=False):
     raise ValueError(f"unknown provider {name!r}; choose from {PROVIDERS}")
 
 
-def bench_provider(name, shape, *, autotune_pope_pytorch=False):
-    from triton.testing import do_bench
+def bench_provider(name, shape, *, autotune_pope_pytorch=False, cuda_graph=False):
+    from triton.testing import do_bench, do_bench_cudagraph
 
     batch, heads, seq, head_dim = shape
     torch.manual_seed(0)
@@ -127,8 +128,12 @@ def bench_provider(name, shape, *, autotune_pope_pytorch=False):
     forward_backward()
     torch.cuda.synchronize()
     peak_mb = (torch.cuda.max_memory_allocated() - before) / 2**20
-    fwd_ms = do_bench(provider, warmup=25, rep=100, return_mode="median")
-    fwd_bwd_ms = do_bench(forward_backward, warmup=25, rep=100, grad_to_none=leaves, return_mode="median")
+    if cuda_graph:  # GPU time only: many calls captured in one CUDA graph and replayed, no host work in between
+        fwd_ms = do_bench_cudagraph(provider, rep=100, return_mode="median")
+        fwd_bwd_ms = do_bench_cudagraph(forward_backward, rep=100, grad_to_none=leaves, return_mode="median")
+    else:
+        fwd_ms = do_bench(provider, warmup=25, rep=100, return_mode="median")
+        fwd_bwd_ms = do_bench(forward_backward, warmup=25, rep=100, grad_to_none=leaves, return_mode="median")
     pope = name.startswith("pope")
     flops_fwd, flops_fwd_bwd = attention_flops(batch, heads, seq, head_dim, pope=pope)
     return {"shape": "x".join(map(str, shape)), "provider": name, "fwd_ms": fwd_ms, "fwd_bwd_ms": fwd_bwd_ms,
@@ -309,6 +314,9 @@ def main(argv=None):
                         help="every provider's backward on the calling thread (torch.autograd."
                              "set_multithreading_enabled(False)), not autograd's CUDA device thread; rows are "
                              "labelled so (docs/kernels.md: eager host overhead)")
+    parser.add_argument("--cuda-graph", action="store_true",
+                        help="time CUDA-graph replays of forward and forward+backward: the GPU time without host "
+                             "overhead (rows labelled so; pope-pytorch is left out)")
     parser.add_argument("--pope-pytorch-autotune", action="store_true")
     parser.add_argument("--profile", action="store_true",
                         help="also write OUT/profile.txt: torch.profiler of pope triton fwd+bwd, first two shapes")
@@ -324,12 +332,16 @@ def main(argv=None):
         torch.autograd.set_multithreading_enabled(False)
         label = " [autograd on calling thread]"
     providers = args.providers.split(",")
+    if args.cuda_graph:
+        providers = [name for name in providers if name != "pope-pytorch"]
+        label += " [CUDA graph]"
     meta = provenance()
     rows = []
     for shape in shapes:
         for name in providers:
             try:
-                row = bench_provider(name, shape, autotune_pope_pytorch=args.pope_pytorch_autotune)
+                row = bench_provider(name, shape, autotune_pope_pytorch=args.pope_pytorch_autotune,
+                                     cuda_graph=args.cuda_graph)
             except Exception as err:  # e.g. pope-pytorch not installed: say so, keep going
                 print(f"{name} {shape}: {type(err).__name__}: {str(err)[:200]}", file=sys.stderr, flush=True)
                 continue
