@@ -217,6 +217,33 @@ def test_backward_is_bitwise_deterministic(kernels):
         assert torch.equal(a, b), f"{name} differs between two identical runs"
 
 
+@pytest.mark.parametrize("head_dim,seq", [(48, 37), (64, 40)])
+def test_descriptors_pass_tritons_checks(kernels, monkeypatch, head_dim, seq):
+    """The launchers build TMA descriptors without TensorDescriptor's own checks (host time): every descriptor
+    they make must still pass those checks (16-byte alignment, strides, block shape)."""
+    if _delegated(kernels):
+        return
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    made = []
+    original = kernels._descriptor
+
+    def checked_descriptor(t, block_shape):
+        descriptor = original(t, block_shape)
+        TensorDescriptor.__post_init__(descriptor)  # raises AssertionError on a descriptor Triton would refuse
+        made.append(descriptor)
+        return descriptor
+
+    monkeypatch.setattr(kernels, "_descriptor", checked_descriptor)
+    generator = torch.Generator().manual_seed(4)
+    q, k, v, delta, grad_out = _inputs(2, 4, 2, seq, seq, head_dim, torch.bfloat16, True, generator)
+    options = dict(base=10000.0, causal=True, softmax_scale=head_dim ** -0.5, q_offset=0, magnitude="softplus",
+                   rotary_dim=None)
+    _run(_triton, q, k, v, delta, grad_out, torch.bfloat16, options)
+    assert len(made) == 8, f"expected 2 forward + 2 dq + 4 dk/dv descriptors, got {len(made)}"
+    assert kernels.UNCHECKED_DESCRIPTORS, "this Triton's TensorDescriptor changed: descriptors take the slow path"
+
+
 def test_backward_frees_each_prepass_buffer_before_the_next(kernels, monkeypatch):
     """Peak memory: the backward's k' (part 1) must be gone before its q' (part 2) is written, or the backward
     holds both, 1.33x SDPA's peak (a TMA descriptor kept k' alive once, commit c6429b1)."""

@@ -833,7 +833,17 @@ if os.environ.get("POPE_KERNEL_CONFIGS"):
 
 
 def _block_d(head_dim: int) -> int:
-    return max(16, triton.next_power_of_2(head_dim))
+    return max(16, _next_power_of_2(head_dim))
+
+
+# Host-side integer helpers in plain Python: Triton 3.6's triton.cdiv / triton.next_power_of_2 are constexpr
+# functions whose host calls cost ~4 us each (argument unwrapping), a dozen times per eager forward+backward.
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
 
 
 # fp32 inputs take exact fp32 dots (input_precision="ieee": FMA units, no tensor cores): small tiles, one
@@ -855,7 +865,7 @@ def _precision(dtype: torch.dtype) -> str:
 
 
 def _strides(t: torch.Tensor):
-    return t.stride(0), t.stride(1), t.stride(2)
+    return t.stride()[:3]
 
 
 # Compiled kernels by launch site, called directly after their first launch (see _launch). Bounded: shapes that
@@ -924,7 +934,7 @@ def transform(x: torch.Tensor, theta: torch.Tensor, delta: torch.Tensor | None, 
     batch, heads, seq, head_dim = x.shape
     out = _empty((batch, heads, seq, 2 * _block_d(head_dim)), device=x.device, dtype=x.dtype)
     rows = TRANSFORM_ROWS if _block_d(head_dim) <= 64 else TRANSFORM_ROWS // 2  # 4K elements a program
-    grid = (triton.cdiv(seq, rows), batch * heads)
+    grid = (_cdiv(seq, rows), batch * heads)
     _launch(_pope_transform_kernel, grid, site, (
         x, theta, delta if delta is not None else theta, out, *_strides(x),
         heads, seq, position_offset),
@@ -946,6 +956,38 @@ def _tma_ready(t: torch.Tensor, block_d: int) -> torch.Tensor:
     return t.contiguous()
 
 
+def _unchecked_descriptor(base, shape: list, strides: list, block_shape: list) -> TensorDescriptor:
+    """TensorDescriptor(base, shape, strides, block_shape) without its __post_init__ checks (alignment, strides,
+    block shape: ~5 us of host time each, six descriptors per eager forward+backward). The launchers describe only
+    tensors that pass them (_tma_ready's layouts and their own buffers); the tests run the checks on every
+    descriptor the launchers make."""
+    descriptor = object.__new__(TensorDescriptor)
+    for name, value in (("base", base), ("shape", shape), ("strides", strides), ("block_shape", block_shape),
+                        ("padding", "zero")):
+        object.__setattr__(descriptor, name, value)
+    return descriptor
+
+
+def _unchecked_descriptors_work() -> bool:
+    """Whether this Triton's TensorDescriptor is the dataclass _unchecked_descriptor knows (same fields, same
+    values as its constructor gives); if not, descriptors are made the checked way."""
+    import dataclasses
+
+    try:
+        names = tuple(field.name for field in dataclasses.fields(TensorDescriptor))
+        probe = torch.zeros(4, 8)
+        made = _unchecked_descriptor(probe, [4, 8], [8, 1], [4, 8])
+        checked = TensorDescriptor(probe, [4, 8], [8, 1], [4, 8])
+    except Exception:
+        return False
+    return names == ("base", "shape", "strides", "block_shape", "padding") and all(
+        getattr(made, name) is getattr(checked, name) or getattr(made, name) == getattr(checked, name)
+        for name in names)
+
+
+UNCHECKED_DESCRIPTORS = _unchecked_descriptors_work()
+
+
 def _descriptor(t: torch.Tensor, block_shape: list) -> TensorDescriptor:
     """A host-side TMA descriptor of t, copied tile by tile in block_shape; a tile's part outside t reads as
     zeros. Strides of size-1 dims are meaningless and may be unaligned: they are replaced by aligned ones."""
@@ -953,6 +995,8 @@ def _descriptor(t: torch.Tensor, block_shape: list) -> TensorDescriptor:
     for i in range(t.dim() - 2, -1, -1):
         if t.shape[i] == 1:
             strides[i] = strides[i + 1] * t.shape[i + 1]
+    if UNCHECKED_DESCRIPTORS:
+        return _unchecked_descriptor(t, list(t.shape), strides, list(block_shape))
     return TensorDescriptor(t, list(t.shape), strides, list(block_shape))
 
 
@@ -970,7 +1014,7 @@ def forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float, q_offs
     # k' halves and v stream in by TMA: (key rows, BLOCK_D) tiles, zeros past the keys.
     kp_desc = _descriptor(k_prime.view(batch * n_kv_heads, seq_k, 2 * block_d), [1, block_n, block_d])
     v_desc = _descriptor(_tma_ready(v, block_d), [1, 1, block_n, block_d])
-    grid = (triton.cdiv(seq_q, block_m), batch * n_q_heads)
+    grid = (_cdiv(seq_q, block_m), batch * n_q_heads)
     _launch(_pope_fwd_kernel, grid, plan + ("forward",), (
         q, kp_desc, v_desc, theta, delta if delta is not None else theta, out, lse,
         *_strides(q), *_strides(out),
@@ -995,12 +1039,12 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
     dk = _empty(k.shape, device=k.device, dtype=k.dtype)
     dv = _empty(v.shape, device=v.device, dtype=v.dtype)
     # D = rowsum(dO * O) as a (B * Hq, rows) TMA source for part 2: rows padded to a multiple of 4 (16-byte stride).
-    padded_q = triton.cdiv(seq_q, 4) * 4
+    padded_q = _cdiv(seq_q, 4) * 4
     row_delta = _empty((batch * n_q_heads, padded_q), device=q.device, dtype=torch.float32)
 
     # Part 1: dq, D and the d delta partials, streaming the keys' k' (written here, freed after).
     block_m, block_n, num_warps, num_stages = _pick(BWD_DQ_CONFIGS, head_dim, dq_config, q.dtype)
-    n_m_blocks = triton.cdiv(seq_q, block_m)
+    n_m_blocks = _cdiv(seq_q, block_m)
     d_delta_partial = _empty((batch, n_q_heads, n_m_blocks, head_dim), device=q.device, dtype=torch.float32)
     k_prime = transform(k, theta, None, position_offset=0, magnitude=magnitude, site=plan + ("backward k'",))
     kp_desc = _descriptor(k_prime.view(batch * n_kv_heads, seq_k, 2 * block_d), [1, block_n, 2 * block_d])
@@ -1024,7 +1068,7 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
     descriptors = (_descriptor(q_prime.view(batch * n_q_heads, seq_q, 2 * block_d), [1, block_m, 2 * block_d]),
                    _descriptor(_tma_ready(do, block_d), [1, 1, block_m, block_d]),
                    _descriptor(lse_rows, [1, block_m]), _descriptor(row_delta, [1, block_m]))
-    _launch(_pope_bwd_dkdv_kernel, (triton.cdiv(seq_k, block_n), batch * n_kv_heads), plan + ("dk dv",), (
+    _launch(_pope_bwd_dkdv_kernel, (_cdiv(seq_k, block_n), batch * n_kv_heads), plan + ("dk dv",), (
         k, v, *descriptors, theta, dk, dv,
         *_strides(k), *_strides(v), *_strides(dk), *_strides(dv),
         n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale),
@@ -1091,7 +1135,7 @@ def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float,
         raise ValueError(f"decode method must be 'lanes' or 'tensor_cores'; got {method!r}")
     default_block_n, default_warps = decode_tile(head_dim, q.dtype, method)
     # Partial results are (splits, B*Hkv, row_stride, d): the tensor-core kernel's rows are padded to block_m.
-    block_m = max(16, triton.next_power_of_2(rows))
+    block_m = max(16, _next_power_of_2(rows))
     row_stride = rows if method == "lanes" else block_m
     programs_per_split = batch * n_kv_heads * (rows if method == "lanes" else 1)
     block_n = default_block_n if block_n is None else block_n
@@ -1101,10 +1145,10 @@ def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float,
     if num_splits is None:
         # ~16 programs per SM to hide latency, each with at least two key tiles; at most MAX_DECODE_SPLITS
         # (the combine kernel holds all of a row's splits in registers).
-        num_splits = max(1, min(triton.cdiv(seq_k, 2 * block_n), triton.cdiv(16 * _sm_count(q.device), programs_per_split),
+        num_splits = max(1, min(_cdiv(seq_k, 2 * block_n), _cdiv(16 * _sm_count(q.device), programs_per_split),
                                 MAX_DECODE_SPLITS))
-    keys_per_split = triton.cdiv(triton.cdiv(seq_k, num_splits), block_n) * block_n
-    num_splits = triton.cdiv(seq_k, keys_per_split)
+    keys_per_split = _cdiv(_cdiv(seq_k, num_splits), block_n) * block_n
+    num_splits = _cdiv(seq_k, keys_per_split)
     partial_out = _empty((num_splits, batch * n_kv_heads, row_stride, block_d), device=q.device, dtype=torch.float32)
     partial_lse = _empty((num_splits, batch * n_kv_heads, row_stride), device=q.device, dtype=torch.float32)
     args = (q, k, v, theta, delta if delta is not None else theta, partial_out, partial_lse,
@@ -1124,7 +1168,7 @@ def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float,
     lse = _empty((batch, n_q_heads, seq_q), device=q.device, dtype=torch.float32)
     _pope_decode_combine_kernel[(batch * n_kv_heads * rows,)](
         partial_out, partial_lse, out, lse, num_splits, batch * n_kv_heads, rows, row_stride,
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=max(2, _next_power_of_2(num_splits)),
         num_warps=4)
     return out, lse
 
