@@ -47,7 +47,8 @@ experiments that lost in docs/kernels.md): bf16 causal forward+backward 0.77 / 2
 (B,H,N,64) = (8,12,1K), (4,16,4K), (2,16,8K), (1,16,16K) and 5.63 ms at (4,16,4K,128): 1.66-1.80x SDPA
 without PE at N >= 4K (2.75x at d=128) and 1.08-1.42x RoPE+SDPA (both targets missed; the deterministic
 backward's 22 M.N.d units dominate), peak memory equal to SDPA's (met), 69-101x faster than pope-pytorch 0.2.1
-at N >= 4K (20x at 1K in eager mode, host-bound; in GPU time, CUDA-graph replay, 0.41 ms = 0.83x RoPE+SDPA).
+at N >= 4K (18.6-20.9x at 1K in eager mode across runs, host-bound; in GPU time, CUDA-graph replay,
+0.41 ms = 0.83x RoPE+SDPA).
 GPT-2 124M training step: 1.08x RoPE's tokens/s. Decode over a cache of magnitudes, one query row per key
 head: 0.98x the time of SDPA over a materialised 2d-channel cache at 8x16x16384x64 (met); raw-key cache at
 d=64 1.35x, GQA 1.4-2.0x (missed). A fused backward with ordered, deterministic dq accumulation (commit
