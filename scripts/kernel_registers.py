@@ -5,7 +5,8 @@ Why: every backward tile spills (255 registers), the forward at (128, 128, 8, 3)
 docs/kernels.md's register analysis was made, and how to check a kernel change before spending GPU time.
 
     PYTHONPATH=src python scripts/kernel_registers.py [--maxnreg N]
-Prints one line per (kernel, head dim, tile): shared memory bytes, wgmma instructions, ptxas's report.
+Prints one line per (kernel, head dim, tile): shared memory bytes, wgmma instructions, layout conversions in the
+TTGIR (each one a trip through shared memory), ptxas's report.
 """
 from __future__ import annotations
 
@@ -86,7 +87,8 @@ def report(kernel, constexprs: dict, num_warps: int, num_stages: int, maxnreg: i
     finally:
         os.unlink(f.name)
     info = "; ".join(line.split("info    : ")[-1] for line in run.stderr.splitlines() if "Used" in line or "spill" in line)
-    return f"shared {compiled.metadata.shared} B, wgmma {ptx.count('wgmma.mma_async')}, {info or run.stderr.strip()[:200]}"
+    return (f"shared {compiled.metadata.shared} B, wgmma {ptx.count('wgmma.mma_async')}, "
+            f"layout conversions {compiled.asm['ttgir'].count('ttg.convert_layout')}, {info or run.stderr.strip()[:200]}")
 
 
 def main(argv=None) -> int:
