@@ -25,7 +25,7 @@ from pope.kernels import pope_flash as kernels
 FLOAT32_POINTERS = {"Theta", "Delta", "LSE", "RowDelta", "DDeltaPartial", "PartialOut", "PartialLSE"}
 # (kernel, constexprs without HEAD_DIM / BLOCK_*, tiles per head dim); the lanes decode kernel has no BLOCK_M.
 KERNELS = {
-    "fwd": (kernels._pope_fwd_kernel, dict(CAUSAL=True, HAS_DELTA=True, MAGNITUDE=0, PRECISION="tf32"),
+    "fwd": (kernels._pope_fwd_kernel, dict(CAUSAL=True, PRECISION="tf32"),
             {64: [kernels.FWD_CONFIGS[64]], 128: [kernels.FWD_CONFIGS[128]]}),
     "dq": (kernels._pope_bwd_dq_kernel, dict(CAUSAL=True, HAS_DELTA=True, MAGNITUDE=0, PRECISION="tf32"),
            {64: [kernels.BWD_DQ_CONFIGS[64]], 128: [kernels.BWD_DQ_CONFIGS[128]]}),
@@ -42,11 +42,12 @@ KERNELS = {
 
 def descriptor_types(kernel, constexprs: dict) -> dict:
     """The TMA descriptor arguments' types (element type and block shape) as the launchers build them: the forward
-    reads k' by (BLOCK_N, BLOCK_D) halves, the dq kernel k' and the dk/dv kernel q' as one (rows, 2 BLOCK_D) tile."""
+    reads q' and k' by (rows, BLOCK_D) halves, the dq kernel k' and the dk/dv kernel q' as one (rows, 2 BLOCK_D) tile."""
     bm, bn, bd = constexprs.get("BLOCK_M", 16), constexprs["BLOCK_N"], constexprs["BLOCK_D"]
     key_width = 2 * bd if kernel is kernels._pope_bwd_dq_kernel else bd
+    query_width = bd if kernel is kernels._pope_fwd_kernel else 2 * bd
     return {"kp_desc": f"tensordesc<bf16[1,{bn},{key_width}]>", "v_desc": f"tensordesc<bf16[1,1,{bn},{bd}]>",
-            "qp_desc": f"tensordesc<bf16[1,{bm},{2 * bd}]>", "do_desc": f"tensordesc<bf16[1,1,{bm},{bd}]>",
+            "qp_desc": f"tensordesc<bf16[1,{bm},{query_width}]>", "do_desc": f"tensordesc<bf16[1,1,{bm},{bd}]>",
             "lse_desc": f"tensordesc<fp32[1,{bm}]>", "rowdelta_desc": f"tensordesc<fp32[1,{bm}]>"}
 
 

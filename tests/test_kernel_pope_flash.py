@@ -240,33 +240,42 @@ def test_descriptors_pass_tritons_checks(kernels, monkeypatch, head_dim, seq):
     options = dict(base=10000.0, causal=True, softmax_scale=head_dim ** -0.5, q_offset=0, magnitude="softplus",
                    rotary_dim=None)
     _run(_triton, q, k, v, delta, grad_out, torch.bfloat16, options)
-    assert len(made) == 8, f"expected 2 forward + 2 dq + 4 dk/dv descriptors, got {len(made)}"
+    assert len(made) == 9, f"expected 3 forward + 2 dq + 4 dk/dv descriptors, got {len(made)}"
     assert kernels.UNCHECKED_DESCRIPTORS, "this Triton's TensorDescriptor changed: descriptors take the slow path"
 
 
 def test_backward_frees_each_prepass_buffer_before_the_next(kernels, monkeypatch):
     """Peak memory: the backward's k' (part 1) must be gone before its q' (part 2) is written, or the backward
-    holds both, 1.33x SDPA's peak (a TMA descriptor kept k' alive once, commit c6429b1)."""
+    holds both, 1.33x SDPA's peak (a TMA descriptor kept k' alive once, commit c6429b1). The forward holds its q'
+    and k' together (below the backward's peak: it holds no gradients) and frees both before the backward."""
     if _delegated(kernels):
         return
     import weakref
 
     buffers = []
-    original = kernels.transform
+    original_transform, original_backward = kernels.transform, kernels.backward
+    in_backward = []
 
     def recording_transform(x, *args, **kwargs):
-        alive = [ref() is not None for ref in buffers]
-        assert not any(alive), f"a pre-pass buffer is still alive when the next one is made ({alive})"
-        out = original(x, *args, **kwargs)
+        if in_backward:
+            alive = [ref() is not None for ref in buffers]
+            assert not any(alive), f"a pre-pass buffer is still alive when the backward makes the next one ({alive})"
+        out = original_transform(x, *args, **kwargs)
         buffers.append(weakref.ref(out))
         return out
 
+    def recording_backward(*args, **kwargs):
+        in_backward.append(True)
+        return original_backward(*args, **kwargs)
+
     monkeypatch.setattr(kernels, "transform", recording_transform)
+    monkeypatch.setattr(kernels, "backward", recording_backward)
     generator = torch.Generator().manual_seed(3)
     q, k, v, delta, grad_out = _inputs(1, 2, 2, 40, 40, 32, torch.bfloat16, True, generator)
     options = dict(base=10000.0, causal=True, softmax_scale=32 ** -0.5, q_offset=0, magnitude="softplus", rotary_dim=None)
     _run(_triton, q, k, v, delta, grad_out, torch.bfloat16, options)
-    assert len(buffers) == 3, "expected the forward's k', then the backward's k' and q'"
+    assert in_backward, "the backward did not go through pope_flash.backward"
+    assert len(buffers) == 4, "expected the forward's q' and k', then the backward's k' and q'"
     assert all(ref() is None for ref in buffers), "a pre-pass buffer outlived the call"
 
 

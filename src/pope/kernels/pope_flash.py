@@ -18,12 +18,17 @@ How the 2d-channel dot product is computed
     same accumulator; one dot saves that wait: backward 2-4% faster on an H200, forward 2-5% slower, so the
     forward keeps the halves; scripts/kernel_variants.py, docs/kernels.md). The transcendental work
     (softplus, cos/sin) is done ONCE per element, never per (query block, key block) pair:
-      * the side a program holds fixed (the query block in forward / dq, the key block in dk/dv, the
-        query rows in decode) is transformed in registers when the program starts;
       * the side that streams through the inner loop is read from a pre-pass buffer x' (B, H, N, 2 BLOCK_D),
         rows [cos | sin] zero-padded to the power-of-two BLOCK_D, written by `_pope_transform_kernel` (one
         memory-bound pass, freed right after the kernel that reads it: the forward saves only q, k, v, out
-        and lse for backward). The forward's k'/v tiles and the dk/dv kernel's q'/dO/lse/D tiles stream in
+        and lse for backward);
+      * the side a program holds fixed: in the forward, its query block comes from a q' pre-pass too, by TMA
+        into shared memory, where the score products read it: no transform at program start (an idle SM: one
+        program per SM) and no register copy (d=64 220 -> 188 registers, d=128 no more spills), which lets the
+        forward take (128, 64) tiles at d=64: forward -7% at 4K, -3.5% at 16K, -7% at d=128 on an H200. The
+        forward holds q' and k' together, below the backward's peak (it holds no gradients). The backward holds
+        one pre-pass buffer at a time (peak memory), so its fixed side (the query block in dq, the key block
+        in dk/dv) and the decode kernels' query rows are transformed in registers when the program starts. The forward's k'/v tiles and the dk/dv kernel's q'/dO/lse/D tiles stream in
         by TMA (host-side tensor descriptors): 10-12% off forward+backward at d = 64 on an H200, mostly from
         the dk/dv kernel, whose pointer version spilled; the dq kernel's k'/v by TMA too (2-4% off its backward);
       * the decode kernels (few queries, long cache) transform each cached key tile in registers, because
@@ -348,21 +353,20 @@ def _fwd_inner(
 
 @triton.jit
 def _pope_fwd_kernel(
-    Q, kp_desc, v_desc, Theta, Delta, Out, LSE,
-    stride_qb, stride_qh, stride_qn,
+    qp_desc, kp_desc, v_desc, Out, LSE,
     stride_ob, stride_oh, stride_on,
     n_q_heads, group_size, seq_q, seq_k, q_offset, softmax_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr, PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
 ):
     pid_m, pid_bh, b, h, kv_bh, offs_m, offs_d, mask_d, mask_rows = _query_block(n_q_heads, group_size, seq_q,
                                                                                  BLOCK_M, BLOCK_D, HEAD_DIM)
     mask_q = mask_rows[:, None] & mask_d[None, :]
 
-    # This program's query block, transformed once: q' (BLOCK_M, BLOCK_D) x 2.
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :], mask=mask_q, other=0.0)
-    q_cos, q_sin = _query_prime(q, q_offset, offs_m, Theta, Delta + h * HEAD_DIM, offs_d, mask_d, mask_q,
-                                HAS_DELTA, MAGNITUDE)
+    # This program's query block, from the q' pre-pass (rows past the queries arrive as zeros): TMA puts it in
+    # shared memory, where the score products read it (no register copy; no transform at program start).
+    q_cos = qp_desc.load([pid_bh, pid_m * BLOCK_M, 0]).reshape(BLOCK_M, BLOCK_D)
+    q_sin = qp_desc.load([pid_bh, pid_m * BLOCK_M, BLOCK_D]).reshape(BLOCK_M, BLOCK_D)
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -799,13 +803,15 @@ def _pope_decode_combine_kernel(
 # ----------------------------------------------------------------------------------------------------
 # Tile shapes per head dim (BLOCK_M, BLOCK_N, num_warps, num_stages), timed on an H200, bf16 causal, at
 # (8,12,1024,d), (4,16,4096,d) and (1,16,16384,d) (benchmarks/results/kernel_sweep*.json, kernel_variants_*.json,
-# docs/kernels.md). Forward and dq: the fastest in the sweeps (forward unchanged by TMA loads; dq at d=128
+# docs/kernels.md). Forward: (128, 64, 8, 3) since its q' block comes from the pre-pass (registers freed; 0.546 against
+# 0.589 ms for the in-register q' at (128, 128, 8, 3) at 4x16x4096x64, kernel_variants_qprime_fwd.json). dq: the
+# fastest in the sweeps (dq at d=128
 # (128, 32, 8, 3) since its k'/v came by TMA: backward 4.67 against 4.89 ms for (128, 64, 8, 2) at 4x16x4096x128,
 # kernel_variants_dqtma_d128.json). dk/dv, since its
 # q'/dO/lse/D stream by TMA: (64, 128, 8, 3) at d=64 (1.71 / 5.51 ms backward at 4K / 16K against 1.67 / 5.76 for
 # (64, 64, 4, 3); the pointer-load kernel's (128, 128, 8, 2) spills 1.1 KB under TMA and runs 2.3 ms), and
 # (64, 64, 8, 3) at d=128 (4.89 ms against 5.44 for the old (64, 128, 8, 2)).
-FWD_CONFIGS = {64: (128, 128, 8, 3), 128: (128, 64, 8, 3)}
+FWD_CONFIGS = {64: (128, 64, 8, 3), 128: (128, 64, 8, 3)}
 BWD_DQ_CONFIGS = {64: (64, 64, 4, 3), 128: (128, 32, 8, 3)}
 BWD_DKDV_CONFIGS = {64: (64, 128, 8, 3), 128: (64, 64, 8, 3)}
 TRANSFORM_ROWS = 64
@@ -1007,22 +1013,23 @@ def forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float, q_offs
     batch, n_q_heads, seq_q, head_dim = q.shape
     n_kv_heads, seq_k = k.shape[1], k.shape[2]
     plan = _plan(q, k, v, delta, theta, causal, q_offset, magnitude, config)
-    k_prime = transform(k, theta, None, position_offset=0, magnitude=magnitude, site=plan + ("forward k'",))
-    out = _empty(q.shape, device=q.device, dtype=q.dtype)  # k_prime is freed on return
-    lse = _empty((batch, n_q_heads, seq_q), device=q.device, dtype=torch.float32)
     block_m, block_n, num_warps, num_stages = _pick(FWD_CONFIGS, head_dim, config, q.dtype)
     block_d = _block_d(head_dim)
-    # k' halves and v stream in by TMA: (key rows, BLOCK_D) tiles, zeros past the keys.
+    # q' and k' from the pre-pass (freed on return): q' by (BLOCK_M, BLOCK_D) halves, k' halves and v by
+    # (BLOCK_N, BLOCK_D) tiles, all by TMA (zeros past the rows).
+    q_prime = transform(q, theta, delta, position_offset=q_offset, magnitude=magnitude, site=plan + ("forward q'",))
+    k_prime = transform(k, theta, None, position_offset=0, magnitude=magnitude, site=plan + ("forward k'",))
+    out = _empty(q.shape, device=q.device, dtype=q.dtype)
+    lse = _empty((batch, n_q_heads, seq_q), device=q.device, dtype=torch.float32)
+    qp_desc = _descriptor(q_prime.view(batch * n_q_heads, seq_q, 2 * block_d), [1, block_m, block_d])
     kp_desc = _descriptor(k_prime.view(batch * n_kv_heads, seq_k, 2 * block_d), [1, block_n, block_d])
     v_desc = _descriptor(_tma_ready(v, block_d), [1, 1, block_n, block_d])
     grid = (_cdiv(seq_q, block_m), batch * n_q_heads)
     _launch(_pope_fwd_kernel, grid, plan + ("forward",), (
-        q, kp_desc, v_desc, theta, delta if delta is not None else theta, out, lse,
-        *_strides(q), *_strides(out),
+        qp_desc, kp_desc, v_desc, out, lse, *_strides(out),
         n_q_heads, n_q_heads // n_kv_heads, seq_q, seq_k, q_offset, softmax_scale),
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        CAUSAL=causal, HAS_DELTA=delta is not None, MAGNITUDE=MAGNITUDE_CODES[magnitude],
-        PRECISION=_precision(q.dtype), num_warps=num_warps, num_stages=num_stages)
+        CAUSAL=causal, PRECISION=_precision(q.dtype), num_warps=num_warps, num_stages=num_stages)
     return out, lse
 
 
