@@ -485,13 +485,15 @@ def test_gpt_trains_and_generates_through_the_kernels(kernels, monkeypatch):
 
 
 def test_forward_kernel_compiles_for_hopper_without_spills():
-    """Compiled for sm_90a here (no GPU needed; Triton's bundled ptxas): the shipped d=64 forward tile keeps
-    everything in registers. A kernel change that makes it spill fails here before it costs GPU time."""
+    """Compiled for sm_90a here (no GPU needed; Triton's bundled ptxas): the shipped forward tiles (d=64 and,
+    since q' comes from the pre-pass into shared memory, d=128) keep everything in registers. A kernel change
+    that makes them spill fails here before it costs GPU time."""
     script = os.path.join(os.path.dirname(__file__), os.pardir, "scripts", "kernel_registers.py")
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.path.join(os.path.dirname(__file__), os.pardir, "src")
-    run = subprocess.run([sys.executable, script, "--kernels", "fwd", "--head-dims", "64"], env=env,
+    run = subprocess.run([sys.executable, script, "--kernels", "fwd", "--head-dims", "64,128"], env=env,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
-    line = next(line for line in run.stdout.splitlines() if line.startswith("fwd    d=64"))
-    assert "0 bytes spill stores" in line and "wgmma" in line, line
+    for head_dim in ("64 ", "128"):
+        line = next(line for line in run.stdout.splitlines() if line.startswith(f"fwd    d={head_dim}"))
+        assert "0 bytes spill stores" in line and "wgmma" in line, line
