@@ -21,16 +21,18 @@ How the 2d-channel dot product is computed
       * the side that streams through the inner loop is read from a pre-pass buffer x' (B, H, N, 2 BLOCK_D),
         rows [cos | sin] zero-padded to the power-of-two BLOCK_D, written by `_pope_transform_kernel` (one
         memory-bound pass, freed right after the kernel that reads it: the forward saves only q, k, v, out
-        and lse for backward);
-      * the side a program holds fixed: in the forward, its query block comes from a q' pre-pass too, by TMA
-        into shared memory, where the score products read it: no transform at program start (an idle SM: one
-        program per SM) and no register copy (d=64 220 -> 188 registers, d=128 no more spills), which lets the
-        forward take (128, 64) tiles at d=64: forward -7% at 4K, -3.5% at 16K, -7% at d=128 on an H200. The
-        forward holds q' and k' together, below the backward's peak (it holds no gradients). The backward holds
-        one pre-pass buffer at a time (peak memory), so its fixed side (the query block in dq, the key block
-        in dk/dv) and the decode kernels' query rows are transformed in registers when the program starts. The forward's k'/v tiles and the dk/dv kernel's q'/dO/lse/D tiles stream in
+        and lse for backward). The forward's k'/v tiles and the dk/dv kernel's q'/dO/lse/D tiles stream in
         by TMA (host-side tensor descriptors): 10-12% off forward+backward at d = 64 on an H200, mostly from
         the dk/dv kernel, whose pointer version spilled; the dq kernel's k'/v by TMA too (2-4% off its backward);
+      * the side a program holds fixed: in the forward, its query block comes from a q' pre-pass too, by TMA
+        into shared memory, where the score products read it: no transform at program start and no register
+        copy of q' (d=128: no more spills), so the d=64 forward fits (128, 64) tiles in 121 registers and
+        105 KB of shared memory: two programs per SM, one's start and end overlapping the other's products
+        (it was one program per SM at 220 registers, idle while transforming its queries): forward -7% at 4K,
+        -3.5% at 16K, -7% at d=128 on an H200. The forward holds q' and k' together (2|q| + 2|k| during the
+        call), below the backward's peak (it holds no gradients). The backward holds one pre-pass buffer at a
+        time (peak memory), so its fixed side (the query block in dq, the key block in dk/dv) and the decode
+        kernels' query rows are transformed in registers when the program starts;
       * the decode kernels (few queries, long cache) transform each cached key tile in registers, because
         there every key element is used by one program: the cache stays at d channels per key (RoPE's
         memory; raw keys, or the magnitudes f(k) the model caches, magnitude "identity") and no
