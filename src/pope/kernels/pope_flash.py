@@ -806,17 +806,17 @@ def _pope_decode_combine_kernel(
 # ----------------------------------------------------------------------------------------------------
 # Tile shapes per head dim (BLOCK_M, BLOCK_N, num_warps, num_stages), timed on an H200, bf16 causal, at
 # (8,12,1024,d), (4,16,4096,d) and (1,16,16384,d) (benchmarks/results/kernel_sweep*.json, kernel_variants_*.json,
-# docs/kernels.md). Forward: (128, 64, 8, 3) since its q' block comes from the pre-pass (registers freed; 0.546 against
-# 0.589 ms for the in-register q' at (128, 128, 8, 3) at 4x16x4096x64, kernel_variants_qprime_fwd.json). dq: the
-# fastest in the sweeps (dq at d=128
-# (128, 32, 8, 3) since its k'/v came by TMA: backward 4.67 against 4.89 ms for (128, 64, 8, 2) at 4x16x4096x128,
-# kernel_variants_dqtma_d128.json). dk/dv, since its
-# q'/dO/lse/D stream by TMA: (64, 128, 8, 3) at d=64 (1.71 / 5.51 ms backward at 4K / 16K against 1.67 / 5.76 for
-# (64, 64, 4, 3); the pointer-load kernel's (128, 128, 8, 2) spills 1.1 KB under TMA and runs 2.3 ms), and
-# (64, 64, 8, 3) at d=128 (4.89 ms against 5.44 for the old (64, 128, 8, 2)).
+# docs/kernels.md). Forward: (128, 64, 8, 3) since its q' block comes from the pre-pass (registers freed, two
+# programs per SM at d=64; 0.546 against 0.589 ms for the in-register q' at (128, 128, 8, 3) at 4x16x4096x64,
+# kernel_variants_qprime_fwd.json). dq: the fastest in the sweeps (at d=128 (128, 32, 8, 3) since its k'/v came by
+# TMA: backward 4.67 against 4.89 ms for (128, 64, 8, 2) at 4x16x4096x128, kernel_variants_dqtma_d128.json). dk/dv
+# at d=64: (64, 64, 4, 3), two 4-warp programs per SM (CUDA-graph backward 0.286 / 1.677 / 3.023 / 5.564 ms at
+# 1K / 4K / 8K / 16K against 0.303 / 1.715 / 3.036 / 5.590 for one 8-warp (64, 128, 8, 3) program per SM, one run
+# at 93fb998, kernel_variants_dkdv_tiles_93fb998.json; older kernels had run 16K faster at (64, 128, 8, 3)); at
+# d=128 (64, 64, 8, 3) (4.89 ms against 5.44 for the old (64, 128, 8, 2)).
 FWD_CONFIGS = {64: (128, 64, 8, 3), 128: (128, 64, 8, 3)}
 BWD_DQ_CONFIGS = {64: (64, 64, 4, 3), 128: (128, 32, 8, 3)}
-BWD_DKDV_CONFIGS = {64: (64, 128, 8, 3), 128: (64, 64, 8, 3)}
+BWD_DKDV_CONFIGS = {64: (64, 64, 4, 3), 128: (64, 64, 8, 3)}
 TRANSFORM_ROWS = 64
 KERNEL_CONFIGS = {"fwd": FWD_CONFIGS, "dq": BWD_DQ_CONFIGS, "dkdv": BWD_DKDV_CONFIGS}
 
