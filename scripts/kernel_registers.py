@@ -6,12 +6,14 @@ docs/kernels.md's register analysis was made, and how to check a kernel change b
 
     PYTHONPATH=src python scripts/kernel_registers.py [--maxnreg N]
 Prints one line per (kernel, head dim, tile): shared memory bytes, wgmma instructions, layout conversions in the
-TTGIR (each one a trip through shared memory), ptxas's report.
+TTGIR (each one a trip through shared memory), how many programs an SM holds at once (registers and shared
+memory), ptxas's report.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -88,8 +90,20 @@ def report(kernel, constexprs: dict, num_warps: int, num_stages: int, maxnreg: i
     finally:
         os.unlink(f.name)
     info = "; ".join(line.split("info    : ")[-1] for line in run.stderr.splitlines() if "Used" in line or "spill" in line)
+    used = re.search(r"Used (\d+) registers", info)
+    resident = programs_per_sm(int(used.group(1)), num_warps, compiled.metadata.shared) if used else "?"
     return (f"shared {compiled.metadata.shared} B, wgmma {ptx.count('wgmma.mma_async')}, "
-            f"layout conversions {compiled.asm['ttgir'].count('ttg.convert_layout')}, {info or run.stderr.strip()[:200]}")
+            f"layout conversions {compiled.asm['ttgir'].count('ttg.convert_layout')}, programs per SM {resident}, "
+            f"{info or run.stderr.strip()[:200]}")
+
+
+def programs_per_sm(registers: int, num_warps: int, shared_bytes: int) -> int:
+    """Programs of this kernel an H100/H200 SM holds at once: 64K registers (allocated per thread in steps of 8),
+    228 KB of shared memory (1 KB of it reserved per program), 64 warps. One program per SM leaves the SM idle
+    while a program starts and ends; two overlap one's start and end with the other's products."""
+    by_registers = 65536 // (-(-registers // 8) * 8 * 32 * num_warps)
+    by_shared = 233472 // (shared_bytes + 1024)
+    return min(by_registers, by_shared, 64 // num_warps)
 
 
 def main(argv=None) -> int:

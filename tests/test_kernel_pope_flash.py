@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -486,8 +487,8 @@ def test_gpt_trains_and_generates_through_the_kernels(kernels, monkeypatch):
 
 def test_forward_kernel_compiles_for_hopper_without_spills():
     """Compiled for sm_90a here (no GPU needed; Triton's bundled ptxas): the shipped forward tiles (d=64 and,
-    since q' comes from the pre-pass into shared memory, d=128) keep everything in registers. A kernel change
-    that makes them spill fails here before it costs GPU time."""
+    since q' comes from the pre-pass into shared memory, d=128) keep everything in registers, and the d=64 one
+    leaves room for two programs per SM. A kernel change that breaks either fails here before it costs GPU time."""
     script = os.path.join(os.path.dirname(__file__), os.pardir, "scripts", "kernel_registers.py")
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.path.join(os.path.dirname(__file__), os.pardir, "src")
@@ -497,3 +498,7 @@ def test_forward_kernel_compiles_for_hopper_without_spills():
     for head_dim in ("64 ", "128"):
         line = next(line for line in run.stdout.splitlines() if line.startswith(f"fwd    d={head_dim}"))
         assert "0 bytes spill stores" in line and "wgmma" in line, line
+        if head_dim == "64 ":
+            # Two programs per SM (121 registers, 105 KB shared at (128, 64, 8, 3)) is what made the q' pre-pass pay.
+            resident = int(re.search(r"programs per SM (\d+)", line).group(1))
+            assert resident >= 2, f"the d=64 forward no longer fits two programs per SM: {line}"
