@@ -75,9 +75,9 @@ def main(argv=None):
         "pope_flash.backward": lambda: pope_flash.backward(grad, q.detach(), k.detach(), v.detach(), delta.detach(),
                                                            out, lse, theta, **opts),
         "custom op forward": lambda: ops.flash_attention_forward(q.detach(), k.detach(), v.detach(), delta.detach(),
-                                                                 10000.0, True, head_dim ** -0.5, 0, "softplus"),
+                                                                 theta, True, head_dim ** -0.5, 0, "softplus"),
         "custom op backward": lambda: ops.flash_attention_backward(grad, q.detach(), k.detach(), v.detach(),
-                                                                   delta.detach(), out, lse, 10000.0, True,
+                                                                   delta.detach(), out, lse, theta, True,
                                                                    head_dim ** -0.5, 0, "softplus"),
     }
     for name, fn in layers.items():

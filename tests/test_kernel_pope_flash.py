@@ -361,7 +361,7 @@ def test_custom_ops_pass_opcheck(kernels):
     generator = torch.Generator().manual_seed(4)
     q, k, v, delta, _ = _inputs(1, 2, 1, 17, 17, 16, torch.float32, True, generator)
     args = (q.float().requires_grad_(), k.float().requires_grad_(), v.float().requires_grad_(),
-            delta.float().requires_grad_(), 10000.0, True, 0.25, 0, "softplus")
+            delta.float().requires_grad_(), kernels.frequencies(16, 10000.0, q.device), True, 0.25, 0, "softplus")
     torch.library.opcheck(flash_attention_forward, args,
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
 
@@ -397,9 +397,16 @@ def test_torch_compile_traces_without_graph_break(kernels):
         return triton_pope_attention(q * 1.0, k, v, delta, **options).square().sum()
 
     compiled = torch.compile(loss_fn, backend="aot_eager", fullgraph=True)  # fullgraph: a break would raise
+    from pope import ops
+
+    ops._frequency_cache.clear()
     loss = compiled(q, k, v, delta)
     loss.backward()
+    # Compiled code computes the frequencies in its graph and never fills the eager cache: a cached tensor made
+    # inside a CUDA-graph tree's warm-up call would stay live in the graph's private pool (pope.ops docstring).
+    assert not ops._frequency_cache, "a compiled call cached the frequencies"
     expected = loss_fn(q.detach(), k.detach(), v.detach(), delta.detach())
+    assert ops._frequency_cache, "an eager call should cache the frequencies"
     assert torch.allclose(loss.detach(), expected) and torch.isfinite(delta.grad).all()
 
 

@@ -3,9 +3,16 @@
 Two operators, each with a fake (meta) implementation so that `torch.compile` traces through them with
 no graph break (eager calls take an equivalent autograd.Function over the same launchers, which costs
 less host time per call):
-    pope::flash_attention_forward(q, k, v, delta, ...) -> (out, lse)
-    pope::flash_attention_backward(do, q, k, v, delta, out, lse, ...) -> (dq, dk, dv, d_delta)
-wired together with `torch.library.register_autograd` (the forward saves q, k, v, delta, out, lse only).
+    pope::flash_attention_forward(q, k, v, delta, theta, ...) -> (out, lse)
+    pope::flash_attention_backward(do, q, k, v, delta, out, lse, theta, ...) -> (dq, dk, dv, d_delta)
+wired together with `torch.library.register_autograd` (the forward saves q, k, v, delta, out, lse and the
+(d,) frequencies theta only).
+
+theta is an input, not something the operators look up: in a compiled graph the frequencies are computed by the
+graph itself, so no operator call made by compiled code ever creates a tensor that outlives it (CUDA-graph
+trees run a compiled function's first call with every allocation routed into the graph's private memory pool,
+and a frequencies tensor cached from inside such a call would stay live in that pool). Eager calls take the
+frequencies from a per-(head dim, base, device) cache.
 
 `triton_pope_attention` is what pope.attention dispatches backend="triton" to; input validation
 (shapes, dtypes, devices) is done there. `triton_unsupported_reason` says why a call cannot run on the
@@ -68,37 +75,35 @@ def _use_decode_kernel(q: torch.Tensor, k: torch.Tensor) -> bool:
     return seq_q <= DECODE_MAX_QUERIES and rows <= DECODE_MAX_ROWS and seq_k > seq_q
 
 
-def _forward(q, k, v, delta, base, causal, softmax_scale, q_offset, magnitude):
+def _forward(q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude):
     """(out, lse) from the kernels; the body of both the custom operator and the eager autograd Function."""
     kernels = _kernels()
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     delta = delta.contiguous() if delta is not None else None
-    theta = _theta(q.shape[-1], base, q.device)
     options = dict(causal=causal, softmax_scale=softmax_scale, q_offset=q_offset, magnitude=magnitude)
     if _use_decode_kernel(q, k):
         return kernels.decode_forward(q, k, v, delta, theta, **options)
     return kernels.forward(q, k, v, delta, theta, **options)
 
 
-def _backward_kernels(do, q, k, v, delta, out, lse, base, causal, softmax_scale, q_offset, magnitude):
+def _backward_kernels(do, q, k, v, delta, out, lse, theta, causal, softmax_scale, q_offset, magnitude):
     """(dq, dk, dv, d_delta or None) from the kernels."""
     q, k, v, out, do = (_last_dim_contiguous(t) for t in (q, k, v, out, do))
     delta = delta.contiguous() if delta is not None else None
-    theta = _theta(q.shape[-1], base, q.device)
     return _kernels().backward(do, q, k, v, delta, out, lse.contiguous(), theta, causal=causal,
                                softmax_scale=softmax_scale, q_offset=q_offset, magnitude=magnitude)
 
 
 @torch.library.custom_op("pope::flash_attention_forward", mutates_args=())
 def flash_attention_forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: Optional[torch.Tensor],
-    base: float, causal: bool, softmax_scale: float, q_offset: int, magnitude: str,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: Optional[torch.Tensor], theta: torch.Tensor,
+    causal: bool, softmax_scale: float, q_offset: int, magnitude: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _forward(q, k, v, delta, base, causal, softmax_scale, q_offset, magnitude)
+    return _forward(q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude)
 
 
 @flash_attention_forward.register_fake
-def _(q, k, v, delta, base, causal, softmax_scale, q_offset, magnitude):
+def _(q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude):
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     return out, lse
@@ -107,11 +112,11 @@ def _(q, k, v, delta, base, causal, softmax_scale, q_offset, magnitude):
 @torch.library.custom_op("pope::flash_attention_backward", mutates_args=())
 def flash_attention_backward(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: Optional[torch.Tensor],
-    out: torch.Tensor, lse: torch.Tensor,
-    base: float, causal: bool, softmax_scale: float, q_offset: int, magnitude: str,
+    out: torch.Tensor, lse: torch.Tensor, theta: torch.Tensor,
+    causal: bool, softmax_scale: float, q_offset: int, magnitude: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (dq, dk, dv, d_delta); d_delta is an empty (0,) tensor when delta is None."""
-    dq, dk, dv, d_delta = _backward_kernels(do, q, k, v, delta, out, lse, base, causal, softmax_scale, q_offset,
+    dq, dk, dv, d_delta = _backward_kernels(do, q, k, v, delta, out, lse, theta, causal, softmax_scale, q_offset,
                                             magnitude)
     if d_delta is None:
         d_delta = torch.empty((0,), dtype=q.dtype, device=q.device)
@@ -119,7 +124,7 @@ def flash_attention_backward(
 
 
 @flash_attention_backward.register_fake
-def _(do, q, k, v, delta, out, lse, base, causal, softmax_scale, q_offset, magnitude):
+def _(do, q, k, v, delta, out, lse, theta, causal, softmax_scale, q_offset, magnitude):
     d_delta = (torch.empty(delta.shape, dtype=delta.dtype, device=delta.device) if delta is not None
                else torch.empty((0,), dtype=q.dtype, device=q.device))
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device),
@@ -127,17 +132,17 @@ def _(do, q, k, v, delta, out, lse, base, causal, softmax_scale, q_offset, magni
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, delta, base, causal, softmax_scale, q_offset, magnitude = inputs
+    q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, delta, out, lse)
-    ctx.options = (base, causal, softmax_scale, q_offset, magnitude)
+    ctx.save_for_backward(q, k, v, delta, out, lse, theta)
+    ctx.options = (causal, softmax_scale, q_offset, magnitude)
     ctx.has_delta = delta is not None
 
 
 def _backward(ctx, grad_out, grad_lse):
     # lse is an internal output: nothing downstream differentiates it (pope attention returns `out` only).
-    q, k, v, delta, out, lse = ctx.saved_tensors
-    dq, dk, dv, d_delta = flash_attention_backward(grad_out, q, k, v, delta, out, lse, *ctx.options)
+    q, k, v, delta, out, lse, theta = ctx.saved_tensors
+    dq, dk, dv, d_delta = flash_attention_backward(grad_out, q, k, v, delta, out, lse, theta, *ctx.options)
     return dq, dk, dv, (d_delta if ctx.has_delta else None), None, None, None, None, None
 
 
@@ -150,16 +155,16 @@ class _EagerFlashAttention(torch.autograd.Function):
     the operators instead."""
 
     @staticmethod
-    def forward(ctx, q, k, v, delta, base, causal, softmax_scale, q_offset, magnitude):
-        out, lse = _forward(q, k, v, delta, base, causal, softmax_scale, q_offset, magnitude)
-        ctx.save_for_backward(q, k, v, delta, out, lse)
-        ctx.options = (base, causal, softmax_scale, q_offset, magnitude)
+    def forward(ctx, q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude):
+        out, lse = _forward(q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude)
+        ctx.save_for_backward(q, k, v, delta, out, lse, theta)
+        ctx.options = (causal, softmax_scale, q_offset, magnitude)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, delta, out, lse = ctx.saved_tensors
-        dq, dk, dv, d_delta = _backward_kernels(grad_out, q, k, v, delta, out, lse, *ctx.options)
+        q, k, v, delta, out, lse, theta = ctx.saved_tensors
+        dq, dk, dv, d_delta = _backward_kernels(grad_out, q, k, v, delta, out, lse, theta, *ctx.options)
         return dq, dk, dv, d_delta, None, None, None, None, None
 
 
@@ -179,7 +184,14 @@ def triton_pope_attention(q, k, v, delta, *, base, causal, softmax_scale, q_offs
     seq_q, seq_k = q.shape[2], k.shape[2]
     q_offset = seq_k - seq_q if q_offset is None else int(q_offset)
     softmax_scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
-    args = (q, k, v, delta, float(base), bool(causal), softmax_scale, q_offset, magnitude)
+    if torch.compiler.is_compiling():
+        # Traced into the graph (see the module docstring): no cached tensor is touched by compiled code.
+        from pope.frequencies import pope_frequencies
+
+        theta = pope_frequencies(q.shape[-1], float(base), device=q.device)
+    else:
+        theta = _theta(q.shape[-1], base, q.device)
+    args = (q, k, v, delta, theta, bool(causal), softmax_scale, q_offset, magnitude)
     if torch.compiler.is_compiling() or not EAGER_AUTOGRAD_FUNCTION:
         return flash_attention_forward(*args)[0]
     return _EagerFlashAttention.apply(*args)
