@@ -25,6 +25,8 @@ from typing import Optional
 
 import torch
 
+from pope.frequencies import pope_frequencies
+
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 SUPPORTED_MAGNITUDES = ("softplus", "relu", "identity")
 MAX_HEAD_DIM = 128
@@ -47,7 +49,7 @@ def _theta(head_dim: int, base: float, device: torch.device) -> torch.Tensor:
     key = (head_dim, float(base), str(device))
     if key in _frequency_cache:
         return _frequency_cache[key]
-    theta = _kernels().frequencies(head_dim, base, device)
+    theta = pope_frequencies(head_dim, base, device=device)  # what compiled graphs compute (triton_pope_attention)
     # A tensor made during CUDA-graph capture lives in the graph's private pool: never cache that one.
     if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
         _frequency_cache[key] = theta
@@ -184,15 +186,13 @@ def triton_pope_attention(q, k, v, delta, *, base, causal, softmax_scale, q_offs
     seq_q, seq_k = q.shape[2], k.shape[2]
     q_offset = seq_k - seq_q if q_offset is None else int(q_offset)
     softmax_scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
-    if torch.compiler.is_compiling():
-        # Traced into the graph (see the module docstring): no cached tensor is touched by compiled code.
-        from pope.frequencies import pope_frequencies
-
+    compiling = torch.compiler.is_compiling()
+    if compiling:  # the frequencies are computed in the compiled graph itself (module docstring)
         theta = pope_frequencies(q.shape[-1], float(base), device=q.device)
     else:
         theta = _theta(q.shape[-1], base, q.device)
     args = (q, k, v, delta, theta, bool(causal), softmax_scale, q_offset, magnitude)
-    if torch.compiler.is_compiling() or not EAGER_AUTOGRAD_FUNCTION:
+    if compiling or not EAGER_AUTOGRAD_FUNCTION:
         return flash_attention_forward(*args)[0]
     return _EagerFlashAttention.apply(*args)
 
