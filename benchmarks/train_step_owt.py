@@ -5,8 +5,8 @@ Issue-5 target: PoPE tokens/s >= 0.9 x RoPE tokens/s. Each model is compiled fir
 not timed); the timed steps run back to back, timed with CUDA events; graph breaks counted by dynamo.
 At this size PoPE's step is host-bound on the H200 machine (its kernels' GPU time is below RoPE's step; its
 autograd backward is Python), so the default mode's ratio moves with that host (train_step_owt_513a207.log).
---compile-mode reduce-overhead replays CUDA graphs instead (it failed once on the cached frequencies tensor,
-fixed in eb9754f; not yet re-run on a GPU: docs/kernels.md, "Known issue").
+--compile-mode reduce-overhead replays CUDA graphs instead, taking the host out: PoPE 1.25x RoPE's tokens/s on
+the H200 (train_step_owt_reduce_overhead.log; it once failed on a cached frequencies tensor, fixed in eb9754f).
 
     PYTHONPATH=src python benchmarks/train_step_owt.py [--steps 20] [--out benchmarks/results]
 Appends to OUT/train_step_owt.csv with GPU, versions, commit and date.

@@ -241,43 +241,51 @@ def test_descriptors_pass_tritons_checks(kernels, monkeypatch, head_dim, seq):
     options = dict(base=10000.0, causal=True, softmax_scale=head_dim ** -0.5, q_offset=0, magnitude="softplus",
                    rotary_dim=None)
     _run(_triton, q, k, v, delta, grad_out, torch.bfloat16, options)
-    assert len(made) == 9, f"expected 3 forward + 2 dq + 4 dk/dv descriptors, got {len(made)}"
+    assert len(made) == 10, f"expected 3 forward + 3 dq + 4 dk/dv descriptors, got {len(made)}"
     assert kernels.UNCHECKED_DESCRIPTORS, "this Triton's TensorDescriptor changed: descriptors take the slow path"
 
 
-def test_backward_frees_each_prepass_buffer_before_the_next(kernels, monkeypatch):
-    """Peak memory: the backward's k' (part 1) must be gone before its q' (part 2) is written, or the backward
-    holds both, 1.33x SDPA's peak (a TMA descriptor kept k' alive once, commit c6429b1). The forward holds its q'
-    and k' together (below the backward's peak: it holds no gradients) and frees both before the backward."""
+def test_backward_buffers_stay_within_sdpas_peak(kernels, monkeypatch):
+    """Peak memory: the gradients and q'/k' pre-pass buffers that the backward allocates never hold
+    more than 5 |q| at once (MHA, |q| = |k|): dq + q' + k' while dq runs, dq + dk + dv + q' while dk/dv run, as
+    SDPA's dq, dk, dv and fp32 dq accumulator. A buffer kept alive too long (a TMA descriptor kept k' alive once,
+    commit c6429b1) or made too early (dk, dv before part 1) makes it 7 |q|. The forward's q' and k' and the
+    backward's buffers all die with the call."""
     if _delegated(kernels):
         return
     import weakref
 
-    buffers = []
-    original_transform, original_backward = kernels.transform, kernels.backward
-    in_backward = []
+    made = []  # (phase, weakref, bytes) of every buffer the launchers allocate
+    peak = {"forward": 0, "backward": 0}
+    phase = ["forward"]
+    original_empty, original_backward = kernels._empty, kernels.backward
+    unit = [0]  # |q| in bytes, in bf16 (the dtype the kernels run in; the test's inputs are fp64 masters)
 
-    def recording_transform(x, *args, **kwargs):
-        if in_backward:
-            alive = [ref() is not None for ref in buffers]
-            assert not any(alive), f"a pre-pass buffer is still alive when the backward makes the next one ({alive})"
-        out = original_transform(x, *args, **kwargs)
-        buffers.append(weakref.ref(out))
+    def recording_empty(shape, *, device, dtype):
+        out = original_empty(shape, device=device, dtype=dtype)
+        made.append((phase[0], weakref.ref(out), out.numel() * out.element_size()))
+        # Buffers of at least |q| made in this phase (gradients, q', k', out); the row statistics are left out.
+        live = sum(size for when, ref, size in made if when == phase[0] and ref() is not None and size >= unit[0])
+        peak[phase[0]] = max(peak[phase[0]], live)
         return out
 
     def recording_backward(*args, **kwargs):
-        in_backward.append(True)
+        phase[0] = "backward"
         return original_backward(*args, **kwargs)
 
-    monkeypatch.setattr(kernels, "transform", recording_transform)
+    monkeypatch.setattr(kernels, "_empty", recording_empty)
     monkeypatch.setattr(kernels, "backward", recording_backward)
     generator = torch.Generator().manual_seed(3)
     q, k, v, delta, grad_out = _inputs(1, 2, 2, 40, 40, 32, torch.bfloat16, True, generator)
+    q_bytes = unit[0] = q.numel() * 2
     options = dict(base=10000.0, causal=True, softmax_scale=32 ** -0.5, q_offset=0, magnitude="softplus", rotary_dim=None)
     _run(_triton, q, k, v, delta, grad_out, torch.bfloat16, options)
-    assert in_backward, "the backward did not go through pope_flash.backward"
-    assert len(buffers) == 4, "expected the forward's q' and k', then the backward's k' and q'"
-    assert all(ref() is None for ref in buffers), "a pre-pass buffer outlived the call"
+    assert phase[0] == "backward", "the backward did not go through pope_flash.backward"
+    assert peak["backward"] <= 5 * q_bytes, f"backward held {peak['backward'] / q_bytes:.2f} |q| at once"
+    assert peak["forward"] <= 5 * q_bytes, f"forward held {peak['forward'] / q_bytes:.2f} |q| at once"
+    prepass = [ref for _, ref, size in made if size >= 2 * q_bytes]
+    assert len(prepass) == 4, "expected the forward's q' and k', then the backward's q' and k'"
+    assert all(ref() is None for ref in prepass), "a pre-pass buffer outlived the call"
 
 
 @pytest.mark.parametrize("method,n_q_heads,seq_q", [("tensor_cores", 4, 2), ("lanes", 2, 1), ("lanes", 4, 2)])

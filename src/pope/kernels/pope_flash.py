@@ -30,9 +30,11 @@ How the 2d-channel dot product is computed
         105 KB of shared memory: two programs per SM, one's start and end overlapping the other's products
         (it was one program per SM at 220 registers, idle while transforming its queries): forward -7% at 4K,
         -3.5% at 16K, -7% at d=128 on an H200. The forward holds q' and k' together (2|q| + 2|k| during the
-        call), below the backward's peak (it holds no gradients). The backward holds one pre-pass buffer at a
-        time (peak memory), so its fixed side (the query block in dq, the key block in dk/dv) and the decode
-        kernels' query rows are transformed in registers when the program starts;
+        call), below the backward's peak (it holds no gradients). The backward builds q' once and k' for the dq
+        kernel, which reads its query block from q' the same way (backward -2.4 to -4.9% on an H200); k' dies
+        before dk and dv are allocated, so its peak (dq + q' + k', then dq + dk + dv + q') is SDPA's. The dk/dv
+        kernel's key block would need k' alive beside dk and dv (1.33x SDPA's peak), so it is transformed in
+        registers when the program starts, as are the decode kernels' query rows;
       * the decode kernels (few queries, long cache) transform each cached key tile in registers, because
         there every key element is used by one program: the cache stays at d channels per key (RoPE's
         memory; raw keys, or the magnitudes f(k) the model caches, magnitude "identity") and no
@@ -227,16 +229,6 @@ def _polar_to_cartesian(x, phase, valid, MAGNITUDE: tl.constexpr):
 
 
 @triton.jit
-def _query_prime(q, q_offset, offs_m, Theta, delta_row_ptr, offs_d, mask_d, mask_q,
-                 HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr):
-    """A program's query block q (BLOCK_M, BLOCK_D) -> (q'cos, q'sin) in q's dtype: unscaled, rounded once
-    as the reference rounds it (the softmax scale is applied to the fp32 scores)."""
-    phase = _phase(q_offset + offs_m, Theta, delta_row_ptr, offs_d, mask_d, HAS_DELTA)
-    q_cos, q_sin = _polar_to_cartesian(q, phase, mask_q, MAGNITUDE)
-    return q_cos.to(q.dtype), q_sin.to(q.dtype)
-
-
-@triton.jit
 def _join_halves(x_cos, x_sin):
     """Two (rows, BLOCK_D) halves -> one wide (rows, 2 * BLOCK_D) tile [x_cos | x_sin].
 
@@ -422,7 +414,7 @@ def _bwd_dq_inner(
 
 @triton.jit
 def _pope_bwd_dq_kernel(
-    Q, kp_desc, v_desc, Out, DO, LSE, Theta, Delta, DQ, RowDelta, DDeltaPartial,
+    Q, qp_desc, kp_desc, v_desc, Out, DO, LSE, Theta, Delta, DQ, RowDelta, DDeltaPartial,
     stride_qb, stride_qh, stride_qn,
     stride_ob, stride_oh, stride_on,
     stride_dob, stride_doh, stride_don,
@@ -435,10 +427,9 @@ def _pope_bwd_dq_kernel(
                                                                                  BLOCK_M, BLOCK_D, HEAD_DIM)
     mask_q = mask_rows[:, None] & mask_d[None, :]
 
-    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=mask_q, other=0.0)
-    q_wide = _join_halves(*_query_prime(q, q_offset, offs_m, Theta, Delta + h * HEAD_DIM, offs_d, mask_d, mask_q,
-                                        HAS_DELTA, MAGNITUDE))
+    # This program's query block, from the q' pre-pass by TMA into shared memory (as in the forward): no
+    # transform at program start and no register copy of q' (rows past the queries arrive as zeros).
+    q_wide = qp_desc.load([pid_bh, pid_m * BLOCK_M, 0]).reshape(BLOCK_M, 2 * BLOCK_D)
 
     do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :], mask=mask_q, other=0.0)
     out = tl.load(Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :], mask=mask_q, other=0.0)
@@ -459,7 +450,8 @@ def _pope_bwd_dq_kernel(
 
     # Chain rule through q' = f(q) [cos(phase), sin(phase)], phase = t theta - delta; dq' = scale * dS k'.
     # The fp32 phase and magnitude are recomputed here rather than kept live through the loop (registers).
-    q32 = tl.load(q_ptrs, mask=mask_q, other=0.0).to(tl.float32)
+    q32 = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :], mask=mask_q,
+                  other=0.0).to(tl.float32)
     phase = _phase(q_offset + offs_m, Theta, Delta + h * HEAD_DIM, offs_d, mask_d, HAS_DELTA)
     sin_q, cos_q = _sincos(phase)
     dq_cos, dq_sin = _split_halves(dq_wide * softmax_scale)
@@ -1046,31 +1038,36 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
     code = MAGNITUDE_CODES[magnitude]
     precision = _precision(q.dtype)
     plan = _plan(do, q, k, v, delta, out, lse, theta, causal, q_offset, magnitude, dq_config, dkdv_config)
+    # Pre-pass buffers and gradients are made as late and freed as early as they can be: the backward's
+    # peak is then out + dq + q' + k' (part 1) or out + dq + dk + dv + q' (part 2), 6 |q| at MHA, as
+    # SDPA's (out + dq, dk, dv + its fp32 dq accumulator).
     dq = _empty(q.shape, device=q.device, dtype=q.dtype)
-    dk = _empty(k.shape, device=k.device, dtype=k.dtype)
-    dv = _empty(v.shape, device=v.device, dtype=v.dtype)
     # D = rowsum(dO * O) as a (B * Hq, rows) TMA source for part 2: rows padded to a multiple of 4 (16-byte stride).
     padded_q = _cdiv(seq_q, 4) * 4
     row_delta = _empty((batch * n_q_heads, padded_q), device=q.device, dtype=torch.float32)
+    # q' serves both parts: part 1's query blocks and part 2's streamed queries.
+    q_prime = transform(q, theta, delta, position_offset=q_offset, magnitude=magnitude, site=plan + ("backward q'",))
 
     # Part 1: dq, D and the d delta partials, streaming the keys' k' (written here, freed after).
     block_m, block_n, num_warps, num_stages = _pick(BWD_DQ_CONFIGS, head_dim, dq_config, q.dtype)
     n_m_blocks = _cdiv(seq_q, block_m)
     d_delta_partial = _empty((batch, n_q_heads, n_m_blocks, head_dim), device=q.device, dtype=torch.float32)
     k_prime = transform(k, theta, None, position_offset=0, magnitude=magnitude, site=plan + ("backward k'",))
+    qp_desc = _descriptor(q_prime.view(batch * n_q_heads, seq_q, 2 * block_d), [1, block_m, 2 * block_d])
     kp_desc = _descriptor(k_prime.view(batch * n_kv_heads, seq_k, 2 * block_d), [1, block_n, 2 * block_d])
     v_desc = _descriptor(_tma_ready(v, block_d), [1, 1, block_n, block_d])
     _launch(_pope_bwd_dq_kernel, (n_m_blocks, batch * n_q_heads), plan + ("dq",), (
-        q, kp_desc, v_desc, out, do, lse, theta, delta if delta is not None else theta, dq, row_delta, d_delta_partial,
-        *_strides(q), *_strides(out), *_strides(do), *_strides(dq),
+        q, qp_desc, kp_desc, v_desc, out, do, lse, theta, delta if delta is not None else theta, dq, row_delta,
+        d_delta_partial, *_strides(q), *_strides(out), *_strides(do), *_strides(dq),
         n_q_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, padded_q),
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         CAUSAL=causal, HAS_DELTA=delta is not None, MAGNITUDE=code, PRECISION=precision,
         num_warps=num_warps, num_stages=num_stages)
     del k_prime, kp_desc  # a descriptor holds its tensor: k' would otherwise live on through part 2 (peak memory)
 
-    # Part 2: dk, dv, streaming the queries' q' (written here, freed after).
-    q_prime = transform(q, theta, delta, position_offset=q_offset, magnitude=magnitude, site=plan + ("backward q'",))
+    # Part 2: dk, dv, streaming the queries' q' (freed after).
+    dk = _empty(k.shape, device=k.device, dtype=k.dtype)
+    dv = _empty(v.shape, device=v.device, dtype=v.dtype)
     block_m, block_n, num_warps, num_stages = _pick(BWD_DKDV_CONFIGS, head_dim, dkdv_config, q.dtype)
     # q', dO, lse and D stream in by TMA; lse's rows padded like D's.
     lse_rows = lse.reshape(batch * n_q_heads, seq_q)
@@ -1085,7 +1082,7 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
         n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale),
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         CAUSAL=causal, MAGNITUDE=code, PRECISION=precision, num_warps=num_warps, num_stages=num_stages)
-    del q_prime, descriptors
+    del q_prime, qp_desc, descriptors
 
     d_delta = None
     if delta is not None:
