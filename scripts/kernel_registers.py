@@ -44,9 +44,9 @@ KERNELS = {
 
 def descriptor_types(kernel, constexprs: dict) -> dict:
     """The TMA descriptor arguments' types (element type and block shape) as the launchers build them: the forward
-    reads q' and k' by (rows, BLOCK_D) halves, the dq kernel k' and the dk/dv kernel q' as one (rows, 2 BLOCK_D) tile."""
+    reads q' and k' by (rows, BLOCK_D) halves, the backward kernels q' and k' as one (rows, 2 BLOCK_D) tile."""
     bm, bn, bd = constexprs.get("BLOCK_M", 16), constexprs["BLOCK_N"], constexprs["BLOCK_D"]
-    key_width = 2 * bd if kernel is kernels._pope_bwd_dq_kernel else bd
+    key_width = bd if kernel is kernels._pope_fwd_kernel else 2 * bd
     query_width = bd if kernel is kernels._pope_fwd_kernel else 2 * bd
     return {"kp_desc": f"tensordesc<bf16[1,{bn},{key_width}]>", "v_desc": f"tensordesc<bf16[1,1,{bn},{bd}]>",
             "qp_desc": f"tensordesc<bf16[1,{bm},{query_width}]>", "do_desc": f"tensordesc<bf16[1,1,{bm},{bd}]>",
@@ -130,6 +130,10 @@ def main(argv=None) -> int:
                 constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=block_n, BLOCK_D=head_dim, **flags)
                 if "BLOCK_M" in kernel.arg_names:
                     constexprs["BLOCK_M"] = block_m
+                if "KEYS_FROM_PREPASS" in kernel.arg_names:  # as the launcher decides; without, k'/v come as None
+                    constexprs["KEYS_FROM_PREPASS"] = head_dim <= kernels.DKDV_KEYS_FROM_PREPASS_MAX_BLOCK_D
+                    if not constexprs["KEYS_FROM_PREPASS"]:
+                        constexprs.update(kp_desc=None, v_desc=None)
                 line = report(kernel, constexprs, num_warps, num_stages, args.maxnreg)
                 print(f"{name:6s} d={head_dim:<3d} tile {(block_m, block_n, num_warps, num_stages)}: {line}", flush=True)
     return 0

@@ -241,7 +241,8 @@ def test_descriptors_pass_tritons_checks(kernels, monkeypatch, head_dim, seq):
     options = dict(base=10000.0, causal=True, softmax_scale=head_dim ** -0.5, q_offset=0, magnitude="softplus",
                    rotary_dim=None)
     _run(_triton, q, k, v, delta, grad_out, torch.bfloat16, options)
-    assert len(made) == 10, f"expected 3 forward + 3 dq + 4 dk/dv descriptors, got {len(made)}"
+    # d <= 64: the dk/dv kernel also reads its key block (k') and v by TMA
+    assert len(made) == 12, f"expected 3 forward + 3 dq + 6 dk/dv descriptors, got {len(made)}"
     assert kernels.UNCHECKED_DESCRIPTORS, "this Triton's TensorDescriptor changed: descriptors take the slow path"
 
 
@@ -500,16 +501,21 @@ def test_gpt_trains_and_generates_through_the_kernels(kernels, monkeypatch):
     assert calls["forward"] >= 2 and calls["decode_forward"] >= 2, calls
 
 
-def test_forward_kernel_compiles_for_hopper_without_spills():
+def test_kernels_compile_for_hopper_without_spills():
     """Compiled for sm_90a here (no GPU needed; Triton's bundled ptxas): the shipped forward tiles (d=64 and,
     since q' comes from the pre-pass into shared memory, d=128) keep everything in registers, and the d=64 one
-    leaves room for two programs per SM. A kernel change that breaks either fails here before it costs GPU time."""
+    leaves room for two programs per SM; at d=64 so do the backward kernels, which read their fixed blocks from
+    the pre-passes (dq 255 -> 192 registers, dk/dv 136 B of spills -> none). A kernel change that breaks any of
+    this fails here before it costs GPU time."""
     script = os.path.join(os.path.dirname(__file__), os.pardir, "scripts", "kernel_registers.py")
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.path.join(os.path.dirname(__file__), os.pardir, "src")
-    run = subprocess.run([sys.executable, script, "--kernels", "fwd", "--head-dims", "64,128"], env=env,
+    run = subprocess.run([sys.executable, script, "--kernels", "fwd,dq,dkdv", "--head-dims", "64,128"], env=env,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
+    for kernel in ("dq    ", "dkdv  "):
+        line = next(line for line in run.stdout.splitlines() if line.startswith(f"{kernel} d=64 "))
+        assert "0 bytes spill stores" in line and "programs per SM 2" in line, line
     for head_dim in ("64 ", "128"):
         line = next(line for line in run.stdout.splitlines() if line.startswith(f"fwd    d={head_dim}"))
         assert "0 bytes spill stores" in line and "wgmma" in line, line

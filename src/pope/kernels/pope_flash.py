@@ -31,10 +31,13 @@ How the 2d-channel dot product is computed
         (it was one program per SM at 220 registers, idle while transforming its queries): forward -7% at 4K,
         -3.5% at 16K, -7% at d=128 on an H200. The forward holds q' and k' together (2|q| + 2|k| during the
         call), below the backward's peak (it holds no gradients). The backward builds q' once and k' for the dq
-        kernel, which reads its query block from q' the same way (backward -2.4 to -4.9% on an H200); k' dies
-        before dk and dv are allocated, so its peak (dq + q' + k', then dq + dk + dv + q') is SDPA's. The dk/dv
-        kernel's key block would need k' alive beside dk and dv (1.33x SDPA's peak), so it is transformed in
-        registers when the program starts, as are the decode kernels' query rows;
+        kernel, which reads its query block from q' the same way (backward -2.4 to -4.9% on an H200). At
+        d <= 64 the dk/dv kernel reads its key block from k' (and v) by TMA too, and writes its dk and dv over
+        those same k' rows ([dk | dv], its own rows only, after reading them), copied out by one split pass:
+        no memory beside k', so the backward's own buffers peak at dq + q' + k' (5 |q| at MHA, SDPA's dq, dk,
+        dv and fp32 dq accumulator); backward -1.4 to -2.7% (d=64 spills 136 B -> none). At d=128 that was
+        slower and the key block is transformed in registers (k' dies before dk and dv are allocated), as are
+        the decode kernels' query rows;
       * the decode kernels (few queries, long cache) transform each cached key tile in registers, because
         there every key element is used by one program: the cache stays at d channels per key (RoPE's
         memory; raw keys, or the magnitudes f(k) the model caches, magnitude "identity") and no
@@ -309,6 +312,22 @@ def _pope_transform_kernel(
     tl.store(out_rows + BLOCK_D, x_sin.to(Out.dtype.element_ty), mask=row_mask)
 
 
+@triton.jit
+def _split_rows_kernel(
+    X, OutA, OutB, n_rows, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+):
+    """Rows [a | b] of X (n_rows, 2 BLOCK_D), each half zero-padded to BLOCK_D -> contiguous OutA, OutB (n_rows, d):
+    the dk/dv kernel's gradients, written over k' rows, copied out in one pass (two strided torch copies cost twice
+    the time on an H200)."""
+    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_r < n_rows)[:, None] & (offs_d < HEAD_DIM)[None, :]
+    rows = X + offs_r[:, None] * (2 * BLOCK_D) + offs_d[None, :]
+    out = offs_r[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(OutA + out, tl.load(rows, mask=mask), mask=mask)
+    tl.store(OutB + out, tl.load(rows + BLOCK_D, mask=mask), mask=mask)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Forward
 # ----------------------------------------------------------------------------------------------------
@@ -499,14 +518,14 @@ def _bwd_dkdv_inner(
 
 @triton.jit
 def _pope_bwd_dkdv_kernel(
-    K, V, qp_desc, do_desc, lse_desc, rowdelta_desc, Theta, DK, DV,
+    K, V, kp_desc, v_desc, qp_desc, do_desc, lse_desc, rowdelta_desc, Theta, DK, DV,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_dkb, stride_dkh, stride_dkn,
     stride_dvb, stride_dvh, stride_dvn,
     n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    CAUSAL: tl.constexpr, MAGNITUDE: tl.constexpr, PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr, MAGNITUDE: tl.constexpr, PRECISION: tl.constexpr, KEYS_FROM_PREPASS: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -517,13 +536,21 @@ def _pope_bwd_dkdv_kernel(
     mask_d = offs_d < HEAD_DIM
     mask_k = (offs_n < seq_k)[:, None] & mask_d[None, :]
 
-    # This program's key block, transformed once.
     k_ptrs = K + b * stride_kb + hk * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :]
-    k = tl.load(k_ptrs, mask=mask_k, other=0.0)
-    v = tl.load(V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :], mask=mask_k, other=0.0)
-    phase = _phase(offs_n, Theta, Theta, offs_d, mask_d, False)
-    k_cos, k_sin = _polar_to_cartesian(k, phase, mask_k, MAGNITUDE)
-    k_wide = _join_halves(k_cos.to(k.dtype), k_sin.to(k.dtype))  # k' (BLOCK_N, 2 BLOCK_D)
+    if KEYS_FROM_PREPASS:
+        # This program's key block k' and its v, by TMA into shared memory (the products' operands there, no
+        # register copies: d=64 spills 136 B -> none). DK and DV point into the same k' rows: each program reads
+        # its own rows here and overwrites them only in its epilogue (the launcher copies dk and dv out).
+        k_wide = kp_desc.load([pid_bh, pid_n * BLOCK_N, 0]).reshape(BLOCK_N, 2 * BLOCK_D)
+        v = v_desc.load([b, hk, pid_n * BLOCK_N, 0]).reshape(BLOCK_N, BLOCK_D)
+    else:
+        # This program's key block, transformed once in registers.
+        k = tl.load(k_ptrs, mask=mask_k, other=0.0)
+        v = tl.load(V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :], mask=mask_k,
+                    other=0.0)
+        phase = _phase(offs_n, Theta, Theta, offs_d, mask_d, False)
+        k_cos, k_sin = _polar_to_cartesian(k, phase, mask_k, MAGNITUDE)
+        k_wide = _join_halves(k_cos.to(k.dtype), k_sin.to(k.dtype))  # k' (BLOCK_N, 2 BLOCK_D)
 
     dk_wide = tl.zeros([BLOCK_N, 2 * BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -811,6 +838,11 @@ BWD_DQ_CONFIGS = {64: (64, 64, 4, 3), 128: (128, 32, 8, 3)}
 BWD_DKDV_CONFIGS = {64: (64, 64, 4, 3), 128: (64, 64, 8, 3)}
 TRANSFORM_ROWS = 64
 KERNEL_CONFIGS = {"fwd": FWD_CONFIGS, "dq": BWD_DQ_CONFIGS, "dkdv": BWD_DKDV_CONFIGS}
+# Up to this BLOCK_D the dk/dv kernel reads its key block from the backward's k' (kept alive, dk and dv written
+# over it) instead of transforming it in registers: backward -4.7% at 4x16x4096x64 before the copy-out, but +4.5%
+# at d=128 (where the register path stays) on an H200 (kernel_variants_dkdv_keys_prepass.json); with the copy-out
+# (_split_rows_kernel) -1.4 to -2.7% from 1K to 16K (kernel_variants_dkdv_keys_prepass_split.json).
+DKDV_KEYS_FROM_PREPASS_MAX_BLOCK_D = 64
 
 
 def load_configs(path: str) -> None:
@@ -1038,9 +1070,8 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
     code = MAGNITUDE_CODES[magnitude]
     precision = _precision(q.dtype)
     plan = _plan(do, q, k, v, delta, out, lse, theta, causal, q_offset, magnitude, dq_config, dkdv_config)
-    # Pre-pass buffers and gradients are made as late and freed as early as they can be: the backward's
-    # peak is then out + dq + q' + k' (part 1) or out + dq + dk + dv + q' (part 2), 6 |q| at MHA, as
-    # SDPA's (out + dq, dk, dv + its fp32 dq accumulator).
+    # Pre-pass buffers and gradients are made as late and freed as early as they can be, so that what the
+    # backward allocates peaks at 5 |q| at MHA (dq + q' + k'), as SDPA's dq, dk, dv and fp32 dq accumulator.
     dq = _empty(q.shape, device=q.device, dtype=q.dtype)
     # D = rowsum(dO * O) as a (B * Hq, rows) TMA source for part 2: rows padded to a multiple of 4 (16-byte stride).
     padded_q = _cdiv(seq_q, 4) * 4
@@ -1063,12 +1094,23 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         CAUSAL=causal, HAS_DELTA=delta is not None, MAGNITUDE=code, PRECISION=precision,
         num_warps=num_warps, num_stages=num_stages)
-    del k_prime, kp_desc  # a descriptor holds its tensor: k' would otherwise live on through part 2 (peak memory)
+    del kp_desc  # a descriptor holds its tensor
 
     # Part 2: dk, dv, streaming the queries' q' (freed after).
-    dk = _empty(k.shape, device=k.device, dtype=k.dtype)
-    dv = _empty(v.shape, device=v.device, dtype=v.dtype)
     block_m, block_n, num_warps, num_stages = _pick(BWD_DKDV_CONFIGS, head_dim, dkdv_config, q.dtype)
+    keys_from_prepass = block_d <= DKDV_KEYS_FROM_PREPASS_MAX_BLOCK_D
+    if keys_from_prepass:
+        # Each program reads its key block from k' and writes its dk and dv over those same k' rows, [dk | dv]
+        # (no new memory: k' and dq + dk + dv are the same 5 |q|); dk and dv are copied out below.
+        kp_rows = k_prime.view(batch, n_kv_heads, seq_k, 2 * block_d)
+        dk_out, dv_out = kp_rows[..., :head_dim], kp_rows[..., block_d:block_d + head_dim]
+        key_descriptors = (_descriptor(k_prime.view(batch * n_kv_heads, seq_k, 2 * block_d), [1, block_n, 2 * block_d]),
+                           _descriptor(_tma_ready(v, block_d), [1, 1, block_n, block_d]))
+    else:
+        del k_prime  # k' dies before dk and dv exist (peak memory); the kernel transforms its key block itself
+        dk_out = _empty(k.shape, device=k.device, dtype=k.dtype)
+        dv_out = _empty(v.shape, device=v.device, dtype=v.dtype)
+        key_descriptors = (None, None)
     # q', dO, lse and D stream in by TMA; lse's rows padded like D's.
     lse_rows = lse.reshape(batch * n_q_heads, seq_q)
     if padded_q != seq_q:
@@ -1077,12 +1119,22 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
                    _descriptor(_tma_ready(do, block_d), [1, 1, block_m, block_d]),
                    _descriptor(lse_rows, [1, block_m]), _descriptor(row_delta, [1, block_m]))
     _launch(_pope_bwd_dkdv_kernel, (_cdiv(seq_k, block_n), batch * n_kv_heads), plan + ("dk dv",), (
-        k, v, *descriptors, theta, dk, dv,
-        *_strides(k), *_strides(v), *_strides(dk), *_strides(dv),
+        k, v, *key_descriptors, *descriptors, theta, dk_out, dv_out,
+        *_strides(k), *_strides(v), *_strides(dk_out), *_strides(dv_out),
         n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale),
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        CAUSAL=causal, MAGNITUDE=code, PRECISION=precision, num_warps=num_warps, num_stages=num_stages)
-    del q_prime, qp_desc, descriptors
+        CAUSAL=causal, MAGNITUDE=code, PRECISION=precision, KEYS_FROM_PREPASS=keys_from_prepass,
+        num_warps=num_warps, num_stages=num_stages)
+    del q_prime, qp_desc, descriptors, key_descriptors
+    if keys_from_prepass:
+        dk = _empty(k.shape, device=k.device, dtype=k.dtype)
+        dv = _empty(v.shape, device=v.device, dtype=v.dtype)
+        n_rows = batch * n_kv_heads * seq_k
+        _launch(_split_rows_kernel, (_cdiv(n_rows, TRANSFORM_ROWS),), plan + ("dk dv out",), (k_prime, dk, dv, n_rows),
+                HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_R=TRANSFORM_ROWS, num_warps=4)
+        del k_prime, kp_rows, dk_out, dv_out
+    else:
+        dk, dv = dk_out, dv_out
 
     d_delta = None
     if delta is not None:
