@@ -996,9 +996,7 @@ def _unchecked_descriptor(base, shape: list, strides: list, block_shape: list) -
     tensors that pass them (_tma_ready's layouts and their own buffers); the tests run the checks on every
     descriptor the launchers make."""
     descriptor = object.__new__(TensorDescriptor)
-    for name, value in (("base", base), ("shape", shape), ("strides", strides), ("block_shape", block_shape),
-                        ("padding", "zero")):
-        object.__setattr__(descriptor, name, value)
+    descriptor.__dict__.update(base=base, shape=shape, strides=strides, block_shape=block_shape, padding="zero")
     return descriptor
 
 
@@ -1020,6 +1018,11 @@ def _unchecked_descriptors_work() -> bool:
 
 
 UNCHECKED_DESCRIPTORS = _unchecked_descriptors_work()
+
+
+def _same_tiles(descriptor: TensorDescriptor, t: torch.Tensor, block_shape: list) -> TensorDescriptor:
+    """descriptor (made for t) when its tiles are block_shape, else a new descriptor of t in those tiles."""
+    return descriptor if descriptor.block_shape == block_shape else _descriptor(t, block_shape)
 
 
 def _descriptor(t: torch.Tensor, block_shape: list) -> TensorDescriptor:
@@ -1084,9 +1087,12 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
     n_m_blocks = _cdiv(seq_q, block_m)
     d_delta_partial = _empty((batch, n_q_heads, n_m_blocks, head_dim), device=q.device, dtype=torch.float32)
     k_prime = transform(k, theta, None, position_offset=0, magnitude=magnitude, site=plan + ("backward k'",))
-    qp_desc = _descriptor(q_prime.view(batch * n_q_heads, seq_q, 2 * block_d), [1, block_m, 2 * block_d])
-    kp_desc = _descriptor(k_prime.view(batch * n_kv_heads, seq_k, 2 * block_d), [1, block_n, 2 * block_d])
-    v_desc = _descriptor(_tma_ready(v, block_d), [1, 1, block_n, block_d])
+    q_rows = q_prime.view(batch * n_q_heads, seq_q, 2 * block_d)
+    k_rows = k_prime.view(batch * n_kv_heads, seq_k, 2 * block_d)
+    v_tma = _tma_ready(v, block_d)
+    qp_desc = _descriptor(q_rows, [1, block_m, 2 * block_d])
+    kp_desc = _descriptor(k_rows, [1, block_n, 2 * block_d])
+    v_desc = _descriptor(v_tma, [1, 1, block_n, block_d])
     _launch(_pope_bwd_dq_kernel, (n_m_blocks, batch * n_q_heads), plan + ("dq",), (
         q, qp_desc, kp_desc, v_desc, out, do, lse, theta, delta if delta is not None else theta, dq, row_delta,
         d_delta_partial, *_strides(q), *_strides(out), *_strides(do), *_strides(dq),
@@ -1094,9 +1100,8 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         CAUSAL=causal, HAS_DELTA=delta is not None, MAGNITUDE=code, PRECISION=precision,
         num_warps=num_warps, num_stages=num_stages)
-    del kp_desc  # a descriptor holds its tensor
-
-    # Part 2: dk, dv, streaming the queries' q' (freed after).
+    # Part 2: dk, dv, streaming the queries' q' (freed after). Part 1's descriptors serve again where the
+    # tiles agree (host time).
     block_m, block_n, num_warps, num_stages = _pick(BWD_DKDV_CONFIGS, head_dim, dkdv_config, q.dtype)
     keys_from_prepass = block_d <= DKDV_KEYS_FROM_PREPASS_MAX_BLOCK_D
     if keys_from_prepass:
@@ -1104,10 +1109,10 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
         # (no new memory: k' and dq + dk + dv are the same 5 |q|); dk and dv are copied out below.
         kp_rows = k_prime.view(batch, n_kv_heads, seq_k, 2 * block_d)
         dk_out, dv_out = kp_rows[..., :head_dim], kp_rows[..., block_d:block_d + head_dim]
-        key_descriptors = (_descriptor(k_prime.view(batch * n_kv_heads, seq_k, 2 * block_d), [1, block_n, 2 * block_d]),
-                           _descriptor(_tma_ready(v, block_d), [1, 1, block_n, block_d]))
+        key_descriptors = (_same_tiles(kp_desc, k_rows, [1, block_n, 2 * block_d]),
+                           _same_tiles(v_desc, v_tma, [1, 1, block_n, block_d]))
     else:
-        del k_prime  # k' dies before dk and dv exist (peak memory); the kernel transforms its key block itself
+        del k_prime, k_rows, kp_desc  # k' dies before dk and dv exist (peak memory; a descriptor holds its tensor)
         dk_out = _empty(k.shape, device=k.device, dtype=k.dtype)
         dv_out = _empty(v.shape, device=v.device, dtype=v.dtype)
         key_descriptors = (None, None)
@@ -1115,7 +1120,7 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
     lse_rows = lse.reshape(batch * n_q_heads, seq_q)
     if padded_q != seq_q:
         lse_rows = torch.nn.functional.pad(lse_rows, (0, padded_q - seq_q))
-    descriptors = (_descriptor(q_prime.view(batch * n_q_heads, seq_q, 2 * block_d), [1, block_m, 2 * block_d]),
+    descriptors = (_same_tiles(qp_desc, q_rows, [1, block_m, 2 * block_d]),
                    _descriptor(_tma_ready(do, block_d), [1, 1, block_m, block_d]),
                    _descriptor(lse_rows, [1, block_m]), _descriptor(row_delta, [1, block_m]))
     _launch(_pope_bwd_dkdv_kernel, (_cdiv(seq_k, block_n), batch * n_kv_heads), plan + ("dk dv",), (
@@ -1125,14 +1130,14 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         CAUSAL=causal, MAGNITUDE=code, PRECISION=precision, KEYS_FROM_PREPASS=keys_from_prepass,
         num_warps=num_warps, num_stages=num_stages)
-    del q_prime, qp_desc, descriptors, key_descriptors
+    del q_prime, q_rows, qp_desc, descriptors, key_descriptors
     if keys_from_prepass:
         dk = _empty(k.shape, device=k.device, dtype=k.dtype)
         dv = _empty(v.shape, device=v.device, dtype=v.dtype)
         n_rows = batch * n_kv_heads * seq_k
         _launch(_split_rows_kernel, (_cdiv(n_rows, TRANSFORM_ROWS),), plan + ("dk dv out",), (k_prime, dk, dv, n_rows),
                 HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_R=TRANSFORM_ROWS, num_warps=4)
-        del k_prime, kp_rows, dk_out, dv_out
+        del k_prime, k_rows, kp_desc, kp_rows, dk_out, dv_out
     else:
         dk, dv = dk_out, dv_out
 
