@@ -3,8 +3,8 @@ kernels vs RoPE through SDPA. Batch 8 x 1024 tokens, bf16 autocast, torch.compil
 
 Issue-5 target: PoPE tokens/s >= 0.9 x RoPE tokens/s. Each model is compiled first (warm-up steps are
 not timed); the timed steps run back to back, timed with CUDA events; graph breaks counted by dynamo.
-At this size PoPE's step is host-bound on the H200 machine (its kernels' GPU time is below RoPE's step; its
-autograd backward is Python), so the default mode's ratio moves with that host (train_step_owt_513a207.log).
+At this size PoPE's step can be host-bound on the H200 machine (its kernels' GPU time is below RoPE's step; its
+autograd backward is Python), so the default mode's ratio moves with that host (0.86-1.25x: train_step_owt_*.log).
 --compile-mode reduce-overhead replays CUDA graphs instead, taking the host out: PoPE 1.25x RoPE's tokens/s on
 the H200 (train_step_owt_reduce_overhead.log; it once failed on a cached frequencies tensor, fixed in eb9754f).
 

@@ -54,15 +54,15 @@ Angles: position (fp32) x theta (fp32) rounded once, as pope.frequencies.angles 
 FMA-only sincos (Cody-Waite reduction + minimax polynomials, ~1 ulp); softplus as max(x, 0) +
 log1p(exp(-|x|)) in fp32 (log1p by a 9-FMA polynomial, 2e-7 relative).
 
-Measured (one NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, commit 513a207; full table, targets and the
-experiments that lost in docs/kernels.md): bf16 causal forward+backward 0.93 / 2.26 / 4.02 / 7.41 ms at
-(B,H,N,64) = (8,12,1K), (4,16,4K), (2,16,8K), (1,16,16K) and 5.59 ms at (4,16,4K,128): 1.64-1.75x SDPA
-without PE at N >= 4K (2.71x at d=128) and 1.08-1.42x RoPE+SDPA (both targets missed; the deterministic
-backward's 22 M.N.d units dominate), peak memory equal to SDPA's (met), 71-101x faster than pope-pytorch 0.2.1
-at N >= 4K (16.6-20.9x at 1K in eager mode across runs, host-bound; in GPU time, CUDA-graph replay,
-0.40 ms = 0.82x RoPE+SDPA).
-GPT-2 124M training step: 0.93x RoPE's tokens/s (host-bound: 0.78-1.15x across processes; the kernels' GPU
-time is 0.78x RoPE's step). Decode over a cache of magnitudes, one query row per key
+Measured (one NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, commit 75ccece; full table, targets and the
+experiments that lost in docs/kernels.md): bf16 causal forward+backward 2.09 / 3.71 / 6.86 ms at (B,H,N,64) =
+(4,16,4K), (2,16,8K), (1,16,16K) and 5.41 ms at (4,16,4K,128): 1.56-1.65x SDPA without PE at N >= 4K (2.65x at
+d=128; target 1.5x missed, the deterministic backward's 22 M.N.d units dominate), 0.99x RoPE+SDPA at 4K and
+1.18-1.34x at 8K-16K (target 1.0x met at 4K only), peak memory equal to SDPA's (met), 80-108x faster than
+pope-pytorch 0.2.1 at N >= 4K. At (8,12,1K) the GPU time (CUDA-graph replay) is 0.37 ms = 0.74x RoPE+SDPA; an
+eager call there is host-bound (13.5-20.9x pope-pytorch across runs).
+GPT-2 124M training step under torch.compile: 1.17-1.26x RoPE's tokens/s (reduce-overhead 1.26x; the default
+mode moves with the host: 0.86x in one run). Decode over a cache of magnitudes, one query row per key
 head: 0.98x the time of SDPA over a materialised 2d-channel cache at 8x16x16384x64 (met); raw-key cache at
 d=64 1.35x, GQA 1.3-2.0x (missed). A fused backward with ordered, deterministic dq accumulation (commit
 1099773) was correct but slower at every shape and was removed. Correct within 2x the reference's error in
