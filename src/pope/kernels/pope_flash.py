@@ -866,8 +866,16 @@ if os.environ.get("POPE_KERNEL_CONFIGS"):
     load_configs(os.environ["POPE_KERNEL_CONFIGS"])
 
 
+_BLOCK_D: dict = {}
+
+
 def _block_d(head_dim: int) -> int:
-    return max(16, _next_power_of_2(head_dim))
+    """Channels of a kernel's tiles: head_dim padded to a power of two, at least 16. Looked up, not computed:
+    it is asked ~10 times per eager forward+backward (host time)."""
+    block_d = _BLOCK_D.get(head_dim)
+    if block_d is None:
+        block_d = _BLOCK_D[head_dim] = max(16, _next_power_of_2(head_dim))
+    return block_d
 
 
 # Host-side integer helpers in plain Python: Triton 3.6's triton.cdiv / triton.next_power_of_2 are constexpr
