@@ -43,13 +43,11 @@ KERNELS = {
 
 
 def descriptor_types(kernel, constexprs: dict) -> dict:
-    """The TMA descriptor arguments' types (element type and block shape) as the launchers build them: the forward
-    reads q' and k' by (rows, BLOCK_D) halves, the backward kernels q' and k' as one (rows, 2 BLOCK_D) tile."""
+    """The TMA descriptor arguments' types (element type and block shape) as the launchers build them: q' and k'
+    as one (rows, 2 BLOCK_D) tile [cos | sin], v and dO as (rows, BLOCK_D)."""
     bm, bn, bd = constexprs.get("BLOCK_M", 16), constexprs["BLOCK_N"], constexprs["BLOCK_D"]
-    key_width = bd if kernel is kernels._pope_fwd_kernel else 2 * bd
-    query_width = bd if kernel is kernels._pope_fwd_kernel else 2 * bd
-    return {"kp_desc": f"tensordesc<bf16[1,{bn},{key_width}]>", "v_desc": f"tensordesc<bf16[1,1,{bn},{bd}]>",
-            "qp_desc": f"tensordesc<bf16[1,{bm},{query_width}]>", "do_desc": f"tensordesc<bf16[1,1,{bm},{bd}]>",
+    return {"kp_desc": f"tensordesc<bf16[1,{bn},{2 * bd}]>", "v_desc": f"tensordesc<bf16[1,1,{bn},{bd}]>",
+            "qp_desc": f"tensordesc<bf16[1,{bm},{2 * bd}]>", "do_desc": f"tensordesc<bf16[1,1,{bm},{bd}]>",
             "lse_desc": f"tensordesc<fp32[1,{bm}]>", "rowdelta_desc": f"tensordesc<fp32[1,{bm}]>"}
 
 

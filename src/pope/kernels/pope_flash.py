@@ -11,12 +11,12 @@ What it supports
 
 How the 2d-channel dot product is computed
     score(i, j) = scale * (q'_i . k'_j) with q' = [f(q) cos(t theta - delta), f(q) sin(t theta - delta)]
-    and k' = [f(k) cos(s theta), f(k) sin(s theta)]. The forward and decode kernels keep the two halves as
-    separate (rows, d) tiles and compute S = Qcos @ Kcos^T + Qsin @ Ksin^T: two d-wide tl.dot calls into one
-    fp32 tile; the backward kernels hold q' and k' as one wide (rows, 2d) tile [cos | sin], so S, dq' and dk'
-    are single dots over 2d channels (Triton waits for a first wgmma group before issuing a second into the
-    same accumulator; one dot saves that wait: backward 2-4% faster on an H200, forward 2-5% slower, so the
-    forward keeps the halves; scripts/kernel_variants.py, docs/kernels.md). The transcendental work
+    and k' = [f(k) cos(s theta), f(k) sin(s theta)]. The forward and backward kernels hold q' and k' as one
+    wide (rows, 2d) tile [cos | sin], read so by TMA from the pre-pass rows, so S, dq' and dk' are single dots
+    over 2d channels (as two d-wide dots into one accumulator, Triton waits for the first wgmma group before
+    issuing the second: one dot saves that wait, backward 2-4% and forward 1-3% faster on an H200;
+    scripts/kernel_variants.py, docs/kernels.md). The decode kernels keep the halves as separate (rows, d)
+    tiles, S = Qcos @ Kcos^T + Qsin @ Ksin^T (mma.sync, both operands in registers). The transcendental work
     (softplus, cos/sin) is done ONCE per element, never per (query block, key block) pair:
       * the side that streams through the inner loop is read from a pre-pass buffer x' (B, H, N, 2 BLOCK_D),
         rows [cos | sin] zero-padded to the power-of-two BLOCK_D, written by `_pope_transform_kernel` (one
@@ -237,7 +237,7 @@ def _join_halves(x_cos, x_sin):
 
     Why wide: a score is then ONE dot over 2d channels. As two d-wide dots into one accumulator, Triton waits for
     the first wgmma group to finish before issuing the second (sm_90a PTX), once per tile of every loop; the
-    backward kernels are 2-4% faster wide on an H200 (the forward slower: it keeps the halves)."""
+    backward kernels are 2-4% faster wide on an H200."""
     rows: tl.constexpr = x_cos.shape[0]
     width: tl.constexpr = 2 * x_cos.shape[1]
     return tl.reshape(tl.permute(tl.join(x_cos, x_sin), (0, 2, 1)), (rows, width))
@@ -333,7 +333,7 @@ def _split_rows_kernel(
 # ----------------------------------------------------------------------------------------------------
 @triton.jit
 def _fwd_inner(
-    acc, row_sum, row_max, q_cos, q_sin, kp_desc, v_desc, kp_row, b, hk,
+    acc, row_sum, row_max, q_wide, kp_desc, v_desc, kp_row, b, hk,
     offs_m, q_offset, seq_k, lo, hi, qk_scale,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MASK_KEYS: tl.constexpr, CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -342,12 +342,10 @@ def _fwd_inner(
     TMA: rows past the keys (and padded channels) arrive as zeros."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k_cos = kp_desc.load([kp_row, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
-        k_sin = kp_desc.load([kp_row, start_n, BLOCK_D]).reshape(BLOCK_N, BLOCK_D)
+        k_wide = kp_desc.load([kp_row, start_n, 0]).reshape(BLOCK_N, 2 * BLOCK_D)  # k' [cos | sin]
         v = v_desc.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
-        # S (BLOCK_M, BLOCK_N) = Qcos Kcos^T + Qsin Ksin^T; qk_scale = softmax_scale * log2(e).
-        scores = tl.dot(q_cos, tl.trans(k_cos), input_precision=PRECISION)
-        scores = tl.dot(q_sin, tl.trans(k_sin), scores, input_precision=PRECISION)
+        # S (BLOCK_M, BLOCK_N) = q' k'^T, one dot over 2d channels; qk_scale = softmax_scale * log2(e).
+        scores = tl.dot(q_wide, tl.trans(k_wide), input_precision=PRECISION)
         if MASK_KEYS:
             visible = (offs_n < seq_k)[None, :]
             if CAUSAL:
@@ -379,8 +377,7 @@ def _pope_fwd_kernel(
 
     # This program's query block, from the q' pre-pass (rows past the queries arrive as zeros): TMA puts it in
     # shared memory, where the score products read it (no register copy; no transform at program start).
-    q_cos = qp_desc.load([pid_bh, pid_m * BLOCK_M, 0]).reshape(BLOCK_M, BLOCK_D)
-    q_sin = qp_desc.load([pid_bh, pid_m * BLOCK_M, BLOCK_D]).reshape(BLOCK_M, BLOCK_D)
+    q_wide = qp_desc.load([pid_bh, pid_m * BLOCK_M, 0]).reshape(BLOCK_M, 2 * BLOCK_D)
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -389,10 +386,10 @@ def _pope_fwd_kernel(
     unmasked_end, last_visible = _key_ranges(pid_m, q_offset, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
     hk = h // group_size
     acc, row_sum, row_max = _fwd_inner(
-        acc, row_sum, row_max, q_cos, q_sin, kp_desc, v_desc, kv_bh, b, hk, offs_m, q_offset, seq_k,
+        acc, row_sum, row_max, q_wide, kp_desc, v_desc, kv_bh, b, hk, offs_m, q_offset, seq_k,
         0, unmasked_end, softmax_scale * 1.4426950408889634, BLOCK_N, BLOCK_D, False, CAUSAL, PRECISION)
     acc, row_sum, row_max = _fwd_inner(
-        acc, row_sum, row_max, q_cos, q_sin, kp_desc, v_desc, kv_bh, b, hk, offs_m, q_offset, seq_k,
+        acc, row_sum, row_max, q_wide, kp_desc, v_desc, kv_bh, b, hk, offs_m, q_offset, seq_k,
         unmasked_end, last_visible, softmax_scale * 1.4426950408889634, BLOCK_N, BLOCK_D, True, CAUSAL, PRECISION)
 
     out = acc / row_sum[:, None]
@@ -1059,8 +1056,8 @@ def forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float, q_offs
     k_prime = transform(k, theta, None, position_offset=0, magnitude=magnitude, site=plan + ("forward k'",))
     out = _empty(q.shape, device=q.device, dtype=q.dtype)
     lse = _empty((batch, n_q_heads, seq_q), device=q.device, dtype=torch.float32)
-    qp_desc = _descriptor(q_prime.view(batch * n_q_heads, seq_q, 2 * block_d), [1, block_m, block_d])
-    kp_desc = _descriptor(k_prime.view(batch * n_kv_heads, seq_k, 2 * block_d), [1, block_n, block_d])
+    qp_desc = _descriptor(q_prime.view(batch * n_q_heads, seq_q, 2 * block_d), [1, block_m, 2 * block_d])
+    kp_desc = _descriptor(k_prime.view(batch * n_kv_heads, seq_k, 2 * block_d), [1, block_n, 2 * block_d])
     v_desc = _descriptor(_tma_ready(v, block_d), [1, 1, block_n, block_d])
     grid = (_cdiv(seq_q, block_m), batch * n_q_heads)
     _launch(_pope_fwd_kernel, grid, plan + ("forward",), (
