@@ -60,7 +60,8 @@ experiments that lost in docs/kernels.md): bf16 causal forward+backward 2.09 / 3
 d=128; target 1.5x missed, the deterministic backward's 22 M.N.d units dominate), 0.99x RoPE+SDPA at 4K and
 1.18-1.34x at 8K-16K (target 1.0x met at 4K only), peak memory equal to SDPA's (met), 80-108x faster than
 pope-pytorch 0.2.1 at N >= 4K. At (8,12,1K) the GPU time (CUDA-graph replay) is 0.37 ms = 0.74x RoPE+SDPA; an
-eager call there is host-bound (13.5-20.9x pope-pytorch across runs).
+eager call there is host-bound (13.5-20.9x pope-pytorch across runs). Commit 66f3c24 (forward as one wide
+dot), GPU time: 1.53-1.62x SDPA at N >= 4K, 2.62x at d=128.
 GPT-2 124M training step under torch.compile: 1.17-1.26x RoPE's tokens/s (reduce-overhead 1.26x; the default
 mode moves with the host: 0.86x in one run). Decode over a cache of magnitudes, one query row per key
 head: 0.98x the time of SDPA over a materialised 2d-channel cache at 8x16x16384x64 (met); raw-key cache at
