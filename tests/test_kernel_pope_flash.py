@@ -258,17 +258,19 @@ def test_backward_buffers_stay_within_sdpas_peak(kernels, monkeypatch, head_dim)
         return
     import weakref
 
+    generator = torch.Generator().manual_seed(3)
+    q, k, v, delta, grad_out = _inputs(1, 2, 2, 40, 40, head_dim, torch.bfloat16, True, generator)
+    q_bytes = q.numel() * 2  # |q| in bf16, the dtype the kernels run in (the test's inputs are fp64 masters)
     made = []  # (phase, weakref, bytes) of every buffer the launchers allocate
     peak = {"forward": 0, "backward": 0}
     phase = ["forward"]
     original_empty, original_backward = kernels._empty, kernels.backward
-    unit = [0]  # |q| in bytes, in bf16 (the dtype the kernels run in; the test's inputs are fp64 masters)
 
     def recording_empty(shape, *, device, dtype):
         out = original_empty(shape, device=device, dtype=dtype)
         made.append((phase[0], weakref.ref(out), out.numel() * out.element_size()))
         # Buffers of at least |q| made in this phase (gradients, q', k', out); the row statistics are left out.
-        live = sum(size for when, ref, size in made if when == phase[0] and ref() is not None and size >= unit[0])
+        live = sum(size for when, ref, size in made if when == phase[0] and ref() is not None and size >= q_bytes)
         peak[phase[0]] = max(peak[phase[0]], live)
         return out
 
@@ -278,9 +280,6 @@ def test_backward_buffers_stay_within_sdpas_peak(kernels, monkeypatch, head_dim)
 
     monkeypatch.setattr(kernels, "_empty", recording_empty)
     monkeypatch.setattr(kernels, "backward", recording_backward)
-    generator = torch.Generator().manual_seed(3)
-    q, k, v, delta, grad_out = _inputs(1, 2, 2, 40, 40, head_dim, torch.bfloat16, True, generator)
-    q_bytes = unit[0] = q.numel() * 2
     options = dict(base=10000.0, causal=True, softmax_scale=head_dim ** -0.5, q_offset=0, magnitude="softplus",
                    rotary_dim=None)
     _run(_triton, q, k, v, delta, grad_out, torch.bfloat16, options)

@@ -1051,8 +1051,8 @@ def forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float, q_offs
     plan = _plan(q, k, v, delta, theta, causal, q_offset, magnitude, config)
     block_m, block_n, num_warps, num_stages = _pick(FWD_CONFIGS, head_dim, config, q.dtype)
     block_d = _block_d(head_dim)
-    # q' and k' from the pre-pass (freed on return): q' by (BLOCK_M, BLOCK_D) halves, k' halves and v by
-    # (BLOCK_N, BLOCK_D) tiles, all by TMA (zeros past the rows).
+    # q' and k' from the pre-pass (freed on return): q' by (BLOCK_M, 2 BLOCK_D) and k' by (BLOCK_N, 2 BLOCK_D)
+    # [cos | sin] tiles, v by (BLOCK_N, BLOCK_D) tiles, all by TMA (zeros past the rows).
     q_prime = transform(q, theta, delta, position_offset=q_offset, magnitude=magnitude, site=plan + ("forward q'",))
     k_prime = transform(k, theta, None, position_offset=0, magnitude=magnitude, site=plan + ("forward k'",))
     out = _empty(q.shape, device=q.device, dtype=q.dtype)
@@ -1088,7 +1088,8 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
     # q' serves both parts: part 1's query blocks and part 2's streamed queries.
     q_prime = transform(q, theta, delta, position_offset=q_offset, magnitude=magnitude, site=plan + ("backward q'",))
 
-    # Part 1: dq, D and the d delta partials, streaming the keys' k' (written here, freed after).
+    # Part 1: dq, D and the d delta partials, streaming the keys' k' (written here; freed after part 1, or at
+    # d <= 64 after part 2, which reads its key blocks from it and writes dk and dv over it).
     block_m, block_n, num_warps, num_stages = _pick(BWD_DQ_CONFIGS, head_dim, dq_config, q.dtype)
     n_m_blocks = _cdiv(seq_q, block_m)
     d_delta_partial = _empty((batch, n_q_heads, n_m_blocks, head_dim), device=q.device, dtype=torch.float32)
