@@ -153,7 +153,7 @@ DECODE_SWEEP_SHAPES = ((8, 16, 16, 16384, 64), (8, 16, 16, 16384, 128), (8, 32, 
                        (8, 32, 4, 16384, 64))  # (B, Hq, Hkv, Nk, d)
 
 
-def sweep_decode(shapes=DECODE_SWEEP_SHAPES, tensor_cores_only=False):
+def sweep_decode(shapes=DECODE_SWEEP_SHAPES, tensor_cores_only=False, dtype_name="bf16"):
     """Time decode_forward's kernels, key tiles and warps on one query per head, for a raw cache (softplus in
     the kernel) and a magnitude cache (f(k) cached, magnitude "identity")."""
     import itertools
@@ -163,16 +163,18 @@ def sweep_decode(shapes=DECODE_SWEEP_SHAPES, tensor_cores_only=False):
     rows = []
     for batch, n_q_heads, n_kv_heads, seq_k, head_dim in shapes:
         torch.manual_seed(0)
-        q = torch.randn(batch, n_q_heads, 1, head_dim, device=DEVICE, dtype=torch.bfloat16)
-        k, v = (torch.randn(batch, n_kv_heads, seq_k, head_dim, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
+        dtype = DTYPES[dtype_name]
+        q = torch.randn(batch, n_q_heads, 1, head_dim, device=DEVICE, dtype=dtype)
+        k, v = (torch.randn(batch, n_kv_heads, seq_k, head_dim, device=DEVICE, dtype=dtype) for _ in range(2))
         delta = -2 * math.pi * torch.rand(n_q_heads, head_dim, device=DEVICE)
         theta = pope_flash.frequencies(head_dim, 10000.0, q.device)
-        tc_block_n, tc_warps = pope_flash.decode_tile(head_dim, torch.bfloat16, "tensor_cores")
+        tc_block_n, tc_warps, _ = pope_flash.decode_tile(head_dim, dtype, "tensor_cores")
         tiles = [("tensor_cores", tc_block_n, tc_warps, stages, None) for stages in (2, 3)]
-        # A register cap: more programs resident per SM (the kernel is latency-bound at 2 per SM, ncu_decode_7295e52).
-        tiles += [("tensor_cores", tc_block_n, tc_warps, 3, cap) for cap in (168, 128)]
-        tiles += [("tensor_cores", block_n, warps, 3, None) for block_n, warps in
-                  ([(32, 4), (128, 8), (64, 4)] if head_dim <= 64 else [(16, 4), (32, 8), (64, 8)])]
+        # A register cap: more programs resident per SM.
+        tiles += [("tensor_cores", tc_block_n, tc_warps, 2, cap) for cap in (168, 128)]
+        tiles += [("tensor_cores", block_n, warps, stages, None) for block_n, warps, stages in
+                  ([(32, 4, 2), (128, 4, 2), (64, 8, 2), (64, 4, 1)] if head_dim <= 64 else
+                   [(16, 4, 2), (64, 4, 2), (32, 8, 2), (32, 4, 1)])]
         if not tensor_cores_only:
             tiles += [("lanes", block_n, warps, stages, None) for block_n, warps, stages in
                       ([(64, 4, 3), (32, 4, 3), (32, 4, 4), (64, 8, 3)] if head_dim <= 64 else
@@ -186,8 +188,8 @@ def sweep_decode(shapes=DECODE_SWEEP_SHAPES, tensor_cores_only=False):
             except Exception as err:
                 ms = float("nan")
                 print(f"  decode {opts}: {type(err).__name__}: {str(err)[:120]}", file=sys.stderr)
-            rows.append({"shape": (batch, n_q_heads, n_kv_heads, seq_k, head_dim), **opts, "ms": ms})
-            print(f"  decode sweep {rows[-1]['shape']} {magnitude:8s} {method:12s} block_n={block_n:3d} warps={warps} "
+            rows.append({"shape": (batch, n_q_heads, n_kv_heads, seq_k, head_dim), "dtype": dtype_name, **opts, "ms": ms})
+            print(f"  decode sweep {rows[-1]['shape']} {dtype_name} {magnitude:8s} {method:12s} block_n={block_n:3d} warps={warps} "
                   f"stages={stages} maxnreg={maxnreg}: "
                   f"{ms:.4f} ms", flush=True)
     return rows
@@ -209,6 +211,7 @@ def main(argv=None):
                         help="route decode calls with up to this many rows per key head to the lanes kernel")
     parser.add_argument("--decode-sweep-tensor-cores-only", action="store_true",
                         help="sweep only the tensor-core decode kernel's tiles")
+    parser.add_argument("--decode-sweep-dtypes", default="bf16", help="dtypes of the decode sweep, e.g. bf16,fp32")
     parser.add_argument("--decode-sweep-shapes", default=None,
                         help="rows of DECODE_SWEEP_SHAPES to sweep, e.g. 2,3 (default all)")
     args = parser.parse_args(argv)
@@ -226,7 +229,9 @@ def main(argv=None):
         pope_flash.DECODE_LANES_MAX_ROWS = args.decode_lanes_max_rows
     sweep_shapes = DECODE_SWEEP_SHAPES if args.decode_sweep_shapes is None else [
         DECODE_SWEEP_SHAPES[int(i)] for i in args.decode_sweep_shapes.split(",")]
-    decode_sweep = sweep_decode(sweep_shapes, args.decode_sweep_tensor_cores_only) if args.decode_sweep else None
+    decode_sweep = [row for dtype_name in args.decode_sweep_dtypes.split(",")
+                    for row in sweep_decode(sweep_shapes, args.decode_sweep_tensor_cores_only, dtype_name)
+                    ] if args.decode_sweep else None
     pope_flash.POISON_OUTPUTS = True
     global CHECK_SHAPES
     if args.smoke:

@@ -33,12 +33,12 @@ KERNELS = {
            {64: [kernels.BWD_DQ_CONFIGS[64]], 128: [kernels.BWD_DQ_CONFIGS[128]]}),
     "dkdv": (kernels._pope_bwd_dkdv_kernel, dict(CAUSAL=True, MAGNITUDE=0, PRECISION="tf32"),
              {64: [kernels.BWD_DKDV_CONFIGS[64]], 128: [kernels.BWD_DKDV_CONFIGS[128]]}),
-    "decode": (kernels._pope_decode_kernel, dict(CAUSAL=True, HAS_DELTA=True, MAGNITUDE=0, PRECISION="tf32", STAGES=3),
-               # one query row padded to BLOCK_M = 16, the shipped (block_n, warps), 3 stages
-               {d: [(16, *kernels.decode_tile(d, torch.bfloat16, "tensor_cores"), 3)] for d in (64, 128)}),
-    "decode-lanes": (kernels._pope_decode_lanes_kernel, dict(CAUSAL=True, HAS_DELTA=True, MAGNITUDE=0, STAGES=3),
-                     # one query row per key head, the shipped (block_n, warps), 3 stages
-                     {d: [(1, *kernels.decode_tile(d, torch.bfloat16, "lanes"), 3)] for d in (64, 128)}),
+    "decode": (kernels._pope_decode_kernel, dict(CAUSAL=True, HAS_DELTA=True, MAGNITUDE=0, PRECISION="tf32"),
+               # one query row padded to BLOCK_M = 16, the shipped (block_n, warps, stages)
+               {d: [(16, *kernels.decode_tile(d, torch.bfloat16, "tensor_cores"))] for d in (64, 128)}),
+    "decode-lanes": (kernels._pope_decode_lanes_kernel, dict(CAUSAL=True, HAS_DELTA=True, MAGNITUDE=0),
+                     # one query row per key head, the shipped (block_n, warps, stages)
+                     {d: [(1, *kernels.decode_tile(d, torch.bfloat16, "lanes"))] for d in (64, 128)}),
 }
 
 
@@ -61,6 +61,8 @@ def signature(kernel, constexprs: dict) -> dict:
             types[name] = descriptors[name]
         elif name in FLOAT32_POINTERS:
             types[name] = "*fp32"
+        elif name == "Table":  # the decode kernel's key-phase table: fp16 for bf16 inputs
+            types[name] = "*fp16"
         elif name[0].isupper():
             types[name] = "*bf16"
         elif name == "softmax_scale":
@@ -128,6 +130,8 @@ def main(argv=None) -> int:
                 constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=block_n, BLOCK_D=head_dim, **flags)
                 if "BLOCK_M" in kernel.arg_names:
                     constexprs["BLOCK_M"] = block_m
+                if "STAGES" in kernel.arg_names:  # the decode kernels pipeline through tl.range(num_stages=STAGES)
+                    constexprs["STAGES"] = num_stages
                 if "KEYS_FROM_PREPASS" in kernel.arg_names:  # as the launcher decides; without, k'/v come as None
                     constexprs["KEYS_FROM_PREPASS"] = head_dim <= kernels.DKDV_KEYS_FROM_PREPASS_MAX_BLOCK_D
                     if not constexprs["KEYS_FROM_PREPASS"]:

@@ -643,7 +643,7 @@ def _decode_store_partial(PartialOut, PartialLSE, partial_row, mask_rows, acc, r
 
 @triton.jit
 def _pope_decode_kernel(
-    Q, K, V, Theta, Delta, PartialOut, PartialLSE,
+    Q, K, V, Theta, Delta, PartialOut, PartialLSE, Table,
     stride_qb, stride_qh, stride_qn,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
@@ -652,17 +652,25 @@ def _pope_decode_kernel(
     CAUSAL: tl.constexpr, HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr, PRECISION: tl.constexpr,
     STAGES: tl.constexpr,
 ):
-    """Tensor-core decode: the rows padded to BLOCK_M >= 16, scores and P V by tl.dot."""
+    """Tensor-core decode, one program per (split, key head): the head's group_size * seq_q query rows padded to
+    BLOCK_M >= 16, scores and P V by tl.dot.
+
+    k' = f(k) [cos(n theta), sin(n theta)] per key tile, with the key phases read from Table (seq_k, 2 BLOCK_D)
+    [cos | sin], built once per call and shared by every batch and head (it stays in L2). The query rows' q'
+    (with delta) is built once per program. Both are rounded to the input dtype as the reference rounds them.
+    Why a table: the previous kernel kept a per-program (BLOCK_N, BLOCK_D) table in registers and rotated the
+    padded query rows per tile by angle addition; half of its elementwise work went to those padded rows and
+    it ran at 250 registers (two programs per SM). The table leaves one multiply per key element and channel
+    (plus f(k)): 13-25% faster on the H200 at the same tiles (decode_table_ab_same_tiles_4f519dd.json)."""
     pid_split = tl.program_id(0)
     pid_bh = tl.program_id(1)  # b * n_kv_heads + hk
     b = pid_bh // n_kv_heads
     hk = pid_bh % n_kv_heads
-    q_cos, q_sin, qi, theta = _decode_query_rows(Q, Theta, Delta, b, hk, 0, stride_qb, stride_qh, stride_qn,
-                                                 group_size, seq_q, q_offset, HEAD_DIM, BLOCK_M, BLOCK_D, HAS_DELTA,
-                                                 MAGNITUDE)
-    # q' rounded to the input dtype as the reference rounds it, then rotated per tile in fp32 (below).
-    q_cos32 = q_cos.to(Q.dtype.element_ty).to(tl.float32)
-    q_sin32 = q_sin.to(Q.dtype.element_ty).to(tl.float32)
+    q_cos, q_sin, qi, _ = _decode_query_rows(Q, Theta, Delta, b, hk, 0, stride_qb, stride_qh, stride_qn,
+                                             group_size, seq_q, q_offset, HEAD_DIM, BLOCK_M, BLOCK_D, HAS_DELTA,
+                                             MAGNITUDE)  # (BLOCK_M, BLOCK_D) each
+    q_cos = q_cos.to(Q.dtype.element_ty)
+    q_sin = q_sin.to(Q.dtype.element_ty)
     qk_scale = softmax_scale * 1.4426950408889634
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
@@ -672,28 +680,22 @@ def _pope_decode_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    # Key phases by angle addition, folded into the query side: with A = q'cos, B = q'sin (rows x d) and
-    # (c, s) = (cos, sin)(start_n theta) for a tile starting at key start_n,
-    #   A cos((start_n + j) theta) + B sin((start_n + j) theta) = P cos(j theta) + Q sin(j theta),
-    #   P = A c + B s,  Q = B c - A s,
-    # so a per-program table (cos, sin)(j theta) (BLOCK_N, BLOCK_D) and one (rows x d) rotation per tile
-    # leave two multiplies per cached key element (plus f(k)): the cache stays raw, d channels per key.
     offs_j = tl.arange(0, BLOCK_N)
-    table_sin, table_cos = _sincos(offs_j.to(tl.float32)[:, None] * theta[None, :])
     # k feeds elementwise math: pipelined only through an explicit tl.range(num_stages=STAGES).
     for start_n in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):
         offs_n = start_n + offs_j
         kv_mask = (offs_n < hi)[:, None] & mask_d[None, :]
         k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+        # Every program reads the same table rows: keep them in L2 (K and V stream through once).
+        table_rows = Table + offs_n[:, None] * (2 * BLOCK_D) + offs_d[None, :]
+        cos_t = tl.load(table_rows, mask=kv_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        sin_t = tl.load(table_rows + BLOCK_D, mask=kv_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
         magnitude_k = tl.where(kv_mask, _magnitude(k.to(tl.float32), MAGNITUDE), 0.0)
-        base_sin, base_cos = _sincos(theta * start_n)  # (BLOCK_D,), start_n exact in fp32 (< 2**24)
-        p_rows = (q_cos32 * base_cos[None, :] + q_sin32 * base_sin[None, :]).to(k.dtype)
-        q_rows = (q_sin32 * base_cos[None, :] - q_cos32 * base_sin[None, :]).to(k.dtype)
-        k_cos = (magnitude_k * table_cos).to(k.dtype)
-        k_sin = (magnitude_k * table_sin).to(k.dtype)
-        scores = tl.dot(p_rows, tl.trans(k_cos), input_precision=PRECISION)
-        scores = tl.dot(q_rows, tl.trans(k_sin), scores, input_precision=PRECISION)
+        k_cos = (magnitude_k * cos_t).to(k.dtype)
+        k_sin = (magnitude_k * sin_t).to(k.dtype)
+        scores = tl.dot(q_cos, tl.trans(k_cos), input_precision=PRECISION)
+        scores = tl.dot(q_sin, tl.trans(k_sin), scores, input_precision=PRECISION)
         visible = (offs_n < hi)[None, :]
         if CAUSAL:
             visible = visible & (offs_n[None, :] <= (q_offset + qi)[:, None])
@@ -727,9 +729,10 @@ def _pope_decode_lanes_kernel(
     same key range, so their K/V reads after the first mostly hit L2 (and f(k) is recomputed per row: a
     cache of magnitudes, magnitude "identity", avoids that).
 
-    Score of key n = start_n + j, by the same angle addition as _pope_decode_kernel:
+    Score of key n = start_n + j by angle addition, folded into the query row: with A = q'cos, B = q'sin
+    (BLOCK_D,) and (c, s) = (cos, sin)(start_n theta) once per tile, P = A c + B s, Q = B c - A s, and
         s[j] = sum_c f(k[n, c]) * W[j, c],   W = P[c] cos(j theta_c) + Q[c] sin(j theta_c),
-    three FMAs per cached key element plus f(k), all in fp32. Each key position j of the tile is its own
+    from a per-program table (cos, sin)(j theta): three FMAs per cached key element plus f(k), all in fp32. Each key position j of the tile is its own
     online-softmax lane (running max m[j], sum l[j], output acc[j, :]), so the loop has no reduction across
     keys (no cross-warp exchange per tile); the BLOCK_N lanes are merged once at the end.
     Shapes: table, W, acc (BLOCK_N, BLOCK_D); m, l, s (BLOCK_N,).
@@ -1173,22 +1176,23 @@ def _sm_count(device) -> int:
 DECODE_LANES_MAX_ROWS = 1
 
 
-def decode_tile(head_dim: int, dtype: torch.dtype, method: str) -> tuple[int, int]:
-    """Default (block_n, num_warps) of a decode kernel ("lanes" or "tensor_cores"; both stream
-    k/v through a 3-stage cp.async pipeline). From the decode sweeps on an H200 (docs/kernels.md):
-    "lanes": 2K-element key tiles, 4 warps (d=64: 32 keys, d=128: 16).
-    "tensor_cores": the (block_n, d) cos/sin table lives in registers: keep it at 4K elements (16 rows for
-    fp32); 8 warps for d <= 64, 4 for d = 128."""
+def decode_tile(head_dim: int, dtype: torch.dtype, method: str) -> tuple[int, int, int]:
+    """Default (block_n, num_warps, stages) of a decode kernel ("lanes" or "tensor_cores"; both stream k/v
+    through a cp.async pipeline of `stages` - 1 buffers). From the decode sweeps on an H200 (docs/kernels.md):
+    "lanes": 2K-element key tiles, 4 warps, 3 stages (d=64: 32 keys, d=128: 16).
+    "tensor_cores": 4 warps, 2 stages; 64 keys for d <= 64, 32 for d = 128 (bf16 GQA 8x32x{4,8}x16384: 2 stages
+    beat 3 by 10-22%, decode_table_ab_same_tiles_4f519dd.json); fp32 16 keys."""
     block_d = _block_d(head_dim)
     if method == "lanes":
-        return max(16, 2048 // block_d), 4
-    block_n = 16 if dtype == torch.float32 else (64 if block_d <= 64 else 32)
-    return block_n, (8 if block_d <= 64 and block_n >= 64 else 4)
+        return max(16, 2048 // block_d), 4, 3
+    if dtype == torch.float32:
+        return 16, 4, 3
+    return (64 if block_d <= 64 else 32), 4, 2
 
 
 def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float, q_offset: int, magnitude: str,
                    method: str | None = None, block_n: int | None = None, num_splits: int | None = None,
-                   num_warps: int | None = None, stages: int = 3, maxnreg: int | None = None):
+                   num_warps: int | None = None, stages: int | None = None, maxnreg: int | None = None):
     """Split-K decode over a raw (d-channel) cache. Returns (out, lse) like `forward`.
 
     Suited to group_size * Nq <= 64 rows per key head; keys are transformed once, in registers.
@@ -1205,13 +1209,14 @@ def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float,
         method = "lanes" if rows <= DECODE_LANES_MAX_ROWS else "tensor_cores"
     elif method not in ("lanes", "tensor_cores"):
         raise ValueError(f"decode method must be 'lanes' or 'tensor_cores'; got {method!r}")
-    default_block_n, default_warps = decode_tile(head_dim, q.dtype, method)
+    default_block_n, default_warps, default_stages = decode_tile(head_dim, q.dtype, method)
     # Partial results are (splits, B*Hkv, row_stride, d): the tensor-core kernel's rows are padded to block_m.
     block_m = max(16, _next_power_of_2(rows))
     row_stride = rows if method == "lanes" else block_m
     programs_per_split = batch * n_kv_heads * (rows if method == "lanes" else 1)
     block_n = default_block_n if block_n is None else block_n
     num_warps = default_warps if num_warps is None else num_warps
+    stages = default_stages if stages is None else stages
     if INTERPRET:
         block_n = min(block_n, 32)
     if num_splits is None:
@@ -1233,8 +1238,15 @@ def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float,
     if method == "lanes":
         _pope_decode_lanes_kernel[(num_splits, programs_per_split)](*args, **options)
     else:
-        _pope_decode_kernel[(num_splits, batch * n_kv_heads)](*args, BLOCK_M=block_m, PRECISION=_precision(q.dtype),
-                                                              **options)
+        # The key phases' (seq_k, 2 block_d) [cos | sin] table for this call: the pre-pass over ones with
+        # magnitude "identity". fp16 for bf16 inputs (rounding 2^-12 relative, below bf16's 2^-9 rounding of
+        # k'); fp32 otherwise (an fp16 table would double fp16's own 2^-12 rounding of k').
+        table_dtype = torch.float16 if q.dtype == torch.bfloat16 else torch.float32
+        table = transform(torch.ones((1, 1, seq_k, head_dim), device=q.device, dtype=table_dtype), theta, None,
+                          position_offset=0, magnitude="identity")
+        table_args = args[:7] + (table,) + args[7:]
+        _pope_decode_kernel[(num_splits, batch * n_kv_heads)](*table_args, BLOCK_M=block_m,
+                                                              PRECISION=_precision(q.dtype), **options)
     # Combine the splits in one launch: (splits, B*Hkv, rows, d) -> (B, Hq, Nq, d) and the row LSEs.
     out = _empty((batch, n_q_heads, seq_q, head_dim), device=q.device, dtype=q.dtype)
     lse = _empty((batch, n_q_heads, seq_q), device=q.device, dtype=torch.float32)
