@@ -25,7 +25,8 @@ from attention import append_csv, provenance  # noqa: E402  (same directory: sha
 SPECS = {"rope (sdpa)": "rope", "pope (triton)": "pope:backend=triton"}
 
 
-def step_time(pe: str, *, batch: int, seq_len: int, steps: int, warmup: int, compile_mode: str = "default") -> dict:
+def step_time(pe: str, *, batch: int, seq_len: int, steps: int, warmup: int, compile_mode: str = "default",
+              profile_path: str | None = None) -> dict:
     from torch._dynamo.utils import counters
 
     from pope.model import GPT
@@ -62,11 +63,27 @@ def step_time(pe: str, *, batch: int, seq_len: int, steps: int, warmup: int, com
     end.record()
     torch.cuda.synchronize()
     ms = start.elapsed_time(end) / steps
+    if profile_path is not None:  # after the timed steps: the profiler's own overhead is not in ms
+        write_profile(train_step, profile_path)
     graph_breaks = sum(counters["graph_break"].values())
     del model, optimizer, compiled
     torch.cuda.empty_cache()
     return {"pe": pe, "ms_per_step": ms, "tokens_per_s": batch * seq_len / ms * 1e3, "loss": float(loss),
             "graph_breaks": graph_breaks}
+
+
+def write_profile(train_step, path: str, steps: int = 3, rows: int = 30) -> None:
+    """GPU time per kernel over `steps` steps (torch.profiler), the top `rows` by total GPU time, to path."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            train_step()
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=90)
+    with open(path, "w") as f:
+        f.write(f"{steps} steps, sorted by total GPU time\n{table}\n")
+    print(f"profile written to {path}", flush=True)
 
 
 def main(argv=None):
@@ -79,6 +96,8 @@ def main(argv=None):
     parser.add_argument("--compile-mode", default="default", choices=["default", "reduce-overhead"],
                         help="torch.compile mode; reduce-overhead replays CUDA graphs (CUDA-graph trees), taking the "
                              "host (PoPE's Python autograd backward, launch overhead) out of the step time")
+    parser.add_argument("--profile", action="store_true",
+                        help="also write each model's top GPU kernels over 3 steps to OUT/train_step_profile_<pe>.txt")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/train_step_owt.py needs a CUDA GPU")
@@ -88,7 +107,9 @@ def main(argv=None):
         if args.compile_mode != "default":
             label = f"{label} [{args.compile_mode}]"
         row = {"model": label, **step_time(pe, batch=args.batch, seq_len=args.seq_len, steps=args.steps,
-                                           warmup=args.warmup, compile_mode=args.compile_mode)}
+                                           warmup=args.warmup, compile_mode=args.compile_mode,
+                                           profile_path=os.path.join(args.out, f"train_step_profile_{pe.split(':')[0]}.txt")
+                                           if args.profile else None)}
         rows.append(row)
         print(f"{label:>26}: {row['ms_per_step']:.2f} ms/step, {row['tokens_per_s']:.0f} tokens/s, "
               f"graph breaks {row['graph_breaks']}, loss {row['loss']:.3f}", flush=True)

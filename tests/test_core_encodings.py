@@ -75,6 +75,34 @@ def test_rope_layouts_are_rotations_with_relative_scores():
     torch.testing.assert_close(inter, half[..., perm])
 
 
+def test_rope_table_is_one_operator_in_compiled_graphs():
+    """Compiled RoPE computes its (N, d/2) cos/sin table once, through pope::cos_sin_table: no cos/sin in the
+    traced graph for inductor to fuse into (and recompute for) every rotated element. Fails if rotate goes back
+    to pointwise phase.cos() / phase.sin()."""
+    from pope.frequencies import angles, cos_sin_table
+
+    positions, frequencies = torch.arange(37), rope_frequencies(16, 10000.0)
+    torch.library.opcheck(cos_sin_table, (positions, frequencies))
+    cos, sin = cos_sin_table(positions, frequencies)
+    torch.testing.assert_close(cos, angles(positions, frequencies).cos(), rtol=0, atol=0)
+    torch.testing.assert_close(sin, angles(positions, frequencies).sin(), rtol=0, atol=0)
+
+    graphs = []
+
+    def record(graph_module, example_inputs):
+        graphs.append(graph_module.graph)
+        return graph_module.forward
+
+    rope = RoPE(n_heads=2, n_kv_heads=2, head_dim=16)
+    q, k, v = (torch.randn(1, 2, 37, 16) for _ in range(3))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v: rope(q, k, v), backend=record, fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v), rope(q, k, v))
+    targets = [str(node.target) for graph in graphs for node in graph.nodes if node.op in ("call_function", "call_method")]
+    assert any("cos_sin_table" in t for t in targets), targets
+    assert not any(t in ("cos", "sin") or t.endswith((".cos", ".sin", "torch.cos", "torch.sin")) for t in targets), targets
+
+
 def test_rope_half_rotates_only_half_the_channels():
     layer = build_positional_encoding("rope-half", n_heads=2, head_dim=16)
     assert layer.rotary_dim == 8

@@ -25,6 +25,7 @@ import torch.nn as nn
 from pope.attention import MAGNITUDES, pope_attention, sdpa
 from pope.frequencies import (
     angles,
+    cos_sin_table,
     linear_interpolation_frequencies,
     ntk_frequencies,
     rope_frequencies,
@@ -208,8 +209,7 @@ class RoPE(PositionalEncoding):
     def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Rotate x (B, H, N, d) at positions (N,); trigonometry in fp32, result in x's dtype."""
         r = self.rotary_dim
-        phase = angles(positions, self.frequencies(x.device)[0])  # (N, r/2) fp32
-        cos, sin = phase.cos(), phase.sin()
+        cos, sin = cos_sin_table(positions, self.frequencies(x.device)[0])  # (N, r/2) fp32 each
         with torch.autocast(device_type=x.device.type, enabled=False):
             xr = x[..., :r].float()
             if self.layout == "half":

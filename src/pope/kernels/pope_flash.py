@@ -1181,12 +1181,13 @@ def decode_tile(head_dim: int, dtype: torch.dtype, method: str) -> tuple[int, in
     through a cp.async pipeline of `stages` - 1 buffers). From the decode sweeps on an H200 (docs/kernels.md):
     "lanes": 2K-element key tiles, 4 warps, 3 stages (d=64: 32 keys, d=128: 16).
     "tensor_cores": 4 warps, 2 stages; 64 keys for d <= 64, 32 for d = 128 (bf16 GQA 8x32x{4,8}x16384: 2 stages
-    beat 3 by 10-22%, decode_table_ab_same_tiles_4f519dd.json); fp32 16 keys."""
+    beat 3 by 10-22%, decode_table_ab_same_tiles_4f519dd.json); fp32 one stage (GQA 8x32x4x16384x64: 0.42-0.48 vs
+    0.74-0.78 ms at 2-3 stages, gpu_kernel_check_decode_8575259.json)."""
     block_d = _block_d(head_dim)
     if method == "lanes":
         return max(16, 2048 // block_d), 4, 3
     if dtype == torch.float32:
-        return 16, 4, 3
+        return (64 if block_d <= 64 else 32), 4, 1
     return (64 if block_d <= 64 else 32), 4, 2
 
 
@@ -1239,9 +1240,10 @@ def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float,
         _pope_decode_lanes_kernel[(num_splits, programs_per_split)](*args, **options)
     else:
         # The key phases' (seq_k, 2 block_d) [cos | sin] table for this call: the pre-pass over ones with
-        # magnitude "identity". fp16 for bf16 inputs (rounding 2^-12 relative, below bf16's 2^-9 rounding of
-        # k'); fp32 otherwise (an fp16 table would double fp16's own 2^-12 rounding of k').
-        table_dtype = torch.float16 if q.dtype == torch.bfloat16 else torch.float32
+        # magnitude "identity". fp16 for 16-bit inputs: its 2^-12 relative rounding is below bf16's 2^-9
+        # rounding of k' and equal to fp16's (the H200 check keeps fp16 within 2x the reference's error); an fp32
+        # table made fp16 decode 1.1-2.3x slower (fp32_decode_8575259.log). fp32 inputs: an fp32 table.
+        table_dtype = torch.float32 if q.dtype == torch.float32 else torch.float16
         table = transform(torch.ones((1, 1, seq_k, head_dim), device=q.device, dtype=table_dtype), theta, None,
                           position_offset=0, magnitude="identity")
         table_args = args[:7] + (table,) + args[7:]
