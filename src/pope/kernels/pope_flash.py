@@ -15,8 +15,8 @@ How the 2d-channel dot product is computed
     wide (rows, 2d) tile [cos | sin], read so by TMA from the pre-pass rows, so S, dq' and dk' are single dots
     over 2d channels (as two d-wide dots into one accumulator, Triton waits for the first wgmma group before
     issuing the second: one dot saves that wait, backward 2-4% and forward 1-3% faster on an H200;
-    scripts/kernel_variants.py, docs/kernels.md). The decode kernels keep the halves as separate (rows, d)
-    tiles, S = Qcos @ Kcos^T + Qsin @ Ksin^T (mma.sync, both operands in registers). The transcendental work
+    scripts/kernel_variants.py, docs/kernels.md). The tensor-core decode kernel keeps the halves as separate
+    (rows, d) tiles, S = Qcos @ Kcos^T + Qsin @ Ksin^T (mma.sync, both operands in registers). The transcendental work
     (softplus, cos/sin) is done ONCE per element, never per (query block, key block) pair:
       * the side that streams through the inner loop is read from a pre-pass buffer x' (B, H, N, 2 BLOCK_D),
         rows [cos | sin] zero-padded to the power-of-two BLOCK_D, written by `_pope_transform_kernel` (one
@@ -41,10 +41,11 @@ How the 2d-channel dot product is computed
       * the decode kernels (few queries, long cache) transform each cached key tile in registers, because
         there every key element is used by one program: the cache stays at d channels per key (RoPE's
         memory; raw keys, or the magnitudes f(k) the model caches, magnitude "identity") and no
-        2d-channel copy of it is ever written. Per key element that is f(k) and a few FMAs with a
-        per-program (cos, sin)(j theta) table; the tile's offset is folded into a per-tile rotation of
-        the query rows. One query row per key head runs on CUDA cores (_pope_decode_lanes_kernel, fp32
-        FMAs, one online-softmax lane per key position); more rows (GQA) on tensor cores, padded to 16.
+        2d-channel copy of it is ever written. One query row per key head runs on CUDA cores
+        (_pope_decode_lanes_kernel: fp32 FMAs, one online-softmax lane per key position, the key phases by
+        angle addition folded into a per-tile rotation of the query row); more rows (GQA) on tensor cores
+        (_pope_decode_kernel: rows padded to 16, the key phases read from one (Nk, 2d) [cos | sin] table per
+        call that every batch and head shares, so k' = f(k) * table rows).
     Backward: no atomics. dq (+ the per-block partial sums of d(delta)) comes from one kernel that
     iterates over key blocks; dk and dv from another that iterates over the query blocks of every query
     head of its key head's group; d(delta) is the sum of the per-block partials (a fixed-order torch
@@ -54,20 +55,20 @@ Angles: position (fp32) x theta (fp32) rounded once, as pope.frequencies.angles 
 FMA-only sincos (Cody-Waite reduction + minimax polynomials, ~1 ulp); softplus as max(x, 0) +
 log1p(exp(-|x|)) in fp32 (log1p by a 9-FMA polynomial, 2e-7 relative).
 
-Measured (one NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, commit 75ccece; full table, targets and the
-experiments that lost in docs/kernels.md): bf16 causal forward+backward 2.09 / 3.71 / 6.86 ms at (B,H,N,64) =
-(4,16,4K), (2,16,8K), (1,16,16K) and 5.41 ms at (4,16,4K,128): 1.56-1.65x SDPA without PE at N >= 4K (2.65x at
-d=128; target 1.5x missed, the deterministic backward's 22 M.N.d units dominate), 0.99x RoPE+SDPA at 4K and
-1.18-1.34x at 8K-16K (target 1.0x met at 4K only), peak memory equal to SDPA's (met), 80-108x faster than
-pope-pytorch 0.2.1 at N >= 4K. At (8,12,1K) the GPU time (CUDA-graph replay) is 0.37 ms = 0.74x RoPE+SDPA; an
-eager call there is host-bound (13.5-20.9x pope-pytorch across runs). Commit 66f3c24 (forward as one wide
-dot), GPU time: 1.53-1.62x SDPA at N >= 4K, 2.62x at d=128.
-GPT-2 124M training step under torch.compile: 1.17-1.26x RoPE's tokens/s (reduce-overhead 1.26x; the default
-mode moves with the host: 0.86x in one run). Decode over a cache of magnitudes, one query row per key
-head: 0.98x the time of SDPA over a materialised 2d-channel cache at 8x16x16384x64 (met); raw-key cache at
-d=64 1.35x, GQA 1.3-2.0x (missed). A fused backward with ordered, deterministic dq accumulation (commit
-1099773) was correct but slower at every shape and was removed. Correct within 2x the reference's error in
-bf16/fp16/fp32 on that GPU; backward bitwise deterministic.
+Measured (one NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, commit a6af9a6 for attention; full tables, targets
+and the experiments that lost in docs/kernels.md): bf16 causal forward+backward 2.10 / 3.72 / 6.83 ms at (B,H,N,64) =
+(4,16,4K), (2,16,8K), (1,16,16K) and 5.32 ms at (4,16,4K,128): 1.52-1.63x SDPA without PE at N >= 4K (2.6x at
+d=128; target 1.5x missed, the deterministic backward's 22 M.N.d units dominate); 1.00-1.31x a RoPE+SDPA that
+rotates eagerly and 1.49-1.55x one that rotates through torch.compile, itself 1.01-1.08x SDPA (target 1.0x met
+only at 4K against the eager rotation); peak memory equal to SDPA's (met), 80-108x faster than pope-pytorch 0.2.1 at
+N >= 4K (75ccece). At (8,12,1K) the GPU time (CUDA-graph replay) is 0.36 ms; an eager call there is host-bound.
+GPT-2 124M training step under torch.compile: 0.92x RoPE's tokens/s with CUDA graphs (reduce-overhead), 0.88x in
+the default mode (b90054b; the earlier 1.17-1.26x was against a RoPE whose compiled rotation recomputed its cos/sin
+per element). Decode (8575259) over a cache of magnitudes, one query row per key head: 0.99x the time of SDPA over
+a materialised 2d-channel cache at 8x16x16384x64 (met); GQA 8x32x8x16384x128 1.19x (missed; 1.40x before the
+shared key-phase table), raw-key cache at d=64 1.35x (missed). A fused backward with ordered, deterministic dq
+accumulation (commit 1099773) was correct but slower at every shape and was removed. Correct within 2x the
+reference's error in bf16/fp16/fp32 on that GPU; backward bitwise deterministic.
 """
 from __future__ import annotations
 
