@@ -1245,8 +1245,8 @@ def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float,
         # rounding of k' and equal to fp16's (the H200 check keeps fp16 within 2x the reference's error); an fp32
         # table made fp16 decode 1.1-2.3x slower (fp32_decode_8575259.log). fp32 inputs: an fp32 table.
         table_dtype = torch.float32 if q.dtype == torch.float32 else torch.float16
-        table = transform(torch.ones((1, 1, seq_k, head_dim), device=q.device, dtype=table_dtype), theta, None,
-                          position_offset=0, magnitude="identity")
+        ones = torch.ones((1, 1, 1, head_dim), device=q.device, dtype=table_dtype).expand(1, 1, seq_k, head_dim)
+        table = transform(ones, theta, None, position_offset=0, magnitude="identity")  # ones: one row, stride 0
         table_args = args[:7] + (table,) + args[7:]
         _pope_decode_kernel[(num_splits, batch * n_kv_heads)](*table_args, BLOCK_M=block_m,
                                                               PRECISION=_precision(q.dtype), **options)
