@@ -288,15 +288,12 @@ def _key_ranges(pid_m, q_offset, seq_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.const
 # Pre-pass: x (B, H, N, d) -> x' (B, H, N, 2d) = [f(x) cos(phase), f(x) sin(phase)]
 # ----------------------------------------------------------------------------------------------------
 @triton.jit
-def _pope_transform_kernel(
-    X, Theta, Delta, Out,
-    stride_xb, stride_xh, stride_xn,
-    n_heads, seq_len, position_offset,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
-    HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr,
+def _transform_rows(
+    X, Theta, Delta, Out, stride_xb, stride_xh, stride_xn, pid_r, pid_bh, n_heads, seq_len, position_offset,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, HAS_DELTA: tl.constexpr,
+    MAGNITUDE: tl.constexpr,
 ):
-    pid_r = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    """Rows pid_r * BLOCK_R .. + BLOCK_R of head pid_bh (= b * n_heads + h) of x -> x'."""
     b = pid_bh // n_heads
     h = pid_bh % n_heads
     offs_r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -312,6 +309,28 @@ def _pope_transform_kernel(
     row_mask = (offs_r < seq_len)[:, None]
     tl.store(out_rows, x_cos.to(Out.dtype.element_ty), mask=row_mask)
     tl.store(out_rows + BLOCK_D, x_sin.to(Out.dtype.element_ty), mask=row_mask)
+
+
+@triton.jit
+def _pope_transform_kernel(
+    X, Theta, Delta, Out,
+    stride_xb, stride_xh, stride_xn,
+    n_heads, seq_len, position_offset, n_programs,
+    K, KOut, stride_kb, stride_kh, stride_kn, n_kv_heads, seq_k,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+    HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr,
+):
+    """Program (r, bh): bh < n_programs (= B * n_heads) transforms x (with delta, positions from
+    position_offset); the others, if the grid has them, the keys K (no delta, positions from 0) in the same
+    launch: the attention's q' and k' in one launch instead of two (host time, one launch tail)."""
+    pid_r = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    if pid_bh < n_programs:
+        _transform_rows(X, Theta, Delta, Out, stride_xb, stride_xh, stride_xn, pid_r, pid_bh, n_heads, seq_len,
+                        position_offset, HEAD_DIM, BLOCK_D, BLOCK_R, HAS_DELTA, MAGNITUDE)
+    else:
+        _transform_rows(K, Theta, Theta, KOut, stride_kb, stride_kh, stride_kn, pid_r, pid_bh - n_programs,
+                        n_kv_heads, seq_k, 0, HEAD_DIM, BLOCK_D, BLOCK_R, False, MAGNITUDE)
 
 
 @triton.jit
@@ -975,16 +994,34 @@ def transform(x: torch.Tensor, theta: torch.Tensor, delta: torch.Tensor | None, 
     """x (B, H, N, d) -> x' (B, H, N, 2 * BLOCK_D) contiguous, in x's dtype: [f(x) cos(phase) | f(x) sin(phase)],
     each half padded with zeros to BLOCK_D = _block_d(d) channels (no padding for d = 16, 32, 64, 128),
     phase = (position_offset + n) * theta - delta[h]. site: the caller's launch-site key (_launch)."""
+    return _transform(x, theta, delta, position_offset, magnitude, site, None)[0]
+
+
+def transform_queries_and_keys(q: torch.Tensor, k: torch.Tensor, theta: torch.Tensor, delta: torch.Tensor | None, *,
+                               q_offset: int, magnitude: str, site: tuple | None = None):
+    """(q', k') as `transform` makes them (q with delta at positions q_offset.., k without delta from 0), in one
+    launch."""
+    return _transform(q, theta, delta, q_offset, magnitude, site, k)
+
+
+def _transform(x, theta, delta, position_offset, magnitude, site, keys):
     batch, heads, seq, head_dim = x.shape
-    out = _empty((batch, heads, seq, 2 * _block_d(head_dim)), device=x.device, dtype=x.dtype)
-    rows = TRANSFORM_ROWS if _block_d(head_dim) <= 64 else TRANSFORM_ROWS // 2  # 4K elements a program
-    grid = (_cdiv(seq, rows), batch * heads)
+    block_d = _block_d(head_dim)
+    out = _empty((batch, heads, seq, 2 * block_d), device=x.device, dtype=x.dtype)
+    rows = TRANSFORM_ROWS if block_d <= 64 else TRANSFORM_ROWS // 2  # 4K elements a program
+    n_programs = batch * heads
+    if keys is None:  # the kernel's key arguments unused: no program reaches them
+        keys_out, kv_heads, seq_k, grid = out, heads, seq, (_cdiv(seq, rows), n_programs)
+    else:
+        kv_heads, seq_k = keys.shape[1], keys.shape[2]
+        keys_out = _empty((batch, kv_heads, seq_k, 2 * block_d), device=x.device, dtype=x.dtype)
+        grid = (_cdiv(max(seq, seq_k), rows), n_programs + batch * kv_heads)
     _launch(_pope_transform_kernel, grid, site, (
-        x, theta, delta if delta is not None else theta, out, *_strides(x),
-        heads, seq, position_offset),
-        HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), BLOCK_R=rows,
+        x, theta, delta if delta is not None else theta, out, *_strides(x), heads, seq, position_offset, n_programs,
+        keys if keys is not None else x, keys_out, *_strides(keys if keys is not None else x), kv_heads, seq_k),
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_R=rows,
         HAS_DELTA=delta is not None, MAGNITUDE=MAGNITUDE_CODES[magnitude], num_warps=4)
-    return out
+    return out, (keys_out if keys is not None else None)
 
 
 def _tma_ready(t: torch.Tensor, block_d: int) -> torch.Tensor:
@@ -1057,8 +1094,8 @@ def forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float, q_offs
     block_d = _block_d(head_dim)
     # q' and k' from the pre-pass (freed on return): q' by (BLOCK_M, 2 BLOCK_D) and k' by (BLOCK_N, 2 BLOCK_D)
     # [cos | sin] tiles, v by (BLOCK_N, BLOCK_D) tiles, all by TMA (zeros past the rows).
-    q_prime = transform(q, theta, delta, position_offset=q_offset, magnitude=magnitude, site=plan + ("forward q'",))
-    k_prime = transform(k, theta, None, position_offset=0, magnitude=magnitude, site=plan + ("forward k'",))
+    q_prime, k_prime = transform_queries_and_keys(q, k, theta, delta, q_offset=q_offset, magnitude=magnitude,
+                                                  site=plan + ("forward q' k'",))
     out = _empty(q.shape, device=q.device, dtype=q.dtype)
     lse = _empty((batch, n_q_heads, seq_q), device=q.device, dtype=torch.float32)
     qp_desc = _descriptor(q_prime.view(batch * n_q_heads, seq_q, 2 * block_d), [1, block_m, 2 * block_d])
@@ -1089,15 +1126,16 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
     # D = rowsum(dO * O) as a (B * Hq, rows) TMA source for part 2: rows padded to a multiple of 4 (16-byte stride).
     padded_q = _cdiv(seq_q, 4) * 4
     row_delta = _empty((batch * n_q_heads, padded_q), device=q.device, dtype=torch.float32)
-    # q' serves both parts: part 1's query blocks and part 2's streamed queries.
-    q_prime = transform(q, theta, delta, position_offset=q_offset, magnitude=magnitude, site=plan + ("backward q'",))
+    # q' serves both parts: part 1's query blocks and part 2's streamed queries. k' serves part 1's streamed keys
+    # (freed after part 1, or at d <= 64 after part 2, which reads its key blocks from it and writes dk and dv
+    # over it). Both from one launch.
+    q_prime, k_prime = transform_queries_and_keys(q, k, theta, delta, q_offset=q_offset, magnitude=magnitude,
+                                                  site=plan + ("backward q' k'",))
 
-    # Part 1: dq, D and the d delta partials, streaming the keys' k' (written here; freed after part 1, or at
-    # d <= 64 after part 2, which reads its key blocks from it and writes dk and dv over it).
+    # Part 1: dq, D and the d delta partials.
     block_m, block_n, num_warps, num_stages = _pick(BWD_DQ_CONFIGS, head_dim, dq_config, q.dtype)
     n_m_blocks = _cdiv(seq_q, block_m)
     d_delta_partial = _empty((batch, n_q_heads, n_m_blocks, head_dim), device=q.device, dtype=torch.float32)
-    k_prime = transform(k, theta, None, position_offset=0, magnitude=magnitude, site=plan + ("backward k'",))
     q_rows = q_prime.view(batch * n_q_heads, seq_q, 2 * block_d)
     k_rows = k_prime.view(batch * n_kv_heads, seq_k, 2 * block_d)
     v_tma = _tma_ready(v, block_d)
@@ -1267,5 +1305,5 @@ def frequencies(head_dim: int, base: float, device) -> torch.Tensor:
     return pope_frequencies(head_dim, base, device=device).contiguous()
 
 
-__all__ = ["forward", "backward", "decode_forward", "decode_tile", "transform", "frequencies", "load_configs", "INTERPRET",
-           "MAGNITUDE_CODES", "KERNEL_CONFIGS", "POISON_OUTPUTS"]
+__all__ = ["forward", "backward", "decode_forward", "decode_tile", "transform", "transform_queries_and_keys",
+           "frequencies", "load_configs", "INTERPRET", "MAGNITUDE_CODES", "KERNEL_CONFIGS", "POISON_OUTPUTS"]
