@@ -20,7 +20,7 @@ How the 2d-channel dot product is computed
     (softplus, cos/sin) is done ONCE per element, never per (query block, key block) pair:
       * the side that streams through the inner loop is read from a pre-pass buffer x' (B, H, N, 2 BLOCK_D),
         rows [cos | sin] zero-padded to the power-of-two BLOCK_D, written by `_pope_transform_kernel` (one
-        memory-bound pass, freed right after the kernel that reads it: the forward saves only q, k, v, out
+        memory-bound pass, q' and k' in one launch, freed right after the kernel that reads it: the forward saves only q, k, v, out
         and lse for backward). The forward's k'/v tiles and the dk/dv kernel's q'/dO/lse/D tiles stream in
         by TMA (host-side tensor descriptors): 10-12% off forward+backward at d = 64 on an H200, mostly from
         the dk/dv kernel, whose pointer version spilled; the dq kernel's k'/v by TMA too (2-4% off its backward);
