@@ -291,6 +291,22 @@ def test_backward_buffers_stay_within_sdpas_peak(kernels, monkeypatch, head_dim)
     assert all(ref() is None for ref in prepass), "a pre-pass buffer outlived the call"
 
 
+def test_queries_and_keys_pre_pass_in_one_launch_equals_two(kernels):
+    """transform_queries_and_keys (one launch) writes exactly what two transform calls write: q with delta at
+    positions q_offset.., k without delta from 0, with GQA heads and Nq != Nk (either longer), d=48 (padded)."""
+    if _delegated(kernels):
+        return
+    generator = torch.Generator().manual_seed(5)
+    theta = kernels.frequencies(48, 10000.0, DEVICE)
+    for seq_q, seq_k, q_offset in ((37, 97, 60), (97, 37, 0)):
+        q, k, _, delta, _ = _inputs(2, 4, 2, seq_q, seq_k, 48, torch.bfloat16, True, generator)
+        q, k, delta = q.to(torch.bfloat16), k.to(torch.bfloat16), delta.float()
+        q_prime, k_prime = kernels.transform_queries_and_keys(q, k, theta, delta, q_offset=q_offset,
+                                                              magnitude="softplus")
+        assert torch.equal(q_prime, kernels.transform(q, theta, delta, position_offset=q_offset, magnitude="softplus"))
+        assert torch.equal(k_prime, kernels.transform(k, theta, None, position_offset=0, magnitude="softplus"))
+
+
 @pytest.mark.parametrize("method,n_q_heads,seq_q", [("tensor_cores", 4, 2), ("lanes", 2, 1), ("lanes", 4, 2)])
 def test_decode_kernel_agrees_with_the_full_kernel(kernels, method, n_q_heads, seq_q):
     """The split-K decode kernels and the block kernel compute the same output and log-sum-exp."""
