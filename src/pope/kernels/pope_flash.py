@@ -16,12 +16,12 @@ How the 2d-channel dot product is computed
     over 2d channels (as two d-wide dots into one accumulator, Triton waits for the first wgmma group before
     issuing the second: one dot saves that wait, backward 2-4% and forward 1-3% faster on an H200;
     scripts/kernel_variants.py, docs/kernels.md). The tensor-core decode kernel keeps the halves as separate
-    (rows, d) tiles, S = Qcos @ Kcos^T + Qsin @ Ksin^T (mma.sync, both operands in registers). The transcendental work
-    (softplus, cos/sin) is done ONCE per element, never per (query block, key block) pair:
+    (rows, d) tiles, S = Qcos @ Kcos^T + Qsin @ Ksin^T (mma.sync, both operands in registers). The
+    transcendental work (softplus, cos/sin) is done ONCE per element, never per (query block, key block) pair:
       * the side that streams through the inner loop is read from a pre-pass buffer x' (B, H, N, 2 BLOCK_D),
         rows [cos | sin] zero-padded to the power-of-two BLOCK_D, written by `_pope_transform_kernel` (one
-        memory-bound pass, q' and k' in one launch, freed right after the kernel that reads it: the forward saves only q, k, v, out
-        and lse for backward). The forward's k'/v tiles and the dk/dv kernel's q'/dO/lse/D tiles stream in
+        memory-bound pass, q' and k' in one launch, freed right after the kernel that reads it: the forward
+        saves only q, k, v, out and lse for backward). The forward's k'/v tiles and the dk/dv kernel's q'/dO/lse/D tiles stream in
         by TMA (host-side tensor descriptors): 10-12% off forward+backward at d = 64 on an H200, mostly from
         the dk/dv kernel, whose pointer version spilled; the dq kernel's k'/v by TMA too (2-4% off its backward);
       * the side a program holds fixed: in the forward, its query block comes from a q' pre-pass too, by TMA
@@ -752,8 +752,8 @@ def _pope_decode_lanes_kernel(
     Score of key n = start_n + j by angle addition, folded into the query row: with A = q'cos, B = q'sin
     (BLOCK_D,) and (c, s) = (cos, sin)(start_n theta) once per tile, P = A c + B s, Q = B c - A s, and
         s[j] = sum_c f(k[n, c]) * W[j, c],   W = P[c] cos(j theta_c) + Q[c] sin(j theta_c),
-    from a per-program table (cos, sin)(j theta): three FMAs per cached key element plus f(k), all in fp32. Each key position j of the tile is its own
-    online-softmax lane (running max m[j], sum l[j], output acc[j, :]), so the loop has no reduction across
+    from a per-program table (cos, sin)(j theta): three FMAs per cached key element plus f(k), all in fp32.
+    Each key position j of the tile is its own online-softmax lane (running max m[j], sum l[j], output acc[j, :]), so the loop has no reduction across
     keys (no cross-warp exchange per tile); the BLOCK_N lanes are merged once at the end.
     Shapes: table, W, acc (BLOCK_N, BLOCK_D); m, l, s (BLOCK_N,).
     """
