@@ -753,8 +753,9 @@ def _pope_decode_lanes_kernel(
     (BLOCK_D,) and (c, s) = (cos, sin)(start_n theta) once per tile, P = A c + B s, Q = B c - A s, and
         s[j] = sum_c f(k[n, c]) * W[j, c],   W = P[c] cos(j theta_c) + Q[c] sin(j theta_c),
     from a per-program table (cos, sin)(j theta): three FMAs per cached key element plus f(k), all in fp32.
-    Each key position j of the tile is its own online-softmax lane (running max m[j], sum l[j], output acc[j, :]), so the loop has no reduction across
-    keys (no cross-warp exchange per tile); the BLOCK_N lanes are merged once at the end.
+    Each key position j of the tile is its own online-softmax lane (running max m[j], sum l[j], output
+    acc[j, :]), so the loop has no reduction across keys (no cross-warp exchange per tile); the BLOCK_N lanes
+    are merged once at the end.
     Shapes: table, W, acc (BLOCK_N, BLOCK_D); m, l, s (BLOCK_N,).
     """
     pid_split = tl.program_id(0)
