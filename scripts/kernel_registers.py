@@ -42,7 +42,7 @@ KERNELS = {
 }
 
 
-def descriptor_types(kernel, constexprs: dict) -> dict:
+def descriptor_types(constexprs: dict) -> dict:
     """The TMA descriptor arguments' types (element type and block shape) as the launchers build them: q' and k'
     as one (rows, 2 BLOCK_D) tile [cos | sin], v and dO as (rows, BLOCK_D)."""
     bm, bn, bd = constexprs.get("BLOCK_M", 16), constexprs["BLOCK_N"], constexprs["BLOCK_D"]
@@ -53,7 +53,7 @@ def descriptor_types(kernel, constexprs: dict) -> dict:
 
 def signature(kernel, constexprs: dict) -> dict:
     types = {}
-    descriptors = descriptor_types(kernel, constexprs)
+    descriptors = descriptor_types(constexprs)
     for name in kernel.arg_names:
         if name in constexprs:
             types[name] = "constexpr"

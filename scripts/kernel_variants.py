@@ -8,7 +8,8 @@ old.py`), then, in one call on the GPU machine,
 
 Each (module, shape, tile) row times pope_flash.forward and pope_flash.backward (bf16, causal, softplus, delta)
 with triton.testing.do_bench (median ms; --cuda-graph: CUDA-graph replays, GPU time without host overhead), after
-checking that the module's forward output and gradients agree with the first module's to bf16 rounding. Tiles not given are the module's defaults. Prints a table; writes JSON.
+checking that the module's forward output and gradients agree with the first module's to bf16 rounding. Tiles not
+given are the module's defaults. Prints a table; writes JSON.
 `TRITON_INTERPRET=1 ... --device cpu --shapes 1x2x40x32` runs it on CPU through Triton's interpreter (a check of
 this script: its timings mean nothing there).
 """

@@ -21,9 +21,10 @@ How the 2d-channel dot product is computed
       * the side that streams through the inner loop is read from a pre-pass buffer x' (B, H, N, 2 BLOCK_D),
         rows [cos | sin] zero-padded to the power-of-two BLOCK_D, written by `_pope_transform_kernel` (one
         memory-bound pass, q' and k' in one launch, freed right after the kernel that reads it: the forward
-        saves only q, k, v, out and lse for backward). The forward's k'/v tiles and the dk/dv kernel's q'/dO/lse/D tiles stream in
-        by TMA (host-side tensor descriptors): 10-12% off forward+backward at d = 64 on an H200, mostly from
-        the dk/dv kernel, whose pointer version spilled; the dq kernel's k'/v by TMA too (2-4% off its backward);
+        saves only q, k, v, out and lse for backward). The forward's k'/v tiles and the dk/dv kernel's
+        q'/dO/lse/D tiles stream in by TMA (host-side tensor descriptors): 10-12% off forward+backward at d = 64
+        on an H200, mostly from the dk/dv kernel, whose pointer version spilled; the dq kernel's k'/v by TMA too
+        (2-4% off its backward);
       * the side a program holds fixed: in the forward, its query block comes from a q' pre-pass too, by TMA
         into shared memory, where the score products read it: no transform at program start and no register
         copy of q' (d=128: no more spills), so the d=64 forward fits (128, 64) tiles in 121 registers and
