@@ -329,6 +329,63 @@ def test_decode_kernel_agrees_with_the_full_kernel(kernels, method, n_q_heads, s
     assert torch.allclose(lse_block, lse_decode, rtol=1e-5, atol=1e-6)
 
 
+def test_raw_launch_passes_what_tritons_launcher_passes(kernels, monkeypatch):
+    """_RawLaunch calls the C launcher with exactly the arguments Triton's CudaLauncher.__call__ and its
+    descriptor wrapper would (the real Triton code, run on a recording launcher), and encodes a descriptor again
+    only for a new (parameter, pointer, shape, strides)."""
+    if _delegated(kernels):
+        return
+    driver = pytest.importorskip("triton.backends.nvidia.driver")
+    expansions = []
+
+    def expand(descriptor, metadata):  # stands in for cuTensorMapEncodeTiled (needs a GPU): a fresh object a call
+        expansions.append(metadata["tag"])
+        return [object(), *descriptor.shape, *descriptor.strides]
+
+    monkeypatch.setattr(driver, "make_tensordesc_arg", expand)
+    calls = []
+
+    class CLaunch:  # the compiled C launcher: records what it is given
+        def __call__(self, *args):
+            calls.append(args)
+
+    signature = {"X": "*bf16", "XDesc": "tensordesc<bf16[1, 64, 128]>", "n": "i32", "YDesc": "tensordesc<fp32[1, 64]>",
+                 "BLOCK": "constexpr"}
+    launcher = object.__new__(driver.CudaLauncher)  # a real CudaLauncher's state, without compiling C
+    launcher.__dict__.update(num_ctas=1, global_scratch_size=0, global_scratch_align=1, profile_scratch_size=0,
+                             profile_scratch_align=1, launch_cooperative_grid=False, launch_pdl=True,
+                             launch=driver.wrap_handle_tensordesc(CLaunch(), signature, [{"tag": "x"}, {"tag": "y"}]))
+    compiled = type("Compiled", (), {"run": launcher})()
+    raw = kernels._RawLaunch.of(compiled)
+    assert raw is not None
+
+    def params(x, y):
+        return (x, kernels._descriptor(x, [1, 64, 128]), 7, kernels._descriptor(y, [1, 64]), 16)
+
+    def same(triton_args, raw_args):  # tensor maps compared by identity (each launch path made its own)
+        assert len(triton_args) == len(raw_args)
+        for a, b in zip(triton_args, raw_args):
+            assert a is b or (type(a) is not object and a == b) or (type(a) is object and type(b) is object)
+
+    x, y = torch.zeros(2, 64, 128, dtype=torch.bfloat16), torch.zeros(2, 64)
+    for new_y in (y, y, torch.zeros(2, 64)):
+        launcher(5, 2, 1, 77, "function", "packed", None, None, None, *params(x, new_y))  # what _launch used to call
+        raw(5, 2, 77, "function", "packed", params(x, new_y))
+        same(calls[-2], calls[-1])
+        assert calls[-1][:13] == (5, 2, 1, 77, "function", False, True, None, None, "packed", None, None, None)
+        # x, [map, shape, strides] of x's descriptor, 7, [map, shape, strides] of y's, the constexpr
+        assert calls[-1][13] is x and calls[-1][15:22] == (2, 64, 128, 8192, 128, 1, 7) and calls[-1][-1] == 16
+    # Triton's path encodes both descriptors every call; the raw path both on its first, then only the new y.
+    assert expansions == ["x", "y", "x", "y", "x", "y", "x", "y", "y"]
+    launcher.global_scratch_size = 128  # scratch memory: the raw path declines
+    assert kernels._RawLaunch.of(compiled) is None
+    launcher.global_scratch_size, launcher.launch = 0, CLaunch()  # no descriptors: the C launcher as it is
+    plain = kernels._RawLaunch.of(compiled)
+    plain(3, 1, 9, "function", "packed", (x, 4))
+    assert calls[-1] == (3, 1, 1, 9, "function", False, True, None, None, "packed", None, None, None, x, 4)
+    assert kernels._RawLaunch.of(type("Compiled", (), {"run": lambda *a: None})()) is None
+
+
 def test_direct_launch_reuses_the_compiled_kernel_per_site(kernels, monkeypatch):
     """_launch: Triton's path on a site's first call, then the compiled launcher with every parameter in order
     (constexprs included); a changed config or site=None goes back through Triton."""

@@ -952,8 +952,10 @@ def _launch(kernel, grid: tuple, site: tuple | None, args: tuple, **meta):
     """kernel[grid](*args, **meta). After the first launch of a site (plan key + launch-site tag), the compiled
     kernel is called directly: Triton's launch path (binding and specialising ~30 arguments, cache lookup,
     checks) costs several times the launch itself in host time, which is what an eager call at short
-    sequences waits on (docs/kernels.md, host overhead). site=None (or the interpreter, or a Triton launch
-    hook) always takes Triton's path."""
+    sequences waits on (docs/kernels.md, host overhead), and so does a compiled model's step in torch.compile's
+    default mode (benchmarks/experiments/host_delay_step.py). Where it can (_RawLaunch), the direct call skips
+    Triton's Python launcher as well and reuses each TMA descriptor's encoding. site=None (or the interpreter,
+    or a Triton launch hook) always takes Triton's path."""
     if site is None or not DIRECT_LAUNCH or INTERPRET or _launch_hooks_active():
         return kernel[grid](*args, **meta)
     device = torch.cuda.current_device()  # Triton launches on the current device, and loads kernels per device
@@ -965,16 +967,96 @@ def _launch(kernel, grid: tuple, site: tuple | None, args: tuple, **meta):
             _DIRECT_LAUNCHES.clear()
         # The compiled launcher takes every kernel parameter in order, constexprs included (it skips them).
         constants = tuple(meta[name] for name in kernel.arg_names[len(args):])
-        _DIRECT_LAUNCHES[key] = (compiled.run, compiled.function, compiled.packed_metadata, constants, dict(meta))
+        raw = _RawLaunch.of(compiled) if RAW_LAUNCH else None
+        _DIRECT_LAUNCHES[key] = (compiled.run, compiled.function, compiled.packed_metadata, constants, dict(meta), raw)
         return compiled
-    run, function, packed_metadata, constants, first_meta = entry
+    run, function, packed_metadata, constants, first_meta, raw = entry
     if meta != first_meta:  # a config changed (load_configs, overrides): not the kernel that was compiled
         del _DIRECT_LAUNCHES[key]
         return _launch(kernel, grid, site, args, **meta)
     stream = _current_stream(device)
     grid_y = grid[1] if len(grid) > 1 else 1
-    run(grid[0], grid_y, 1, stream, function, packed_metadata, None, None, None, *args, *constants)
+    if raw is not None:
+        raw(grid[0], grid_y, stream, function, packed_metadata, args + constants)
+    else:
+        run(grid[0], grid_y, 1, stream, function, packed_metadata, None, None, None, *args, *constants)
     return None
+
+
+RAW_LAUNCH = True  # False: direct launches go through Triton's Python launcher (CudaLauncher) as before
+
+
+class _RawLaunch:
+    """A compiled kernel's C launcher, called without Triton's Python layers around it: CudaLauncher.__call__
+    (scratch allocation, here none) and the wrapper that expands each host-side TensorDescriptor into
+    (CUtensorMap, shape, strides) by encoding a fresh tensor map on every launch (`make_tensordesc_arg`,
+    cuTensorMapEncodeTiled). Here each expansion is kept per (parameter, base pointer, shape, strides): within one
+    launch site the caching allocator hands back the same buffers call after call, so a training step re-encodes
+    nothing. Safe to reuse: the map holds only what the key holds, and the launcher copies it into the launch's
+    parameters by value. The expansion itself is Triton's (`make_tensordesc_arg`), made on a miss.
+
+    `of` returns None (the caller keeps Triton's launcher) unless the launcher is what this knows: Triton 3.6's
+    CudaLauncher, no scratch memory, one CTA per program, and its `launch` either the C launcher itself (no
+    descriptors) or the descriptor wrapper, recognised by its closure (launcher, signature indices, metadata), with
+    every descriptor lowered to a CUtensorMap (nvTmaDesc). A CPU test holds the expansion to the wrapper's."""
+
+    MAX_ENCODINGS = 64  # per launch site; cleared when full (pointers that keep changing)
+
+    def __init__(self, c_launch, cooperative, pdl, descriptor_params, expand):
+        self.c_launch = c_launch
+        self.cooperative = cooperative
+        self.pdl = pdl
+        self.descriptor_params = descriptor_params  # ((parameter index, Triton's descriptor metadata), ...) in order
+        self.expand = expand  # triton's make_tensordesc_arg(descriptor, metadata) -> [tensor map, *shape, *strides]
+        self.encodings: dict = {}
+
+    @classmethod
+    def of(cls, compiled):
+        try:
+            from triton.backends.nvidia import driver
+        except ImportError:
+            return None
+        launcher = getattr(compiled, "run", None)
+        if (not isinstance(launcher, getattr(driver, "CudaLauncher", ()))
+                or getattr(driver, "_BASE_ARGS_FORMAT", None) != "iiiKKppOOOOOO"  # the leading arguments, below
+                or getattr(launcher, "global_scratch_size", 1) or getattr(launcher, "profile_scratch_size", 1)
+                or getattr(launcher, "num_ctas", 1) != 1):
+            return None
+        c_launch, descriptor_params, expand = launcher.launch, (), None
+        closure = getattr(c_launch, "__closure__", None)
+        if closure is not None:  # wrap_handle_tensordesc's wrapper around the C launcher: expand here instead
+            cells = dict(zip(c_launch.__code__.co_freevars, (cell.cell_contents for cell in closure)))
+            if set(cells) != {"launcher", "tensordesc_indices", "tensordesc_meta"}:
+                return None
+            indices, metadata = sorted(cells["tensordesc_indices"]), list(cells["tensordesc_meta"] or ())
+            if len(indices) != len(metadata) or any(m is None for m in metadata):
+                return None  # descriptors passed decomposed (no TMA lowering): Triton's path
+            c_launch, descriptor_params, expand = cells["launcher"], tuple(zip(indices, metadata)), \
+                driver.make_tensordesc_arg
+        return cls(c_launch, launcher.launch_cooperative_grid, launcher.launch_pdl, descriptor_params, expand)
+
+    def expanded_args(self, params: tuple) -> list:
+        """The kernel parameters as the C launcher takes them: each descriptor replaced by its expansion."""
+        out, start = [], 0
+        for index, metadata in self.descriptor_params:
+            out.extend(params[start:index])
+            descriptor = params[index]
+            key = (index, descriptor.base.data_ptr(), tuple(descriptor.shape), tuple(descriptor.strides))
+            expansion = self.encodings.get(key)
+            if expansion is None:
+                if len(self.encodings) >= self.MAX_ENCODINGS:
+                    self.encodings.clear()
+                expansion = self.encodings[key] = self.expand(descriptor, metadata)
+            out.extend(expansion)
+            start = index + 1
+        out.extend(params[start:])
+        return out
+
+    def __call__(self, grid_x, grid_y, stream, function, packed_metadata, params: tuple):
+        # The C launcher's leading arguments (Triton 3.6, driver._BASE_ARGS_FORMAT): grid, stream, function,
+        # cooperative, PDL, global and profile scratch, metadata, launch metadata, enter and exit hooks.
+        self.c_launch(grid_x, grid_y, 1, stream, function, self.cooperative, self.pdl, None, None, packed_metadata,
+                      None, None, None, *self.expanded_args(params))
 
 
 def _launch_hooks_active() -> bool:
