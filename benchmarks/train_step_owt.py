@@ -26,8 +26,9 @@ from attention import append_csv, provenance  # noqa: E402  (same directory: sha
 SPECS = {"rope (sdpa)": "rope", "pope (triton)": "pope:backend=triton"}
 
 
-def step_time(pe: str, *, batch: int, seq_len: int, steps: int, warmup: int, compile_mode: str = "default",
-              profile_path: str | None = None) -> dict:
+def build_train_step(pe: str, *, batch: int, seq_len: int, compile_mode: str = "default"):
+    """(train_step, cleanup): one compiled GPT-2 124M training step on random tokens (not yet run: the first calls
+    compile), and a function that frees the model. Dynamo's counters are cleared here (graph breaks)."""
     from torch._dynamo.utils import counters
 
     from pope.model import GPT
@@ -54,8 +55,16 @@ def step_time(pe: str, *, batch: int, seq_len: int, steps: int, warmup: int, com
         optimizer.zero_grad(set_to_none=True)
         return loss
 
-    for _ in range(warmup):
-        loss = train_step()
+    def cleanup():
+        nonlocal model, optimizer, compiled
+        del model, optimizer, compiled
+        torch.cuda.empty_cache()
+
+    return train_step, cleanup
+
+
+def time_steps(train_step, steps: int):
+    """(ms per step, last loss): `steps` steps back to back, timed with CUDA events (no sync in between)."""
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -63,13 +72,22 @@ def step_time(pe: str, *, batch: int, seq_len: int, steps: int, warmup: int, com
         loss = train_step()
     end.record()
     torch.cuda.synchronize()
-    ms = start.elapsed_time(end) / steps
+    return start.elapsed_time(end) / steps, loss
+
+
+def step_time(pe: str, *, batch: int, seq_len: int, steps: int, warmup: int, compile_mode: str = "default",
+              profile_path: str | None = None) -> dict:
+    from torch._dynamo.utils import counters
+
+    train_step, cleanup = build_train_step(pe, batch=batch, seq_len=seq_len, compile_mode=compile_mode)
+    for _ in range(warmup):
+        train_step()
+    ms, loss = time_steps(train_step, steps)
     if profile_path is not None:  # after the timed steps: the profiler's own overhead is not in ms
         write_profile(train_step, profile_path)
     graph_breaks = sum(counters["graph_break"].values())
-    del model, optimizer, compiled
-    torch.cuda.empty_cache()
-    return {"pe": pe, "ms_per_step": ms, "tokens_per_s": batch * seq_len / ms * 1e3, "loss": float(loss),
+    cleanup()
+    return {"pe": pe, "ms_per_step": ms, "tokens_per_s": batch * seq_len / ms * 1e3, "loss": float(loss.detach()),
             "graph_breaks": graph_breaks}
 
 
