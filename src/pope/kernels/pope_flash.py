@@ -63,9 +63,10 @@ d=128; target 1.5x missed, the deterministic backward's 22 M.N.d units dominate)
 rotates eagerly and 1.49-1.55x one that rotates through torch.compile, itself 1.01-1.08x SDPA (target 1.0x met
 only at 4K against the eager rotation); peak memory equal to SDPA's (met), 80-108x faster than pope-pytorch 0.2.1 at
 N >= 4K (75ccece). At (8,12,1K) the GPU time (CUDA-graph replay) is 0.36 ms; an eager call there is host-bound.
-GPT-2 124M training step under torch.compile: 0.92x RoPE's tokens/s with CUDA graphs (reduce-overhead), 0.88x in
-the default mode (b90054b; the earlier 1.17-1.26x was against a RoPE whose compiled rotation recomputed its cos/sin
-per element). Decode (8575259) over a cache of magnitudes, one query row per key head: 0.99x the time of SDPA over
+GPT-2 124M training step under torch.compile: 0.92x RoPE's tokens/s with CUDA graphs (reduce-overhead) and in
+the default mode (c49570b), where a slow host can make it 0.88x (b90054b): the operators' Python is on the step's
+critical path there (the earlier 1.17-1.26x was against a RoPE whose compiled rotation recomputed its cos/sin per
+element). Decode (8575259) over a cache of magnitudes, one query row per key head: 0.99x the time of SDPA over
 a materialised 2d-channel cache at 8x16x16384x64 (met); GQA 8x32x8x16384x128 1.19x (missed; 1.40x before the
 shared key-phase table), raw-key cache at d=64 1.35x (missed). A fused backward with ordered, deterministic dq
 accumulation (commit 1099773) was correct but slower at every shape and was removed. Correct within 2x the
