@@ -12,8 +12,6 @@ import os
 import sys
 import time
 
-import torch
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from train_step_owt import step_time  # noqa: E402
 
