@@ -43,6 +43,7 @@ def main(argv=None):
     parser.add_argument("--dtype", default="bf16", choices=list(DTYPES))
     parser.add_argument("--default-tiles-only", action="store_true")
     parser.add_argument("--name", default=None, help="output file name without .json")
+    parser.add_argument("--old-label", default="old", help="what to call the other module in the rows")
     args = parser.parse_args(argv)
     old = load("old_pope_flash", args.old)
     dtype = DTYPES[args.dtype]
@@ -67,7 +68,7 @@ def main(argv=None):
                         method="tensor_cores")
             reference, _ = old.decode_forward(q, k, v, delta, theta, **opts)
             for extra in tiles:  # both modules at the same tiles, side by side
-                for label, module in (("old", old), ("head", head)):
+                for label, module in ((args.old_label, old), ("head", head)):
                     try:
                         out, _ = module.decode_forward(q, k, v, delta, theta, **opts, **extra)
                         diff = (out.float() - reference.float()).abs().max().item()
