@@ -1300,13 +1300,6 @@ def _sm_count(device) -> int:
 DECODE_LANES_MAX_ROWS = 1
 
 
-# How many split-K programs per SM decode aims for. The lanes kernel hides latency with many small programs.
-# The tensor-core kernel runs four programs per SM (128 registers) and is fastest at about one wave of them:
-# bf16 GQA, magnitude cache, H200 (decode_splits_6395925.log): 8x32x8x16384x128 0.224 ms at 16 per SM (33 splits),
-# 0.216 at 16 splits, 0.212 at 8; 8x32x4x16384x64 0.105 at 66 splits, 0.096 at 16.
-DECODE_PROGRAMS_PER_SM = {"lanes": 16, "tensor_cores": 4}
-
-
 def decode_tile(head_dim: int, dtype: torch.dtype, method: str) -> tuple[int, int, int]:
     """Default (block_n, num_warps, stages) of a decode kernel ("lanes" or "tensor_cores"; both stream k/v
     through a cp.async pipeline of `stages` - 1 buffers). From the decode sweeps on an H200 (docs/kernels.md):
@@ -1352,10 +1345,9 @@ def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float,
     if INTERPRET:
         block_n = min(block_n, 32)
     if num_splits is None:
-        # DECODE_PROGRAMS_PER_SM[method] programs per SM, each with at least two key tiles; at most
-        # MAX_DECODE_SPLITS (the combine kernel holds all of a row's splits in registers).
-        num_splits = max(1, min(_cdiv(seq_k, 2 * block_n),
-                                _cdiv(DECODE_PROGRAMS_PER_SM[method] * _sm_count(q.device), programs_per_split),
+        # ~16 programs per SM to hide latency, each with at least two key tiles; at most MAX_DECODE_SPLITS
+        # (the combine kernel holds all of a row's splits in registers).
+        num_splits = max(1, min(_cdiv(seq_k, 2 * block_n), _cdiv(16 * _sm_count(q.device), programs_per_split),
                                 MAX_DECODE_SPLITS))
     keys_per_split = _cdiv(_cdiv(seq_k, num_splits), block_n) * block_n
     num_splits = _cdiv(seq_k, keys_per_split)
