@@ -51,6 +51,10 @@ How the 2d-channel dot product is computed
     iterates over key blocks; dk and dv from another that iterates over the query blocks of every query
     head of its key head's group; d(delta) is the sum of the per-block partials (a fixed-order torch
     reduction), so two runs give bitwise-identical gradients.
+    Host: after a launch site's first call (Triton's own path), each kernel is launched through its compiled C
+    launcher (`_launch`, `_RawLaunch`) with the TMA descriptors' encodings kept per buffer, so a steady-state
+    call does no Triton argument binding and no tensor-map encoding: in torch.compile's default mode the
+    operators' Python is on a training step's critical path when the host is slow.
 
 Angles: position (fp32) x theta (fp32) rounded once, as pope.frequencies.angles does; cos/sin through an
 FMA-only sincos (Cody-Waite reduction + minimax polynomials, ~1 ulp); softplus as max(x, 0) +
