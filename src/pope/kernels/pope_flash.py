@@ -49,8 +49,8 @@ How the 2d-channel dot product is computed
         call that every batch and head shares, so k' = f(k) * table rows).
     Backward: no atomics. dq (+ the per-block partial sums of d(delta)) comes from one kernel that
     iterates over key blocks; dk and dv from another that iterates over the query blocks of every query
-    head of its key head's group; d(delta) is the sum of the per-block partials (a fixed-order torch
-    reduction), so two runs give bitwise-identical gradients.
+    head of its key head's group; d(delta) is the sum of the per-block partials, in a fixed order by the
+    backward's last launch (with the split pass), so two runs give bitwise-identical gradients.
     Host: after a launch site's first call (Triton's own path), each kernel is launched through its compiled C
     launcher (`_launch`, `_RawLaunch`) with the TMA descriptors' encodings kept per buffer, so a steady-state
     call does no Triton argument binding and no tensor-map encoding: in torch.compile's default mode the
@@ -341,18 +341,38 @@ def _pope_transform_kernel(
 
 @triton.jit
 def _split_rows_kernel(
-    X, OutA, OutB, n_rows, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+    X, OutA, OutB, n_rows, n_split_programs,
+    Partial, DDelta, batch, n_q_heads, n_m_blocks,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
-    """Rows [a | b] of X (n_rows, 2 BLOCK_D), each half zero-padded to BLOCK_D -> contiguous OutA, OutB (n_rows, d):
-    the dk/dv kernel's gradients, written over k' rows, copied out in one pass (two strided torch copies cost twice
-    the time on an H200)."""
-    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    """The backward's last launch, two jobs by program id:
+    * programs < n_split_programs: rows [a | b] of X (n_rows, 2 BLOCK_D), each half zero-padded to BLOCK_D ->
+      contiguous OutA, OutB (n_rows, d): the dk/dv kernel's gradients, written over k' rows, copied out in one
+      pass (two strided torch copies cost twice the time on an H200);
+    * the programs after them, one per query head: d(delta)[h] (d,) = the sum of the dq kernel's partials
+      Partial (B, Hq, n_m_blocks, d) fp32 over batches and query blocks, in a fixed order (deterministic), stored
+      in DDelta's dtype: one launch instead of a torch sum and cast after the kernels."""
+    pid = tl.program_id(0)
     offs_d = tl.arange(0, BLOCK_D)
-    mask = (offs_r < n_rows)[:, None] & (offs_d < HEAD_DIM)[None, :]
-    rows = X + offs_r[:, None] * (2 * BLOCK_D) + offs_d[None, :]
-    out = offs_r[:, None] * HEAD_DIM + offs_d[None, :]
-    tl.store(OutA + out, tl.load(rows, mask=mask), mask=mask)
-    tl.store(OutB + out, tl.load(rows + BLOCK_D, mask=mask), mask=mask)
+    mask_d = offs_d < HEAD_DIM
+    if pid < n_split_programs:
+        offs_r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+        mask = (offs_r < n_rows)[:, None] & mask_d[None, :]
+        rows = X + offs_r[:, None] * (2 * BLOCK_D) + offs_d[None, :]
+        out = offs_r[:, None] * HEAD_DIM + offs_d[None, :]
+        tl.store(OutA + out, tl.load(rows, mask=mask), mask=mask)
+        tl.store(OutB + out, tl.load(rows + BLOCK_D, mask=mask), mask=mask)
+    else:
+        h = pid - n_split_programs
+        total = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)  # (blocks, channels) partial sums
+        offs_m = tl.arange(0, BLOCK_R)
+        for b in range(0, batch):
+            head_rows = Partial + (b * n_q_heads + h).to(tl.int64) * n_m_blocks * HEAD_DIM
+            for start in range(0, n_m_blocks, BLOCK_R):
+                blocks = start + offs_m
+                mask = (blocks < n_m_blocks)[:, None] & mask_d[None, :]
+                total += tl.load(head_rows + blocks[:, None] * HEAD_DIM + offs_d[None, :], mask=mask, other=0.0)
+        tl.store(DDelta + h * HEAD_DIM + offs_d, tl.sum(total, 0).to(DDelta.dtype.element_ty), mask=mask_d)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -1269,19 +1289,24 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
         CAUSAL=causal, MAGNITUDE=code, PRECISION=precision, KEYS_FROM_PREPASS=keys_from_prepass,
         num_warps=num_warps, num_stages=num_stages)
     del q_prime, q_rows, qp_desc, descriptors, key_descriptors
+    # One last launch: dk and dv copied out of k' (d <= 64) and d(delta) summed from its partials, by one kernel.
     if keys_from_prepass:
         dk = _empty(k.shape, device=k.device, dtype=k.dtype)
         dv = _empty(v.shape, device=v.device, dtype=v.dtype)
         n_rows = batch * n_kv_heads * seq_k
-        _launch(_split_rows_kernel, (_cdiv(n_rows, TRANSFORM_ROWS),), plan + ("dk dv out",), (k_prime, dk, dv, n_rows),
-                HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_R=TRANSFORM_ROWS, num_warps=4)
-        del k_prime, k_rows, kp_desc, kp_rows, dk_out, dv_out
+        source = k_prime
     else:
-        dk, dv = dk_out, dv_out
-
-    d_delta = None
-    if delta is not None:
-        d_delta = d_delta_partial.sum(dim=(0, 2)).to(delta.dtype)  # (Hq, d), fixed-order reduction
+        dk, dv, n_rows, source = dk_out, dv_out, 0, dk_out  # nothing to split: source, outputs unused
+    d_delta = _empty(delta.shape, device=q.device, dtype=delta.dtype) if delta is not None else None
+    n_split_programs = _cdiv(n_rows, TRANSFORM_ROWS)
+    n_programs = n_split_programs + (n_q_heads if delta is not None else 0)
+    if n_programs:
+        _launch(_split_rows_kernel, (n_programs,), plan + ("dk dv out, d delta",), (
+            source, dk, dv, n_rows, n_split_programs,
+            d_delta_partial, d_delta if d_delta is not None else d_delta_partial, batch, n_q_heads, n_m_blocks),
+            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_R=TRANSFORM_ROWS, num_warps=4)
+    if keys_from_prepass:
+        del k_prime, k_rows, kp_desc, kp_rows, dk_out, dv_out
     return dq, dk, dv, d_delta
 
 
