@@ -340,7 +340,7 @@ def _pope_transform_kernel(
 
 
 @triton.jit
-def _split_rows_kernel(
+def _backward_epilogue_kernel(
     X, OutA, OutB, n_rows, n_split_programs,
     Partial, DDelta, batch, n_q_heads, n_m_blocks,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
@@ -889,7 +889,7 @@ KERNEL_CONFIGS = {"fwd": FWD_CONFIGS, "dq": BWD_DQ_CONFIGS, "dkdv": BWD_DKDV_CON
 # Up to this BLOCK_D the dk/dv kernel reads its key block from the backward's k' (kept alive, dk and dv written
 # over it) instead of transforming it in registers: backward -4.7% at 4x16x4096x64 before the copy-out, but +4.5%
 # at d=128 (where the register path stays) on an H200 (kernel_variants_dkdv_keys_prepass.json); with the copy-out
-# (_split_rows_kernel) -1.4 to -2.7% from 1K to 16K (kernel_variants_dkdv_keys_prepass_split.json).
+# (_backward_epilogue_kernel) -1.4 to -2.7% from 1K to 16K (kernel_variants_dkdv_keys_prepass_split.json).
 DKDV_KEYS_FROM_PREPASS_MAX_BLOCK_D = 64
 
 
@@ -1301,7 +1301,7 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
     n_split_programs = _cdiv(n_rows, TRANSFORM_ROWS)
     n_programs = n_split_programs + (n_q_heads if delta is not None else 0)
     if n_programs:
-        _launch(_split_rows_kernel, (n_programs,), plan + ("dk dv out, d delta",), (
+        _launch(_backward_epilogue_kernel, (n_programs,), plan + ("dk dv out, d delta",), (
             source, dk, dv, n_rows, n_split_programs,
             d_delta_partial, d_delta if d_delta is not None else d_delta_partial, batch, n_q_heads, n_m_blocks),
             HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_R=TRANSFORM_ROWS, num_warps=4)
