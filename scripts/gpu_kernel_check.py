@@ -38,9 +38,12 @@ CHECK_SHAPES = [
     (4, 12, 12, 7, 3001, 64, True),
     (8, 12, 12, 1, 3001, 64, True),  # one row per key head: the lanes decode kernel
     (4, 16, 16, 1, 16384, 128, True),
+    # decode over a cache of magnitudes (the model's; magnitude "identity"): k times a table in the input dtype
+    (4, 32, 8, 1, 16384, 128, True, "identity"),
+    (4, 16, 4, 2, 5000, 64, True, "identity"),
 ]
 # fp16 and fp32 at these rows of CHECK_SHAPES (each dtype x head dim is a separate compile).
-OTHER_DTYPE_ROWS = (0, 4, 6, 8, 10)
+OTHER_DTYPE_ROWS = (0, 4, 6, 8, 10, 12)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # TRITON_INTERPRET=1 python scripts/gpu_kernel_check.py --smoke runs tiny shapes on CPU (checks this script).
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -55,7 +58,9 @@ def _grads(fn, q, k, v, delta, grad_out, dtype, options):
 
 
 def check_correctness(shape, dtype_name, seed=0):
-    batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim, causal = shape
+    """shape: (batch, Hq, Hkv, Nq, Nk, d, causal[, magnitude]), magnitude "softplus" unless given."""
+    batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim, causal, *magnitude = shape
+    magnitude = magnitude[0] if magnitude else "softplus"
     dtype = DTYPES[dtype_name]
     g = torch.Generator(device=DEVICE).manual_seed(seed)
     randn = lambda *s: torch.randn(*s, generator=g, device=DEVICE, dtype=torch.float64)  # noqa: E731
@@ -63,7 +68,7 @@ def check_correctness(shape, dtype_name, seed=0):
     delta = -2 * math.pi * torch.rand(n_q_heads, head_dim, generator=g, device=DEVICE, dtype=torch.float64)
     grad_out = randn(batch, n_q_heads, seq_q, head_dim)
     options = dict(base=10000.0, causal=causal, softmax_scale=head_dim ** -0.5, q_offset=seq_k - seq_q,
-                   magnitude="softplus", rotary_dim=None)
+                   magnitude=magnitude, rotary_dim=None)
     exact = _grads(reference_pope_attention, q, k, v, delta, grad_out, torch.float64, options)
     reference = _grads(reference_pope_attention, q, k, v, delta, grad_out, dtype, options)
     fused = _grads(triton_pope_attention, q, k, v, delta, grad_out, dtype, options)
@@ -238,7 +243,8 @@ def main(argv=None):
         CHECK_SHAPES = [(1, 2, 1, 37, 37, 32, True), (1, 2, 2, 5, 40, 48, False), (1, 2, 2, 40, 40, 64, True),
                         (1, 2, 2, 40, 40, 64, True), (1, 4, 2, 1, 50, 64, True), (1, 2, 2, 3, 33, 64, True),
                         (1, 2, 2, 20, 40, 48, False), (1, 2, 2, 20, 40, 48, False), (1, 4, 2, 1, 50, 64, True),
-                        (1, 2, 2, 7, 40, 64, True), (1, 2, 2, 1, 50, 64, True), (1, 2, 2, 1, 40, 128, True)]
+                        (1, 2, 2, 7, 40, 64, True), (1, 2, 2, 1, 50, 64, True), (1, 2, 2, 1, 40, 128, True),
+                        (1, 8, 2, 1, 50, 128, True, "identity"), (1, 4, 2, 2, 45, 64, True, "identity")]
     results = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (interpreter)",
                "torch": torch.__version__}
     import triton

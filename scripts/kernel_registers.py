@@ -36,6 +36,10 @@ KERNELS = {
     "decode": (kernels._pope_decode_kernel, dict(CAUSAL=True, HAS_DELTA=True, MAGNITUDE=0, PRECISION="tf32"),
                # one query row padded to BLOCK_M = 16, the shipped (block_n, warps, stages)
                {d: [(16, *kernels.decode_tile(d, torch.bfloat16, "tensor_cores"))] for d in (64, 128)}),
+    # the model's cache of magnitudes (magnitude "identity"): a bf16 key-phase table, bf16x2 products
+    "decode-magnitudes": (kernels._pope_decode_kernel, dict(CAUSAL=True, HAS_DELTA=True, MAGNITUDE=2, PRECISION="tf32"),
+                          {d: [(16, *kernels.decode_tile(d, torch.bfloat16, "tensor_cores", "identity"))]
+                           for d in (64, 128)}),
     "decode-lanes": (kernels._pope_decode_lanes_kernel, dict(CAUSAL=True, HAS_DELTA=True, MAGNITUDE=0),
                      # one query row per key head, the shipped (block_n, warps, stages)
                      {d: [(1, *kernels.decode_tile(d, torch.bfloat16, "lanes"))] for d in (64, 128)}),
@@ -61,8 +65,8 @@ def signature(kernel, constexprs: dict) -> dict:
             types[name] = descriptors[name]
         elif name in FLOAT32_POINTERS:
             types[name] = "*fp32"
-        elif name == "Table":  # the decode kernel's key-phase table: fp16 for bf16 inputs
-            types[name] = "*fp16"
+        elif name == "Table":  # the decode kernel's key-phase table: fp16 for bf16 raw keys, bf16 for magnitudes
+            types[name] = "*bf16" if constexprs.get("MAGNITUDE") == 2 else "*fp16"
         elif name[0].isupper():
             types[name] = "*bf16"
         elif name == "softmax_scale":

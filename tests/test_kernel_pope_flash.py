@@ -118,6 +118,9 @@ CASES = [
     pytest.param(1, 8, 2, 1, 97, 64, True, torch.bfloat16, "softplus", True, id="decode-1-query-gqa"),
     pytest.param(2, 4, 4, 3, 97, 48, True, torch.float16, "softplus", True, id="decode-3-queries-d48"),
     pytest.param(1, 4, 1, 5, 70, 32, False, torch.float32, "relu", True, id="decode-noncausal-mqa-fp32-relu"),
+    # a cache of magnitudes (the model's): k times a key-phase table in the input dtype, 16-bit products
+    pytest.param(2, 8, 2, 1, 97, 64, True, torch.bfloat16, "identity", True, id="decode-gqa-identity-bf16"),
+    pytest.param(1, 8, 2, 2, 70, 128, True, torch.float16, "identity", False, id="decode-gqa-identity-d128-fp16"),
     # one row per key head: the CUDA-core lanes decode kernel
     pytest.param(2, 3, 3, 1, 97, 48, True, torch.bfloat16, "softplus", True, id="decode-lanes-mha-d48-bf16"),
     pytest.param(1, 2, 2, 1, 70, 64, False, torch.float16, "identity", False, id="decode-lanes-noncausal-fp16"),
@@ -327,6 +330,40 @@ def test_decode_kernel_agrees_with_the_full_kernel(kernels, method, n_q_heads, s
     out_decode, lse_decode = kernels.decode_forward(q, k, v, delta, theta, method=method, num_splits=4, **options)
     assert torch.allclose(out_block, out_decode, rtol=1e-5, atol=1e-6)
     assert torch.allclose(lse_block, lse_decode, rtol=1e-5, atol=1e-6)
+
+
+def test_decode_keeps_its_key_phase_table_and_gives_the_same_bits(kernels, monkeypatch):
+    """keep_phase_table=True: the first decode call with a theta builds a power-of-two table, later calls (a cache
+    growing within it) launch no table pre-pass and give the same bits as building the table per call; a longer
+    cache gets a new table beside the old (a captured CUDA graph may still read it); changing theta in place
+    rebuilds."""
+    if _delegated(kernels):
+        return
+    monkeypatch.setattr(kernels, "_PHASE_TABLES", {})
+    monkeypatch.setattr(kernels, "MIN_PHASE_TABLE_ROWS", 64)
+    builds = []
+    transform = kernels.transform
+    monkeypatch.setattr(kernels, "transform", lambda *a, **kw: builds.append(a[0].shape) or transform(*a, **kw))
+    generator = torch.Generator().manual_seed(4)
+    theta = kernels.frequencies(64, 10000.0, DEVICE)
+    for dtype, magnitude in ((torch.bfloat16, "identity"), (torch.float16, "softplus")):
+        for seq_k, table_rows in ((40, 64), (64, None), (65, 128), (90, None)):  # None: no new table
+            q, k, v, delta, _ = _inputs(1, 8, 2, 1, seq_k, 64, dtype, True, generator)
+            q, k, v, delta = q.to(dtype), k.to(dtype), v.to(dtype), delta.float()
+            options = dict(causal=True, softmax_scale=0.125, q_offset=seq_k - 1, magnitude=magnitude,
+                           method="tensor_cores", num_splits=2)
+            builds.clear()
+            kept, _ = kernels.decode_forward(q, k, v, delta, theta, keep_phase_table=True, **options)
+            assert [b[2] for b in builds] == ([table_rows] if table_rows else []), (seq_k, builds)
+            per_call, _ = kernels.decode_forward(q, k, v, delta, theta, **options)
+            assert torch.equal(kept, per_call), seq_k
+        assert sorted(key[-1] for key in kernels._PHASE_TABLES if key[2] == dtype) == [64, 128]
+    theta.mul_(0.5)  # in place: the kept table no longer matches it
+    builds.clear()
+    kept, _ = kernels.decode_forward(q, k, v, delta, theta, keep_phase_table=True, **options)
+    assert [b[2] for b in builds] == [128]
+    per_call, _ = kernels.decode_forward(q, k, v, delta, theta, **options)
+    assert torch.equal(kept, per_call)
 
 
 def test_raw_launch_passes_what_tritons_launcher_passes(kernels, monkeypatch):

@@ -77,14 +77,16 @@ def _use_decode_kernel(q: torch.Tensor, k: torch.Tensor) -> bool:
     return seq_q <= DECODE_MAX_QUERIES and rows <= DECODE_MAX_ROWS and seq_k > seq_q
 
 
-def _forward(q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude):
-    """(out, lse) from the kernels; the body of both the custom operator and the eager autograd Function."""
+def _forward(q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude, eager: bool = False):
+    """(out, lse) from the kernels; the body of both the custom operator and the eager autograd Function.
+    eager: theta is the frequency cache's (it lives on), so the decode kernel may keep its key-phase table for the
+    next step; an operator call (compiled code) may not keep anything (module docstring)."""
     kernels = _kernels()
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     delta = delta.contiguous() if delta is not None else None
     options = dict(causal=causal, softmax_scale=softmax_scale, q_offset=q_offset, magnitude=magnitude)
     if _use_decode_kernel(q, k):
-        return kernels.decode_forward(q, k, v, delta, theta, **options)
+        return kernels.decode_forward(q, k, v, delta, theta, keep_phase_table=eager, **options)
     return kernels.forward(q, k, v, delta, theta, **options)
 
 
@@ -158,7 +160,7 @@ class _EagerFlashAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude):
-        out, lse = _forward(q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude)
+        out, lse = _forward(q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude, eager=True)
         ctx.save_for_backward(q, k, v, delta, out, lse, theta)
         ctx.options = (causal, softmax_scale, q_offset, magnitude)
         return out

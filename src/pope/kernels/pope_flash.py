@@ -96,11 +96,12 @@ LOG2E = 1.4426950408889634
 
 
 def _fix_triton_interpreter() -> None:
-    """Three gaps in Triton 3.6's CPU interpreter that these kernels hit, closed by wrapping its internals:
+    """Four gaps in Triton 3.6's CPU interpreter that these kernels hit, closed by wrapping its internals:
     * it turns a scalar tensor into an int with int(array([x])), which NumPy >= 2.4 rejects, so loop
       bounds computed from program_id fail: use the single element instead;
     * its tl.dot multiplies bfloat16 operands as their raw uint16 bit patterns: widen them to fp32 first
       (exact, as the tensor cores' bf16 products are);
+    * so do its bfloat16 +, -, *, /: compute them in fp32 and round once, as the GPU's bf16x2 instructions do;
     * its fp32 -> bf16 cast truncates, where compiled Triton rounds to nearest even: round like the GPU."""
     import numpy as np
     from triton.runtime import interpreter
@@ -113,28 +114,44 @@ def _fix_triton_interpreter() -> None:
         original_patch_tensor(tensor, scope)
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
 
+    def widen(x):  # bf16 bits -> fp32 (exact)
+        if x.dtype.scalar == tl.bfloat16:
+            data = (x.data.astype(np.uint32) << 16).view(np.float32)
+            return interpreter.TensorHandle(data, tl.float32)
+        return x
+
     original_dot = interpreter.InterpreterBuilder.create_dot
 
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        def widen(x):
-            if x.dtype == tl.bfloat16:
-                data = (x.data.astype(np.uint32) << 16).view(np.float32)
-                return interpreter.TensorHandle(data, tl.float32)
-            return x
-
         return original_dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
 
     original_cast = interpreter.InterpreterBuilder.cast_impl
 
+    def to_bf16(data):  # fp32 -> bf16 bits, rounded to nearest even
+        rounded = torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32)).to(torch.bfloat16)
+        return interpreter.TensorHandle(rounded.view(torch.int16).numpy().view(np.uint16), tl.bfloat16)
+
     def cast_impl(self, src, dst_type):
         if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
-            rounded = torch.from_numpy(np.ascontiguousarray(src.data)).to(torch.bfloat16)
-            return interpreter.TensorHandle(rounded.view(torch.int16).numpy().view(np.uint16), tl.bfloat16)
+            return to_bf16(src.data)
         return original_cast(self, src, dst_type)
+
+    def bf16_arithmetic(name, op):
+        original = getattr(interpreter.InterpreterBuilder, name)
+
+        def create(self, lhs, rhs):
+            if lhs.dtype.scalar == tl.bfloat16 and rhs.dtype.scalar == tl.bfloat16:
+                return to_bf16(op(widen(lhs).data, widen(rhs).data))
+            return original(self, lhs, rhs)
+
+        setattr(interpreter.InterpreterBuilder, name, create)
 
     interpreter._patch_lang_tensor = patch_lang_tensor
     interpreter.InterpreterBuilder.create_dot = create_dot
     interpreter.InterpreterBuilder.cast_impl = cast_impl
+    for name, op in (("create_fadd", np.add), ("create_fsub", np.subtract), ("create_fmul", np.multiply),
+                     ("create_fdiv", np.divide)):
+        bf16_arithmetic(name, op)
     interpreter._pope_fixed = True
 
 
@@ -735,11 +752,18 @@ def _pope_decode_kernel(
         v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
         # Every program reads the same table rows: keep them in L2 (K and V stream through once).
         table_rows = Table + offs_n[:, None] * (2 * BLOCK_D) + offs_d[None, :]
-        cos_t = tl.load(table_rows, mask=kv_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        sin_t = tl.load(table_rows + BLOCK_D, mask=kv_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        magnitude_k = tl.where(kv_mask, _magnitude(k.to(tl.float32), MAGNITUDE), 0.0)
-        k_cos = (magnitude_k * cos_t).to(k.dtype)
-        k_sin = (magnitude_k * sin_t).to(k.dtype)
+        cos_t = tl.load(table_rows, mask=kv_mask, other=0.0, eviction_policy="evict_last")
+        sin_t = tl.load(table_rows + BLOCK_D, mask=kv_mask, other=0.0, eviction_policy="evict_last")
+        if MAGNITUDE == 2 and K.dtype.element_ty == Table.dtype.element_ty:
+            # A cache of magnitudes with a table in its dtype: k' = k * table in that dtype (bf16x2 / f16x2
+            # products, exact before their one rounding). Triton then applies the products to the tiles as the
+            # score dot reads them: no k' tile written to and read back from shared memory.
+            k_cos = k * cos_t
+            k_sin = k * sin_t
+        else:
+            magnitude_k = tl.where(kv_mask, _magnitude(k.to(tl.float32), MAGNITUDE), 0.0)
+            k_cos = (magnitude_k * cos_t.to(tl.float32)).to(k.dtype)
+            k_sin = (magnitude_k * sin_t.to(tl.float32)).to(k.dtype)
         scores = tl.dot(q_cos, tl.trans(k_cos), input_precision=PRECISION)
         scores = tl.dot(q_sin, tl.trans(k_sin), scores, input_precision=PRECISION)
         visible = (offs_n < hi)[None, :]
@@ -1329,30 +1353,64 @@ def _sm_count(device) -> int:
 DECODE_LANES_MAX_ROWS = 1
 
 
-def decode_tile(head_dim: int, dtype: torch.dtype, method: str) -> tuple[int, int, int]:
+def decode_tile(head_dim: int, dtype: torch.dtype, method: str, magnitude: str = "softplus") -> tuple[int, int, int]:
     """Default (block_n, num_warps, stages) of a decode kernel ("lanes" or "tensor_cores"; both stream k/v
     through a cp.async pipeline of `stages` - 1 buffers). From the decode sweeps on an H200 (docs/kernels.md):
     "lanes": 2K-element key tiles, 4 warps, 3 stages (d=64: 32 keys, d=128: 16).
-    "tensor_cores": 4 warps, 2 stages; 64 keys for d <= 64, 32 for d = 128 (bf16 GQA 8x32x{4,8}x16384: 2 stages
-    beat 3 by 10-22%, decode_table_ab_same_tiles_4f519dd.json); fp32 one stage (GQA 8x32x4x16384x64: 0.42-0.48 vs
-    0.74-0.78 ms at 2-3 stages, gpu_kernel_check_decode_8575259.json)."""
+    "tensor_cores": 4 warps, 2 stages; 64 keys, but 32 at d = 128 for raw keys (bf16 GQA 8x32x{4,8}x16384: 2 stages
+    beat 3 by 10-22%, decode_table_ab_same_tiles_4f519dd.json; a cache of magnitudes, whose 16-bit products need
+    no fp32 copy of the tile, runs d = 128 fastest at 64 keys: 0.179 against 0.187 ms at 32, 0.219 at 3 stages,
+    0.208 at 8 warps, decode_tiles_d128 in decode_graph_ab_*.json); fp32 one stage (GQA 8x32x4x16384x64:
+    0.42-0.48 vs 0.74-0.78 ms at 2-3 stages, gpu_kernel_check_decode_8575259.json)."""
     block_d = _block_d(head_dim)
     if method == "lanes":
         return max(16, 2048 // block_d), 4, 3
     if dtype == torch.float32:
         return (64 if block_d <= 64 else 32), 4, 1
-    return (64 if block_d <= 64 else 32), 4, 2
+    return (64 if block_d <= 64 or magnitude == "identity" else 32), 4, 2
+
+
+# Key-phase tables kept across decode calls: {(theta's address, device, dtype, block_d, rows): (theta, version,
+# table)}. An entry holds its theta (so the address cannot be reused by another tensor) and is never replaced or
+# dropped while theta is unchanged: a CUDA graph captured over a decode call keeps reading the table's memory.
+# Rows are a power of two >= the cache length (>= MIN_PHASE_TABLE_ROWS), so a growing cache makes few tables;
+# at most MAX_PHASE_TABLES entries, then tables are built per call.
+_PHASE_TABLES: dict = {}
+MAX_PHASE_TABLES = 32
+MIN_PHASE_TABLE_ROWS = 1024
+
+
+def _phase_table(theta: torch.Tensor, head_dim: int, seq_k: int, dtype: torch.dtype, keep: bool) -> torch.Tensor:
+    """(rows >= seq_k, 2 BLOCK_D) [cos | sin] of key positions 0..rows-1 in dtype: the pre-pass over ones with
+    magnitude "identity" (stride-0 rows, one read). keep=True: from / into _PHASE_TABLES (not while a CUDA graph
+    is being captured: a table made then would live in the graph's private memory pool)."""
+    block_d = _block_d(head_dim)
+    rows = max(MIN_PHASE_TABLE_ROWS, _next_power_of_2(seq_k)) if keep else seq_k
+    key = (theta.data_ptr(), theta.device, dtype, block_d, rows)
+    if keep:
+        entry = _PHASE_TABLES.get(key)
+        if entry is not None and entry[0] is theta and entry[1] == theta._version:
+            return entry[2]
+    ones = torch.ones((1, 1, 1, head_dim), device=theta.device, dtype=dtype).expand(1, 1, rows, head_dim)
+    table = transform(ones, theta, None, position_offset=0, magnitude="identity").view(rows, 2 * block_d)
+    capturing = theta.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if keep and not capturing and key not in _PHASE_TABLES and len(_PHASE_TABLES) < MAX_PHASE_TABLES:
+        _PHASE_TABLES[key] = (theta, theta._version, table)
+    return table
 
 
 def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float, q_offset: int, magnitude: str,
                    method: str | None = None, block_n: int | None = None, num_splits: int | None = None,
-                   num_warps: int | None = None, stages: int | None = None, maxnreg: int | None = None):
+                   num_warps: int | None = None, stages: int | None = None, maxnreg: int | None = None,
+                   keep_phase_table: bool = False):
     """Split-K decode over a raw (d-channel) cache. Returns (out, lse) like `forward`.
 
     Suited to group_size * Nq <= 64 rows per key head; keys are transformed once, in registers.
     method: "lanes" (CUDA cores, one program per query row), "tensor_cores" (one program per key head), or
     None: lanes up to DECODE_LANES_MAX_ROWS rows per key head. maxnreg: a cap on registers per thread (Triton's
     launch option; more programs resident per SM at the price of spills), None for the compiler's choice.
+    keep_phase_table: keep the tensor-core kernel's key-phase table for later calls with this theta (one launch
+    less per decode step: for callers whose theta lives on, e.g. pope.ops' eager path); False builds it per call.
     """
     batch, n_q_heads, seq_q, head_dim = q.shape
     n_kv_heads, seq_k = k.shape[1], k.shape[2]
@@ -1363,7 +1421,7 @@ def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float,
         method = "lanes" if rows <= DECODE_LANES_MAX_ROWS else "tensor_cores"
     elif method not in ("lanes", "tensor_cores"):
         raise ValueError(f"decode method must be 'lanes' or 'tensor_cores'; got {method!r}")
-    default_block_n, default_warps, default_stages = decode_tile(head_dim, q.dtype, method)
+    default_block_n, default_warps, default_stages = decode_tile(head_dim, q.dtype, method, magnitude)
     # Partial results are (splits, B*Hkv, row_stride, d): the tensor-core kernel's rows are padded to block_m.
     block_m = max(16, _next_power_of_2(rows))
     row_stride = rows if method == "lanes" else block_m
@@ -1393,12 +1451,14 @@ def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float,
         _pope_decode_lanes_kernel[(num_splits, programs_per_split)](*args, **options)
     else:
         # The key phases' (seq_k, 2 block_d) [cos | sin] table for this call: the pre-pass over ones with
-        # magnitude "identity". fp16 for 16-bit inputs: its 2^-12 relative rounding is below bf16's 2^-9
-        # rounding of k' and equal to fp16's (the H200 check keeps fp16 within 2x the reference's error); an fp32
-        # table made fp16 decode 1.1-2.3x slower (fp32_decode_8575259.log). fp32 inputs: an fp32 table.
-        table_dtype = torch.float32 if q.dtype == torch.float32 else torch.float16
-        ones = torch.ones((1, 1, 1, head_dim), device=q.device, dtype=table_dtype).expand(1, 1, seq_k, head_dim)
-        table = transform(ones, theta, None, position_offset=0, magnitude="identity")  # ones: one row, stride 0
+        # magnitude "identity". A cache of magnitudes (identity) gets a table in its own dtype, so that the
+        # kernel multiplies k by it in that dtype: 13-16% faster than an fp16 table with fp32 products on the
+        # H200, error 1.06-1.19x the reference's in bf16 (cos/sin rounded to 2^-9 before the product's own
+        # rounding; decode_packed_ab_bf16.json). Raw keys (softplus, relu: f(k) in fp32): fp16 for 16-bit inputs,
+        # its 2^-12 rounding below bf16's 2^-9 rounding of k' and equal to fp16's; an fp32 table made fp16
+        # decode 1.1-2.3x slower (fp32_decode_8575259.log). fp32 inputs: an fp32 table.
+        table_dtype = q.dtype if q.dtype == torch.float32 or magnitude == "identity" else torch.float16
+        table = _phase_table(theta, head_dim, seq_k, table_dtype, keep_phase_table)
         table_args = args[:7] + (table,) + args[7:]
         _pope_decode_kernel[(num_splits, batch * n_kv_heads)](*table_args, BLOCK_M=block_m,
                                                               PRECISION=_precision(q.dtype), **options)
