@@ -45,8 +45,10 @@ How the 2d-channel dot product is computed
         2d-channel copy of it is ever written. One query row per key head runs on CUDA cores
         (_pope_decode_lanes_kernel: fp32 FMAs, one online-softmax lane per key position, the key phases by
         angle addition folded into a per-tile rotation of the query row); more rows (GQA) on tensor cores
-        (_pope_decode_kernel: rows padded to 16, the key phases read from one (Nk, 2d) [cos | sin] table per
-        call that every batch and head shares, so k' = f(k) * table rows).
+        (_pope_decode_kernel: rows padded to 16, the key phases read from one (Nk, 2d) [cos | sin] table that
+        every batch and head shares, so k' = f(k) * table rows; for a cache of magnitudes a table in the input
+        dtype and 16-bit products, applied as the dot reads its operands; eager callers keep the table across
+        decode steps).
     Backward: no atomics. dq (+ the per-block partial sums of d(delta)) comes from one kernel that
     iterates over key blocks; dk and dv from another that iterates over the query blocks of every query
     head of its key head's group; d(delta) is the sum of the per-block partials, in a fixed order by the
@@ -70,9 +72,9 @@ N >= 4K (75ccece). At (8,12,1K) the GPU time (CUDA-graph replay) is 0.36 ms; an 
 GPT-2 124M training step under torch.compile: 0.92x RoPE's tokens/s with CUDA graphs (reduce-overhead) and in
 the default mode (c49570b), where a slow host can make it 0.88x (b90054b): the operators' Python is on the step's
 critical path there (the earlier 1.17-1.26x was against a RoPE whose compiled rotation recomputed its cos/sin per
-element). Decode (8575259) over a cache of magnitudes, one query row per key head: 0.99x the time of SDPA over
-a materialised 2d-channel cache at 8x16x16384x64 (met); GQA 8x32x8x16384x128 1.19x (missed; 1.40x before the
-shared key-phase table), raw-key cache at d=64 1.35x (missed). A fused backward with ordered, deterministic dq
+element). Decode (8c4233e, CUDA-graph replay) over a cache of magnitudes: 0.53-0.92x the time of SDPA over a
+materialised 2d-channel cache from 4K keys on, GQA included (8x32x8x16384x128 0.89x, was 1.19x before the 16-bit
+products and 1.40x before the shared key-phase table); 1K keys 1.32x and raw keys at d=64 / GQA 1.3-1.4x (missed). A fused backward with ordered, deterministic dq
 accumulation (commit 1099773) was correct but slower at every shape and was removed. Correct within 2x the
 reference's error in bf16/fp16/fp32 on that GPU; backward bitwise deterministic.
 """
@@ -718,9 +720,10 @@ def _pope_decode_kernel(
     """Tensor-core decode, one program per (split, key head): the head's group_size * seq_q query rows padded to
     BLOCK_M >= 16, scores and P V by tl.dot.
 
-    k' = f(k) [cos(n theta), sin(n theta)] per key tile, with the key phases read from Table (seq_k, 2 BLOCK_D)
-    [cos | sin], built once per call and shared by every batch and head (it stays in L2). The query rows' q'
-    (with delta) is built once per program. Both are rounded to the input dtype as the reference rounds them.
+    k' = f(k) [cos(n theta), sin(n theta)] per key tile, with the key phases read from Table (>= seq_k rows,
+    2 BLOCK_D) [cos | sin], shared by every batch and head (it stays in L2). The query rows' q' (with delta) is
+    built once per program. Both are rounded to the input dtype as the reference rounds them (with a cache of
+    magnitudes and a table in the input dtype, k' = k * table is one 16-bit product per element).
     Why a table: the previous kernel kept a per-program (BLOCK_N, BLOCK_D) table in registers and rotated the
     padded query rows per tile by angle addition; half of its elementwise work went to those padded rows and
     it ran at 250 registers (two programs per SM). The table leaves one multiply per key element and channel
