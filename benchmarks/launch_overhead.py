@@ -104,9 +104,9 @@ def main(argv=None):
     x = k.detach()
     out_buffer = torch.empty(*x.shape[:3], 2 * head_dim, device=x.device, dtype=x.dtype)
     grid = (triton_cdiv(seq, pope_flash.TRANSFORM_ROWS), batch * heads)
-    # One head per program, keys unused (every program is a query-side one): the arguments the launcher passes.
-    positional = (x, theta, theta, out_buffer, *x.stride()[:3], heads, seq, 0, batch * heads, batch * heads,
-                  x, out_buffer, *x.stride()[:3], heads, seq, 0, 1)
+    # Keys unused (n_programs = every program is a query-side one): the arguments the launcher passes for them.
+    positional = (x, theta, theta, out_buffer, *x.stride()[:3], heads, seq, 0, batch * heads,
+                  x, out_buffer, *x.stride()[:3], heads, seq)
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=head_dim, BLOCK_R=pope_flash.TRANSFORM_ROWS, HAS_DELTA=False,
                       MAGNITUDE=0)
     compiled = pope_flash._pope_transform_kernel[grid](*positional, **constexprs, num_warps=4)

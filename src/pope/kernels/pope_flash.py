@@ -212,21 +212,17 @@ def _magnitude_grad(x, MAGNITUDE: tl.constexpr):
 
 
 @triton.jit
-def _position_sincos(positions, theta_ptr, offs_d, mask_d):
-    """(sin, cos) (rows, BLOCK_D) fp32 of position * theta, the angle rounded once to fp32 as
-    pope.frequencies.angles rounds it. positions: (rows,) int32."""
+def _phase(positions, theta_ptr, delta_row_ptr, offs_d, mask_d, HAS_DELTA: tl.constexpr):
+    """Angles (rows, BLOCK_D) fp32: position * theta (rounded once, as pope.frequencies.angles) - delta.
+
+    positions: (rows,) int32; delta_row_ptr: pointer to this head's delta row (ignored without delta).
+    """
     theta = tl.load(theta_ptr + offs_d, mask=mask_d, other=0.0)
-    return _sincos(positions.to(tl.float32)[:, None] * theta[None, :])
-
-
-@triton.jit
-def _minus_delta(sin_p, cos_p, delta):
-    """(sin, cos) of (p - delta) from those of p, by angle subtraction: the query phases t theta - delta_h. delta
-    broadcasts against sin_p (a (BLOCK_D,) row as [None, :], or one row per query row); its own sin/cos are one
-    evaluation per element of delta. Why not sincos(p - delta): the position angles are then shared by every head
-    (the pre-pass evaluates them once for a group of heads), and the difference is not rounded to fp32 again."""
-    sin_d, cos_d = _sincos(delta.to(tl.float32))
-    return sin_p * cos_d - cos_p * sin_d, cos_p * cos_d + sin_p * sin_d
+    phase = positions.to(tl.float32)[:, None] * theta[None, :]
+    if HAS_DELTA:
+        delta = tl.load(delta_row_ptr + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+        phase = phase - delta[None, :]
+    return phase
 
 
 @triton.jit
@@ -255,9 +251,10 @@ def _sincos(x):
 
 
 @triton.jit
-def _polar_to_cartesian(x, sin_phase, cos_phase, valid, MAGNITUDE: tl.constexpr):
+def _polar_to_cartesian(x, phase, valid, MAGNITUDE: tl.constexpr):
     """(f(x) cos(phase), f(x) sin(phase)) in fp32; zero where not `valid` (padding)."""
     magnitude = tl.where(valid, _magnitude(x.to(tl.float32), MAGNITUDE), 0.0)
+    sin_phase, cos_phase = _sincos(phase)
     return magnitude * cos_phase, magnitude * sin_phase
 
 
@@ -317,61 +314,48 @@ def _key_ranges(pid_m, q_offset, seq_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.const
 # ----------------------------------------------------------------------------------------------------
 @triton.jit
 def _transform_rows(
-    X, Theta, Delta, Out, stride_xb, stride_xh, stride_xn, pid_r, first_bh, last_bh, n_heads, seq_len,
-    position_offset, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, HAS_DELTA: tl.constexpr,
+    X, Theta, Delta, Out, stride_xb, stride_xh, stride_xn, pid_r, pid_bh, n_heads, seq_len, position_offset,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, HAS_DELTA: tl.constexpr,
     MAGNITUDE: tl.constexpr,
 ):
-    """Rows pid_r * BLOCK_R .. + BLOCK_R of heads first_bh .. last_bh - 1 (bh = b * n_heads + h) of x -> x'.
-    The position angles' sin/cos are evaluated once for all those heads (FMA-bound work: the pass was
-    compute-bound when every head evaluated them); each head then costs f(x), delta's rotation and the stores."""
+    """Rows pid_r * BLOCK_R .. + BLOCK_R of head pid_bh (= b * n_heads + h) of x -> x'."""
+    b = pid_bh // n_heads
+    h = pid_bh % n_heads
     offs_r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
     mask = (offs_r < seq_len)[:, None] & mask_d[None, :]
+    x = tl.load(X + b * stride_xb + h * stride_xh + offs_r[:, None] * stride_xn + offs_d[None, :], mask=mask, other=0.0)
+    phase = _phase(position_offset + offs_r, Theta, Delta + h * HEAD_DIM, offs_d, mask_d, HAS_DELTA)
+    x_cos, x_sin = _polar_to_cartesian(x, phase, mask, MAGNITUDE)
+    # Rows of x' are [cos (BLOCK_D) | sin (BLOCK_D)]: the padded channels are written as zeros, so a kernel
+    # reads a whole (rows, 2 BLOCK_D) tile with one TMA copy.
+    out_rows = Out + (pid_bh * seq_len + offs_r[:, None]) * (2 * BLOCK_D) + offs_d[None, :]
     row_mask = (offs_r < seq_len)[:, None]
-    sin_p, cos_p = _position_sincos(position_offset + offs_r, Theta, offs_d, mask_d)  # (BLOCK_R, BLOCK_D)
-    for bh in range(first_bh, last_bh):
-        b = bh // n_heads
-        h = bh % n_heads
-        x = tl.load(X + b * stride_xb + h * stride_xh + offs_r[:, None] * stride_xn + offs_d[None, :], mask=mask,
-                    other=0.0)
-        sin_x, cos_x = sin_p, cos_p
-        if HAS_DELTA:
-            delta = tl.load(Delta + h * HEAD_DIM + offs_d, mask=mask_d, other=0.0)
-            sin_x, cos_x = _minus_delta(sin_p, cos_p, delta[None, :])
-        x_cos, x_sin = _polar_to_cartesian(x, sin_x, cos_x, mask, MAGNITUDE)
-        # Rows of x' are [cos (BLOCK_D) | sin (BLOCK_D)]: the padded channels are written as zeros, so a kernel
-        # reads a whole (rows, 2 BLOCK_D) tile with one TMA copy.
-        out_rows = Out + (bh * seq_len + offs_r[:, None]) * (2 * BLOCK_D) + offs_d[None, :]
-        tl.store(out_rows, x_cos.to(Out.dtype.element_ty), mask=row_mask)
-        tl.store(out_rows + BLOCK_D, x_sin.to(Out.dtype.element_ty), mask=row_mask)
+    tl.store(out_rows, x_cos.to(Out.dtype.element_ty), mask=row_mask)
+    tl.store(out_rows + BLOCK_D, x_sin.to(Out.dtype.element_ty), mask=row_mask)
 
 
 @triton.jit
 def _pope_transform_kernel(
     X, Theta, Delta, Out,
     stride_xb, stride_xh, stride_xn,
-    n_heads, seq_len, position_offset, n_bh, n_groups,
-    K, KOut, stride_kb, stride_kh, stride_kn, n_kv_heads, seq_k, n_kv_bh, heads_per_program,
+    n_heads, seq_len, position_offset, n_programs,
+    K, KOut, stride_kb, stride_kh, stride_kn, n_kv_heads, seq_k,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
     HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr,
 ):
-    """Program (r, g): g < n_groups transforms rows block r of heads g * heads_per_program .. (of n_bh = B *
-    n_heads) of x (with delta, positions from position_offset); the others, if the grid has them, the keys K
-    (no delta, positions from 0) in the same launch: the attention's q' and k' in one launch instead of two (host
-    time, one launch tail)."""
+    """Program (r, bh): bh < n_programs (= B * n_heads) transforms x (with delta, positions from
+    position_offset); the others, if the grid has them, the keys K (no delta, positions from 0) in the same
+    launch: the attention's q' and k' in one launch instead of two (host time, one launch tail)."""
     pid_r = tl.program_id(0)
-    pid_g = tl.program_id(1)
-    if pid_g < n_groups:
-        first = pid_g * heads_per_program
-        _transform_rows(X, Theta, Delta, Out, stride_xb, stride_xh, stride_xn, pid_r, first,
-                        tl.minimum(first + heads_per_program, n_bh), n_heads, seq_len, position_offset,
-                        HEAD_DIM, BLOCK_D, BLOCK_R, HAS_DELTA, MAGNITUDE)
+    pid_bh = tl.program_id(1)
+    if pid_bh < n_programs:
+        _transform_rows(X, Theta, Delta, Out, stride_xb, stride_xh, stride_xn, pid_r, pid_bh, n_heads, seq_len,
+                        position_offset, HEAD_DIM, BLOCK_D, BLOCK_R, HAS_DELTA, MAGNITUDE)
     else:
-        first = (pid_g - n_groups) * heads_per_program
-        _transform_rows(K, Theta, Theta, KOut, stride_kb, stride_kh, stride_kn, pid_r, first,
-                        tl.minimum(first + heads_per_program, n_kv_bh), n_kv_heads, seq_k, 0,
-                        HEAD_DIM, BLOCK_D, BLOCK_R, False, MAGNITUDE)
+        _transform_rows(K, Theta, Theta, KOut, stride_kb, stride_kh, stride_kn, pid_r, pid_bh - n_programs,
+                        n_kv_heads, seq_k, 0, HEAD_DIM, BLOCK_D, BLOCK_R, False, MAGNITUDE)
 
 
 @triton.jit
@@ -550,23 +534,15 @@ def _pope_bwd_dq_kernel(
     # The fp32 phase and magnitude are recomputed here rather than kept live through the loop (registers).
     q32 = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :], mask=mask_q,
                   other=0.0).to(tl.float32)
-    sin_q, cos_q = _position_sincos(q_offset + offs_m, Theta, offs_d, mask_d)
+    phase = _phase(q_offset + offs_m, Theta, Delta + h * HEAD_DIM, offs_d, mask_d, HAS_DELTA)
+    sin_q, cos_q = _sincos(phase)
     dq_cos, dq_sin = _split_halves(dq_wide * softmax_scale)
-    if HAS_DELTA:
-        # (dq'_cos, dq'_sin) . (cos, sin)(p - delta) = (g_cos, g_sin) . (cos, sin)(p), (g_cos, g_sin) the pair
-        # rotated by +delta: the query phases by angle subtraction as the pre-pass makes q', with no more (M, d)
-        # tiles live than one sincos of p - delta would need (rotating (cos, sin)(p) instead raised the d=64 kernel
-        # from 192 to 255 registers and the d=128 one's spills from 612 to 2424 B).
-        sin_delta, cos_delta = _sincos(tl.load(Delta + h * HEAD_DIM + offs_d, mask=mask_d, other=0.0))
-        dq_cos, dq_sin = (dq_cos * cos_delta[None, :] - dq_sin * sin_delta[None, :],
-                          dq_cos * sin_delta[None, :] + dq_sin * cos_delta[None, :])
     d_magnitude = dq_cos * cos_q + dq_sin * sin_q
     dq = d_magnitude * _magnitude_grad(q32, MAGNITUDE)
     tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqn + offs_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=mask_q)
     if HAS_DELTA:
-        # d phase = f(q) (-dq'_cos sin + dq'_sin cos) at p - delta, = f(q) (g_sin cos - g_cos sin) at p;
-        # d delta = -sum_rows d phase. One partial per block.
+        # d phase = f(q) (-dq'_cos sin + dq'_sin cos); d delta = -sum_rows d phase. One partial per block.
         magnitude = tl.where(mask_q, _magnitude(q32, MAGNITUDE), 0.0)
         d_phase = magnitude * (dq_sin * cos_q - dq_cos * sin_q)
         d_delta = -tl.sum(tl.where(mask_q, d_phase, 0.0), 0)  # (BLOCK_D,)
@@ -635,8 +611,8 @@ def _pope_bwd_dkdv_kernel(
         k = tl.load(k_ptrs, mask=mask_k, other=0.0)
         v = tl.load(V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :], mask=mask_k,
                     other=0.0)
-        sin_k, cos_k = _position_sincos(offs_n, Theta, offs_d, mask_d)
-        k_cos, k_sin = _polar_to_cartesian(k, sin_k, cos_k, mask_k, MAGNITUDE)
+        phase = _phase(offs_n, Theta, Theta, offs_d, mask_d, False)
+        k_cos, k_sin = _polar_to_cartesian(k, phase, mask_k, MAGNITUDE)
         k_wide = _join_halves(k_cos.to(k.dtype), k_sin.to(k.dtype))  # k' (BLOCK_N, 2 BLOCK_D)
 
     dk_wide = tl.zeros([BLOCK_N, 2 * BLOCK_D], dtype=tl.float32)
@@ -668,7 +644,7 @@ def _pope_bwd_dkdv_kernel(
 
     # Chain rule through k' = f(k) [cos(s theta), sin(s theta)]; dk' = scale * dS^T q'. Recomputed, not kept.
     k32 = tl.load(k_ptrs, mask=mask_k, other=0.0).to(tl.float32)
-    sin_k, cos_k = _position_sincos(offs_n, Theta, offs_d, mask_d)
+    sin_k, cos_k = _sincos(_phase(offs_n, Theta, Theta, offs_d, mask_d, False))
     dk_cos, dk_sin = _split_halves(dk_wide)
     dk = (dk_cos * cos_k + dk_sin * sin_k) * (_magnitude_grad(k32, MAGNITUDE) * softmax_scale)
     tl.store(DK + b * stride_dkb + hk * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :],
@@ -696,11 +672,10 @@ def _decode_query_rows(Q, Theta, Delta, b, hk, first_row, stride_qb, stride_qh, 
     mask_q = mask_rows[:, None] & mask_d[None, :]
     q = tl.load(Q + b * stride_qb + head[:, None] * stride_qh + qi[:, None] * stride_qn + offs_d[None, :], mask=mask_q, other=0.0)
     theta = tl.load(Theta + offs_d, mask=mask_d, other=0.0)
-    sin_q, cos_q = _position_sincos(q_offset + qi, Theta, offs_d, mask_d)
+    phase_q = (q_offset + qi).to(tl.float32)[:, None] * theta[None, :]
     if HAS_DELTA:
-        sin_q, cos_q = _minus_delta(sin_q, cos_q, tl.load(Delta + head[:, None] * HEAD_DIM + offs_d[None, :],
-                                                          mask=mask_q, other=0.0))
-    q_cos, q_sin = _polar_to_cartesian(q, sin_q, cos_q, mask_q, MAGNITUDE)
+        phase_q = phase_q - tl.load(Delta + head[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_q, other=0.0).to(tl.float32)
+    q_cos, q_sin = _polar_to_cartesian(q, phase_q, mask_q, MAGNITUDE)
     return q_cos, q_sin, qi, theta
 
 
@@ -937,9 +912,6 @@ FWD_CONFIGS = {64: (128, 64, 8, 3), 128: (128, 64, 8, 3)}
 BWD_DQ_CONFIGS = {64: (64, 64, 4, 3), 128: (128, 32, 8, 3)}
 BWD_DKDV_CONFIGS = {64: (64, 64, 4, 3), 128: (64, 64, 8, 3)}
 TRANSFORM_ROWS = 64
-# The pre-pass's heads per program (at most) and the programs it keeps at least (about 4 per SM on an H200).
-TRANSFORM_HEADS = 8
-TRANSFORM_MIN_PROGRAMS = 512
 KERNEL_CONFIGS = {"fwd": FWD_CONFIGS, "dq": BWD_DQ_CONFIGS, "dkdv": BWD_DKDV_CONFIGS}
 # Up to this BLOCK_D the dk/dv kernel reads its key block from the backward's k' (kept alive, dk and dv written
 # over it) instead of transforming it in registers: backward -4.7% at 4x16x4096x64 before the copy-out, but +4.5%
@@ -1173,20 +1145,16 @@ def _transform(x, theta, delta, position_offset, magnitude, site, keys):
     block_d = _block_d(head_dim)
     out = _empty((batch, heads, seq, 2 * block_d), device=x.device, dtype=x.dtype)
     rows = TRANSFORM_ROWS if block_d <= 64 else TRANSFORM_ROWS // 2  # 4K elements a program
-    n_bh = batch * heads
-    kv_heads, seq_k = (keys.shape[1], keys.shape[2]) if keys is not None else (heads, seq)
-    n_kv_bh = batch * kv_heads if keys is not None else 0
-    # Heads per program: each program evaluates its rows' position angles once for all of its heads; up to
-    # TRANSFORM_HEADS, fewer where that would leave fewer than TRANSFORM_MIN_PROGRAMS programs (short sequences).
-    row_blocks = _cdiv(max(seq, seq_k), rows)
-    heads_per_program = max(1, min(TRANSFORM_HEADS, (row_blocks * (n_bh + n_kv_bh)) // TRANSFORM_MIN_PROGRAMS))
-    n_groups = _cdiv(n_bh, heads_per_program)
-    grid = (row_blocks, n_groups + _cdiv(n_kv_bh, heads_per_program))
-    keys_out = _empty((batch, kv_heads, seq_k, 2 * block_d), device=x.device, dtype=x.dtype) if keys is not None else out
+    n_programs = batch * heads
+    if keys is None:  # the kernel's key arguments unused: no program reaches them
+        keys_out, kv_heads, seq_k, grid = out, heads, seq, (_cdiv(seq, rows), n_programs)
+    else:
+        kv_heads, seq_k = keys.shape[1], keys.shape[2]
+        keys_out = _empty((batch, kv_heads, seq_k, 2 * block_d), device=x.device, dtype=x.dtype)
+        grid = (_cdiv(max(seq, seq_k), rows), n_programs + batch * kv_heads)
     _launch(_pope_transform_kernel, grid, site, (
-        x, theta, delta if delta is not None else theta, out, *_strides(x), heads, seq, position_offset, n_bh, n_groups,
-        keys if keys is not None else x, keys_out, *_strides(keys if keys is not None else x), kv_heads, seq_k, n_kv_bh,
-        heads_per_program),
+        x, theta, delta if delta is not None else theta, out, *_strides(x), heads, seq, position_offset, n_programs,
+        keys if keys is not None else x, keys_out, *_strides(keys if keys is not None else x), kv_heads, seq_k),
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_R=rows,
         HAS_DELTA=delta is not None, MAGNITUDE=MAGNITUDE_CODES[magnitude], num_warps=4)
     return out, (keys_out if keys is not None else None)
