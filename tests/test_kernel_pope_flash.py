@@ -310,6 +310,34 @@ def test_queries_and_keys_pre_pass_in_one_launch_equals_two(kernels):
         assert torch.equal(k_prime, kernels.transform(k, theta, None, position_offset=0, magnitude="softplus"))
 
 
+def test_pre_pass_angles_within_twice_the_references_error(kernels):
+    """q' in fp32 at positions up to 16K (angles up to 16K rad, where fp32 rounds them by up to 1e-3): its error
+    against float64 stays within 2x that of the reference's fp32 formula, cos(fl(fl(t theta) - delta))."""
+    if _delegated(kernels):
+        return
+    from pope.frequencies import angles, pope_frequencies
+
+    generator = torch.Generator().manual_seed(7)
+    n, d = 2048, 64
+    q = torch.randn(1, 2, n, d, generator=generator, dtype=torch.float64)
+    delta = -2 * math.pi * torch.rand(2, d, generator=generator, dtype=torch.float64)
+    positions = torch.arange(14336, 14336 + n)
+    theta = kernels.frequencies(d, 10000.0, DEVICE)
+
+    def cartesian(dtype):
+        phase = angles(positions, pope_frequencies(d, 10000.0, dtype=dtype))[None] - delta.to(dtype)[:, None, :]
+        magnitude = torch.nn.functional.softplus(q.to(dtype))
+        return torch.cat([magnitude * phase.cos(), magnitude * phase.sin()], dim=-1)
+
+    exact = cartesian(torch.float64)
+    reference_error = (cartesian(torch.float32).double() - exact).abs().max().item()
+    ours = kernels.transform(q.float().to(DEVICE), theta, delta.float().to(DEVICE), position_offset=14336,
+                             magnitude="softplus")
+    our_error = (ours.double().cpu() - exact).abs().max().item()
+    assert reference_error > 1e-4  # the positions are long enough for the angles' rounding to show
+    assert our_error <= 2 * reference_error, (our_error, reference_error)
+
+
 @pytest.mark.parametrize("method,n_q_heads,seq_q", [("tensor_cores", 4, 2), ("lanes", 2, 1), ("lanes", 4, 2)])
 def test_decode_kernel_agrees_with_the_full_kernel(kernels, method, n_q_heads, seq_q):
     """The split-K decode kernels and the block kernel compute the same output and log-sum-exp."""
