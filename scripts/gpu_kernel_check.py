@@ -103,6 +103,33 @@ def check_determinism(shape=(2, 16, 4, 4096, 4096, 64, True)):
     return {"shape": shape, "bitwise_identical_over_3_runs": identical}
 
 
+def check_decode_growing_cache(seq_ks=range(1000, 1040), head_dim=64):
+    """Decode steps over a cache that grows a key a step (its length crossing multiples of 16, the divisibility
+    Triton specialises on): the direct launches (sites keyed by _specialization_site) give the same bits as
+    Triton's own launch path, for both decode kernels."""
+    torch.manual_seed(2)
+    mismatches = []
+    for n_q_heads, method in ((8, "lanes"), (32, "tensor_cores")):
+        q = torch.randn(2, n_q_heads, 1, head_dim, device=DEVICE, dtype=torch.bfloat16).abs()
+        cache_k = torch.randn(2, 8, seq_ks[-1], head_dim, device=DEVICE, dtype=torch.bfloat16).abs()
+        cache_v = torch.randn_like(cache_k)
+        delta = -2 * math.pi * torch.rand(n_q_heads, head_dim, device=DEVICE)
+        theta = pope_flash.frequencies(head_dim, 10000.0, q.device)
+        for seq_k in seq_ks:
+            k, v = cache_k[:, :, :seq_k], cache_v[:, :, :seq_k]
+            options = dict(causal=True, softmax_scale=head_dim ** -0.5, q_offset=seq_k - 1, magnitude="identity",
+                           method=method, keep_phase_table=True)
+            outputs = []
+            for direct in (True, False):
+                pope_flash.DIRECT_LAUNCH = direct
+                outputs.append(pope_flash.decode_forward(q, k, v, delta, theta, **options))
+            pope_flash.DIRECT_LAUNCH = True
+            if not all(torch.equal(a, b) for a, b in zip(*outputs)):
+                mismatches.append((method, seq_k))
+    return {"seq_ks": [seq_ks[0], seq_ks[-1]], "head_dim": head_dim, "mismatches": mismatches,
+            "passed": not mismatches}
+
+
 # The first entry of each list is the shipped config (pope_flash.*_CONFIGS), so a sweep compares against it.
 SWEEP_CANDIDATES = {
     64: {"fwd": [(128, 128, 8, 3), (64, 64, 4, 3), (128, 64, 4, 3)],
@@ -266,8 +293,11 @@ def main(argv=None):
                 f"{n}={r[n]['kernel']:.1e}/{r[n]['reference']:.1e}" for n in ["out", "dq", "dk", "dv", "d_delta"]), flush=True)
     results["correctness"] = correctness
     results["determinism"] = check_determinism((1, 4, 2, 97, 97, 48, True) if args.smoke else (2, 16, 4, 4096, 4096, 64, True))
+    results["decode_growing_cache"] = check_decode_growing_cache(range(40, 70) if args.smoke else range(1000, 1040))
     pope_flash.POISON_OUTPUTS = False
     print(f"determinism: {results['determinism']}", flush=True)
+    print(f"decode over a growing cache, direct launches vs Triton's path: {results['decode_growing_cache']}",
+          flush=True)
     if sweep is not None:
         results["sweep"] = sweep
     if decode_sweep is not None:
@@ -279,7 +309,8 @@ def main(argv=None):
     print(f"correctness: {len(correctness) - len(failed)}/{len(correctness)} passed "
           f"(kernel error / reference error vs float64, max abs); determinism "
           f"{'OK' if results['determinism']['bitwise_identical_over_3_runs'] else 'FAILED'}; {results['seconds']:.0f} s")
-    return 1 if failed or not results["determinism"]["bitwise_identical_over_3_runs"] else 0
+    return 1 if (failed or not results["determinism"]["bitwise_identical_over_3_runs"]
+                 or not results["decode_growing_cache"]["passed"]) else 0
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ def test_gpu_kernel_check_smoke(tmp_path):
     result = json.loads((tmp_path / "gpu_kernel_check.json").read_text())
     assert len(result["correctness"]) == 26 and all(r["passed"] for r in result["correctness"])
     assert result["determinism"]["bitwise_identical_over_3_runs"]
+    assert result["decode_growing_cache"]["passed"]
 
 
 def test_kernel_variants_compares_module_versions(tmp_path):

@@ -394,6 +394,28 @@ def test_decode_keeps_its_key_phase_table_and_gives_the_same_bits(kernels, monke
     assert torch.equal(kept, per_call)
 
 
+def test_specialization_site_separates_what_triton_specialises_on(kernels):
+    """Decode launches are keyed by _specialization_site instead of shapes: two argument lists with equal keys must
+    get the same specialisation from Triton itself (native_specialize_impl: type, and alignment / divisibility)."""
+    if _delegated(kernels):
+        return
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    base = torch.zeros(64, dtype=torch.bfloat16)
+    values = [0, 1, 2, 15, 16, 17, 32, 48, 2 ** 31 - 16, 2 ** 31, 2 ** 31 + 1, 2 ** 40, 2 ** 63, -1, -16, -2 ** 31,
+              -2 ** 31 - 16, True, False, None, 0.5, 1.0, base, base[1:], base[8:], base.float(), base.float()[2:],
+              base.to(torch.int32)]
+    for a in values:
+        for b in values:
+            same_key = kernels._specialization_site("t", (a,), {}) == kernels._specialization_site("t", (b,), {})
+            theirs = [native_specialize_impl(BaseBackend, x, False, True, True) for x in (a, b)]
+            if same_key:
+                assert theirs[0] == theirs[1], (a, b, theirs)
+    # Launch options and constexprs are part of the key.
+    assert kernels._specialization_site("t", (16,), {"BLOCK": 32}) != kernels._specialization_site("t", (16,), {"BLOCK": 64})
+
+
 def test_raw_launch_passes_what_tritons_launcher_passes(kernels, monkeypatch):
     """_RawLaunch calls the C launcher with exactly the arguments Triton's CudaLauncher.__call__ and its
     descriptor wrapper would (the real Triton code, run on a recording launcher), and encodes a descriptor again

@@ -985,8 +985,9 @@ def _strides(t: torch.Tensor):
     return t.stride()[:3]
 
 
-# Compiled kernels by launch site, called directly after their first launch (see _launch). Bounded: shapes that
-# change every call (a growing decode cache) would otherwise grow it forever; those launchers pass no plan.
+# Compiled kernels by launch site, called directly after their first launch (see _launch). Bounded: a site key
+# that changes with every call would grow it forever, so decode launches (the cache grows a key a step) key their
+# sites by what Triton specialises on (_specialization_site), not by shapes.
 _DIRECT_LAUNCHES: dict = {}
 MAX_DIRECT_LAUNCHES = 512
 DIRECT_LAUNCH = True  # False: every launch through Triton's own path (benchmarks/launch_overhead.py compares)
@@ -998,6 +999,26 @@ def _plan(*items) -> tuple:
     follow from these); other items (flags, offsets, tile configs) are taken as they are."""
     return tuple((x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16 == 0) if isinstance(x, torch.Tensor) else x
                  for x in items)
+
+
+def _specialization_site(tag: str, args: tuple, meta: dict) -> tuple:
+    """A launch-site key (_launch) for calls whose shapes change every call (decode: the cache grows a key a step),
+    so that a plan key (_plan: shapes, strides) would never repeat: what Triton 3.6 specialises the compiled kernel on
+    and nothing else, i.e. per tensor its dtype and 16-byte alignment, per int whether it is 1 (a constant then),
+    divisible by 16, and which integer type holds it (i32 / i64 / u64), bools and floats by type, None as such;
+    plus the constexprs and launch options. A CPU test holds it to Triton's own specialisation
+    (native_specialize_impl): calls with equal keys run the same compiled kernel."""
+    key = []
+    for x in args:
+        if isinstance(x, torch.Tensor):
+            key.append((x.dtype, x.data_ptr() % 16 == 0))
+        elif isinstance(x, bool) or x is None:
+            key.append(x if x is None else bool)
+        elif isinstance(x, int):
+            key.append((x == 1, x % 16 == 0, -2 ** 31 <= x < 2 ** 31, x < 2 ** 63))
+        else:
+            key.append(type(x))
+    return (tag, tuple(key), tuple(sorted(meta.items())))
 
 
 def _launch(kernel, grid: tuple, site: tuple | None, args: tuple, **meta):
@@ -1451,7 +1472,8 @@ def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float,
     if maxnreg is not None and not INTERPRET:
         options["maxnreg"] = maxnreg
     if method == "lanes":
-        _pope_decode_lanes_kernel[(num_splits, programs_per_split)](*args, **options)
+        _launch(_pope_decode_lanes_kernel, (num_splits, programs_per_split),
+                _specialization_site("decode lanes", args, options), args, **options)
     else:
         # The key phases' (seq_k, 2 block_d) [cos | sin] table for this call: the pre-pass over ones with
         # magnitude "identity". A cache of magnitudes (identity) gets a table in its own dtype, so that the
@@ -1463,15 +1485,17 @@ def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float,
         table_dtype = q.dtype if q.dtype == torch.float32 or magnitude == "identity" else torch.float16
         table = _phase_table(theta, head_dim, seq_k, table_dtype, keep_phase_table)
         table_args = args[:7] + (table,) + args[7:]
-        _pope_decode_kernel[(num_splits, batch * n_kv_heads)](*table_args, BLOCK_M=block_m,
-                                                              PRECISION=_precision(q.dtype), **options)
+        options.update(BLOCK_M=block_m, PRECISION=_precision(q.dtype))
+        _launch(_pope_decode_kernel, (num_splits, batch * n_kv_heads),
+                _specialization_site("decode tensor cores", table_args, options), table_args, **options)
     # Combine the splits in one launch: (splits, B*Hkv, rows, d) -> (B, Hq, Nq, d) and the row LSEs.
     out = _empty((batch, n_q_heads, seq_q, head_dim), device=q.device, dtype=q.dtype)
     lse = _empty((batch, n_q_heads, seq_q), device=q.device, dtype=torch.float32)
-    _pope_decode_combine_kernel[(batch * n_kv_heads * rows,)](
-        partial_out, partial_lse, out, lse, num_splits, batch * n_kv_heads, rows, row_stride,
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=max(2, _next_power_of_2(num_splits)),
-        num_warps=4)
+    combine_args = (partial_out, partial_lse, out, lse, num_splits, batch * n_kv_heads, rows, row_stride)
+    combine_options = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=max(2, _next_power_of_2(num_splits)),
+                           num_warps=4)
+    _launch(_pope_decode_combine_kernel, (batch * n_kv_heads * rows,),
+            _specialization_site("decode combine", combine_args, combine_options), combine_args, **combine_options)
     return out, lse
 
 
