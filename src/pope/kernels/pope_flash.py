@@ -1008,17 +1008,11 @@ def _specialization_site(tag: str, args: tuple, meta: dict) -> tuple:
     divisible by 16, and which integer type holds it (i32 / i64 / u64), bools and floats by type, None as such;
     plus the constexprs and launch options. A CPU test holds it to Triton's own specialisation
     (native_specialize_impl): calls with equal keys run the same compiled kernel."""
-    key = []
-    for x in args:
-        if isinstance(x, torch.Tensor):
-            key.append((x.dtype, x.data_ptr() % 16 == 0))
-        elif isinstance(x, bool) or x is None:
-            key.append(x if x is None else bool)
-        elif isinstance(x, int):
-            key.append((x == 1, x % 16 == 0, -2 ** 31 <= x < 2 ** 31, x < 2 ** 63))
-        else:
-            key.append(type(x))
-    return (tag, tuple(key), tuple(sorted(meta.items())))
+    # One expression per argument, no calls beyond the tensor's own: this runs on every decode launch.
+    key = tuple((x.dtype, not x.data_ptr() & 15) if isinstance(x, torch.Tensor)
+                else (x == 1, not x & 15, -2147483648 <= x < 2147483648, x < 9223372036854775808)
+                if type(x) is int else type(x) for x in args)
+    return tag, key, tuple(meta.items())
 
 
 def _launch(kernel, grid: tuple, site: tuple | None, args: tuple, **meta):
