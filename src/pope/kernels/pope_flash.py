@@ -56,7 +56,8 @@ How the 2d-channel dot product is computed
     Host: after a launch site's first call (Triton's own path), each kernel is launched through its compiled C
     launcher (`_launch`, `_RawLaunch`) with the TMA descriptors' encodings kept per buffer, so a steady-state
     call does no Triton argument binding and no tensor-map encoding: in torch.compile's default mode the
-    operators' Python is on a training step's critical path when the host is slow.
+    operators' Python is on a training step's critical path when the host is slow. Decode launches too, their
+    sites keyed by what Triton specialises on rather than by shapes (the cache grows every step).
 
 Angles: position (fp32) x theta (fp32) rounded once, as pope.frequencies.angles does; cos/sin through an
 FMA-only sincos (Cody-Waite reduction + minimax polynomials, ~1 ulp); softplus as max(x, 0) +
