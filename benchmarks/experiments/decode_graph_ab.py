@@ -14,7 +14,6 @@ the rounds' per-replay times is reported. Errors: max |out - exact| with exact t
 pure-PyTorch reference's own error in the same dtype (the 2x rule). Writes $OUT/<--name>.json.
 """
 import argparse
-import importlib.util
 import inspect
 import itertools
 import json
@@ -28,15 +27,7 @@ import torch.nn.functional as F
 from pope.attention import reference_pope_attention
 from pope.kernels import pope_flash as head
 
-SHAPES = [(8, 32, 8, 16384, 128), (8, 32, 4, 16384, 64), (8, 64, 8, 16384, 128), (8, 16, 4, 16384, 64)]
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-def load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from decode_table_ab import DTYPES, SHAPES, load  # this folder: the same shapes and module loader
 
 
 def graph_of(fn):
