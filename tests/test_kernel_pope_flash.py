@@ -386,6 +386,8 @@ def test_decode_keeps_its_key_phase_table_and_gives_the_same_bits(kernels, monke
             per_call, _ = kernels.decode_forward(q, k, v, delta, theta, **options)
             assert torch.equal(kept, per_call), seq_k
         assert sorted(key[-1] for key in kernels._PHASE_TABLES if key[2] == dtype) == [64, 128]
+    assert kernels.release_phase_tables() == 4 and not kernels._PHASE_TABLES
+    kernels.decode_forward(q, k, v, delta, theta, keep_phase_table=True, **options)  # kept again (fp16, 128 rows)
     theta.mul_(0.5)  # in place: the kept table no longer matches it
     builds.clear()
     kept, _ = kernels.decode_forward(q, k, v, delta, theta, keep_phase_table=True, **options)

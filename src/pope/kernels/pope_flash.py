@@ -1418,6 +1418,15 @@ def _phase_table(theta: torch.Tensor, head_dim: int, seq_k: int, dtype: torch.dt
     return table
 
 
+def release_phase_tables() -> int:
+    """Drop the key-phase tables eager decode calls kept (_PHASE_TABLES; at most 2x the longest cache's table per
+    theta and dtype, e.g. 64 MB for 128K keys at d=128 in bf16). Returns how many were dropped. Only when no
+    captured CUDA graph still replays a decode call: such a graph reads a kept table's memory."""
+    count = len(_PHASE_TABLES)
+    _PHASE_TABLES.clear()
+    return count
+
+
 def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float, q_offset: int, magnitude: str,
                    method: str | None = None, block_n: int | None = None, num_splits: int | None = None,
                    num_warps: int | None = None, stages: int | None = None, maxnreg: int | None = None,
@@ -1501,5 +1510,5 @@ def frequencies(head_dim: int, base: float, device) -> torch.Tensor:
     return pope_frequencies(head_dim, base, device=device).contiguous()
 
 
-__all__ = ["forward", "backward", "decode_forward", "decode_tile", "transform", "transform_queries_and_keys",
+__all__ = ["forward", "backward", "decode_forward", "decode_tile", "release_phase_tables", "transform", "transform_queries_and_keys",
            "frequencies", "load_configs", "INTERPRET", "MAGNITUDE_CODES", "KERNEL_CONFIGS", "POISON_OUTPUTS"]
