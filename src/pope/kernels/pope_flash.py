@@ -1379,7 +1379,7 @@ def decode_tile(head_dim: int, dtype: torch.dtype, method: str, magnitude: str =
     "tensor_cores": 4 warps, 2 stages; 64 keys, but 32 at d = 128 for raw keys (bf16 GQA 8x32x{4,8}x16384: 2 stages
     beat 3 by 10-22%, decode_table_ab_same_tiles_4f519dd.json; a cache of magnitudes, whose 16-bit products need
     no fp32 copy of the tile, runs d = 128 fastest at 64 keys: 0.179 against 0.187 ms at 32, 0.219 at 3 stages,
-    0.208 at 8 warps, decode_tiles_d128 in decode_graph_ab_*.json); fp32 one stage (GQA 8x32x4x16384x64:
+    0.208 at 8 warps, decode_graph_ab_tiles_d128_84eb72a.json); fp32 one stage (GQA 8x32x4x16384x64:
     0.42-0.48 vs 0.74-0.78 ms at 2-3 stages, gpu_kernel_check_decode_8575259.json)."""
     block_d = _block_d(head_dim)
     if method == "lanes":
@@ -1483,7 +1483,7 @@ def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float,
         # magnitude "identity". A cache of magnitudes (identity) gets a table in its own dtype, so that the
         # kernel multiplies k by it in that dtype: 13-16% faster than an fp16 table with fp32 products on the
         # H200, error 1.06-1.19x the reference's in bf16 (cos/sin rounded to 2^-9 before the product's own
-        # rounding; decode_packed_ab_bf16.json). Raw keys (softplus, relu: f(k) in fp32): fp16 for 16-bit inputs,
+        # rounding; decode_packed_ab_bf16_84eb72a.json). Raw keys (softplus, relu: f(k) in fp32): fp16 for 16-bit inputs,
         # its 2^-12 rounding below bf16's 2^-9 rounding of k' and equal to fp16's; an fp32 table made fp16
         # decode 1.1-2.3x slower (fp32_decode_8575259.log). fp32 inputs: an fp32 table.
         table_dtype = q.dtype if q.dtype == torch.float32 or magnitude == "identity" else torch.float16
