@@ -415,7 +415,8 @@ def test_specialization_site_separates_what_triton_specialises_on(kernels):
             if same_key:
                 assert theirs[0] == theirs[1], (a, b, theirs)
     # Launch options and constexprs are part of the key.
-    assert kernels._specialization_site("t", (16,), {"BLOCK": 32}) != kernels._specialization_site("t", (16,), {"BLOCK": 64})
+    site = kernels._specialization_site
+    assert site("t", (16,), {"BLOCK": 32}) != site("t", (16,), {"BLOCK": 64})
 
 
 def test_raw_launch_passes_what_tritons_launcher_passes(kernels, monkeypatch):

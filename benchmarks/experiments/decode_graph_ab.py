@@ -95,8 +95,9 @@ def main(argv=None):
             calls = {"materialised+sdpa": lambda: F.scaled_dot_product_attention(
                 qp, kp, v, scale=d ** -0.5, enable_gqa=Hq > Hkv)}
             errors = {}
-            variants = [("", {})] + [(f" tile {t}", dict(zip(("block_n", "num_warps", "stages"), map(int, t.split(",")))))
-                                     for t in (args.tiles.split(";") if args.tiles else [])]
+            variants = [("", {})] + [
+                (f" tile {t}", dict(zip(("block_n", "num_warps", "stages"), map(int, t.split(",")))))
+                for t in (args.tiles.split(";") if args.tiles else [])]
             for (module_name, module), (label, extra) in itertools.product(modules.items(), variants):
                 keep = [False] + ([True] if args.keep_table and "keep_phase_table" in
                                   inspect.signature(module.decode_forward).parameters else [])

@@ -75,7 +75,8 @@ the default mode (c49570b), where a slow host can make it 0.88x (b90054b): the o
 critical path there (the earlier 1.17-1.26x was against a RoPE whose compiled rotation recomputed its cos/sin per
 element). Decode (8c4233e, CUDA-graph replay) over a cache of magnitudes: 0.53-0.92x the time of SDPA over a
 materialised 2d-channel cache from 4K keys on, GQA included (8x32x8x16384x128 0.89x, was 1.19x before the 16-bit
-products and 1.40x before the shared key-phase table); 1K keys 1.32x and raw keys at d=64 / GQA 1.3-1.4x (missed). A fused backward with ordered, deterministic dq
+products and 1.40x before the shared key-phase table); 1K keys 1.32x and raw keys at d=64 / GQA 1.3-1.4x (missed).
+A fused backward with ordered, deterministic dq
 accumulation (commit 1099773) was correct but slower at every shape and was removed. Correct within 2x the
 reference's error in bf16/fp16/fp32 on that GPU; backward bitwise deterministic.
 """
@@ -1483,8 +1484,8 @@ def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float,
         # magnitude "identity". A cache of magnitudes (identity) gets a table in its own dtype, so that the
         # kernel multiplies k by it in that dtype: 13-16% faster than an fp16 table with fp32 products on the
         # H200, error 1.06-1.19x the reference's in bf16 (cos/sin rounded to 2^-9 before the product's own
-        # rounding; decode_packed_ab_bf16_84eb72a.json). Raw keys (softplus, relu: f(k) in fp32): fp16 for 16-bit inputs,
-        # its 2^-12 rounding below bf16's 2^-9 rounding of k' and equal to fp16's; an fp32 table made fp16
+        # rounding; decode_packed_ab_bf16_84eb72a.json). Raw keys (softplus, relu: f(k) in fp32): fp16 for 16-bit
+        # inputs, its 2^-12 rounding below bf16's 2^-9 rounding of k' and equal to fp16's; an fp32 table made fp16
         # decode 1.1-2.3x slower (fp32_decode_8575259.log). fp32 inputs: an fp32 table.
         table_dtype = q.dtype if q.dtype == torch.float32 or magnitude == "identity" else torch.float16
         table = _phase_table(theta, head_dim, seq_k, table_dtype, keep_phase_table)
@@ -1510,5 +1511,5 @@ def frequencies(head_dim: int, base: float, device) -> torch.Tensor:
     return pope_frequencies(head_dim, base, device=device).contiguous()
 
 
-__all__ = ["forward", "backward", "decode_forward", "decode_tile", "release_phase_tables", "transform", "transform_queries_and_keys",
-           "frequencies", "load_configs", "INTERPRET", "MAGNITUDE_CODES", "KERNEL_CONFIGS", "POISON_OUTPUTS"]
+__all__ = ["forward", "backward", "decode_forward", "decode_tile", "release_phase_tables", "transform",
+           "transform_queries_and_keys", "frequencies", "load_configs", "INTERPRET", "MAGNITUDE_CODES", "KERNEL_CONFIGS", "POISON_OUTPUTS"]
