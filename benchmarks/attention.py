@@ -27,7 +27,8 @@ host time is its Python backward running on the device thread. With --cuda-graph
 replays (triton.testing.do_bench_cudagraph): what each provider costs the GPU, with no host overhead at all.
 
     PYTHONPATH=src python benchmarks/attention.py [--decode] [--out benchmarks/results]
-Appends to OUT/attention.csv (and OUT/decode.csv) with GPU, versions, commit and date; plots OUT/attention.png.
+Appends to OUT/attention.csv (and OUT/decode.csv) with GPU, versions, commit and date; plots OUT/attention.png (and
+OUT/decode.png; --plot-decode [COMMIT] re-plots a decode.csv without a GPU).
 """
 from __future__ import annotations
 
@@ -281,6 +282,51 @@ def plot(rows, path):
     fig.savefig(path, dpi=120)
 
 
+def plot_decode(rows, path, title):
+    """decode.csv rows of one run -> bars of each approach's CUDA-graph time per shape (log scale), and the time
+    relative to SDPA over the materialised 2d-channel cache (the issue's decode target: <= 1)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    approaches = list(dict.fromkeys(r["approach"] for r in rows))
+    graph_ms = {(r["shape"], r["approach"]): float(r["graph_ms"]) for r in rows}
+    materialised = "pope materialized cache (2d channels) + sdpa"
+    fig, axes = plt.subplots(1, 2, figsize=(14, 4.8))
+    width = 0.8 / len(approaches)
+    for i, approach in enumerate(approaches):
+        times = [graph_ms.get((s, approach), float("nan")) for s in shapes]
+        ratios = [t / graph_ms.get((s, materialised), float("nan")) for t, s in zip(times, shapes)]
+        for ax, values in zip(axes, (times, ratios)):
+            ax.bar([j + i * width for j in range(len(shapes))], values, width, label=approach)
+    for ax, name in zip(axes, ["CUDA-graph replay (ms, log)", "time / materialised cache + SDPA"]):
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(shapes))], shapes, rotation=15, fontsize=8)
+        ax.set_title(name)
+    axes[0].set_yscale("log")
+    axes[1].axhline(1.0, color="black", linewidth=0.8)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def plot_decode_csv(path_csv, path_png, commit=None):
+    """Plot the decode.csv rows of one commit (default: the last commit in the file)."""
+    with open(path_csv, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        raise SystemExit(f"{path_csv} has no rows")
+    commit = commit or rows[-1]["commit"]
+    chosen = [r for r in rows if r["commit"] == commit]
+    if not chosen:
+        raise SystemExit(f"{path_csv} has no rows of commit {commit!r}")
+    first = chosen[0]
+    plot_decode(chosen, path_png, f"PoPE decode (Nq = 1 per head), bf16, {first['gpu']}, commit {commit}, "
+                                  f"{first['date']}, B x Hq x Hkv x Nk x d")
+
+
 def targets(rows) -> list[str]:
     """The issue's targets, stated plainly per shape."""
     lines = []
@@ -317,6 +363,8 @@ def main(argv=None):
     parser.add_argument("--shapes", default=None, help="e.g. 8x12x1024x64,4x16x4096x128 (default: the issue's five)")
     parser.add_argument("--decode", action="store_true", help="also run the decode benchmark")
     parser.add_argument("--decode-only", action="store_true", help="only the decode benchmark")
+    parser.add_argument("--plot-decode", nargs="?", const="", default=None, metavar="COMMIT",
+                        help="only plot OUT/decode.csv's rows of COMMIT (default: its last) to OUT/decode.png; no GPU")
     parser.add_argument("--autograd-calling-thread", action="store_true",
                         help="every provider's backward on the calling thread (torch.autograd."
                              "set_multithreading_enabled(False)), not autograd's CUDA device thread; rows are "
@@ -328,6 +376,10 @@ def main(argv=None):
     parser.add_argument("--profile", action="store_true",
                         help="also write OUT/profile.txt: torch.profiler of pope triton fwd+bwd, first two shapes")
     args = parser.parse_args(argv)
+    if args.plot_decode is not None:
+        plot_decode_csv(os.path.join(args.out, "decode.csv"), os.path.join(args.out, "decode.png"),
+                        args.plot_decode or None)
+        return
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/attention.py needs a CUDA GPU")
     os.makedirs(args.out, exist_ok=True)
@@ -370,6 +422,7 @@ def main(argv=None):
             decode_rows += bench_decode(shape)
             torch.cuda.empty_cache()
         append_csv(os.path.join(args.out, "decode.csv"), decode_rows, meta)
+        plot_decode_csv(os.path.join(args.out, "decode.csv"), os.path.join(args.out, "decode.png"), meta["commit"])
     print(f"\n{meta}")
     print(f"{'shape':>16} {'provider':>18} {'fwd ms':>8} {'f+b ms':>8} {'peak MB':>8} {'f+b TF/s':>8}")
     for r in rows:

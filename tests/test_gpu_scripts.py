@@ -46,3 +46,19 @@ def test_kernel_variants_compares_module_versions(tmp_path):
     rows = json.loads((tmp_path / "kernel_variants.json").read_text())["rows"]
     assert [(r["module"], r["plan"]) for r in rows] == [("a", {}), ("b", {}), ("b", {"dkdv": [32, 32, 4, 1]})]
     assert all(r["agrees_with_first"] and r["fwd_ms"] > 0 and r["bwd_ms"] > 0 for r in rows), stdout
+
+
+def test_attention_benchmark_plots_decode_rows_without_a_gpu(tmp_path):
+    """benchmarks/attention.py --plot-decode: the decode.csv rows of one commit (not the others) become decode.png."""
+    header = "gpu,torch,triton,commit,date,shape,approach,ms,graph_ms,cache_mb,max_abs_diff_vs_materialized\n"
+    rows = [f"H200,2.11,3.6,{commit},2026-11-30 20:00 UTC,8x32x8x16384x128,{approach},0.2,{ms},512,0.0\n"
+            for commit in ("aaaaaaa", "bbbbbbb")
+            for approach, ms in (("pope triton decode (magnitude cache)", 0.18),
+                                 ("pope materialized cache (2d channels) + sdpa", 0.20))]
+    (tmp_path / "decode.csv").write_text(header + "".join(rows))
+    _run_script(["benchmarks/attention.py", "--plot-decode", "aaaaaaa", "--out", str(tmp_path)], tmp_path)
+    assert (tmp_path / "decode.png").stat().st_size > 10_000
+    run = subprocess.run([sys.executable, "benchmarks/attention.py", "--plot-decode", "ccccccc", "--out", str(tmp_path)],
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": os.path.join(ROOT, "src")}, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode != 0 and "no rows of commit 'ccccccc'" in run.stderr
