@@ -49,16 +49,26 @@ def test_kernel_variants_compares_module_versions(tmp_path):
 
 
 def test_attention_benchmark_plots_decode_rows_without_a_gpu(tmp_path):
-    """benchmarks/attention.py --plot-decode: the decode.csv rows of one commit (not the others) become decode.png."""
+    """benchmarks/attention.py --plot-decode: the decode.csv rows of one commit (default: the last; not the others)
+    become decode.png; a commit with no rows is an error."""
     header = "gpu,torch,triton,commit,date,shape,approach,ms,graph_ms,cache_mb,max_abs_diff_vs_materialized\n"
     rows = [f"H200,2.11,3.6,{commit},2026-11-30 20:00 UTC,8x32x8x16384x128,{approach},0.2,{ms},512,0.0\n"
             for commit in ("aaaaaaa", "bbbbbbb")
             for approach, ms in (("pope triton decode (magnitude cache)", 0.18),
                                  ("pope materialized cache (2d channels) + sdpa", 0.20))]
     (tmp_path / "decode.csv").write_text(header + "".join(rows))
+    script = os.path.join(ROOT, "benchmarks", "attention.py")
+    spec = importlib.util.spec_from_file_location("attention_benchmark", script)
+    benchmark = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchmark)
+    plotted = []
+    benchmark.plot_decode = lambda chosen, path, title: plotted.append({r["commit"] for r in chosen})
+    benchmark.plot_decode_csv(str(tmp_path / "decode.csv"), str(tmp_path / "unused.png"), "aaaaaaa")
+    benchmark.plot_decode_csv(str(tmp_path / "decode.csv"), str(tmp_path / "unused.png"))  # default: the last commit
+    assert plotted == [{"aaaaaaa"}, {"bbbbbbb"}]
     _run_script(["benchmarks/attention.py", "--plot-decode", "aaaaaaa", "--out", str(tmp_path)], tmp_path)
     assert (tmp_path / "decode.png").stat().st_size > 10_000
-    run = subprocess.run([sys.executable, "benchmarks/attention.py", "--plot-decode", "ccccccc", "--out", str(tmp_path)],
-                         cwd=ROOT, env={**os.environ, "PYTHONPATH": os.path.join(ROOT, "src")}, capture_output=True,
-                         text=True, timeout=300)
+    run = subprocess.run([sys.executable, script, "--plot-decode", "ccccccc", "--out", str(tmp_path)], cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": os.path.join(ROOT, "src")}, capture_output=True, text=True,
+                         timeout=300)
     assert run.returncode != 0 and "no rows of commit 'ccccccc'" in run.stderr

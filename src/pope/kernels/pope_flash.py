@@ -76,9 +76,9 @@ critical path there (the earlier 1.17-1.26x was against a RoPE whose compiled ro
 element). Decode (8c4233e, CUDA-graph replay) over a cache of magnitudes: 0.53-0.92x the time of SDPA over a
 materialised 2d-channel cache from 4K keys on, GQA included (8x32x8x16384x128 0.89x, was 1.19x before the 16-bit
 products and 1.40x before the shared key-phase table); 1K keys 1.32x and raw keys at d=64 / GQA 1.3-1.4x (missed).
-A fused backward with ordered, deterministic dq
-accumulation (commit 1099773) was correct but slower at every shape and was removed. Correct within 2x the
-reference's error in bf16/fp16/fp32 on that GPU; backward bitwise deterministic.
+A fused backward with ordered, deterministic dq accumulation (commit 1099773) was correct but slower at every
+shape and was removed. Correct within 2x the reference's error in bf16/fp16/fp32 on that GPU; backward bitwise
+deterministic.
 """
 from __future__ import annotations
 
@@ -1405,18 +1405,23 @@ def _phase_table(theta: torch.Tensor, head_dim: int, seq_k: int, dtype: torch.dt
     magnitude "identity" (stride-0 rows, one read). keep=True: from / into _PHASE_TABLES (not while a CUDA graph
     is being captured: a table made then would live in the graph's private memory pool)."""
     block_d = _block_d(head_dim)
-    rows = max(MIN_PHASE_TABLE_ROWS, _next_power_of_2(seq_k)) if keep else seq_k
+    if not keep:
+        return _build_phase_table(theta, head_dim, block_d, seq_k, dtype)
+    rows = max(MIN_PHASE_TABLE_ROWS, _next_power_of_2(seq_k))
     key = (theta.data_ptr(), theta.device, dtype, block_d, rows)
-    if keep:
-        entry = _PHASE_TABLES.get(key)
-        if entry is not None and entry[0] is theta and entry[1] == theta._version:
-            return entry[2]
-    ones = torch.ones((1, 1, 1, head_dim), device=theta.device, dtype=dtype).expand(1, 1, rows, head_dim)
-    table = transform(ones, theta, None, position_offset=0, magnitude="identity").view(rows, 2 * block_d)
+    entry = _PHASE_TABLES.get(key)
+    if entry is not None and entry[0] is theta and entry[1] == theta._version:
+        return entry[2]
+    table = _build_phase_table(theta, head_dim, block_d, rows, dtype)
     capturing = theta.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    if keep and not capturing and key not in _PHASE_TABLES and len(_PHASE_TABLES) < MAX_PHASE_TABLES:
+    if not capturing and key not in _PHASE_TABLES and len(_PHASE_TABLES) < MAX_PHASE_TABLES:
         _PHASE_TABLES[key] = (theta, theta._version, table)
     return table
+
+
+def _build_phase_table(theta, head_dim: int, block_d: int, rows: int, dtype: torch.dtype) -> torch.Tensor:
+    ones = torch.ones((1, 1, 1, head_dim), device=theta.device, dtype=dtype).expand(1, 1, rows, head_dim)
+    return transform(ones, theta, None, position_offset=0, magnitude="identity").view(rows, 2 * block_d)
 
 
 def release_phase_tables() -> int:
@@ -1512,4 +1517,5 @@ def frequencies(head_dim: int, base: float, device) -> torch.Tensor:
 
 
 __all__ = ["forward", "backward", "decode_forward", "decode_tile", "release_phase_tables", "transform",
-           "transform_queries_and_keys", "frequencies", "load_configs", "INTERPRET", "MAGNITUDE_CODES", "KERNEL_CONFIGS", "POISON_OUTPUTS"]
+           "transform_queries_and_keys", "frequencies", "load_configs", "INTERPRET", "MAGNITUDE_CODES",
+           "KERNEL_CONFIGS", "POISON_OUTPUTS"]
