@@ -19,6 +19,7 @@ non-overlapping T+1-token windows (stride T) for token streams; rank r takes eve
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
@@ -247,6 +248,27 @@ class TrainingData:
     is_task: bool = False  # scored on one token per example (indirect indexing)
 
 
+def _data_source(recipe: dict, options) -> tuple[str, bool]:
+    """(recipe.dataset or train.data_dir, whether that is an explicit indirect-indexing split directory)."""
+    source = str(options.data_dir or recipe["dataset"])
+    manifest = Path(source) / "manifest.json"
+    return source, manifest.is_file() and '"indirect-indexing"' in manifest.read_text()
+
+
+def prepare_data(recipe: dict, options) -> None:
+    """Make the run's data exist on disk (generate the indirect-indexing splits, prepare a dataset);
+    called once before processes that share it start (the main rank, or a seed sweep)."""
+    source, is_task_dir = _data_source(recipe, options)
+    if is_task_dir:
+        return
+    if source == INDIRECT_INDEXING:
+        from pope.data import indirect_indexing as task
+        task.ensure_splits(None, seed=options.data_seed)
+        return
+    from pope.data.prepared import resolve_dataset
+    resolve_dataset(source, prepare_if_missing=True)
+
+
 def load_training_data(recipe: dict, options, *, micro_steps: int, seed: int, shard: Shard,
                        device: torch.device, seq_len: int, is_main: bool) -> TrainingData:
     """Build the training sampler and evaluation sets for ``recipe['dataset']`` (or train.data_dir).
@@ -258,21 +280,16 @@ def load_training_data(recipe: dict, options, *, micro_steps: int, seed: int, sh
     """
     from pope.train.distributed import barrier
 
-    source = options.data_dir or recipe["dataset"]
+    source, is_task_dir = _data_source(recipe, options)
     global_batch = recipe["batch_size"]
     eval_splits = [s.strip() for s in options.eval_splits.split(",") if s.strip()]
-    from pathlib import Path
-    is_task_dir = Path(str(source)).is_dir() and (Path(str(source)) / "manifest.json").exists() and \
-        '"indirect-indexing"' in (Path(str(source)) / "manifest.json").read_text()
+    if is_main:
+        prepare_data(recipe, options)
+    barrier()
     if source == INDIRECT_INDEXING or is_task_dir:
         from pope.data import indirect_indexing as task
-        if is_task_dir:  # an explicit split directory (any sizes), e.g. written by write_splits
-            directory = Path(source)
-        else:
-            if is_main:
-                task.ensure_splits(None, seed=options.data_seed)
-            barrier()
-            directory = task.default_data_dir(options.data_seed)
+        # an explicit split directory (any sizes, e.g. written by write_splits), else the cached default
+        directory = Path(source) if is_task_dir else task.default_data_dir(options.data_seed)
         train = task.load_split(directory, "train")
         if seq_len < task.SEQ_LEN:
             raise ValueError(f"indirect-indexing needs {task.SEQ_LEN} input tokens; recipe.seq_len is {seq_len}")
@@ -287,9 +304,6 @@ def load_training_data(recipe: dict, options, *, micro_steps: int, seed: int, sh
                             eval_tokens={}, seq_len=task.SEQ_LEN, is_task=True)
 
     from pope.data.prepared import resolve_dataset
-    if is_main:
-        dataset = resolve_dataset(source, prepare_if_missing=True)
-    barrier()
     dataset = resolve_dataset(source)
     transform = dataset.train_transform
     if dataset.pad_id is not None:  # documents
