@@ -164,3 +164,22 @@ def test_gpu_sweep_script_runs_scores_and_archives_small_files(splits, tmp_path)
     scored = json.loads((tmp_path / "runs" / "pope" / "seed-0" / "eval" / "task_accuracy.json").read_text())
     assert scored["step"] == 4 and scored["splits"]["test"]["examples"] == 64
     assert scored["splits"]["train"]["examples"] == 512  # the first 10k training examples (here all 512)
+
+
+@pytest.mark.slow
+def test_sweep_throughput_benchmark_runs_on_cpu(splits, tmp_path):
+    """benchmarks/sweep_throughput.py end to end on a tiny CPU model (numbers meaningless here): one CSV row
+    per K with provenance, the table printed."""
+    root = Path(__file__).resolve().parents[1]
+    sets = ["train.device=cpu", "model.n_layer=1", "model.d_model=16", "recipe.max_steps=100000",
+            f"train.data_dir={splits}"]
+    result = subprocess.run([sys.executable, "benchmarks/sweep_throughput.py", "--preset", "indirect-indexing-tiny",
+                             "--jobs", "1,2", "--window", "1", "--warmup-steps", "10", "--log-interval", "5",
+                             "--timeout", "120", "--out", str(tmp_path), *[x for s in sets for x in ("--set", s)]],
+                            cwd=root, env=_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    import csv
+
+    rows = list(csv.DictReader(open(tmp_path / "sweep_throughput.csv")))
+    assert [r["processes"] for r in rows] == ["1", "2"] and all(float(r["steps_per_s"]) > 0 for r in rows)
+    assert {"gpu", "torch", "triton", "commit", "date", "command"} <= set(rows[0]) and "best:" in result.stdout
