@@ -164,11 +164,12 @@ def test_analyze_frequencies_cli(workspace, tmp_path, capsys):
     assert "vocabulary mismatch" in capsys.readouterr().err  # 256 byte ids, 90-token model
 
 
-def _fake_run(path, preset, pe, seed, test_losses, length_ppl=None):
+def _fake_run(path, preset, pe, seed, test_losses, length_ppl=None, finished=True):
     path.mkdir(parents=True)
     (path / "config.json").write_text(json.dumps({"preset": preset, "pe": pe, "seed": seed}))
     records = [{"step": 100 * (i + 1), "kind": "eval", "test_loss": v, "valid_loss": v} for i, v in enumerate(test_losses)]
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (path / "summary.json").write_text(json.dumps({"step": 100 * len(test_losses), "finished": finished}))
     if length_ppl:
         (path / "eval").mkdir()
         (path / "eval" / "length-jsb-test.json").write_text(json.dumps({"data_name": "jsb", "split": "test", "results": [
@@ -182,7 +183,9 @@ def test_report_mean_std_over_seeds_and_paper_numbers(tmp_path, workspace):
     runs = [_fake_run(tmp_path / f"rope{s}", "jsb", "rope", s, [0.7, loss, 0.6], {64: 2.0 + s, 128: 3.0})
             for s, loss in enumerate([0.52, 0.50])]
     runs += [_fake_run(tmp_path / f"pope{s}", "jsb", "pope", s, [0.49 + s / 100, 0.55]) for s in range(3)]
+    runs.append(_fake_run(tmp_path / "pope9", "jsb", "pope", 9, [0.1], finished=False))  # never averaged in
     markdown, written = write_report(runs + [str(workspace["rope"])], tmp_path / "report")
+    assert "| 0,1,2 | 9 (step 100) |" in markdown
     # best test NLL per seed: rope 0.52, 0.50 -> 0.51 ± 0.014142; pope 0.49, 0.50, 0.51 -> 0.50 ± 0.01
     assert "| jsb | rope | test_nll | 0.5100 ± 0.0141 (n=2) | 0.5081 |" in markdown
     assert "| jsb | pope | test_nll | 0.5000 ± 0.0100 (n=3) | 0.4889 |" in markdown
@@ -224,3 +227,73 @@ def test_finetune_cli_trains_resumes_and_refuses_bad_context(workspace, tmp_path
     assert main(arguments + ["--resume"]) == 0  # finished run: nothing left to train
     assert main(["finetune", str(workspace["rope"]), "--context", "8", "--out", str(tmp_path / "x")]) == 1
     assert "not longer than the run's training context 16" in capsys.readouterr().err
+
+
+def _task_run(path, pe, seed, accuracies, *, finished=True, overrides=(), train_accuracy=None, every=5000):
+    """A synthetic indirect-indexing run (as `pope train --seeds` writes it): config, eval records with
+    test accuracy, summary, and optionally eval/task_accuracy.json."""
+    path.mkdir(parents=True, exist_ok=True)
+    config = {"preset": "indirect-indexing", "pe": pe, "seed": seed, "recipe": {"lr": 2e-4},
+              "train": {"autocast": "auto", "progress": False, "max_seconds": 480}}
+    for item in overrides:
+        key, _, value = item.partition("=")
+        section, _, name = key.partition(".")
+        config.setdefault(section, {})[name] = value
+    (path / "config.json").write_text(json.dumps(config))
+    records = [{"step": every * (i + 1), "kind": "eval", "test_accuracy": a, "valid_accuracy": a, "test_loss": 1.0}
+               for i, a in enumerate(accuracies)]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (path / "summary.json").write_text(json.dumps({"finished": finished}))
+    if train_accuracy is not None:
+        (path / "eval").mkdir()
+        (path / "eval" / "task_accuracy.json").write_text(json.dumps({"checkpoint": "last", "step": 1, "splits": {
+            "train": {"accuracy": train_accuracy}, "test": {"accuracy": accuracies[-1]}}}))
+
+
+def _sweep(directory, pe, finals, *, overrides=(), unfinished=(), train_accuracy=None):
+    directory.mkdir(parents=True)
+    (directory / "sweep.json").write_text(json.dumps({"preset": "indirect-indexing", "pe": pe,
+                                                      "overrides": ["train.max_seconds=480", *overrides]}))
+    for seed, final in enumerate(finals):
+        _task_run(directory / f"seed-{seed}", pe, seed, [0.02, final], overrides=overrides,
+                  train_accuracy=None if train_accuracy is None else train_accuracy[seed])
+    for seed in unfinished:
+        _task_run(directory / f"seed-{seed}", pe, seed, [0.5], finished=False, overrides=overrides)
+    return str(directory)
+
+
+def test_report_lift_off_table_from_sweep_directories(tmp_path):
+    from pope.eval.report import wilson_interval, write_report
+
+    pope = _sweep(tmp_path / "pope", "pope", [0.95, 0.05, 0.40, 0.06], unfinished=[4],
+                  train_accuracy=[0.96, 0.11, 0.45, 0.10])
+    rope = _sweep(tmp_path / "rope", "rope", [0.11, 0.12])
+    fp32 = _sweep(tmp_path / "pope-fp32", "pope", [0.9, 0.8], overrides=["train.autocast=none"])
+    markdown, written = write_report([pope, rope, fp32], tmp_path / "report")
+    rows = {line.split(" | ")[1] + " " + line.split(" | ")[-1]: line for line in markdown.splitlines()
+            if line.startswith("| indirect-indexing |") and "%" in line}
+    # PoPE: finals 95, 5, 40, 6 % -> mean 36.50, sample std 42.26, median 23.00; 2/4 lift off; seed 4 left out;
+    # gaps 1, 6, 5, 4 points -> 4.00 ± 2.16
+    lo, hi = wilson_interval(2, 4)
+    assert rows["pope pope/ |"] == (f"| indirect-indexing | pope | 4 | 36.50 ± 42.26 | 23.00 | 2/4 | "
+                                    f"{100 * lo:.0f}–{100 * hi:.0f} % | 4.00 ± 2.16 (n=4) | 94.82 | 4 (step 5000) | "
+                                    "pope/ |")
+    assert "| rope | 2 | 11.50 ± 0.71 | 11.50 | 0/2 | 0–66 % | not measured | 11.16 | — | rope/ |" in markdown
+    # another recipe (fp32) is its own row, never averaged with the bf16 seeds
+    assert "| pope | 2 | 85.00 ± 7.07 | 85.00 | 2/2 | 34–100 % | not measured | 94.82 | — | " \
+           "pope-fp32/ train.autocast=none |" in markdown
+    assert "Train-example accuracy not measured for 4 finished run(s)" in markdown
+    assert (tmp_path / "report" / "accuracy_vs_step.png").stat().st_size > 10_000
+    assert {p.name for p in written} >= {"report.md", "report.png", "accuracy_vs_step.png"}
+    with pytest.raises(FileNotFoundError, match="neither a `pope train` run directory nor a sweep"):
+        write_report([str(tmp_path / "report")], tmp_path / "r2")
+
+
+def test_wilson_interval_matches_known_values():
+    from pope.eval.report import wilson_interval
+
+    # reference values (Wilson 1927; e.g. statsmodels proportion_confint(method="wilson"))
+    low, high = wilson_interval(8, 10)
+    assert low == pytest.approx(0.4902, abs=1e-4) and high == pytest.approx(0.9433, abs=1e-4)
+    assert wilson_interval(0, 4)[0] == 0.0 and wilson_interval(0, 4)[1] == pytest.approx(0.4899, abs=1e-4)
+    assert wilson_interval(0, 0) == (0.0, 1.0)

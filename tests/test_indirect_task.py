@@ -88,3 +88,61 @@ def test_bad_files_give_clear_errors(tmp_path):
     bad.write_text("too short\n")
     with pytest.raises(ValueError, match="line 1"):
         task.load_file(bad)
+
+
+def test_paper_task_is_unchanged_bit_for_bit():
+    """The generator with default options draws exactly what it drew before the task variants existed
+    (hash of the splits recorded from the generator without options)."""
+    import hashlib
+
+    splits = task.make_splits(3, {"train": 3000, "valid": 200, "test": 200})
+    assert hashlib.sha256(repr(sorted(splits.items())).encode()).hexdigest() == \
+        "0c0f83ce853c672e8b70bac9c449e847a3a2e024266e83e7a1ad923195458349"
+    assert splits == task.make_splits(3, {"train": 3000, "valid": 200, "test": 200}, task.TaskOptions())
+    assert task.default_data_dir(0).name == "indirect-indexing-seed0"
+
+
+def test_task_variants_follow_their_rules(tmp_path):
+    options = task.parse_task_spec("indirect-indexing:min_len=20,max_len=32,zero_shift=true")
+    assert options == task.TaskOptions(min_len=20, max_len=32, zero_shift=True)
+    lines = task.generate_examples(5000, np.random.default_rng(1), options=options)
+    examples = [task.parse_example(line, options) for line in lines]
+    assert {len(e.string) for e in examples} == set(range(20, 33))
+    assert {e.shift for e in examples} == set(range(-15, 16))  # 0 included
+    zero = [e for e in examples if e.shift == 0]
+    assert zero and all(e.target == e.source for e in zero) and zero[0].to_line().split(",")[2] == "+0"
+    with pytest.raises(ValueError, match="not 0"):  # the paper's rules refuse shift 0
+        task.parse_example(zero[0].to_line())
+    # the variant's splits live in their own directory and its manifest says which variant they are
+    assert task.default_data_dir(0, options).name == "indirect-indexing-seed0-len20-32-shift0"
+    assert task.default_data_dir(0, task.parse_task_spec("indirect-indexing:fresh=true")).name == \
+        "indirect-indexing-seed0"  # fresh draws training examples differently, not other splits
+    sizes = {"train": 300, "valid": 50, "test": 50}
+    directory = task.ensure_splits(tmp_path / "v", seed=0, sizes=sizes, options=options)
+    assert task.validate_file(directory / "test.txt", options) == 50
+    with pytest.raises(ValueError, match="task"):
+        task.ensure_splits(directory, seed=0, sizes=sizes)  # the paper's task asked of a variant's directory
+    encoded = task.load_split(directory, "test")
+    assert ((encoded.targets != -100).sum(axis=1) == 1).all()
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("indirect-indexing:max_len=41", "max_len <= 40"), ("indirect-indexing:min_len=33,max_len=32", "min_len <= max_len"),
+    ("indirect-indexing:fresh=maybe", "true or false"), ("indirect-indexing:shift0=true", "OPTION one of"),
+    ("indirect-indexing:min_len=x", "integer"), ("jsb:fresh=true", "not an indirect-indexing"),
+])
+def test_bad_task_specs(spec, message):
+    with pytest.raises(ValueError, match=message):
+        task.parse_task_spec(spec)
+
+
+def test_fresh_examples_avoid_held_out_strings():
+    options = task.TaskOptions(fresh=True)
+    first = task.fresh_examples(200, np.random.default_rng(5), options)
+    lines = task.generate_examples(200, np.random.default_rng(5), options=options)
+    held_out = {line.split(",", 1)[0] for line in lines[:100]}
+    again = task.fresh_examples(200, np.random.default_rng(5), options, held_out)
+    assert np.array_equal(first.inputs[100:], again.inputs[:100])  # the held-out ones were redrawn
+    letters = {"".join(task.CHARACTERS[i] for i in row[:row.tolist().index(task.CHARACTERS.index(","))])
+               for row in again.inputs}
+    assert not letters & held_out

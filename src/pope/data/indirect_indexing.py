@@ -22,13 +22,25 @@ Splits are deterministic from a seed (default 1M train / 10k valid / 10k test) a
 letter string of one split appears in another (hence no example either). They are written as
 ``{train,valid,test}.txt`` (one example per line) plus ``manifest.json`` with counts and SHA-256
 checksums, so a held-out test file can be evaluated later (``pope eval accuracy RUN --data test.txt``).
+
+Task variants (``TaskOptions``; defaults = the paper's setup above), chosen in a run through the dataset
+spec ``indirect-indexing:OPTION=VALUE,...``, e.g. ``--set recipe.dataset=indirect-indexing:fresh=true``:
+
+- ``min_len``, ``max_len``: the string length range (paper 20..40; e.g. 20..32 reads the paper's
+  "sequence length 40" literally); within 20..40, so the model's 47 input tokens always suffice.
+- ``zero_shift``: shift 0 allowed (written ``+0``; the target is then the source letter itself).
+- ``fresh``: training examples drawn fresh for every step (never repeated; strings of the valid and test
+  splits are redrawn) instead of epochs over the fixed training split.
+
+Length range and zero shift define the task, so its splits are generated with them (own cache directory);
+``fresh`` changes only how training examples are drawn.
 """
 from __future__ import annotations
 
 import json
 import os
 import string
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +65,61 @@ _LETTER_BYTES = np.frombuffer(LETTERS.encode(), dtype=np.uint8)
 
 
 @dataclass(frozen=True)
+class TaskOptions:
+    """A variant of the task; the defaults are the paper's setup (see the module docstring)."""
+
+    min_len: int = MIN_LETTERS
+    max_len: int = MAX_LETTERS
+    zero_shift: bool = False
+    fresh: bool = False
+
+    def __post_init__(self):
+        if not (isinstance(self.min_len, int) and isinstance(self.max_len, int)
+                and MIN_LETTERS <= self.min_len <= self.max_len <= MAX_LETTERS):
+            raise ValueError(f"indirect-indexing: need {MIN_LETTERS} <= min_len <= max_len <= {MAX_LETTERS}; got "
+                             f"min_len={self.min_len}, max_len={self.max_len}")
+
+    def split_key(self) -> str:
+        """'' for the paper's splits, else a suffix naming what changes them (fresh does not)."""
+        parts = [f"len{self.min_len}-{self.max_len}"] if (self.min_len, self.max_len) != (MIN_LETTERS, MAX_LETTERS) \
+            else []
+        return "-".join(parts + (["shift0"] if self.zero_shift else []))
+
+    def split_options(self) -> dict:
+        return {"min_len": self.min_len, "max_len": self.max_len, "zero_shift": self.zero_shift}
+
+
+PAPER_TASK = TaskOptions()
+
+
+def parse_task_spec(spec: str) -> TaskOptions:
+    """'indirect-indexing' -> the paper's task; 'indirect-indexing:fresh=true,min_len=20,max_len=32' -> a variant."""
+    name, _, text = str(spec).partition(":")
+    if name != "indirect-indexing":
+        raise ValueError(f"{spec!r} is not an indirect-indexing dataset spec (indirect-indexing[:OPTION=VALUE,...])")
+    valid = {f.name: f.type for f in fields(TaskOptions)}
+    values: dict = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, eq, value = item.partition("=")
+        key, value = key.strip(), value.strip().lower()
+        if not eq or key not in valid:
+            raise ValueError(f"dataset spec {spec!r}: {item!r} is not OPTION=VALUE with OPTION one of {', '.join(valid)}")
+        if key in ("zero_shift", "fresh"):
+            if value not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(f"dataset spec {spec!r}: {key} must be true or false, got {value!r}")
+            values[key] = value in ("true", "1", "yes")
+        else:
+            if not value.isdigit():
+                raise ValueError(f"dataset spec {spec!r}: {key} must be an integer, got {value!r}")
+            values[key] = int(value)
+    return TaskOptions(**values)
+
+
+def is_task_spec(spec: str) -> bool:
+    return str(spec).partition(":")[0] == "indirect-indexing"
+
+
+@dataclass(frozen=True)
 class Example:
     """One parsed example."""
 
@@ -65,15 +132,15 @@ class Example:
         return f"{self.string},{self.source},{self.shift:+d},{self.target}"
 
 
-def parse_example(line: str) -> Example:
-    """Parse one line and check every rule of the task; raises ValueError naming the broken rule."""
+def parse_example(line: str, options: TaskOptions = PAPER_TASK) -> Example:
+    """Parse one line and check every rule of the task (variant); raises ValueError naming the broken rule."""
     parts = line.strip("\n").split(",")
     if len(parts) != 4:
         raise ValueError(f"indirect-indexing example {line!r}: expected 4 comma-separated fields "
                          "<string>,<source>,<signed shift>,<target>")
     letters, source, shift_text, target = parts
-    if not (MIN_LETTERS <= len(letters) <= MAX_LETTERS) or any(c not in LETTERS for c in letters):
-        raise ValueError(f"indirect-indexing example {line!r}: the string must be {MIN_LETTERS}..{MAX_LETTERS} "
+    if not (options.min_len <= len(letters) <= options.max_len) or any(c not in LETTERS for c in letters):
+        raise ValueError(f"indirect-indexing example {line!r}: the string must be {options.min_len}..{options.max_len} "
                          "letters from [A-Za-z]")
     if len(set(letters)) != len(letters):
         raise ValueError(f"indirect-indexing example {line!r}: the string's letters must be distinct")
@@ -82,8 +149,9 @@ def parse_example(line: str) -> Example:
     if len(shift_text) < 2 or shift_text[0] not in "+-" or not shift_text[1:].isdigit():
         raise ValueError(f"indirect-indexing example {line!r}: the shift must be signed, e.g. +3 or -12")
     shift = int(shift_text)
-    if shift == 0 or abs(shift) > MAX_SHIFT:
-        raise ValueError(f"indirect-indexing example {line!r}: the shift must be in [-{MAX_SHIFT}, +{MAX_SHIFT}] and not 0")
+    if (shift == 0 and not options.zero_shift) or abs(shift) > MAX_SHIFT:
+        raise ValueError(f"indirect-indexing example {line!r}: the shift must be in [-{MAX_SHIFT}, +{MAX_SHIFT}]"
+                         + ("" if options.zero_shift else " and not 0"))
     position = letters.index(source) + shift
     if not 0 <= position < len(letters):
         raise ValueError(f"indirect-indexing example {line!r}: source + shift lands outside the string")
@@ -93,22 +161,25 @@ def parse_example(line: str) -> Example:
     return Example(letters, source, shift, target)
 
 
-def generate_examples(count: int, rng: np.random.Generator, *, chunk_size: int = 100_000) -> list[str]:
-    """``count`` random example lines (not yet de-duplicated), drawn with ``rng``."""
+def generate_examples(count: int, rng: np.random.Generator, *, chunk_size: int = 100_000,
+                      options: TaskOptions = PAPER_TASK) -> list[str]:
+    """``count`` random example lines (not yet de-duplicated) of the task variant, drawn with ``rng``.
+    Variants change only the ranges drawn from, not the order of the draws."""
     lines: list[str] = []
     for start in range(0, count, chunk_size):
         n = min(chunk_size, count - start)
-        lengths = rng.integers(MIN_LETTERS, MAX_LETTERS + 1, size=n)  # (n,)
+        lengths = rng.integers(options.min_len, options.max_len + 1, size=n)  # (n,)
         # a random permutation of the 52 letters per row; the first `length` are the string
         letter_order = np.argsort(rng.random((n, len(LETTERS))), axis=1)[:, :MAX_LETTERS]  # (n, 40)
         letter_bytes = _LETTER_BYTES[letter_order]  # (n, 40) uint8
         source_index = (rng.random(n) * lengths).astype(np.int64)  # uniform over the string
-        # non-zero shifts landing inside the string: [lowest, -1] U [1, highest]
+        # shifts landing inside the string: [lowest, highest], without 0 unless zero_shift
         lowest = np.maximum(-MAX_SHIFT, -source_index)
         highest = np.minimum(MAX_SHIFT, lengths - 1 - source_index)
-        n_valid = highest - lowest  # count of the range minus the excluded 0; >= 1 since length >= 20
+        n_valid = highest - lowest + int(options.zero_shift)  # >= 1 since length >= 20
         shift = lowest + (rng.random(n) * n_valid).astype(np.int64)
-        shift += shift >= 0  # skip 0
+        if not options.zero_shift:
+            shift += shift >= 0  # skip 0
         rows = np.arange(n)
         source_bytes = letter_bytes[rows, source_index]
         target_bytes = letter_bytes[rows, source_index + shift]
@@ -119,9 +190,10 @@ def generate_examples(count: int, rng: np.random.Generator, *, chunk_size: int =
     return lines
 
 
-def make_splits(seed: int = 0, sizes: dict[str, int] | None = None) -> dict[str, list[str]]:
-    """Deterministic, disjoint splits. Test is drawn first, then valid, then train, so the held-out
-    sets do not change when the training set size does; a string already used is drawn again."""
+def make_splits(seed: int = 0, sizes: dict[str, int] | None = None,
+                options: TaskOptions = PAPER_TASK) -> dict[str, list[str]]:
+    """Deterministic, disjoint splits of the task (variant). Test is drawn first, then valid, then train, so
+    the held-out sets do not change when the training set size does; a string already used is drawn again."""
     sizes = dict(DEFAULT_SPLIT_SIZES if sizes is None else sizes)
     for name, size in sizes.items():
         if name not in DEFAULT_SPLIT_SIZES:
@@ -136,7 +208,7 @@ def make_splits(seed: int = 0, sizes: dict[str, int] | None = None) -> dict[str,
             continue
         chosen: list[str] = []
         while len(chosen) < sizes[name]:
-            for line in generate_examples(sizes[name] - len(chosen), rng):
+            for line in generate_examples(sizes[name] - len(chosen), rng, options=options):
                 letters = line.split(",", 1)[0]
                 if letters not in used_strings:
                     used_strings.add(letters)
@@ -145,13 +217,17 @@ def make_splits(seed: int = 0, sizes: dict[str, int] | None = None) -> dict[str,
     return splits
 
 
-def write_splits(directory: str | os.PathLike, seed: int = 0, sizes: dict[str, int] | None = None) -> Path:
-    """Generate the splits and write ``{split}.txt`` + ``manifest.json`` atomically into ``directory``."""
+def write_splits(directory: str | os.PathLike, seed: int = 0, sizes: dict[str, int] | None = None,
+                 options: TaskOptions = PAPER_TASK) -> Path:
+    """Generate the splits and write ``{split}.txt`` + ``manifest.json`` atomically into ``directory``.
+    The manifest records the variant's options (``task_options``) only when they are not the paper's."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    splits = make_splits(seed, sizes)
+    splits = make_splits(seed, sizes, options)
     manifest = {"task": "indirect-indexing", "format_version": FORMAT_VERSION, "seed": seed,
                 "characters": CHARACTERS, "pad_id": PAD_ID, "vocab_size": VOCAB_SIZE, "splits": {}}
+    if options.split_key():
+        manifest["task_options"] = options.split_options()
     for name, lines in splits.items():
         path = directory / f"{name}.txt"
         tmp = path.with_suffix(".txt.tmp")
@@ -164,26 +240,35 @@ def write_splits(directory: str | os.PathLike, seed: int = 0, sizes: dict[str, i
     return directory
 
 
-def default_data_dir(seed: int = 0) -> Path:
+def default_data_dir(seed: int = 0, options: TaskOptions = PAPER_TASK) -> Path:
     cache = Path(os.environ.get("POPE_CACHE", Path.home() / ".cache" / "pope"))
-    return cache / "data" / f"indirect-indexing-seed{seed}"
+    key = options.split_key()
+    return cache / "data" / (f"indirect-indexing-seed{seed}" + (f"-{key}" if key else ""))
+
+
+def split_task_options(manifest: dict) -> TaskOptions:
+    """The task variant a split directory's manifest was generated for (the paper's when it names none)."""
+    return TaskOptions(**manifest.get("task_options", {}))
 
 
 def ensure_splits(directory: str | os.PathLike | None = None, seed: int = 0,
-                  sizes: dict[str, int] | None = None) -> Path:
-    """The split directory for ``seed``, generated on first use (a few seconds for 1M examples).
-    An existing directory made with another seed or other sizes is refused, not silently reused."""
-    directory = default_data_dir(seed) if directory is None else Path(directory)
+                  sizes: dict[str, int] | None = None, options: TaskOptions = PAPER_TASK) -> Path:
+    """The split directory for ``seed`` (and the task variant), generated on first use (a few seconds for
+    1M examples). An existing directory made with another seed, other sizes or another variant is refused,
+    not silently reused."""
+    directory = default_data_dir(seed, options) if directory is None else Path(directory)
     manifest_path = directory / "manifest.json"
     if manifest_path.exists():
         manifest = json.loads(manifest_path.read_text())
         wanted = dict(DEFAULT_SPLIT_SIZES if sizes is None else sizes)
         found = {name: info["examples"] for name, info in manifest["splits"].items()}
-        if manifest.get("seed") != seed or found != wanted:
-            raise ValueError(f"{directory} holds indirect-indexing splits with seed {manifest.get('seed')} and sizes "
-                             f"{found}, but seed {seed} and sizes {wanted} were asked for; use another directory")
+        found_options = split_task_options(manifest).split_options()
+        if manifest.get("seed") != seed or found != wanted or found_options != options.split_options():
+            raise ValueError(f"{directory} holds indirect-indexing splits with seed {manifest.get('seed')}, sizes "
+                             f"{found} and task {found_options}, but seed {seed}, sizes {wanted} and task "
+                             f"{options.split_options()} were asked for; use another directory")
         return directory
-    return write_splits(directory, seed, sizes)
+    return write_splits(directory, seed, sizes, options)
 
 
 @dataclass
@@ -260,10 +345,21 @@ def load_split(directory: str | os.PathLike, split: str, *, verify: bool = True)
     return load_file(path)
 
 
-def validate_file(path: str | os.PathLike) -> int:
+def validate_file(path: str | os.PathLike, options: TaskOptions = PAPER_TASK) -> int:
     """Check every line of a file with ``parse_example``; returns the number of examples."""
     count = 0
     with open(path) as handle:
         for count, line in enumerate(handle, start=1):
-            parse_example(line)
+            parse_example(line, options)
     return count
+
+
+def fresh_examples(count: int, rng: np.random.Generator, options: TaskOptions,
+                   held_out: set[str] = frozenset()) -> EncodedExamples:
+    """``count`` newly drawn, encoded examples of the variant whose strings are not in ``held_out``
+    (the valid/test strings); what ``fresh=true`` trains on, one global batch per step."""
+    lines: list[str] = []
+    while len(lines) < count:
+        lines += [line for line in generate_examples(count - len(lines), rng, options=options)
+                  if line.split(",", 1)[0] not in held_out]
+    return encode_lines(("\n".join(lines) + "\n").encode(), source="fresh examples")

@@ -242,7 +242,7 @@ def _register_report(subparsers) -> None:
                                    description="Metric per preset x positional encoding, mean ± std over seeds, "
                                                "with the paper's number where the preset matches; plus length "
                                                "and downstream tables when those evaluations exist.")
-    parser.add_argument("runs", nargs="+", metavar="RUN", help="run directories")
+    parser.add_argument("runs", nargs="+", metavar="RUN", help="run directories or sweep directories (pope train --seeds)")
     parser.add_argument("--out", default="pope-report", help="directory for report.md and report.png")
     parser.set_defaults(func=_report)
 

@@ -10,6 +10,20 @@ What is read from each run directory (made by ``pope train`` / ``pope finetune``
   report the last ``test_loss`` (or ``valid_loss``).
 * ``eval/length-*.json`` (``pope eval length``): perplexity per evaluation length.
 * ``eval/downstream.json`` (``pope eval downstream``): the paper's accuracy columns.
+* ``summary.json``: whether the run finished its schedule. Unfinished runs (no summary, or
+  ``finished: false``) are never averaged in: the tables list them apart, marked with their step.
+* ``eval/task_accuracy.json`` (``pope.eval.runs.score_task_accuracy``): accuracy of one checkpoint on
+  training and test examples, for the memorisation gap.
+
+A RUN argument may also be a sweep directory (``pope train --seeds``): every ``seed-N`` run in it.
+Runs are grouped by preset, encoding and *setting*: everything in config.json but the seed and how the
+run was executed (``EXECUTION_KEYS``), so runs of different recipes are never averaged together; the
+setting column names the group's sweep directory and its ``--set`` overrides.
+
+Runs with test accuracy (indirect indexing) also get a lift-off table: n seeds, final test accuracy
+mean ± std and median, the lift-off rate — final test accuracy > ``LIFT_OFF_ACCURACY`` — with a Wilson 95 %
+interval, and the train − test accuracy gap where ``eval/task_accuracy.json`` exists; plus one plot of
+every seed's test accuracy against the step (``accuracy_vs_step.png``).
 """
 from __future__ import annotations
 
@@ -20,6 +34,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pope.files import finish_figure, write_text_atomic
+from pope.train.config import RESUME_MUTABLE
+
+
+LIFT_OFF_ACCURACY = 0.20
+"""A run has lifted off when its final test accuracy exceeds this (chance is 1/52; the paper's RoPE ~0.11)."""
+EXECUTION_KEYS = RESUME_MUTABLE | {"seed", "train.eval_batch_size"}
+"""Config keys that say how a run was executed, not what it computes: ignored when grouping runs."""
 
 
 @dataclass
@@ -32,9 +53,15 @@ class RunRecord:
     value: float | None
     length_ppl: dict[str, dict[int, float]] = field(default_factory=dict)  # "data/split" -> {L: ppl}
     downstream: dict[str, float | None] | None = None
+    finished: bool = False  # summary.json says the schedule is complete
+    step: int | None = None  # last step with a record
+    setting: str = ""  # what distinguishes the run's group: sweep directory and overrides
+    fingerprint: str = ""  # the config without seed and execution keys (grouping key)
+    curve: list[tuple[int, float]] = field(default_factory=list)  # (step, test_accuracy) of every evaluation
+    task_accuracy: dict[str, float] | None = None  # split -> accuracy of one checkpoint (eval/task_accuracy.json)
 
 
-def _eval_records(run_dir: Path) -> list[dict]:
+def _records(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return []
@@ -46,8 +73,7 @@ def _eval_records(run_dir: Path) -> list[dict]:
             record = json.loads(line)
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}:{line_number} is not valid JSON ({err}); the run's log is damaged") from None
-        if record.get("kind") == "eval":
-            records.append(record)
+        records.append(record)
     return records
 
 
@@ -106,6 +132,26 @@ def paper_value(preset_name: str, pe: str) -> float | None:
     return None if encoding is None or not preset.paper else preset.paper.get(encoding)
 
 
+def _flatten(config: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in config.items():
+        name = f"{prefix}.{key}" if prefix else key
+        flat.update(_flatten(value, name) if isinstance(value, dict) else {name: value})
+    return flat
+
+
+def _setting(run_dir: Path, config: dict) -> tuple[str, str]:
+    """(label, fingerprint): the fingerprint is the config without seed and execution keys; the label names
+    the sweep directory (``pope train --seeds``) and its overrides, or the run's parent directory."""
+    fingerprint = json.dumps({k: v for k, v in _flatten(config).items() if k not in EXECUTION_KEYS}, sort_keys=True)
+    sweep_file = run_dir.parent / "sweep.json"
+    if sweep_file.is_file():
+        overrides = json.loads(sweep_file.read_text()).get("overrides", [])
+        kept = [o for o in overrides if o.partition("=")[0].strip() not in EXECUTION_KEYS]
+        return " ".join([run_dir.parent.name + "/", *kept]), fingerprint
+    return "", fingerprint
+
+
 def collect_run(path: str | Path) -> RunRecord:
     from pope.presets import PRESETS
 
@@ -117,8 +163,21 @@ def collect_run(path: str | Path) -> RunRecord:
     preset = str(config.get("preset", "?"))
     pe = str(config.get("pe") or (config.get("model") or {}).get("pe", "?"))
     paper_metric = (PRESETS[preset].paper or {}).get("metric") if preset in PRESETS else None
-    metric, value = headline_metric(_eval_records(run_dir), paper_metric)
-    record = RunRecord(run=str(run_dir), preset=preset, pe=pe, seed=config.get("seed"), metric=metric, value=value)
+    records = _records(run_dir)
+    evals = [r for r in records if r.get("kind") == "eval"]
+    metric, value = headline_metric(evals, paper_metric)
+    setting, fingerprint = _setting(run_dir, config)
+    summary_path = run_dir / "summary.json"
+    finished = summary_path.is_file() and bool(json.loads(summary_path.read_text()).get("finished"))
+    record = RunRecord(run=str(run_dir), preset=preset, pe=pe, seed=config.get("seed"), metric=metric, value=value,
+                       finished=finished, step=records[-1].get("step") if records else None, setting=setting,
+                       fingerprint=fingerprint,
+                       curve=[(int(r["step"]), float(r["test_accuracy"])) for r in evals
+                              if isinstance(r.get("test_accuracy"), (int, float))])
+    task_file = run_dir / "eval" / "task_accuracy.json"
+    if task_file.is_file():
+        splits = json.loads(task_file.read_text()).get("splits", {})
+        record.task_accuracy = {name: float(info["accuracy"]) for name, info in splits.items()}
     for length_file in sorted((run_dir / "eval").glob("length-*.json")):
         data = json.loads(length_file.read_text())
         key = f"{data.get('data_name', '?')}/{data.get('split', '?')}"
@@ -142,26 +201,145 @@ def format_mean_std(values: list[float], digits: int = 4) -> str:
 
 
 def _groups(records: list[RunRecord]) -> dict[tuple[str, str], list[RunRecord]]:
+    """(preset, PE) -> runs; for per-length and downstream tables, over finished runs only."""
     groups: dict[tuple[str, str], list[RunRecord]] = {}
     for record in records:
-        groups.setdefault((record.preset, record.pe), []).append(record)
+        if record.finished:
+            groups.setdefault((record.preset, record.pe), []).append(record)
     return groups
 
 
+def _setting_groups(records: list[RunRecord]) -> dict[tuple[str, str, str], list[RunRecord]]:
+    """(preset, PE, setting label) -> runs of one setting (one config fingerprint), finished or not."""
+    by_fingerprint: dict[tuple[str, str, str], list[RunRecord]] = {}
+    for record in records:
+        by_fingerprint.setdefault((record.preset, record.pe, record.fingerprint), []).append(record)
+    labels: dict[tuple[str, str, str], list[RunRecord]] = {}
+    for (preset, pe, _), members in sorted(by_fingerprint.items(), key=lambda item: item[0][:2]):
+        label = " ; ".join(sorted({m.setting for m in members if m.setting})) or "—"
+        if (preset, pe, label) in labels:  # two settings under one name: tell them apart
+            label = f"{label} (setting {sum(k[:2] == (preset, pe) for k in labels) + 1})"
+        labels[(preset, pe, label)] = members
+    return labels
+
+
+def _unfinished(members: list[RunRecord]) -> str:
+    rest = [m for m in members if not m.finished]
+    return ", ".join(f"{m.seed} (step {m.step if m.step is not None else 0})" for m in rest) or "—"
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion (95 % for the default z); (0, 1) for n = 0."""
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    denominator = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denominator
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _percent(values: list[float]) -> str:
+    if not values:
+        return "—"
+    mean, std, _ = mean_std(values)
+    return f"{100 * mean:.2f}" + (f" ± {100 * std:.2f}" if std is not None else "")
+
+
+def lift_off_markdown(records: list[RunRecord]) -> list[str]:
+    """The lift-off table over runs with test accuracy (empty when there are none); module docstring."""
+    groups = {key: members for key, members in _setting_groups(records).items() if any(m.curve for m in members)}
+    if not groups:
+        return []
+    lines = ["", f"## Test accuracy and lift-off (final test accuracy > {100 * LIFT_OFF_ACCURACY:g} %)", "",
+             "Final test accuracy (%) over finished seeds; lift-off rate with a Wilson 95 % interval; gap = accuracy on "
+             "training examples − on test examples of the same checkpoint (eval/task_accuracy.json).", "",
+             "| preset | PE | n | test acc. mean ± std | median | lift-off | 95 % interval | train − test gap | paper | "
+             "unfinished (left out) | setting |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    no_gap = []
+    for (preset, pe, label), members in sorted(groups.items()):
+        done = [m for m in members if m.finished and m.curve]
+        finals = [m.curve[-1][1] for m in done]
+        lifted = sum(value > LIFT_OFF_ACCURACY for value in finals)
+        low, high = wilson_interval(lifted, len(finals))
+        gaps = [m.task_accuracy["train"] - m.task_accuracy["test"] for m in done
+                if m.task_accuracy and {"train", "test"} <= set(m.task_accuracy)]
+        no_gap += [m.run for m in done if not (m.task_accuracy and {"train", "test"} <= set(m.task_accuracy))]
+        gap = f"{_percent(gaps)} (n={len(gaps)})" if gaps else "not measured"
+        paper = paper_value(preset, pe)
+        lines.append(f"| {preset} | {pe} | {len(finals)} | {_percent(finals)} | "
+                     f"{f'{100 * statistics.median(finals):.2f}' if finals else '—'} | {lifted}/{len(finals)} | "
+                     f"{100 * low:.0f}–{100 * high:.0f} % | {gap} | {'—' if paper is None else f'{100 * paper:.2f}'} | "
+                     f"{_unfinished(members)} | {label} |")
+    if no_gap:
+        lines += ["", f"Train-example accuracy not measured for {len(no_gap)} finished run(s) (no "
+                  "eval/task_accuracy.json; pope.eval.runs.score_task_accuracy writes it): " + ", ".join(no_gap)]
+    return lines
+
+
+def plot_accuracy_curves(records: list[RunRecord], path: Path) -> Path | None:
+    """Every run's test accuracy against the step, one colour per setting; unfinished runs dashed."""
+    from pope.optional import pyplot
+
+    groups = [(key, members) for key, members in sorted(_setting_groups(records).items())
+              if any(m.curve for m in members)]
+    if not groups:
+        return None
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for index, ((preset, pe, label), members) in enumerate(groups):
+        colour = f"C{index % 10}"
+        finished = sum(m.finished for m in members)
+        name = f"{pe} {label if label != '—' else preset} ({finished} finished, {len(members) - finished} unfinished)"
+        for number, member in enumerate(m for m in members if m.curve):
+            steps, accuracy = zip(*member.curve)
+            ax.plot(steps, [100 * a for a in accuracy], color=colour, alpha=0.7, lw=1.2,
+                    linestyle="-" if member.finished else "--", marker="o", markersize=2,
+                    label=name if number == 0 else None)
+    ax.axhline(100 * LIFT_OFF_ACCURACY, color="gray", lw=0.8, linestyle=":", label="lift-off threshold")
+    ax.set_xlabel("step")
+    ax.set_ylabel("test accuracy (%)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    return finish_figure(fig, path, title="Test accuracy vs step, every seed (dashed: unfinished)")
+
+
+def expand_runs(paths: list[str]) -> list[Path]:
+    """Run directories from RUN arguments: a run directory itself, or every started run ``seed-N`` inside a
+    sweep directory (``pope train --seeds``), in seed order."""
+    runs = []
+    for path in map(Path, paths):
+        if (path / "config.json").is_file():
+            runs.append(path)
+            continue
+        inside = sorted((p for p in path.glob("seed-*/") if (p / "config.json").is_file()
+                         and p.name[5:].isdigit()), key=lambda p: int(p.name[5:]))
+        if not inside:
+            raise FileNotFoundError(f"{path / 'config.json'} not found: {path} is neither a `pope train` run "
+                                    "directory nor a sweep directory holding runs")
+        runs += inside
+    return runs
+
+
 def report_markdown(records: list[RunRecord]) -> str:
-    groups = _groups(records)
-    lines = ["# Runs", "", "| preset | PE | metric | ours: mean ± std (n seeds) | paper | seeds |",
-             "|---|---|---|---|---|---|"]
-    for (preset, pe), members in sorted(groups.items()):
-        values = _finite(m.value for m in members)
+    groups = _setting_groups(records)
+    lines = ["# Runs", "", "Finished runs only; unfinished ones are listed with their step and left out of every "
+             "number.", "",
+             "| preset | PE | metric | ours: mean ± std (n seeds) | paper | seeds | unfinished (left out) | setting |",
+             "|---|---|---|---|---|---|---|---|"]
+    for (preset, pe, label), members in sorted(groups.items()):
+        done = [m for m in members if m.finished]
+        values = _finite(m.value for m in done)
         metric = next((m.metric for m in members if m.metric), "—")
         paper = paper_value(preset, pe)
-        seeds = ",".join(str(m.seed) for m in members)
+        seeds = ",".join(str(m.seed) for m in done) or "—"
         lines.append(f"| {preset} | {pe} | {metric} | {format_mean_std(values)} | "
-                     f"{'—' if paper is None else f'{paper:g}'} | {seeds} |")
-    missing = [m.run for m in records if m.value is None]
+                     f"{'—' if paper is None else f'{paper:g}'} | {seeds} | {_unfinished(members)} | {label} |")
+    missing = [m.run for m in records if m.finished and m.value is None]
     if missing:
-        lines += ["", "Runs without an evaluation record yet: " + ", ".join(missing)]
+        lines += ["", "Finished runs without an evaluation record: " + ", ".join(missing)]
+    lines += lift_off_markdown(records)
+    by_pe = _groups(records)  # finished runs per preset x PE
 
     length_keys = sorted({key for m in records for key in m.length_ppl})
     for key in length_keys:
@@ -169,7 +347,7 @@ def report_markdown(records: list[RunRecord]) -> str:
         lines += ["", f"## Perplexity vs evaluation length ({key})", "",
                   "| preset | PE | " + " | ".join(f"L={L:,}" for L in lengths) + " |",
                   "|---|---|" + "---|" * len(lengths)]
-        for (preset, pe), members in sorted(groups.items()):
+        for (preset, pe), members in sorted(by_pe.items()):
             if not any(key in m.length_ppl for m in members):
                 continue
             cells = [format_mean_std(_finite(m.length_ppl.get(key, {}).get(L) for m in members), 3) for L in lengths]
@@ -181,7 +359,7 @@ def report_markdown(records: list[RunRecord]) -> str:
         columns = [c for c, _, _ in PAPER_COLUMNS] + ["Average"]
         lines += ["", "## Zero-shot downstream accuracy (%)", "",
                   "| preset | PE | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
-        for (preset, pe), members in sorted(groups.items()):
+        for (preset, pe), members in sorted(by_pe.items()):
             rows = [m.downstream for m in members if m.downstream]
             if rows:
                 cells = [format_mean_std(_finite(r.get(c) for r in rows), 2) for c in columns]
@@ -194,30 +372,32 @@ def report_markdown(records: list[RunRecord]) -> str:
 
 
 def plot_report(records: list[RunRecord], path: Path) -> Path | None:
-    """Bar per preset × PE (mean, error bar = std over seeds, dots = seeds, cross = paper)."""
+    """Bar per preset × PE × setting over finished runs (mean, error bar = std over seeds, dots = seeds,
+    cross = paper)."""
     from pope.optional import pyplot
 
-    groups = [(key, members) for key, members in sorted(_groups(records).items())
-              if _finite(m.value for m in members)]
+    finished = {key: [m for m in members if m.finished] for key, members in _setting_groups(records).items()}
+    groups = [(key, done) for key, done in sorted(finished.items()) if _finite(m.value for m in done)]
     if not groups:
         return None
     plt = pyplot()
-    presets = sorted({preset for (preset, _), _ in groups})
+    presets = sorted({preset for (preset, _, _), _ in groups})
     fig, axes = plt.subplots(1, len(presets), figsize=(4.5 * len(presets), 4), squeeze=False)
     for ax, preset in zip(axes[0], presets):
-        mine = [(pe, members) for (p, pe), members in groups if p == preset]
+        mine = [(pe if label == "—" else f"{pe}\n{label[:40]}", members)
+                for (p, pe, label), members in groups if p == preset]
         for x, (pe, members) in enumerate(mine):
             values = _finite(m.value for m in members)
             mean, std, _ = mean_std(values)
             ax.bar(x, mean, yerr=std or 0, capsize=4, alpha=0.6)
             ax.scatter([x] * len(values), values, color="black", s=10, zorder=3)
-            paper = paper_value(preset, pe)
+            paper = paper_value(preset, members[0].pe)
             if paper is not None:
                 ax.scatter([x], [paper], marker="x", color="red", s=60, zorder=4, label="paper" if x == 0 else None)
         ax.set_xticks(range(len(mine)), [pe for pe, _ in mine], rotation=20, ha="right", fontsize=8)
         ax.set_title(preset)
         ax.set_ylabel(next((m.metric for _, ms in mine for m in ms if m.metric), "metric"))
-        if any(paper_value(preset, pe) is not None for pe, _ in mine):
+        if any(paper_value(preset, members[0].pe) is not None for _, members in mine):
             ax.legend(fontsize=8)
     return finish_figure(fig, path)
 
@@ -252,12 +432,13 @@ def plot_report_lengths(records: list[RunRecord], path: Path) -> Path | None:
 def write_report(runs: list[str], out_dir: str | Path) -> tuple[str, list[Path]]:
     if not runs:
         raise ValueError("give at least one run directory")
-    records = [collect_run(run) for run in runs]
+    records = [collect_run(run) for run in expand_runs(runs)]
     markdown = report_markdown(records)
     out_dir = Path(out_dir)
     written = [write_text_atomic(out_dir / "report.md", markdown)]
     for plot in (plot_report(records, out_dir / "report.png"),
-                 plot_report_lengths(records, out_dir / "report_length.png")):
+                 plot_report_lengths(records, out_dir / "report_length.png"),
+                 plot_accuracy_curves(records, out_dir / "accuracy_vs_step.png")):
         if plot is not None:
             written.append(plot)
     return markdown, written

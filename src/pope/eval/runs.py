@@ -39,3 +39,32 @@ def run_dir_of(path: str | Path) -> Path:
     """The run directory for a run dir or one of its checkpoints/<name> directories."""
     path = Path(path)
     return path.parent.parent if path.parent.name == "checkpoints" else path
+
+
+TASK_ACCURACY_FILE = "eval/task_accuracy.json"
+"""Indirect-indexing accuracy of one checkpoint on several example files (``score_task_accuracy``):
+{"checkpoint": name, "step": N, "splits": {name: {"accuracy", "correct", "examples", "loss", "data"}}}."""
+
+
+def score_task_accuracy(run: str | Path, data_files: dict[str, str | Path], *, checkpoint: str = "last",
+                        device: str = "auto", batch_size: int = 1000) -> dict:
+    """Score ``RUN/checkpoints/<checkpoint>`` on each file (e.g. {"train": first 10k training examples,
+    "test": test.txt}) with pope.train.evaluate.task_accuracy, all in fp32 with the same weights, and write
+    RUN/eval/task_accuracy.json: the one place the train-vs-test (memorisation) gap of a run comes from."""
+    from pope.files import write_json_atomic
+    from pope.train.evaluate import task_accuracy
+
+    run = run_dir_of(run)
+    weights = run / "checkpoints" / checkpoint
+    if not weights.exists():
+        raise FileNotFoundError(f"{weights} does not exist; score a run that has checkpoints/{checkpoint}")
+    splits = {}
+    step = None
+    for name, path in data_files.items():
+        result = task_accuracy(str(weights), str(path), batch_size=batch_size, device=device)
+        step = result.pop("step")
+        result.pop("checkpoint")
+        splits[name] = result
+    record = {"checkpoint": checkpoint, "step": step, "splits": splits}
+    write_json_atomic(run / TASK_ACCURACY_FILE, record)
+    return record

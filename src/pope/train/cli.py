@@ -1,6 +1,9 @@
 """`pope train` (thin: argument parsing over pope.train).
 
     pope train PRESET --pe NAME --out DIR [--set section.key=value ...] [--resume] [--seed N]
+    pope train PRESET --pe NAME --seeds 0-7 --out DIR [--jobs-per-gpu N] [--jobs N] [--resume]
+
+With --seeds, one ordinary training process per seed writes DIR/seed-N/ (pope.train.sweep).
 
 The indirect-indexing accuracy of a trained run on a file of examples is `pope eval accuracy RUN
 --data FILE` (registered by pope.eval.cli over pope.train.evaluate.task_accuracy).
@@ -24,16 +27,34 @@ def register(subparsers) -> None:
                        help="override a model/recipe/train field, e.g. --set recipe.lr=1e-3 --set model.n_layer=2 "
                             "--set train.compile=false (repeatable)")
     train.add_argument("--resume", action="store_true", help="continue the run in --out from checkpoints/last")
-    train.add_argument("--seed", type=int, default=0, help="training seed (model init, data order); default 0")
+    train.add_argument("--seed", type=int, default=None, help="training seed (model init, data order); default 0")
+    train.add_argument("--seeds", default=None, metavar="LIST",
+                       help="a seed sweep, e.g. 0-7 or 0,3,5: one training process per seed, each writing "
+                            "OUT/seed-N/ (log OUT/seed-N.log); with --resume finished seeds are skipped")
+    train.add_argument("--jobs-per-gpu", type=int, default=None, metavar="N",
+                       help="with --seeds: concurrent seeds per visible GPU (default "
+                            "pope.train.sweep.DEFAULT_JOBS_PER_GPU = 4)")
+    train.add_argument("--jobs", type=int, default=None, metavar="N",
+                       help="with --seeds: at most N seeds at once (default: GPUs x --jobs-per-gpu; 1 on CPU)")
     train.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     train.set_defaults(func=_train)
 
 
 def _train(args: argparse.Namespace) -> int:
+    if args.seeds is not None:
+        if args.seed is not None or args.print_config:
+            raise ValueError("--seeds runs a sweep; it cannot be combined with --seed or --print-config")
+        from pope.train.sweep import run_sweep_command
+
+        return run_sweep_command(args.preset, args.pe, args.seeds, args.out, overrides=args.overrides,
+                                 resume=args.resume, jobs_per_gpu=args.jobs_per_gpu, jobs=args.jobs)
+    if args.jobs_per_gpu is not None or args.jobs is not None:
+        raise ValueError("--jobs and --jobs-per-gpu apply to seed sweeps (--seeds)")
     from pope.train.config import resolve_run_config
     from pope.train.trainer import run_training
 
-    config = resolve_run_config(args.preset, args.pe, seed=args.seed, overrides=args.overrides)
+    seed = 0 if args.seed is None else args.seed
+    config = resolve_run_config(args.preset, args.pe, seed=seed, overrides=args.overrides)
     if args.print_config:
         print(json.dumps(config, indent=2))
         return 0

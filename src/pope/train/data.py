@@ -10,6 +10,9 @@ step counter (``state_dict()`` stores it with the seed so a resume can check it)
   piece of a document longer than seq_len + 1, padded with pad_id; targets -100 on the padding). Order: a fresh permutation per epoch
   (``torch.randperm`` with a CPU generator seeded by (seed, epoch)); a batch may straddle two epochs.
   The examples can live on the GPU (``device``), so a step gathers its batch without a host copy.
+- ``FreshExampleBatches``: indirect-indexing examples generated for every step (task option
+  ``fresh=true``) from ``np.random.default_rng([seed, step, FRESH_STREAM])``; never a repeat of the
+  valid/test strings.
 - ``WindowBatches``: random windows of T+1 tokens from one flat token stream (OpenWebText, genome):
   starts drawn with ``np.random.default_rng([seed, step])``.
 
@@ -18,7 +21,9 @@ non-overlapping T+1-token windows (stride T) for token streams; rank r takes eve
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
@@ -247,38 +252,136 @@ class TrainingData:
     is_task: bool = False  # scored on one token per example (indirect indexing)
 
 
+FRESH_STREAM = 0xF2E54  # keeps the fresh-example draws apart from any other use of (seed, step)
+
+
+class FreshExampleBatches(ExampleBatches):
+    """Indirect-indexing training examples drawn anew for every step (task option ``fresh=true``).
+
+    The global batch of step s is ``fresh_examples(global_batch, default_rng([seed, s, FRESH_STREAM]))``,
+    a pure function of (seed, step) like every sampler here, with the valid/test strings (``held_out``)
+    redrawn. The interface is ExampleBatches' (one scored target per example; ``get_all_micro`` for the
+    trainer's CUDA-graph path); the state is the step counter.
+    """
+
+    def __init__(self, task_options, *, global_batch: int, micro_steps: int = 1, seed: int = 0,
+                 shard: Shard = Shard(), device: torch.device | str = "cpu", held_out: frozenset = frozenset()) -> None:
+        self.device = torch.device(device)
+        self.micro_batch = _check_batch_layout(global_batch, micro_steps, shard)
+        self.global_batch, self.micro_steps, self.seed, self.shard = global_batch, micro_steps, seed, shard
+        self.transform = None
+        self.task_options, self.held_out = task_options, held_out
+        self._cached: tuple[int, tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def _batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step `step`'s whole global batch on `device`: inputs, targets (global_batch, T)."""
+        if self._cached is None or self._cached[0] != step:
+            from pope.data.indirect_indexing import fresh_examples
+
+            rng = np.random.default_rng([self.seed, step, FRESH_STREAM])
+            examples = fresh_examples(self.global_batch, rng, self.task_options, self.held_out)
+            tensors = [torch.from_numpy(a) for a in (examples.inputs, examples.targets)]
+            if self.device.type == "cuda":
+                tensors = [t.pin_memory() for t in tensors]
+            self._cached = (step, tuple(t.to(self.device, non_blocking=True) for t in tensors))
+        return self._cached[1]
+
+    def scored_tokens(self, step: int) -> int:
+        return self.global_batch  # one target per example
+
+    def get(self, step: int, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, targets = self._batch(step)
+        rows = self._local_slice(micro)
+        return inputs[rows], targets[rows]
+
+    def get_all_micro(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        parts = [self.get(step, m) for m in range(self.micro_steps)]
+        shape = (self.micro_steps, self.micro_batch, parts[0][0].shape[1])
+        return torch.cat([p[0] for p in parts]).view(shape), torch.cat([p[1] for p in parts]).view(shape)
+
+    def state_dict(self, step: int) -> dict:
+        return {"kind": "fresh-examples", "seed": self.seed, "step": step, "global_batch": self.global_batch,
+                "task": self.task_options.split_options()}
+
+
+def _data_source(recipe: dict, options):
+    """(source = train.data_dir or recipe.dataset, the indirect-indexing TaskOptions or None for other data,
+    whether the source is an explicit split directory). The task variant is the spec's
+    (``indirect-indexing:OPTION=VALUE,...`` in the source or in recipe.dataset); an explicit split
+    directory must have been generated for it."""
+    from pope.data import indirect_indexing as task
+
+    source = str(options.data_dir or recipe["dataset"])
+    manifest_path = Path(source) / "manifest.json"
+    is_task_dir = manifest_path.is_file() and '"indirect-indexing"' in manifest_path.read_text()
+    if not (is_task_dir or task.is_task_spec(source)):
+        return source, None, False
+    spec = source if task.is_task_spec(source) else str(recipe["dataset"])
+    wanted = task.parse_task_spec(spec) if task.is_task_spec(spec) else task.PAPER_TASK
+    if is_task_dir:
+        found = task.split_task_options(json.loads(manifest_path.read_text()))
+        if found.split_options() != wanted.split_options():
+            raise ValueError(f"{source} holds indirect-indexing splits of task {found.split_options()}, but the run "
+                             f"asks for {wanted.split_options()} ({spec!r}); generate splits for it or drop data_dir")
+    return source, wanted, is_task_dir
+
+
+def prepare_data(recipe: dict, options) -> None:
+    """Make the run's data exist on disk (generate the indirect-indexing splits, prepare a dataset);
+    called once before processes that share it start (the main rank, or a seed sweep)."""
+    source, task_options, is_task_dir = _data_source(recipe, options)
+    if is_task_dir:
+        return
+    if task_options is not None:
+        from pope.data import indirect_indexing as task
+        task.ensure_splits(None, seed=options.data_seed, options=task_options)
+        return
+    from pope.data.prepared import resolve_dataset
+    resolve_dataset(source, prepare_if_missing=True)
+
+
+def _held_out_strings(directory: Path) -> frozenset:
+    """The letter strings of the valid and test splits (fresh training examples never use them)."""
+    strings = set()
+    for split in ("valid", "test"):
+        path = directory / f"{split}.txt"
+        if path.is_file():
+            strings.update(line.split(",", 1)[0] for line in path.read_text().splitlines() if line)
+    return frozenset(strings)
+
+
 def load_training_data(recipe: dict, options, *, micro_steps: int, seed: int, shard: Shard,
                        device: torch.device, seq_len: int, is_main: bool) -> TrainingData:
     """Build the training sampler and evaluation sets for ``recipe['dataset']`` (or train.data_dir).
 
-    - 'indirect-indexing' (or a directory with its manifest): generated splits, cached under
-      $POPE_CACHE/data/indirect-indexing-seed{data_seed}; examples live on ``device``.
+    - 'indirect-indexing[:OPTION=VALUE,...]' (or a directory with its manifest): generated splits of
+      the task (variant), cached under $POPE_CACHE/data/indirect-indexing-seed{data_seed}[-variant];
+      examples live on ``device``; with ``fresh=true`` training examples are drawn per step instead.
     - a prepared dataset (pope.data.prepared) with a pad id: documents, padded;
     - a prepared dataset without one: a token stream, random windows of seq_len + 1 tokens.
     """
     from pope.train.distributed import barrier
 
-    source = options.data_dir or recipe["dataset"]
+    source, task_options, is_task_dir = _data_source(recipe, options)
     global_batch = recipe["batch_size"]
     eval_splits = [s.strip() for s in options.eval_splits.split(",") if s.strip()]
-    from pathlib import Path
-    is_task_dir = Path(str(source)).is_dir() and (Path(str(source)) / "manifest.json").exists() and \
-        '"indirect-indexing"' in (Path(str(source)) / "manifest.json").read_text()
-    if source == INDIRECT_INDEXING or is_task_dir:
+    if is_main:
+        prepare_data(recipe, options)
+    barrier()
+    if task_options is not None:
         from pope.data import indirect_indexing as task
-        if is_task_dir:  # an explicit split directory (any sizes), e.g. written by write_splits
-            directory = Path(source)
-        else:
-            if is_main:
-                task.ensure_splits(None, seed=options.data_seed)
-            barrier()
-            directory = task.default_data_dir(options.data_seed)
-        train = task.load_split(directory, "train")
+        # an explicit split directory (any sizes, e.g. written by write_splits), else the cached default
+        directory = Path(source) if is_task_dir else task.default_data_dir(options.data_seed, task_options)
         if seq_len < task.SEQ_LEN:
             raise ValueError(f"indirect-indexing needs {task.SEQ_LEN} input tokens; recipe.seq_len is {seq_len}")
-        batches = ExampleBatches(torch.from_numpy(train.inputs), torch.from_numpy(train.targets),
-                                 global_batch=global_batch, micro_steps=micro_steps, seed=seed, shard=shard,
-                                 device=device)
+        if task_options.fresh:
+            batches = FreshExampleBatches(task_options, global_batch=global_batch, micro_steps=micro_steps,
+                                          seed=seed, shard=shard, device=device, held_out=_held_out_strings(directory))
+        else:
+            train = task.load_split(directory, "train")
+            batches = ExampleBatches(torch.from_numpy(train.inputs), torch.from_numpy(train.targets),
+                                     global_batch=global_batch, micro_steps=micro_steps, seed=seed, shard=shard,
+                                     device=device)
         evals = {}
         for split in eval_splits:
             examples = task.load_split(directory, split)
@@ -287,9 +390,6 @@ def load_training_data(recipe: dict, options, *, micro_steps: int, seed: int, sh
                             eval_tokens={}, seq_len=task.SEQ_LEN, is_task=True)
 
     from pope.data.prepared import resolve_dataset
-    if is_main:
-        dataset = resolve_dataset(source, prepare_if_missing=True)
-    barrier()
     dataset = resolve_dataset(source)
     transform = dataset.train_transform
     if dataset.pad_id is not None:  # documents

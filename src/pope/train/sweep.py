@@ -1,0 +1,348 @@
+"""Seed sweeps: ``pope train PRESET --pe PE --seeds 0-7 --out DIR``.
+
+A sweep runs one ordinary training process per seed,
+``python -m pope.cli train PRESET --pe PE --seed N --out DIR/seed-N [--set ...]`` with the sweep's own
+``--set`` overrides, so ``DIR/seed-N/`` is exactly what that single command writes and every eval,
+report and analysis tool reads it unchanged. Around the children the sweep guarantees:
+
+- placement: seeds are spread over the visible GPUs (each child sees one GPU through
+  CUDA_VISIBLE_DEVICES), at most ``jobs_per_gpu`` children per GPU at a time; on a machine without a
+  GPU (or with ``--set train.device=cpu``) one seed at a time unless ``jobs`` asks for more. ``jobs``
+  also caps the total number of children on GPUs.
+- logs: each child's stdout and stderr go to ``DIR/seed-N.log`` (appended to on resume), beside the
+  run directory, never inside it.
+- resume: with ``resume``, a seed whose ``summary.json`` says finished is skipped, a seed with a
+  ``config.json`` continues (``--resume``), any other starts; without ``resume`` an existing
+  ``DIR/seed-N`` is an error raised before any child starts.
+- failures: a failing seed does not stop the others; the result names each failed seed and its log.
+- progress: one bar over all seeds' steps (tqdm on a terminal, else a status line every
+  ``STATUS_SECONDS``), read from each child's ``metrics.jsonl``.
+- signals: SIGINT/SIGTERM are forwarded to every child as SIGINT (a second signal kills them); the
+  sweep waits and reports which seeds can be resumed. Checkpoints are written atomically, so a stopped
+  seed resumes from its ``checkpoints/last``.
+- ``DIR/sweep.json`` records every invocation's command and each seed's latest status.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_JOBS_PER_GPU = 4
+"""Concurrent seeds per GPU. Chosen for the indirect-indexing preset on one H200, where four processes
+side by side reach about 1.5x the throughput of one; benchmarks/sweep_throughput.py measures 1/2/4/8."""
+STATUS_SECONDS = 60.0
+POLL_SECONDS = 1.0
+STOP_GRACE_SECONDS = 60.0
+
+# Statuses a seed ends an invocation in, and whether `--resume` continues it.
+RESUMABLE = {"stopped", "interrupted", "failed", "pending"}
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'0-7' -> [0..7]; '0,3,5' -> [0, 3, 5]; '0-2,9' -> [0, 1, 2, 9]. Raises ValueError on anything else."""
+    seeds: list[int] = []
+    parts = [p.strip() for p in str(text).split(",")]
+    if not text or not text.strip() or any(not p for p in parts):
+        raise ValueError(f"--seeds {text!r}: give seeds like 0-7, 0,3,5 or 0-2,9 (non-negative integers)")
+    for part in parts:
+        low, dash, high = part.partition("-")
+        if not low.strip().isdigit() or (dash and not high.strip().isdigit()):
+            raise ValueError(f"--seeds {text!r}: {part!r} is not a seed or a range A-B of non-negative integers")
+        first, last = int(low), int(high) if dash else int(low)
+        if last < first:
+            raise ValueError(f"--seeds {text!r}: range {part!r} runs backwards; write {last}-{first}")
+        seeds.extend(range(first, last + 1))
+    duplicates = sorted({s for s in seeds if seeds.count(s) > 1})
+    if duplicates:
+        raise ValueError(f"--seeds {text!r}: seed(s) {duplicates} given twice")
+    return seeds
+
+
+def visible_gpus(overrides: list[str]) -> list[str]:
+    """GPU ids a child may be given: the entries of CUDA_VISIBLE_DEVICES when set, else 0..count-1;
+    none when the run is forced onto the CPU (train.device=cpu)."""
+    if any(item.replace(" ", "") == "train.device=cpu" for item in overrides):
+        return []
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [gpu.strip() for gpu in listed.split(",") if gpu.strip() and gpu.strip() != "-1"]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+@dataclass
+class SeedRun:
+    seed: int
+    run_dir: Path
+    log: Path
+    total_steps: int
+    status: str = "pending"  # pending, running, finished, stopped, interrupted, failed, skipped
+    gpu: str | None = None
+    returncode: int | None = None
+    step: int = 0
+    process: subprocess.Popen | None = field(default=None, repr=False)
+    _log_handle: object = field(default=None, repr=False)
+
+    def record(self) -> dict:
+        return {"status": self.status, "run_dir": self.run_dir.name, "log": self.log.name, "step": self.step,
+                "total_steps": self.total_steps, "gpu": self.gpu, "returncode": self.returncode}
+
+
+def _last_step(metrics_path: Path) -> int:
+    """The step of the last record in a metrics.jsonl (0 when absent); reads only the file's tail."""
+    try:
+        with open(metrics_path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - 8192))
+            lines = handle.read().decode(errors="replace").splitlines()
+    except OSError:
+        return 0
+    for line in reversed(lines):
+        try:
+            return int(json.loads(line)["step"])
+        except (ValueError, KeyError, TypeError):
+            continue  # a partial first line of the tail, or a line being written
+    return 0
+
+
+def run_finished(run_dir: Path) -> bool:
+    """True when the run's summary.json says its schedule is complete."""
+    try:
+        return bool(json.loads((run_dir / "summary.json").read_text()).get("finished"))
+    except (OSError, ValueError):
+        return False
+
+
+def _die_with_parent() -> None:
+    """Child-side (Linux): get SIGTERM if the sweep process dies, so no orphan keeps training."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class Sweep:
+    def __init__(self, preset: str, pe: str, seeds: list[int], out: str | os.PathLike, *,
+                 overrides: list[str] | None = None, resume: bool = False, jobs_per_gpu: int | None = None,
+                 jobs: int | None = None, progress: bool | None = None) -> None:
+        from pope.train.config import resolve_run_config
+
+        overrides = list(overrides or [])
+        if not seeds:
+            raise ValueError("a sweep needs at least one seed")
+        if (jobs_per_gpu is not None and jobs_per_gpu < 1) or (jobs is not None and jobs < 1):
+            raise ValueError("--jobs and --jobs-per-gpu must be positive")
+        # Validates preset, PE and every override before anything starts; gives the step counts.
+        config = resolve_run_config(preset, pe, seed=seeds[0], overrides=overrides)
+        total = min(config["recipe"]["max_steps"], config["train"]["stop_at_step"] or config["recipe"]["max_steps"])
+        self.config = config
+        self.preset, self.pe, self.overrides, self.resume = preset, pe, overrides, resume
+        self.out = Path(out)
+        self.gpus = visible_gpus(overrides)
+        self.jobs_per_gpu = jobs_per_gpu or DEFAULT_JOBS_PER_GPU
+        self.jobs = jobs or (len(self.gpus) * self.jobs_per_gpu if self.gpus else 1)
+        self.progress = sys.stderr.isatty() if progress is None else progress
+        self.runs = [SeedRun(seed, self.out / f"seed-{seed}", self.out / f"seed-{seed}.log", total) for seed in seeds]
+        existing = [r.run_dir for r in self.runs if r.run_dir.exists()]
+        if existing and not resume:
+            raise ValueError(f"{', '.join(map(str, existing))} already exist(s); pass --resume to continue the "
+                             "unfinished seeds and skip the finished ones, or choose another --out")
+        for run in self.runs:
+            if resume and run_finished(run.run_dir):
+                run.status, run.step = "skipped", _last_step(run.run_dir / "metrics.jsonl")
+        self._signal: int | None = None
+        self._killed = False
+
+    # -------------------------------------------------------------------------------------- children
+    def child_command(self, run: SeedRun) -> list[str]:
+        # progress off first: a later --set from the user wins; it changes no result (a resume-mutable key)
+        sets = ["train.progress=false", *self.overrides]
+        command = [sys.executable, "-m", "pope.cli", "train", self.preset, "--pe", self.pe, "--seed", str(run.seed),
+                   "--out", str(run.run_dir), *[x for s in sets for x in ("--set", s)]]
+        if (run.run_dir / "config.json").exists():
+            command.append("--resume")
+        return command
+
+    def _child_env(self, gpu: str | None) -> dict:
+        import pope
+
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        source_root = str(Path(pope.__file__).resolve().parents[1])  # children import this same pope
+        env["PYTHONPATH"] = os.pathsep.join([source_root, *filter(None, [env.get("PYTHONPATH")])])
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpu
+        return env
+
+    def _start(self, run: SeedRun, gpu: str | None) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        command = self.child_command(run)
+        handle = open(run.log, "a", buffering=1)
+        handle.write(f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} gpu={gpu} "
+                     f"{subprocess.list2cmdline(command)}\n")
+        run.process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       env=self._child_env(gpu), start_new_session=True,
+                                       preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+        run._log_handle, run.gpu, run.status, run.returncode = handle, gpu, "running", None
+
+    def _finish(self, run: SeedRun, returncode: int) -> None:
+        run._log_handle.close()
+        run.process, run.returncode = None, returncode
+        run.step = _last_step(run.run_dir / "metrics.jsonl")
+        if returncode == 0:
+            run.status = "finished" if run_finished(run.run_dir) else "stopped"
+        else:
+            run.status = "interrupted" if self._signal is not None else "failed"
+
+    def _free_slot(self, running: list[SeedRun]) -> str | None | bool:
+        """A GPU id (or None for CPU) with room for one more child, or False when all are busy."""
+        if len(running) >= self.jobs:
+            return False
+        if not self.gpus:
+            return None
+        load = {gpu: sum(r.gpu == gpu for r in running) for gpu in self.gpus}
+        gpu = min(self.gpus, key=lambda g: load[g])
+        return gpu if load[gpu] < self.jobs_per_gpu else False
+
+    # ------------------------------------------------------------------------------------ signals
+    def _on_signal(self, signum, frame) -> None:
+        first = self._signal is None
+        self._signal = signum
+        for run in self.runs:
+            if run.process is not None and run.process.poll() is None:
+                run.process.send_signal(signal.SIGINT if first else signal.SIGKILL)
+        self._killed = not first
+
+    # --------------------------------------------------------------------------------------- loop
+    def run(self) -> list[SeedRun]:
+        """Run every seed not skipped; returns the seeds with their final status."""
+        from pope.train.config import train_options
+        from pope.train.data import prepare_data
+
+        if any(r.status != "skipped" for r in self.runs):  # once, not by several children at the same time
+            prepare_data(self.config["recipe"], train_options(self.config))
+        invocation = {"command": sys.argv, "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                      "seeds": [r.seed for r in self.runs], "resume": self.resume, "gpus": self.gpus,
+                      "jobs_per_gpu": self.jobs_per_gpu if self.gpus else None, "jobs": self.jobs}
+        self._write_record(invocation)
+        handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        bar = self._progress_bar()
+        queue = [r for r in self.runs if r.status != "skipped"]
+        stop_deadline = None
+        last_status = time.monotonic()
+        try:
+            while True:
+                running = [r for r in self.runs if r.status == "running"]
+                while queue and self._signal is None and (slot := self._free_slot(running)) is not False:
+                    run = queue.pop(0)
+                    self._start(run, slot)
+                    running.append(run)
+                    self._write_record(invocation)
+                for run in running:
+                    returncode = run.process.poll()
+                    if returncode is not None:
+                        self._finish(run, returncode)
+                        self._write_record(invocation)
+                    else:
+                        run.step = _last_step(run.run_dir / "metrics.jsonl")
+                running = [r for r in self.runs if r.status == "running"]
+                if bar is not None:
+                    self._update_bar(bar)
+                elif time.monotonic() - last_status > STATUS_SECONDS:
+                    print("sweep: " + self.status_line(), file=sys.stderr, flush=True)
+                    last_status = time.monotonic()
+                if not running and (not queue or self._signal is not None):
+                    break
+                if self._signal is not None:
+                    stop_deadline = stop_deadline or time.monotonic() + STOP_GRACE_SECONDS
+                    if time.monotonic() > stop_deadline and not self._killed:
+                        self._on_signal(self._signal, None)  # children ignored SIGINT: kill them
+                time.sleep(POLL_SECONDS)
+        finally:
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
+            if bar is not None:
+                self._update_bar(bar)
+                bar.close()
+            self._write_record(invocation)
+        return self.runs
+
+    def status_line(self) -> str:
+        done = sum(min(r.step, r.total_steps) for r in self.runs)
+        total = sum(r.total_steps for r in self.runs)
+        counts = {}
+        for run in self.runs:
+            counts[run.status] = counts.get(run.status, 0) + 1
+        states = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+        seeds = " ".join(f"{r.seed}:{r.step}" for r in self.runs if r.status == "running")
+        return f"{done}/{total} steps ({states})" + (f"; running seed:step {seeds}" if seeds else "")
+
+    def _progress_bar(self):
+        if not self.progress:
+            return None
+        from tqdm.auto import tqdm
+
+        return tqdm(total=sum(r.total_steps for r in self.runs), unit="step", dynamic_ncols=True,
+                    desc=f"sweep {self.pe} x{len(self.runs)}")
+
+    def _update_bar(self, bar) -> None:
+        bar.n = sum(min(r.step, r.total_steps) for r in self.runs)
+        counts = {}
+        for run in self.runs:
+            counts[run.status] = counts.get(run.status, 0) + 1
+        bar.set_postfix_str(" ".join(f"{status}={n}" for status, n in sorted(counts.items())), refresh=False)
+        bar.refresh()
+
+    def _write_record(self, invocation: dict) -> None:
+        from pope.files import write_json_atomic
+
+        path = self.out / "sweep.json"
+        record = {"preset": self.preset, "pe": self.pe, "overrides": self.overrides, "invocations": [], "seeds": {}}
+        if path.exists():
+            try:
+                record = {**record, **json.loads(path.read_text())}
+            except ValueError:
+                pass  # a damaged record is rewritten from what this invocation knows
+        invocations = [i for i in record["invocations"] if i.get("started_utc") != invocation["started_utc"]
+                       or i.get("command") != invocation["command"]]
+        record["invocations"] = invocations + [invocation]
+        record["seeds"].update({str(r.seed): r.record() for r in self.runs})
+        if self.out.exists():
+            write_json_atomic(path, record)
+
+
+def report_lines(runs: list[SeedRun]) -> tuple[list[str], bool]:
+    """(lines for the terminal, whether every seed ended well: finished, skipped or stopped on purpose)."""
+    lines = [f"seed {r.seed:>4}  {r.status:<11}  step {r.step}/{r.total_steps}  {r.run_dir}" for r in runs]
+    failed = [r for r in runs if r.status == "failed"]
+    for run in failed:
+        tail = run.log.read_text(errors="replace").strip().splitlines()[-1:] if run.log.exists() else []
+        lines.append(f"seed {run.seed} failed (exit {run.returncode}); log {run.log}"
+                     + (f": {tail[0]}" if tail else ""))
+    resumable = [r.seed for r in runs if r.status in ("interrupted", "stopped", "pending")]
+    if resumable:
+        lines.append(f"unfinished seed(s) {resumable}: continue them with the same command plus --resume")
+    ok = not failed and not any(r.status in ("interrupted", "pending") for r in runs)
+    return lines, ok
+
+
+def run_sweep_command(preset: str, pe: str, seeds_text: str, out: str, *, overrides: list[str], resume: bool,
+                      jobs_per_gpu: int | None, jobs: int | None) -> int:
+    """`pope train PRESET --pe PE --seeds ...`: run the sweep, print one line per seed; 1 if a seed failed."""
+    sweep = Sweep(preset, pe, parse_seeds(seeds_text), out, overrides=overrides, resume=resume,
+                  jobs_per_gpu=jobs_per_gpu, jobs=jobs)
+    placement = (f"{len(sweep.gpus)} GPU(s) x {sweep.jobs_per_gpu} job(s), at most {sweep.jobs} at once"
+                 if sweep.gpus else f"CPU, {sweep.jobs} at a time")
+    print(f"sweep: {preset} --pe {pe}, seeds {[r.seed for r in sweep.runs]} -> {out} ({placement})", flush=True)
+    lines, ok = report_lines(sweep.run())
+    print("\n".join(lines), flush=True)
+    return 0 if ok else 1

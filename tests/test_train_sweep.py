@@ -1,0 +1,185 @@
+"""Seed sweeps (pope.train.sweep): a seed of a sweep is the single run with that seed; failures, --resume,
+bad seed lists, and Ctrl-C. Children are real `pope train` processes on tiny CPU runs."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from pope.checkpoint import load_checkpoint
+from pope.cli import main
+from pope.data import indirect_indexing as task
+from pope.train.sweep import parse_seeds
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+@pytest.fixture(scope="module")
+def splits(tmp_path_factory):
+    return task.write_splits(tmp_path_factory.mktemp("ii"), seed=0, sizes={"train": 512, "valid": 64, "test": 64})
+
+
+def _sets(splits, steps=4, *extra):
+    items = ["model.n_layer=1", "model.d_model=16", "model.n_head=2", f"recipe.max_steps={steps}",
+             "recipe.warmup_steps=1", "recipe.eval_interval=2", "recipe.batch_size=8", f"train.data_dir={splits}",
+             "train.log_interval=1", "train.tensorboard=false", "train.device=cpu", *extra]
+    return [x for item in items for x in ("--set", item)]
+
+
+def _env():
+    return {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+
+
+def _pope(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "pope.cli", *map(str, args)], env=_env(), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _losses(run_dir):
+    return {r["step"]: r["loss"] for r in map(json.loads, (Path(run_dir) / "metrics.jsonl").read_text().splitlines())
+            if r["kind"] == "train"}
+
+
+def test_parse_seeds():
+    assert parse_seeds("0-3") == [0, 1, 2, 3]
+    assert parse_seeds("0,3,5") == [0, 3, 5]
+    assert parse_seeds(" 7 ") == [7] and parse_seeds("0-1,9") == [0, 1, 9]
+    for bad, message in [("3-1", "backwards"), ("a", "not a seed"), ("", "give seeds"), ("1,,2", "give seeds"),
+                         ("-1", "not a seed"), ("1-", "not a seed"), ("0-2,2", "given twice")]:
+        with pytest.raises(ValueError, match=message):
+            parse_seeds(bad)
+
+
+def test_bad_sweep_arguments_fail_before_anything_starts(splits, tmp_path, capsys):
+    out = tmp_path / "sweep"
+    for seeds in ("3-1", "a", ""):
+        assert main(["train", "indirect-indexing-tiny", "--pe", "pope", "--seeds", seeds, "--out", str(out),
+                     *_sets(splits)]) == 1
+        assert "--seeds" in capsys.readouterr().err
+    assert main(["train", "indirect-indexing-tiny", "--pe", "pope", "--seeds", "0", "--seed", "1", "--out",
+                 str(out)]) == 1
+    assert "cannot be combined with --seed" in capsys.readouterr().err
+    assert main(["train", "indirect-indexing-tiny", "--pe", "pope", "--seeds", "0", "--out", str(out),
+                 "--set", "recipe.nonsense=1"]) == 1
+    assert "recipe.nonsense" in capsys.readouterr().err
+    (out / "seed-1").mkdir(parents=True)
+    assert main(["train", "indirect-indexing-tiny", "--pe", "pope", "--seeds", "0-2", "--out", str(out),
+                 *_sets(splits)]) == 1
+    error = capsys.readouterr().err
+    assert "seed-1 already exist" in error and "pass --resume" in error
+    assert sorted(p.name for p in out.iterdir()) == ["seed-1"]  # nothing started, no record written
+
+
+def test_sweep_runs_resumes_reports_failures_and_matches_single_runs(splits, tmp_path):
+    out = tmp_path / "sweep"
+    base = ["train", "indirect-indexing-tiny", "--pe", "pope", "--out", out, *_sets(splits)]
+    # 1. Two seeds, two at a time, stopped at step 2 (as train.max_seconds would stop them).
+    first = _pope(*base, "--seeds", "0,1", "--jobs", "2", "--set", "train.stop_at_step=2")
+    assert first.returncode == 0, first.stdout + first.stderr
+    record = json.loads((out / "sweep.json").read_text())
+    assert {s: v["status"] for s, v in record["seeds"].items()} == {"0": "stopped", "1": "stopped"}
+    assert "--resume" in first.stdout  # tells how to continue
+    assert not any(p.name.endswith(".log") for p in (out / "seed-0").iterdir())  # logs stay beside the run
+    # 2. Resume 0-3: seeds 0 and 1 continue, seed 2 fails (a damaged run directory), seed 3 starts and finishes.
+    (out / "seed-2").mkdir()
+    (out / "seed-2" / "config.json").write_text("{}")
+    second = _pope(*base, "--seeds", "0-3", "--resume")
+    assert second.returncode == 1
+    assert f"seed 2 failed (exit 1); log {out / 'seed-2.log'}" in second.stdout
+    assert "--resume refused" in (out / "seed-2.log").read_text()
+    record = json.loads((out / "sweep.json").read_text())
+    assert {s: v["status"] for s, v in record["seeds"].items()} == {"0": "finished", "1": "finished",
+                                                                     "2": "failed", "3": "finished"}
+    assert len(record["invocations"]) == 2 and record["invocations"][1]["resume"] is True
+    # 3. --resume skips finished seeds: no child starts, the logs do not grow.
+    log_size = (out / "seed-0.log").stat().st_size
+    third = _pope(*base, "--seeds", "0,1", "--resume")
+    assert third.returncode == 0 and third.stdout.count("skipped") == 2
+    assert (out / "seed-0.log").stat().st_size == log_size
+    # 4. A seed of the sweep (stopped, then resumed) equals the single run with that seed.
+    single = _pope(*base[:5], tmp_path / "single", *_sets(splits), "--seed", "1", "--set", "train.progress=false")
+    assert single.returncode == 0, single.stderr
+    assert _losses(out / "seed-1") == _losses(tmp_path / "single") and sorted(_losses(out / "seed-1")) == [1, 2, 3, 4]
+    assert _losses(out / "seed-0") != _losses(out / "seed-1")  # the seed reached the child
+    a = load_checkpoint(tmp_path / "single" / "checkpoints" / "last").model_state
+    b = load_checkpoint(out / "seed-1" / "checkpoints" / "last").model_state
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert json.loads((out / "seed-1" / "config.json").read_text()) == \
+        json.loads((tmp_path / "single" / "config.json").read_text())
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_child_and_leaves_them_resumable(splits, tmp_path):
+    out = tmp_path / "sweep"
+    command = [sys.executable, "-m", "pope.cli", "train", "indirect-indexing-tiny", "--pe", "rope", "--seeds", "0-2",
+               "--jobs", "2", "--out", str(out), *_sets(splits, 100_000, "train.checkpoint_interval=5")]
+    sweep = subprocess.Popen(command, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not all((out / f"seed-{s}" / "checkpoints" / "last").exists() for s in (0, 1)):
+        time.sleep(0.5)
+    sweep.send_signal(signal.SIGINT)
+    output, _ = sweep.communicate(timeout=120)
+    assert sweep.returncode == 1, output
+    record = json.loads((out / "sweep.json").read_text())
+    assert {s: v["status"] for s, v in record["seeds"].items()} == {"0": "interrupted", "1": "interrupted",
+                                                                     "2": "pending"}
+    assert "unfinished seed(s) [0, 1, 2]" in output
+    left = [p for p in Path("/proc").glob("[0-9]*") if _reads(p / "cmdline").find(f"{out}/seed-".encode()) >= 0]
+    assert left == []  # no child left running
+
+
+def _reads(path):
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
+
+
+def test_gpu_sweep_script_runs_scores_and_archives_small_files(splits, tmp_path):
+    """scripts/gpu_sweep_indirect.sh on CPU with a tiny model: one archive with every seed's small files
+    (no checkpoints), the fp32 train/test re-score of finished seeds, and the table."""
+    extra = " ".join(_sets(splits)).replace("train.log_interval=1", "train.log_interval=2")
+    env = {**_env(), "RUNS": str(tmp_path / "runs"), "OUT": str(tmp_path / "out"), "SEEDS": "0-1", "LIMIT": "60",
+           "EXTRA": extra, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run(["bash", "scripts/gpu_sweep_indirect.sh"], cwd=root, env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "sweep exit status 0" in result.stdout
+    rows = [line.split() for line in result.stdout.splitlines() if line.startswith("seed-")]
+    assert [row[:3] for row in rows] == [["seed-0", "4", "finished"], ["seed-1", "4", "finished"]]
+    import tarfile
+
+    with tarfile.open(tmp_path / "out" / "sweep-pope.tar.gz") as archive:
+        names = set(archive.getnames())
+    for seed in (0, 1):
+        assert {f"pope/seed-{seed}/{name}" for name in ("metrics.jsonl", "config.json", "summary.json", "env.json",
+                                                        "eval/task_accuracy.json")} | {f"pope/seed-{seed}.log"} <= names
+    assert "pope/sweep.json" in names and not any("checkpoints" in name for name in names)
+    scored = json.loads((tmp_path / "runs" / "pope" / "seed-0" / "eval" / "task_accuracy.json").read_text())
+    assert scored["step"] == 4 and scored["splits"]["test"]["examples"] == 64
+    assert scored["splits"]["train"]["examples"] == 512  # the first 10k training examples (here all 512)
+
+
+@pytest.mark.slow
+def test_sweep_throughput_benchmark_runs_on_cpu(splits, tmp_path):
+    """benchmarks/sweep_throughput.py end to end on a tiny CPU model (numbers meaningless here): one CSV row
+    per K with provenance, the table printed."""
+    root = Path(__file__).resolve().parents[1]
+    sets = ["train.device=cpu", "model.n_layer=1", "model.d_model=16", "recipe.max_steps=100000",
+            f"train.data_dir={splits}"]
+    result = subprocess.run([sys.executable, "benchmarks/sweep_throughput.py", "--preset", "indirect-indexing-tiny",
+                             "--jobs", "1,2", "--window", "1", "--warmup-steps", "10", "--log-interval", "5",
+                             "--timeout", "120", "--out", str(tmp_path), *[x for s in sets for x in ("--set", s)]],
+                            cwd=root, env=_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    import csv
+
+    rows = list(csv.DictReader(open(tmp_path / "sweep_throughput.csv")))
+    assert [r["processes"] for r in rows] == ["1", "2"] and all(float(r["steps_per_s"]) > 0 for r in rows)
+    assert {"gpu", "torch", "triton", "commit", "date", "command"} <= set(rows[0]) and "best:" in result.stdout
