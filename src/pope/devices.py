@@ -19,3 +19,17 @@ def resolve_device(name: str) -> str:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device {name!r}: CUDA is not available on this machine; use 'cpu' (or 'auto')")
     return name
+
+
+def cuda_capability(device) -> tuple[int, int]:
+    """torch.cuda.get_device_capability(device), asked once per device (pope.settings' caches): it is on every
+    kernel call's path."""
+    from pope.settings import SETTINGS
+
+    capabilities = SETTINGS.caches.capabilities
+    capability = capabilities.get(device)
+    if capability is None:
+        import torch
+
+        capability = capabilities[device] = torch.cuda.get_device_capability(device)
+    return capability
