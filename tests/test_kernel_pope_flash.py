@@ -31,6 +31,7 @@ import triton.language as tl  # noqa: E402
 
 from pope.attention import reference_pope_attention  # noqa: E402
 from pope.settings import SETTINGS, override  # noqa: E402
+from pope.testing import GRADIENT_NAMES, attention_inputs, check_within_rule, outputs_and_gradients  # noqa: E402
 
 DEVICE = "cuda" if ON_GPU else "cpu"
 # Triton's library functions were created in interpreter mode: kernels can be interpreted in-process.
@@ -77,25 +78,12 @@ def _delegated(kernels) -> bool:
 
 
 def _inputs(batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim, dtype, with_delta, generator):
-    def randn(*shape):
-        return torch.randn(*shape, generator=generator, dtype=torch.float64)
-
-    q, k, v = randn(batch, n_q_heads, seq_q, head_dim), randn(batch, n_kv_heads, seq_k, head_dim), randn(batch, n_kv_heads, seq_k, head_dim)
-    delta = -2 * math.pi * torch.rand(n_q_heads, head_dim, generator=generator, dtype=torch.float64) if with_delta else None
-    grad_out = randn(batch, n_q_heads, seq_q, head_dim)
-    return tuple(t.to(DEVICE) if t is not None else None for t in (q, k, v, delta, grad_out))
+    inputs = attention_inputs(batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim, with_delta=with_delta,
+                              generator=generator)
+    return tuple(t.to(DEVICE) if t is not None else None for t in inputs)
 
 
-def _run(fn, q, k, v, delta, grad_out, dtype, options):
-    """Output and gradients (q, k, v[, delta]) of fn on copies of the inputs cast to dtype (delta stays fp32)."""
-    leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
-    delta_leaf = None
-    if delta is not None:
-        delta_leaf = delta.detach().to(torch.float64 if dtype == torch.float64 else torch.float32).requires_grad_()
-        leaves.append(delta_leaf)
-    out = fn(*leaves[:3], delta_leaf, **options)
-    grads = torch.autograd.grad(out, leaves, grad_out.to(dtype))
-    return [out.detach()] + [g.detach() for g in grads]
+_run = outputs_and_gradients
 
 
 def _triton(q, k, v, delta, **options):
@@ -139,16 +127,13 @@ def test_output_and_gradients_within_twice_reference_error(
     exact = _run(reference_pope_attention, q, k, v, delta, grad_out, torch.float64, options)
     reference = _run(reference_pope_attention, q, k, v, delta, grad_out, dtype, options)
     fused = _run(_triton, q, k, v, delta, grad_out, dtype, options)
-    names = ["out", "dq", "dk", "dv", "d_delta"]
-    for name, ours, theirs, truth in zip(names, fused, reference, exact):
+    for name, ours, theirs, truth in zip(GRADIENT_NAMES, fused, reference, exact):
         assert ours.dtype == theirs.dtype and ours.shape == truth.shape, name
         assert torch.isfinite(ours).all(), f"{name}: non-finite values (an element left unwritten?)"
-        our_error = (ours.double() - truth).abs().max().item()
-        reference_error = (theirs.double() - truth).abs().max().item()
-        # fp32 references land near 1e-7; allow a rounding-sized floor so that 2x of almost nothing passes.
-        floor = 1e-5 * truth.abs().max().item() if dtype == torch.float32 else 0.0
-        assert our_error <= 2 * reference_error + floor, (
-            f"{name}: kernel error {our_error:.3e} > 2 x reference error {reference_error:.3e}")
+        # fp32 references land near 1e-7: the rule allows a rounding-sized floor so that 2x of almost nothing passes.
+        errors = check_within_rule(ours, theirs, truth, dtype)
+        assert errors["ok"], (
+            f"{name}: kernel error {errors['kernel']:.3e} > 2 x reference error {errors['reference']:.3e}")
 
 
 def test_layouts_tma_cannot_read_directly(kernels):
@@ -186,11 +171,10 @@ def test_layouts_tma_cannot_read_directly(kernels):
     exact = grads(reference_pope_attention, torch.float64, False)
     reference = grads(reference_pope_attention, dtype, False)
     fused = grads(_triton, dtype, True)
-    for name, ours, theirs, truth in zip(["out", "dq", "dk", "dv", "d_delta"], fused, reference, exact):
+    for name, ours, theirs, truth in zip(GRADIENT_NAMES, fused, reference, exact):
         assert torch.isfinite(ours).all(), name
-        our_error = (ours.double() - truth).abs().max().item()
-        reference_error = (theirs.double() - truth).abs().max().item()
-        assert our_error <= 2 * reference_error, f"{name}: {our_error:.3e} > 2 x {reference_error:.3e}"
+        errors = check_within_rule(ours, theirs, truth, dtype)  # bf16: no floor, exactly 2x
+        assert errors["ok"], f"{name}: {errors['kernel']:.3e} > 2 x {errors['reference']:.3e}"
 
 
 def test_explicit_query_offset_matches_reference(kernels):

@@ -40,7 +40,7 @@ def __getattr__(name: str):
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'pope.kernels' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"pope.kernels.{module}"), name)
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)  # a copy loaded under another name too
     globals()[name] = value  # the next lookup is a plain attribute (and a test may replace it)
     return value
 

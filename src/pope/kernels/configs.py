@@ -63,7 +63,9 @@ DKDV_KEYS_FROM_PREPASS_MAX_BLOCK_D = 64
 
 
 def architecture(device: torch.device) -> str:
-    """"sm_XY" of a CUDA device (its compute capability X.Y)."""
+    """"sm_XY" of a CUDA device (its compute capability X.Y); the measured one for others (host-only timing)."""
+    if device.type != "cuda":
+        return MEASURED_ARCHITECTURE
     major, minor = cuda_capability(device)
     return f"sm_{major}{minor}"
 
