@@ -134,11 +134,13 @@ def sdpa(q, k, v, *, causal: bool, softmax_scale: float, q_offset: int | None = 
     nq, nk = q.shape[2], k.shape[2]
     q_offset = default_q_offset(nq, nk) if q_offset is None else q_offset
     n_rep = q.shape[1] // k.shape[1]
-    # SDPA's is_causal is top-left aligned, which is only right when queries and keys coincide; its fused kernels
-    # mask by assignment, so a masked key's values never reach a score.
+    # SDPA's is_causal is top-left aligned, which is only right when queries and keys coincide.
     use_fused_causal = causal and attn_bias is None and nq == nk and q_offset == 0
     rows_seeing_bad_keys = None
-    if causal and not use_fused_causal:
+    # An additive mask lets a masked key's NaN / inf into the scores; so does SDPA's math kernel under is_causal
+    # (CPU, float64, or key and value widths that differ, as PoPE's 2d / d). Its CUDA flash and memory-efficient
+    # kernels mask by assignment and are left alone (no extra pass over the keys on the training path).
+    if causal and (not use_fused_causal or q.device.type != "cuda" or q.dtype == torch.float64):
         k, rows_seeing_bad_keys = _finite_masked_keys(k, q_offset, nq)
     if n_rep > 1:
         # (B, Hkv, Nk, e) -> (B, Hq, Nk, e): SDPA's own GQA path is not available on every backend.
@@ -171,7 +173,8 @@ def _finite_masked_keys(k: torch.Tensor, q_offset: int, seq_q: int):
     bad = ~torch.isfinite(tail).all(dim=-1)  # (B, Hkv, Nk - first)
     k = torch.cat([k[:, :, :first], tail.masked_fill(bad[..., None], 0.0)], dim=2)
     index = torch.arange(bad.shape[-1], device=k.device)
-    first_bad = torch.where(bad, index, bad.shape[-1]).amin(dim=-1)  # (B, Hkv): tail index of the first bad key
+    # (B, Hkv): tail index of the first bad key; past every query's reach where there is none
+    first_bad = torch.where(bad, index, bad.shape[-1] + seq_q).amin(dim=-1)
     # query i (position q_offset + i) sees tail key m (position first + m) iff m <= i - 1
     rows = first_bad[..., None] <= torch.arange(seq_q, device=k.device) - 1
     return k, rows
