@@ -687,3 +687,73 @@ def test_kernels_compile_for_hopper_without_spills():
             # Two programs per SM (121 registers, 105 KB shared at (128, 64, 8, 3)) is what made the q' pre-pass pay.
             resident = int(re.search(r"programs per SM (\d+)", line).group(1))
             assert resident >= 2, f"the d=64 forward no longer fits two programs per SM: {line}"
+
+
+def test_kernels_compute_each_registered_magnitude(kernels):
+    """The pre-pass with each pope.magnitudes entry's kernel code computes that entry's torch function."""
+    if _delegated(kernels):
+        return
+    from pope.frequencies import angles, pope_frequencies
+    from pope.magnitudes import MAGNITUDES
+
+    x = torch.randn(1, 2, 40, 32, generator=torch.Generator().manual_seed(8)).to(DEVICE)
+    phase = angles(torch.arange(40), pope_frequencies(32)).to(DEVICE)
+    for name, entry in MAGNITUDES.items():
+        ours = kernels.transform(x, kernels.frequencies(32, 10000.0, DEVICE), None, position_offset=0, magnitude=name)
+        f = entry.function(x)
+        expected = torch.cat([f * phase.cos(), f * phase.sin()], dim=-1)
+        assert torch.allclose(ours, expected, rtol=1e-5, atol=1e-5), name
+
+
+def _forward_only(q, k, v, delta, **options):
+    with torch.no_grad():
+        return _triton(q, k, v, delta, base=10000.0, softmax_scale=q.shape[-1] ** -0.5, magnitude="softplus",
+                       rotary_dim=None, **options)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # inf - inf in the rows that see the key
+def test_masked_nonfinite_keys_do_not_reach_kernel_outputs(kernels, value):
+    """A NaN / inf in a key masked from a query leaves that query's output bit for bit as it was: the block forward
+    (masked scores by tl.where), the tensor-core decode kernel (the same) and the lanes decode kernel (keys past its
+    row's position are never loaded, values included)."""
+    if _delegated(kernels):
+        return
+    generator = torch.Generator().manual_seed(9)
+    cases = [  # (Hq, Hkv, Nq, Nk, q_offset, position, values too, rows that cannot see it)
+        (2, 2, 40, 40, 0, 25, False, 25),  # block kernels
+        (8, 2, 2, 70, 68, 69, False, 1),  # tensor-core decode: query 0 (position 68) cannot see key 69
+        (2, 2, 1, 70, 50, 60, True, 1),  # lanes decode: key 60 (and its value) past the query's position 50
+    ]
+    for n_q_heads, n_kv_heads, seq_q, seq_k, q_offset, position, values_too, unseen in cases:
+        q, k, v, delta, _ = _inputs(1, n_q_heads, n_kv_heads, seq_q, seq_k, 32, torch.bfloat16, True, generator)
+        q, k, v, delta = q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16), delta.float()
+        clean = _forward_only(q, k, v, delta, causal=True, q_offset=q_offset)
+        k[0, 1, position, 3] = value
+        if values_too:
+            v[0, 1, position, 5] = value
+        dirty = _forward_only(q, k, v, delta, causal=True, q_offset=q_offset)
+        assert torch.equal(dirty[:, :, :unseen], clean[:, :, :unseen]), (n_q_heads, seq_q, seq_k)
+        assert not torch.isfinite(dirty[:, :, unseen:]).all() or seq_q == unseen  # the rows that see it do
+
+
+def test_garbage_past_the_cache_reaches_nothing(kernels, monkeypatch):
+    """pope_attention drops the keys past every query's position before the kernels run: NaN in k and v there (a
+    preallocated cache's unused rows) changes no output and no gradient, and those keys get zero gradients."""
+    if _delegated(kernels):
+        return
+    import pope.attention
+    from pope.ops import triton_unsupported_reason
+
+    if not ON_GPU:  # pope.attention sends CPU tensors to the reference; let the interpreted kernels take them
+        monkeypatch.setattr(pope.attention, "_triton_unsupported_reason",
+                            lambda q, k, v, **options: triton_unsupported_reason(q, k, v, **options))
+    generator = torch.Generator().manual_seed(10)
+    q, k, v, delta, grad_out = _inputs(1, 2, 1, 20, 64, 32, torch.bfloat16, True, generator)
+    options = dict(causal=True, q_offset=30, backend="triton")
+    clean = _run(pope.attention.pope_attention, q, k, v, delta, grad_out, torch.bfloat16, options)
+    k[:, :, 50:], v[:, :, 50:] = float("nan"), float("inf")  # queries sit at 30..49
+    dirty = _run(pope.attention.pope_attention, q, k, v, delta, grad_out, torch.bfloat16, options)
+    for name, a, b in zip(GRADIENT_NAMES, clean, dirty):
+        assert torch.equal(a, b), name
+    assert dirty[2][:, :, 50:].abs().max() == 0 and dirty[3][:, :, 50:].abs().max() == 0
