@@ -18,6 +18,7 @@ pytest.importorskip("triton", reason="the Triton kernels need pip install 'pope-
 import pope.settings  # noqa: E402
 from pope.magnitudes import MAGNITUDES, magnitude  # noqa: E402
 from pope.settings import SETTINGS, clear_caches, override  # noqa: E402
+from pope.testing import RecordingKernel  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(__file__), os.pardir)
 
@@ -134,32 +135,6 @@ def test_tile_override_file_is_read_when_a_config_is_picked(monkeypatch, tmp_pat
         configs.pick_tiles("fwd", 64, None, torch.bfloat16, "cuda")
 
 
-class _Compiled:
-    function, packed_metadata = "function", "packed"
-
-    def __init__(self):
-        self.calls = []
-
-    @property
-    def run(self):
-        return lambda *launch_args: self.calls.append(launch_args)
-
-
-class _Kernel:
-    """Stands in for a JITFunction: kernel[grid](*args, **meta) counts Triton-path launches."""
-    arg_names = ["X", "n", "BLOCK"]
-
-    def __init__(self):
-        self.triton_launches = 0
-        self.compiled = _Compiled()
-
-    def __getitem__(self, grid):
-        def launch(*args, **meta):
-            self.triton_launches += 1
-            return self.compiled
-        return launch
-
-
 def _direct_launch(monkeypatch, gate_open: bool):
     from pope.kernels import direct_launch
 
@@ -183,7 +158,7 @@ def test_gate_is_the_exact_triton_release_the_direct_path_was_written_for():
 
 def test_gate_open_launches_directly_after_the_first_call(monkeypatch):
     direct_launch = _direct_launch(monkeypatch, gate_open=True)
-    kernel, x = _Kernel(), torch.zeros(2)
+    kernel, x = RecordingKernel(["X", "n", "BLOCK"]), torch.zeros(2)
     for _ in range(3):
         direct_launch.launch(kernel, (4,), ("site",), (x, 3), BLOCK=16, num_warps=4)
     assert kernel.triton_launches == 1 and len(kernel.compiled.calls) == 2
@@ -195,7 +170,7 @@ def test_gate_open_launches_directly_after_the_first_call(monkeypatch):
 def test_gate_closed_takes_tritons_launch_path_and_checked_descriptors(monkeypatch):
     direct_launch = _direct_launch(monkeypatch, gate_open=False)
     monkeypatch.setattr(direct_launch, "UNCHECKED_DESCRIPTORS", False)
-    kernel, x = _Kernel(), torch.zeros(2)
+    kernel, x = RecordingKernel(["X", "n", "BLOCK"]), torch.zeros(2)
     for _ in range(3):
         direct_launch.launch(kernel, (4,), ("site",), (x, 3), BLOCK=16, num_warps=4)
     assert kernel.triton_launches == 3 and kernel.compiled.calls == [] and not SETTINGS.caches.direct_launches

@@ -31,7 +31,8 @@ import triton.language as tl  # noqa: E402
 
 from pope.attention import reference_pope_attention  # noqa: E402
 from pope.settings import SETTINGS, override  # noqa: E402
-from pope.testing import GRADIENT_NAMES, attention_inputs, check_within_rule, outputs_and_gradients  # noqa: E402
+from pope.testing import (GRADIENT_NAMES, RecordingKernel, attention_inputs, check_within_rule,  # noqa: E402
+                          outputs_and_gradients)
 
 DEVICE = "cuda" if ON_GPU else "cpu"
 # Triton's library functions were created in interpreter mode: kernels can be interpreted in-process.
@@ -477,34 +478,11 @@ def test_direct_launch_reuses_the_compiled_kernel_per_site(kernels, monkeypatch)
     from pope.kernels import direct_launch, host
 
 
-    class Compiled:
-        function, packed_metadata = "function", "packed"
-
-        def __init__(self):
-            self.calls = []
-
-        @property
-        def run(self):
-            return lambda *launch_args: self.calls.append(launch_args)
-
-    class Kernel:
-        arg_names = ["X", "n", "BLOCK", "FLAG"]
-
-        def __init__(self):
-            self.triton_launches = 0
-            self.compiled = Compiled()
-
-        def __getitem__(self, grid):
-            def launch(*args, **meta):
-                self.triton_launches += 1
-                return self.compiled
-            return launch
-
     monkeypatch.setattr(direct_launch, "INTERPRET", False)
     monkeypatch.setattr(SETTINGS.caches, "direct_launches", {})
     monkeypatch.setattr(direct_launch, "current_stream", lambda device: 77)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    kernel, x = Kernel(), torch.zeros(3)
+    kernel, x = RecordingKernel(["X", "n", "BLOCK", "FLAG"]), torch.zeros(3)
     for _ in range(3):
         direct_launch.launch(kernel, (5, 2), ("plan", "site"), (x, 9), BLOCK=16, FLAG=True, num_warps=4)
     assert kernel.triton_launches == 1 and len(kernel.compiled.calls) == 2

@@ -1,6 +1,6 @@
 """The GPT-2 training step (torch.compile, default mode) with PoPE's direct kernel launches through Triton's
-Python launcher (pope.settings' raw_launch off: every TMA descriptor encoded again per launch) and through the C launcher with
-kept encodings (raw_launch on), in one process on ONE compiled model, alternating blocks of steps, so the
+Python launcher (pope.settings' raw_launch off: every TMA descriptor encoded again per launch) and through the C
+launcher with kept encodings (raw_launch on), in one process on ONE compiled model, alternating blocks of steps, so the
 host's drift between runs and leases (a step read 23 ms in one lease and 27-29 ms in the next) cancels.
 
     PYTHONPATH=src python3 benchmarks/experiments/launch_path_step_ab.py [--blocks 6] [--steps 10]

@@ -1,7 +1,8 @@
 """Device names as users give them ("auto", "cpu", "cuda", "cuda:1") -> the device to run on.
 
 One resolver for the CLIs, the trainer's process setup and the evaluation tools, so "auto" means the same
-everywhere (CUDA when available) and asking for CUDA on a machine without it fails the same clear way.
+everywhere (CUDA when available) and asking for CUDA on a machine without it fails the same clear way. Also a
+CUDA device's compute capability, asked once per device (pope.settings' caches).
 """
 from __future__ import annotations
 

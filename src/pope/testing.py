@@ -87,6 +87,32 @@ def formula_attention(q, k, v, delta, *, base=10000.0, causal=True, q_offset=Non
     return out
 
 
+class RecordingKernel:
+    """Stands in for a @triton.jit function in launch-path tests: kernel[grid](*args, **meta) counts a launch through
+    Triton's path and returns a compiled kernel whose `run` records what a direct launch passes it."""
+
+    class Compiled:
+        function, packed_metadata = "function", "packed"
+
+        def __init__(self):
+            self.calls = []
+
+        @property
+        def run(self):
+            return lambda *launch_args: self.calls.append(launch_args)
+
+    def __init__(self, arg_names: list):
+        self.arg_names = arg_names
+        self.triton_launches = 0
+        self.compiled = self.Compiled()
+
+    def __getitem__(self, grid):
+        def launch(*args, **meta):
+            self.triton_launches += 1
+            return self.compiled
+        return launch
+
+
 def load_kernels(path: str, name: str):
     """A kernel implementation loaded from a source tree under its own module name, beside this process's own:
     path is a kernels package directory (e.g. OLD/src/pope/kernels) or a single-file kernel module (an old
@@ -109,4 +135,4 @@ def load_kernels(path: str, name: str):
 
 
 __all__ = ["GRADIENT_NAMES", "check_within_rule", "attention_inputs", "outputs_and_gradients", "formula_attention",
-           "load_kernels"]
+           "load_kernels", "RecordingKernel"]
