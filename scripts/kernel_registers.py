@@ -128,12 +128,12 @@ def main(argv=None) -> int:
         if name not in KERNELS:
             raise SystemExit(f"unknown kernel {name!r}; choose from {list(KERNELS)}")
         kernel, flags, tiles = KERNELS[name]
-        for head_dim, configs in tiles.items():
+        for head_dim, shipped in tiles.items():
             if head_dim not in head_dims:
                 continue
             if args.tile:
-                configs = [tuple(int(x) for x in tile.split(",")) for tile in args.tile]
-            for block_m, block_n, num_warps, num_stages in configs:
+                shipped = [tuple(int(x) for x in tile.split(",")) for tile in args.tile]
+            for block_m, block_n, num_warps, num_stages in shipped:
                 constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=block_n, BLOCK_D=head_dim, **flags)
                 if "BLOCK_M" in kernel.arg_names:
                     constexprs["BLOCK_M"] = block_m
