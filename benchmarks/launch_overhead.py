@@ -63,17 +63,19 @@ def main(argv=None):
               f"(host time before the final synchronize: {host:.3f} ms)")
     # The layers of a PoPE call, innermost first: one Triton launch, the launchers, the custom operators.
     from pope import ops
-    from pope.kernels import pope_flash
+    import pope.kernels as kernels
+    from pope.kernels import configs, direct_launch, prepass
+    from pope.settings import SETTINGS
 
-    theta = pope_flash.frequencies(head_dim, 10000.0, q.device)
+    theta = kernels.frequencies(head_dim, 10000.0, q.device)
     opts = dict(causal=True, softmax_scale=head_dim ** -0.5, q_offset=0, magnitude="softplus")
-    out, lse = pope_flash.forward(q.detach(), k.detach(), v.detach(), delta.detach(), theta, **opts)
+    out, lse = kernels.forward(q.detach(), k.detach(), v.detach(), delta.detach(), theta, **opts)
     layers = {
-        "one transform launch": lambda: pope_flash.transform(k.detach(), theta, None, position_offset=0,
+        "one transform launch": lambda: kernels.transform(k.detach(), theta, None, position_offset=0,
                                                              magnitude="softplus"),
-        "pope_flash.forward": lambda: pope_flash.forward(q.detach(), k.detach(), v.detach(), delta.detach(), theta,
+        "kernels.forward": lambda: kernels.forward(q.detach(), k.detach(), v.detach(), delta.detach(), theta,
                                                          **opts),
-        "pope_flash.backward": lambda: pope_flash.backward(grad, q.detach(), k.detach(), v.detach(), delta.detach(),
+        "kernels.backward": lambda: kernels.backward(grad, q.detach(), k.detach(), v.detach(), delta.detach(),
                                                            out, lse, theta, **opts),
         "custom op forward": lambda: ops.flash_attention_forward(q.detach(), k.detach(), v.detach(), delta.detach(),
                                                                  theta, True, head_dim ** -0.5, 0, "softplus"),
@@ -84,15 +86,15 @@ def main(argv=None):
     for name, fn in layers.items():
         print(f"{name:>22}: {per_call_ms(fn, args.calls):.3f} ms")
     # The operators (what a compiled model calls) with direct launches through Triton's Python launcher (which
-    # encodes every TMA descriptor again) and through the C launcher with kept encodings (_RawLaunch), host time
+    # encodes every TMA descriptor again) and through the C launcher with kept encodings (direct_launch.RawLaunch), host time
     # only (no_grad, as in a compiled graph), alternating over 10 rounds: this host's speed drifts by tens of
     # percent within a run, so the minimum over rounds is the cost and the median shows the spread.
     timings = {False: [], True: []}
     with torch.no_grad():
         for _ in range(10):
             for raw in (False, True):
-                pope_flash.RAW_LAUNCH = raw
-                pope_flash._DIRECT_LAUNCHES.clear()
+                SETTINGS.raw_launch = raw
+                SETTINGS.caches.direct_launches.clear()
                 timings[raw].append((per_call_ms(layers["custom op forward"], args.calls, host_only=True),
                                      per_call_ms(layers["custom op backward"], args.calls, host_only=True)))
     for raw, label in ((False, "Triton's launcher"), (True, "C launcher, kept TMA encodings")):
@@ -103,27 +105,27 @@ def main(argv=None):
     # Triton's per-launch Python path (binder, cache key, checks) against calling the compiled kernel directly.
     x = k.detach()
     out_buffer = torch.empty(*x.shape[:3], 2 * head_dim, device=x.device, dtype=x.dtype)
-    grid = (triton_cdiv(seq, pope_flash.TRANSFORM_ROWS), batch * heads)
+    grid = (triton_cdiv(seq, configs.TRANSFORM_ROWS), batch * heads)
     # Keys unused (n_programs = every program is a query-side one): the arguments the launcher passes for them.
     positional = (x, theta, theta, out_buffer, *x.stride()[:3], heads, seq, 0, batch * heads,
                   x, out_buffer, *x.stride()[:3], heads, seq)
-    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=head_dim, BLOCK_R=pope_flash.TRANSFORM_ROWS, HAS_DELTA=False,
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=head_dim, BLOCK_R=configs.TRANSFORM_ROWS, HAS_DELTA=False,
                       MAGNITUDE=0)
-    compiled = pope_flash._pope_transform_kernel[grid](*positional, **constexprs, num_warps=4)
+    compiled = prepass._pope_transform_kernel[grid](*positional, **constexprs, num_warps=4)
     ordered = positional + tuple(constexprs.values())
     direct_grid = (*grid, 1)
-    print(f"{'transform via run()':>22}: {per_call_ms(lambda: pope_flash._pope_transform_kernel[grid](*positional, **constexprs, num_warps=4), args.calls, host_only=True):.4f} ms host")
+    print(f"{'transform via run()':>22}: {per_call_ms(lambda: prepass._pope_transform_kernel[grid](*positional, **constexprs, num_warps=4), args.calls, host_only=True):.4f} ms host")
     print(f"{'transform compiled[]':>22}: {per_call_ms(lambda: compiled[direct_grid](*ordered), args.calls, host_only=True):.4f} ms host")
     print(f"{'torch.empty x1':>22}: {per_call_ms(lambda: torch.empty(16, device=x.device), args.calls, host_only=True):.4f} ms host")
     # Eager pope_attention through the custom operators' autograd instead of the autograd.Function.
-    ops.EAGER_AUTOGRAD_FUNCTION = False
+    SETTINGS.eager_autograd_function = False
     both = per_call_ms(lambda: torch.autograd.backward(calls["pope triton"](), grad), args.calls)
-    ops.EAGER_AUTOGRAD_FUNCTION = True
+    SETTINGS.eager_autograd_function = True
     print(f"{'via custom-op autograd':>22}: forward+backward {both:.3f} ms")
     # Where the host time of one eager fwd+bwd goes, by wall clock (no profiler): each layer's inclusive time.
     segments = {name: 0.0 for name in ("pope_attention (forward)", "_check_inputs", "_triton_unsupported_reason",
-                                       "ops.triton_pope_attention", "ops._forward", "pope_flash.forward",
-                                       "autograd.backward", "ops._backward_kernels", "pope_flash.backward",
+                                       "ops.triton_pope_attention", "ops._forward", "kernels.forward",
+                                       "autograd.backward", "ops._backward_kernels", "kernels.backward",
                                        "kernel launches (forward)", "kernel launches (backward)")}
 
     def timed(owner, attribute, name):
@@ -141,13 +143,13 @@ def main(argv=None):
     import pope.attention as attention_module
 
     patches = [(ops, "_forward", "ops._forward"), (ops, "_backward_kernels", "ops._backward_kernels"),
-               (pope_flash, "forward", "pope_flash.forward"), (pope_flash, "backward", "pope_flash.backward"),
+               (kernels, "forward", "kernels.forward"), (kernels, "backward", "kernels.backward"),
                (attention_module, "_check_inputs", "_check_inputs"),
                (attention_module, "_triton_unsupported_reason", "_triton_unsupported_reason"),
                (ops, "triton_pope_attention", "ops.triton_pope_attention")]
     originals = [(owner, attribute, timed(owner, attribute, name)) for owner, attribute, name in patches]
-    # Every kernel launch goes through pope_flash._launch: count it under the pass it is called from.
-    launch = pope_flash._launch
+    # Every kernel launch goes through direct_launch.launch: count it under the pass it is called from.
+    launch = direct_launch.launch
     in_backward = [False]
 
     def launch_timed(*a, **kw):
@@ -157,8 +159,8 @@ def main(argv=None):
         finally:
             segments["kernel launches (backward)" if in_backward[0] else "kernel launches (forward)"] += (
                 time.perf_counter() - start)
-    pope_flash._launch = launch_timed
-    backward_layer = pope_flash.backward
+    direct_launch.launch = launch_timed
+    backward_layer = kernels.backward
 
     def backward_flagged(*a, **kw):
         in_backward[0] = True
@@ -166,9 +168,9 @@ def main(argv=None):
             return backward_layer(*a, **kw)
         finally:
             in_backward[0] = False
-    pope_flash.backward = backward_flagged
-    originals.append((pope_flash, "_launch", launch))
-    originals.append((pope_flash, "backward", originals[3][2]))
+    kernels.backward = backward_flagged
+    originals.append((direct_launch, "launch", launch))
+    originals.append((kernels, "backward", originals[3][2]))
     for _ in range(10):
         torch.autograd.backward(calls["pope triton"](), grad)
     torch.cuda.synchronize()
@@ -201,9 +203,9 @@ def main(argv=None):
 
     print("host ms per call, eager pope triton:")
     print(f"{'fwd+bwd':>40}: {loop_host_ms(fwd_bwd):.3f}")
-    pope_flash.DIRECT_LAUNCH = False
+    SETTINGS.direct_launch = False
     print(f"{'fwd+bwd, every launch via Triton':>40}: {loop_host_ms(fwd_bwd):.3f}")
-    pope_flash.DIRECT_LAUNCH = True
+    SETTINGS.direct_launch = True
     print(f"{'fwd only (grad on, output dropped)':>40}: {loop_host_ms(fwd_only):.3f}")
     with torch.no_grad():
         print(f"{'fwd only (no_grad)':>40}: {loop_host_ms(fwd_only):.3f}")

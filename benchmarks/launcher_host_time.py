@@ -1,4 +1,4 @@
-"""Host time of the kernel launchers alone (pope_flash.forward / backward), on CPU, with every kernel launch
+"""Host time of the kernel launchers alone (pope.kernels.forward / backward), on CPU, with every kernel launch
 replaced by a no-op: the Python and tensor-allocation work an eager call does around its launches, measured
 without a GPU (the GPU machine's host is too noisy to see changes of tens of microseconds; docs/kernels.md).
 
@@ -13,21 +13,22 @@ import timeit
 
 import torch
 
-from pope.kernels import pope_flash
+import pope.kernels as kernels
+from pope.kernels import direct_launch
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=3000)
     args = parser.parse_args(argv)
-    pope_flash._launch = lambda *args, **meta: None  # no kernel runs: only the launchers' own host work is timed
+    direct_launch.launch = lambda *args, **meta: None  # no kernel runs: only the launchers' own host work is timed
     batch, heads, seq, head_dim = 8, 12, 1024, 64
     q, k, v, do = (torch.randn(batch, heads, seq, head_dim, dtype=torch.bfloat16) for _ in range(4))
-    theta = pope_flash.frequencies(head_dim, 10000.0, "cpu")
+    theta = kernels.frequencies(head_dim, 10000.0, "cpu")
     options = dict(causal=True, softmax_scale=head_dim ** -0.5, q_offset=0, magnitude="softplus")
-    out, lse = pope_flash.forward(q, k, v, None, theta, **options)
-    forward_us = timeit.timeit(lambda: pope_flash.forward(q, k, v, None, theta, **options), number=args.calls)
-    backward_us = timeit.timeit(lambda: pope_flash.backward(do, q, k, v, None, out, lse, theta, **options),
+    out, lse = kernels.forward(q, k, v, None, theta, **options)
+    forward_us = timeit.timeit(lambda: kernels.forward(q, k, v, None, theta, **options), number=args.calls)
+    backward_us = timeit.timeit(lambda: kernels.backward(do, q, k, v, None, out, lse, theta, **options),
                                 number=args.calls)
     print(f"launcher host time, launches mocked: forward {forward_us / args.calls * 1e6:.1f} us, "
           f"backward {backward_us / args.calls * 1e6:.1f} us per call")

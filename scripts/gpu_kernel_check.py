@@ -1,9 +1,9 @@
 """The fused PoPE kernels on a CUDA GPU: correctness in bf16 / fp16 / fp32 at the benchmark sizes, a
 determinism check, and (with --sweep) timings of candidate tile configurations.
 
-Correctness rule (flash-attention's, as in tests/test_kernel_pope_flash.py): against float64, the
-kernel's output and every gradient are off by at most 2x what pope.attention's pure-PyTorch reference
-makes in the same dtype (+ a rounding-sized floor for fp32). Outputs are NaN-poisoned before each run.
+Correctness rule (pope.testing, as in the CPU tests): against float64, the kernel's output and every gradient are
+off by at most 2x what pope.attention's pure-PyTorch reference makes in the same dtype (+ a rounding-sized floor
+for fp32). Outputs are NaN-poisoned before each run.
 The float64 reference materialises (B, H, N, N) scores, so the long shapes run with fewer heads.
 
     PYTHONPATH=src python scripts/gpu_kernel_check.py [--sweep] [--out DIR]
@@ -14,14 +14,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 
 import torch
 
+import pope.kernels as kernels
 from pope.attention import reference_pope_attention
-from pope.kernels import pope_flash
 from pope.ops import triton_pope_attention
+from pope.settings import SETTINGS, override
+from pope.testing import GRADIENT_NAMES, attention_inputs, check_within_rule, outputs_and_gradients
 
 # (batch, Hq, Hkv, Nq, Nk, d, causal): the issue's benchmark sizes (fewer heads where the float64
 # reference would not fit), plus GQA, decode, odd lengths and d = 32 / 48.
@@ -49,12 +52,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _grads(fn, q, k, v, delta, grad_out, dtype, options):
-    leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
-    delta_leaf = delta.detach().to(torch.float64 if dtype == torch.float64 else torch.float32).requires_grad_()
-    out = fn(*leaves, delta_leaf, **options)
-    grads = torch.autograd.grad(out, leaves + [delta_leaf], grad_out.to(dtype))
-    return [out.detach()] + [g.detach() for g in grads]
+_grads = outputs_and_gradients
 
 
 def check_correctness(shape, dtype_name, seed=0):
@@ -63,28 +61,22 @@ def check_correctness(shape, dtype_name, seed=0):
     magnitude = magnitude[0] if magnitude else "softplus"
     dtype = DTYPES[dtype_name]
     g = torch.Generator(device=DEVICE).manual_seed(seed)
-    randn = lambda *s: torch.randn(*s, generator=g, device=DEVICE, dtype=torch.float64)  # noqa: E731
-    q, k, v = randn(batch, n_q_heads, seq_q, head_dim), randn(batch, n_kv_heads, seq_k, head_dim), randn(batch, n_kv_heads, seq_k, head_dim)
-    delta = -2 * math.pi * torch.rand(n_q_heads, head_dim, generator=g, device=DEVICE, dtype=torch.float64)
-    grad_out = randn(batch, n_q_heads, seq_q, head_dim)
+    q, k, v, delta, grad_out = attention_inputs(batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim, generator=g,
+                                                device=DEVICE)
     options = dict(base=10000.0, causal=causal, softmax_scale=head_dim ** -0.5, q_offset=seq_k - seq_q,
                    magnitude=magnitude, rotary_dim=None)
     exact = _grads(reference_pope_attention, q, k, v, delta, grad_out, torch.float64, options)
     reference = _grads(reference_pope_attention, q, k, v, delta, grad_out, dtype, options)
     fused = _grads(triton_pope_attention, q, k, v, delta, grad_out, dtype, options)
-    # A second call takes the compiled kernels directly (pope_flash._launch): it must give the same bits.
+    # A second call takes the compiled kernels directly (pope.kernels.direct_launch): it must give the same bits.
     again = _grads(triton_pope_attention, q, k, v, delta, grad_out, dtype, options)
     result = {"shape": shape, "dtype": dtype_name,
               "second_call_bitwise_equal": all(torch.equal(a, b) for a, b in zip(fused, again))}
     result["passed"] = result["second_call_bitwise_equal"]
     del again
-    for name, ours, theirs, truth in zip(["out", "dq", "dk", "dv", "d_delta"], fused, reference, exact):
-        our_error = (ours.double() - truth).abs().max().item()
-        reference_error = (theirs.double() - truth).abs().max().item()
-        floor = 1e-5 * truth.abs().max().item() if dtype == torch.float32 else 0.0
-        ok = bool(torch.isfinite(ours).all()) and our_error <= 2 * reference_error + floor
-        result[name] = {"kernel": our_error, "reference": reference_error, "ok": ok}
-        result["passed"] &= ok
+    for name, ours, theirs, truth in zip(GRADIENT_NAMES, fused, reference, exact):
+        result[name] = check_within_rule(ours, theirs, truth, dtype)
+        result["passed"] &= result[name]["ok"]
     del exact, reference, fused
     torch.cuda.empty_cache()
     return result
@@ -105,7 +97,7 @@ def check_determinism(shape=(2, 16, 4, 4096, 4096, 64, True)):
 
 def check_decode_growing_cache(seq_ks=range(1000, 1040), head_dim=64):
     """Decode steps over a cache that grows a key a step (its length crossing multiples of 16, the divisibility
-    Triton specialises on): the direct launches (sites keyed by _specialization_site) give the same bits as
+    Triton specialises on): the direct launches (sites keyed by direct_launch.specialization_site) give the same bits as
     Triton's own launch path, for both decode kernels."""
     torch.manual_seed(2)
     mismatches = []
@@ -114,23 +106,22 @@ def check_decode_growing_cache(seq_ks=range(1000, 1040), head_dim=64):
         cache_k = torch.randn(2, 8, seq_ks[-1], head_dim, device=DEVICE, dtype=torch.bfloat16).abs()
         cache_v = torch.randn_like(cache_k)
         delta = -2 * math.pi * torch.rand(n_q_heads, head_dim, device=DEVICE)
-        theta = pope_flash.frequencies(head_dim, 10000.0, q.device)
+        theta = kernels.frequencies(head_dim, 10000.0, q.device)
         for seq_k in seq_ks:
             k, v = cache_k[:, :, :seq_k], cache_v[:, :, :seq_k]
             options = dict(causal=True, softmax_scale=head_dim ** -0.5, q_offset=seq_k - 1, magnitude="identity",
                            method=method, keep_phase_table=True)
             outputs = []
             for direct in (True, False):
-                pope_flash.DIRECT_LAUNCH = direct
-                outputs.append(pope_flash.decode_forward(q, k, v, delta, theta, **options))
-            pope_flash.DIRECT_LAUNCH = True
+                with override(direct_launch=direct):
+                    outputs.append(kernels.decode_forward(q, k, v, delta, theta, **options))
             if not all(torch.equal(a, b) for a, b in zip(*outputs)):
                 mismatches.append((method, seq_k))
     return {"seq_ks": [seq_ks[0], seq_ks[-1]], "head_dim": head_dim, "mismatches": mismatches,
             "passed": not mismatches}
 
 
-# The first entry of each list is the shipped config (pope_flash.*_CONFIGS), so a sweep compares against it.
+# The first entry of each list is the shipped config (pope.kernels.configs.TILES), so a sweep compares against it.
 SWEEP_CANDIDATES = {
     64: {"fwd": [(128, 128, 8, 3), (64, 64, 4, 3), (128, 64, 4, 3)],
          "dq": [(64, 64, 4, 3), (64, 64, 4, 2), (128, 64, 8, 2)],
@@ -141,9 +132,10 @@ SWEEP_CANDIDATES = {
 }
 
 
-def sweep_configs(shapes=((4, 16, 4096, 64), (4, 16, 4096, 128)), apply_best=True, kinds=None):
+def sweep_configs(shapes=((4, 16, 4096, 64), (4, 16, 4096, 128)), kinds=None):
     """Time each candidate tile config of each kernel (bf16, causal; fwd = forward, dq / dkdv = the whole
-    backward with that kernel's config changed); with apply_best, install the fastest in pope_flash."""
+    backward with that kernel's config changed); with apply_best, the fastest are used for the rest of the run
+    (main writes them to OUT/kernel_configs.json and points POPE_KERNEL_CONFIGS at it)."""
     from triton.testing import do_bench
 
     rows, best = [], {}
@@ -151,20 +143,20 @@ def sweep_configs(shapes=((4, 16, 4096, 64), (4, 16, 4096, 128)), apply_best=Tru
         torch.manual_seed(0)
         q, k, v, do = (torch.randn(batch, heads, seq, head_dim, device=DEVICE, dtype=torch.bfloat16) for _ in range(4))
         delta = -2 * math.pi * torch.rand(heads, head_dim, device=DEVICE)
-        theta = pope_flash.frequencies(head_dim, 10000.0, q.device)
+        theta = kernels.frequencies(head_dim, 10000.0, q.device)
         opts = dict(causal=True, softmax_scale=head_dim ** -0.5, q_offset=0, magnitude="softplus")
-        out, lse = pope_flash.forward(q, k, v, delta, theta, **opts)
+        out, lse = kernels.forward(q, k, v, delta, theta, **opts)
         for kind, configs in SWEEP_CANDIDATES[head_dim].items():
             if kinds is not None and kind not in kinds:
                 continue
             timings = []
             for config in configs:
                 if kind == "fwd":
-                    fn = lambda: pope_flash.forward(q, k, v, delta, theta, config=config, **opts)  # noqa: E731
+                    fn = lambda: kernels.forward(q, k, v, delta, theta, config=config, **opts)  # noqa: E731
                 elif kind == "dq":
-                    fn = lambda: pope_flash.backward(do, q, k, v, delta, out, lse, theta, dq_config=config, **opts)  # noqa: E731
+                    fn = lambda: kernels.backward(do, q, k, v, delta, out, lse, theta, dq_config=config, **opts)  # noqa: E731
                 else:
-                    fn = lambda: pope_flash.backward(do, q, k, v, delta, out, lse, theta, dkdv_config=config, **opts)  # noqa: E731
+                    fn = lambda: kernels.backward(do, q, k, v, delta, out, lse, theta, dkdv_config=config, **opts)  # noqa: E731
                 try:
                     ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
                 except Exception as err:  # a config can exceed shared memory: record and move on
@@ -176,8 +168,6 @@ def sweep_configs(shapes=((4, 16, 4096, 64), (4, 16, 4096, 128)), apply_best=Tru
             fastest = min((t for t in timings if t[0] == t[0]), default=None)
             if fastest is not None:
                 best.setdefault(kind, {})[str(head_dim)] = list(fastest[1])
-                if apply_best:
-                    pope_flash.KERNEL_CONFIGS[kind][head_dim] = fastest[1]
     return rows, best
 
 
@@ -199,8 +189,8 @@ def sweep_decode(shapes=DECODE_SWEEP_SHAPES, tensor_cores_only=False, dtype_name
         q = torch.randn(batch, n_q_heads, 1, head_dim, device=DEVICE, dtype=dtype)
         k, v = (torch.randn(batch, n_kv_heads, seq_k, head_dim, device=DEVICE, dtype=dtype) for _ in range(2))
         delta = -2 * math.pi * torch.rand(n_q_heads, head_dim, device=DEVICE)
-        theta = pope_flash.frequencies(head_dim, 10000.0, q.device)
-        tc_block_n, tc_warps, _ = pope_flash.decode_tile(head_dim, dtype, "tensor_cores")
+        theta = kernels.frequencies(head_dim, 10000.0, q.device)
+        tc_block_n, tc_warps, _ = kernels.decode_tile(head_dim, dtype, "tensor_cores")
         tiles = [("tensor_cores", tc_block_n, tc_warps, stages, None) for stages in (2, 3)]
         # A register cap: more programs resident per SM.
         tiles += [("tensor_cores", tc_block_n, tc_warps, 2, cap) for cap in (168, 128)]
@@ -215,7 +205,7 @@ def sweep_decode(shapes=DECODE_SWEEP_SHAPES, tensor_cores_only=False, dtype_name
             opts = dict(causal=True, softmax_scale=head_dim ** -0.5, q_offset=seq_k - 1, magnitude=magnitude,
                         method=method, block_n=block_n, num_warps=warps, stages=stages, maxnreg=maxnreg)
             try:
-                ms = do_bench(lambda: pope_flash.decode_forward(q, k, v, delta, theta, **opts),  # noqa: B023
+                ms = do_bench(lambda: kernels.decode_forward(q, k, v, delta, theta, **opts),  # noqa: B023
                               warmup=25, rep=100, return_mode="median")
             except Exception as err:
                 ms = float("nan")
@@ -252,19 +242,21 @@ def main(argv=None):
     if args.sweep:
         shapes = ((4, 16, 4096, 64), (4, 16, 4096, 128)) if args.sweep_shapes is None else [
             tuple(int(x) for x in s.split("x")) for s in args.sweep_shapes.split(",")]
-        sweep, best = sweep_configs(shapes, apply_best=args.sweep_shapes is None,
-                                    kinds=None if args.sweep_kinds is None else args.sweep_kinds.split(","))
-        with open(f"{args.out}/kernel_configs.json", "w") as f:
+        sweep, best = sweep_configs(shapes, kinds=None if args.sweep_kinds is None else args.sweep_kinds.split(","))
+        path = os.path.abspath(f"{args.out}/kernel_configs.json")
+        with open(path, "w") as f:
             json.dump(best, f)
-        print(f"fastest configs installed: {best}", flush=True)
+        if args.sweep_shapes is None:  # the default shapes: check the fastest tiles below
+            os.environ["POPE_KERNEL_CONFIGS"] = path
+            print(f"fastest configs installed (POPE_KERNEL_CONFIGS={path}): {best}", flush=True)
     if args.decode_lanes_max_rows is not None:
-        pope_flash.DECODE_LANES_MAX_ROWS = args.decode_lanes_max_rows
+        SETTINGS.decode_lanes_max_rows = args.decode_lanes_max_rows
     sweep_shapes = DECODE_SWEEP_SHAPES if args.decode_sweep_shapes is None else [
         DECODE_SWEEP_SHAPES[int(i)] for i in args.decode_sweep_shapes.split(",")]
     decode_sweep = [row for dtype_name in args.decode_sweep_dtypes.split(",")
                     for row in sweep_decode(sweep_shapes, args.decode_sweep_tensor_cores_only, dtype_name)
                     ] if args.decode_sweep else None
-    pope_flash.POISON_OUTPUTS = True
+    SETTINGS.poison_outputs = True
     global CHECK_SHAPES
     if args.smoke:
         CHECK_SHAPES = [(1, 2, 1, 37, 37, 32, True), (1, 2, 2, 5, 40, 48, False), (1, 2, 2, 40, 40, 64, True),
@@ -294,7 +286,7 @@ def main(argv=None):
     results["correctness"] = correctness
     results["determinism"] = check_determinism((1, 4, 2, 97, 97, 48, True) if args.smoke else (2, 16, 4, 4096, 4096, 64, True))
     results["decode_growing_cache"] = check_decode_growing_cache(range(40, 70) if args.smoke else range(1000, 1040))
-    pope_flash.POISON_OUTPUTS = False
+    SETTINGS.poison_outputs = False
     print(f"determinism: {results['determinism']}", flush=True)
     print(f"decode over a growing cache, direct launches vs Triton's path: {results['decode_growing_cache']}",
           flush=True)

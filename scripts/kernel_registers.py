@@ -22,27 +22,30 @@ import torch
 import triton
 from triton.backends.compiler import GPUTarget
 
-from pope.kernels import pope_flash as kernels
+from pope.kernels import bwd, configs, decode, fwd
+from pope.kernels.interpreter import INTERPRET
+
+def _shipped(kind: str) -> dict:
+    """{head dim: [the shipped bf16 tile on sm_90]} of one kernel."""
+    return {d: [configs.TILES[kind][(configs.MEASURED_ARCHITECTURE, d, torch.bfloat16)]] for d in configs.BUCKETS}
+
 
 FLOAT32_POINTERS = {"Theta", "Delta", "LSE", "RowDelta", "DDeltaPartial", "PartialOut", "PartialLSE"}
 # (kernel, constexprs without HEAD_DIM / BLOCK_*, tiles per head dim); the lanes decode kernel has no BLOCK_M.
 KERNELS = {
-    "fwd": (kernels._pope_fwd_kernel, dict(CAUSAL=True, PRECISION="tf32"),
-            {64: [kernels.FWD_CONFIGS[64]], 128: [kernels.FWD_CONFIGS[128]]}),
-    "dq": (kernels._pope_bwd_dq_kernel, dict(CAUSAL=True, HAS_DELTA=True, MAGNITUDE=0, PRECISION="tf32"),
-           {64: [kernels.BWD_DQ_CONFIGS[64]], 128: [kernels.BWD_DQ_CONFIGS[128]]}),
-    "dkdv": (kernels._pope_bwd_dkdv_kernel, dict(CAUSAL=True, MAGNITUDE=0, PRECISION="tf32"),
-             {64: [kernels.BWD_DKDV_CONFIGS[64]], 128: [kernels.BWD_DKDV_CONFIGS[128]]}),
-    "decode": (kernels._pope_decode_kernel, dict(CAUSAL=True, HAS_DELTA=True, MAGNITUDE=0, PRECISION="tf32"),
+    "fwd": (fwd._pope_fwd_kernel, dict(CAUSAL=True, PRECISION="tf32"), _shipped("fwd")),
+    "dq": (bwd._pope_bwd_dq_kernel, dict(CAUSAL=True, HAS_DELTA=True, MAGNITUDE=0, PRECISION="tf32"), _shipped("dq")),
+    "dkdv": (bwd._pope_bwd_dkdv_kernel, dict(CAUSAL=True, MAGNITUDE=0, PRECISION="tf32"), _shipped("dkdv")),
+    "decode": (decode._pope_decode_kernel, dict(CAUSAL=True, HAS_DELTA=True, MAGNITUDE=0, PRECISION="tf32"),
                # one query row padded to BLOCK_M = 16, the shipped (block_n, warps, stages)
-               {d: [(16, *kernels.decode_tile(d, torch.bfloat16, "tensor_cores"))] for d in (64, 128)}),
+               {d: [(16, *configs.decode_tile(d, torch.bfloat16, "tensor_cores"))] for d in (64, 128)}),
     # the model's cache of magnitudes (magnitude "identity"): a bf16 key-phase table, bf16x2 products
-    "decode-magnitudes": (kernels._pope_decode_kernel, dict(CAUSAL=True, HAS_DELTA=True, MAGNITUDE=2, PRECISION="tf32"),
-                          {d: [(16, *kernels.decode_tile(d, torch.bfloat16, "tensor_cores", "identity"))]
+    "decode-magnitudes": (decode._pope_decode_kernel, dict(CAUSAL=True, HAS_DELTA=True, MAGNITUDE=2, PRECISION="tf32"),
+                          {d: [(16, *configs.decode_tile(d, torch.bfloat16, "tensor_cores", "identity"))]
                            for d in (64, 128)}),
-    "decode-lanes": (kernels._pope_decode_lanes_kernel, dict(CAUSAL=True, HAS_DELTA=True, MAGNITUDE=0),
+    "decode-lanes": (decode._pope_decode_lanes_kernel, dict(CAUSAL=True, HAS_DELTA=True, MAGNITUDE=0),
                      # one query row per key head, the shipped (block_n, warps, stages)
-                     {d: [(1, *kernels.decode_tile(d, torch.bfloat16, "lanes"))] for d in (64, 128)}),
+                     {d: [(1, *configs.decode_tile(d, torch.bfloat16, "lanes"))] for d in (64, 128)}),
 }
 
 
@@ -118,26 +121,26 @@ def main(argv=None) -> int:
     parser.add_argument("--tile", action="append", default=[],
                         help="BLOCK_M,BLOCK_N,warps,stages to compile instead of the shipped tiles (repeatable)")
     args = parser.parse_args(argv)
-    if kernels.INTERPRET:
+    if INTERPRET:
         raise SystemExit("unset TRITON_INTERPRET: this compiles the kernels, it does not interpret them")
     head_dims = [int(d) for d in args.head_dims.split(",")]
     for name in args.kernels.split(","):
         if name not in KERNELS:
             raise SystemExit(f"unknown kernel {name!r}; choose from {list(KERNELS)}")
         kernel, flags, tiles = KERNELS[name]
-        for head_dim, configs in tiles.items():
+        for head_dim, shipped in tiles.items():
             if head_dim not in head_dims:
                 continue
             if args.tile:
-                configs = [tuple(int(x) for x in tile.split(",")) for tile in args.tile]
-            for block_m, block_n, num_warps, num_stages in configs:
+                shipped = [tuple(int(x) for x in tile.split(",")) for tile in args.tile]
+            for block_m, block_n, num_warps, num_stages in shipped:
                 constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=block_n, BLOCK_D=head_dim, **flags)
                 if "BLOCK_M" in kernel.arg_names:
                     constexprs["BLOCK_M"] = block_m
                 if "STAGES" in kernel.arg_names:  # the decode kernels pipeline through tl.range(num_stages=STAGES)
                     constexprs["STAGES"] = num_stages
                 if "KEYS_FROM_PREPASS" in kernel.arg_names:  # as the launcher decides; without, k'/v come as None
-                    constexprs["KEYS_FROM_PREPASS"] = head_dim <= kernels.DKDV_KEYS_FROM_PREPASS_MAX_BLOCK_D
+                    constexprs["KEYS_FROM_PREPASS"] = head_dim <= configs.DKDV_KEYS_FROM_PREPASS_MAX_BLOCK_D
                     if not constexprs["KEYS_FROM_PREPASS"]:
                         constexprs.update(kp_desc=None, v_desc=None)
                 line = report(kernel, constexprs, num_warps, num_stages, args.maxnreg)

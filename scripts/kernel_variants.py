@@ -1,12 +1,14 @@
 """Time versions of the kernel module side by side on one GPU: forward and backward medians per shape and tile.
 
-For kernel work: put the version to compare against in a file (e.g. `git show REV:src/pope/kernels/pope_flash.py >
-old.py`), then, in one call on the GPU machine,
+For kernel work: put the version to compare against in a directory (e.g. `git archive REV src | tar -x -C old`),
+then, in one call on the GPU machine,
 
-    PYTHONPATH=src python3 scripts/kernel_variants.py --module old=old.py --module new=src/pope/kernels/pope_flash.py \
+    PYTHONPATH=src python3 scripts/kernel_variants.py --module old=old/src/pope/kernels --module new=src/pope/kernels \
         --shapes 4x16x4096x64,1x16x16384x64 --dkdv 128,128,8,2 --dkdv 64,64,4,2 --out $OUT
 
-Each (module, shape, tile) row times pope_flash.forward and pope_flash.backward (bf16, causal, softplus, delta)
+A module is a kernels package directory, or a single-file kernel module of the commits before the package
+(`git show REV:src/pope/kernels/pope_flash.py > old.py`).
+Each (module, shape, tile) row times its forward and backward (bf16, causal, softplus, delta)
 with triton.testing.do_bench (median ms; --cuda-graph: CUDA-graph replays, GPU time without host overhead), after
 checking that the module's forward output and gradients agree with the first module's to bf16 rounding. Tiles not
 given are the module's defaults. Prints a table; writes JSON.
@@ -16,7 +18,6 @@ this script: its timings mean nothing there).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
 import time
@@ -24,12 +25,11 @@ import time
 import torch
 import triton
 
+from pope.testing import load_kernels
+
 
 def load_module(name: str, path: str):
-    spec = importlib.util.spec_from_file_location(f"pope_flash_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_kernels(path, f"pope_kernels_{name}")
 
 
 def tile(text: str) -> tuple:
@@ -75,7 +75,7 @@ def run(module, shape, device, fwd=None, dq=None, dkdv=None, cuda_graph=False):
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--module", action="append", required=True, help="NAME=PATH of a kernel module version")
+    parser.add_argument("--module", action="append", required=True, help="NAME=PATH of a kernel version (package directory or module file)")
     parser.add_argument("--shapes", default="4x16x4096x64", help="comma-separated BxHxNxd")
     parser.add_argument("--fwd", action="append", type=tile, default=[], help="forward tile (repeatable)")
     parser.add_argument("--dq", action="append", type=tile, default=[], help="dq tile (repeatable)")

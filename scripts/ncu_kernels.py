@@ -17,7 +17,7 @@ import argparse
 
 import torch
 
-from pope.kernels import pope_flash
+import pope.kernels as kernels
 
 
 def main(argv=None) -> None:
@@ -35,19 +35,19 @@ def main(argv=None) -> None:
         q = torch.randn(batch, n_q_heads, 1, head_dim, device="cuda", dtype=dtype)
         k, v = (torch.randn(batch, n_kv_heads, seq, head_dim, device="cuda", dtype=dtype) for _ in range(2))
         delta = -6.28 * torch.rand(n_q_heads, head_dim, device="cuda")
-        theta = pope_flash.frequencies(head_dim, 10000.0, "cuda")
+        theta = kernels.frequencies(head_dim, 10000.0, "cuda")
         for _ in range(args.iters):
-            pope_flash.decode_forward(q, k, v, delta, theta, causal=True, softmax_scale=head_dim ** -0.5,
-                                      q_offset=seq - 1, magnitude="identity")
+            kernels.decode_forward(q, k, v, delta, theta, causal=True, softmax_scale=head_dim ** -0.5,
+                                   q_offset=seq - 1, magnitude="identity")
         torch.cuda.synchronize()
         return
     q, k, v, do = (torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=dtype) for _ in range(4))
     delta = -6.28 * torch.rand(heads, head_dim, device="cuda")
-    theta = pope_flash.frequencies(head_dim, 10000.0, "cuda")
+    theta = kernels.frequencies(head_dim, 10000.0, "cuda")
     options = dict(causal=True, softmax_scale=head_dim ** -0.5, q_offset=0, magnitude="softplus")
     for _ in range(args.iters):
-        out, lse = pope_flash.forward(q, k, v, delta, theta, **options)
-        pope_flash.backward(do, q, k, v, delta, out, lse, theta, **options)
+        out, lse = kernels.forward(q, k, v, delta, theta, **options)
+        kernels.backward(do, q, k, v, delta, out, lse, theta, **options)
     torch.cuda.synchronize()
 
 

@@ -1,5 +1,6 @@
 """pope_attention against the paper's formula, computed directly in float64."""
 import math
+import random
 
 import pytest
 import torch
@@ -9,33 +10,10 @@ import pope
 from pope.attention import reference_pope_attention
 from pope.encodings import PoPE, RoPE
 from pope.frequencies import angles, pope_frequencies
+from pope.testing import formula_attention
 
 
-def direct_pope_attention(q, k, v, delta, *, base=10000.0, causal=True, q_offset=None, magnitude=F.softplus,
-                          rotary_dim=None, softmax_scale=None):
-    """The paper's score written out channel by channel in float64, then softmax and the value average."""
-    q, k, v = q.double(), k.double(), v.double()
-    b, hq, nq, d = q.shape
-    hkv, nk = k.shape[1], k.shape[2]
-    r = rotary_dim or d
-    q_offset = nk - nq if q_offset is None else q_offset
-    theta = torch.tensor([base ** (-(c - 1) / r) for c in range(1, r + 1)], dtype=torch.float64)
-    t = torch.arange(nq, dtype=torch.float64) + q_offset
-    s = torch.arange(nk, dtype=torch.float64)
-    rel = s[None, :] - t[:, None]  # (Nq, Nk): s - t
-    out = torch.empty(b, hq, nq, d, dtype=torch.float64)
-    for h in range(hq):
-        g = h // (hq // hkv)
-        dl = torch.zeros(r, dtype=torch.float64) if delta is None else delta[h].double()
-        phase = rel[..., None] * theta + dl  # (Nq, Nk, r)
-        mq, mk = magnitude(q[:, h, :, :r]), magnitude(k[:, g, :, :r])  # (B, Nq, r), (B, Nk, r)
-        score = torch.einsum("bic,bjc,ijc->bij", mq, mk, torch.cos(phase))
-        score = score + q[:, h, :, r:] @ k[:, g, :, r:].transpose(-1, -2)
-        score = score * (softmax_scale or 1 / math.sqrt(d))
-        if causal:
-            score = score.masked_fill(s[None, :] > t[:, None], float("-inf"))
-        out[:, h] = torch.softmax(score, dim=-1) @ v[:, g]
-    return out
+direct_pope_attention = formula_attention  # the paper's score in float64 (pope.testing)
 
 
 CASES = [
@@ -206,3 +184,135 @@ def test_tensors_on_different_devices():
     q, k, v = _qkv()
     with pytest.raises(ValueError, match="one device"):
         pope.pope_attention(q, k.to("meta"), v, None)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(causal="no"), TypeError, "causal must be True or False"),
+    (dict(causal=1), TypeError, "causal must be True or False"),
+    (dict(q_offset=True), TypeError, "q_offset must be an int"),
+    (dict(q_offset=1.0), TypeError, "q_offset must be an int"),
+    (dict(q_offset=10**30), ValueError, "positions must stay below"),
+    (dict(softmax_scale="0.1"), TypeError, "softmax_scale must be a number"),
+    (dict(softmax_scale=float("nan")), ValueError, "softmax_scale"),
+    (dict(base=True), TypeError, "base must be a number"),
+    (dict(base=float("inf")), ValueError, "base must be a positive finite"),
+    (dict(magnitude=["relu"]), ValueError, "unknown magnitude"),
+    (dict(rotary_dim=True), ValueError, "rotary_dim"),
+    (dict(dropout_p="0"), TypeError, "dropout_p must be a number"),
+])
+def test_bad_option_types(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        pope.pope_attention(*_qkv(), None, **kwargs)
+
+
+def test_head_dim_zero_is_a_clear_error():
+    with pytest.raises(ValueError, match="head_dim must be >= 1"):
+        pope.pope_attention(*_qkv(d=0), None)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("nq, nk, q_offset", [(6, 6, None), (3, 9, 2), (4, 12, None), (1, 7, 3)])
+def test_masked_keys_do_not_reach_any_output(value, nq, nk, q_offset):
+    """A non-finite key (k) masked from a query changes none of that query's output; keys past every query (k and v:
+    a preallocated cache's garbage) change nothing at all."""
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 2, n, 8, generator=g, dtype=torch.float64) for n in (nq, nk, nk))
+    delta = -torch.rand(2, 8, generator=g, dtype=torch.float64)
+    offset = nk - nq if q_offset is None else q_offset
+    expected = formula_attention(q, k, v, delta, q_offset=offset)
+    for dtype in (torch.float64, torch.float32, torch.bfloat16):
+        clean = pope.pope_attention(q.to(dtype), k.to(dtype), v.to(dtype), delta, q_offset=q_offset)
+        for position in range(offset + 1, nk):  # masked from query 0 at least
+            dirty_k, dirty_v = k.to(dtype).clone(), v.to(dtype).clone()
+            dirty_k[0, 1, position, 3] = value
+            if position >= offset + nq:  # past every query: its value too
+                dirty_v[0, 1, position, 5] = value
+            out = pope.pope_attention(q.to(dtype), dirty_k, dirty_v, delta, q_offset=q_offset)
+            unseen = min(position - offset, nq)  # queries 0 .. unseen-1 cannot see it
+            assert torch.equal(out[:, :, :unseen], clean[:, :, :unseen]), (dtype, position)
+            if dtype == torch.float64:
+                torch.testing.assert_close(out[:, :, :unseen], expected[:, :, :unseen], rtol=1e-10, atol=1e-10)
+
+
+def _property_case(rng: random.Random, g: torch.Generator):
+    """One random pope_attention call: (args, kwargs, how to check it). Most are valid (shapes, dtypes, offsets,
+    views, masked non-finite keys); some carry one bad argument and must raise ValueError / TypeError."""
+    dtype = rng.choice([torch.float64, torch.float32, torch.bfloat16, torch.float16])
+    b, hkv, group = rng.choice([1, 2]), rng.choice([1, 2]), rng.choice([1, 2, 3])
+    hq, d = hkv * group, rng.choice([1, 2, 3, 4, 8, 16])
+    nq = rng.randint(1, 7)
+    nk = nq + rng.randint(0, 8)
+    causal = rng.random() < 0.75
+    q_offset = None if rng.random() < 0.5 else rng.randint(0, nk - nq + 3)
+    rotary_dim = None if rng.random() < 0.7 else rng.randint(1, d)
+    r = rotary_dim or d
+
+    def make(heads, n):  # sometimes a non-contiguous view: (B, N, H, d) transposed, or every other channel
+        layout = rng.choice(["contiguous", "transposed", "strided"])
+        if layout == "transposed":
+            return torch.randn(b, n, heads, d, generator=g, dtype=torch.float64).to(dtype).transpose(1, 2)
+        if layout == "strided":
+            return torch.randn(b, heads, n, 2 * d, generator=g, dtype=torch.float64).to(dtype)[..., ::2]
+        return torch.randn(b, heads, n, d, generator=g, dtype=torch.float64).to(dtype)
+
+    q, k, v = make(hq, nq), make(hkv, nk), make(hkv, nk)
+    delta = None if rng.random() < 0.3 else -6.28 * torch.rand(hq, r, generator=g, dtype=torch.float64)
+    kwargs = dict(causal=causal, q_offset=q_offset, rotary_dim=rotary_dim, backend=rng.choice(["auto", "reference"]),
+                  magnitude=rng.choice(list(pope.attention.MAGNITUDES)), base=rng.choice([10000.0, 500, 1e6]),
+                  softmax_scale=rng.choice([None, 0.3, 1.7]))
+    clean = (q.clone(), k.clone(), v.clone())
+    offset = nk - nq if q_offset is None else q_offset
+    unseen = nq  # query rows whose output must match the formula
+    if causal and offset + 1 < nk and rng.random() < 0.5:  # a non-finite value in a masked key
+        position = rng.randint(offset + 1, nk - 1)
+        value = rng.choice([float("nan"), float("inf"), -float("inf")])
+        k[rng.randrange(b), rng.randrange(hkv), position, rng.randrange(d)] = value
+        if position >= offset + nq:
+            v[rng.randrange(b), rng.randrange(hkv), position, rng.randrange(d)] = value
+        unseen = min(position - offset, nq)
+    bad = None
+    if rng.random() < 0.3:
+        bad = rng.choice([
+            ("causal", "no"), ("causal", None), ("q_offset", True), ("q_offset", -1), ("q_offset", 10**30),
+            ("q_offset", 2.0), ("softmax_scale", 0.0), ("softmax_scale", "1"), ("softmax_scale", float("inf")),
+            ("base", 0), ("base", "1e4"), ("base", float("nan")), ("magnitude", "exp"), ("magnitude", None),
+            ("backend", "cuda"), ("backend", "triton"), ("rotary_dim", 0), ("rotary_dim", d + 1), ("rotary_dim", 2.0),
+            ("dropout_p", 1.5), ("dropout_p", "0"), ("delta", torch.zeros(hq + 1, r)), ("delta", [0.0]),
+            ("delta", torch.zeros(hq, r, dtype=torch.int64)), ("q", q.long()), ("q", q.tolist()),
+            ("k", k.double() if dtype != torch.float64 else k.float()), ("k", k[:, :, :0]), ("v", v[..., :0]),
+            ("q", q[..., :0]), ("q", make(hq, nk + 1)), ("q", q[0]), ("k", make(hkv + 1, nk) if hq % (hkv + 1) else
+                                                                          make(hkv, nk)[:1].expand(b + 1, -1, -1, -1))])
+        if bad[0] in ("q", "k", "v", "delta"):
+            q, k, v, delta = (bad[1] if bad[0] == name else value
+                              for name, value in zip(("q", "k", "v", "delta"), (q, k, v, delta)))
+        else:
+            kwargs[bad[0]] = bad[1]
+    return (q, k, v, delta), kwargs, clean, unseen, bad
+
+
+def test_property_every_call_matches_the_formula_or_raises_a_clear_error():
+    """300 random calls: each either equals the float64 formula (rows that see no masked non-finite key) within its
+    dtype's rounding, or raises ValueError / TypeError when one argument is bad; never another exception, never a
+    bad argument accepted."""
+    rng, g = random.Random(0), torch.Generator().manual_seed(0)
+    tolerance = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 1.5e-1}
+    counts = {"matched": 0, "refused": 0}
+    for trial in range(300):
+        args, kwargs, clean, unseen, bad = _property_case(rng, g)
+        try:
+            out = pope.pope_attention(*args, **kwargs)
+        except (ValueError, TypeError) as error:
+            assert bad is not None, f"trial {trial}: a valid call raised {error!r} ({kwargs})"
+            assert str(error), trial
+            counts["refused"] += 1
+            continue
+        assert bad is None, f"trial {trial}: bad argument {bad[0]}={bad[1]!r} was accepted"
+        q, k, v = clean
+        options = {key: kwargs[key] for key in ("causal", "q_offset", "rotary_dim", "base", "softmax_scale")}
+        expected = formula_attention(q, k, v, args[3], magnitude=pope.attention.MAGNITUDES[kwargs["magnitude"]],
+                                     **options)
+        assert out.dtype == q.dtype and out.shape == q.shape, trial
+        error = (out[:, :, :unseen].double() - expected[:, :, :unseen]).abs().max().item()
+        assert error <= tolerance[q.dtype], f"trial {trial}: error {error:.2e} ({q.dtype}, {kwargs})"
+        counts["matched"] += 1
+    assert counts["matched"] > 150 and counts["refused"] > 50, counts

@@ -39,7 +39,7 @@ def test_gpu_kernel_check_smoke(tmp_path):
 def test_kernel_variants_compares_module_versions(tmp_path):
     """scripts/kernel_variants.py: two copies of the kernel module and one tile override all give the same
     outputs and gradients as the first module, and each row has its timings."""
-    module = "src/pope/kernels/pope_flash.py"
+    module = "src/pope/kernels"
     stdout = _run_script(["scripts/kernel_variants.py", "--device", "cpu", "--module", f"a={module}",
                           "--module", f"b={module}", "--shapes", "1x2x40x32", "--dkdv", "32,32,4,1",
                           "--variant-tiles-only", "b", "--out", str(tmp_path)], tmp_path)

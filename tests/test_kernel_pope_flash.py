@@ -6,7 +6,7 @@ gradient may be off by at most 2x what the pure-PyTorch reference makes in the s
 kernel writes starts NaN-filled, so an element the kernel forgets to write fails the check.
 
 Interpreter mode is fixed when a @triton.jit function is created: Triton's own library functions
-(tl.zeros, ...) when triton is first imported, ours when pope.kernels.pope_flash is. The whole suite runs
+(tl.zeros, ...) when triton is first imported, ours when pope.kernels' modules are. The whole suite runs
 in one pytest process, so this module sets TRITON_INTERPRET=1 (CPU-only machines) before it imports
 triton, which test collection normally makes the first import. If something imported triton earlier in
 compiled mode, the interpreter cannot be switched on in this process any more: the module's tests then
@@ -14,7 +14,6 @@ run in one subprocess started with TRITON_INTERPRET=1, and each test here assert
 """
 from __future__ import annotations
 
-import importlib
 import math
 import os
 import re
@@ -31,6 +30,9 @@ triton = pytest.importorskip("triton", reason="the Triton kernels need pip insta
 import triton.language as tl  # noqa: E402
 
 from pope.attention import reference_pope_attention  # noqa: E402
+from pope.settings import SETTINGS, override  # noqa: E402
+from pope.testing import (GRADIENT_NAMES, RecordingKernel, attention_inputs, check_within_rule,  # noqa: E402
+                          outputs_and_gradients)
 
 DEVICE = "cuda" if ON_GPU else "cpu"
 # Triton's library functions were created in interpreter mode: kernels can be interpreted in-process.
@@ -62,14 +64,13 @@ def kernels(request, subprocess_results):
         assert results.get(name) is True, f"{name} did not pass in the TRITON_INTERPRET=1 subprocess:\n{log}"
         yield None  # the test body sees None and returns: its checks already ran in the subprocess
         return
-    from pope.kernels import pope_flash
+    import pope.kernels
+    from pope.kernels import fwd
 
-    if not ON_GPU and not pope_flash.INTERPRET:  # imported before TRITON_INTERPRET was set
-        pope_flash = importlib.reload(pope_flash)
-    assert ON_GPU or type(pope_flash._pope_fwd_kernel).__name__ == "InterpretedFunction"
-    pope_flash.POISON_OUTPUTS = True
-    yield pope_flash
-    pope_flash.POISON_OUTPUTS = False
+    assert ON_GPU or pope.kernels.INTERPRET, "pope.kernels was imported before TRITON_INTERPRET was set"
+    assert ON_GPU or type(fwd._pope_fwd_kernel).__name__ == "InterpretedFunction"
+    with override(poison_outputs=True):
+        yield pope.kernels
 
 
 def _delegated(kernels) -> bool:
@@ -78,25 +79,12 @@ def _delegated(kernels) -> bool:
 
 
 def _inputs(batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim, dtype, with_delta, generator):
-    def randn(*shape):
-        return torch.randn(*shape, generator=generator, dtype=torch.float64)
-
-    q, k, v = randn(batch, n_q_heads, seq_q, head_dim), randn(batch, n_kv_heads, seq_k, head_dim), randn(batch, n_kv_heads, seq_k, head_dim)
-    delta = -2 * math.pi * torch.rand(n_q_heads, head_dim, generator=generator, dtype=torch.float64) if with_delta else None
-    grad_out = randn(batch, n_q_heads, seq_q, head_dim)
-    return tuple(t.to(DEVICE) if t is not None else None for t in (q, k, v, delta, grad_out))
+    inputs = attention_inputs(batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim, with_delta=with_delta,
+                              generator=generator)
+    return tuple(t.to(DEVICE) if t is not None else None for t in inputs)
 
 
-def _run(fn, q, k, v, delta, grad_out, dtype, options):
-    """Output and gradients (q, k, v[, delta]) of fn on copies of the inputs cast to dtype (delta stays fp32)."""
-    leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
-    delta_leaf = None
-    if delta is not None:
-        delta_leaf = delta.detach().to(torch.float64 if dtype == torch.float64 else torch.float32).requires_grad_()
-        leaves.append(delta_leaf)
-    out = fn(*leaves[:3], delta_leaf, **options)
-    grads = torch.autograd.grad(out, leaves, grad_out.to(dtype))
-    return [out.detach()] + [g.detach() for g in grads]
+_run = outputs_and_gradients
 
 
 def _triton(q, k, v, delta, **options):
@@ -140,16 +128,13 @@ def test_output_and_gradients_within_twice_reference_error(
     exact = _run(reference_pope_attention, q, k, v, delta, grad_out, torch.float64, options)
     reference = _run(reference_pope_attention, q, k, v, delta, grad_out, dtype, options)
     fused = _run(_triton, q, k, v, delta, grad_out, dtype, options)
-    names = ["out", "dq", "dk", "dv", "d_delta"]
-    for name, ours, theirs, truth in zip(names, fused, reference, exact):
+    for name, ours, theirs, truth in zip(GRADIENT_NAMES, fused, reference, exact):
         assert ours.dtype == theirs.dtype and ours.shape == truth.shape, name
         assert torch.isfinite(ours).all(), f"{name}: non-finite values (an element left unwritten?)"
-        our_error = (ours.double() - truth).abs().max().item()
-        reference_error = (theirs.double() - truth).abs().max().item()
-        # fp32 references land near 1e-7; allow a rounding-sized floor so that 2x of almost nothing passes.
-        floor = 1e-5 * truth.abs().max().item() if dtype == torch.float32 else 0.0
-        assert our_error <= 2 * reference_error + floor, (
-            f"{name}: kernel error {our_error:.3e} > 2 x reference error {reference_error:.3e}")
+        # fp32 references land near 1e-7: the rule allows a rounding-sized floor so that 2x of almost nothing passes.
+        errors = check_within_rule(ours, theirs, truth, dtype)
+        assert errors["ok"], (
+            f"{name}: kernel error {errors['kernel']:.3e} > 2 x reference error {errors['reference']:.3e}")
 
 
 def test_layouts_tma_cannot_read_directly(kernels):
@@ -187,11 +172,10 @@ def test_layouts_tma_cannot_read_directly(kernels):
     exact = grads(reference_pope_attention, torch.float64, False)
     reference = grads(reference_pope_attention, dtype, False)
     fused = grads(_triton, dtype, True)
-    for name, ours, theirs, truth in zip(["out", "dq", "dk", "dv", "d_delta"], fused, reference, exact):
+    for name, ours, theirs, truth in zip(GRADIENT_NAMES, fused, reference, exact):
         assert torch.isfinite(ours).all(), name
-        our_error = (ours.double() - truth).abs().max().item()
-        reference_error = (theirs.double() - truth).abs().max().item()
-        assert our_error <= 2 * reference_error, f"{name}: {our_error:.3e} > 2 x {reference_error:.3e}"
+        errors = check_within_rule(ours, theirs, truth, dtype)  # bf16: no floor, exactly 2x
+        assert errors["ok"], f"{name}: {errors['kernel']:.3e} > 2 x {errors['reference']:.3e}"
 
 
 def test_explicit_query_offset_matches_reference(kernels):
@@ -230,7 +214,9 @@ def test_descriptors_pass_tritons_checks(kernels, monkeypatch, head_dim, seq):
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     made = []
-    original = kernels._descriptor
+    from pope.kernels import direct_launch
+
+    original = direct_launch.descriptor
 
     def checked_descriptor(t, block_shape):
         descriptor = original(t, block_shape)
@@ -238,7 +224,7 @@ def test_descriptors_pass_tritons_checks(kernels, monkeypatch, head_dim, seq):
         made.append(descriptor)
         return descriptor
 
-    monkeypatch.setattr(kernels, "_descriptor", checked_descriptor)
+    monkeypatch.setattr(direct_launch, "descriptor", checked_descriptor)
     generator = torch.Generator().manual_seed(4)
     q, k, v, delta, grad_out = _inputs(2, 4, 2, seq, seq, head_dim, torch.bfloat16, True, generator)
     options = dict(base=10000.0, causal=True, softmax_scale=head_dim ** -0.5, q_offset=0, magnitude="softplus",
@@ -247,7 +233,7 @@ def test_descriptors_pass_tritons_checks(kernels, monkeypatch, head_dim, seq):
     # d <= 64: the dk/dv kernel also reads its key block (k') and v by TMA; with the dq kernel's tiles (as here,
     # and at d=64 on the GPU) it reuses the dq kernel's q', k' and v descriptors and makes only dO's, lse's and D's.
     assert len(made) == 9, f"expected 3 forward + 3 dq + 3 dk/dv descriptors, got {len(made)}"
-    assert kernels.UNCHECKED_DESCRIPTORS, "this Triton's TensorDescriptor changed: descriptors take the slow path"
+    assert direct_launch.UNCHECKED_DESCRIPTORS, "this Triton's TensorDescriptor changed: descriptors take the slow path"
 
 
 @pytest.mark.parametrize("head_dim", [32, 128])  # dk/dv kernel: key block from k' (d <= 64), or in registers
@@ -267,7 +253,9 @@ def test_backward_buffers_stay_within_sdpas_peak(kernels, monkeypatch, head_dim)
     made = []  # (phase, weakref, bytes) of every buffer the launchers allocate
     peak = {"forward": 0, "backward": 0}
     phase = ["forward"]
-    original_empty, original_backward = kernels._empty, kernels.backward
+    from pope.kernels import host
+
+    original_empty, original_backward = host.empty, kernels.backward
 
     def recording_empty(shape, *, device, dtype):
         out = original_empty(shape, device=device, dtype=dtype)
@@ -281,12 +269,12 @@ def test_backward_buffers_stay_within_sdpas_peak(kernels, monkeypatch, head_dim)
         phase[0] = "backward"
         return original_backward(*args, **kwargs)
 
-    monkeypatch.setattr(kernels, "_empty", recording_empty)
+    monkeypatch.setattr(host, "empty", recording_empty)
     monkeypatch.setattr(kernels, "backward", recording_backward)
     options = dict(base=10000.0, causal=True, softmax_scale=head_dim ** -0.5, q_offset=0, magnitude="softplus",
                    rotary_dim=None)
     _run(_triton, q, k, v, delta, grad_out, torch.bfloat16, options)
-    assert phase[0] == "backward", "the backward did not go through pope_flash.backward"
+    assert phase[0] == "backward", "the backward did not go through pope.kernels.backward"
     assert peak["backward"] <= 5 * q_bytes, f"backward held {peak['backward'] / q_bytes:.2f} |q| at once"
     assert peak["forward"] <= 5 * q_bytes, f"forward held {peak['forward'] / q_bytes:.2f} |q| at once"
     prepass = [ref for _, ref, size in made if size >= 2 * q_bytes]
@@ -367,11 +355,13 @@ def test_decode_keeps_its_key_phase_table_and_gives_the_same_bits(kernels, monke
     rebuilds."""
     if _delegated(kernels):
         return
-    monkeypatch.setattr(kernels, "_PHASE_TABLES", {})
-    monkeypatch.setattr(kernels, "MIN_PHASE_TABLE_ROWS", 64)
+    from pope.kernels import phase_tables, prepass
+
+    monkeypatch.setattr(SETTINGS.caches, "phase_tables", {})
+    monkeypatch.setattr(phase_tables, "MIN_PHASE_TABLE_ROWS", 64)
     builds = []
     transform = kernels.transform
-    monkeypatch.setattr(kernels, "transform", lambda *a, **kw: builds.append(a[0].shape) or transform(*a, **kw))
+    monkeypatch.setattr(prepass, "transform", lambda *a, **kw: builds.append(a[0].shape) or transform(*a, **kw))
     generator = torch.Generator().manual_seed(4)
     theta = kernels.frequencies(64, 10000.0, DEVICE)
     for dtype, magnitude in ((torch.bfloat16, "identity"), (torch.float16, "softplus")):
@@ -385,8 +375,8 @@ def test_decode_keeps_its_key_phase_table_and_gives_the_same_bits(kernels, monke
             assert [b[2] for b in builds] == ([table_rows] if table_rows else []), (seq_k, builds)
             per_call, _ = kernels.decode_forward(q, k, v, delta, theta, **options)
             assert torch.equal(kept, per_call), seq_k
-        assert sorted(key[-1] for key in kernels._PHASE_TABLES if key[2] == dtype) == [64, 128]
-    assert kernels.release_phase_tables() == 4 and not kernels._PHASE_TABLES
+        assert sorted(key[-1] for key in SETTINGS.caches.phase_tables if key[2] == dtype) == [64, 128]
+    assert kernels.release_phase_tables() == 4 and not SETTINGS.caches.phase_tables
     kernels.decode_forward(q, k, v, delta, theta, keep_phase_table=True, **options)  # kept again (fp16, 128 rows)
     theta.mul_(0.5)  # in place: the kept table no longer matches it
     builds.clear()
@@ -401,6 +391,8 @@ def test_specialization_site_separates_what_triton_specialises_on(kernels):
     get the same specialisation from Triton itself (native_specialize_impl: type, and alignment / divisibility)."""
     if _delegated(kernels):
         return
+    from pope.kernels import direct_launch, host
+
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.compiler import BaseBackend
 
@@ -410,12 +402,12 @@ def test_specialization_site_separates_what_triton_specialises_on(kernels):
               base.to(torch.int32)]
     for a in values:
         for b in values:
-            same_key = kernels._specialization_site("t", (a,), {}) == kernels._specialization_site("t", (b,), {})
+            same_key = direct_launch.specialization_site("t", (a,), {}) == direct_launch.specialization_site("t", (b,), {})
             theirs = [native_specialize_impl(BaseBackend, x, False, True, True) for x in (a, b)]
             if same_key:
                 assert theirs[0] == theirs[1], (a, b, theirs)
     # Launch options and constexprs are part of the key.
-    site = kernels._specialization_site
+    site = direct_launch.specialization_site
     assert site("t", (16,), {"BLOCK": 32}) != site("t", (16,), {"BLOCK": 64})
 
 
@@ -425,6 +417,8 @@ def test_raw_launch_passes_what_tritons_launcher_passes(kernels, monkeypatch):
     only for a new (parameter, pointer, shape, strides)."""
     if _delegated(kernels):
         return
+    from pope.kernels import direct_launch, host
+
     driver = pytest.importorskip("triton.backends.nvidia.driver")
     expansions = []
 
@@ -446,11 +440,11 @@ def test_raw_launch_passes_what_tritons_launcher_passes(kernels, monkeypatch):
                              profile_scratch_align=1, launch_cooperative_grid=False, launch_pdl=True,
                              launch=driver.wrap_handle_tensordesc(CLaunch(), signature, [{"tag": "x"}, {"tag": "y"}]))
     compiled = type("Compiled", (), {"run": launcher})()
-    raw = kernels._RawLaunch.of(compiled)
+    raw = direct_launch.RawLaunch.of(compiled)
     assert raw is not None
 
     def params(x, y):
-        return (x, kernels._descriptor(x, [1, 64, 128]), 7, kernels._descriptor(y, [1, 64]), 16)
+        return (x, direct_launch.descriptor(x, [1, 64, 128]), 7, direct_launch.descriptor(y, [1, 64]), 16)
 
     def same(triton_args, raw_args):  # tensor maps compared by identity (each launch path made its own)
         assert len(triton_args) == len(raw_args)
@@ -468,12 +462,12 @@ def test_raw_launch_passes_what_tritons_launcher_passes(kernels, monkeypatch):
     # Triton's path encodes both descriptors every call; the raw path both on its first, then only the new y.
     assert expansions == ["x", "y", "x", "y", "x", "y", "x", "y", "y"]
     launcher.global_scratch_size = 128  # scratch memory: the raw path declines
-    assert kernels._RawLaunch.of(compiled) is None
+    assert direct_launch.RawLaunch.of(compiled) is None
     launcher.global_scratch_size, launcher.launch = 0, CLaunch()  # no descriptors: the C launcher as it is
-    plain = kernels._RawLaunch.of(compiled)
+    plain = direct_launch.RawLaunch.of(compiled)
     plain(3, 1, 9, "function", "packed", (x, 4))
     assert calls[-1] == (3, 1, 1, 9, "function", False, True, None, None, "packed", None, None, None, x, 4)
-    assert kernels._RawLaunch.of(type("Compiled", (), {"run": lambda *a: None})()) is None
+    assert direct_launch.RawLaunch.of(type("Compiled", (), {"run": lambda *a: None})()) is None
 
 
 def test_direct_launch_reuses_the_compiled_kernel_per_site(kernels, monkeypatch):
@@ -481,49 +475,28 @@ def test_direct_launch_reuses_the_compiled_kernel_per_site(kernels, monkeypatch)
     (constexprs included); a changed config or site=None goes back through Triton."""
     if _delegated(kernels):
         return
+    from pope.kernels import direct_launch, host
 
-    class Compiled:
-        function, packed_metadata = "function", "packed"
 
-        def __init__(self):
-            self.calls = []
-
-        @property
-        def run(self):
-            return lambda *launch_args: self.calls.append(launch_args)
-
-    class Kernel:
-        arg_names = ["X", "n", "BLOCK", "FLAG"]
-
-        def __init__(self):
-            self.triton_launches = 0
-            self.compiled = Compiled()
-
-        def __getitem__(self, grid):
-            def launch(*args, **meta):
-                self.triton_launches += 1
-                return self.compiled
-            return launch
-
-    monkeypatch.setattr(kernels, "INTERPRET", False)
-    monkeypatch.setattr(kernels, "_DIRECT_LAUNCHES", {})
-    monkeypatch.setattr(kernels, "_current_stream", lambda device: 77)
+    monkeypatch.setattr(direct_launch, "INTERPRET", False)
+    monkeypatch.setattr(SETTINGS.caches, "direct_launches", {})
+    monkeypatch.setattr(direct_launch, "current_stream", lambda device: 77)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    kernel, x = Kernel(), torch.zeros(3)
+    kernel, x = RecordingKernel(["X", "n", "BLOCK", "FLAG"]), torch.zeros(3)
     for _ in range(3):
-        kernels._launch(kernel, (5, 2), ("plan", "site"), (x, 9), BLOCK=16, FLAG=True, num_warps=4)
+        direct_launch.launch(kernel, (5, 2), ("plan", "site"), (x, 9), BLOCK=16, FLAG=True, num_warps=4)
     assert kernel.triton_launches == 1 and len(kernel.compiled.calls) == 2
     assert kernel.compiled.calls[-1] == (5, 2, 1, 77, "function", "packed", None, None, None, x, 9, 16, True)
-    kernels._launch(kernel, (5, 2), ("plan", "site"), (x, 9), BLOCK=32, FLAG=True, num_warps=4)  # new config
-    kernels._launch(kernel, (5, 2), ("plan", "other site"), (x, 9), BLOCK=32, FLAG=True, num_warps=4)
-    kernels._launch(kernel, (5, 2), None, (x, 9), BLOCK=32, FLAG=True, num_warps=4)
+    direct_launch.launch(kernel, (5, 2), ("plan", "site"), (x, 9), BLOCK=32, FLAG=True, num_warps=4)  # new config
+    direct_launch.launch(kernel, (5, 2), ("plan", "other site"), (x, 9), BLOCK=32, FLAG=True, num_warps=4)
+    direct_launch.launch(kernel, (5, 2), None, (x, 9), BLOCK=32, FLAG=True, num_warps=4)
     assert kernel.triton_launches == 4 and len(kernel.compiled.calls) == 2
-    kernels._launch(kernel, (5, 2), ("plan", "site"), (x, 9), BLOCK=32, FLAG=True, num_warps=4)
+    direct_launch.launch(kernel, (5, 2), ("plan", "site"), (x, 9), BLOCK=32, FLAG=True, num_warps=4)
     assert kernel.triton_launches == 4 and kernel.compiled.calls[-1][-2:] == (32, True)
     # Plans see every input's layout: a transposed or misaligned view is another plan.
     base = torch.zeros(4, 8)
-    assert kernels._plan(base, 1) != kernels._plan(base.t(), 1) != kernels._plan(base.view(-1)[1:].view(-1), 1)
-    assert kernels._plan(base, 1) == kernels._plan(torch.ones(4, 8), 1)
+    assert host.plan(base, 1) != host.plan(base.t(), 1) != host.plan(base.view(-1)[1:].view(-1), 1)
+    assert host.plan(base, 1) == host.plan(torch.ones(4, 8), 1)
 
 
 def test_custom_ops_pass_opcheck(kernels):
@@ -551,7 +524,7 @@ def test_eager_function_and_custom_operators_agree_bitwise(kernels, monkeypatch)
     options = dict(base=10000.0, causal=True, softmax_scale=32 ** -0.5, q_offset=0, magnitude="softplus",
                    rotary_dim=None)
     eager = _run(_triton, q, k, v, delta, grad_out, torch.bfloat16, options)
-    monkeypatch.setattr(ops, "EAGER_AUTOGRAD_FUNCTION", False)
+    monkeypatch.setattr(SETTINGS, "eager_autograd_function", False)
     operators = _run(_triton, q, k, v, delta, grad_out, torch.bfloat16, options)
     for name, a, b in zip(["out", "dq", "dk", "dv", "d_delta"], eager, operators):
         assert torch.equal(a, b), name
@@ -573,48 +546,53 @@ def test_torch_compile_traces_without_graph_break(kernels):
     compiled = torch.compile(loss_fn, backend="aot_eager", fullgraph=True)  # fullgraph: a break would raise
     from pope import ops
 
-    ops._frequency_cache.clear()
+    SETTINGS.caches.frequencies.clear()
     loss = compiled(q, k, v, delta)
     loss.backward()
     # Compiled code computes the frequencies in its graph and never fills the eager cache: a cached tensor made
     # inside a CUDA-graph tree's warm-up call would stay live in the graph's private pool (pope.ops docstring).
-    assert not ops._frequency_cache, "a compiled call cached the frequencies"
+    assert not SETTINGS.caches.frequencies, "a compiled call cached the frequencies"
     expected = loss_fn(q.detach(), k.detach(), v.detach(), delta.detach())
-    assert ops._frequency_cache, "an eager call should cache the frequencies"
+    assert SETTINGS.caches.frequencies, "an eager call should cache the frequencies"
     assert torch.allclose(loss.detach(), expected) and torch.isfinite(delta.grad).all()
 
 
-def test_tile_configs_load_from_json(kernels, tmp_path):
+def test_tile_configs_load_from_json(kernels, tmp_path, monkeypatch):
     if _delegated(kernels):
         return
-    saved = {kind: dict(table) for kind, table in kernels.KERNEL_CONFIGS.items()}
-    try:
-        path = tmp_path / "configs.json"
-        path.write_text('{"fwd": {"64": [32, 32, 4, 2]}}')
-        kernels.load_configs(str(path))
-        assert kernels.FWD_CONFIGS[64] == (32, 32, 4, 2)
-        path.write_text('{"bwd": {"64": [32, 32, 4, 2]}}')
-        with pytest.raises(ValueError, match="unknown kernel"):
-            kernels.load_configs(str(path))
-    finally:
-        for kind, table in saved.items():
-            kernels.KERNEL_CONFIGS[kind].update(table)
+    from pope.kernels import configs
+
+    monkeypatch.setattr(configs, "INTERPRET", False)  # the interpreter always takes its own small tiles
+    monkeypatch.setattr(configs, "architecture", lambda device: "sm_90")
+    path = tmp_path / "configs.json"
+    path.write_text('{"fwd": {"64": [32, 32, 4, 2]}}')
+    monkeypatch.setenv("POPE_KERNEL_CONFIGS", str(path))
+    assert configs.pick_tiles("fwd", 64, None, torch.bfloat16, DEVICE) == (32, 32, 4, 2)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"bwd": {"64": [32, 32, 4, 2]}}')
+    monkeypatch.setenv("POPE_KERNEL_CONFIGS", str(bad))
+    with pytest.raises(ValueError, match="unknown kernel"):
+        configs.pick_tiles("fwd", 64, None, torch.bfloat16, DEVICE)
 
 
 def test_unsupported_calls_have_reasons(kernels):
     if _delegated(kernels):
         return
+    import pope.attention
     from pope.ops import triton_unsupported_reason
 
     q = torch.randn(1, 2, 8, 64, device=DEVICE)
-    options = dict(causal=True, q_offset=None, magnitude="softplus", rotary_dim=None)
-    assert triton_unsupported_reason(q, q, q, None, **options) is None
-    assert "rotary" in triton_unsupported_reason(q, q, q, None, **{**options, "rotary_dim": 32})
-    assert "magnitude" in triton_unsupported_reason(q, q, q, None, **{**options, "magnitude": "exp"})
-    assert "float64" in triton_unsupported_reason(q.double(), q.double(), q.double(), None, **options)
+    assert triton_unsupported_reason(q, q, q, rotary_dim=None) is None
+    assert "rotary" in triton_unsupported_reason(q, q, q, rotary_dim=32)
+    assert "float64" in triton_unsupported_reason(q.double(), q.double(), q.double())
     wide = torch.randn(1, 2, 8, 256, device=DEVICE)
-    assert "head_dim" in triton_unsupported_reason(wide, wide, wide, None, **options)
-    assert "q_offset" in triton_unsupported_reason(q, q, q, None, **{**options, "q_offset": -1})
+    assert "head_dim" in triton_unsupported_reason(wide, wide, wide)
+    assert "dropout" in triton_unsupported_reason(q, q, q, dropout_p=0.1)
+    # Invalid calls (a magnitude that does not exist, a negative q_offset) are refused once, by pope.attention,
+    # before any backend is asked what it can do.
+    for options in (dict(magnitude="exp"), dict(q_offset=-1)):
+        with pytest.raises(ValueError, match="magnitude" if "magnitude" in options else "q_offset"):
+            pope.attention.pope_attention(q, q, q, None, backend="triton", **options)
 
 
 def test_gpt_trains_and_generates_through_the_kernels(kernels, monkeypatch):
@@ -630,9 +608,8 @@ def test_gpt_trains_and_generates_through_the_kernels(kernels, monkeypatch):
     from torch._dynamo.utils import counters
 
     if not ON_GPU:  # pope.attention sends CPU tensors to the reference; let interpreted kernels take them
-        def reason(q, k, v, delta, *, dropout_p, **options):
-            keys = ("causal", "q_offset", "magnitude", "rotary_dim")
-            return triton_unsupported_reason(q, k, v, delta, **{key: options[key] for key in keys})
+        def reason(q, k, v, **options):
+            return triton_unsupported_reason(q, k, v, **options)
         monkeypatch.setattr(pope.attention, "_triton_unsupported_reason", reason)
 
     def model(backend):
@@ -688,3 +665,73 @@ def test_kernels_compile_for_hopper_without_spills():
             # Two programs per SM (121 registers, 105 KB shared at (128, 64, 8, 3)) is what made the q' pre-pass pay.
             resident = int(re.search(r"programs per SM (\d+)", line).group(1))
             assert resident >= 2, f"the d=64 forward no longer fits two programs per SM: {line}"
+
+
+def test_kernels_compute_each_registered_magnitude(kernels):
+    """The pre-pass with each pope.magnitudes entry's kernel code computes that entry's torch function."""
+    if _delegated(kernels):
+        return
+    from pope.frequencies import angles, pope_frequencies
+    from pope.magnitudes import MAGNITUDES
+
+    x = torch.randn(1, 2, 40, 32, generator=torch.Generator().manual_seed(8)).to(DEVICE)
+    phase = angles(torch.arange(40), pope_frequencies(32)).to(DEVICE)
+    for name, entry in MAGNITUDES.items():
+        ours = kernels.transform(x, kernels.frequencies(32, 10000.0, DEVICE), None, position_offset=0, magnitude=name)
+        f = entry.function(x)
+        expected = torch.cat([f * phase.cos(), f * phase.sin()], dim=-1)
+        assert torch.allclose(ours, expected, rtol=1e-5, atol=1e-5), name
+
+
+def _forward_only(q, k, v, delta, **options):
+    with torch.no_grad():
+        return _triton(q, k, v, delta, base=10000.0, softmax_scale=q.shape[-1] ** -0.5, magnitude="softplus",
+                       rotary_dim=None, **options)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # inf - inf in the rows that see the key
+def test_masked_nonfinite_keys_do_not_reach_kernel_outputs(kernels, value):
+    """A NaN / inf in a key masked from a query leaves that query's output bit for bit as it was: the block forward
+    (masked scores by tl.where), the tensor-core decode kernel (the same) and the lanes decode kernel (keys past its
+    row's position are never loaded, values included)."""
+    if _delegated(kernels):
+        return
+    generator = torch.Generator().manual_seed(9)
+    cases = [  # (Hq, Hkv, Nq, Nk, q_offset, position, values too, rows that cannot see it)
+        (2, 2, 40, 40, 0, 25, False, 25),  # block kernels
+        (8, 2, 2, 70, 68, 69, False, 1),  # tensor-core decode: query 0 (position 68) cannot see key 69
+        (2, 2, 1, 70, 50, 60, True, 1),  # lanes decode: key 60 (and its value) past the query's position 50
+    ]
+    for n_q_heads, n_kv_heads, seq_q, seq_k, q_offset, position, values_too, unseen in cases:
+        q, k, v, delta, _ = _inputs(1, n_q_heads, n_kv_heads, seq_q, seq_k, 32, torch.bfloat16, True, generator)
+        q, k, v, delta = q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16), delta.float()
+        clean = _forward_only(q, k, v, delta, causal=True, q_offset=q_offset)
+        k[0, 1, position, 3] = value
+        if values_too:
+            v[0, 1, position, 5] = value
+        dirty = _forward_only(q, k, v, delta, causal=True, q_offset=q_offset)
+        assert torch.equal(dirty[:, :, :unseen], clean[:, :, :unseen]), (n_q_heads, seq_q, seq_k)
+        assert not torch.isfinite(dirty[:, :, unseen:]).all() or seq_q == unseen  # the rows that see it do
+
+
+def test_garbage_past_the_cache_reaches_nothing(kernels, monkeypatch):
+    """pope_attention drops the keys past every query's position before the kernels run: NaN in k and v there (a
+    preallocated cache's unused rows) changes no output and no gradient, and those keys get zero gradients."""
+    if _delegated(kernels):
+        return
+    import pope.attention
+    from pope.ops import triton_unsupported_reason
+
+    if not ON_GPU:  # pope.attention sends CPU tensors to the reference; let the interpreted kernels take them
+        monkeypatch.setattr(pope.attention, "_triton_unsupported_reason",
+                            lambda q, k, v, **options: triton_unsupported_reason(q, k, v, **options))
+    generator = torch.Generator().manual_seed(10)
+    q, k, v, delta, grad_out = _inputs(1, 2, 1, 20, 64, 32, torch.bfloat16, True, generator)
+    options = dict(causal=True, q_offset=30, backend="triton")
+    clean = _run(pope.attention.pope_attention, q, k, v, delta, grad_out, torch.bfloat16, options)
+    k[:, :, 50:], v[:, :, 50:] = float("nan"), float("inf")  # queries sit at 30..49
+    dirty = _run(pope.attention.pope_attention, q, k, v, delta, grad_out, torch.bfloat16, options)
+    for name, a, b in zip(GRADIENT_NAMES, clean, dirty):
+        assert torch.equal(a, b), name
+    assert dirty[2][:, :, 50:].abs().max() == 0 and dirty[3][:, :, 50:].abs().max() == 0

@@ -5,7 +5,7 @@ them, so eager do_bench medians of the same call read ~0.095 or 0.16-0.20 ms fro
 (docs/kernels.md, decode) while the kernels themselves repeat within 2% (torch.profiler). Replaying a captured
 call times the GPU work alone.
 
-    PYTHONPATH=src python3 benchmarks/experiments/decode_graph_ab.py --module new=/tmp/new_pope_flash.py \
+    PYTHONPATH=src python3 benchmarks/experiments/decode_graph_ab.py --module new=/tmp/new/src/pope/kernels \
         [--dtype bf16] [--magnitudes identity,softplus] [--rounds 5]
 Each shape is one query per head against Nk cached keys (the model's cache holds magnitudes f(k): magnitude
 "identity" with q and k positive; "softplus": raw keys). Rows: SDPA over a materialised 2d-channel cache (q', k'
@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from pope.attention import reference_pope_attention
-from pope.kernels import pope_flash as head
+import pope.kernels as head
+from pope.kernels.host import block_d
 
 from decode_table_ab import DTYPES, SHAPES, load  # this folder: the same shapes and module loader
 
@@ -89,7 +90,7 @@ def main(argv=None):
                            rotary_dim=None)
             exact = reference_pope_attention(q.double(), k.double(), v.double(), delta.double(), **options)
             reference_error = (reference_pope_attention(q, k, v, delta, **options).double() - exact).abs().max().item()
-            bd = head._block_d(d)
+            bd = block_d(d)
             kp = head.transform(k, theta, None, position_offset=0, magnitude=magnitude).view(B, Hkv, Nk, 2 * bd)
             qp = head.transform(q, theta, delta, position_offset=Nk - 1, magnitude=magnitude).view(B, Hq, 1, 2 * bd)
             calls = {"materialised+sdpa": lambda: F.scaled_dot_product_attention(

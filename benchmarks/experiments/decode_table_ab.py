@@ -2,7 +2,7 @@
 the tensor-core decode kernel at GQA shapes (one query per head, 16K keys), plus SDPA over a materialised
 2d-channel cache, for a raw cache (softplus in the kernel) and a cache of magnitudes (magnitude "identity").
 
-    git show 4f519dd:src/pope/kernels/pope_flash.py > /tmp/old.py
+    git show 4f519dd:src/pope/kernels/pope_flash.py > /tmp/old.py   # or a kernels package directory
     PYTHONPATH=src python3 benchmarks/experiments/decode_table_ab.py /tmp/old.py [--dtype bf16] [--default-tiles-only]
 Each module runs at its default tiles and (unless --default-tiles-only) at every tile of TILES, so that a gain is
 the kernel's, not a tile's. Writes $OUT/<--name>.json (default decode_ab_<dtype>).
@@ -13,7 +13,6 @@ a patch, shipped in 8575259). fp32_decode_8575259.log and fp16_decode_b90054b.lo
 --default-tiles-only --dtype fp32 / fp16 ("old" 4f519dd's kernel, "new" that commit's).
 """
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -22,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
-from pope.kernels import pope_flash as head
+import pope.kernels as head
+from pope.kernels.host import block_d
 
 SHAPES = [(8, 32, 8, 16384, 128), (8, 32, 4, 16384, 64), (8, 64, 8, 16384, 128), (8, 16, 4, 16384, 64)]
 TILES = {128: [(32, 4, 3), (32, 4, 2), (64, 4, 2), (64, 8, 2), (64, 8, 3), (16, 4, 3)],
@@ -31,10 +31,10 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """A kernel module (an old single file) or package (a src/pope/kernels directory) from path."""
+    from pope.testing import load_kernels
+
+    return load_kernels(path, name)
 
 
 def main(argv=None):
@@ -54,7 +54,7 @@ def main(argv=None):
         k, v = (torch.randn(B, Hkv, Nk, d, device="cuda", dtype=dtype) for _ in range(2))
         delta = -2 * math.pi * torch.rand(Hq, d, device="cuda")
         theta = head.frequencies(d, 10000.0, q.device)
-        bd = head._block_d(d)
+        bd = block_d(d)
         kp = head.transform(k, theta, None, position_offset=0, magnitude="softplus").view(B, Hkv, Nk, 2 * bd)
         qp = head.transform(q, theta, delta, position_offset=Nk - 1, magnitude="softplus").view(B, Hq, 1, 2 * bd)
         ms = do_bench(lambda: F.scaled_dot_product_attention(qp, kp, v, scale=d ** -0.5, enable_gqa=Hq > Hkv),

@@ -1,6 +1,6 @@
 """The GPT-2 training step (torch.compile, default mode) with PoPE's direct kernel launches through Triton's
-Python launcher (RAW_LAUNCH off: every TMA descriptor encoded again per launch) and through the C launcher with
-kept encodings (RAW_LAUNCH on), in one process on ONE compiled model, alternating blocks of steps, so the
+Python launcher (pope.settings' raw_launch off: every TMA descriptor encoded again per launch) and through the C
+launcher with kept encodings (raw_launch on), in one process on ONE compiled model, alternating blocks of steps, so the
 host's drift between runs and leases (a step read 23 ms in one lease and 27-29 ms in the next) cancels.
 
     PYTHONPATH=src python3 benchmarks/experiments/launch_path_step_ab.py [--blocks 6] [--steps 10]
@@ -14,7 +14,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from train_step_owt import build_train_step, time_steps  # noqa: E402
 
-from pope.kernels import pope_flash  # noqa: E402
+from pope.settings import SETTINGS  # noqa: E402
 
 
 def main(argv=None):
@@ -28,8 +28,8 @@ def main(argv=None):
     results = {False: [], True: []}
     for block in range(args.blocks):
         for raw in ((False, True) if block % 2 == 0 else (True, False)):
-            pope_flash.RAW_LAUNCH = raw
-            pope_flash._DIRECT_LAUNCHES.clear()  # entries keep the launch path they were made with
+            SETTINGS.raw_launch = raw
+            SETTINGS.caches.direct_launches.clear()  # entries keep the launch path they were made with
             train_step()  # the first launch of each site goes through Triton: not timed
             ms, _ = time_steps(train_step, args.steps)
             results[raw].append(ms)

@@ -4,7 +4,7 @@ Backends:
   "reference"  pure PyTorch: materialise the 2d-channel q'/k' (fp32 trigonometry, then the input dtype)
                and call scaled_dot_product_attention. Clear, differentiable, any device.
   "triton"     the fused Triton kernels (pope.ops / pope.kernels), CUDA only.
-  "auto"       "triton" when the inputs are on CUDA, Triton is importable and the kernel supports the
+  "auto"       "triton" when the inputs are on CUDA, Triton is importable and the kernels can run the
                call; "reference" otherwise.
 
 Score between the query at position t and the key at position s (r = rotary_dim, f = magnitude):
@@ -13,24 +13,27 @@ which is the real dot product of
     q' = [f(q) cos(t theta - delta), f(q) sin(t theta - delta), q[r:]]
     k' = [f(k) cos(s theta),         f(k) sin(s theta),         k[r:]]
 delta sits in the query phase so that k' does not depend on the query head (GQA shares keys).
+
+The inputs are checked here, once, for every backend (the kernels' layer asks only whether it can run a call:
+device, dtype, head dim); bad input is a ValueError or TypeError saying what is wrong. Masked keys do not count:
+keys past every query's position are not read at all, and a key masked from a query (causal) reaches none of that
+query's outputs whatever its values, NaN and inf included (the masks select, they do not add).
 """
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 import torch.nn.functional as F
 
 from pope.frequencies import angles, pope_frequencies
+from pope.magnitudes import MAGNITUDES
 
-MAGNITUDES = {
-    "softplus": F.softplus,  # the paper's choice: magnitudes are positive and smooth
-    "relu": F.relu,  # ablation
-    "identity": lambda x: x,  # ablation "no softplus": signed magnitudes
-}
 BACKENDS = ("auto", "reference", "triton")
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
+# Positions are 32-bit integers in the kernels (with room for a tile past the last one): q_offset + Nq below this.
+MAX_POSITION = 2**30
 
 def pope_attention(
     q: torch.Tensor,
@@ -55,16 +58,18 @@ def pope_attention(
     in a KV-cache decode), key j at position j; causal masking is by position (bottom-right aligned).
     softmax_scale defaults to 1/sqrt(d). Returns (B, Hq, Nq, d) in the dtype of q.
     """
-    _check_inputs(q, k, v, delta, base=base, softmax_scale=softmax_scale, q_offset=q_offset,
+    _check_inputs(q, k, v, delta, base=base, causal=causal, softmax_scale=softmax_scale, q_offset=q_offset,
                   magnitude=magnitude, rotary_dim=rotary_dim, dropout_p=dropout_p, backend=backend)
-    nq, nk, d = q.shape[2], k.shape[2], q.shape[3]
-    q_offset = nk - nq if q_offset is None else int(q_offset)
-    softmax_scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
-    options = dict(base=float(base), causal=bool(causal), softmax_scale=softmax_scale, q_offset=q_offset,
+    q_offset, softmax_scale = resolve_defaults(q, k, q_offset, softmax_scale)
+    if causal and q_offset + q.shape[2] < k.shape[2]:
+        # Keys past the last query's position are masked from every query: not read at all (a preallocated cache
+        # may hold anything there).
+        k, v = k[:, :, :q_offset + q.shape[2]], v[:, :, :q_offset + q.shape[2]]
+    options = dict(base=float(base), causal=causal, softmax_scale=softmax_scale, q_offset=q_offset,
                    magnitude=magnitude, rotary_dim=rotary_dim)
 
     if backend != "reference":
-        reason = _triton_unsupported_reason(q, k, v, delta, dropout_p=dropout_p, **options)
+        reason = _triton_unsupported_reason(q, k, v, rotary_dim=rotary_dim, dropout_p=dropout_p)
         if reason is None:
             from pope.ops import triton_pope_attention
 
@@ -72,6 +77,19 @@ def pope_attention(
         if backend == "triton":
             raise ValueError(f"backend='triton' cannot run this call: {reason}. Use backend='reference' or 'auto'.")
     return reference_pope_attention(q, k, v, delta, dropout_p=dropout_p, **options)
+
+
+def resolve_defaults(q: torch.Tensor, k: torch.Tensor, q_offset: int | None,
+                     softmax_scale: float | None) -> tuple[int, float]:
+    """(q_offset, softmax_scale) with the defaults filled in, the one place they are computed: q_offset = Nk - Nq
+    (the queries are the last Nq positions, as in a KV-cache decode), softmax_scale = 1 / sqrt(head_dim)."""
+    q_offset = default_q_offset(q.shape[2], k.shape[2]) if q_offset is None else int(q_offset)
+    softmax_scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    return q_offset, softmax_scale
+
+
+def default_q_offset(seq_q: int, seq_k: int) -> int:
+    return seq_k - seq_q
 
 
 def reference_pope_attention(
@@ -95,7 +113,7 @@ def reference_pope_attention(
         phase_k = angles(positions_k, theta).to(compute)  # (Nk, r)
         if delta is not None:
             phase_q = phase_q[None] - delta.to(compute)[:, None, :]  # (Hq, Nq, r)
-        f = MAGNITUDES[magnitude]
+        f = MAGNITUDES[magnitude].function
         mag_q = f(q[..., :r].to(compute))  # (B, Hq, Nq, r)
         mag_k = f(k[..., :r].to(compute))  # (B, Hkv, Nk, r)
         q_cart = torch.cat([mag_q * phase_q.cos(), mag_q * phase_q.sin(), q[..., r:].to(compute)], dim=-1)
@@ -114,15 +132,21 @@ def sdpa(q, k, v, *, causal: bool, softmax_scale: float, q_offset: int | None = 
     Uses the fused is_causal path when queries and keys are aligned, an explicit mask otherwise.
     """
     nq, nk = q.shape[2], k.shape[2]
-    q_offset = nk - nq if q_offset is None else q_offset
+    q_offset = default_q_offset(nq, nk) if q_offset is None else q_offset
     n_rep = q.shape[1] // k.shape[1]
+    # SDPA's is_causal is top-left aligned, which is only right when queries and keys coincide.
+    use_fused_causal = causal and attn_bias is None and nq == nk and q_offset == 0
+    rows_seeing_bad_keys = None
+    # An additive mask lets a masked key's NaN / inf into the scores; so does SDPA's math kernel under is_causal
+    # (CPU, float64, or key and value widths that differ, as PoPE's 2d / d). Its CUDA flash and memory-efficient
+    # kernels mask by assignment and are left alone (no extra pass over the keys on the training path).
+    if causal and (not use_fused_causal or q.device.type != "cuda" or q.dtype == torch.float64):
+        k, rows_seeing_bad_keys = _finite_masked_keys(k, q_offset, nq)
     if n_rep > 1:
         # (B, Hkv, Nk, e) -> (B, Hq, Nk, e): SDPA's own GQA path is not available on every backend.
         k = k.repeat_interleave(n_rep, dim=1)
         v = v.repeat_interleave(n_rep, dim=1)
     mask = attn_bias
-    # SDPA's is_causal is top-left aligned, which is only right when queries and keys coincide.
-    use_fused_causal = causal and attn_bias is None and nq == nk and q_offset == 0
     if causal and not use_fused_causal:
         positions_q = torch.arange(nq, device=q.device) + q_offset
         visible = torch.arange(nk, device=q.device)[None, :] <= positions_q[:, None]  # (Nq, Nk)
@@ -130,26 +154,51 @@ def sdpa(q, k, v, *, causal: bool, softmax_scale: float, q_offset: int | None = 
         mask = causal_bias if mask is None else mask.to(q.dtype) + causal_bias
     if mask is not None:
         mask = mask.to(q.dtype)
-    is_causal = use_fused_causal
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
-                                          scale=softmax_scale)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=use_fused_causal,
+                                         scale=softmax_scale)
+    if rows_seeing_bad_keys is not None:
+        out = out.masked_fill(rows_seeing_bad_keys.repeat_interleave(n_rep, dim=1)[..., None], float("nan"))
+    return out
 
 
-def _triton_unsupported_reason(q, k, v, delta, *, dropout_p, **options) -> str | None:
-    """Why the Triton backend cannot run this call, or None when it can."""
+def _finite_masked_keys(k: torch.Tensor, q_offset: int, seq_q: int):
+    """An additive mask (score + -inf) turns a NaN or inf score into NaN: the keys that some query cannot see
+    (positions > q_offset) get zeros wherever they are not finite, and the query rows that do see such a key come
+    out NaN, as the formula gives them. Returns (k, rows (B, Hkv, Nq) bool, or None when there is nothing masked).
+    Only keys past q_offset are looked at: none at all in a one-query decode step."""
+    first = q_offset + 1
+    if first >= k.shape[2]:
+        return k, None
+    tail = k[:, :, first:]
+    bad = ~torch.isfinite(tail).all(dim=-1)  # (B, Hkv, Nk - first)
+    k = torch.cat([k[:, :, :first], tail.masked_fill(bad[..., None], 0.0)], dim=2)
+    index = torch.arange(bad.shape[-1], device=k.device)
+    # (B, Hkv): tail index of the first bad key; past every query's reach where there is none
+    first_bad = torch.where(bad, index, bad.shape[-1] + seq_q).amin(dim=-1)
+    # query i (position q_offset + i) sees tail key m (position first + m) iff m <= i - 1
+    rows = first_bad[..., None] <= torch.arange(seq_q, device=k.device) - 1
+    return k, rows
+
+
+def _triton_unsupported_reason(q, k, v, *, rotary_dim, dropout_p) -> str | None:
+    """Why the Triton backend cannot run this call, or None when it can ("auto" takes it on CUDA only)."""
     if q.device.type != "cuda":
         return f"the Triton kernels run on CUDA tensors only (got device {q.device})"
-    if dropout_p > 0:
-        return "attention dropout is not implemented in the Triton kernels"
-    try:
-        from pope.ops import triton_unsupported_reason
-    except ImportError as err:  # triton missing, or no CUDA build
-        return f"Triton is not available ({err}); install 'pope-attention[triton]'"
-    options = {key: options[key] for key in ("causal", "q_offset", "magnitude", "rotary_dim")}
-    return triton_unsupported_reason(q, k, v, delta, **options)
+    from pope.ops import triton_unsupported_reason
+
+    return triton_unsupported_reason(q, k, v, rotary_dim=rotary_dim, dropout_p=dropout_p)
 
 
-def _check_inputs(q, k, v, delta, *, base, softmax_scale, q_offset, magnitude, rotary_dim, dropout_p, backend):
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _check_inputs(q, k, v, delta, *, base, causal, softmax_scale, q_offset, magnitude, rotary_dim, dropout_p,
+                  backend):
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -172,13 +221,17 @@ def _check_inputs(q, k, v, delta, *, base, softmax_scale, q_offset, magnitude, r
         raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv}) for grouped-query attention")
     if nq == 0 or nk == 0:
         raise ValueError(f"empty sequence: q has {nq} positions, k has {nk}")
+    if b == 0 or hq == 0 or d == 0:
+        raise ValueError(f"empty input: q has shape {tuple(q.shape)}; batch, heads and head_dim must be >= 1")
     if nq > nk:
         raise ValueError(f"q has {nq} positions but k/v only {nk}: queries must be the last Nq <= Nk positions")
-    if magnitude not in MAGNITUDES:
+    if type(causal) is not bool:
+        raise TypeError(f"causal must be True or False; got {causal!r}")
+    if not isinstance(magnitude, str) or magnitude not in MAGNITUDES:
         raise ValueError(f"unknown magnitude {magnitude!r}; choose one of {sorted(MAGNITUDES)}")
-    if backend not in BACKENDS:
+    if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
-    if rotary_dim is not None and not (isinstance(rotary_dim, int) and 0 < rotary_dim <= d):
+    if rotary_dim is not None and not (_is_int(rotary_dim) and 0 < rotary_dim <= d):
         raise ValueError(f"rotary_dim must be an int in [1, head_dim={d}] or None; got {rotary_dim!r}")
     r = rotary_dim or d
     if delta is not None:
@@ -188,11 +241,24 @@ def _check_inputs(q, k, v, delta, *, base, softmax_scale, q_offset, magnitude, r
             raise ValueError(f"delta must have shape (query_heads, rotary_dim) = ({hq}, {r}); got {tuple(delta.shape)}")
         if delta.device != q.device:
             raise ValueError(f"delta is on {delta.device} but q is on {q.device}")
-    if not (isinstance(base, (int, float)) and base > 0):
-        raise ValueError(f"base must be a positive number; got {base!r}")
-    if softmax_scale is not None and not softmax_scale > 0:
-        raise ValueError(f"softmax_scale must be positive; got {softmax_scale!r}")
-    if q_offset is not None and not (isinstance(q_offset, int) and q_offset >= 0):
-        raise ValueError(f"q_offset must be a non-negative int (position of the first query); got {q_offset!r}")
+    if not _is_real(base):
+        raise TypeError(f"base must be a number; got {base!r}")
+    if not (base > 0 and math.isfinite(base)):
+        raise ValueError(f"base must be a positive finite number; got {base!r}")
+    if softmax_scale is not None:
+        if not _is_real(softmax_scale):
+            raise TypeError(f"softmax_scale must be a number or None; got {softmax_scale!r}")
+        if not (softmax_scale > 0 and math.isfinite(softmax_scale)):
+            raise ValueError(f"softmax_scale must be positive and finite; got {softmax_scale!r}")
+    if q_offset is not None:
+        if not _is_int(q_offset):
+            raise TypeError(f"q_offset must be an int (position of the first query) or None; got {q_offset!r}")
+        if q_offset < 0:
+            raise ValueError(f"q_offset must be a non-negative int (position of the first query); got {q_offset!r}")
+        if q_offset + nq > MAX_POSITION:
+            raise ValueError(f"q_offset {q_offset} puts the last query at position {q_offset + nq - 1}; positions must "
+                             f"stay below 2**30 (q_offset <= {MAX_POSITION - nq})")
+    if not _is_real(dropout_p):
+        raise TypeError(f"dropout_p must be a number; got {dropout_p!r}")
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1); got {dropout_p}")

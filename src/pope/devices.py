@@ -1,7 +1,8 @@
 """Device names as users give them ("auto", "cpu", "cuda", "cuda:1") -> the device to run on.
 
 One resolver for the CLIs, the trainer's process setup and the evaluation tools, so "auto" means the same
-everywhere (CUDA when available) and asking for CUDA on a machine without it fails the same clear way.
+everywhere (CUDA when available) and asking for CUDA on a machine without it fails the same clear way. Also a
+CUDA device's compute capability, asked once per device (pope.settings' caches).
 """
 from __future__ import annotations
 
@@ -19,3 +20,17 @@ def resolve_device(name: str) -> str:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device {name!r}: CUDA is not available on this machine; use 'cpu' (or 'auto')")
     return name
+
+
+def cuda_capability(device) -> tuple[int, int]:
+    """torch.cuda.get_device_capability(device), asked once per device (pope.settings' caches): it is on every
+    kernel call's path."""
+    from pope.settings import SETTINGS
+
+    capabilities = SETTINGS.caches.capabilities
+    capability = capabilities.get(device)
+    if capability is None:
+        import torch
+
+        capability = capabilities[device] = torch.cuda.get_device_capability(device)
+    return capability

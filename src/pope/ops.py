@@ -14,9 +14,9 @@ trees run a compiled function's first call with every allocation routed into the
 and a frequencies tensor cached from inside such a call would stay live in that pool). Eager calls take the
 frequencies from a per-(head dim, base, device) cache.
 
-`triton_pope_attention` is what pope.attention dispatches backend="triton" to; input validation
-(shapes, dtypes, devices) is done there. `triton_unsupported_reason` says why a call cannot run on the
-kernels (None when it can); pope.attention uses it for backend="auto" and for its error message.
+`triton_pope_attention` is what pope.attention dispatches backend="triton" to; the inputs are checked there,
+once. `triton_unsupported_reason` answers only what the kernels can do (device, dtype, head dim, sizes, partial
+rotary, dropout): None when they can run a call. Switches and caches live in pope.settings.
 Importing this module imports torch only; Triton is imported on the first kernel call.
 """
 from __future__ import annotations
@@ -25,45 +25,34 @@ from typing import Optional
 
 import torch
 
+from pope.attention import resolve_defaults
+from pope.devices import cuda_capability
 from pope.frequencies import pope_frequencies
+from pope.settings import SETTINGS
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-SUPPORTED_MAGNITUDES = ("softplus", "relu", "identity")
 MAX_HEAD_DIM = 128
 # Few query rows per key head (generation with a KV cache): the split-K decode kernel instead.
 DECODE_MAX_QUERIES = 16
 DECODE_MAX_ROWS = 64
-# Eager calls go through _EagerFlashAttention (less host time); False routes them through the operators too.
-EAGER_AUTOGRAD_FUNCTION = True
-
-_frequency_cache: dict = {}
 
 
 def _kernels():
-    from pope.kernels import pope_flash
+    import pope.kernels
 
-    return pope_flash
+    return pope.kernels
 
 
 def _theta(head_dim: int, base: float, device: torch.device) -> torch.Tensor:
+    cache = SETTINGS.caches.frequencies
     key = (head_dim, float(base), str(device))
-    if key in _frequency_cache:
-        return _frequency_cache[key]
+    if key in cache:
+        return cache[key]
     theta = pope_frequencies(head_dim, base, device=device)  # what compiled graphs compute (triton_pope_attention)
     # A tensor made during CUDA-graph capture lives in the graph's private pool: never cache that one.
     if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-        _frequency_cache[key] = theta
+        cache[key] = theta
     return theta
-
-
-_capabilities: dict = {}
-
-
-def _capability(device: torch.device) -> tuple[int, int]:
-    """torch.cuda.get_device_capability, asked once per device (it is on every call's path)."""
-    if device not in _capabilities:
-        _capabilities[device] = torch.cuda.get_device_capability(device)
-    return _capabilities[device]
 
 
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -174,41 +163,40 @@ class _EagerFlashAttention(torch.autograd.Function):
 
 def triton_pope_attention(q, k, v, delta, *, base, causal, softmax_scale, q_offset, magnitude, rotary_dim,
                           supported: bool = False):
-    """PoPE attention on the fused Triton kernels. Inputs already validated by pope.attention.
+    """PoPE attention on the fused Triton kernels. Inputs already checked by pope.attention.
 
     q (B, Hq, Nq, d), k/v (B, Hkv, Nk, d), delta (Hq, d) or None. Returns (B, Hq, Nq, d) in q's dtype.
     supported=True: the caller has just had triton_unsupported_reason return None for this call (pope.attention
     does), so it is not asked again on this per-call path.
     """
     if not supported:
-        reason = triton_unsupported_reason(q, k, v, delta, causal=causal, q_offset=q_offset, magnitude=magnitude,
-                                           rotary_dim=rotary_dim)
+        reason = triton_unsupported_reason(q, k, v, rotary_dim=rotary_dim)
         if reason is not None:
             raise ValueError(f"the Triton PoPE kernels cannot run this call: {reason}")
-    seq_q, seq_k = q.shape[2], k.shape[2]
-    q_offset = seq_k - seq_q if q_offset is None else int(q_offset)
-    softmax_scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    q_offset, softmax_scale = resolve_defaults(q, k, q_offset, softmax_scale)
     compiling = torch.compiler.is_compiling()
     if compiling:  # the frequencies are computed in the compiled graph itself (module docstring)
         theta = pope_frequencies(q.shape[-1], float(base), device=q.device)
     else:
         theta = _theta(q.shape[-1], base, q.device)
     args = (q, k, v, delta, theta, bool(causal), softmax_scale, q_offset, magnitude)
-    if compiling or not EAGER_AUTOGRAD_FUNCTION:
+    if compiling or not SETTINGS.eager_autograd_function:
         return flash_attention_forward(*args)[0]
     return _EagerFlashAttention.apply(*args)
 
 
-def triton_unsupported_reason(q, k, v, delta, *, causal, q_offset, magnitude, rotary_dim) -> str | None:
-    """Why the Triton kernels cannot run this call, or None when they can."""
+def triton_unsupported_reason(q, k, v, *, rotary_dim=None, dropout_p=0.0) -> str | None:
+    """Why the Triton kernels cannot run a call on these tensors, or None when they can. Asks only what the kernels
+    can do (Triton present, device, dtype, head dim, 32-bit sizes, full rotary, no dropout): whether the call is
+    valid is pope.attention's question, answered before this one."""
     try:
-        kernels = _kernels()
+        interpret = _kernels().INTERPRET
     except ImportError as err:
         return f"Triton is not importable ({err}); install it with pip install 'pope-attention[triton]'"
     head_dim = q.shape[-1]
-    if q.device.type != "cuda" and not (kernels.INTERPRET and q.device.type == "cpu"):
+    if q.device.type != "cuda" and not (interpret and q.device.type == "cpu"):
         return f"the Triton kernels need CUDA tensors (got {q.device}; CPU runs only under TRITON_INTERPRET=1)"
-    if q.device.type == "cuda" and _capability(q.device) < (8, 0):
+    if q.device.type == "cuda" and cuda_capability(q.device) < (8, 0):
         return "the Triton kernels need an NVIDIA GPU of compute capability 8.0 or newer"
     if q.dtype not in SUPPORTED_DTYPES:
         return f"dtype {q.dtype} is not supported (use float16, bfloat16 or float32)"
@@ -216,16 +204,9 @@ def triton_unsupported_reason(q, k, v, delta, *, causal, q_offset, magnitude, ro
         return f"head_dim {head_dim} > {MAX_HEAD_DIM} is not supported"
     if rotary_dim is not None and rotary_dim != head_dim:
         return f"partial rotary (rotary_dim={rotary_dim} < head_dim={head_dim}) is not supported"
-    if magnitude not in SUPPORTED_MAGNITUDES:
-        return f"magnitude {magnitude!r} is not supported (choose one of {SUPPORTED_MAGNITUDES})"
-    if q_offset is not None and int(q_offset) < 0:
-        return f"q_offset must be >= 0 (got {q_offset})"
-    if q.shape[2] > k.shape[2]:
-        return f"Nq ({q.shape[2]}) > Nk ({k.shape[2]})"
-    if delta is not None and tuple(delta.shape) != (q.shape[1], head_dim):
-        return f"delta must have shape ({q.shape[1]}, {head_dim}); got {tuple(delta.shape)}"
+    if dropout_p > 0:
+        return "attention dropout is not implemented in the Triton kernels"
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.numel() >= 2**31:
             return f"{name} has {t.numel()} elements; the kernels index with 32-bit offsets (< 2**31)"
     return None
-

@@ -1,4 +1,49 @@
-"""Triton kernels (no autograd, no input validation): see pope_flash.py.
+"""Fused PoPE attention in Triton: forward, backward and decode kernels with their launchers (no autograd, no input
+validation: pope.ops wraps them as operators, pope.attention checks the inputs).
 
-Importing this package does not import Triton; `from pope.kernels import pope_flash` does.
+What they compute: for q (B, Hq, Nq, d), k/v (B, Hkv, Nk, d) (Hq % Hkv == 0, Nq <= Nk), delta (Hq, d) or None,
+softmax over j of scale * sum_c f(q_ic) f(k_jc) cos((j - t_i) theta_c + delta_c) with t_i = q_offset + i,
+bottom-right causal (key j visible iff j <= t_i) or not; f = softplus / relu / identity (pope.magnitudes);
+bf16 / fp16 / fp32, head dims up to 128; out in q's dtype, lse fp32; dq, dk, dv, d(delta).
+Guarantees (held by the tests through Triton's interpreter and by scripts/gpu_kernel_check.py on a GPU): output
+and every gradient within 2x the error of the pure-PyTorch reference in the same dtype, against float64; the
+backward bitwise deterministic (no atomics); the backward's own buffers at most 5 |q| (SDPA's); a key masked from
+a query never reaches that query's output.
+
+Modules, one concern each:
+    jit_math       shared device functions (sincos, log1p, magnitudes, phases, block coordinates)
+    prepass        x -> x' = [f(x) cos | f(x) sin] (transform, transform_queries_and_keys)
+    fwd            forward kernel + launcher (forward)
+    bwd            dq, dk/dv and epilogue kernels + launcher (backward)
+    decode         split-K decode kernels, combine + launcher (decode_forward)
+    phase_tables   the tensor-core decode kernel's key-phase tables (release_phase_tables)
+    configs        tile configurations (frozen tables, POPE_KERNEL_CONFIGS override), decode tiles
+    direct_launch  Triton's launch path, or the direct path gated to the Triton version it was written for
+    host           buffers, layouts, plan keys and integer helpers of the launchers
+    interpreter    TRITON_INTERPRET=1: INTERPRET and the fixes that make the interpreter compute as the GPU does
+The design and its measurements: docs/kernels.md. Importing this package does not import Triton; the first use
+of a name below does.
 """
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "forward": "fwd", "backward": "bwd", "decode_forward": "decode", "decode_tile": "configs",
+    "transform": "prepass", "transform_queries_and_keys": "prepass", "release_phase_tables": "phase_tables",
+    "frequencies": "host", "INTERPRET": "interpreter",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pope.kernels' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)  # a copy loaded under another name too
+    globals()[name] = value  # the next lookup is a plain attribute (and a test may replace it)
+    return value
+
+
+def __dir__():
+    return __all__

@@ -1,0 +1,140 @@
+"""Tile configurations of the kernels: frozen tables keyed by (GPU architecture, head-dim bucket, dtype).
+
+TILES[kind][(architecture, bucket, dtype)] -> Tiles(block_m, block_n, num_warps, num_stages) for the kernels
+"fwd", "dq" and "dkdv"; bucket 64 holds head dims up to 64 (tile width BLOCK_D <= 64), bucket 128 the rest up to 128.
+The tables are never changed: the entries were timed on an NVIDIA H200 (sm_90, docs/kernels.md), and another
+architecture takes them until it has entries of its own. fp32 inputs take exact fp32 dots (FMA units, no tensor
+cores): small one-stage tiles, or the fp32 operand tiles overflow shared memory and registers.
+
+A user override (tuning for another GPU): POPE_KERNEL_CONFIGS=FILE.json with
+{"fwd"|"dq"|"dkdv": {"64"|"128": [BLOCK_M, BLOCK_N, warps, stages]}}, as scripts/gpu_kernel_check.py --sweep
+writes it, for 16-bit inputs. `pick_tiles` reads it when a config is picked (each file once; pope.settings.
+clear_caches() re-reads); a malformed file is a ValueError naming it. The interpreter always runs (32, 32, 4, 1):
+small tiles keep it fast and exercise the multi-block paths.
+"""
+from __future__ import annotations
+
+import json
+import os
+from types import MappingProxyType
+from typing import NamedTuple
+
+import torch
+
+from pope.devices import cuda_capability
+from pope.settings import SETTINGS
+
+from .host import block_d
+from .interpreter import INTERPRET
+
+
+class Tiles(NamedTuple):
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+KINDS = ("fwd", "dq", "dkdv")
+BUCKETS = (64, 128)
+MEASURED_ARCHITECTURE = "sm_90"  # H100 / H200: where the entries were timed
+ENVIRONMENT_VARIABLE = "POPE_KERNEL_CONFIGS"
+
+# 16-bit inputs on sm_90. Forward (128, 64, 8, 3): with its q' block from the pre-pass, two programs per SM at
+# d=64. dq: the fastest in the sweeps ((128, 32, 8, 3) at d=128 since its k'/v come by TMA). dk/dv (64, 64, 4, 3)
+# at d=64: two 4-warp programs per SM; (64, 64, 8, 3) at d=128. Timings: docs/kernels.md.
+_SIXTEEN_BIT = {
+    "fwd": {64: (128, 64, 8, 3), 128: (128, 64, 8, 3)},
+    "dq": {64: (64, 64, 4, 3), 128: (128, 32, 8, 3)},
+    "dkdv": {64: (64, 64, 4, 3), 128: (64, 64, 8, 3)},
+}
+_FP32 = {64: (32, 32, 4, 1), 128: (16, 32, 4, 1)}  # every kind
+TILES = MappingProxyType({kind: MappingProxyType({
+    (MEASURED_ARCHITECTURE, bucket, dtype): Tiles(*(_FP32[bucket] if dtype == torch.float32 else by_bucket[bucket]))
+    for bucket in BUCKETS for dtype in (torch.bfloat16, torch.float16, torch.float32)})
+    for kind, by_bucket in _SIXTEEN_BIT.items()})
+INTERPRETER_TILES = Tiles(32, 32, 4, 1)
+
+# Pre-pass rows per program (half at BLOCK_D > 64: 4K elements a program).
+TRANSFORM_ROWS = 64
+# Up to this BLOCK_D the dk/dv kernel reads its key block from the backward's k' (kept alive, dk and dv written over
+# it) instead of transforming it in registers: faster at d <= 64, slower at d = 128 on an H200 (docs/kernels.md).
+DKDV_KEYS_FROM_PREPASS_MAX_BLOCK_D = 64
+
+
+def architecture(device: torch.device) -> str:
+    """"sm_XY" of a CUDA device (its compute capability X.Y); the measured one for others (host-only timing)."""
+    if device.type != "cuda":
+        return MEASURED_ARCHITECTURE
+    major, minor = cuda_capability(device)
+    return f"sm_{major}{minor}"
+
+
+def bucket(head_dim: int) -> int:
+    return 64 if block_d(head_dim) <= 64 else 128
+
+
+def pick_tiles(kind: str, head_dim: int, override, dtype: torch.dtype, device: torch.device):
+    """The (block_m, block_n, num_warps, num_stages) a launcher runs `kind` with: override when given, else the
+    interpreter's tiles, else the POPE_KERNEL_CONFIGS file's entry (16-bit inputs), else TILES (the device's
+    architecture, or the measured one)."""
+    if override is not None:
+        return override
+    if INTERPRET:
+        return INTERPRETER_TILES
+    head_bucket = bucket(head_dim)
+    if dtype != torch.float32:
+        path = os.environ.get(ENVIRONMENT_VARIABLE)
+        if path:
+            from_file = tile_file(path).get(kind, {}).get(head_bucket)
+            if from_file is not None:
+                return from_file
+    table = TILES[kind]
+    return table.get((architecture(device), head_bucket, dtype)) or table[(MEASURED_ARCHITECTURE, head_bucket, dtype)]
+
+
+def tile_file(path: str) -> dict:
+    """{kind: {bucket: Tiles}} from a POPE_KERNEL_CONFIGS file, parsed once per path (pope.settings' caches)."""
+    cache = SETTINGS.caches.tile_files
+    table = cache.get(path)
+    if table is None:
+        table = cache[path] = read_tile_file(path)
+    return table
+
+
+def read_tile_file(path: str) -> dict:
+    """Parse and check a tile file (module docstring); ValueError saying what is wrong with it."""
+    try:
+        with open(path) as f:
+            raw = json.load(f)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{ENVIRONMENT_VARIABLE}={path}: cannot read a JSON tile file ({error}); fix or unset it")
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected {{kernel: {{head-dim bucket: [BLOCK_M, BLOCK_N, warps, stages]}}}}")
+    table = {}
+    for kind, by_bucket in raw.items():
+        if kind not in KINDS:
+            raise ValueError(f"{path}: unknown kernel {kind!r}; expected one of {sorted(KINDS)}")
+        if not isinstance(by_bucket, dict):
+            raise ValueError(f"{path}: {kind} must map head-dim buckets 64/128 to [BLOCK_M, BLOCK_N, warps, stages]")
+        for dim, config in by_bucket.items():
+            if str(dim) not in ("64", "128") or not isinstance(config, list) or len(config) != 4 or not all(
+                    type(x) is int and x > 0 for x in config):
+                raise ValueError(f"{path}: {kind}[{dim}] must be head-dim bucket 64/128 -> [BLOCK_M, BLOCK_N, warps, "
+                                 f"stages] (positive ints); got {config!r}")
+            table.setdefault(kind, {})[int(dim)] = Tiles(*config)
+    return table
+
+
+def decode_tile(head_dim: int, dtype: torch.dtype, method: str, magnitude: str = "softplus") -> tuple[int, int, int]:
+    """Default (block_n, num_warps, stages) of a decode kernel ("lanes" or "tensor_cores"; both stream k/v
+    through a cp.async pipeline of `stages` - 1 buffers), from the decode sweeps on an H200 (docs/kernels.md):
+    "lanes": 2K-element key tiles, 4 warps, 3 stages (d=64: 32 keys, d=128: 16).
+    "tensor_cores": 4 warps, 2 stages; 64 keys, but 32 at d = 128 for raw keys (a cache of magnitudes, whose 16-bit
+    products need no fp32 copy of the tile, runs d = 128 fastest at 64 keys); fp32 one stage."""
+    width = block_d(head_dim)
+    if method == "lanes":
+        return max(16, 2048 // width), 4, 3
+    if dtype == torch.float32:
+        return (64 if width <= 64 else 32), 4, 1
+    return (64 if width <= 64 or magnitude == "identity" else 32), 4, 2

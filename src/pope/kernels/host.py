@@ -1,0 +1,83 @@
+"""Host-side helpers of the launchers: buffers, integer arithmetic, layouts, plan keys, device facts.
+
+Guarantees: `empty` gives a buffer for a kernel to write, NaN-filled when pope.settings' poison_outputs is on;
+`block_d` is a head dim's tile width (padded to a power of two, >= 16); `tma_ready` returns a tensor a TMA copy can
+read (the input itself when it already can); `plan` keys every argument Triton specialises on. Integer helpers
+are plain Python: Triton 3.6's triton.cdiv / triton.next_power_of_2 are constexpr functions whose host calls
+cost ~4 us each (argument unwrapping), a dozen times per eager forward+backward.
+"""
+from __future__ import annotations
+
+import torch
+
+from pope.settings import SETTINGS
+
+
+def empty(shape, *, device, dtype) -> torch.Tensor:
+    buffer = torch.empty(shape, device=device, dtype=dtype)
+    return buffer.fill_(float("nan")) if SETTINGS.poison_outputs else buffer
+
+
+def block_d(head_dim: int) -> int:
+    """Channels of a kernel's tiles: head_dim padded to a power of two, at least 16. Looked up, not computed:
+    it is asked ~10 times per eager forward+backward (host time)."""
+    cache = SETTINGS.caches.block_d
+    width = cache.get(head_dim)
+    if width is None:
+        width = cache[head_dim] = max(16, next_power_of_2(head_dim))
+    return width
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def precision(dtype: torch.dtype) -> str:
+    """tl.dot's input_precision: exact fp32 dots ("ieee", FMA units) for fp32 inputs, tensor cores otherwise."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def strides(t: torch.Tensor):
+    return t.stride()[:3]
+
+
+def plan(*items) -> tuple:
+    """A launcher call's plan key: what fixes every argument Triton specialises on for the kernels it launches.
+    Tensors give shape, strides, dtype, device and 16-byte alignment (the buffers a launcher allocates itself
+    follow from these); other items (flags, offsets, tile configs) are taken as they are."""
+    return tuple((x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16 == 0) if isinstance(x, torch.Tensor) else x
+                 for x in items)
+
+
+def tma_ready(t: torch.Tensor, block_d: int) -> torch.Tensor:
+    """t (..., d) in a layout a TMA copy reads: last dim contiguous, base and other strides 16-byte aligned. The
+    usual inputs (contiguous, or (B, N, H, d) transposed to (B, H, N, d)) already are and pass through; others
+    are copied, padded with zero channels to block_d when d * element size is not a multiple of 16 bytes."""
+    size = t.element_size()
+    if t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(  # (broadcast, stride-0 dims are copied too)
+            stride > 0 and (stride * size) % 16 == 0 for stride, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1):
+        return t
+    if (t.shape[-1] * size) % 16:
+        return torch.nn.functional.pad(t, (0, block_d - t.shape[-1]))
+    return t.contiguous()
+
+
+def sm_count(device) -> int:
+    """Multiprocessors of a CUDA device (132, an H100/H200's, for the interpreter's CPU tensors)."""
+    if device.type != "cuda":
+        return 132
+    counts = SETTINGS.caches.sm_counts
+    if device not in counts:
+        counts[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return counts[device]
+
+
+def frequencies(head_dim: int, base: float, device) -> torch.Tensor:
+    """theta (head_dim,) fp32 on device, from pope.frequencies (the project's one frequency function)."""
+    from pope.frequencies import pope_frequencies
+
+    return pope_frequencies(head_dim, base, device=device).contiguous()

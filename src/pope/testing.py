@@ -1,0 +1,138 @@
+"""What the kernel tests and the GPU checks share: the acceptance rule, input builders, the float64 formula.
+
+The rule (flash-attention's): against a float64 computation, a low-precision result (the kernels' output and every
+gradient) may be off by at most 2x what plain PyTorch (pope.attention's reference, in the same dtype) is off,
+plus, for fp32, a rounding-sized floor so that 2x of almost nothing passes. `check_within_rule` applies it.
+Used by tests/test_kernel_*.py, tests/test_core_attention.py and scripts/gpu_kernel_check.py; also
+`load_kernels`, which loads a kernel package (or an old single-file kernel module) from any source tree, for
+scripts that compare versions. Importing this module imports torch only.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+GRADIENT_NAMES = ("out", "dq", "dk", "dv", "d_delta")
+
+
+def check_within_rule(ours: torch.Tensor, theirs: torch.Tensor, truth: torch.Tensor, dtype: torch.dtype) -> dict:
+    """{"kernel": max |ours - truth|, "reference": max |theirs - truth|, "ok": the 2x rule and finite}.
+
+    ours: the result under test, theirs: plain PyTorch's in the same dtype, truth: float64."""
+    our_error = (ours.double() - truth).abs().max().item()
+    reference_error = (theirs.double() - truth).abs().max().item()
+    floor = 1e-5 * truth.abs().max().item() if dtype == torch.float32 else 0.0
+    ok = bool(torch.isfinite(ours).all()) and our_error <= 2 * reference_error + floor
+    return {"kernel": our_error, "reference": reference_error, "ok": ok}
+
+
+def attention_inputs(batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim, *, with_delta=True, generator=None,
+                     device="cpu"):
+    """Fresh random float64 (q, k, v, delta or None, grad_out) on device, drawn in that order from generator:
+    q (B, Hq, Nq, d), k and v (B, Hkv, Nk, d), N(0, 1); delta (Hq, d) uniform in [-2 pi, 0]; grad_out like q."""
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator, dtype=torch.float64, device=device)
+
+    q, k, v = randn(batch, n_q_heads, seq_q, head_dim), randn(batch, n_kv_heads, seq_k, head_dim), \
+        randn(batch, n_kv_heads, seq_k, head_dim)
+    delta = (-2 * math.pi * torch.rand(n_q_heads, head_dim, generator=generator, dtype=torch.float64, device=device)
+             if with_delta else None)
+    grad_out = randn(batch, n_q_heads, seq_q, head_dim)
+    return q, k, v, delta, grad_out
+
+
+def outputs_and_gradients(fn, q, k, v, delta, grad_out, dtype, options) -> list:
+    """[out, dq, dk, dv(, d_delta)] of fn(q, k, v, delta, **options) on copies of the inputs cast to dtype (delta
+    in fp32, or float64 for float64), all detached."""
+    leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+    delta_leaf = None
+    if delta is not None:
+        delta_leaf = delta.detach().to(torch.float64 if dtype == torch.float64 else torch.float32).requires_grad_()
+        leaves.append(delta_leaf)
+    out = fn(*leaves[:3], delta_leaf, **options)
+    grads = torch.autograd.grad(out, leaves, grad_out.to(dtype))
+    return [out.detach()] + [g.detach() for g in grads]
+
+
+def formula_attention(q, k, v, delta, *, base=10000.0, causal=True, q_offset=None, magnitude=F.softplus,
+                      rotary_dim=None, softmax_scale=None) -> torch.Tensor:
+    """The paper's score written out channel by channel in float64, the mask applied by selection, then softmax and
+    the value average: what pope_attention must compute. q (B, Hq, Nq, d), k/v (B, Hkv, Nk, d), delta (Hq, r)."""
+    q, k, v = q.double(), k.double(), v.double()
+    b, hq, nq, d = q.shape
+    hkv, nk = k.shape[1], k.shape[2]
+    r = rotary_dim or d
+    q_offset = nk - nq if q_offset is None else q_offset
+    theta = torch.tensor([base ** (-(c - 1) / r) for c in range(1, r + 1)], dtype=torch.float64, device=q.device)
+    t = torch.arange(nq, dtype=torch.float64, device=q.device) + q_offset
+    s = torch.arange(nk, dtype=torch.float64, device=q.device)
+    rel = s[None, :] - t[:, None]  # (Nq, Nk): s - t
+    out = torch.empty(b, hq, nq, d, dtype=torch.float64, device=q.device)
+    for h in range(hq):
+        g = h // (hq // hkv)
+        dl = torch.zeros(r, dtype=torch.float64, device=q.device) if delta is None else delta[h].double()
+        phase = rel[..., None] * theta + dl  # (Nq, Nk, r)
+        mq, mk = magnitude(q[:, h, :, :r]), magnitude(k[:, g, :, :r])  # (B, Nq, r), (B, Nk, r)
+        score = torch.einsum("bic,bjc,ijc->bij", mq, mk, torch.cos(phase))
+        score = score + q[:, h, :, r:] @ k[:, g, :, r:].transpose(-1, -2)
+        score = score * (softmax_scale or 1 / math.sqrt(d))
+        if causal:
+            score = score.masked_fill(s[None, :] > t[:, None], float("-inf"))
+        out[:, h] = torch.softmax(score, dim=-1) @ v[:, g]
+    return out
+
+
+class RecordingKernel:
+    """Stands in for a @triton.jit function in launch-path tests: kernel[grid](*args, **meta) counts a launch through
+    Triton's path and returns a compiled kernel whose `run` records what a direct launch passes it."""
+
+    class Compiled:
+        function, packed_metadata = "function", "packed"
+
+        def __init__(self):
+            self.calls = []
+
+        @property
+        def run(self):
+            return lambda *launch_args: self.calls.append(launch_args)
+
+    def __init__(self, arg_names: list):
+        self.arg_names = arg_names
+        self.triton_launches = 0
+        self.compiled = self.Compiled()
+
+    def __getitem__(self, grid):
+        def launch(*args, **meta):
+            self.triton_launches += 1
+            return self.compiled
+        return launch
+
+
+def load_kernels(path: str, name: str):
+    """A kernel implementation loaded from a source tree under its own module name, beside this process's own:
+    path is a kernels package directory (e.g. OLD/src/pope/kernels) or a single-file kernel module (an old
+    pope_flash.py). The package's own modules are loaded from path; what it imports from the rest of pope
+    (settings, magnitudes) is this process's."""
+    path = os.path.abspath(path)
+    if os.path.isdir(path):
+        init = os.path.join(path, "__init__.py")
+        if not os.path.exists(init):
+            raise ValueError(f"{path} is not a kernels package (no __init__.py)")
+        spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[path])
+    elif os.path.isfile(path):
+        spec = importlib.util.spec_from_file_location(name, path)
+    else:
+        raise ValueError(f"no kernel package or module at {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # the package's relative imports look it up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+__all__ = ["GRADIENT_NAMES", "check_within_rule", "attention_inputs", "outputs_and_gradients", "formula_attention",
+           "load_kernels", "RecordingKernel"]
