@@ -129,7 +129,7 @@ def test_registry_names_options_and_errors():
         parse_pe_spec("popey")
     with pytest.raises(ValueError, match="no option 'scale'.*valid options"):
         parse_pe_spec("pope:scale=2")
-    with pytest.raises(ValueError, match="key=value"):
+    with pytest.raises(ValueError, match="option=value"):
         parse_pe_spec("rope:base")
     with pytest.raises(ValueError, match="delta_init"):
         build_positional_encoding("pope:delta_init=gauss", n_heads=2, head_dim=8)

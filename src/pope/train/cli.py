@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 
 def register(subparsers) -> None:
@@ -31,13 +32,19 @@ def register(subparsers) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     from pope.train.config import resolve_run_config
+    from pope.train.stopping import exit_status
     from pope.train.trainer import run_training
 
     config = resolve_run_config(args.preset, args.pe, seed=args.seed, overrides=args.overrides)
     if args.print_config:
-        print(json.dumps(config, indent=2))
+        print(json.dumps(config.to_dict(), indent=2))
         return 0
-    summary = run_training(config, args.out, resume=args.resume)
+    try:
+        summary = run_training(config, args.out, resume=args.resume)
+    except KeyboardInterrupt:  # before the first step (data loading, compilation): nothing to save yet
+        print("pope train: interrupted before training started; nothing was written to resume from",
+              file=sys.stderr)
+        return 130
     if os.environ.get("RANK", "0") == "0":  # under torchrun only rank 0 reports
         print(json.dumps(summary, indent=2))
-    return 0
+    return exit_status(summary)  # 130 / 143 after SIGINT / SIGTERM (checkpoint written), else 0
