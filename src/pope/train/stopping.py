@@ -12,6 +12,7 @@ import shlex
 import signal
 import sys
 import threading
+from pathlib import Path
 
 EXIT_STATUS = {"finished": 0, "stop_at_step": 0, "max_seconds": 0, "SIGINT": 128 + signal.SIGINT,
                "SIGTERM": 128 + signal.SIGTERM}
@@ -53,7 +54,8 @@ def resume_command(argv: list[str] | None = None, *, fallback: str) -> str:
     ``--set train.stop_at_step=...`` and with ``--resume``; ``fallback`` when not started by the pope CLI
     (e.g. from Python)."""
     argv = list(sys.argv if argv is None else argv)
-    if not argv or argv[0].rsplit("/", 1)[-1] not in ("pope", "cli.py", "__main__.py") or len(argv) < 2:
+    program = Path(argv[0]).parts[-2:] if argv else ()
+    if len(argv) < 2 or not (program[-1:] == ("pope",) or program in (("pope", "cli.py"), ("pope", "__main__.py"))):
         return fallback
     words, skip = ["pope"], False
     for index, word in enumerate(argv[1:], start=1):

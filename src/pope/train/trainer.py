@@ -297,6 +297,9 @@ def _check_vocabulary(data, config: RunConfig) -> None:
         raise ValueError(f"model.vocab_size {vocab} is smaller than the data's vocabulary ({data.vocab_size} ids); "
                          f"leave model.vocab_size unset or set it to at least {data.vocab_size}")
     source = config.train.data_dir or config.recipe.dataset
+    if not data.is_task:  # name the prepared dataset's files
+        from pope.data.prepared import resolve_dataset
+        source = resolve_dataset(source).path
     splits = {split: [inputs, targets] for split, (inputs, targets) in data.eval_examples.items()}
     splits.update({split: [tokens] for split, tokens in data.eval_tokens.items()})
     train = data.train
@@ -304,7 +307,8 @@ def _check_vocabulary(data, config: RunConfig) -> None:
     for split, arrays in splits.items():
         largest = max(int(a.max()) if isinstance(a, torch.Tensor) else int(a.max(initial=0)) for a in arrays)
         try:
-            check_token_range(np.array([largest]), vocab, data_name=f"the {split} split of {source}")
+            name = f"{source}/{split}.bin" if not data.is_task else f"the {split} split of {source}"
+            check_token_range(np.array([largest]), vocab, data_name=name)
         except ValueError as err:
             raise ValueError(f"{err} The data does not match its dataset's manifest ({data.vocab_size} ids): "
                              "re-prepare it (pope data prepare NAME --force) or point train.data_dir at intact data"
