@@ -99,24 +99,19 @@ def test_run_config_is_typed_and_config_json_keeps_its_layout():
         assert RunConfig.from_dict(stored).to_dict() == stored
 
 
-# The *-tiny presets as they were written out by hand before tiny() derived them from the full presets.
+# The *-tiny presets as they were written out by hand before tiny() derived them from the full presets:
+# shared values, then each preset's own (model fields, recipe fields, PoPE delta init).
+_TINY_MODEL = dict(n_layer=2, d_model=64, n_head=4, max_seq_len=256)
+_TINY_RECIPE = dict(batch_size=8, seq_len=256, lr=2e-3, min_lr=2e-4, warmup_steps=20, max_steps=300,
+                    eval_interval=100, eval_batches=8)
 _TINY_BY_HAND = {
-    "indirect-indexing-tiny": (dict(n_layer=2, d_model=64, n_head=4, max_seq_len=48, dropout=0.0),
+    "indirect-indexing-tiny": (dict(max_seq_len=48, dropout=0.0),
                                dict(dataset="indirect-indexing", batch_size=32, seq_len=48, lr=1e-3, min_lr=1e-4,
-                                    warmup_steps=20, max_steps=300, beta2=0.99, eval_interval=100, eval_batches=8),
-                               "uniform"),
-    "jsb-tiny": (dict(vocab_size=90, n_layer=2, d_model=64, n_head=4, max_seq_len=256, dropout=0.1),
-                 dict(dataset="jsb", batch_size=8, seq_len=256, lr=2e-3, min_lr=2e-4, warmup_steps=20,
-                      max_steps=300, beta2=0.99, eval_interval=100, eval_batches=8), "uniform"),
-    "maestro-tiny": (dict(vocab_size=328, n_layer=2, d_model=64, n_head=4, max_seq_len=256, dropout=0.1),
-                     dict(dataset="maestro", batch_size=8, seq_len=256, lr=2e-3, min_lr=2e-4, warmup_steps=20,
-                          max_steps=300, beta2=0.99, eval_interval=100, eval_batches=8), "uniform"),
-    "genome-tiny": (dict(vocab_size=4107, n_layer=2, d_model=64, n_head=4, max_seq_len=256, dropout=0.1),
-                    dict(dataset="genome", batch_size=8, seq_len=256, lr=2e-3, min_lr=2e-4, warmup_steps=20,
-                         max_steps=300, beta2=0.999, eval_interval=100, eval_batches=8), "uniform"),
-    "owt-tiny": (dict(vocab_size=50257, n_layer=2, d_model=64, n_head=4, max_seq_len=256, dropout=0.0),
-                 dict(dataset="openwebtext", batch_size=8, seq_len=256, lr=2e-3, min_lr=2e-4, warmup_steps=20,
-                      max_steps=300, beta2=0.95, eval_interval=100, eval_batches=8), "zero"),
+                                    beta2=0.99), "uniform"),
+    "jsb-tiny": (dict(vocab_size=90, dropout=0.1), dict(dataset="jsb", beta2=0.99), "uniform"),
+    "maestro-tiny": (dict(vocab_size=328, dropout=0.1), dict(dataset="maestro", beta2=0.99), "uniform"),
+    "genome-tiny": (dict(vocab_size=4107, dropout=0.1), dict(dataset="genome", beta2=0.999), "uniform"),
+    "owt-tiny": (dict(vocab_size=50257, dropout=0.0), dict(dataset="openwebtext", beta2=0.95), "zero"),
 }
 
 
@@ -124,6 +119,6 @@ _TINY_BY_HAND = {
 def test_derived_tiny_presets_equal_the_hand_written_ones(name):
     model, recipe, delta_init = _TINY_BY_HAND[name]
     preset = PRESETS[name]
-    assert preset.model == model
-    assert preset.recipe == Recipe(**recipe)  # every other field at its default, as before
+    assert preset.model == {**_TINY_MODEL, **model}
+    assert preset.recipe == Recipe(**{**_TINY_RECIPE, **recipe})  # every other field at its default, as before
     assert preset.pope_delta_init == delta_init and preset.paper == {}

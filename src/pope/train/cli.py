@@ -42,8 +42,8 @@ def _train(args: argparse.Namespace) -> int:
     try:
         summary = run_training(config, args.out, resume=args.resume)
     except KeyboardInterrupt:  # before the first step (data loading, compilation): nothing to save yet
-        print("pope train: interrupted before training started; nothing was written to resume from",
-              file=sys.stderr)
+        print("pope train: interrupted before the first step; nothing new was written (an earlier "
+              "checkpoints/last, if any, is unchanged)", file=sys.stderr)
         return 130
     if os.environ.get("RANK", "0") == "0":  # under torchrun only rank 0 reports
         print(json.dumps(summary, indent=2))
