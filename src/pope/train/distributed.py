@@ -77,13 +77,6 @@ def barrier() -> None:
         dist.barrier()
 
 
-def any_rank(flag: bool, device: torch.device) -> bool:
-    """True on every rank when ``flag`` is true on any (one small all-reduce; no-op in one process)."""
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return flag
-    return bool(all_reduce_sum(torch.tensor(float(flag), device=device)).item())
-
-
 def on_main_then_everywhere(function):
     """Run ``function()`` on rank 0 only and return its result on every rank; a ValueError, TypeError,
     FileNotFoundError or RuntimeError it raises is raised on every rank (so no rank waits forever)."""

@@ -14,6 +14,8 @@ import sys
 import threading
 from pathlib import Path
 
+import torch
+
 EXIT_STATUS = {"finished": 0, "stop_at_step": 0, "max_seconds": 0, "SIGINT": 128 + signal.SIGINT,
                "SIGTERM": 128 + signal.SIGTERM}
 
@@ -42,6 +44,43 @@ class StopSignals:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous = {}
+
+
+class StopVote:
+    """Ranks agree on when to stop: ``poll(local)`` is true on every rank once any rank passed True.
+
+    One process: ``local`` itself. Several on CPU (gloo): a small all-reduce per call. Several on CUDA:
+    the all-reduce of call k is read back (through pinned memory and an event) at call k + 1, so the
+    step loop never waits for the GPU; the ranks then stop together one step after the signal."""
+
+    def __init__(self, device: torch.device) -> None:
+        import torch.distributed as dist
+
+        self.distributed = dist.is_initialized() and dist.get_world_size() > 1
+        self.lagged = self.distributed and device.type == "cuda"
+        if self.distributed:
+            self.flag = torch.zeros((), device=device)
+        if self.lagged:
+            self.host = torch.zeros((), pin_memory=True)
+            self.event, self.pending = torch.cuda.Event(), False
+
+    def poll(self, local: bool) -> bool:
+        if not self.distributed:
+            return local
+        import torch.distributed as dist
+
+        decided = False
+        if self.lagged and self.pending:
+            self.event.synchronize()  # the previous call's all-reduce: finished a step ago
+            decided = bool(self.host.item())
+        self.flag.fill_(float(local))
+        dist.all_reduce(self.flag, op=dist.ReduceOp.MAX)
+        if not self.lagged:
+            return bool(self.flag.item())
+        self.host.copy_(self.flag, non_blocking=True)
+        self.event.record()
+        self.pending = True
+        return decided
 
 
 def exit_status(summary: dict) -> int:

@@ -33,8 +33,7 @@ from pope.provenance import device_name, git_commit, library_versions
 from pope.train.checkpointing import CheckpointManager, resume_checkpoint, seed_everything
 from pope.train.config import RunConfig
 from pope.train.data import ExampleBatches, Shard, load_training_data
-from pope.train.distributed import all_reduce_sum, any_rank, on_main_then_everywhere, setup_distributed, \
-    teardown_distributed
+from pope.train.distributed import all_reduce_sum, on_main_then_everywhere, setup_distributed, teardown_distributed
 from pope.train.evaluate import evaluate_split, evaluation_batch_count
 from pope.train.metrics import BestTracker, MetricsLogger
 from pope.train.optimizer import build_optimizer
@@ -42,7 +41,7 @@ from pope.train.parallel import make_strategy
 from pope.train.rundir import RunLock, check_output_dir, describe_run, holds_run
 from pope.train.schedule import WarmupCosineSchedule
 from pope.train.step import EagerStep, GraphedStep
-from pope.train.stopping import StopSignals, resume_command
+from pope.train.stopping import StopSignals, StopVote, resume_command
 
 
 class Trainer:
@@ -111,6 +110,9 @@ class Trainer:
     # ------------------------------------------------------------------------------------------ setup
     def _open_run_dir(self, resume: bool) -> Path | None:
         """Rank 0: check --out, lock it, and find what to resume from (None for a new run)."""
+        if resume and not self.run_dir.is_dir():
+            raise FileNotFoundError(f"--resume: {self.run_dir} does not exist, so it is not a run directory; "
+                                    "give the --out of the run to continue, or start a new run without --resume")
         check_output_dir(self.run_dir)
         self.lock.acquire()
         try:
@@ -220,6 +222,7 @@ class Trainer:
         last_step = last_saved = self.step
         metrics, reason = {}, "finished"
         loss_sum, loss_steps = torch.zeros((), device=self.device), 0  # per-step losses since the last log
+        votes = StopVote(self.device)
         with StopSignals() as signals:
             try:
                 while self.step < stop:
@@ -248,7 +251,7 @@ class Trainer:
                         self.save("last", metrics)
                         last_saved = self.step
                         last_time = time.perf_counter()  # keep checkpoint time out of tokens/s
-                    if any_rank(signals.received is not None, self.device) and self.step < stop:
+                    if votes.poll(signals.received is not None) and self.step < stop:
                         reason = signals.received or "SIGTERM"  # a rank without the signal stops with the others
                         break
                 if reason == "finished" and self.step < total:
