@@ -46,7 +46,8 @@ def _snapshot(directory: Path) -> dict:
 
 
 def _steps(run_dir: Path, kind="train") -> list[int]:
-    return [r["step"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
+    records = map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+    return [r["step"] for r in records if r["kind"] == kind]
 
 
 def test_second_trainer_on_a_locked_directory_fails_at_once(splits, tmp_path):

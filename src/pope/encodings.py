@@ -353,7 +353,8 @@ def parse_pe_spec(spec: str) -> tuple[str, dict]:
     from pope.config import parse_assignments
 
     if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"a positional-encoding spec must be a non-empty string like 'pope' or 'rope:base=500000'; got {spec!r}")
+        raise ValueError("a positional-encoding spec must be a non-empty string like 'pope' or 'rope:base=500000'; "
+                         f"got {spec!r}")
     name, _, rest = spec.strip().partition(":")
     name = name.strip().lower()
     items = [part.strip() for part in rest.split(",") if part.strip()]

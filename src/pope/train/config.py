@@ -109,7 +109,8 @@ class RunConfig:
         if self.seed < 0:
             raise ValueError(f"the seed must be a non-negative integer; got {self.seed}")
         if self.recipe.seq_len > self.model.max_seq_len:
-            raise ValueError(f"recipe.seq_len {self.recipe.seq_len} exceeds model.max_seq_len {self.model.max_seq_len}; "
+            raise ValueError(f"recipe.seq_len {self.recipe.seq_len} exceeds model.max_seq_len "
+                             f"{self.model.max_seq_len}; "
                              "set model.max_seq_len too")
         stop = self.train.stop_at_step
         if stop is not None and stop > self.recipe.max_steps:
@@ -146,10 +147,6 @@ RESUME_MUTABLE = {"train.device", "train.compile", "train.cuda_graph", "train.lo
 
 def _section_types() -> dict[str, dict]:
     return {"model": field_types(GPTConfig), "recipe": field_types(Recipe), "train": field_types(TrainOptions)}
-
-
-def valid_override_keys() -> list[str]:
-    return [f"{section}.{name}" for section, types in _section_types().items() for name in types]
 
 
 def parse_overrides(items: list[str] | None) -> dict[str, dict]:

@@ -65,7 +65,8 @@ def task_accuracy(run: str, data_file: str, *, batch_size: int = 256, device: st
     examples = task.load_file(data_file)
     model, info = load_model(run, map_location=device)
     if model.config.vocab_size < task.VOCAB_SIZE or model.config.max_seq_len < task.SEQ_LEN:
-        raise ValueError(f"the model in {run} (vocab {model.config.vocab_size}, max_seq_len {model.config.max_seq_len}) "
+        raise ValueError(f"the model in {run} (vocab {model.config.vocab_size}, max_seq_len "
+                         f"{model.config.max_seq_len}) "
                          f"was not trained on indirect indexing (needs vocab {task.VOCAB_SIZE}, {task.SEQ_LEN} tokens)")
     inputs, targets = torch.from_numpy(examples.inputs), torch.from_numpy(examples.targets)
     correct, loss_sum = 0, 0.0

@@ -86,7 +86,8 @@ class FSDP2(SingleProcess):
 
     def load_optimizer_state(self, model, optimizer, state):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-        set_optimizer_state_dict(model, optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True))
+        set_optimizer_state_dict(model, optimizer, optim_state_dict=state,
+                                 options=StateDictOptions(full_state_dict=True))
 
 
 def make_strategy(context: DistributedContext, parallel: str) -> SingleProcess:

@@ -37,7 +37,8 @@ def check_output_dir(path: Path) -> None:
         probe.write_text("")
         probe.unlink()
     except OSError as err:
-        raise ValueError(f"--out {path} is not writable ({err.strerror}); choose a directory you can write to") from None
+        raise ValueError(f"--out {path} is not writable ({err.strerror}); choose a directory you can write "
+                         "to") from None
 
 
 def _process_alive(pid: int) -> bool:

@@ -189,8 +189,9 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------ checkpoints
     def save(self, name: str, metrics: dict | None = None) -> None:
-        state = {"step": self.step, "schedule": self.schedule.state_dict(), "data": self.data.train.state_dict(self.step),
-                 "best": self.best.state, "metrics": metrics or {}, "run_config": self.config.to_dict()}
+        state = {"step": self.step, "schedule": self.schedule.state_dict(),
+                 "data": self.data.train.state_dict(self.step), "best": self.best.state, "metrics": metrics or {},
+                 "run_config": self.config.to_dict()}
         self.checkpoints.save(name, model=self.model, optimizer=self.optimizer,
                               model_config=self.model_config.to_dict(), trainer_state=state)
 
@@ -268,7 +269,8 @@ class Trainer:
         return summary
 
     def resume_hint(self) -> str:
-        fallback = f"pope train {self.config.preset} --pe '{self.config.pe}' --out {self.run_dir} [same --set ...] --resume"
+        fallback = (f"pope train {self.config.preset} --pe '{self.config.pe}' --out {self.run_dir} [same --set ...] "
+                    "--resume")
         return resume_command(fallback=fallback)
 
     def _out_of_time(self, started: float) -> bool:
