@@ -219,3 +219,50 @@ def test_out_of_range_token_ids_in_training_data_name_the_file(tmp_path):
     with pytest.raises(ValueError, match=rf"{data}/train.bin contains token id 200 but the model only has 90 ids.*"
                                          r"re-prepare it"):
         Trainer(config, tmp_path / "run")
+
+
+def _children_with_rank(parent: int, rank: int) -> list[int]:
+    """Worker processes of a torchrun agent with RANK=rank (read from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == parent and f"RANK={rank}".encode() in environ:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.slow
+def test_signal_to_one_rank_stops_every_rank_at_the_same_step(splits, tmp_path):
+    """2-process gloo DDP: SIGTERM to rank 1 only; rank 0 stops at the same step, the checkpoint holds it and
+    the run resumes to the end."""
+    run_dir = tmp_path / "run"
+    args = ["indirect-indexing-tiny", "--pe", "pope", "--out", str(run_dir)]
+    for item in _sets(splits, "recipe.max_steps=400", "recipe.eval_interval=400", "train.device=cpu"):
+        args += ["--set", item]
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "pope.cli",
+                "train"]
+    agent = subprocess.Popen(launcher + args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = run_dir / "metrics.jsonl"
+    for _ in range(1200):
+        if agent.poll() is not None or (metrics.exists() and metrics.read_text().count("\n") >= 3):
+            break
+        time.sleep(0.1)
+    workers = _children_with_rank(agent.pid, 1)
+    assert len(workers) == 1, workers
+    os.kill(workers[0], signal.SIGTERM)
+    _, err = agent.communicate(timeout=240)
+    line = [x for x in err.splitlines() if x.startswith("stopped at step ")][-1]
+    step = int(line.split()[3].rstrip(";"))
+    assert step < 400
+    state = torch.load(run_dir / "checkpoints" / "last" / "trainer_state.pt", weights_only=True)
+    assert state["step"] == step == _steps(run_dir)[-1]
+    resumed = subprocess.run(launcher + args + ["--resume"], env=env, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert _steps(run_dir) == list(range(1, 401))
