@@ -129,10 +129,13 @@ def test_registry_names_options_and_errors():
         parse_pe_spec("popey")
     with pytest.raises(ValueError, match="no option 'scale'.*valid options"):
         parse_pe_spec("pope:scale=2")
-    with pytest.raises(ValueError, match="key=value"):
+    with pytest.raises(ValueError, match="option=value"):
         parse_pe_spec("rope:base")
     with pytest.raises(ValueError, match="delta_init"):
         build_positional_encoding("pope:delta_init=gauss", n_heads=2, head_dim=8)
+    for word in ("no", "false", "off", "0"):  # every false word really removes delta (an ablation is one)
+        assert build_positional_encoding(f"pope:use_delta={word}", n_heads=2, head_dim=8).delta is None
+    assert build_positional_encoding("pope:use_delta=YES", n_heads=2, head_dim=8).delta is not None
     with pytest.raises(ValueError, match="even"):
         build_positional_encoding("rope", n_heads=2, head_dim=7)
     assert "magnitude" in pope.describe_positional_encoding("pope")

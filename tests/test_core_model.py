@@ -140,3 +140,19 @@ def test_device_names_resolve_one_way():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available"):
             resolve_device("cuda:0")
+
+
+def test_generate_refuses_bad_prompts_and_says_what_to_pass():
+    model = GPT(small_config("pope")).eval()
+    with pytest.raises(TypeError, match=r"\(batch, seq\) integer tensor.*got \(5,\).*idx\[None\]"):
+        model.generate(torch.randint(0, 37, (5,)), 2)
+    with pytest.raises(TypeError, match="integer tensor"):
+        model.generate(torch.zeros(1, 3), 2)
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 37\).*from 0 to 37"):
+        model.generate(torch.tensor([[0, 37]]), 2)
+    with pytest.raises(ValueError, match="at least one token"):
+        model.generate(torch.zeros(2, 0, dtype=torch.long), 2)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        model.generate(torch.zeros(1, 2, dtype=torch.long), 2.5)
+    with pytest.raises(ValueError, match="top_k"):
+        model.generate(torch.zeros(1, 2, dtype=torch.long), 2, top_k=0)

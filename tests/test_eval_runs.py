@@ -103,8 +103,8 @@ def test_yarn_finetune_changes_frequencies_exactly_as_the_formula(workspace, tmp
     original, _ = load_model(workspace["rope"])
     trainer = build_finetune_trainer(workspace["rope"], tmp_path / "yarn", context=64, steps=2, batch_size=4)
     config = trainer.config
-    assert config["recipe"]["lr"] == config["recipe"]["min_lr"] == 6e-5 and config["recipe"]["seq_len"] == 64
-    assert config["finetune"]["scale"] == 4.0 and config["model"]["pe"].startswith("yarn:")
+    assert config.recipe.lr == config.recipe.min_lr == 6e-5 and config.recipe.seq_len == 64
+    assert config.finetune["scale"] == 4.0 and config.model.pe.startswith("yarn:")
     # Starts from the trained weights.
     for name, tensor in original.state_dict().items():
         torch.testing.assert_close(trainer.model.state_dict()[name], tensor, rtol=0, atol=0)
@@ -117,7 +117,7 @@ def test_yarn_finetune_changes_frequencies_exactly_as_the_formula(workspace, tmp
     trainer.close()
     assert summary["step"] == 2
     tuned, info = load_model(tmp_path / "yarn")
-    assert tuned.config.pe == config["model"]["pe"] and tuned.config.max_seq_len == 64
+    assert tuned.config.pe == config.model.pe and tuned.config.max_seq_len == 64
     assert json.loads((tmp_path / "yarn" / "config.json").read_text())["finetune"]["from"]["run"] == str(workspace["rope"])
 
 
@@ -126,7 +126,7 @@ def test_pope_finetune_does_not_interpolate(workspace, tmp_path):
 
     trainer = build_finetune_trainer(workspace["pope"], tmp_path / "popeft", context=32, steps=1, batch_size=4)
     assert trainer.model.config.pe == json.loads((workspace["pope"] / "config.json").read_text())["model"]["pe"]
-    assert trainer.model.config.max_seq_len == 32 and trainer.config["finetune"]["method"] == "no interpolation"
+    assert trainer.model.config.max_seq_len == 32 and trainer.config.finetune["method"] == "no interpolation"
     trainer.close()
     # The paper's recipe for 500 steps: batch 64, lr 6e-5, 20 warmup, no decay.
     run_config = json.loads((workspace["pope"] / "config.json").read_text())

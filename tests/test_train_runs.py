@@ -113,7 +113,7 @@ def test_run_records(splits, tmp_path):
     env = json.loads((tmp_path / "run" / "env.json").read_text())
     assert {"versions", "git", "device_name", "world_size", "command"} <= set(env)
     assert env["versions"]["torch"] == torch.__version__ and env["world_size"] == 1
-    assert json.loads((tmp_path / "run" / "config.json").read_text()) == config
+    assert json.loads((tmp_path / "run" / "config.json").read_text()) == config.to_dict()
     train = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
              if r["kind"] == "train"]
     assert {"step", "loss", "lr", "tokens_per_s", "step_ms"} <= set(train[0]) and train[0]["tokens_per_s"] > 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import typing
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -346,22 +347,25 @@ def describe_positional_encoding(name: str) -> dict:
 
 
 def parse_pe_spec(spec: str) -> tuple[str, dict]:
-    """'name:key=value,key=value' -> (name, {key: value}) with ints/floats/bools converted; validated."""
+    """'name:key=value,key=value' -> (name, {key: value}), each value read by the type of the layer's
+    option (pope.config: booleans true/false/yes/no/on/off/1/0, integers without a fraction, 'none' for
+    optional values); unknown or repeated options are a ValueError listing the valid ones."""
+    from pope.config import parse_assignments
+
     if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"a positional-encoding spec must be a non-empty string like 'pope' or 'rope:base=500000'; got {spec!r}")
+        raise ValueError("a positional-encoding spec must be a non-empty string like 'pope' or 'rope:base=500000'; "
+                         f"got {spec!r}")
     name, _, rest = spec.strip().partition(":")
     name = name.strip().lower()
-    allowed = describe_positional_encoding(name)
-    options = {}
-    for item in filter(None, (part.strip() for part in rest.split(","))):
-        key, eq, value = item.partition("=")
-        key = key.strip()
-        if not eq:
-            raise ValueError(f"option {item!r} in {spec!r} must look like key=value")
-        if key not in allowed:
-            raise ValueError(f"{name!r} has no option {key!r}; valid options: {', '.join(sorted(allowed)) or 'none'}")
-        options[key] = _parse_value(value.strip())
-    return name, options
+    items = [part.strip() for part in rest.split(",") if part.strip()]
+    return name, parse_assignments(items, option_types(name), where=f"positional encoding {spec!r}", noun="option")
+
+
+def option_types(name: str) -> dict:
+    """{option: annotation} of the options that `name` accepts in a config string."""
+    spec = _spec(name)
+    hints = typing.get_type_hints(spec.layer.__init__)
+    return {option: hints[option] for option in describe_positional_encoding(name)}
 
 
 def build_positional_encoding(spec: str, *, n_heads: int, n_kv_heads: int | None = None,
@@ -387,17 +391,3 @@ def _spec(name: str) -> EncodingSpec:
         return _REGISTRY[name]
     except KeyError:
         raise ValueError(f"unknown positional encoding {name!r}; valid names: {', '.join(list_positional_encodings())}") from None
-
-
-def _parse_value(text: str):
-    lowered = text.lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    if lowered in ("none", "null"):
-        return None
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text

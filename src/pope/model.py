@@ -8,12 +8,13 @@ cache memory) and gives the same logits as a full forward pass.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from pope.config import check_fields, from_dict
 from pope.encodings import build_absolute_embedding, build_positional_encoding, parse_pe_spec
 
 
@@ -45,10 +46,10 @@ class GPTConfig:
     """Share the token embedding with the output projection."""
 
     def __post_init__(self):
+        check_fields(self)  # real types: GPTConfig(n_kv_head=2.0) or tie_embeddings="no" is a TypeError
         for name in ("vocab_size", "n_layer", "n_head", "d_model", "max_seq_len", "mlp_ratio"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"GPTConfig.{name} must be a positive int; got {value!r}")
+            if getattr(self, name) <= 0:
+                raise ValueError(f"GPTConfig.{name} must be a positive int; got {getattr(self, name)!r}")
         if self.d_model % self.n_head:
             raise ValueError(f"GPTConfig.d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
         if self.n_kv_head is not None and (self.n_kv_head <= 0 or self.n_head % self.n_kv_head):
@@ -72,11 +73,7 @@ class GPTConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "GPTConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"unknown GPTConfig fields {sorted(unknown)}; valid fields: {sorted(known)}")
-        return cls(**data)
+        return from_dict(cls, data)
 
 
 class KVCache:
@@ -220,9 +217,24 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Sample max_new_tokens after the prompt idx (B, T) with a KV cache; temperature 0 is greedy."""
-        if max_new_tokens < 0 or temperature < 0:
-            raise ValueError("max_new_tokens and temperature must be non-negative")
+        """Sample max_new_tokens after the prompt idx (B, T) of token ids in [0, vocab_size) with a KV cache;
+        temperature 0 is greedy. Returns (B, T + max_new_tokens)."""
+        if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.dtype not in (torch.int64, torch.int32):
+            shape = tuple(idx.shape) if isinstance(idx, torch.Tensor) else type(idx).__name__
+            raise TypeError(f"generate() takes the prompt as a (batch, seq) integer tensor of token ids; got {shape}"
+                            f"{f' {idx.dtype}' if isinstance(idx, torch.Tensor) else ''} (one prompt: idx[None])")
+        if idx.shape[1] == 0:
+            raise ValueError("generate() needs a prompt of at least one token per sequence")
+        low, high = int(idx.min()), int(idx.max())
+        if low < 0 or high >= self.config.vocab_size:
+            raise ValueError(f"prompt token ids must lie in [0, {self.config.vocab_size}) (the model's vocab_size); "
+                             f"got ids from {low} to {high}: encode the prompt with the model's own tokenizer")
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be a non-negative int; got {max_new_tokens!r}")
+        if not temperature >= 0:
+            raise ValueError(f"temperature must be non-negative (0 is greedy); got {temperature!r}")
+        if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
+            raise ValueError(f"top_k must be a positive int or None; got {top_k!r}")
         cache = self.new_kv_cache(idx.shape[0], idx.shape[1] + max_new_tokens)
         logits, _ = self(idx, kv_cache=cache)
         out = [idx]

@@ -1,13 +1,16 @@
 """The paper's setups as named presets: model shape + training recipe (+ the paper's numbers).
 
 `get_preset(name)` returns a `Preset`; `preset.model_config(pe=..., vocab_size=...)` builds the
-GPTConfig. Values come from the paper (see shared/paper.md); where the paper is silent the field's
-docstring or the `assumed` note says what we chose. `*-tiny` presets are small enough for 2 CPU cores.
+GPTConfig. Values come from the paper (see docs/paper.md); where the paper is silent the field's
+docstring or the `assumed` note says what we chose. Each `*-tiny` preset is its full preset shrunk by
+`tiny()` (same data, optimizer betas and weight decay; a 2-layer model and a 300-step schedule), small
+enough for 2 CPU cores.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 
+from pope.config import check_fields
 from pope.encodings import parse_pe_spec
 from pope.model import GPTConfig
 
@@ -45,19 +48,24 @@ class Recipe:
     """Which values the paper does not state and we chose."""
 
     def __post_init__(self):
+        check_fields(self)
         for name in ("batch_size", "seq_len", "max_steps", "grad_accum", "eval_interval", "eval_batches"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"Recipe.{name} must be positive; got {getattr(self, name)}")
+                raise ValueError(f"recipe.{name} must be positive; got {getattr(self, name)}")
         if self.warmup_steps < 0 or self.warmup_steps > self.max_steps:
-            raise ValueError(f"Recipe.warmup_steps must be in [0, max_steps]; got {self.warmup_steps}")
+            raise ValueError(f"recipe.warmup_steps ({self.warmup_steps}) must be in [0, recipe.max_steps = "
+                             f"{self.max_steps}]; when lowering max_steps also set recipe.warmup_steps, e.g. "
+                             f"--set recipe.warmup_steps={min(max(self.warmup_steps, 0), self.max_steps // 10)}")
         if not 0 < self.min_lr <= self.lr:
-            raise ValueError(f"Recipe needs 0 < min_lr <= lr; got lr={self.lr}, min_lr={self.min_lr}")
+            raise ValueError(f"recipe needs 0 < min_lr <= lr; got lr={self.lr}, min_lr={self.min_lr} "
+                             "(set recipe.lr and recipe.min_lr together)")
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
-            raise ValueError(f"Recipe betas must be in [0, 1); got {self.beta1}, {self.beta2}")
+            raise ValueError(f"recipe.beta1 and beta2 must be in [0, 1); got {self.beta1}, {self.beta2}")
         if self.weight_decay < 0 or self.grad_clip < 0:
-            raise ValueError("Recipe.weight_decay and grad_clip must be non-negative")
+            raise ValueError("recipe.weight_decay and recipe.grad_clip must be non-negative")
         if self.batch_size % self.grad_accum:
-            raise ValueError(f"Recipe.batch_size ({self.batch_size}) must be divisible by grad_accum ({self.grad_accum})")
+            raise ValueError(f"recipe.batch_size ({self.batch_size}) must be divisible by recipe.grad_accum "
+                             f"({self.grad_accum})")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -99,7 +107,7 @@ def _owt(name: str, n_layer: int, d_model: int, n_head: int, rope_ppl: float, po
         pope_delta_init="zero", paper={"metric": "valid_ppl", "rope": rope_ppl, "pope": pope_ppl})
 
 
-_PRESETS = [
+_FULL_PRESETS = [
     Preset(name="indirect-indexing", description="Indirect indexing (paper Sec. 4.1): 8 layers, d_model 512, 8 heads",
            model=dict(n_layer=8, d_model=512, n_head=8, max_seq_len=48, dropout=0.0),
            recipe=Recipe(dataset="indirect-indexing", batch_size=64, seq_len=48, lr=2e-4, min_lr=2e-5,
@@ -127,29 +135,32 @@ _PRESETS = [
     _owt("owt-124m", 12, 768, 12, 21.55, 21.33),
     _owt("owt-253m", 16, 1024, 16, 18.88, 18.55),
     _owt("owt-774m", 36, 1280, 20, 15.85, 15.45),
-    # CPU-sized variants: same data and recipe shape, a model and schedule that run in seconds to minutes.
-    Preset(name="indirect-indexing-tiny", description="Indirect indexing on CPU: 2 layers, d_model 64, 4 heads",
-           model=dict(n_layer=2, d_model=64, n_head=4, max_seq_len=48, dropout=0.0),
-           recipe=Recipe(dataset="indirect-indexing", batch_size=32, seq_len=48, lr=1e-3, min_lr=1e-4,
-                         warmup_steps=20, max_steps=300, beta2=0.99, eval_interval=100, eval_batches=8)),
-    Preset(name="jsb-tiny", description="JSB chorales on CPU: 2 layers, d_model 64, 4 heads",
-           model=dict(vocab_size=90, n_layer=2, d_model=64, n_head=4, max_seq_len=256, dropout=0.1),
-           recipe=Recipe(dataset="jsb", batch_size=8, seq_len=256, lr=2e-3, min_lr=2e-4, warmup_steps=20,
-                         max_steps=300, beta2=0.99, eval_interval=100, eval_batches=8)),
-    Preset(name="maestro-tiny", description="MAESTRO on CPU: 2 layers, d_model 64, 4 heads",
-           model=dict(vocab_size=328, n_layer=2, d_model=64, n_head=4, max_seq_len=256, dropout=0.1),
-           recipe=Recipe(dataset="maestro", batch_size=8, seq_len=256, lr=2e-3, min_lr=2e-4, warmup_steps=20,
-                         max_steps=300, beta2=0.99, eval_interval=100, eval_batches=8)),
-    Preset(name="genome-tiny", description="Genome on CPU: 2 layers, d_model 64, 4 heads",
-           model=dict(vocab_size=4107, n_layer=2, d_model=64, n_head=4, max_seq_len=256, dropout=0.1),
-           recipe=Recipe(dataset="genome", batch_size=8, seq_len=256, lr=2e-3, min_lr=2e-4, warmup_steps=20,
-                         max_steps=300, beta2=0.999, eval_interval=100, eval_batches=8)),
-    Preset(name="owt-tiny", description="GPT-2 text on CPU: 2 layers, d_model 64, 4 heads",
-           model=dict(vocab_size=50257, n_layer=2, d_model=64, n_head=4, max_seq_len=256, dropout=0.0),
-           recipe=Recipe(dataset="openwebtext", batch_size=8, seq_len=256, lr=2e-3, min_lr=2e-4, warmup_steps=20,
-                         max_steps=300, beta2=0.95, eval_interval=100, eval_batches=8), pope_delta_init="zero"),
 ]
-PRESETS: dict[str, Preset] = {p.name: p for p in _PRESETS}
+
+
+def tiny(full: Preset, *, label: str, name: str | None = None, batch_size: int = 8, lr: float = 2e-3,
+         dropout: float | None = None) -> Preset:
+    """The CPU-sized variant of ``full``: the same data, betas, weight decay, clipping and PoPE delta init;
+    a 2-layer, d_model 64, 4-head model at context min(256, full's); 300 steps (20 warmup, cosine to lr/10),
+    evaluated every 100 steps on 8 batches. ``name`` defaults to full's name + '-tiny'; ``dropout`` None keeps
+    full's."""
+    max_seq_len = min(256, full.model["max_seq_len"])
+    model = {**full.model, "n_layer": 2, "d_model": 64, "n_head": 4, "max_seq_len": max_seq_len}
+    if dropout is not None:
+        model["dropout"] = dropout
+    recipe = replace(full.recipe, batch_size=batch_size, seq_len=min(max_seq_len, full.recipe.seq_len), lr=lr,
+                     min_lr=lr / 10, warmup_steps=20, max_steps=300, eval_interval=100, eval_batches=8, assumed="")
+    return replace(full, name=name or f"{full.name}-tiny",
+                   description=f"{label} on CPU: 2 layers, d_model 64, 4 heads", model=model, recipe=recipe, paper={})
+
+
+_FULL = {p.name: p for p in _FULL_PRESETS}
+_TINY_PRESETS = [tiny(_FULL["indirect-indexing"], label="Indirect indexing", batch_size=32, lr=1e-3),
+                 tiny(_FULL["jsb"], label="JSB chorales", dropout=0.1),
+                 tiny(_FULL["maestro"], label="MAESTRO"),
+                 tiny(_FULL["genome"], label="Genome"),
+                 tiny(_FULL["owt-124m"], label="GPT-2 text", name="owt-tiny")]
+PRESETS: dict[str, Preset] = {p.name: p for p in _FULL_PRESETS + _TINY_PRESETS}
 
 
 def list_presets() -> list[str]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 
 def register(subparsers) -> None:
@@ -51,14 +52,20 @@ def _train(args: argparse.Namespace) -> int:
     if args.jobs_per_gpu is not None or args.jobs is not None:
         raise ValueError("--jobs and --jobs-per-gpu apply to seed sweeps (--seeds)")
     from pope.train.config import resolve_run_config
+    from pope.train.stopping import exit_status
     from pope.train.trainer import run_training
 
     seed = 0 if args.seed is None else args.seed
     config = resolve_run_config(args.preset, args.pe, seed=seed, overrides=args.overrides)
     if args.print_config:
-        print(json.dumps(config, indent=2))
+        print(json.dumps(config.to_dict(), indent=2))
         return 0
-    summary = run_training(config, args.out, resume=args.resume)
+    try:
+        summary = run_training(config, args.out, resume=args.resume)
+    except KeyboardInterrupt:  # before the first step (data loading, compilation): nothing to save yet
+        print("pope train: interrupted before the first step; nothing new was written (an earlier "
+              "checkpoints/last, if any, is unchanged)", file=sys.stderr)
+        return 130
     if os.environ.get("RANK", "0") == "0":  # under torchrun only rank 0 reports
         print(json.dumps(summary, indent=2))
-    return 0
+    return exit_status(summary)  # 130 / 143 after SIGINT / SIGTERM (checkpoint written), else 0

@@ -1,41 +1,49 @@
-"""The resolved configuration of one training run and the ``--set section.key=value`` overrides.
+"""The configuration of one training run (``RunConfig``) and the ``--set section.key=value`` overrides.
 
-A run config is a plain dict, saved as ``RUN/config.json``::
+A ``RunConfig`` carries typed sections; ``to_dict()`` is what ``RUN/config.json`` holds::
 
     {"preset": ..., "pe": ..., "seed": ...,
      "model":  GPTConfig fields (vocab_size filled from the data),
      "recipe": pope.presets.Recipe fields,
-     "train":  TrainOptions fields (how this trainer runs: devices, compile, logging, ...)}
+     "train":  TrainOptions fields (how this trainer runs: devices, compile, logging, ...),
+     "finetune": {...}   (fine-tunes only: where the weights came from)}
 
-``--set`` keys are ``model.FIELD``, ``recipe.FIELD`` or ``train.FIELD``; values are parsed by the
-field's type (``true``/``false``, ints, floats, ``none``). An unknown key raises a ValueError listing
-the valid keys. On ``--resume`` the stored config must equal the new one except ``RESUME_MUTABLE``
-keys (how the run is executed, not what it computes).
+``--set`` keys are ``model.FIELD``, ``recipe.FIELD`` or ``train.FIELD``; values are read by the field's
+type with pope.config's rule (booleans true/false/yes/no/on/off/1/0, integers without a fraction,
+``none`` for optional fields). An unknown or repeated key is a ValueError listing the valid keys.
+Every section validates itself on construction; ``RunConfig`` checks what spans sections. On
+``--resume`` the stored config must equal the new one except ``RESUME_MUTABLE`` keys (how the run is
+executed, not what it computes).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
-import typing
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pope.config import check_fields, field_types, from_dict, parse_assignments
+from pope.model import GPTConfig
+from pope.presets import Recipe
 
 SECTIONS = ("model", "recipe", "train")
+EVAL_SPLITS = ("valid", "test")
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class TrainOptions:
     """How the trainer executes a recipe. Defaults of None are resolved at run time (documented)."""
 
-    device: str = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
     """'auto' (CUDA when available), 'cuda' or 'cpu'."""
-    autocast: str = "auto"
+    autocast: Literal["auto", "bf16", "none"] = "auto"
     """'bf16' (bf16 autocast; weights and optimizer stay fp32), 'none', or 'auto' = bf16 on CUDA, none on CPU."""
     compile: bool | None = None
     """torch.compile the model; None = on for CUDA, off for CPU."""
     cuda_graph: bool | None = None
     """Capture the whole optimizer step (forward, backward, clipping, fused AdamW) in one CUDA graph and
     replay it; None = on when possible (one CUDA process, example data on the GPU, no per-step host work)."""
-    parallel: str = "ddp"
+    parallel: Literal["ddp", "fsdp"] = "ddp"
     """Under torchrun: 'ddp' or 'fsdp' (FSDP2 fully_shard per block; for the largest presets)."""
     data_seed: int = 0
     """Seed of the generated indirect-indexing splits (fixed across training seeds, like a dataset)."""
@@ -53,13 +61,83 @@ class TrainOptions:
     checkpoint_interval: int | None = None
     """Steps between checkpoints/last; None = recipe.eval_interval."""
     stop_at_step: int | None = None
-    """Stop (after checkpointing) once this step is reached, without finishing the schedule; for
-    splitting a run over several invocations (resume with --resume)."""
+    """Stop (after checkpointing) once this step (1..recipe.max_steps) is reached, without finishing the
+    schedule; for splitting a run over several invocations (resume with --resume)."""
     max_seconds: float | None = None
     """Stop (after checkpointing) once this invocation has trained this long; resume with --resume.
     For machines that allow only bounded jobs."""
     tensorboard: bool = True
     progress: bool = True
+
+    def __post_init__(self):
+        check_fields(self)
+        positive = {"log_interval": self.log_interval, "checkpoint_interval": self.checkpoint_interval,
+                    "eval_batch_size": self.eval_batch_size, "stop_at_step": self.stop_at_step,
+                    "max_seconds": self.max_seconds}
+        for name, value in positive.items():
+            if value is not None and not value > 0:
+                raise ValueError(f"train.{name} must be positive (or none); got {value}")
+        if self.data_seed < 0:
+            raise ValueError(f"train.data_seed must be non-negative; got {self.data_seed}")
+        if self.best_metric is not None and not self.best_metric.endswith(("_loss", "_accuracy")):
+            raise ValueError("train.best_metric must end with _loss or _accuracy, e.g. valid_loss")
+        for split in self.eval_splits.split(","):
+            if split.strip() not in (*EVAL_SPLITS, ""):
+                raise ValueError(f"train.eval_splits: unknown split {split!r}; use valid and/or test")
+
+    @property
+    def splits(self) -> list[str]:
+        """The evaluated splits, in order."""
+        return [s.strip() for s in self.eval_splits.split(",") if s.strip()]
+
+
+@dataclass(kw_only=True, frozen=True)
+class RunConfig:
+    """Everything one training run computes with; ``RUN/config.json`` is ``to_dict()``."""
+
+    preset: str
+    pe: str
+    seed: int
+    model: GPTConfig
+    recipe: Recipe
+    train: TrainOptions = field(default_factory=TrainOptions)
+    finetune: dict | None = None
+    """Fine-tunes only (pope.eval.finetune): the source checkpoint, scale and method."""
+
+    def __post_init__(self):
+        check_fields(self)
+        if self.seed < 0:
+            raise ValueError(f"the seed must be a non-negative integer; got {self.seed}")
+        if self.recipe.seq_len > self.model.max_seq_len:
+            raise ValueError(f"recipe.seq_len {self.recipe.seq_len} exceeds model.max_seq_len "
+                             f"{self.model.max_seq_len}; "
+                             "set model.max_seq_len too")
+        stop = self.train.stop_at_step
+        if stop is not None and stop > self.recipe.max_steps:
+            raise ValueError(f"train.stop_at_step {stop} is past recipe.max_steps {self.recipe.max_steps}; "
+                             f"give a step in 1..{self.recipe.max_steps} (or none to finish the schedule)")
+
+    def to_dict(self) -> dict:
+        data = {"preset": self.preset, "pe": self.pe, "seed": self.seed, "model": self.model.to_dict(),
+                "recipe": self.recipe.to_dict(), "train": dataclasses.asdict(self.train)}
+        if self.finetune is not None:
+            data["finetune"] = self.finetune
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RunConfig":
+        """From ``config.json``'s layout (or a dict built the same way); unknown keys are refused."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown run-config keys {unknown}; valid keys: {', '.join(sorted(known))}")
+        return cls(preset=data.get("preset"), pe=data.get("pe"), seed=data.get("seed"),
+                   model=GPTConfig.from_dict(data.get("model", {})), recipe=from_dict(Recipe, data.get("recipe", {})),
+                   train=from_dict(TrainOptions, data.get("train", {})), finetune=data.get("finetune"))
+
+    @classmethod
+    def coerce(cls, config: "RunConfig | dict") -> "RunConfig":
+        return config if isinstance(config, cls) else cls.from_dict(config)
 
 
 RESUME_MUTABLE = {"train.device", "train.compile", "train.cuda_graph", "train.log_interval", "train.stop_at_step",
@@ -67,75 +145,27 @@ RESUME_MUTABLE = {"train.device", "train.compile", "train.cuda_graph", "train.lo
                   "train.max_seconds"}
 
 
-def _field_types(cls) -> dict[str, typing.Any]:
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in fields(cls)}
+def _section_types() -> dict[str, dict]:
+    return {"model": field_types(GPTConfig), "recipe": field_types(Recipe), "train": field_types(TrainOptions)}
 
 
-def _parse_typed(text: str, annotation, key: str):
-    lowered = text.strip().lower()
-    args = typing.get_args(annotation)
-    allowed = [a for a in args if a is not type(None)] if args else [annotation]
-    if type(None) in args and lowered in ("none", "null"):
-        return None
-    for kind in allowed:
-        if kind is bool:
-            if lowered in ("true", "1", "yes", "on"):
-                return True
-            if lowered in ("false", "0", "no", "off"):
-                return False
-            continue
-        if kind in (int, float):
-            try:
-                return kind(text)
-            except ValueError:
-                if kind is float:
-                    continue
-                try:
-                    as_float = float(text)
-                except ValueError:
-                    continue
-                if as_float.is_integer():
-                    return int(as_float)
-                continue
-        if kind is str:
-            return text
-    raise ValueError(f"--set {key}={text}: cannot read {text!r} as {annotation}")
-
-
-def _model_field_types() -> dict[str, typing.Any]:
-    from pope.model import GPTConfig
-    return _field_types(GPTConfig)
-
-
-def _recipe_field_types() -> dict[str, typing.Any]:
-    from pope.presets import Recipe
-    return _field_types(Recipe)
-
-
-def valid_override_keys() -> list[str]:
-    return ([f"model.{k}" for k in _model_field_types()] + [f"recipe.{k}" for k in _recipe_field_types()]
-            + [f"train.{k}" for k in _field_types(TrainOptions)])
-
-
-def parse_overrides(items: list[str] | None) -> dict[str, dict[str, typing.Any]]:
-    """['recipe.lr=1e-3', 'model.n_layer=2'] -> {'recipe': {'lr': 0.001}, 'model': {'n_layer': 2}}."""
-    types = {"model": _model_field_types(), "recipe": _recipe_field_types(), "train": _field_types(TrainOptions)}
-    result: dict[str, dict] = {s: {} for s in SECTIONS}
-    for item in items or []:
-        key, eq, value = item.partition("=")
-        key = key.strip()
-        section, dot, name = key.partition(".")
-        if not eq or not dot or section not in types or name not in types[section]:
-            raise ValueError(f"--set {item!r}: expected KEY=VALUE with KEY one of: {', '.join(valid_override_keys())}")
-        if section == "model" and name == "pe":
-            raise ValueError("choose the positional encoding with --pe, not --set model.pe")
-        result[section][name] = _parse_typed(value, types[section][name], key)
+def parse_overrides(items: list[str] | None) -> dict[str, dict]:
+    """['recipe.lr=1e-3', 'model.n_layer=2'] -> {'model': {'n_layer': 2}, 'recipe': {'lr': 0.001}, 'train': {}}."""
+    items = list(items or [])
+    if any(item.partition("=")[0].strip() == "model.pe" for item in items):
+        raise ValueError("choose the positional encoding with --pe, not --set model.pe")
+    types = {f"{section}.{name}": annotation for section, fields_ in _section_types().items()
+             for name, annotation in fields_.items()}
+    flat = parse_assignments(items, types, where="--set")
+    result: dict[str, dict] = {section: {} for section in SECTIONS}
+    for key, value in flat.items():
+        section, _, name = key.partition(".")
+        result[section][name] = value
     return result
 
 
 def resolve_run_config(preset_name: str, pe: str, *, seed: int = 0, overrides: list[str] | None = None,
-                       vocab_size: int | None = None) -> dict:
+                       vocab_size: int | None = None) -> RunConfig:
     """The full, validated run config. ``vocab_size`` comes from the data when the preset has none."""
     from pope.encodings import parse_pe_spec
     from pope.presets import get_preset, with_recipe
@@ -151,35 +181,12 @@ def resolve_run_config(preset_name: str, pe: str, *, seed: int = 0, overrides: l
         if vocab_size is None:
             raise ValueError(f"preset {preset_name!r} takes its vocab_size from the data; none was given")
         model_fields["vocab_size"] = vocab_size
-    model_config = preset.model_config(pe=pe, **model_fields)
-    if preset.recipe.seq_len > model_config.max_seq_len:
-        raise ValueError(f"recipe.seq_len {preset.recipe.seq_len} exceeds model.max_seq_len {model_config.max_seq_len}")
-    options = TrainOptions(**changes["train"])
-    _validate_options(options)
-    return {"preset": preset_name, "pe": pe, "seed": int(seed), "model": model_config.to_dict(),
-            "recipe": preset.recipe.to_dict(), "train": dataclasses.asdict(options)}
-
-
-def _validate_options(options: TrainOptions) -> None:
-    checks = [(options.device in ("auto", "cpu", "cuda"), "train.device must be auto, cpu or cuda"),
-              (options.autocast in ("auto", "bf16", "none"), "train.autocast must be auto, bf16 or none"),
-              (options.parallel in ("ddp", "fsdp"), "train.parallel must be ddp or fsdp"),
-              (options.log_interval > 0, "train.log_interval must be positive"),
-              (options.checkpoint_interval is None or options.checkpoint_interval > 0,
-               "train.checkpoint_interval must be positive"),
-              (options.eval_batch_size is None or options.eval_batch_size > 0, "train.eval_batch_size must be positive"),
-              (options.best_metric is None or options.best_metric.endswith(("_loss", "_accuracy")),
-               "train.best_metric must end with _loss or _accuracy, e.g. valid_loss")]
-    for ok, message in checks:
-        if not ok:
-            raise ValueError(message)
-    for split in options.eval_splits.split(","):
-        if split.strip() not in ("valid", "test", ""):
-            raise ValueError(f"train.eval_splits: unknown split {split!r}; use valid and/or test")
+    return RunConfig(preset=preset_name, pe=pe, seed=seed, model=preset.model_config(pe=pe, **model_fields),
+                     recipe=preset.recipe, train=TrainOptions(**changes["train"]))
 
 
 def config_differences(old: dict, new: dict, *, ignore: set[str] = RESUME_MUTABLE) -> list[str]:
-    """Human-readable differences 'section.key: old -> new' between two run configs."""
+    """Human-readable differences 'section.key: old -> new' between two run configs (dict layout)."""
     differences = []
 
     def walk(a, b, prefix):
@@ -191,7 +198,3 @@ def config_differences(old: dict, new: dict, *, ignore: set[str] = RESUME_MUTABL
 
     walk(old, new, "")
     return differences
-
-
-def train_options(config: dict) -> TrainOptions:
-    return TrainOptions(**config["train"])

@@ -1,4 +1,4 @@
-"""Process-group setup for ``torchrun`` and model wrapping (DDP, or FSDP2 for the largest presets).
+"""Process-group setup for ``torchrun`` and the few collectives the trainer uses (model wrapping: parallel.py).
 
 Under ``torchrun --nproc_per_node=N`` the environment has RANK / LOCAL_RANK / WORLD_SIZE; the
 backend is NCCL on CUDA and gloo on CPU. Without them the run is a single process (rank 0 of 1).
@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 
 @dataclass(frozen=True)
@@ -59,27 +58,6 @@ def teardown_distributed() -> None:
         dist.destroy_process_group()
 
 
-def wrap_model(model: nn.Module, context: DistributedContext, parallel: str) -> nn.Module:
-    """DDP (``parallel="ddp"``) or FSDP2 (``"fsdp"``: each transformer block sharded, then the root).
-    Returns the module to call for training; the caller keeps the unwrapped model for checkpoints."""
-    if parallel not in ("ddp", "fsdp"):
-        raise ValueError(f"train.parallel must be 'ddp' or 'fsdp', got {parallel!r}")
-    if not context.is_distributed:
-        return model
-    if parallel == "ddp":
-        from torch.nn.parallel import DistributedDataParallel
-        device_ids = [context.local_rank] if context.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=device_ids)
-    from torch.distributed.fsdp import fully_shard
-    blocks = getattr(model, "blocks", None)
-    if blocks is None:
-        raise ValueError("FSDP2 wrapping expects the model to have `.blocks` (a list of transformer blocks)")
-    for block in blocks:
-        fully_shard(block)
-    fully_shard(model)
-    return model
-
-
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
@@ -97,3 +75,18 @@ def broadcast_object(obj, src: int = 0):
 def barrier() -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
+
+
+def on_main_then_everywhere(function):
+    """Run ``function()`` on rank 0 only and return its result on every rank; a ValueError, TypeError,
+    FileNotFoundError or RuntimeError it raises is raised on every rank (so no rank waits forever)."""
+    result, error = None, None
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        try:
+            result = function()
+        except (ValueError, TypeError, FileNotFoundError, RuntimeError) as err:
+            error = err
+    result, error = broadcast_object((result, error))
+    if error is not None:
+        raise error
+    return result

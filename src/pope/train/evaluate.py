@@ -1,8 +1,53 @@
-"""Accuracy of a trained model on a file of indirect-indexing examples (`pope eval accuracy`)."""
+"""Evaluation passes: one split during training (``evaluate_split``), and the accuracy of a trained
+model on a file of indirect-indexing examples (``task_accuracy``, `pope eval accuracy`)."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from pope.train.data import IGNORE_INDEX, Shard, evaluation_batches
+from pope.train.distributed import all_reduce_sum
+
+
+@torch.no_grad()
+def evaluate_split(model, data, split: str, *, batch_size: int, max_batches: int, shard: Shard, device: torch.device,
+                   autocast_dtype: torch.dtype | None, progress=None) -> dict:
+    """Mean loss and accuracy over the scored tokens of a whole split of ``data`` (TrainingData; token
+    streams: up to ``max_batches`` batches), summed over ranks. ``progress``: a tqdm bar over this
+    rank's batches (or None). Leaves ``model`` in train mode."""
+    model.eval()
+    if split in data.eval_examples:
+        batches = evaluation_batches(batch_size=batch_size, shard=shard, device=device,
+                                     examples=data.eval_examples[split])
+    else:
+        batches = evaluation_batches(batch_size=batch_size, shard=shard, device=device,
+                                     tokens=data.eval_tokens[split], seq_len=data.seq_len, max_batches=max_batches)
+    totals = torch.zeros(3, device=device, dtype=torch.float64)  # loss sum, correct, scored
+    for inputs, targets in batches:
+        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            logits, _ = model(inputs)
+        logits = logits.float().flatten(0, 1)
+        flat_targets = targets.flatten()
+        scored = flat_targets != IGNORE_INDEX
+        totals[0] += F.cross_entropy(logits, flat_targets, ignore_index=IGNORE_INDEX, reduction="sum").double()
+        totals[1] += ((logits.argmax(dim=-1) == flat_targets) & scored).sum()
+        totals[2] += scored.sum()
+        if progress is not None:
+            progress.update(1)
+    all_reduce_sum(totals)
+    loss_sum, correct, count = totals.tolist()
+    model.train()
+    return {f"{split}_loss": loss_sum / max(count, 1), f"{split}_accuracy": correct / max(count, 1),
+            f"{split}_scored_tokens": int(count)}
+
+
+def evaluation_batch_count(data, split: str, *, batch_size: int, max_batches: int, shard: Shard) -> int:
+    """How many batches ``evaluate_split`` reads on this rank (for its progress bar)."""
+    if split in data.eval_examples:
+        total = -(-len(data.eval_examples[split][0]) // batch_size)
+    else:
+        total = min(-(-((len(data.eval_tokens[split]) - 1) // data.seq_len) // batch_size), max_batches)
+    return len(range(shard.rank, total, shard.world_size))
 
 
 @torch.no_grad()
@@ -20,7 +65,8 @@ def task_accuracy(run: str, data_file: str, *, batch_size: int = 256, device: st
     examples = task.load_file(data_file)
     model, info = load_model(run, map_location=device)
     if model.config.vocab_size < task.VOCAB_SIZE or model.config.max_seq_len < task.SEQ_LEN:
-        raise ValueError(f"the model in {run} (vocab {model.config.vocab_size}, max_seq_len {model.config.max_seq_len}) "
+        raise ValueError(f"the model in {run} (vocab {model.config.vocab_size}, max_seq_len "
+                         f"{model.config.max_seq_len}) "
                          f"was not trained on indirect indexing (needs vocab {task.VOCAB_SIZE}, {task.SEQ_LEN} tokens)")
     inputs, targets = torch.from_numpy(examples.inputs), torch.from_numpy(examples.targets)
     correct, loss_sum = 0, 0.0

@@ -1,8 +1,13 @@
-"""Run records: ``metrics.jsonl`` (one JSON object per line), TensorBoard events and a tqdm bar.
+"""Run records and best-checkpoint bookkeeping.
 
+``MetricsLogger``: ``metrics.jsonl`` (one JSON object per line), TensorBoard events and a tqdm bar.
 Only rank 0 writes (``enabled=False`` elsewhere). Every record has ``step`` and ``kind``
 (``"train"`` or ``"eval"``); train records carry ``loss``, ``lr``, ``tokens_per_s``; eval records carry
 ``{split}_loss`` / ``{split}_accuracy`` (accuracy = argmax over the vocabulary on the scored tokens).
+
+``BestTracker``: which evaluation ``checkpoints/best`` holds (``train.best_metric``), and the best test
+loss / accuracy over all evaluations (what the paper reports for JSB, MAESTRO and the genome); its
+state is stored in every checkpoint. ``summary()`` gives ``RUN/summary.json``.
 """
 from __future__ import annotations
 
@@ -15,7 +20,7 @@ from pathlib import Path
 class MetricsLogger:
     def __init__(self, run_dir: str | os.PathLike, *, enabled: bool, total_steps: int, start_step: int = 0,
                  tensorboard: bool = True, progress: bool = True) -> None:
-        self.enabled = enabled
+        self.enabled, self.progress = enabled, progress
         self.path = Path(run_dir) / "metrics.jsonl"
         self._writer = None
         self._bar = None
@@ -30,7 +35,9 @@ class MetricsLogger:
             except ImportError as err:  # tensorboard is in the [train] extra
                 raise ImportError("TensorBoard logging needs tensorboard: pip install 'pope-attention[train]' "
                                   "(or pass --set train.tensorboard=false)") from err
-            self._writer = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"), purge_step=start_step or None)
+            # events after the checkpoint's step are dropped (those steps run again); the step's own are kept
+            self._writer = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"),
+                                         purge_step=start_step + 1 if start_step else None)
         if progress:
             from tqdm.auto import tqdm
             self._bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
@@ -67,6 +74,15 @@ class MetricsLogger:
         if self._bar is not None:
             self._bar.update(steps)
 
+    def evaluation_progress(self, label: str, total: int):
+        """A labelled bar over ``total`` evaluation batches (a no-op without a progress bar)."""
+        from contextlib import nullcontext
+
+        if not (self.enabled and self.progress):
+            return nullcontext(None)
+        from tqdm.auto import tqdm
+        return tqdm(total=total, desc=label, unit="batch", leave=False, dynamic_ncols=True)
+
     def close(self) -> None:
         if not self.enabled:
             return
@@ -82,3 +98,34 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: is {run_dir} a `pope train` run directory?")
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class BestTracker:
+    """Best evaluation so far by one metric (``name``; ``*_accuracy`` higher is better, ``*_loss`` lower)
+    and the best test loss / accuracy over all evaluations. ``state`` is the dict checkpoints store."""
+
+    def __init__(self, name: str, state: dict | None = None) -> None:
+        self.name, self.higher_is_better = name, name.endswith("_accuracy")
+        self.state = dict(state or {})
+
+    def update(self, step: int, metrics: dict) -> bool:
+        """Record one evaluation; True when it is the new best (checkpoints/best should be written)."""
+        state = self.state
+        if self.name in metrics:
+            value, previous = metrics[self.name], state.get("value")
+            if previous is None or (value > previous if self.higher_is_better else value < previous):
+                state.update(metric=self.name, value=value, step=step, metrics=metrics)
+        if "test_loss" in metrics and metrics["test_loss"] < state.get("best_test_loss", math.inf):
+            state.update(best_test_loss=metrics["test_loss"], best_test_loss_step=step)
+        if "test_accuracy" in metrics and metrics["test_accuracy"] > state.get("best_test_accuracy", -1.0):
+            state.update(best_test_accuracy=metrics["test_accuracy"], best_test_accuracy_step=step)
+        return state.get("step") == step
+
+    def summary(self) -> dict:
+        """The best-related keys of RUN/summary.json."""
+        state = self.state
+        return {"best_metric": state.get("metric"), "best_value": state.get("value"), "best_step": state.get("step"),
+                "at_best_valid": state.get("metrics", {}),
+                "best_test_loss": state.get("best_test_loss"), "best_test_loss_step": state.get("best_test_loss_step"),
+                "best_test_accuracy": state.get("best_test_accuracy"),
+                "best_test_accuracy_step": state.get("best_test_accuracy_step")}

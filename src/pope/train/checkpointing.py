@@ -1,0 +1,116 @@
+"""The trainer's checkpoints: what to resume from, saving and loading trainer state, RNG states.
+
+``RUN/checkpoints/last`` is what ``--resume`` continues from; ``best`` follows ``train.best_metric``.
+Both hold the same trainer state (step, optimizer, schedule, RNG states of python/numpy/torch/CUDA,
+data position, best-metric bookkeeping, evaluation metrics and the run config as a dict), written
+atomically by pope.checkpoint. ``--resume`` never restarts silently: without a valid ``last`` it
+raises, saying what the directory holds and what to do.
+"""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pope import checkpoint as ckpt
+from pope.train.config import RESUME_MUTABLE, RunConfig, config_differences
+from pope.train.distributed import barrier
+
+
+def rng_state() -> dict:
+    legacy = np.random.get_state()
+    state = {"python": [list(x) if isinstance(x, tuple) else x for x in random.getstate()],
+             "numpy": [legacy[0], legacy[1].tolist(), int(legacy[2]), int(legacy[3]), float(legacy[4])],
+             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """The step a checkpoint directory was written at, or None when it is incomplete or unreadable."""
+    try:
+        directory = ckpt.verify_checkpoint(path)
+        return int(torch.load(directory / ckpt.STATE_FILE, map_location="cpu", weights_only=True, mmap=True)["step"])
+    except (ValueError, FileNotFoundError, KeyError, RuntimeError, OSError):
+        return None
+
+
+def resume_checkpoint(run_dir: Path, config: RunConfig) -> Path:
+    """The verified ``checkpoints/last`` of a run that ``config`` may continue; otherwise an error that
+    says what is there and what to do."""
+    from pope.train.rundir import describe_run
+
+    config_path = run_dir / "config.json"
+    if not config_path.exists():
+        raise FileNotFoundError(f"--resume: {config_path} not found; {run_dir} is not a run directory "
+                                f"(it holds {describe_run(run_dir)}); start a new run without --resume")
+    differences = config_differences(json.loads(config_path.read_text()), config.to_dict())
+    if differences:
+        raise ValueError("--resume refused: the run directory was trained with a different config:\n  "
+                         + "\n  ".join(differences) + f"\n(only {', '.join(sorted(RESUME_MUTABLE))} may change)")
+    last = run_dir / "checkpoints" / "last"
+    try:
+        return ckpt.verify_checkpoint(last)
+    except (ValueError, FileNotFoundError) as err:
+        problem = str(err)
+    best = run_dir / "checkpoints" / "best"
+    best_step = checkpoint_step(best) if best.exists() else None
+    advice = (f"to continue from checkpoints/best (step {best_step}), copy it to checkpoints/last "
+              f"(cp -r {best} {last}) and run with --resume again; or start over" if best_step is not None
+              else "nothing can be resumed; start over")
+    raise ValueError(f"--resume: no valid checkpoints/last in {run_dir} ({problem}); the directory holds "
+                     f"{describe_run(run_dir)}; {advice} with a new --out (or delete {run_dir})")
+
+
+class CheckpointManager:
+    """Saves and restores the trainer's state through a parallel strategy (rank 0 writes)."""
+
+    def __init__(self, run_dir: Path, strategy, *, is_main: bool) -> None:
+        self.directory = run_dir / "checkpoints"
+        self.strategy, self.is_main = strategy, is_main
+
+    def save(self, name: str, *, model, optimizer, model_config: dict, trainer_state: dict) -> None:
+        """Write checkpoints/NAME; ``trainer_state`` gets the optimizer state and RNG states added."""
+        model_state = self.strategy.model_state(model)  # collectives under FSDP2: every rank calls them
+        optimizer_state = self.strategy.optimizer_state(model, optimizer)
+        if self.is_main:
+            ckpt.save_checkpoint(self.directory / name, model_state=model_state, model_config=model_config,
+                                 trainer_state={**trainer_state, "optimizer": optimizer_state, "rng": rng_state()})
+        barrier()
+
+    @staticmethod
+    def load_model(path: Path, model, data_state) -> ckpt.Checkpoint:
+        """Read a checkpoint (verified, fully in memory) and copy its weights into ``model``;
+        ``data_state(step)`` is this run's sampler state, which must match the checkpoint's."""
+        loaded = ckpt.load_checkpoint(path, map_location="cpu")
+        stored = loaded.trainer_state.get("data")
+        expected = data_state(loaded.trainer_state.get("step"))
+        if stored != expected:
+            raise ValueError(f"checkpoint {path} was written for other data ({stored}); this run has {expected}")
+        ckpt.apply_model_state(model, loaded.model_state, source=f"checkpoint {path}")
+        return loaded
+
+    def load_trainer_state(self, state: dict, *, model, optimizer) -> None:
+        """Restore the optimizer and the RNG states (the caller restores step and best)."""
+        self.strategy.load_optimizer_state(model, optimizer, state["optimizer"])
+        set_rng_state(state["rng"])
