@@ -78,20 +78,24 @@ def test_bad_sweep_arguments_fail_before_anything_starts(splits, tmp_path, capsy
 def test_sweep_runs_resumes_reports_failures_and_matches_single_runs(splits, tmp_path):
     out = tmp_path / "sweep"
     base = ["train", "indirect-indexing-tiny", "--pe", "pope", "--out", out, *_sets(splits)]
-    # 1. Two seeds, two at a time, stopped at step 2 (as train.max_seconds would stop them).
-    first = _pope(*base, "--seeds", "0,1", "--jobs", "2", "--set", "train.stop_at_step=2")
+    # 1. Three seeds, two at a time, stopped at step 2 (as train.max_seconds would stop them).
+    first = _pope(*base, "--seeds", "0-2", "--jobs", "2", "--set", "train.stop_at_step=2")
     assert first.returncode == 0, first.stdout + first.stderr
     record = json.loads((out / "sweep.json").read_text())
-    assert {s: v["status"] for s, v in record["seeds"].items()} == {"0": "stopped", "1": "stopped"}
+    assert {s: v["status"] for s, v in record["seeds"].items()} == {"0": "stopped", "1": "stopped", "2": "stopped"}
     assert "--resume" in first.stdout  # tells how to continue
     assert not any(p.name.endswith(".log") for p in (out / "seed-0").iterdir())  # logs stay beside the run
-    # 2. Resume 0-3: seeds 0 and 1 continue, seed 2 fails (a damaged run directory), seed 3 starts and finishes.
-    (out / "seed-2").mkdir()
-    (out / "seed-2" / "config.json").write_text("{}")
+    # Another setting in the same directory is refused before anything starts.
+    other = _pope(*base, "--seeds", "0-3", "--resume", "--set", "recipe.lr=0.5")
+    assert other.returncode == 1 and "holds runs of another setting" in other.stderr and "recipe.lr" in other.stderr
+    assert not (out / "seed-3").exists()
+    # 2. Resume 0-3: seeds 0 and 1 continue, seed 2 fails (its checkpoint is damaged), seed 3 starts and finishes.
+    weights = out / "seed-2" / "checkpoints" / "last" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
     second = _pope(*base, "--seeds", "0-3", "--resume")
     assert second.returncode == 1
     assert f"seed 2 failed (exit 1); log {out / 'seed-2.log'}" in second.stdout
-    assert "--resume refused" in (out / "seed-2.log").read_text()
+    assert "pope train: error:" in (out / "seed-2.log").read_text()
     record = json.loads((out / "sweep.json").read_text())
     assert {s: v["status"] for s, v in record["seeds"].items()} == {"0": "finished", "1": "finished",
                                                                      "2": "failed", "3": "finished"}

@@ -40,8 +40,28 @@ STATUS_SECONDS = 60.0
 POLL_SECONDS = 1.0
 STOP_GRACE_SECONDS = 60.0
 
-# Statuses a seed ends an invocation in, and whether `--resume` continues it.
-RESUMABLE = {"stopped", "interrupted", "failed", "pending"}
+
+def _execution_keys() -> set[str]:
+    from pope.train.config import RESUME_MUTABLE
+
+    return set(RESUME_MUTABLE) | {"seed", "train.eval_batch_size"}
+
+
+EXECUTION_KEYS = _execution_keys()
+"""Config keys that say how a run is executed, not what it computes (the seed apart): the seeds of one
+sweep share everything else, and `pope report` groups runs by everything else."""
+
+
+def setting_of(config: dict) -> dict:
+    """A run config flattened to {'section.key': value} without the EXECUTION_KEYS: what a sweep's seeds share."""
+    def flatten(tree: dict, prefix: str) -> dict:
+        flat = {}
+        for key, value in tree.items():
+            name = f"{prefix}.{key}" if prefix else key
+            flat.update(flatten(value, name) if isinstance(value, dict) else {name: value})
+        return flat
+
+    return {k: v for k, v in flatten(config, "").items() if k not in EXECUTION_KEYS}
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -157,11 +177,28 @@ class Sweep:
         if existing and not resume:
             raise ValueError(f"{', '.join(map(str, existing))} already exist(s); pass --resume to continue the "
                              "unfinished seeds and skip the finished ones, or choose another --out")
+        self._check_one_setting()
         for run in self.runs:
             if resume and run_finished(run.run_dir):
                 run.status, run.step = "skipped", _last_step(run.run_dir / "metrics.jsonl")
         self._signal: int | None = None
         self._killed = False
+
+    def _check_one_setting(self) -> None:
+        """A sweep directory holds one setting: refuse seeds that would differ from the runs already in it
+        in anything but the seed and how they are executed (a bad override, or the wrong --out)."""
+        wanted = setting_of(self.config)
+        for config_path in sorted(self.out.glob("seed-*/config.json")):
+            try:
+                found = setting_of(json.loads(config_path.read_text()))
+            except ValueError:
+                continue  # a damaged run record: its own seed fails and is reported, the others run
+            differences = sorted(k for k in set(wanted) | set(found) if wanted.get(k) != found.get(k))
+            if differences:
+                shown = ", ".join(f"{k}: {json.dumps(found.get(k))} there, {json.dumps(wanted.get(k))} now"
+                                  for k in differences[:6])
+                raise ValueError(f"{self.out} holds runs of another setting ({config_path.parent.name}: {shown}); "
+                                 "a sweep directory holds one setting: choose another --out or the same --set values")
 
     # -------------------------------------------------------------------------------------- children
     def child_command(self, run: SeedRun) -> list[str]:
