@@ -187,3 +187,33 @@ def test_sweep_throughput_benchmark_runs_on_cpu(splits, tmp_path):
     rows = list(csv.DictReader(open(tmp_path / "sweep_throughput.csv")))
     assert [r["processes"] for r in rows] == ["1", "2"] and all(float(r["steps_per_s"]) > 0 for r in rows)
     assert {"gpu", "torch", "triton", "commit", "date", "command"} <= set(rows[0]) and "best:" in result.stdout
+
+
+def test_seeds_are_spread_over_the_visible_gpus(splits, tmp_path, monkeypatch):
+    """Placement without starting anything: each child sees one GPU, at most --jobs-per-gpu per GPU, --jobs caps
+    the total; CPU runs go one at a time unless --jobs asks for more."""
+    from pope.train.sweep import DEFAULT_JOBS_PER_GPU, Sweep
+
+    sets = _sets(splits)[1::2]
+    gpu_sets = [s for s in sets if s != "train.device=cpu"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    sweep = Sweep("indirect-indexing-tiny", "pope", list(range(8)), tmp_path / "a", overrides=gpu_sets, jobs_per_gpu=3)
+    assert sweep.gpus == ["3", "5"] and sweep.jobs == 6
+    running = []
+    for run in sweep.runs:
+        slot = sweep._free_slot(running)
+        if slot is False:
+            break
+        run.gpu, run.status = slot, "running"
+        running.append(run)
+    assert [r.gpu for r in running] == ["3", "5", "3", "5", "3", "5"]  # least-loaded GPU first, 3 each
+    assert sweep._child_env("5")["CUDA_VISIBLE_DEVICES"] == "5"
+    assert Sweep("indirect-indexing-tiny", "pope", [0, 1], tmp_path / "b", overrides=gpu_sets).jobs == \
+        2 * DEFAULT_JOBS_PER_GPU
+    capped = Sweep("indirect-indexing-tiny", "pope", [0, 1], tmp_path / "c", overrides=gpu_sets, jobs=1)
+    assert capped._free_slot([]) == "3" and capped._free_slot(running[:1]) is False
+    cpu = Sweep("indirect-indexing-tiny", "pope", [0, 1], tmp_path / "d", overrides=sets, jobs_per_gpu=4)
+    assert cpu.gpus == [] and cpu.jobs == 1 and cpu._free_slot([]) is None
+    assert "--seed" in cpu.child_command(cpu.runs[1]) and "1" in cpu.child_command(cpu.runs[1])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert Sweep("indirect-indexing-tiny", "pope", [0], tmp_path / "e", overrides=gpu_sets).gpus == []

@@ -378,7 +378,8 @@ def run_sweep_command(preset: str, pe: str, seeds_text: str, out: str, *, overri
     sweep = Sweep(preset, pe, parse_seeds(seeds_text), out, overrides=overrides, resume=resume,
                   jobs_per_gpu=jobs_per_gpu, jobs=jobs)
     placement = (f"{len(sweep.gpus)} GPU(s) x {sweep.jobs_per_gpu} job(s), at most {sweep.jobs} at once"
-                 if sweep.gpus else f"CPU, {sweep.jobs} at a time")
+                 if sweep.gpus else f"CPU, {sweep.jobs} at a time"
+                 + (" (no GPU visible: --jobs-per-gpu does not apply; --jobs sets how many)" if jobs_per_gpu else ""))
     print(f"sweep: {preset} --pe {pe}, seeds {[r.seed for r in sweep.runs]} -> {out} ({placement})", flush=True)
     lines, ok = report_lines(sweep.run())
     print("\n".join(lines), flush=True)
