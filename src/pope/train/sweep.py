@@ -163,7 +163,8 @@ class Sweep:
         if (jobs_per_gpu is not None and jobs_per_gpu < 1) or (jobs is not None and jobs < 1):
             raise ValueError("--jobs and --jobs-per-gpu must be positive")
         # Validates preset, PE and every override before anything starts; gives the step counts.
-        config = resolve_run_config(preset, pe, seed=seeds[0], overrides=overrides)
+        resolved = resolve_run_config(preset, pe, seed=seeds[0], overrides=overrides)
+        config = resolved.to_dict() if hasattr(resolved, "to_dict") else resolved  # config.json's layout
         total = min(config["recipe"]["max_steps"], config["train"]["stop_at_step"] or config["recipe"]["max_steps"])
         self.config = config
         self.preset, self.pe, self.overrides, self.resume = preset, pe, overrides, resume
@@ -262,11 +263,11 @@ class Sweep:
     # --------------------------------------------------------------------------------------- loop
     def run(self) -> list[SeedRun]:
         """Run every seed not skipped; returns the seeds with their final status."""
-        from pope.train.config import train_options
+        from pope.train.config import TrainOptions
         from pope.train.data import prepare_data
 
         if any(r.status != "skipped" for r in self.runs):  # once, not by several children at the same time
-            prepare_data(self.config["recipe"], train_options(self.config))
+            prepare_data(self.config["recipe"], TrainOptions(**self.config["train"]))
         invocation = {"command": sys.argv, "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                       "seeds": [r.seed for r in self.runs], "resume": self.resume, "gpus": self.gpus,
                       "jobs_per_gpu": self.jobs_per_gpu if self.gpus else None, "jobs": self.jobs}
