@@ -203,8 +203,9 @@ class Sweep:
 
     # -------------------------------------------------------------------------------------- children
     def child_command(self, run: SeedRun) -> list[str]:
-        # progress off first: a later --set from the user wins; it changes no result (a resume-mutable key)
-        sets = ["train.progress=false", *self.overrides]
+        # no per-child bar (the sweep shows one) unless asked for; it changes no result (a resume-mutable key)
+        given = {item.partition("=")[0].strip() for item in self.overrides}
+        sets = [*([] if "train.progress" in given else ["train.progress=false"]), *self.overrides]
         command = [sys.executable, "-m", "pope.cli", "train", self.preset, "--pe", self.pe, "--seed", str(run.seed),
                    "--out", str(run.run_dir), *[x for s in sets for x in ("--set", s)]]
         if (run.run_dir / "config.json").exists():
