@@ -126,14 +126,14 @@ def main() -> int:
     args = parser.parse_args()
 
     from pope.provenance import provenance
-    from pope.train.config import resolve_run_config
+    from pope.train.sweep import resolved_config
 
     from pope.train.sweep import visible_gpus
 
     gpus = visible_gpus(args.set)
     args.gpu = gpus[0] if gpus else None
     device = "cuda" if gpus else "cpu"
-    max_steps = resolve_run_config(args.preset, args.pe, overrides=args.set)["recipe"]["max_steps"]
+    max_steps = resolved_config(args.preset, args.pe, overrides=args.set)["recipe"]["max_steps"]
     stamp = provenance(device)
     rows = []
     with tempfile.TemporaryDirectory(prefix="sweep-throughput-") as workdir:

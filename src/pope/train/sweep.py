@@ -151,20 +151,25 @@ def _die_with_parent() -> None:
         pass
 
 
+def resolved_config(preset: str, pe: str, *, seed: int = 0, overrides: list[str] | None = None) -> dict:
+    """pope.train.config.resolve_run_config in config.json's layout (sections of plain values)."""
+    from pope.train.config import resolve_run_config
+
+    resolved = resolve_run_config(preset, pe, seed=seed, overrides=overrides)
+    return resolved.to_dict() if hasattr(resolved, "to_dict") else resolved
+
+
 class Sweep:
     def __init__(self, preset: str, pe: str, seeds: list[int], out: str | os.PathLike, *,
                  overrides: list[str] | None = None, resume: bool = False, jobs_per_gpu: int | None = None,
                  jobs: int | None = None, progress: bool | None = None) -> None:
-        from pope.train.config import resolve_run_config
-
         overrides = list(overrides or [])
         if not seeds:
             raise ValueError("a sweep needs at least one seed")
         if (jobs_per_gpu is not None and jobs_per_gpu < 1) or (jobs is not None and jobs < 1):
             raise ValueError("--jobs and --jobs-per-gpu must be positive")
         # Validates preset, PE and every override before anything starts; gives the step counts.
-        resolved = resolve_run_config(preset, pe, seed=seeds[0], overrides=overrides)
-        config = resolved.to_dict() if hasattr(resolved, "to_dict") else resolved  # config.json's layout
+        config = resolved_config(preset, pe, seed=seeds[0], overrides=overrides)
         total = min(config["recipe"]["max_steps"], config["train"]["stop_at_step"] or config["recipe"]["max_steps"])
         self.config = config
         self.preset, self.pe, self.overrides, self.resume = preset, pe, overrides, resume
