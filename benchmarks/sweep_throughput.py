@@ -71,8 +71,10 @@ def measure(k: int, args, workdir: Path, max_steps: int) -> dict:
     out = workdir / f"k{k}"
     command = [sys.executable, "-m", "pope.cli", "train", args.preset, "--pe", args.pe, "--seeds", f"0-{k - 1}",
                "--jobs-per-gpu", str(k), "--jobs", str(k), "--out", str(out)]
-    for item in (f"train.log_interval={args.log_interval}", "recipe.eval_interval=100000000",
-                 "train.checkpoint_interval=100000000", "train.tensorboard=false", *args.set):
+    given = {item.partition("=")[0].strip() for item in args.set}
+    own = [f"train.log_interval={args.log_interval}", "recipe.eval_interval=100000000",
+           "train.checkpoint_interval=100000000", "train.tensorboard=false"]
+    for item in [*(o for o in own if o.partition("=")[0] not in given), *args.set]:  # a key may be given once
         command += ["--set", item]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     if args.gpu is not None:  # all K processes on one GPU
@@ -124,14 +126,14 @@ def main() -> int:
     args = parser.parse_args()
 
     from pope.provenance import provenance
-    from pope.train.config import resolve_run_config
+    from pope.train.sweep import resolved_config
 
     from pope.train.sweep import visible_gpus
 
     gpus = visible_gpus(args.set)
     args.gpu = gpus[0] if gpus else None
     device = "cuda" if gpus else "cpu"
-    max_steps = resolve_run_config(args.preset, args.pe, overrides=args.set)["recipe"]["max_steps"]
+    max_steps = resolved_config(args.preset, args.pe, overrides=args.set)["recipe"]["max_steps"]
     stamp = provenance(device)
     rows = []
     with tempfile.TemporaryDirectory(prefix="sweep-throughput-") as workdir:

@@ -24,10 +24,13 @@ OUT=${OUT:-/tmp/out}; RUNS=${RUNS:-/tmp/pope-runs}
 jobs=(); [ -n "${JOBS_PER_GPU:-}" ] && jobs=(--jobs-per-gpu "$JOBS_PER_GPU")
 mkdir -p "$OUT" "$RUNS"
 sweep="$RUNS/$NAME"
+sets=()  # the GPU settings, each unless EXTRA sets that key itself (a key may be given once)
+for item in train.max_seconds="$LIMIT" train.eval_batch_size=1000 train.checkpoint_interval=25000 train.log_interval=500; do
+  case " $EXTRA" in *" ${item%%=*}="*) ;; *) sets+=(--set "$item") ;; esac
+done
 # shellcheck disable=SC2086  # EXTRA is a list of arguments
 python3 -m pope.cli train indirect-indexing --pe "$PE" --seeds "$SEEDS" --out "$sweep" --resume "${jobs[@]}" \
-  --set train.max_seconds="$LIMIT" --set train.eval_batch_size=1000 --set train.checkpoint_interval=25000 \
-  --set train.log_interval=500 $EXTRA
+  "${sets[@]}" $EXTRA
 echo "sweep exit status $?"
 python3 - "$sweep" "$RUNS" <<'PY'
 import json, sys

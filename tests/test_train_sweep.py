@@ -78,20 +78,24 @@ def test_bad_sweep_arguments_fail_before_anything_starts(splits, tmp_path, capsy
 def test_sweep_runs_resumes_reports_failures_and_matches_single_runs(splits, tmp_path):
     out = tmp_path / "sweep"
     base = ["train", "indirect-indexing-tiny", "--pe", "pope", "--out", out, *_sets(splits)]
-    # 1. Two seeds, two at a time, stopped at step 2 (as train.max_seconds would stop them).
-    first = _pope(*base, "--seeds", "0,1", "--jobs", "2", "--set", "train.stop_at_step=2")
+    # 1. Three seeds, two at a time, stopped at step 2 (as train.max_seconds would stop them).
+    first = _pope(*base, "--seeds", "0-2", "--jobs", "2", "--set", "train.stop_at_step=2")
     assert first.returncode == 0, first.stdout + first.stderr
     record = json.loads((out / "sweep.json").read_text())
-    assert {s: v["status"] for s, v in record["seeds"].items()} == {"0": "stopped", "1": "stopped"}
+    assert {s: v["status"] for s, v in record["seeds"].items()} == {"0": "stopped", "1": "stopped", "2": "stopped"}
     assert "--resume" in first.stdout  # tells how to continue
     assert not any(p.name.endswith(".log") for p in (out / "seed-0").iterdir())  # logs stay beside the run
-    # 2. Resume 0-3: seeds 0 and 1 continue, seed 2 fails (a damaged run directory), seed 3 starts and finishes.
-    (out / "seed-2").mkdir()
-    (out / "seed-2" / "config.json").write_text("{}")
+    # Another setting in the same directory is refused before anything starts.
+    other = _pope(*base, "--seeds", "0-3", "--resume", "--set", "recipe.lr=0.5")
+    assert other.returncode == 1 and "holds runs of another setting" in other.stderr and "recipe.lr" in other.stderr
+    assert not (out / "seed-3").exists()
+    # 2. Resume 0-3: seeds 0 and 1 continue, seed 2 fails (its checkpoint is damaged), seed 3 starts and finishes.
+    weights = out / "seed-2" / "checkpoints" / "last" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
     second = _pope(*base, "--seeds", "0-3", "--resume")
     assert second.returncode == 1
     assert f"seed 2 failed (exit 1); log {out / 'seed-2.log'}" in second.stdout
-    assert "--resume refused" in (out / "seed-2.log").read_text()
+    assert "pope train: error:" in (out / "seed-2.log").read_text()
     record = json.loads((out / "sweep.json").read_text())
     assert {s: v["status"] for s, v in record["seeds"].items()} == {"0": "finished", "1": "finished",
                                                                      "2": "failed", "3": "finished"}
@@ -183,3 +187,33 @@ def test_sweep_throughput_benchmark_runs_on_cpu(splits, tmp_path):
     rows = list(csv.DictReader(open(tmp_path / "sweep_throughput.csv")))
     assert [r["processes"] for r in rows] == ["1", "2"] and all(float(r["steps_per_s"]) > 0 for r in rows)
     assert {"gpu", "torch", "triton", "commit", "date", "command"} <= set(rows[0]) and "best:" in result.stdout
+
+
+def test_seeds_are_spread_over_the_visible_gpus(splits, tmp_path, monkeypatch):
+    """Placement without starting anything: each child sees one GPU, at most --jobs-per-gpu per GPU, --jobs caps
+    the total; CPU runs go one at a time unless --jobs asks for more."""
+    from pope.train.sweep import DEFAULT_JOBS_PER_GPU, Sweep
+
+    sets = _sets(splits)[1::2]
+    gpu_sets = [s for s in sets if s != "train.device=cpu"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    sweep = Sweep("indirect-indexing-tiny", "pope", list(range(8)), tmp_path / "a", overrides=gpu_sets, jobs_per_gpu=3)
+    assert sweep.gpus == ["3", "5"] and sweep.jobs == 6
+    running = []
+    for run in sweep.runs:
+        slot = sweep._free_slot(running)
+        if slot is False:
+            break
+        run.gpu, run.status = slot, "running"
+        running.append(run)
+    assert [r.gpu for r in running] == ["3", "5", "3", "5", "3", "5"]  # least-loaded GPU first, 3 each
+    assert sweep._child_env("5")["CUDA_VISIBLE_DEVICES"] == "5"
+    assert Sweep("indirect-indexing-tiny", "pope", [0, 1], tmp_path / "b", overrides=gpu_sets).jobs == \
+        2 * DEFAULT_JOBS_PER_GPU
+    capped = Sweep("indirect-indexing-tiny", "pope", [0, 1], tmp_path / "c", overrides=gpu_sets, jobs=1)
+    assert capped._free_slot([]) == "3" and capped._free_slot(running[:1]) is False
+    cpu = Sweep("indirect-indexing-tiny", "pope", [0, 1], tmp_path / "d", overrides=sets, jobs_per_gpu=4)
+    assert cpu.gpus == [] and cpu.jobs == 1 and cpu._free_slot([]) is None
+    assert "--seed" in cpu.child_command(cpu.runs[1]) and "1" in cpu.child_command(cpu.runs[1])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert Sweep("indirect-indexing-tiny", "pope", [0], tmp_path / "e", overrides=gpu_sets).gpus == []

@@ -34,13 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pope.files import finish_figure, write_text_atomic
-from pope.train.config import RESUME_MUTABLE
+from pope.train.sweep import EXECUTION_KEYS, setting_of
 
 
 LIFT_OFF_ACCURACY = 0.20
 """A run has lifted off when its final test accuracy exceeds this (chance is 1/52; the paper's RoPE ~0.11)."""
-EXECUTION_KEYS = RESUME_MUTABLE | {"seed", "train.eval_batch_size"}
-"""Config keys that say how a run was executed, not what it computes: ignored when grouping runs."""
 
 
 @dataclass
@@ -132,18 +130,10 @@ def paper_value(preset_name: str, pe: str) -> float | None:
     return None if encoding is None or not preset.paper else preset.paper.get(encoding)
 
 
-def _flatten(config: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in config.items():
-        name = f"{prefix}.{key}" if prefix else key
-        flat.update(_flatten(value, name) if isinstance(value, dict) else {name: value})
-    return flat
-
-
 def _setting(run_dir: Path, config: dict) -> tuple[str, str]:
     """(label, fingerprint): the fingerprint is the config without seed and execution keys; the label names
     the sweep directory (``pope train --seeds``) and its overrides, or the run's parent directory."""
-    fingerprint = json.dumps({k: v for k, v in _flatten(config).items() if k not in EXECUTION_KEYS}, sort_keys=True)
+    fingerprint = json.dumps(setting_of(config), sort_keys=True)
     sweep_file = run_dir.parent / "sweep.json"
     if sweep_file.is_file():
         overrides = json.loads(sweep_file.read_text()).get("overrides", [])
@@ -210,15 +200,23 @@ def _groups(records: list[RunRecord]) -> dict[tuple[str, str], list[RunRecord]]:
 
 
 def _setting_groups(records: list[RunRecord]) -> dict[tuple[str, str, str], list[RunRecord]]:
-    """(preset, PE, setting label) -> runs of one setting (one config fingerprint), finished or not."""
+    """(preset, PE, setting label) -> runs of one setting (one config fingerprint), finished or not. The
+    label: the sweep directory and its overrides, plus the config values in which this setting differs
+    from the other settings of the same preset and PE."""
     by_fingerprint: dict[tuple[str, str, str], list[RunRecord]] = {}
     for record in records:
         by_fingerprint.setdefault((record.preset, record.pe, record.fingerprint), []).append(record)
     labels: dict[tuple[str, str, str], list[RunRecord]] = {}
-    for (preset, pe, _), members in sorted(by_fingerprint.items(), key=lambda item: item[0][:2]):
-        label = " ; ".join(sorted({m.setting for m in members if m.setting})) or "—"
-        if (preset, pe, label) in labels:  # two settings under one name: tell them apart
-            label = f"{label} (setting {sum(k[:2] == (preset, pe) for k in labels) + 1})"
+    for (preset, pe, fingerprint), members in sorted(by_fingerprint.items()):
+        siblings = [json.loads(f) for (p, e, f) in by_fingerprint if (p, e) == (preset, pe)]
+        mine = json.loads(fingerprint)
+        differing = sorted(k for k in set().union(*siblings) if len({json.dumps(s.get(k)) for s in siblings}) > 1)
+        named = " ; ".join(sorted({m.setting for m in members if m.setting}))
+        extra = [f"{k}={v if isinstance(v := mine.get(k), str) else json.dumps(v)}" for k in differing
+                 if f"{k}=" not in named]
+        label = " ".join(filter(None, [named, *extra])) or "—"
+        while (preset, pe, label) in labels:  # never merge two settings under one name
+            label += " (another setting)"
         labels[(preset, pe, label)] = members
     return labels
 

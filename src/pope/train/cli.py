@@ -51,12 +51,13 @@ def _train(args: argparse.Namespace) -> int:
                                  resume=args.resume, jobs_per_gpu=args.jobs_per_gpu, jobs=args.jobs)
     if args.jobs_per_gpu is not None or args.jobs is not None:
         raise ValueError("--jobs and --jobs-per-gpu apply to seed sweeps (--seeds)")
+    args.seed = 0 if args.seed is None else args.seed
+
     from pope.train.config import resolve_run_config
     from pope.train.stopping import exit_status
     from pope.train.trainer import run_training
 
-    seed = 0 if args.seed is None else args.seed
-    config = resolve_run_config(args.preset, args.pe, seed=seed, overrides=args.overrides)
+    config = resolve_run_config(args.preset, args.pe, seed=args.seed, overrides=args.overrides)
     if args.print_config:
         print(json.dumps(config.to_dict(), indent=2))
         return 0

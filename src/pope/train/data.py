@@ -286,6 +286,16 @@ class FreshExampleBatches(ExampleBatches):
             self._cached = (step, tuple(t.to(self.device, non_blocking=True) for t in tensors))
         return self._cached[1]
 
+    @property
+    def inputs(self) -> torch.Tensor:
+        """Step 0's global batch (global_batch, T) on the CPU, for checks that read the data's token ids
+        (every step draws from the same vocabulary)."""
+        return self._batch(0)[0].cpu()
+
+    @property
+    def targets(self) -> torch.Tensor:
+        return self._batch(0)[1].cpu()
+
     def scored_tokens(self, step: int) -> int:
         return self.global_batch  # one target per example
 

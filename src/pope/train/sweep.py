@@ -40,8 +40,28 @@ STATUS_SECONDS = 60.0
 POLL_SECONDS = 1.0
 STOP_GRACE_SECONDS = 60.0
 
-# Statuses a seed ends an invocation in, and whether `--resume` continues it.
-RESUMABLE = {"stopped", "interrupted", "failed", "pending"}
+
+def _execution_keys() -> set[str]:
+    from pope.train.config import RESUME_MUTABLE
+
+    return set(RESUME_MUTABLE) | {"seed", "train.eval_batch_size"}
+
+
+EXECUTION_KEYS = _execution_keys()
+"""Config keys that say how a run is executed, not what it computes (the seed apart): the seeds of one
+sweep share everything else, and `pope report` groups runs by everything else."""
+
+
+def setting_of(config: dict) -> dict:
+    """A run config flattened to {'section.key': value} without the EXECUTION_KEYS: what a sweep's seeds share."""
+    def flatten(tree: dict, prefix: str) -> dict:
+        flat = {}
+        for key, value in tree.items():
+            name = f"{prefix}.{key}" if prefix else key
+            flat.update(flatten(value, name) if isinstance(value, dict) else {name: value})
+        return flat
+
+    return {k: v for k, v in flatten(config, "").items() if k not in EXECUTION_KEYS}
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -131,19 +151,25 @@ def _die_with_parent() -> None:
         pass
 
 
+def resolved_config(preset: str, pe: str, *, seed: int = 0, overrides: list[str] | None = None) -> dict:
+    """pope.train.config.resolve_run_config in config.json's layout (sections of plain values)."""
+    from pope.train.config import resolve_run_config
+
+    resolved = resolve_run_config(preset, pe, seed=seed, overrides=overrides)
+    return resolved.to_dict() if hasattr(resolved, "to_dict") else resolved
+
+
 class Sweep:
     def __init__(self, preset: str, pe: str, seeds: list[int], out: str | os.PathLike, *,
                  overrides: list[str] | None = None, resume: bool = False, jobs_per_gpu: int | None = None,
                  jobs: int | None = None, progress: bool | None = None) -> None:
-        from pope.train.config import resolve_run_config
-
         overrides = list(overrides or [])
         if not seeds:
             raise ValueError("a sweep needs at least one seed")
         if (jobs_per_gpu is not None and jobs_per_gpu < 1) or (jobs is not None and jobs < 1):
             raise ValueError("--jobs and --jobs-per-gpu must be positive")
         # Validates preset, PE and every override before anything starts; gives the step counts.
-        config = resolve_run_config(preset, pe, seed=seeds[0], overrides=overrides)
+        config = resolved_config(preset, pe, seed=seeds[0], overrides=overrides)
         total = min(config["recipe"]["max_steps"], config["train"]["stop_at_step"] or config["recipe"]["max_steps"])
         self.config = config
         self.preset, self.pe, self.overrides, self.resume = preset, pe, overrides, resume
@@ -157,16 +183,34 @@ class Sweep:
         if existing and not resume:
             raise ValueError(f"{', '.join(map(str, existing))} already exist(s); pass --resume to continue the "
                              "unfinished seeds and skip the finished ones, or choose another --out")
+        self._check_one_setting()
         for run in self.runs:
             if resume and run_finished(run.run_dir):
                 run.status, run.step = "skipped", _last_step(run.run_dir / "metrics.jsonl")
         self._signal: int | None = None
         self._killed = False
 
+    def _check_one_setting(self) -> None:
+        """A sweep directory holds one setting: refuse seeds that would differ from the runs already in it
+        in anything but the seed and how they are executed (a bad override, or the wrong --out)."""
+        wanted = setting_of(self.config)
+        for config_path in sorted(self.out.glob("seed-*/config.json")):
+            try:
+                found = setting_of(json.loads(config_path.read_text()))
+            except ValueError:
+                continue  # a damaged run record: its own seed fails and is reported, the others run
+            differences = sorted(k for k in set(wanted) | set(found) if wanted.get(k) != found.get(k))
+            if differences:
+                shown = ", ".join(f"{k}: {json.dumps(found.get(k))} there, {json.dumps(wanted.get(k))} now"
+                                  for k in differences[:6])
+                raise ValueError(f"{self.out} holds runs of another setting ({config_path.parent.name}: {shown}); "
+                                 "a sweep directory holds one setting: choose another --out or the same --set values")
+
     # -------------------------------------------------------------------------------------- children
     def child_command(self, run: SeedRun) -> list[str]:
-        # progress off first: a later --set from the user wins; it changes no result (a resume-mutable key)
-        sets = ["train.progress=false", *self.overrides]
+        # no per-child bar (the sweep shows one) unless asked for; it changes no result (a resume-mutable key)
+        given = {item.partition("=")[0].strip() for item in self.overrides}
+        sets = [*([] if "train.progress" in given else ["train.progress=false"]), *self.overrides]
         command = [sys.executable, "-m", "pope.cli", "train", self.preset, "--pe", self.pe, "--seed", str(run.seed),
                    "--out", str(run.run_dir), *[x for s in sets for x in ("--set", s)]]
         if (run.run_dir / "config.json").exists():
@@ -225,11 +269,11 @@ class Sweep:
     # --------------------------------------------------------------------------------------- loop
     def run(self) -> list[SeedRun]:
         """Run every seed not skipped; returns the seeds with their final status."""
-        from pope.train.config import train_options
+        from pope.train.config import TrainOptions
         from pope.train.data import prepare_data
 
         if any(r.status != "skipped" for r in self.runs):  # once, not by several children at the same time
-            prepare_data(self.config["recipe"], train_options(self.config))
+            prepare_data(self.config["recipe"], TrainOptions(**self.config["train"]))
         invocation = {"command": sys.argv, "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                       "seeds": [r.seed for r in self.runs], "resume": self.resume, "gpus": self.gpus,
                       "jobs_per_gpu": self.jobs_per_gpu if self.gpus else None, "jobs": self.jobs}
@@ -341,7 +385,8 @@ def run_sweep_command(preset: str, pe: str, seeds_text: str, out: str, *, overri
     sweep = Sweep(preset, pe, parse_seeds(seeds_text), out, overrides=overrides, resume=resume,
                   jobs_per_gpu=jobs_per_gpu, jobs=jobs)
     placement = (f"{len(sweep.gpus)} GPU(s) x {sweep.jobs_per_gpu} job(s), at most {sweep.jobs} at once"
-                 if sweep.gpus else f"CPU, {sweep.jobs} at a time")
+                 if sweep.gpus else f"CPU, {sweep.jobs} at a time"
+                 + (" (no GPU visible: --jobs-per-gpu does not apply; --jobs sets how many)" if jobs_per_gpu else ""))
     print(f"sweep: {preset} --pe {pe}, seeds {[r.seed for r in sweep.runs]} -> {out} ({placement})", flush=True)
     lines, ok = report_lines(sweep.run())
     print("\n".join(lines), flush=True)
