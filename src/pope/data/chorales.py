@@ -37,8 +37,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from pope.data.prepared import (PreparedDataset, PreparedWriter, assign_splits, cache_root, file_fingerprint,
-                                reuse_if_prepared, warn)
+from pope.data.prepared import PreparedDataset, assign_splits, cache_root, file_fingerprint, warn
+from pope.data.writer import PreparedWriter, reuse_if_prepared
 from pope.optional import require
 
 N_VOICES = 4
@@ -343,7 +343,7 @@ def prepare_jsb(out_dir: str | os.PathLike, *, source: str | os.PathLike | None 
                  f"(all listed in the manifest): {listed}{' ...' if len(report['skipped']) > 6 else ''}")
 
     chunked = []
-    with PreparedWriter(out_dir, VOCAB_SIZE) as writer:
+    with PreparedWriter(out_dir, VOCAB_SIZE, force=force) as writer:
         total = sum(len(v) for v in splits.values())
         for split, chorales in splits.items():
             for chorale in tqdm(chorales, desc=f"jsb {split}", unit="chorale", disable=not progress or total < 2):

@@ -31,8 +31,8 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from pope.data.prepared import (PreparedDataset, PreparedWriter, assign_splits, file_fingerprint, library_version,
-                                reuse_if_prepared, stable_order_key, warn)
+from pope.data.prepared import PreparedDataset, assign_splits, file_fingerprint, library_version, stable_order_key, warn
+from pope.data.writer import PreparedWriter, reuse_if_prepared
 from pope.optional import require
 
 GPT2_VOCAB_SIZE = 50257
@@ -147,7 +147,7 @@ def prepare_text(out_dir: str | os.PathLike, *, source: str | os.PathLike | None
     if len(files) < 3:
         warn(f"only {len(files)} file(s): everything goes to train (valid/test need at least 3 files)")
     skipped = []
-    with PreparedWriter(out_dir, GPT2_VOCAB_SIZE) as writer:
+    with PreparedWriter(out_dir, GPT2_VOCAB_SIZE, force=force) as writer:
         bar = tqdm(total=sum(f.stat().st_size for f in files), desc=name, unit="B", unit_scale=True,
                    disable=not progress)
         for batch in _batched(files, BATCH_DOCS):
@@ -192,7 +192,7 @@ def prepare_openwebtext(out_dir: str | os.PathLike, *, source: str | None = None
     encoding = gpt2_encoding()
     stream = _load_stream(dataset_id, "train")
     threshold = int(valid_fraction * 16**16)  # compare the first 16 hex digits of sha256(index)
-    with PreparedWriter(out_dir, GPT2_VOCAB_SIZE, splits=("train", "valid")) as writer:
+    with PreparedWriter(out_dir, GPT2_VOCAB_SIZE, splits=("train", "valid"), force=force) as writer:
         index = 0
         documents = (example["text"] for example in itertools.islice(stream, max_docs))
         for batch in _batched(tqdm(documents, desc="openwebtext", unit="doc", disable=not progress, total=max_docs),
@@ -233,7 +233,7 @@ def prepare_pg19(out_dir: str | os.PathLike, *, source: str | None = None, force
     if not splits:
         raise ValueError(f"HF dataset {dataset_id!r} has splits {available}, none of train/validation/test")
     books = {}
-    with PreparedWriter(out_dir, GPT2_VOCAB_SIZE, splits=tuple(mapping[s] for s in splits)) as writer:
+    with PreparedWriter(out_dir, GPT2_VOCAB_SIZE, splits=tuple(mapping[s] for s in splits), force=force) as writer:
         for hf_split in splits:
             stream = _load_stream(dataset_id, hf_split)
             count = 0

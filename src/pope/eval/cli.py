@@ -103,7 +103,10 @@ def _eval_downstream(args: argparse.Namespace) -> int:
                                       write_downstream)
     from pope.eval.report import paper_encoding
     from pope.eval.runs import run_config, run_dir_of, run_label
+    from pope.files import check_output_dir
 
+    # lm-eval runs for minutes to hours: know before that its results can be written (RUN/eval/).
+    check_output_dir(run_dir_of(args.run) / "eval", what="the run's eval directory")
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
     limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
     out = run_downstream(args.run, tasks=tasks, tokenizer=args.tokenizer, device=resolve_device(args.device),
@@ -159,7 +162,10 @@ def _finetune(args: argparse.Namespace) -> int:
     from pope.eval.finetune import run_finetune
     from pope.eval.runs import run_dir_of
 
+    from pope.files import check_output_dir
+
     out = args.out or f"{run_dir_of(args.run).as_posix().rstrip('/')}-ft{args.context}"
+    check_output_dir(out, what="--out" if args.out else "the default --out (RUN-ft{context})")
     summary = run_finetune(args.run, out, context=args.context, steps=args.steps, batch_size=args.batch_size,
                            lr=args.lr, warmup_steps=args.warmup, overrides=args.overrides, resume=args.resume)
     print(json.dumps(summary, indent=2))
@@ -198,7 +204,10 @@ def _analyze_frequencies(args: argparse.Namespace) -> int:
     from pope.eval.frequency_usage import analyze_frequencies, chunk_tokens, write_frequency_report
     from pope.eval.length import check_token_range, check_vocab_compatible
     from pope.eval.runs import load_run_model, run_dir_of, run_label
+    from pope.files import check_output_dir
 
+    out = check_output_dir(args.out if args.out else run_dir_of(args.run) / "eval" / "frequencies",
+                           what="--out" if args.out else "the default --out (RUN/eval/frequencies)")
     device = resolve_device(args.device)
     model, _ = load_run_model(args.run, device)
     vocab = model.config.vocab_size
@@ -216,8 +225,10 @@ def _analyze_frequencies(args: argparse.Namespace) -> int:
         from pope.data.prepared import resolve_dataset
 
         dataset = resolve_dataset(args.data)
+        token_split = dataset.split(args.split)
+        dataset.verify([args.split])  # a modified file is named here, not analysed
         check_vocab_compatible(dataset.vocab_size, vocab, data_name=f"dataset {dataset.name!r}")
-        tokens = np.asarray(dataset.split(args.split).tokens, dtype=np.int64)
+        tokens = np.asarray(token_split.tokens, dtype=np.int64)
         source = f"{dataset.path} split {args.split}"
         if args.max_tokens is not None:
             source += f", first {args.max_tokens:,} of {len(tokens):,} tokens"
@@ -225,7 +236,6 @@ def _analyze_frequencies(args: argparse.Namespace) -> int:
     check_token_range(tokens, vocab, data_name=source)
     sequences = chunk_tokens(tokens, args.seq_len or model.config.max_seq_len)
     usage = analyze_frequencies(model, sequences, device=device)
-    out = Path(args.out) if args.out else run_dir_of(args.run) / "eval" / "frequencies"
     written = write_frequency_report(usage, out, title=f"{run_label(args.run)} on {source}")
     np.set_printoptions(precision=3, suppress=True, linewidth=160)
     print(f"{usage.kind}: {usage.query.shape[0]} layers x {usage.query.shape[1]} frequencies, {usage.n_tokens:,} "
@@ -249,7 +259,9 @@ def _register_report(subparsers) -> None:
 
 def _report(args: argparse.Namespace) -> int:
     from pope.eval.report import write_report
+    from pope.files import check_output_dir
 
+    check_output_dir(args.out)
     markdown, written = write_report(args.runs, args.out)
     print(markdown)
     print("wrote " + ", ".join(str(p) for p in written))
