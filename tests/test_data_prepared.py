@@ -53,7 +53,7 @@ def test_writer_reader_roundtrip(tmp_path):
 
 def test_dtype_follows_vocab_and_ids_are_checked(tmp_path):
     assert token_dtype_for(65535) == np.uint16 and token_dtype_for(65536) == np.uint32
-    with PreparedWriter(tmp_path / "big", 70000) as writer:
+    with PreparedWriter(tmp_path / "big", 70000, splits=("train",)) as writer:
         writer.add_document("train", np.array([69999, 0]))
         with pytest.raises(ValueError, match=r"token ids must lie in \[0, 70000\)"):
             writer.add_document("train", np.array([70000]))

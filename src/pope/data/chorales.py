@@ -143,6 +143,11 @@ def load_jsb_json(path: str | os.PathLike) -> dict[str, list[Chorale]]:
             encode_grid(grid, chorale.chorale_id)  # range check with the chorale id in the message
             parsed.append(chorale)
         result[split] = parsed
+    empty = [split for split in expected if not result[split]]
+    if empty:
+        raise ValueError(f"{path}: split {' and '.join(map(repr, empty))} {'is' if len(empty) == 1 else 'are'} empty "
+                         f"(0 chorales); the file needs chorales in each of train, valid and test, like "
+                         f"Jsb16thSeparated.json (229/76/77), or omit --source to build from music21's corpus")
     return result
 
 

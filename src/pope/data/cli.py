@@ -1,4 +1,4 @@
-"""`pope data prepare NAME [--source PATH] [--out DIR]` and `pope data info DIR|NAME`."""
+"""`pope data prepare NAME [--source PATH] [--out DIR]`, `pope data info DIR|NAME`, `pope data offline ...`."""
 from __future__ import annotations
 
 import argparse
@@ -41,6 +41,30 @@ def register(subparsers) -> None:
     info.add_argument("--json", action="store_true", help="print the whole manifest as JSON")
     info.add_argument("--verify", action="store_true", help="re-hash every file against the manifest")
     info.set_defaults(func=_info)
+
+    from pope.data.offline import ALL_NAMES
+
+    offline = commands.add_parser("offline", help="fetch or check the offline real-data sources ($POPE_CACHE)",
+                                  description="The pinned offline sources the default prepares read "
+                                              "(pope.data.offline): fetch them, or show which are ok, MISSING or "
+                                              "MODIFIED (files differ from their pinned sha256).")
+    offline_commands = offline.add_subparsers(dest="offline_command", metavar="ACTION")
+    offline.set_defaults(func=lambda args: (offline.print_help(), 2)[1])
+    fetch = offline_commands.add_parser("fetch", help="download/extract the sources (a good copy is kept)")
+    fetch.add_argument("--only", nargs="+", metavar="NAME", choices=ALL_NAMES,
+                       help=f"fetch only these ({', '.join(ALL_NAMES)})")
+    fetch.set_defaults(func=lambda args: _offline("fetch", args.only))
+    offline_commands.add_parser("status", help="show each source: ok, MISSING or MODIFIED").set_defaults(
+        func=lambda args: _offline("status", None))
+
+
+def _offline(action: str, only: list[str] | None) -> int:
+    from pope.data import offline
+
+    if action == "fetch":
+        offline.fetch(only)
+        return 0
+    return offline.status()
 
 
 def _prepare(args: argparse.Namespace) -> int:

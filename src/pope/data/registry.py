@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib
 import os
-from pathlib import Path
 from typing import Any
 
 # canonical name -> (module, function); the function takes (out_dir, *, source, force, progress, **options)
@@ -43,13 +42,16 @@ def prepare(name: str, *, out_dir: str | os.PathLike | None = None, source: str 
             force: bool = False, progress: bool = True, **options: Any):
     """Prepare dataset `name` into out_dir (default $POPE_DATA_DIR/NAME); returns the PreparedDataset."""
     from pope.data.prepared import data_root
+    from pope.files import check_output_dir
 
     canonical = canonical_name(name)
+    if out_dir is not None:
+        out_dir = check_output_dir(out_dir)  # a file, a path under a file, unwritable: one clear error, first
     module_name, function_name = BUILDERS[canonical]
     builder = getattr(importlib.import_module(module_name), function_name)
     if canonical == "genome-hf":
         if source is not None:
             options["dataset_id"] = str(source)
-        return builder(Path(out_dir) if out_dir else data_root() / "genome", force=force, progress=progress, **options)
-    target = Path(out_dir).expanduser() if out_dir else data_root() / canonical
+        return builder(out_dir or data_root() / "genome", force=force, progress=progress, **options)
+    target = out_dir or data_root() / canonical
     return builder(target, source=source, force=force, progress=progress, **options)

@@ -155,7 +155,17 @@ class PreparedWriter:
         return len(self._offsets[split]) - 1
 
     def finish(self, manifest_fields: dict[str, Any]) -> PreparedDataset:
-        """Write docs offsets + manifest, hash everything, and publish onto out_dir."""
+        """Write docs offsets + manifest, hash everything, and publish onto out_dir.
+
+        Raises ValueError (and publishes nothing) when a split received no tokens: training and evaluation
+        need every split."""
+        empty = [split for split in self.split_names if self.n_tokens(split) == 0]
+        if empty:
+            source = manifest_fields.get("source") or {}
+            origin = source.get("path") or source.get("description") or "its source"
+            raise ValueError(f"dataset {manifest_fields.get('name')!r}: split(s) {', '.join(map(repr, empty))} "
+                             f"received no documents from {origin}; every split needs at least one. Give a "
+                             f"larger source (or check its split layout)")
         splits: dict[str, Any] = {}
         for split in self.split_names:
             handle = self._handles[split]
