@@ -23,6 +23,27 @@ _COMMAND_MODULES = ("pope.train.cli", "pope.data.cli", "pope.eval.cli")
 USER_ERRORS = (ValueError, TypeError, OSError, RuntimeError, ImportError)
 
 
+# -------------------------------------------------------------------------------- argument types
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (argparse prints `argument --x: ...` and exits 2 otherwise)."""
+    return _bounded_int(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    return _bounded_int(text, 0)
+
+
+def _bounded_int(text: str, low: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {value}")
+    return value
+
+
 # ------------------------------------------------------------------------------------ listings
 def preset_rows() -> list[dict]:
     """One row per preset: name, layers, d_model, heads, parameters, dataset, context, description.
@@ -160,11 +181,20 @@ def _command_name(args: argparse.Namespace) -> str:
     return " ".join(parts)
 
 
+def _raised_by_pope(err: BaseException) -> bool:
+    """Whether the innermost frame of the traceback is this package's code (its messages are written for
+    users); an error from inside torch, numpy, ... gets a hint at --debug instead."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and str(tb.tb_frame.f_globals.get("__name__", "")).startswith("pope")
+
+
 def _one_line(err: BaseException) -> str:
     message = str(err).strip() or type(err).__name__
     if isinstance(err, OSError) and err.filename is not None and str(err.filename) not in message:
         message = f"{err.filename}: {message}"
-    if not isinstance(err, (ValueError, FileNotFoundError, ImportError)):
+    if not _raised_by_pope(err):
         message += f" ({type(err).__name__}; `pope --debug ...` shows the traceback)"
     return message
 

@@ -110,6 +110,8 @@ def chunk_steps(n_steps: int, max_steps: int = MAX_STEPS_PER_DOC) -> list[tuple[
 def load_jsb_json(path: str | os.PathLike) -> dict[str, list[Chorale]]:
     """Read the canonical JSB-Chorales JSON (16th-note, voices separated) into grids per split."""
     path = Path(path).expanduser()
+    if path.is_dir():
+        raise ValueError(f"JSB chorales JSON {path} is a directory; pass the Jsb16thSeparated.json file itself")
     if not path.is_file():
         raise FileNotFoundError(f"JSB chorales JSON {path} does not exist (expected Jsb16thSeparated.json)")
     try:

@@ -6,6 +6,8 @@ import json
 import sys
 import time
 
+from pope.cli import positive_int
+
 
 def register(subparsers) -> None:
     from pope.data.registry import ALIASES, BUILDERS
@@ -27,13 +29,13 @@ def register(subparsers) -> None:
     prepare.add_argument("--force", action="store_true", help="rebuild even if a matching dataset exists")
     prepare.add_argument("--no-progress", action="store_true", help="no progress bars")
     genome = prepare.add_argument_group("genome options")
-    genome.add_argument("--max-bases", type=int, help="read at most this many bases (default: the whole FASTA)")
-    genome.add_argument("--region-bases", type=int, help="region size for the split (default 1,000,000)")
+    genome.add_argument("--max-bases", type=positive_int, help="read at most this many bases (default: the whole FASTA)")
+    genome.add_argument("--region-bases", type=positive_int, help="region size for the split (default 1,000,000)")
     genome.add_argument("--max-n-fraction", type=float, help="skip regions with more N than this (default 0.5)")
     genome.add_argument("--ambiguous-as-n", action="store_true", default=None,
                         help="read IUPAC ambiguity codes (R, Y, ...) as N instead of failing")
     hub = prepare.add_argument_group("HF hub options (openwebtext, pg19, genome-hf)")
-    hub.add_argument("--max-docs", type=int, help="stop after this many documents per split (default: all)")
+    hub.add_argument("--max-docs", type=positive_int, help="stop after this many documents per split (default: all)")
     prepare.set_defaults(func=_prepare)
 
     info = commands.add_parser("info", help="print a prepared dataset's manifest summary")

@@ -34,7 +34,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from pope.data.prepared import PreparedDataset, file_fingerprint, split_counts, stable_order_key, warn
+from pope.data.prepared import (PreparedDataset, check_max_docs, file_fingerprint, split_counts, stable_order_key,
+                                warn)
 from pope.data.writer import PreparedWriter, reuse_if_prepared
 
 SPECIAL_TOKENS = ("<unk>", "<pad>", "<mask>", "<cls>", "<eos>", "<bos>")
@@ -324,6 +325,7 @@ def prepare_genome_hf(out_dir: str | os.PathLike, *, dataset_id: str = "InstaDee
 
     from pope.data.text import _require_datasets
 
+    check_max_docs(max_docs)
     datasets = _require_datasets()
     request = {"dataset": "genome", "hf": dataset_id, "config": config, "max_docs": max_docs,
                "window_tokens": window_tokens, "tokenizer_version": 1}

@@ -83,6 +83,13 @@ def file_fingerprint(paths: Iterable[str | os.PathLike]) -> str:
     return digest.hexdigest()
 
 
+def check_max_docs(max_docs: int | None) -> None:
+    """``max_docs`` is None (every document) or a positive integer; checked before any download."""
+    if max_docs is not None and (isinstance(max_docs, bool) or not isinstance(max_docs, int) or max_docs < 1):
+        raise ValueError(f"max_docs (--max-docs) must be a positive integer, or None for every document; "
+                         f"got {max_docs!r}")
+
+
 def stable_order_key(item_id: str) -> str:
     """Deterministic, library-version-independent shuffle key for split assignment (sha256 of the id)."""
     return hashlib.sha256(item_id.encode("utf-8")).hexdigest()
@@ -214,6 +221,9 @@ class PreparedDataset:
         self.path = Path(path).expanduser()
         self.reused = False  # set by reuse_if_prepared when a prepare call found it already built
         manifest_path = self.path / MANIFEST_NAME
+        if self.path.exists() and not self.path.is_dir():
+            raise ValueError(f"{self.path} is a file, not a prepared dataset directory; give the directory that "
+                             f"`pope data prepare` wrote (it holds {MANIFEST_NAME}) or a dataset name")
         if not self.path.is_dir():
             raise FileNotFoundError(f"prepared dataset directory {self.path} does not exist; "
                                     f"create it with `pope data prepare NAME --out {self.path}`")
@@ -356,7 +366,7 @@ def resolve_dataset(name_or_path: str | os.PathLike, *, prepare_if_missing: bool
     try:
         canonical = registry.canonical_name(str(name_or_path))
     except ValueError:
-        if candidate.is_dir():  # a directory that is not (yet) a prepared dataset: say so
+        if candidate.exists():  # a directory (or file) that is not a prepared dataset: say so
             return PreparedDataset(candidate)
         raise
     target = data_root() / canonical

@@ -31,7 +31,8 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from pope.data.prepared import PreparedDataset, assign_splits, file_fingerprint, library_version, stable_order_key, warn
+from pope.data.prepared import (PreparedDataset, assign_splits, check_max_docs, file_fingerprint, library_version,
+                                stable_order_key, warn)
 from pope.data.writer import PreparedWriter, reuse_if_prepared
 from pope.optional import require
 
@@ -182,6 +183,7 @@ def prepare_openwebtext(out_dir: str | os.PathLike, *, source: str | None = None
     from tqdm import tqdm
 
     dataset_id = source or OPENWEBTEXT_ID
+    check_max_docs(max_docs)
     if not 0.0 < valid_fraction < 1.0:
         raise ValueError(f"valid_fraction must lie in (0, 1), got {valid_fraction}")
     request = {"dataset": "openwebtext", "hf": dataset_id, "max_docs": max_docs, "valid_fraction": valid_fraction,
@@ -216,6 +218,7 @@ def prepare_pg19(out_dir: str | os.PathLike, *, source: str | None = None, force
     from tqdm import tqdm
 
     dataset_id = source or PG19_ID
+    check_max_docs(max_docs)
     request = {"dataset": "pg19", "hf": dataset_id, "max_docs": max_docs, "encoding": "gpt2",
                "tiktoken": library_version("tiktoken")}
     existing = reuse_if_prepared(out_dir, request, force=force)

@@ -8,6 +8,7 @@ import argparse
 import json
 from pathlib import Path
 
+from pope.cli import non_negative_int, positive_int
 from pope.devices import resolve_device
 
 
@@ -42,10 +43,10 @@ def _register_eval(subparsers) -> None:
     length.add_argument("--all-documents", action="store_true",
                         help="at each length score every document long enough for it (default: only documents "
                              "long enough for the longest length, so every length scores the same tokens)")
-    length.add_argument("--max-docs", type=int, default=None,
+    length.add_argument("--max-docs", type=positive_int, default=None,
                         help="score only the first N qualifying documents (reported in the outputs)")
-    length.add_argument("--batch-size", type=int, default=8, help="windows per forward pass at the longest length")
-    length.add_argument("--buckets", type=int, default=8, help="window-position buckets for the per-position NLL")
+    length.add_argument("--batch-size", type=positive_int, default=8, help="windows per forward pass at the longest length")
+    length.add_argument("--buckets", type=positive_int, default=8, help="window-position buckets for the per-position NLL")
     length.add_argument("--device", default="auto", help="auto, cpu or cuda")
     length.add_argument("--bf16", action="store_true", help="bf16 autocast on CUDA (default fp32)")
     length.set_defaults(func=_eval_length)
@@ -59,9 +60,9 @@ def _register_eval(subparsers) -> None:
                                  "hellaswag,piqa,arc_easy; 'cbt' is defined by pope)")
     downstream.add_argument("--tokenizer", default="gpt2", help="gpt2 (default) or bytes")
     downstream.add_argument("--limit", type=float, default=None, help="examples per task (for quick checks)")
-    downstream.add_argument("--num-fewshot", type=int, default=None)
+    downstream.add_argument("--num-fewshot", type=non_negative_int, default=None)
     downstream.add_argument("--include-path", default=None, help="directory of extra lm-eval task YAML files")
-    downstream.add_argument("--batch-size", type=int, default=8)
+    downstream.add_argument("--batch-size", type=positive_int, default=8)
     downstream.add_argument("--device", default="auto", help="auto, cpu or cuda")
     downstream.set_defaults(func=_eval_downstream)
 
@@ -70,7 +71,7 @@ def _register_eval(subparsers) -> None:
                                                "examples, one per line (pope.train.evaluate.task_accuracy).")
     accuracy.add_argument("run", help="run or checkpoint directory")
     accuracy.add_argument("--data", required=True, help="file of examples, one per line")
-    accuracy.add_argument("--batch-size", type=int, default=256)
+    accuracy.add_argument("--batch-size", type=positive_int, default=256)
     accuracy.add_argument("--device", default="auto", help="auto, cpu or cuda")
     accuracy.add_argument("--json", action="store_true", help="print the result as JSON")
     accuracy.set_defaults(func=_eval_accuracy)
@@ -108,6 +109,8 @@ def _eval_downstream(args: argparse.Namespace) -> int:
     # lm-eval runs for minutes to hours: know before that its results can be written (RUN/eval/).
     check_output_dir(run_dir_of(args.run) / "eval", what="the run's eval directory")
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
+    if args.limit is not None and not args.limit > 0:
+        raise ValueError(f"--limit must be a positive number of examples (or a fraction in (0, 1)), got {args.limit}")
     limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
     out = run_downstream(args.run, tasks=tasks, tokenizer=args.tokenizer, device=resolve_device(args.device),
                          batch_size=args.batch_size, limit=limit, include_path=args.include_path,
@@ -146,12 +149,12 @@ def _register_finetune(subparsers) -> None:
                     "RoPE becomes YaRN with scale = context / training context (alpha 1, beta 32, temperature "
                     "(0.1 ln s + 1)^2 in the softmax scale); PoPE is fine-tuned without interpolation.")
     parser.add_argument("run", help="trained run (or checkpoint) directory")
-    parser.add_argument("--context", type=int, required=True, help="new context length, e.g. 4096")
-    parser.add_argument("--steps", type=int, default=500, help="fine-tuning steps (default 500)")
+    parser.add_argument("--context", type=positive_int, required=True, help="new context length, e.g. 4096")
+    parser.add_argument("--steps", type=positive_int, default=500, help="fine-tuning steps (default 500)")
     parser.add_argument("--out", default=None, help="run directory of the fine-tune (default RUN-ft{context})")
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batch-size", type=positive_int, default=64)
     parser.add_argument("--lr", type=float, default=6e-5)
-    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--warmup", type=non_negative_int, default=20)
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="recipe/train overrides as in `pope train`, e.g. --set recipe.grad_accum=8")
     parser.add_argument("--resume", action="store_true", help="continue an interrupted fine-tune in --out")
@@ -189,9 +192,9 @@ def _register_analyze(subparsers) -> None:
     source.add_argument("--data", help="prepared dataset name or directory (for non-text models)")
     frequencies.add_argument("--tokenizer", default="gpt2", help="tokenizer for --text: gpt2 (default) or bytes")
     frequencies.add_argument("--split", default="test", help="split of --data (default test)")
-    frequencies.add_argument("--max-tokens", type=int, default=None,
+    frequencies.add_argument("--max-tokens", type=positive_int, default=None,
                              help="use only the first N tokens of --data (stated in the output)")
-    frequencies.add_argument("--seq-len", type=int, default=None,
+    frequencies.add_argument("--seq-len", type=positive_int, default=None,
                              help="tokens per forward pass (default: the model's training context)")
     frequencies.add_argument("--out", default=None, help="output directory (default RUN/eval/frequencies)")
     frequencies.add_argument("--device", default="auto", help="auto, cpu or cuda")

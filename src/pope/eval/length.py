@@ -184,6 +184,7 @@ def evaluate_lengths(
     ``max_docs``: score only the first ``max_docs`` documents that qualify (counted, never silent).
     """
     lengths = parse_lengths(lengths)
+    _check_positive(batch_size=batch_size)
     offsets = validate_doc_offsets(doc_offsets, int(tokens.shape[0]))
     longest = max(lengths)
     min_doc_tokens = longest + 1 if same_documents else None
@@ -209,6 +210,12 @@ def evaluate_lengths(
     return results
 
 
+def _check_positive(**values) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
 def _batch_for(batch_size: int, length: int, longest: int) -> int:
     """Keep tokens per batch roughly constant: the batch size is given for the longest length."""
     return max(1, batch_size * max(1, longest // length))
@@ -230,7 +237,7 @@ def _first_qualifying_docs(offsets: np.ndarray, max_docs: int, min_tokens: int) 
 
 
 def parse_lengths(lengths) -> list[int]:
-    """Accept "1024,2048" or an iterable of ints; return sorted unique positive ints."""
+    """Accept "1024,2048" or an iterable of ints; return them sorted (positive, each given once)."""
     if isinstance(lengths, str):
         items = [item.strip() for item in lengths.split(",") if item.strip()]
         try:
@@ -243,7 +250,10 @@ def parse_lengths(lengths) -> list[int]:
     for length in lengths:
         if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 1:
             raise ValueError(f"evaluation lengths must be positive integers, got {length!r}")
-    return sorted({int(length) for length in lengths})
+    repeated = sorted({int(x) for x in lengths if lengths.count(x) > 1})
+    if repeated:
+        raise ValueError(f"evaluation length(s) {', '.join(map(str, repeated))} given more than once; list each once")
+    return sorted(int(length) for length in lengths)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -286,6 +296,7 @@ def run_length_eval(
     from pope.eval.runs import load_run_model, run_label
 
     lengths = parse_lengths(lengths)
+    _check_positive(batch_size=batch_size, n_buckets=n_buckets)
     if not runs:
         raise ValueError("give at least one run directory")
     if out_dir is not None:
