@@ -8,10 +8,11 @@ from pope.cli import main, preset_rows
 from pope.data import registry
 
 
-@pytest.mark.parametrize("error", [ValueError("bad value; do X"), TypeError("wrong type; pass an int"),
-                                   FileNotFoundError("no such file /x; create it"), PermissionError(13, "Permission denied", "/ro"),
-                                   IsADirectoryError(21, "Is a directory", "/d"), NotADirectoryError(20, "Not a directory", "/f/x"),
-                                   RuntimeError("the device failed; retry")])
+@pytest.mark.parametrize("error", [
+    ValueError("bad value; do X"), TypeError("wrong type; pass an int"),
+    FileNotFoundError("no such file /x; create it"),
+    PermissionError(13, "Permission denied", "/ro"), IsADirectoryError(21, "Is a directory", "/d"),
+    NotADirectoryError(20, "Not a directory", "/f/x"), RuntimeError("the device failed; retry")])
 def test_user_errors_are_one_line_without_traceback(monkeypatch, capsys, error):
     def fail(*args, **kwargs):
         raise error

@@ -43,7 +43,8 @@ def test_prepare_refuses_a_directory_it_did_not_make_and_says_what_it_would_over
     assert err.count("\n") == 1 and err.startswith("pope data prepare: error: ")
     assert f"{out} was not made by `pope data prepare`" in err and MARKER_NAME in err
     assert "would overwrite train.bin" in err and "--force" in err and "Traceback" not in err
-    assert {n: (out / n).read_bytes() for n in files} == files and (out / "train.bin").read_bytes().startswith(b"a user")
+    assert {n: (out / n).read_bytes() for n in files} == files
+    assert (out / "train.bin").read_bytes().startswith(b"a user")
     assert not (out / "manifest.json").exists()
 
 
@@ -94,7 +95,8 @@ def test_stale_partials_are_removed_only_when_marked(tmp_path):
 @pytest.mark.parametrize("where", ["file", "under_file", "unwritable"])
 def test_bad_out_is_one_line_before_any_work(tmp_path, capsys, monkeypatch, where):
     (tmp_path / "afile").write_text("x")
-    out = {"file": tmp_path / "afile", "under_file": tmp_path / "afile" / "ds", "unwritable": tmp_path / "ro" / "ds"}[where]
+    out = {"file": tmp_path / "afile", "under_file": tmp_path / "afile" / "ds",
+           "unwritable": tmp_path / "ro" / "ds"}[where]
     if where == "unwritable":  # tests run as root, where chmod does not stop writes: refuse the probe file
         import tempfile
 
@@ -110,7 +112,8 @@ def test_bad_out_is_one_line_before_any_work(tmp_path, capsys, monkeypatch, wher
     assert _prepare(tmp_path, out) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
-    expected = {"file": "is an existing file, not a directory", "under_file": "lies under", "unwritable": "cannot be written"}
+    expected = {"file": "is an existing file, not a directory", "under_file": "lies under",
+                "unwritable": "cannot be written"}
     assert f"--out {out}" in err and expected[where] in err
     assert (tmp_path / "afile").read_text() == "x"
 

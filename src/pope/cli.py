@@ -117,7 +117,8 @@ def encodings_table(name: str | None = None) -> str:
         lines.append(f"{pe:15s} {_spec(pe).description}")
         listed = ", ".join(f"{key}={value!r}" for key, value in options.items())
         lines.append(f"{'':15s} options: {listed or 'none'}")
-    lines.append("spec syntax: NAME or NAME:key=value,key=value, e.g. --pe pope:delta_init=zero or --pe rope:base=500000")
+    lines.append("spec syntax: NAME or NAME:key=value,key=value, e.g. --pe pope:delta_init=zero or "
+                 "--pe rope:base=500000")
     return "\n".join(lines)
 
 

@@ -29,7 +29,8 @@ def register(subparsers) -> None:
     prepare.add_argument("--force", action="store_true", help="rebuild even if a matching dataset exists")
     prepare.add_argument("--no-progress", action="store_true", help="no progress bars")
     genome = prepare.add_argument_group("genome options")
-    genome.add_argument("--max-bases", type=positive_int, help="read at most this many bases (default: the whole FASTA)")
+    genome.add_argument("--max-bases", type=positive_int,
+                        help="read at most this many bases (default: the whole FASTA)")
     genome.add_argument("--region-bases", type=positive_int, help="region size for the split (default 1,000,000)")
     genome.add_argument("--max-n-fraction", type=float, help="skip regions with more N than this (default 0.5)")
     genome.add_argument("--ambiguous-as-n", action="store_true", default=None,

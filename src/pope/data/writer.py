@@ -139,7 +139,8 @@ class PreparedWriter:
             raise ValueError(f"unknown split {split!r}; this writer has {self.split_names}")
         array = np.asarray(tokens)
         if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
-            raise TypeError(f"a document must be a 1-D integer token array, got shape {array.shape} dtype {array.dtype}")
+            raise TypeError(f"a document must be a 1-D integer token array, got shape {array.shape} "
+                            f"dtype {array.dtype}")
         if array.size == 0:
             return  # an empty document carries nothing; callers count their own empty inputs
         if int(array.min()) < 0 or int(array.max()) >= self.vocab_size:

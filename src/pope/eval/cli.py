@@ -45,8 +45,10 @@ def _register_eval(subparsers) -> None:
                              "long enough for the longest length, so every length scores the same tokens)")
     length.add_argument("--max-docs", type=positive_int, default=None,
                         help="score only the first N qualifying documents (reported in the outputs)")
-    length.add_argument("--batch-size", type=positive_int, default=8, help="windows per forward pass at the longest length")
-    length.add_argument("--buckets", type=positive_int, default=8, help="window-position buckets for the per-position NLL")
+    length.add_argument("--batch-size", type=positive_int, default=8,
+                        help="windows per forward pass at the longest length")
+    length.add_argument("--buckets", type=positive_int, default=8,
+                        help="window-position buckets for the per-position NLL")
     length.add_argument("--device", default="auto", help="auto, cpu or cuda")
     length.add_argument("--bf16", action="store_true", help="bf16 autocast on CUDA (default fp32)")
     length.set_defaults(func=_eval_length)
