@@ -168,3 +168,40 @@ def test_pope_cache_with_a_tilde_is_expanded(monkeypatch, tmp_path):
     monkeypatch.delenv("POPE_DATA_DIR", raising=False)
     assert cache_root() == tmp_path / "x" and data_root() == tmp_path / "x" / "data"
     assert offline.sources_root() == tmp_path / "x" / "sources"
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda m: m.pop("dtype"), "dtype is missing"),
+    (lambda m: m["splits"]["test"].pop("sha256"), "splits.test.sha256 is missing"),
+    (lambda m: m["vocab"].update(size="90"), "vocab.size is missing or not a int"),
+    (lambda m: m.update(dtype="float32"), "dtype 'float32' is not uint16 or uint32"),
+])
+def test_a_damaged_manifest_is_named_field_by_field(tmp_path, capsys, damage, message):
+    out = tmp_path / "ds"
+    assert _prepare(tmp_path, out) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    damage(manifest)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    capsys.readouterr()
+    assert main(["data", "info", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "manifest.json is damaged: " + message in err and "--force" in err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-docs", "0"], "argument --max-docs: must be an integer >= 1, got 0"),
+    (["--max-bases", "-5"], "argument --max-bases: must be an integer >= 1, got -5"),
+])
+def test_integer_options_below_one_are_refused(capsys, args, message):
+    with pytest.raises(SystemExit) as info:
+        main(["data", "prepare", "pg19", *args])
+    assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_sources_of_the_wrong_kind_are_named(tmp_path, capsys):
+    for name in ("jsb", "genome"):
+        assert main(["data", "prepare", name, "--source", str(tmp_path), "--out", str(tmp_path / "o")]) == 1
+        assert f"{tmp_path} is a directory; pass the" in capsys.readouterr().err
+    (tmp_path / "afile").write_text("x")
+    assert main(["data", "info", str(tmp_path / "afile")]) == 1
+    assert "is a file, not a prepared dataset directory" in capsys.readouterr().err

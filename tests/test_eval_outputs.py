@@ -95,3 +95,23 @@ def test_a_tampered_bin_is_reported_as_modified_not_as_another_tokenisation(work
     assert main(["analyze", "frequencies", str(workspace / "run"), "--data", str(data), "--out",
                  str(tmp_path / "freq")]) == 1
     assert "test.bin was modified or corrupted" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--data", "DATA", "--tokenizer", "bytes"], "--tokenizer applies to --text only"),
+    (["--text", "DATA/manifest.json", "--split", "valid"], "--split applies to --data only"),
+    (["--text", "DATA/manifest.json", "--max-tokens", "5"], "--max-tokens applies to --data only"),
+])
+def test_analyze_options_that_would_be_ignored_are_errors(workspace, tmp_path, capsys, args, message):
+    args = [a.replace("DATA", str(workspace / "data")) for a in args]
+    assert main(["analyze", "frequencies", str(workspace / "run"), *args, "--out", str(tmp_path / "f")]) == 1
+    assert message in capsys.readouterr().err and not (tmp_path / "f").exists()
+
+
+def test_eval_integer_options_and_repeated_lengths(workspace, tmp_path, capsys):
+    base = ["eval", "length", str(workspace / "run"), "--data", str(workspace / "data"), "--out", str(tmp_path)]
+    with pytest.raises(SystemExit) as info:
+        main([*base, "--lengths", "8", "--batch-size", "0"])
+    assert info.value.code == 2 and "argument --batch-size: must be an integer >= 1, got 0" in capsys.readouterr().err
+    assert main([*base, "--lengths", "8,16,8"]) == 1
+    assert "evaluation length(s) 8 given more than once" in capsys.readouterr().err

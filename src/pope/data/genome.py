@@ -242,6 +242,8 @@ def prepare_genome(out_dir: str | os.PathLike, *, source: str | os.PathLike | No
         description = "human chrX, GRCh37 (NC_000023.10, first 69,999,930 bp), Debian smalt-examples 0.7.6-12"
     else:
         fasta = Path(source).expanduser().absolute()
+        if fasta.is_dir():
+            raise ValueError(f"FASTA source {fasta} is a directory; pass the FASTA file itself (plain or gzip)")
         if not fasta.is_file():
             raise FileNotFoundError(f"FASTA source {fasta} does not exist (plain or gzip FASTA expected)")
         description = f"FASTA file {fasta.name}"

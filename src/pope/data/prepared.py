@@ -232,7 +232,7 @@ class PreparedDataset:
                                     f"(or its prepare was interrupted); run `pope data prepare` again")
         try:
             self.manifest: dict[str, Any] = json.loads(manifest_path.read_text())
-        except json.JSONDecodeError as err:
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise ValueError(f"{manifest_path} is not valid JSON ({err}); rebuild the dataset with "
                              f"`pope data prepare NAME --out {self.path} --force`") from err
         if not isinstance(self.manifest, dict) or self.manifest.get("complete") is not True:
@@ -241,6 +241,7 @@ class PreparedDataset:
         if self.manifest.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"{manifest_path} has format_version {self.manifest.get('format_version')!r}, "
                              f"this pope reads {FORMAT_VERSION}; rebuild it with `{prepare_command(self)}`")
+        _check_manifest_fields(self.manifest, manifest_path)
         self.token_dtype = np.dtype(self.manifest["dtype"])
         if self.token_dtype != token_dtype_for(self.vocab_size):
             raise ValueError(f"{manifest_path}: dtype {self.token_dtype} does not match vocab size {self.vocab_size}")
@@ -340,6 +341,31 @@ class PreparedDataset:
     def __repr__(self) -> str:
         sizes = ", ".join(f"{s}={self.manifest['splits'][s]['n_tokens']}" for s in self.split_names)
         return f"PreparedDataset({str(self.path)!r}, vocab_size={self.vocab_size}, tokens: {sizes})"
+
+
+def _check_manifest_fields(manifest: dict, manifest_path: Path) -> None:
+    """DamagedDatasetError naming the first field a reader needs that is missing or of the wrong type."""
+    def fail(what: str):
+        raise DamagedDatasetError(f"{manifest_path} is damaged: {what}", f"rebuild the dataset with "
+                                  f"`pope data prepare NAME --out {manifest_path.parent} --force`")
+
+    def need(container: dict, key: str, kind: type, where: str = ""):
+        value = container.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            fail(f"{where}{key} is missing or not a {kind.__name__}")
+        return value
+
+    need(manifest, "name", str)
+    need(need(manifest, "vocab", dict), "size", int, "vocab.")
+    if need(manifest, "dtype", str) not in ("uint16", "uint32"):
+        fail(f"dtype {manifest['dtype']!r} is not uint16 or uint32")
+    for split in need(manifest, "splits", dict):
+        info = need(manifest["splits"], split, dict, "splits.")
+        for key, kind in (("n_tokens", int), ("n_docs", int), ("tokens_file", str), ("docs_file", str)):
+            need(info, key, kind, f"splits.{split}.")
+        hashes = need(info, "sha256", dict, f"splits.{split}.")
+        for key in ("tokens_file", "docs_file"):
+            need(hashes, info[key], str, f"splits.{split}.sha256.")
 
 
 def prepare_command(dataset: "PreparedDataset") -> str:

@@ -111,6 +111,8 @@ def _eval_downstream(args: argparse.Namespace) -> int:
     # lm-eval runs for minutes to hours: know before that its results can be written (RUN/eval/).
     check_output_dir(run_dir_of(args.run) / "eval", what="the run's eval directory")
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
+    if args.include_path is not None and not Path(args.include_path).is_dir():
+        raise FileNotFoundError(f"--include-path {args.include_path} is not a directory of lm-eval task YAML files")
     if args.limit is not None and not args.limit > 0:
         raise ValueError(f"--limit must be a positive number of examples (or a fraction in (0, 1)), got {args.limit}")
     limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
@@ -192,8 +194,8 @@ def _register_analyze(subparsers) -> None:
     source = frequencies.add_mutually_exclusive_group(required=True)
     source.add_argument("--text", help="text file to run through the model (e.g. 10 Shakespeare sonnets)")
     source.add_argument("--data", help="prepared dataset name or directory (for non-text models)")
-    frequencies.add_argument("--tokenizer", default="gpt2", help="tokenizer for --text: gpt2 (default) or bytes")
-    frequencies.add_argument("--split", default="test", help="split of --data (default test)")
+    frequencies.add_argument("--tokenizer", default=None, help="tokenizer for --text: gpt2 (default) or bytes")
+    frequencies.add_argument("--split", default=None, help="split of --data (default test)")
     frequencies.add_argument("--max-tokens", type=positive_int, default=None,
                              help="use only the first N tokens of --data (stated in the output)")
     frequencies.add_argument("--seq-len", type=positive_int, default=None,
@@ -213,6 +215,9 @@ def _analyze_frequencies(args: argparse.Namespace) -> int:
 
     out = check_output_dir(args.out if args.out else run_dir_of(args.run) / "eval" / "frequencies",
                            what="--out" if args.out else "the default --out (RUN/eval/frequencies)")
+    for option, applies_to in (("tokenizer", "text"), ("split", "data"), ("max_tokens", "data")):
+        if getattr(args, option) is not None and not getattr(args, applies_to):  # never silently ignored
+            raise ValueError(f"--{option.replace('_', '-')} applies to --{applies_to} only")
     device = resolve_device(args.device)
     model, _ = load_run_model(args.run, device)
     vocab = model.config.vocab_size
@@ -222,7 +227,7 @@ def _analyze_frequencies(args: argparse.Namespace) -> int:
         path = Path(args.text)
         if not path.is_file():
             raise FileNotFoundError(f"--text {path} does not exist")
-        tokenizer = get_tokenizer(args.tokenizer)
+        tokenizer = get_tokenizer(args.tokenizer or "gpt2")
         check_vocab_compatible(tokenizer.vocab_size, vocab, data_name=f"tokenizer {tokenizer.name!r}")
         tokens = np.asarray(tokenizer.encode(path.read_text(encoding="utf-8")), dtype=np.int64)
         source = f"{path} ({tokenizer.name} tokens)"
@@ -230,11 +235,12 @@ def _analyze_frequencies(args: argparse.Namespace) -> int:
         from pope.data.prepared import resolve_dataset
 
         dataset = resolve_dataset(args.data)
-        token_split = dataset.split(args.split)
-        dataset.verify([args.split])  # a modified file is named here, not analysed
+        split = args.split or "test"
+        token_split = dataset.split(split)
+        dataset.verify([split])  # a modified file is named here, not analysed
         check_vocab_compatible(dataset.vocab_size, vocab, data_name=f"dataset {dataset.name!r}")
         tokens = np.asarray(token_split.tokens, dtype=np.int64)
-        source = f"{dataset.path} split {args.split}"
+        source = f"{dataset.path} split {split}"
         if args.max_tokens is not None:
             source += f", first {args.max_tokens:,} of {len(tokens):,} tokens"
             tokens = tokens[: args.max_tokens]
