@@ -46,6 +46,11 @@ def test_prepare_refuses_a_directory_it_did_not_make_and_says_what_it_would_over
     assert {n: (out / n).read_bytes() for n in files} == files
     assert (out / "train.bin").read_bytes().startswith(b"a user")
     assert not (out / "manifest.json").exists()
+    # --force says which of the user's files it replaces, and keeps the rest
+    assert _prepare(tmp_path, out, "--force") == 0
+    err = capsys.readouterr().err
+    assert "--force: replacing train.bin" in err and "kept 3 file(s)" in err
+    assert {n: (out / n).read_bytes() for n in files} == files
 
 
 def test_force_writes_beside_user_files_and_keeps_every_one(tmp_path, capsys):
@@ -205,3 +210,16 @@ def test_sources_of_the_wrong_kind_are_named(tmp_path, capsys):
     (tmp_path / "afile").write_text("x")
     assert main(["data", "info", str(tmp_path / "afile")]) == 1
     assert "is a file, not a prepared dataset directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"force": "no"}, "force must be a bool, got 'no'"),
+    ({"max_bases": "5"}, "max_bases must be a int, got '5'"),
+    ({"ambiguous_as_n": 1}, "ambiguous_as_n must be a bool"),
+])
+def test_prepare_options_take_real_types(tmp_path, options, message):
+    from pope.data.registry import prepare
+
+    with pytest.raises(TypeError, match=message):
+        prepare("genome", out_dir=tmp_path / "g", **options)
+    assert not (tmp_path / "g").exists()

@@ -89,6 +89,8 @@ def check_output_dir(path: str | os.PathLike, *, what: str = "--out") -> Path:
     """
     import tempfile
 
+    if not str(path).strip():
+        raise ValueError(f"{what} is empty; give a directory path")
     path = Path(path).expanduser()
     if path.exists() and not path.is_dir():
         raise ValueError(f"{what} {path} is an existing file, not a directory; choose a directory path "

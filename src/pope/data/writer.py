@@ -113,8 +113,8 @@ class PreparedWriter:
     def __init__(self, out_dir: str | os.PathLike, vocab_size: int, splits: Iterable[str] = STANDARD_SPLITS, *,
                  force: bool = False):
         self.out_dir = check_output_dir(out_dir).absolute()
+        self.dtype = token_dtype_for(vocab_size)  # ValueError unless a positive int
         self.vocab_size = int(vocab_size)
-        self.dtype = token_dtype_for(self.vocab_size)
         self.split_names = tuple(splits)
         self.force = force
         replacement_plan(self.out_dir, self.split_names, force=force)  # refuse before any work
@@ -210,6 +210,9 @@ class PreparedWriter:
 
     def _publish(self) -> None:
         replaced, kept = replacement_plan(self.out_dir, self.split_names, force=self.force)
+        if replaced and owned_names(self.out_dir) is None:  # --force over files a prepare did not write
+            warn(f"--force: replacing {_listing(replaced)} in {self.out_dir}, which `pope data prepare` did not "
+                 f"create")
         if not self.out_dir.exists():
             os.replace(self.tmp_dir, self.out_dir)
         elif not kept:  # every file there is ours: swap whole directories (readers never see a mix)

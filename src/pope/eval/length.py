@@ -185,6 +185,7 @@ def evaluate_lengths(
     """
     lengths = parse_lengths(lengths)
     _check_positive(batch_size=batch_size)
+    _check_bool(same_documents=same_documents, progress=progress)
     offsets = validate_doc_offsets(doc_offsets, int(tokens.shape[0]))
     longest = max(lengths)
     min_doc_tokens = longest + 1 if same_documents else None
@@ -214,6 +215,12 @@ def _check_positive(**values) -> None:
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _check_bool(**values) -> None:
+    for name, value in values.items():
+        if not isinstance(value, bool):  # "no" would be truthy: refuse rather than guess
+            raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
 
 
 def _batch_for(batch_size: int, length: int, longest: int) -> int:
