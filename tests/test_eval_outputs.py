@@ -115,3 +115,27 @@ def test_eval_integer_options_and_repeated_lengths(workspace, tmp_path, capsys):
     assert info.value.code == 2 and "argument --batch-size: must be an integer >= 1, got 0" in capsys.readouterr().err
     assert main([*base, "--lengths", "8,16,8"]) == 1
     assert "evaluation length(s) 8 given more than once" in capsys.readouterr().err
+
+
+def test_downstream_checks_the_run_eval_dir_before_starting_lm_eval(workspace, tmp_path, capsys, monkeypatch):
+    import shutil
+
+    import pope.eval.downstream
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("lm-eval was started before RUN/eval/ was checked")
+
+    monkeypatch.setattr(pope.eval.downstream, "run_downstream", must_not_run)
+    run = tmp_path / "run"
+    shutil.copytree(workspace / "run", run)
+    (run / "eval").write_text("not a directory")
+    assert main(["eval", "downstream", str(run), "--limit", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "the run's eval directory" in err and "is an existing file, not a directory" in err
+
+
+def test_length_eval_flags_take_real_booleans(workspace):
+    from pope.eval.length import run_length_eval
+
+    with pytest.raises(TypeError, match="same_documents must be True or False, got 'no'"):
+        run_length_eval([str(workspace / "run")], str(workspace / "data"), lengths=[8], same_documents="no")

@@ -304,6 +304,7 @@ def run_length_eval(
 
     lengths = parse_lengths(lengths)
     _check_positive(batch_size=batch_size, n_buckets=n_buckets)
+    _check_bool(same_documents=same_documents, progress=progress)
     if not runs:
         raise ValueError("give at least one run directory")
     if out_dir is not None:
