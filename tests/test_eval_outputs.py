@@ -40,7 +40,7 @@ def test_length_writes_out_first_and_warns_when_the_run_dir_cannot_be_written(wo
     import shutil
 
     run = tmp_path / "run"
-    shutil.copytree(workspace / "run", run)
+    shutil.copytree(workspace / "run", run, ignore=shutil.ignore_patterns("eval"))
     (run / "eval").write_text("a file where RUN/eval/ would go: the run directory cannot take results")
     out = tmp_path / "results"
     assert _length(workspace, run, out) == 0
@@ -127,7 +127,7 @@ def test_downstream_checks_the_run_eval_dir_before_starting_lm_eval(workspace, t
 
     monkeypatch.setattr(pope.eval.downstream, "run_downstream", must_not_run)
     run = tmp_path / "run"
-    shutil.copytree(workspace / "run", run)
+    shutil.copytree(workspace / "run", run, ignore=shutil.ignore_patterns("eval"))
     (run / "eval").write_text("not a directory")
     assert main(["eval", "downstream", str(run), "--limit", "1"]) == 1
     err = capsys.readouterr().err
