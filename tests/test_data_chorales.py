@@ -75,6 +75,8 @@ def test_canonical_json_loader(tmp_path):
     ({"train": [], "valid": [], "test": [[[60, 60, 60, 12]]]}, r"\['test'\]\[0\]\[0\]\[3\]: pitch 12 is outside"),
     ({"train": {"a": 1}, "valid": [], "test": []}, r"\['train'\] must be a list of chorales"),
     ({"train": [[]], "valid": [], "test": []}, r"\['train'\]\[0\] must be a non-empty list"),
+    ({"train": [[[60, 60, 60, 60]]], "valid": [], "test": []}, r"split 'valid' and 'test' are empty \(0 chorales\)"),
+    ({"train": [[[60, 60, 60, 60]]], "valid": [[[60, 60, 60, 60]]], "test": []}, r"split 'test' is empty"),
 ])
 def test_json_with_wrong_structure_is_a_clear_error(tmp_path, payload, message):
     path = tmp_path / "bad.json"

@@ -44,7 +44,8 @@ def test_writer_reader_roundtrip(tmp_path):
     assert set(manifest["splits"]["train"]["sha256"]) == {"train.bin", "train.docs.npy"}
     dataset.verify()
     assert sorted(p.name for p in (tmp_path / "small").iterdir()) == sorted(
-        [MANIFEST_NAME] + [f"{s}{ext}" for s in ("train", "valid", "test") for ext in (".bin", ".docs.npy")])
+        [MANIFEST_NAME, ".pope-dataset"] + [f"{s}{ext}" for s in ("train", "valid", "test")
+                                            for ext in (".bin", ".docs.npy")])
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary leftovers
     with pytest.raises(ValueError, match="no split 'dev'.*train, valid, test"):
         dataset.split("dev")
@@ -52,7 +53,7 @@ def test_writer_reader_roundtrip(tmp_path):
 
 def test_dtype_follows_vocab_and_ids_are_checked(tmp_path):
     assert token_dtype_for(65535) == np.uint16 and token_dtype_for(65536) == np.uint32
-    with PreparedWriter(tmp_path / "big", 70000) as writer:
+    with PreparedWriter(tmp_path / "big", 70000, splits=("train",)) as writer:
         writer.add_document("train", np.array([69999, 0]))
         with pytest.raises(ValueError, match=r"token ids must lie in \[0, 70000\)"):
             writer.add_document("train", np.array([70000]))
@@ -131,10 +132,13 @@ def test_reuse_verifies_checksums_and_settings(tmp_path, capsys):
     data = bytearray(bin_path.read_bytes())
     data[0] ^= 1
     bin_path.write_bytes(bytes(data))
-    with pytest.raises(ValueError, match="checksum mismatch.*train.bin"):
+    with pytest.raises(ValueError, match=r"train.bin was modified or corrupted: checksum mismatch.*rebuild the "
+                                         r"dataset with `pope data prepare small --out .*ds --force`"):
         PreparedDataset(tmp_path / "ds").verify()
     assert reuse_if_prepared(tmp_path / "ds", request) is None
-    assert "rebuilding" in capsys.readouterr().err
+    notice = capsys.readouterr().err  # one statement: what is wrong, with the dataset's name, and what happens
+    assert "dataset 'small'" in notice and "train.bin was modified or corrupted" in notice
+    assert "rebuilding it from its source now" in notice and "re-run" not in notice
     # a truncated token file is caught on open, before any hashing
     bin_path.write_bytes(bytes(data[:-2]))
     with pytest.raises(ValueError, match="the manifest expects"):
@@ -220,11 +224,11 @@ def test_never_replaces_a_directory_of_other_files(tmp_path):
     precious = tmp_path / "mine"
     precious.mkdir()
     (precious / "notes.txt").write_text("keep me")
-    with pytest.raises(ValueError, match="not part of a prepared dataset.*notes.txt.*another --out"):
+    with pytest.raises(ValueError, match="not made by `pope data prepare`.*holds notes.txt.*new or empty --out"):
         _write_small(precious)
     assert (precious / "notes.txt").read_text() == "keep me"
     (tmp_path / "afile").write_text("x")
-    with pytest.raises(ValueError, match="is a file"):
+    with pytest.raises(ValueError, match="is an existing file, not a directory"):
         _write_small(tmp_path / "afile")
     (tmp_path / "empty").mkdir()
     assert _write_small(tmp_path / "empty").split("valid").tokens.tolist() == [4, 5]

@@ -132,7 +132,7 @@ def test_offline_cache_is_verified_and_never_refetched(tmp_path, monkeypatch):
     victim = copy_root / "sources" / "tiktoken" / offline.TIKTOKEN_VOCAB_BPE_NAME
     victim.write_bytes(victim.read_bytes()[:-10])
     monkeypatch.setattr(offline, "_verified", set())
-    with pytest.raises(FileNotFoundError, match="does not match its pinned checksum.*fetch --only gpt2-tokenizer"):
+    with pytest.raises(ValueError, match="was modified or corrupted.*fetch --only gpt2-tokenizer"):
         offline.source_path("gpt2-tokenizer")
     with pytest.raises(FileNotFoundError, match="is not fetched"):
         offline.source_path("chrx")

@@ -71,7 +71,9 @@ def test_bad_length_is_refused(bad):
 
 
 def test_parse_lengths():
-    assert parse_lengths("64, 16,64,32") == [16, 32, 64]
+    assert parse_lengths("64, 16,32") == [16, 32, 64]
+    with pytest.raises(ValueError, match="length.s. 64 given more than once"):  # not silently deduplicated
+        parse_lengths("64, 16,64,32")
     with pytest.raises(ValueError, match="comma-separated"):
         parse_lengths("16,abc")
 

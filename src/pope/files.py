@@ -77,3 +77,35 @@ def finish_figure(fig, path: str | os.PathLike, *, title: str = "", tight_layout
         return savefig_atomic(fig, path, dpi=120)
     finally:
         plt.close(fig)
+
+
+def check_output_dir(path: str | os.PathLike, *, what: str = "--out") -> Path:
+    """Fail fast, before any work, unless ``path`` is or can become a writable directory.
+
+    Returns the expanded path. Raises ValueError naming ``what`` (the option the user set) when the path
+    is a file, lies under a file, or its nearest existing directory cannot be written (checked by creating
+    and removing a probe file there, which also catches read-only mounts where ``os.access`` says yes).
+    Creates nothing that remains.
+    """
+    import tempfile
+
+    if not str(path).strip():
+        raise ValueError(f"{what} is empty; give a directory path")
+    path = Path(path).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{what} {path} is an existing file, not a directory; choose a directory path "
+                         f"(or remove the file)")
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"{what} {path} lies under {existing}, which is a file, not a directory; choose a "
+                         f"directory path")
+    try:
+        descriptor, probe = tempfile.mkstemp(prefix=".pope-write-probe-", dir=existing)
+    except OSError as err:
+        raise ValueError(f"{what} {path} cannot be written ({existing} is not writable: {err.strerror or err}); "
+                         f"choose a writable directory") from err
+    os.close(descriptor)
+    os.unlink(probe)
+    return path

@@ -1,12 +1,13 @@
 """Datasets. Deliberately empty of imports so each submodule imports cheaply on its own:
 
 - pope.data.prepared          on-disk prepared format (PreparedDataset, TokenSplit, resolve_dataset)
+- pope.data.writer            writing it atomically (PreparedWriter, reuse_if_prepared; never deletes foreign files)
 - pope.data.registry          dataset names -> builders (used by `pope data prepare`)
 - pope.data.chorales          JSB chorales (canonical JSON or music21's Bach corpus)
 - pope.data.maestro           MAESTRO MIDI -> REMI tokens (miditok)
 - pope.data.genome            FASTA -> Nucleotide-Transformer 6-mer tokens
 - pope.data.text              GPT-2 BPE text: OpenWebText, PG-19, local .txt directories
-- pope.data.offline           `python -m pope.data.offline fetch`: real offline sources into $POPE_CACHE
-- pope.data.cli               `pope data prepare|info`
+- pope.data.offline           `pope data offline fetch|status`: real offline sources into $POPE_CACHE
+- pope.data.cli               `pope data prepare|info|offline`
 - pope.data.indirect_indexing the synthetic indirect-indexing task
 """

@@ -37,8 +37,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from pope.data.prepared import (PreparedDataset, PreparedWriter, assign_splits, cache_root, file_fingerprint,
-                                reuse_if_prepared, warn)
+from pope.data.prepared import PreparedDataset, assign_splits, cache_root, file_fingerprint, warn
+from pope.data.writer import PreparedWriter, reuse_if_prepared
 from pope.optional import require
 
 N_VOICES = 4
@@ -110,6 +110,8 @@ def chunk_steps(n_steps: int, max_steps: int = MAX_STEPS_PER_DOC) -> list[tuple[
 def load_jsb_json(path: str | os.PathLike) -> dict[str, list[Chorale]]:
     """Read the canonical JSB-Chorales JSON (16th-note, voices separated) into grids per split."""
     path = Path(path).expanduser()
+    if path.is_dir():
+        raise ValueError(f"JSB chorales JSON {path} is a directory; pass the Jsb16thSeparated.json file itself")
     if not path.is_file():
         raise FileNotFoundError(f"JSB chorales JSON {path} does not exist (expected Jsb16thSeparated.json)")
     try:
@@ -143,6 +145,11 @@ def load_jsb_json(path: str | os.PathLike) -> dict[str, list[Chorale]]:
             encode_grid(grid, chorale.chorale_id)  # range check with the chorale id in the message
             parsed.append(chorale)
         result[split] = parsed
+    empty = [split for split in expected if not result[split]]
+    if empty:
+        raise ValueError(f"{path}: split {' and '.join(map(repr, empty))} {'is' if len(empty) == 1 else 'are'} empty "
+                         f"(0 chorales); the file needs chorales in each of train, valid and test, like "
+                         f"Jsb16thSeparated.json (229/76/77), or omit --source to build from music21's corpus")
     return result
 
 
@@ -343,7 +350,7 @@ def prepare_jsb(out_dir: str | os.PathLike, *, source: str | os.PathLike | None 
                  f"(all listed in the manifest): {listed}{' ...' if len(report['skipped']) > 6 else ''}")
 
     chunked = []
-    with PreparedWriter(out_dir, VOCAB_SIZE) as writer:
+    with PreparedWriter(out_dir, VOCAB_SIZE, force=force) as writer:
         total = sum(len(v) for v in splits.values())
         for split, chorales in splits.items():
             for chorale in tqdm(chorales, desc=f"jsb {split}", unit="chorale", disable=not progress or total < 2):

@@ -1,10 +1,12 @@
-"""`pope data prepare NAME [--source PATH] [--out DIR]` and `pope data info DIR|NAME`."""
+"""`pope data prepare NAME [--source PATH] [--out DIR]`, `pope data info DIR|NAME`, `pope data offline ...`."""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
 import time
+
+from pope.cli import positive_int
 
 
 def register(subparsers) -> None:
@@ -27,13 +29,14 @@ def register(subparsers) -> None:
     prepare.add_argument("--force", action="store_true", help="rebuild even if a matching dataset exists")
     prepare.add_argument("--no-progress", action="store_true", help="no progress bars")
     genome = prepare.add_argument_group("genome options")
-    genome.add_argument("--max-bases", type=int, help="read at most this many bases (default: the whole FASTA)")
-    genome.add_argument("--region-bases", type=int, help="region size for the split (default 1,000,000)")
+    genome.add_argument("--max-bases", type=positive_int,
+                        help="read at most this many bases (default: the whole FASTA)")
+    genome.add_argument("--region-bases", type=positive_int, help="region size for the split (default 1,000,000)")
     genome.add_argument("--max-n-fraction", type=float, help="skip regions with more N than this (default 0.5)")
     genome.add_argument("--ambiguous-as-n", action="store_true", default=None,
                         help="read IUPAC ambiguity codes (R, Y, ...) as N instead of failing")
     hub = prepare.add_argument_group("HF hub options (openwebtext, pg19, genome-hf)")
-    hub.add_argument("--max-docs", type=int, help="stop after this many documents per split (default: all)")
+    hub.add_argument("--max-docs", type=positive_int, help="stop after this many documents per split (default: all)")
     prepare.set_defaults(func=_prepare)
 
     info = commands.add_parser("info", help="print a prepared dataset's manifest summary")
@@ -41,6 +44,30 @@ def register(subparsers) -> None:
     info.add_argument("--json", action="store_true", help="print the whole manifest as JSON")
     info.add_argument("--verify", action="store_true", help="re-hash every file against the manifest")
     info.set_defaults(func=_info)
+
+    from pope.data.offline import ALL_NAMES
+
+    offline = commands.add_parser("offline", help="fetch or check the offline real-data sources ($POPE_CACHE)",
+                                  description="The pinned offline sources the default prepares read "
+                                              "(pope.data.offline): fetch them, or show which are ok, MISSING or "
+                                              "MODIFIED (files differ from their pinned sha256).")
+    offline_commands = offline.add_subparsers(dest="offline_command", metavar="ACTION")
+    offline.set_defaults(func=lambda args: (offline.print_help(), 2)[1])
+    fetch = offline_commands.add_parser("fetch", help="download/extract the sources (a good copy is kept)")
+    fetch.add_argument("--only", nargs="+", metavar="NAME", choices=ALL_NAMES,
+                       help=f"fetch only these ({', '.join(ALL_NAMES)})")
+    fetch.set_defaults(func=lambda args: _offline("fetch", args.only))
+    offline_commands.add_parser("status", help="show each source: ok, MISSING or MODIFIED").set_defaults(
+        func=lambda args: _offline("status", None))
+
+
+def _offline(action: str, only: list[str] | None) -> int:
+    from pope.data import offline
+
+    if action == "fetch":
+        offline.fetch(only)
+        return 0
+    return offline.status()
 
 
 def _prepare(args: argparse.Namespace) -> int:

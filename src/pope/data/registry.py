@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib
 import os
-from pathlib import Path
 from typing import Any
 
 # canonical name -> (module, function); the function takes (out_dir, *, source, force, progress, **options)
@@ -39,17 +38,38 @@ def canonical_name(name: str) -> str:
     return key
 
 
+# Builder options and the types they take (a string where a bool or a number is meant is refused, not coerced).
+_OPTION_TYPES: dict[str, tuple[type, ...]] = {
+    "force": (bool,), "progress": (bool,), "ambiguous_as_n": (bool,), "max_bases": (int,), "region_bases": (int,),
+    "max_docs": (int,), "max_n_fraction": (int, float),
+}
+
+
+def _check_option_types(**options: Any) -> None:
+    for key, value in options.items():
+        kinds = _OPTION_TYPES.get(key)
+        if kinds is None or value is None:
+            continue
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            names = " or ".join(kind.__name__ for kind in kinds)
+            raise TypeError(f"prepare option {key} must be a {names}, got {value!r} ({type(value).__name__})")
+
+
 def prepare(name: str, *, out_dir: str | os.PathLike | None = None, source: str | os.PathLike | None = None,
             force: bool = False, progress: bool = True, **options: Any):
     """Prepare dataset `name` into out_dir (default $POPE_DATA_DIR/NAME); returns the PreparedDataset."""
     from pope.data.prepared import data_root
+    from pope.files import check_output_dir
 
     canonical = canonical_name(name)
+    _check_option_types(force=force, progress=progress, **options)
+    if out_dir is not None:
+        out_dir = check_output_dir(out_dir)  # a file, a path under a file, unwritable: one clear error, first
     module_name, function_name = BUILDERS[canonical]
     builder = getattr(importlib.import_module(module_name), function_name)
     if canonical == "genome-hf":
         if source is not None:
             options["dataset_id"] = str(source)
-        return builder(Path(out_dir) if out_dir else data_root() / "genome", force=force, progress=progress, **options)
-    target = Path(out_dir).expanduser() if out_dir else data_root() / canonical
+        return builder(out_dir or data_root() / "genome", force=force, progress=progress, **options)
+    target = out_dir or data_root() / canonical
     return builder(target, source=source, force=force, progress=progress, **options)

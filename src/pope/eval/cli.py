@@ -8,6 +8,7 @@ import argparse
 import json
 from pathlib import Path
 
+from pope.cli import non_negative_int, positive_int
 from pope.devices import resolve_device
 
 
@@ -42,10 +43,12 @@ def _register_eval(subparsers) -> None:
     length.add_argument("--all-documents", action="store_true",
                         help="at each length score every document long enough for it (default: only documents "
                              "long enough for the longest length, so every length scores the same tokens)")
-    length.add_argument("--max-docs", type=int, default=None,
+    length.add_argument("--max-docs", type=positive_int, default=None,
                         help="score only the first N qualifying documents (reported in the outputs)")
-    length.add_argument("--batch-size", type=int, default=8, help="windows per forward pass at the longest length")
-    length.add_argument("--buckets", type=int, default=8, help="window-position buckets for the per-position NLL")
+    length.add_argument("--batch-size", type=positive_int, default=8,
+                        help="windows per forward pass at the longest length")
+    length.add_argument("--buckets", type=positive_int, default=8,
+                        help="window-position buckets for the per-position NLL")
     length.add_argument("--device", default="auto", help="auto, cpu or cuda")
     length.add_argument("--bf16", action="store_true", help="bf16 autocast on CUDA (default fp32)")
     length.set_defaults(func=_eval_length)
@@ -59,9 +62,9 @@ def _register_eval(subparsers) -> None:
                                  "hellaswag,piqa,arc_easy; 'cbt' is defined by pope)")
     downstream.add_argument("--tokenizer", default="gpt2", help="gpt2 (default) or bytes")
     downstream.add_argument("--limit", type=float, default=None, help="examples per task (for quick checks)")
-    downstream.add_argument("--num-fewshot", type=int, default=None)
+    downstream.add_argument("--num-fewshot", type=non_negative_int, default=None)
     downstream.add_argument("--include-path", default=None, help="directory of extra lm-eval task YAML files")
-    downstream.add_argument("--batch-size", type=int, default=8)
+    downstream.add_argument("--batch-size", type=positive_int, default=8)
     downstream.add_argument("--device", default="auto", help="auto, cpu or cuda")
     downstream.set_defaults(func=_eval_downstream)
 
@@ -70,7 +73,7 @@ def _register_eval(subparsers) -> None:
                                                "examples, one per line (pope.train.evaluate.task_accuracy).")
     accuracy.add_argument("run", help="run or checkpoint directory")
     accuracy.add_argument("--data", required=True, help="file of examples, one per line")
-    accuracy.add_argument("--batch-size", type=int, default=256)
+    accuracy.add_argument("--batch-size", type=positive_int, default=256)
     accuracy.add_argument("--device", default="auto", help="auto, cpu or cuda")
     accuracy.add_argument("--json", action="store_true", help="print the result as JSON")
     accuracy.set_defaults(func=_eval_accuracy)
@@ -103,8 +106,15 @@ def _eval_downstream(args: argparse.Namespace) -> int:
                                       write_downstream)
     from pope.eval.report import paper_encoding
     from pope.eval.runs import run_config, run_dir_of, run_label
+    from pope.files import check_output_dir
 
+    # lm-eval runs for minutes to hours: know before that its results can be written (RUN/eval/).
+    check_output_dir(run_dir_of(args.run) / "eval", what="the run's eval directory")
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
+    if args.include_path is not None and not Path(args.include_path).is_dir():
+        raise FileNotFoundError(f"--include-path {args.include_path} is not a directory of lm-eval task YAML files")
+    if args.limit is not None and not args.limit > 0:
+        raise ValueError(f"--limit must be a positive number of examples (or a fraction in (0, 1)), got {args.limit}")
     limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
     out = run_downstream(args.run, tasks=tasks, tokenizer=args.tokenizer, device=resolve_device(args.device),
                          batch_size=args.batch_size, limit=limit, include_path=args.include_path,
@@ -143,12 +153,12 @@ def _register_finetune(subparsers) -> None:
                     "RoPE becomes YaRN with scale = context / training context (alpha 1, beta 32, temperature "
                     "(0.1 ln s + 1)^2 in the softmax scale); PoPE is fine-tuned without interpolation.")
     parser.add_argument("run", help="trained run (or checkpoint) directory")
-    parser.add_argument("--context", type=int, required=True, help="new context length, e.g. 4096")
-    parser.add_argument("--steps", type=int, default=500, help="fine-tuning steps (default 500)")
+    parser.add_argument("--context", type=positive_int, required=True, help="new context length, e.g. 4096")
+    parser.add_argument("--steps", type=positive_int, default=500, help="fine-tuning steps (default 500)")
     parser.add_argument("--out", default=None, help="run directory of the fine-tune (default RUN-ft{context})")
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batch-size", type=positive_int, default=64)
     parser.add_argument("--lr", type=float, default=6e-5)
-    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--warmup", type=non_negative_int, default=20)
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="recipe/train overrides as in `pope train`, e.g. --set recipe.grad_accum=8")
     parser.add_argument("--resume", action="store_true", help="continue an interrupted fine-tune in --out")
@@ -159,7 +169,10 @@ def _finetune(args: argparse.Namespace) -> int:
     from pope.eval.finetune import run_finetune
     from pope.eval.runs import run_dir_of
 
+    from pope.files import check_output_dir
+
     out = args.out or f"{run_dir_of(args.run).as_posix().rstrip('/')}-ft{args.context}"
+    check_output_dir(out, what="--out" if args.out else "the default --out (RUN-ft{context})")
     summary = run_finetune(args.run, out, context=args.context, steps=args.steps, batch_size=args.batch_size,
                            lr=args.lr, warmup_steps=args.warmup, overrides=args.overrides, resume=args.resume)
     print(json.dumps(summary, indent=2))
@@ -181,11 +194,11 @@ def _register_analyze(subparsers) -> None:
     source = frequencies.add_mutually_exclusive_group(required=True)
     source.add_argument("--text", help="text file to run through the model (e.g. 10 Shakespeare sonnets)")
     source.add_argument("--data", help="prepared dataset name or directory (for non-text models)")
-    frequencies.add_argument("--tokenizer", default="gpt2", help="tokenizer for --text: gpt2 (default) or bytes")
-    frequencies.add_argument("--split", default="test", help="split of --data (default test)")
-    frequencies.add_argument("--max-tokens", type=int, default=None,
+    frequencies.add_argument("--tokenizer", default=None, help="tokenizer for --text: gpt2 (default) or bytes")
+    frequencies.add_argument("--split", default=None, help="split of --data (default test)")
+    frequencies.add_argument("--max-tokens", type=positive_int, default=None,
                              help="use only the first N tokens of --data (stated in the output)")
-    frequencies.add_argument("--seq-len", type=int, default=None,
+    frequencies.add_argument("--seq-len", type=positive_int, default=None,
                              help="tokens per forward pass (default: the model's training context)")
     frequencies.add_argument("--out", default=None, help="output directory (default RUN/eval/frequencies)")
     frequencies.add_argument("--device", default="auto", help="auto, cpu or cuda")
@@ -198,7 +211,13 @@ def _analyze_frequencies(args: argparse.Namespace) -> int:
     from pope.eval.frequency_usage import analyze_frequencies, chunk_tokens, write_frequency_report
     from pope.eval.length import check_token_range, check_vocab_compatible
     from pope.eval.runs import load_run_model, run_dir_of, run_label
+    from pope.files import check_output_dir
 
+    out = check_output_dir(args.out if args.out else run_dir_of(args.run) / "eval" / "frequencies",
+                           what="--out" if args.out else "the default --out (RUN/eval/frequencies)")
+    for option, applies_to in (("tokenizer", "text"), ("split", "data"), ("max_tokens", "data")):
+        if getattr(args, option) is not None and not getattr(args, applies_to):  # never silently ignored
+            raise ValueError(f"--{option.replace('_', '-')} applies to --{applies_to} only")
     device = resolve_device(args.device)
     model, _ = load_run_model(args.run, device)
     vocab = model.config.vocab_size
@@ -208,7 +227,7 @@ def _analyze_frequencies(args: argparse.Namespace) -> int:
         path = Path(args.text)
         if not path.is_file():
             raise FileNotFoundError(f"--text {path} does not exist")
-        tokenizer = get_tokenizer(args.tokenizer)
+        tokenizer = get_tokenizer(args.tokenizer or "gpt2")
         check_vocab_compatible(tokenizer.vocab_size, vocab, data_name=f"tokenizer {tokenizer.name!r}")
         tokens = np.asarray(tokenizer.encode(path.read_text(encoding="utf-8")), dtype=np.int64)
         source = f"{path} ({tokenizer.name} tokens)"
@@ -216,16 +235,18 @@ def _analyze_frequencies(args: argparse.Namespace) -> int:
         from pope.data.prepared import resolve_dataset
 
         dataset = resolve_dataset(args.data)
+        split = args.split or "test"
+        token_split = dataset.split(split)
+        dataset.verify([split])  # a modified file is named here, not analysed
         check_vocab_compatible(dataset.vocab_size, vocab, data_name=f"dataset {dataset.name!r}")
-        tokens = np.asarray(dataset.split(args.split).tokens, dtype=np.int64)
-        source = f"{dataset.path} split {args.split}"
+        tokens = np.asarray(token_split.tokens, dtype=np.int64)
+        source = f"{dataset.path} split {split}"
         if args.max_tokens is not None:
             source += f", first {args.max_tokens:,} of {len(tokens):,} tokens"
             tokens = tokens[: args.max_tokens]
     check_token_range(tokens, vocab, data_name=source)
     sequences = chunk_tokens(tokens, args.seq_len or model.config.max_seq_len)
     usage = analyze_frequencies(model, sequences, device=device)
-    out = Path(args.out) if args.out else run_dir_of(args.run) / "eval" / "frequencies"
     written = write_frequency_report(usage, out, title=f"{run_label(args.run)} on {source}")
     np.set_printoptions(precision=3, suppress=True, linewidth=160)
     print(f"{usage.kind}: {usage.query.shape[0]} layers x {usage.query.shape[1]} frequencies, {usage.n_tokens:,} "
@@ -249,7 +270,9 @@ def _register_report(subparsers) -> None:
 
 def _report(args: argparse.Namespace) -> int:
     from pope.eval.report import write_report
+    from pope.files import check_output_dir
 
+    check_output_dir(args.out)
     markdown, written = write_report(args.runs, args.out)
     print(markdown)
     print("wrote " + ", ".join(str(p) for p in written))

@@ -125,6 +125,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--steps must be positive")
     if args.threads < 1:
         parser.error("--threads must be positive")
+    from pope.files import check_output_dir
+
+    try:  # before minutes of training: the table, the plot and the runs can be written where asked
+        check_output_dir(args.out)
+        check_output_dir(args.work or demo_root(), what="--work" if args.work else "the demo's work directory")
+    except ValueError as err:
+        parser.error(str(err))
     import torch
 
     torch.set_num_threads(args.threads)

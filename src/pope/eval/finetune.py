@@ -1,6 +1,6 @@
 """Context extension by fine-tuning (``pope finetune RUN --context 4096 --steps 500``).
 
-The paper's recipe (shared/paper.md): from a model trained at context L, fine-tune at context L' for 500
+The paper's recipe (docs/paper.md): from a model trained at context L, fine-tune at context L' for 500
 steps, batch 64, AdamW lr 6e-5 with 20 warmup steps and no decay (min_lr = lr).
 * RoPE -> YaRN with scale s = L'/L, alpha 1, beta 32: frequencies from pope.frequencies.yarn_frequencies
   and the attention temperature (0.1 ln s + 1)^2 folded into the softmax scale (pope.encodings "yarn").

@@ -9,7 +9,9 @@ length?).
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -182,6 +184,8 @@ def evaluate_lengths(
     ``max_docs``: score only the first ``max_docs`` documents that qualify (counted, never silent).
     """
     lengths = parse_lengths(lengths)
+    _check_positive(batch_size=batch_size)
+    _check_bool(same_documents=same_documents, progress=progress)
     offsets = validate_doc_offsets(doc_offsets, int(tokens.shape[0]))
     longest = max(lengths)
     min_doc_tokens = longest + 1 if same_documents else None
@@ -207,6 +211,18 @@ def evaluate_lengths(
     return results
 
 
+def _check_positive(**values) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _check_bool(**values) -> None:
+    for name, value in values.items():
+        if not isinstance(value, bool):  # "no" would be truthy: refuse rather than guess
+            raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+
+
 def _batch_for(batch_size: int, length: int, longest: int) -> int:
     """Keep tokens per batch roughly constant: the batch size is given for the longest length."""
     return max(1, batch_size * max(1, longest // length))
@@ -228,7 +244,7 @@ def _first_qualifying_docs(offsets: np.ndarray, max_docs: int, min_tokens: int) 
 
 
 def parse_lengths(lengths) -> list[int]:
-    """Accept "1024,2048" or an iterable of ints; return sorted unique positive ints."""
+    """Accept "1024,2048" or an iterable of ints; return them sorted (positive, each given once)."""
     if isinstance(lengths, str):
         items = [item.strip() for item in lengths.split(",") if item.strip()]
         try:
@@ -241,7 +257,10 @@ def parse_lengths(lengths) -> list[int]:
     for length in lengths:
         if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 1:
             raise ValueError(f"evaluation lengths must be positive integers, got {length!r}")
-    return sorted({int(length) for length in lengths})
+    repeated = sorted({int(x) for x in lengths if lengths.count(x) > 1})
+    if repeated:
+        raise ValueError(f"evaluation length(s) {', '.join(map(str, repeated))} given more than once; list each once")
+    return sorted(int(length) for length in lengths)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -271,26 +290,35 @@ def run_length_eval(
     autocast_dtype: torch.dtype | None = None,
     progress: bool = True,
 ) -> list[RunLengthResults]:
-    """Evaluate every run at every length; write RUN/eval/length-DATA-SPLIT.json per run and, in
-    ``out_dir``, length.csv, length.md and length.png over all runs."""
-    from pathlib import Path
+    """Evaluate every run at every length; write, in ``out_dir``, length.csv, length.md, length.json and
+    length.png over all runs, then RUN/eval/length-DATA-SPLIT.json per run.
 
+    ``out_dir`` is checked before any work and written first; a run directory that cannot be written
+    (read-only, ``eval`` not a directory) gets a warning on stderr, not an error, since the results are
+    already in ``out_dir``. The scored split is re-hashed first: a modified file is named, not scored.
+    """
     from pope.data.prepared import resolve_dataset
-    from pope.files import write_json_atomic
+    from pope.files import check_output_dir
     from pope.provenance import provenance
-    from pope.eval.runs import load_run_model, run_dir_of, run_label
+    from pope.eval.runs import load_run_model, run_label
 
     lengths = parse_lengths(lengths)
+    _check_positive(batch_size=batch_size, n_buckets=n_buckets)
+    _check_bool(same_documents=same_documents, progress=progress)
     if not runs:
         raise ValueError("give at least one run directory")
+    if out_dir is not None:
+        out_dir = check_output_dir(out_dir)
     dataset = resolve_dataset(data)
     token_split = dataset.split(split)
+    dataset.verify([split])
     offsets = validate_doc_offsets(token_split.doc_offsets, len(token_split))
     # Fail before loading any model when the data is too short for the longest length.
     plan_windows(offsets, max(lengths), tail=tail)
     stamp = {**provenance(device), "data": str(dataset.path), "data_name": dataset.name, "split": split,
              "tail": tail, "same_documents": same_documents, "max_docs": max_docs, "n_buckets": n_buckets}
     collected: list[RunLengthResults] = []
+    per_run: list[dict] = []  # RUN/eval records, written after out_dir
     for run in runs:
         model, info = load_run_model(run, device)
         data_name = f"dataset {dataset.name!r} ({dataset.path})"
@@ -304,16 +332,32 @@ def run_length_eval(
             batch_size=batch_size, device=device, autocast_dtype=autocast_dtype, progress=progress, label=label)
         entry = RunLengthResults(label=label, run=str(run), pe=model.config.pe, train_length=int(train_length),
                                  results=results)
-        write_json_atomic(run_dir_of(run) / "eval" / f"length-{dataset.name}-{split}.json", {
-            **stamp, "run": str(run), "checkpoint": info.get("path"), "step": info.get("step"), "pe": entry.pe,
-            "train_length": entry.train_length, "results": [r.to_dict(n_buckets) for r in results]})
+        per_run.append({**stamp, "run": str(run), "checkpoint": info.get("path"), "step": info.get("step"),
+                        "pe": entry.pe, "train_length": entry.train_length,
+                        "results": [r.to_dict(n_buckets) for r in results]})
         collected.append(entry)
         del model
     _disambiguate_labels(collected)
-    if out_dir is not None:
+    if out_dir is not None:  # where the user asked: first
         write_length_outputs(collected, Path(out_dir), n_buckets=n_buckets,
                              title=f"{dataset.name} / {split}", provenance_stamp=stamp)
+    for record in per_run:
+        write_beside_run(record["run"], f"length-{dataset.name}-{split}.json", record, saved_in=out_dir)
     return collected
+
+
+def write_beside_run(run: str, name: str, record: dict, *, saved_in=None) -> Path | None:
+    """Write ``record`` to RUN/eval/NAME; on failure warn (naming where the results are) and return None."""
+    from pope.eval.runs import run_dir_of
+    from pope.files import write_json_atomic
+
+    path = run_dir_of(run) / "eval" / name
+    try:
+        return write_json_atomic(path, record)
+    except OSError as err:
+        where = f"; the results are in {saved_in}" if saved_in is not None else ""
+        print(f"pope eval: warning: could not write {path} ({err.strerror or err}){where}", file=sys.stderr)
+        return None
 
 
 def _disambiguate_labels(entries: list[RunLengthResults]) -> None:
@@ -349,7 +393,6 @@ def write_length_outputs(entries: list[RunLengthResults], out_dir, *, n_buckets:
     """length.csv, length.md, length.json and length.png in ``out_dir``."""
     import csv
     import io
-    from pathlib import Path
 
     from pope.files import write_json_atomic, write_text_atomic
 
