@@ -29,7 +29,7 @@ from pope.hf.config import PoPELlamaConfig, _transformers
 
 from transformers.cache_utils import Cache, DynamicCache  # noqa: E402  (transformers is checked by pope.hf.config)
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast  # noqa: E402
-from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm  # noqa: E402
+from transformers.models.llama.modeling_llama import LlamaMLP  # noqa: E402
 
 TRANSFORMERS_MAJOR = int(_transformers.__version__.split(".")[0])
 # transformers 5.24 renamed the outputs' past_key_values field (and the forward argument) to `cache`.
@@ -91,6 +91,21 @@ def plan_attention(attention_mask, position_ids, *, past_length: int, n: int, ba
     return AttentionPlan(past_length, bias, index[None], key_index[None])
 
 
+class PoPELlamaRMSNorm(nn.Module):
+    """Llama's RMSNorm (weight * x / rms(x), computed in float32), in float64 for float64 inputs."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+        y = x.to(compute)
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * y.to(x.dtype)
+
+
 class PoPELlamaAttention(nn.Module):
     """Llama's attention projections with PoPE (pope.PoPE holds delta and calls pope.pope_attention)."""
 
@@ -146,8 +161,8 @@ class PoPELlamaDecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = PoPELlamaAttention(config, layer_idx)
         self.mlp = LlamaMLP(config)
-        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.input_layernorm = PoPELlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = PoPELlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(self, hidden_states, plan: AttentionPlan, cache: Cache | None = None):
         hidden_states = hidden_states + self.self_attn(self.input_layernorm(hidden_states), plan, cache)
@@ -200,7 +215,7 @@ class PoPELlamaModel(PoPELlamaPreTrainedModel):
         self.padding_idx = config.pad_token_id
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
         self.layers = nn.ModuleList(PoPELlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm = PoPELlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.gradient_checkpointing = False
         self.post_init()
 
