@@ -186,7 +186,8 @@ def _sync(device):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: that the script runs (no kernels)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny shapes on the CPU: that the script runs (no kernels)")
     parser.add_argument("--compile", action="store_true", help="torch.compile both models for the throughput rows")
     parser.add_argument("--batch", type=int, default=16, help="sequences of 1024 tokens per training step (default 16)")
     parser.add_argument("--out", default="gpu-hf-check", help="output directory (default ./gpu-hf-check)")
@@ -203,7 +204,8 @@ def main(argv=None) -> int:
     print("| check | dtype | triton err | reference err | bound | passed |\n|---|---|---|---|---|---|")
     for row in result["correctness"]:
         errs = [f"{row[k]:.3g}" if k in row else "—" for k in ("triton_err", "reference_err", "bound")]
-        extra = f" (losses triton {row['loss_triton']}, reference {row['loss_reference']})" if "loss_triton" in row else ""
+        extra = (f" (losses triton {row['loss_triton']}, reference {row['loss_reference']})"
+                 if "loss_triton" in row else "")
         print(f"| {row['check']} | {row['dtype']} | {' | '.join(errs)} | {row['passed']} |{extra}")
     print("\n| model | params | tokens/s | step ms | vs RoPE+SDPA |\n|---|---|---|---|---|")
     for row in result["throughput"]:

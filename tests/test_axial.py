@@ -44,8 +44,8 @@ def test_2d_scores_are_per_axis_relative_and_shift_invariant():
     # ...but moving the keys alone along one axis does change the scores, and only through that axis.
     rows_moved = axial_pope_attention(q, k, v, grid, grid + torch.tensor([1, 0]), delta=delta)
     assert not torch.allclose(rows_moved, out, atol=1e-6)
-    assert torch.allclose(rows_moved, torch.softmax(_scores(q, k, grid, grid + torch.tensor([1, 0]), (4, 4), delta), -1) @ v,
-                          atol=1e-12, rtol=0)
+    expected = torch.softmax(_scores(q, k, grid, grid + torch.tensor([1, 0]), (4, 4), delta), -1) @ v
+    assert torch.allclose(rows_moved, expected, atol=1e-12, rtol=0)
 
 
 def test_3d_video_positions_and_uneven_channel_groups():

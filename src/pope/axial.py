@@ -23,9 +23,9 @@ import torch
 import torch.nn as nn
 
 from pope.attention import MAGNITUDES, sdpa
+from pope.encodings import PoPE
 from pope.frequencies import angles, pope_frequencies
 
-TWO_PI = 2 * math.pi
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -54,7 +54,8 @@ def polar_features(x: torch.Tensor, phase: torch.Tensor, magnitude: str = "softp
 
 def phase_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, phase_q: torch.Tensor, phase_k: torch.Tensor,
                     *, magnitude_q: str = "softplus", magnitude_k: str = "softplus", softmax_scale: float,
-                    causal: bool = False, attn_bias: torch.Tensor | None = None, dropout_p: float = 0.0) -> torch.Tensor:
+                    causal: bool = False, attn_bias: torch.Tensor | None = None,
+                    dropout_p: float = 0.0) -> torch.Tensor:
     """PoPE attention with given phases. q (B, Hq, Nq, d), k/v (B, Hkv, Nk, d) (GQA: Hq a multiple of Hkv);
     phase_q broadcastable to (B, Hq, Nq, r) (delta already subtracted), phase_k to (B, Hkv, Nk, r);
     attn_bias: additive float mask broadcastable to (B, Hq, Nq, Nk); causal is bottom-right aligned by index.
@@ -124,51 +125,41 @@ def axial_pope_attention(q, k, v, positions_q: torch.Tensor, positions_k: torch.
                            softmax_scale=scale, causal=causal, attn_bias=attn_bias, dropout_p=dropout_p)
 
 
-class AxialPoPE(nn.Module):
-    """Axial PoPE for one attention layer: forward(q, k, v, positions) with q/k/v (B, H, N, head_dim) and
-    positions (N, n_axes) or (B, N, n_axes) (e.g. `grid_positions((rows, cols))`), non-causal by default.
+class AxialPoPE(PoPE):
+    """Axial PoPE for one attention layer: forward(q, k, v, positions) with q (B, H, N, head_dim), k/v
+    (B, Hkv, N, head_dim) and positions (N, n_axes) or (B, N, n_axes) (e.g. `grid_positions((rows, cols))`),
+    non-causal by default.
 
-    Owns delta (n_heads, sum(axis_dims)), clamped to [-2π, 0] as in pope.PoPE (delta_init "zero" or
-    "uniform"; use_delta=False removes it)."""
+    pope.PoPE with N-D positions: the same options, validation and delta (n_heads, sum(axis_dims)), clamped
+    to [-2π, 0]; axis_dims (default: head_dim split evenly over n_axes) are the rotated channels per axis."""
 
-    def __init__(self, *, n_heads: int, head_dim: int, n_axes: int = 2, axis_dims: Sequence[int] | None = None,
-                 base: float = 10000.0, magnitude: str = "softplus", delta_init: str = "zero", use_delta: bool = True):
-        super().__init__()
-        if magnitude not in MAGNITUDES:
-            raise ValueError(f"unknown PoPE magnitude {magnitude!r}; choose one of {sorted(MAGNITUDES)}")
-        if delta_init not in ("zero", "uniform"):
-            raise ValueError(f"unknown PoPE delta_init {delta_init!r}; choose 'zero' or 'uniform'")
-        if not base > 0:
-            raise ValueError(f"PoPE base must be positive; got {base}")
-        self.axis_dims = tuple(axis_dims) if axis_dims is not None else split_axis_dims(head_dim, n_axes)
-        if len(self.axis_dims) != n_axes:
-            raise ValueError(f"axis_dims {self.axis_dims} name {len(self.axis_dims)} axes but n_axes={n_axes}")
-        if any(int(g) < 1 for g in self.axis_dims) or sum(self.axis_dims) > head_dim:
-            raise ValueError(f"axis_dims {self.axis_dims} must be positive and sum to at most head_dim={head_dim}")
-        self.n_heads, self.head_dim, self.n_axes = n_heads, head_dim, len(self.axis_dims)
-        self.base, self.magnitude, self.delta_init = float(base), magnitude, delta_init
-        if use_delta:
-            self.delta = nn.Parameter(torch.zeros(n_heads, sum(self.axis_dims)))
-            self.reset_parameters()
-        else:
-            self.register_parameter("delta", None)
-
-    def reset_parameters(self) -> None:
-        if self.delta is not None:
-            with torch.no_grad():
-                self.delta.uniform_(-TWO_PI, 0.0) if self.delta_init == "uniform" else self.delta.zero_()
+    def __init__(self, *, n_heads: int, head_dim: int, n_kv_heads: int | None = None, n_axes: int = 2,
+                 axis_dims: Sequence[int] | None = None, base: float = 10000.0, magnitude: str = "softplus",
+                 delta_init: str = "zero", use_delta: bool = True):
+        axis_dims = tuple(axis_dims) if axis_dims is not None else split_axis_dims(head_dim, n_axes)
+        if len(axis_dims) != n_axes:
+            raise ValueError(f"axis_dims {axis_dims} name {len(axis_dims)} axes but n_axes={n_axes}")
+        if any(int(g) < 1 for g in axis_dims) or sum(axis_dims) > head_dim:
+            raise ValueError(f"axis_dims {axis_dims} must be positive and sum to at most head_dim={head_dim}")
+        super().__init__(n_heads=n_heads, n_kv_heads=n_kv_heads or n_heads, head_dim=head_dim, base=base,
+                         magnitude=magnitude, delta_init=delta_init, use_delta=use_delta, rotary_dim=sum(axis_dims))
+        self.axis_dims, self.n_axes = axis_dims, n_axes
 
     def forward(self, q, k, v, positions: torch.Tensor, positions_k: torch.Tensor | None = None, *,
                 causal: bool = False, attn_bias=None, dropout_p: float = 0.0) -> torch.Tensor:
-        if q.shape[1] != self.n_heads or q.shape[-1] != self.head_dim:
-            raise ValueError(f"AxialPoPE was built for {self.n_heads} heads of dim {self.head_dim}; got q {tuple(q.shape)}")
-        delta = None if self.delta is None else self.delta.clamp(-TWO_PI, 0.0)
-        return axial_pope_attention(q, k, v, positions, positions_k, axis_dims=self.axis_dims, delta=delta,
-                                    base=self.base, magnitude=self.magnitude, causal=causal, attn_bias=attn_bias,
+        self._check(q, k)
+        return axial_pope_attention(q, k, v, positions, positions_k, axis_dims=self.axis_dims,
+                                    delta=self.clamped_delta(), base=self.base, magnitude=self.magnitude,
+                                    softmax_scale=self.softmax_scale, causal=causal, attn_bias=attn_bias,
                                     dropout_p=dropout_p)
 
+    def cache_keys(self, k, start):
+        raise NotImplementedError("AxialPoPE has no KV cache: it attends over a grid given by positions")
+
+    attend_cached = cache_keys
+
     def extra_repr(self) -> str:
-        return f"heads={self.n_heads}, head_dim={self.head_dim}, axis_dims={self.axis_dims}, base={self.base}"
+        return f"{super().extra_repr()}, axis_dims={self.axis_dims}"
 
 
 class AxialPoPEAttention(nn.Module):

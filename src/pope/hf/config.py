@@ -48,7 +48,8 @@ class PoPELlamaConfig(LlamaConfig):
             raise ValueError(f"PoPELlamaConfig.pope_magnitude must be one of {sorted(MAGNITUDES)}; "
                              f"got {self.pope_magnitude!r}")
         if self.pope_delta_init not in ("zero", "uniform"):
-            raise ValueError(f"PoPELlamaConfig.pope_delta_init must be 'zero' or 'uniform'; got {self.pope_delta_init!r}")
+            raise ValueError(f"PoPELlamaConfig.pope_delta_init must be 'zero' or 'uniform'; "
+                             f"got {self.pope_delta_init!r}")
         if not isinstance(self.pope_use_delta, bool):
             raise ValueError(f"PoPELlamaConfig.pope_use_delta must be True or False; got {self.pope_use_delta!r}")
         if self.pope_backend not in BACKENDS:

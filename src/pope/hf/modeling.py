@@ -190,7 +190,8 @@ class PoPELlamaPreTrainedModel(_transformers.PreTrainedModel):
 
     def _init_weights(self, module):
         super()._init_weights(module)
-        if isinstance(module, PoPE) and module.delta is not None and not getattr(module.delta, "_is_hf_initialized", False):
+        delta = getattr(module, "delta", None) if isinstance(module, PoPE) else None
+        if delta is not None and not getattr(delta, "_is_hf_initialized", False):  # not loaded from a checkpoint
             module.reset_parameters()
 
 
@@ -242,7 +243,8 @@ class PoPELlamaModel(PoPELlamaPreTrainedModel):
         elif cache is None:
             cache = _new_dynamic_cache(self.config)
         elif not isinstance(cache, Cache):
-            raise TypeError(f"past_key_values must be a transformers Cache (e.g. DynamicCache); got {type(cache).__name__}")
+            raise TypeError(f"past_key_values must be a transformers Cache (e.g. DynamicCache); "
+                            f"got {type(cache).__name__}")
         b, n = inputs_embeds.shape[:2]
         past = cache.get_seq_length() if cache is not None else 0
         plan = plan_attention(attention_mask, position_ids, past_length=past, n=n, batch=b,
