@@ -152,7 +152,7 @@ def throughput(args, device) -> list[dict]:
             assert isinstance(model, LlamaForCausalLM)
         params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
         model.train()
-        step_model = torch.compile(model) if args.compile else model
+        step_model, compiled = (torch.compile(model), True) if args.compile else (model, False)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
 
         def step():
@@ -162,8 +162,17 @@ def throughput(args, device) -> list[dict]:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-        for _ in range(warmup):
-            step()
+        try:
+            for _ in range(warmup):
+                step()
+        except Exception as err:  # report a compile failure as a row, and time the eager model instead
+            if not args.compile:
+                raise
+            print(f"torch.compile failed for {name}: {type(err).__name__}: {err}; timing it uncompiled",
+                  file=sys.stderr)
+            step_model, compiled = model, False
+            for _ in range(warmup):
+                step()
         _sync(device)
         start = time.perf_counter()
         for _ in range(steps):
@@ -171,7 +180,7 @@ def throughput(args, device) -> list[dict]:
         _sync(device)
         elapsed = time.perf_counter() - start
         rows.append({"model": name, "params": params, "tokens_per_s": batch * seq * steps / elapsed,
-                     "step_ms": 1000 * elapsed / steps, "compile": bool(args.compile), "batch": batch, "seq": seq})
+                     "step_ms": 1000 * elapsed / steps, "compile": compiled, "batch": batch, "seq": seq})
         del model, step_model, optimizer
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -245,3 +245,21 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     assert model.model.gradient_checkpointing
     for plain, checkpointed in zip(*grads):
         assert torch.allclose(plain, checkpointed, atol=1e-12, rtol=0)
+
+
+def test_static_cache_is_refused(model):
+    with pytest.raises(TypeError, match="DynamicCache"):
+        model.generate(_tokens(1, 4), max_new_tokens=2, cache_implementation="static", pad_token_id=0)
+
+
+def test_torch_compile_traces_one_graph():
+    """Without a mask the forward and loss trace as one graph (no host sync), and compile gives the same loss."""
+    torch.manual_seed(0)
+    model = PoPELlamaForCausalLM(tiny_config(num_hidden_layers=1)).train()
+    ids = _tokens(2, 8)
+    explained = torch._dynamo.explain(model)(input_ids=ids, labels=ids, use_cache=False)
+    assert explained.graph_count == 1 and explained.graph_break_count == 0
+    compiled = torch.compile(model, backend="aot_eager")
+    loss = compiled(input_ids=ids, labels=ids, use_cache=False).loss
+    loss.backward()
+    assert loss.item() == pytest.approx(model(input_ids=ids, labels=ids, use_cache=False).loss.item(), abs=1e-6)

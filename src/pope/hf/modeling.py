@@ -242,9 +242,9 @@ class PoPELlamaModel(PoPELlamaPreTrainedModel):
             cache = None
         elif cache is None:
             cache = _new_dynamic_cache(self.config)
-        elif not isinstance(cache, Cache):
-            raise TypeError(f"past_key_values must be a transformers Cache (e.g. DynamicCache); "
-                            f"got {type(cache).__name__}")
+        elif not isinstance(cache, DynamicCache):  # a StaticCache returns unfilled slots as keys
+            raise TypeError(f"PoPELlama's cache must be a transformers DynamicCache (what generate() makes by "
+                            f"default); got {type(cache).__name__}. Leave cache_implementation unset")
         b, n = inputs_embeds.shape[:2]
         past = cache.get_seq_length() if cache is not None else 0
         plan = plan_attention(attention_mask, position_ids, past_length=past, n=n, batch=b,
