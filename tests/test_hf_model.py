@@ -195,6 +195,16 @@ def test_from_llama_config_makes_a_pope_twin():
         warnings.simplefilter("always")
         assert from_llama_config(scaled).pope_base == 10000.0
     assert any("dropping RoPE scaling" in str(w.message) for w in caught)
+    from transformers import MistralConfig, Qwen2Config
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mistral = from_llama_config(MistralConfig(hidden_size=64, num_attention_heads=8, num_hidden_layers=1,
+                                                  intermediate_size=96, sliding_window=16))
+    assert any("sliding-window" in str(w.message) for w in caught) and getattr(mistral, "sliding_window", None) is None
+    qwen = from_llama_config(Qwen2Config(hidden_size=64, num_attention_heads=8, num_hidden_layers=2,
+                                         intermediate_size=96, num_key_value_heads=2))
+    assert PoPELlamaForCausalLM(qwen).model.layers[0].self_attn.k_proj.out_features == 16
     with pytest.raises(ValueError, match="unknown PoPE options"):
         from_llama_config(llama, theta=3)
 

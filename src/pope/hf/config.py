@@ -90,8 +90,9 @@ def rope_scaling_of(config) -> dict | None:
 def from_llama_config(llama_config, **pope_options) -> PoPELlamaConfig:
     """A PoPELlamaConfig with every field of ``llama_config`` (any Llama-family config or its dict) and the
     given PoPE options (names of POPE_OPTIONS: base, magnitude, delta_init, use_delta, rotary_dim, backend).
-    base defaults to the config's RoPE base (rope_theta). A RoPE scaling (YaRN, llama3, ...) is dropped
-    with a warning: PoPE does not use it. For training from scratch: the weights are not converted."""
+    base defaults to the config's RoPE base (rope_theta). A RoPE scaling (YaRN, llama3, ...) and a sliding
+    window (Mistral) are dropped with a warning: the twin is the Llama architecture at that config's sizes.
+    For training from scratch: the weights are not converted."""
     unknown = set(pope_options) - set(POPE_OPTIONS)
     if unknown:
         raise ValueError(f"unknown PoPE options {sorted(unknown)}; valid: {', '.join(POPE_OPTIONS)}")
@@ -107,10 +108,26 @@ def from_llama_config(llama_config, **pope_options) -> PoPELlamaConfig:
             data["rope_scaling"] = None
         if isinstance(data.get("rope_parameters"), dict):
             data["rope_parameters"] = {"rope_type": "default", "rope_theta": data["rope_parameters"].get("rope_theta")}
+    window = sliding_window_of(data)
+    if window:
+        warnings.warn(f"from_llama_config: dropping the sliding-window attention ({window}); the PoPE twin attends "
+                      f"over the whole causal context", stacklevel=2)
+        for key in ("sliding_window", "use_sliding_window", "max_window_layers", "layer_types"):
+            data.pop(key, None)
     for key in ("model_type", "architectures", "transformers_version", "auto_map", "_name_or_path"):
         data.pop(key, None)
     data = {key: value for key, value in data.items() if not key.startswith("pope_")}
     return PoPELlamaConfig(**{f"pope_{name}": value for name, value in options.items()}, **data)
+
+
+def sliding_window_of(data: dict) -> str | None:
+    """A description of the sliding-window attention a config dict asks for (Mistral, Qwen2...), or None."""
+    layer_types = data.get("layer_types") or []
+    if any(kind != "full_attention" for kind in layer_types):
+        return f"layer_types {sorted(set(layer_types))}"
+    if data.get("sliding_window") is not None and data.get("use_sliding_window") is not False:
+        return f"sliding_window={data['sliding_window']}"
+    return None
 
 
 class _AttributeView:
