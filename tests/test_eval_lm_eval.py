@@ -268,3 +268,73 @@ def test_eval_downstream_cli_on_a_local_task(byte_model, tmp_path, capsys):
     accuracy = saved["results"]["pope_local_choice"]["acc,none"]
     assert f"pope_local_choice: {100 * accuracy:.2f}" in printed and saved["git_commit"]
     assert checkpoint.exists()
+
+
+# ------------------------------------------------------------------ pope.hf model directories
+@pytest.fixture(scope="module")
+def hf_model_dir(tmp_path_factory):
+    """A tiny PoPELlama (byte vocabulary) saved with save_pretrained, and a WordLevel tokenizer beside it."""
+    pytest.importorskip("transformers", reason="transformers is part of the [hf] extra")
+    import pope.hf
+    from tokenizers import Tokenizer as RawTokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    torch.manual_seed(0)
+    config = pope.hf.PoPELlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                     pope_delta_init="uniform", bos_token_id=1, eos_token_id=2)
+    model = pope.hf.PoPELlamaForCausalLM(config).eval()
+    directory = tmp_path_factory.mktemp("hf_model")
+    model.save_pretrained(directory)
+    words = sorted({w for q, c, _ in QUESTIONS for w in (q.split() + c)})
+    raw = RawTokenizer(models.WordLevel({"<unk>": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(words)}},
+                                        unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="<s>", eos_token="</s>", unk_token="<unk>").save_pretrained(directory)
+    return directory, model
+
+
+def test_hf_model_directory_scores_like_the_model(hf_model_dir, task_manager):
+    """PoPELM(path=<save_pretrained dir>): loglikelihoods equal direct sums with the HF model; generate_until is
+    greedy through the transformers cache."""
+    from lm_eval import simple_evaluate
+    from pope.eval.lm_eval_model import HFCausalLM
+
+    directory, model = hf_model_dir
+    lm = PoPELM(path=str(directory), tokenizer="bytes", batch_size=2)
+    assert isinstance(lm.model, HFCausalLM) and lm.max_length == 64
+    adapter = HFCausalLM(model)
+    ((logprob, _),) = lm.loglikelihood([_instance("loglikelihood", ("The cat sat on the", " mat"))])
+    assert logprob == pytest.approx(_direct_logprob(adapter, list(b"The cat sat on the"), list(b" mat")), abs=1e-4)
+    (text,) = lm.generate_until([_instance("generate_until", ("Hello", {"until": ["\n\n"], "max_gen_toks": 5}))])
+    ids = list(b"Hello")
+    with torch.no_grad():
+        for _ in range(5):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    assert text == bytes(ids[5:]).decode("utf-8", errors="replace").split("\n\n")[0]
+    out = simple_evaluate(model=lm, tasks=["pope_local_choice"], task_manager=task_manager, bootstrap_iters=0,
+                          log_samples=False)
+    correct = 0
+    for question, choices, answer in QUESTIONS:
+        scores = [_direct_logprob(adapter, list(question.encode()), list((" " + c).encode())) for c in choices]
+        correct += int(max(range(len(choices)), key=scores.__getitem__) == answer)
+    assert out["results"]["pope_local_choice"]["acc,none"] == pytest.approx(correct / len(QUESTIONS))
+
+
+def test_hf_directory_tokenizer_and_downstream_output_path(hf_model_dir, tmp_path, task_manager):
+    from pope.eval.downstream import run_downstream, write_downstream
+
+    directory, _ = hf_model_dir
+    lm = PoPELM(path=str(directory), tokenizer="hf")
+    assert lm.tokenizer.prefix_token_id == 1 and lm.tokenizer.stop_token_id == 2
+    context, continuation = lm._encode_pair("The cat sat on the", " mat")
+    assert len(context) == 5 and len(continuation) == 1 and 0 not in context + continuation  # all known words
+    out = run_downstream(str(directory), tasks=["pope_local_choice"], tokenizer="hf", batch_size=2,
+                         task_manager=task_manager)
+    assert 0.0 <= out["results"]["pope_local_choice"]["acc,none"] <= 1.0
+    written = write_downstream(str(directory), out, "tiny", output=tmp_path / "sub" / "downstream.json")
+    assert json.loads(written.read_text())["label"] == "tiny"
+    with pytest.raises(ValueError, match="is a directory"):
+        write_downstream(str(directory), out, "tiny", output=tmp_path)
+    with pytest.raises(ValueError, match="tokenizer=hf"):
+        PoPELM(model=hf_model_dir[1], tokenizer="hf")

@@ -1,5 +1,8 @@
 """Zero-shot downstream accuracy with lm-evaluation-harness (``pope eval downstream``).
 
+The model is a run or checkpoint directory of this project or a Hugging Face model directory (e.g. a
+pope.hf PoPELlama saved with save_pretrained); see pope.eval.lm_eval_model.
+
 The paper's table: LAMBADA (OpenAI version, last word greedy-correct: lm-eval's ``lambada_openai`` acc),
 BLiMP (mean over its 67 subtasks: ``blimp`` acc), CBT (mean of the common-noun and named-entity tests),
 HellaSwag, PIQA, ARC-Easy (``acc``), and their average. The tasks download their data from the Hugging
@@ -94,7 +97,8 @@ def expand_tasks(tasks: list[str]) -> list:
 def run_downstream(run: str | None, *, tasks: list[str] | None = None, tokenizer: str = "gpt2", device: str = "cpu",
                    batch_size: int = 8, limit: float | None = None, include_path: str | None = None,
                    num_fewshot: int | None = None, lm=None, task_manager=None) -> dict:
-    """Run lm-eval's ``simple_evaluate`` on the pope model of ``run`` (or a ready ``lm``). Returns its results."""
+    """Run lm-eval's ``simple_evaluate`` on the model of ``run`` (a pope run/checkpoint or a Hugging Face model
+    directory; tokenizer "hf" takes the latter's own tokenizer) or on a ready ``lm``. Returns its results."""
     from pope.optional import require
 
     evaluator = require("lm_eval", "eval")
@@ -167,11 +171,15 @@ def downstream_table(rows: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_downstream(run: str, out: dict, label: str) -> Path:
-    """RUN/eval/downstream.json with provenance; returns the path."""
+def write_downstream(run: str, out: dict, label: str, output: str | Path | None = None) -> Path:
+    """The results with provenance, written atomically to ``output`` (default RUN/eval/downstream.json, RUN
+    being the run directory, or the Hugging Face model directory itself); returns the path."""
     from pope.files import write_json_atomic
     from pope.provenance import provenance
     from pope.eval.runs import run_dir_of
 
-    return write_json_atomic(run_dir_of(run) / "eval" / "downstream.json", {
+    path = Path(output) if output is not None else run_dir_of(run) / "eval" / "downstream.json"
+    if path.is_dir():
+        raise ValueError(f"output {path} is a directory; give the path of the JSON file to write")
+    return write_json_atomic(path, {
         **provenance(), "run": str(run), "label": label, **out, "paper_row": paper_row(out["results"])})

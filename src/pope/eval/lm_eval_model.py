@@ -1,11 +1,15 @@
-"""An lm-evaluation-harness model named ``pope`` for checkpoints of this project.
+"""An lm-evaluation-harness model named ``pope`` for checkpoints of this project and pope.hf model directories.
 
-    lm_eval --model pope --model_args path=RUN,tokenizer=gpt2 --tasks lambada_openai,piqa
-    pope eval downstream RUN --tasks ...          (same, in-process, with the paper's table)
-    python -m pope.eval.lm_eval_model --model pope --model_args path=RUN ...   (lm_eval CLI, model registered)
+    pope eval downstream RUN_OR_HF_DIR --tasks ...  (the documented command: in-process, the paper's table)
+    python -m pope.eval.lm_eval_model --model pope --model_args path=RUN ...   (lm_eval's CLI, model registered)
+    lm_eval --model pope --model_args path=RUN,tokenizer=gpt2 --tasks ...   (only lm-eval versions that load
+                                                                           the ``lm_eval.models`` entry points)
 
 Importing this module registers the class with lm-eval's registry; pyproject.toml also declares it in the
-``lm_eval.models`` entry-point group.
+``lm_eval.models`` entry-point group (lm-eval up to 0.4.13 does not read that group).
+``path`` is a run or checkpoint directory of this project (``pope train``) or a Hugging Face model directory
+(``save_pretrained``: config.json with a model_type, e.g. pope.hf's "pope_llama"); the latter decodes with a
+transformers DynamicCache, and ``tokenizer=hf`` takes the tokenizer saved in that directory.
 
 Requests (all scoring is fp32 log-softmax over the model's logits):
 * ``loglikelihood(context, continuation)``: the pair is encoded together and split where the context's
@@ -41,7 +45,8 @@ _lm_eval_utils = require("lm_eval.utils", "eval")
 class PoPELM(_lm_eval_api_model.LM):
     """lm-eval model over a trained GPT of this project.
 
-    Arguments (``--model_args`` keys): path (run or checkpoint directory), tokenizer ("gpt2" or "bytes"),
+    Arguments (``--model_args`` keys): path (run, checkpoint or Hugging Face model directory), tokenizer
+    ("gpt2", "bytes", or "hf": the tokenizer saved in a Hugging Face model directory),
     device, batch_size, max_length (context window for scoring; default the training context),
     max_gen_toks (default 256). In-process users may pass ``model=`` (a GPT) and ``tokenizer=`` (a
     pope.eval.tokenizers.Tokenizer) instead of ``path``.
@@ -59,10 +64,10 @@ class PoPELM(_lm_eval_api_model.LM):
             raise ValueError("give the pope model exactly one of path=RUN_DIR (model_args) or model= (in-process)")
         self._device = torch.device(device or "cpu")
         if model is None:
-            from pope.eval.runs import load_run_model
-
-            model, _ = load_run_model(path, self._device)
+            model = load_model_for_eval(path, self._device)
         self.model = model.to(self._device).eval()
+        if tokenizer == "hf":
+            tokenizer = hf_tokenizer(path)
         self.tokenizer = get_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
         model_vocab = self.model.config.vocab_size
         if self.tokenizer.vocab_size > model_vocab:
@@ -184,6 +189,77 @@ class PoPELM(_lm_eval_api_model.LM):
         for stop in until:
             text = text.split(stop)[0] if stop else text
         return text
+
+
+def is_hf_model_dir(path) -> bool:
+    """True for a Hugging Face model directory (config.json with a model_type), not a pope run/checkpoint."""
+    import json
+    from pathlib import Path
+
+    config = Path(path) / "config.json"
+    if not config.is_file() or (Path(path) / "model_config.json").is_file():
+        return False
+    try:
+        return "model_type" in json.loads(config.read_text())
+    except (ValueError, UnicodeDecodeError):
+        return False
+
+
+def load_model_for_eval(path, device):
+    """A pope run/checkpoint's GPT, or a Hugging Face causal LM (pope.hf registered) behind the GPT's interface."""
+    if is_hf_model_dir(path):
+        require("pope.hf", "hf", "Hugging Face model directories")
+        transformers = require("transformers", "hf")
+        return HFCausalLM(transformers.AutoModelForCausalLM.from_pretrained(str(path)))
+    from pope.eval.runs import load_run_model
+
+    return load_run_model(path, device)[0]
+
+
+class HFCausalLM(torch.nn.Module):
+    """The interface PoPELM uses from a GPT — ``model(ids, kv_cache=cache) -> (logits (B, T, V), None)``,
+    ``new_kv_cache(batch, max_len)``, ``config.vocab_size``, ``config.max_seq_len`` — over a transformers
+    causal LM (max_seq_len: its max_position_embeddings); the cache is a transformers DynamicCache."""
+
+    def __init__(self, hf_model):
+        super().__init__()
+        from types import SimpleNamespace
+
+        self.hf = hf_model
+        hf_config = hf_model.config
+        self.config = SimpleNamespace(vocab_size=hf_config.vocab_size,
+                                      max_seq_len=getattr(hf_config, "max_position_embeddings", None) or 2048)
+
+    def forward(self, ids: torch.Tensor, kv_cache=None):
+        if kv_cache is None:
+            return self.hf(input_ids=ids, use_cache=False).logits, None
+        return self.hf(input_ids=ids, past_key_values=kv_cache, use_cache=True).logits, None
+
+    def new_kv_cache(self, batch_size: int, max_len: int, device=None):
+        from transformers.cache_utils import DynamicCache
+
+        try:
+            return DynamicCache(config=self.hf.config)
+        except TypeError:  # transformers before 4.56
+            return DynamicCache()
+
+
+def hf_tokenizer(path) -> Tokenizer:
+    """The tokenizer saved in a Hugging Face model directory (AutoTokenizer), as a pope Tokenizer."""
+    if path is None or not is_hf_model_dir(path):
+        raise ValueError("tokenizer=hf takes the tokenizer saved in a Hugging Face model directory; give path=DIR "
+                         "of such a directory, or tokenizer=gpt2 / bytes")
+    transformers = require("transformers", "hf")
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError) as err:
+        raise ValueError(f"no tokenizer could be loaded from {path} ({err}); save one with "
+                         f"tokenizer.save_pretrained(DIR) or pass tokenizer=gpt2 / bytes") from None
+    prefix = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+    if prefix is None:
+        raise ValueError(f"the tokenizer in {path} has neither a BOS nor an EOS token to condition the first token on")
+    return Tokenizer(name=f"hf:{path}", vocab_size=len(tok), prefix_token_id=prefix, stop_token_id=tok.eos_token_id,
+                     _encode=lambda text: tok.encode(text, add_special_tokens=False), _decode=tok.decode)
 
 
 def _parse_batch_size(batch_size) -> int:

@@ -1,0 +1,135 @@
+"""`PoPELlamaConfig`: a LlamaConfig with PoPE instead of RoPE, and `from_llama_config` for PoPE twins."""
+from __future__ import annotations
+
+import warnings
+
+from pope.attention import BACKENDS, MAGNITUDES
+from pope.optional import require
+
+_transformers = require("transformers", "hf", "pope.hf")
+LlamaConfig = _transformers.LlamaConfig
+
+#: PoPE options of PoPELlamaConfig (config field = "pope_" + name) with their defaults.
+POPE_OPTIONS = {
+    "base": 10000.0,  # theta_c = base^(-(c-1)/d)
+    "magnitude": "softplus",  # "softplus" (paper), "relu", "identity"
+    "delta_init": "zero",  # "zero" (best for length extrapolation) or "uniform" (U(-2π, 0))
+    "use_delta": True,  # False removes the learned phase bias delta
+    "rotary_dim": None,  # PoPE on the first rotary_dim channels of each head, plain dot product on the rest
+    "backend": "auto",  # pope.pope_attention backend: "auto" (Triton on CUDA), "reference", "triton"
+}
+
+
+class PoPELlamaConfig(LlamaConfig):
+    """Every LlamaConfig field, plus PoPE's options as ``pope_base``, ``pope_magnitude``, ``pope_delta_init``,
+    ``pope_use_delta``, ``pope_rotary_dim`` and ``pope_backend`` (see POPE_OPTIONS). RoPE's fields
+    (rope_theta / rope_scaling / rope_parameters) are kept for the record but unused: PoPE's frequencies
+    come from pope_base, and a RoPE scaling other than the default is refused."""
+
+    model_type = "pope_llama"
+
+    def __init__(self, pope_base: float = 10000.0, pope_magnitude: str = "softplus", pope_delta_init: str = "zero",
+                 pope_use_delta: bool = True, pope_rotary_dim: int | None = None, pope_backend: str = "auto",
+                 **kwargs):
+        self.pope_base = pope_base
+        self.pope_magnitude = pope_magnitude
+        self.pope_delta_init = pope_delta_init
+        self.pope_use_delta = pope_use_delta
+        self.pope_rotary_dim = pope_rotary_dim
+        self.pope_backend = pope_backend
+        super().__init__(**kwargs)
+        self.validate_pope()
+
+    def validate_pope(self) -> None:
+        """Raise ValueError naming the bad PoPE option (called on construction and by the model)."""
+        if isinstance(self.pope_base, bool) or not isinstance(self.pope_base, (int, float)) or not self.pope_base > 0:
+            raise ValueError(f"PoPELlamaConfig.pope_base must be a positive number; got {self.pope_base!r}")
+        if self.pope_magnitude not in MAGNITUDES:
+            raise ValueError(f"PoPELlamaConfig.pope_magnitude must be one of {sorted(MAGNITUDES)}; "
+                             f"got {self.pope_magnitude!r}")
+        if self.pope_delta_init not in ("zero", "uniform"):
+            raise ValueError(f"PoPELlamaConfig.pope_delta_init must be 'zero' or 'uniform'; "
+                             f"got {self.pope_delta_init!r}")
+        if not isinstance(self.pope_use_delta, bool):
+            raise ValueError(f"PoPELlamaConfig.pope_use_delta must be True or False; got {self.pope_use_delta!r}")
+        if self.pope_backend not in BACKENDS:
+            raise ValueError(f"PoPELlamaConfig.pope_backend must be one of {BACKENDS}; got {self.pope_backend!r}")
+        head_dim = self.head_dim_or_default
+        r = self.pope_rotary_dim
+        if r is not None and (isinstance(r, bool) or not isinstance(r, int) or not 0 < r <= head_dim):
+            raise ValueError(f"PoPELlamaConfig.pope_rotary_dim must be None or an int in [1, head_dim={head_dim}]; "
+                             f"got {r!r}")
+        scaling = rope_scaling_of(self)
+        if scaling:
+            raise ValueError(f"PoPELlamaConfig has RoPE scaling {scaling!r}, which PoPE does not use; remove "
+                             f"rope_scaling (PoPE extrapolates without it; its frequency base is pope_base)")
+
+    @property
+    def head_dim_or_default(self) -> int:
+        return getattr(self, "head_dim", None) or self.hidden_size // self.num_attention_heads
+
+
+def rope_theta_of(config) -> float | None:
+    """RoPE's base of a Llama-family config (transformers 4.x: rope_theta; 5.x: rope_parameters)."""
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict) and params.get("rope_theta") is not None:
+        return float(params["rope_theta"])
+    theta = getattr(config, "rope_theta", None)
+    return None if theta is None else float(theta)
+
+
+def rope_scaling_of(config) -> dict | None:
+    """A RoPE scaling other than the default, or None."""
+    for name in ("rope_scaling", "rope_parameters"):
+        value = getattr(config, name, None)
+        if isinstance(value, dict) and value.get("rope_type", value.get("type", "default")) not in ("default", None):
+            return value
+    return None
+
+
+def from_llama_config(llama_config, **pope_options) -> PoPELlamaConfig:
+    """A PoPELlamaConfig with every field of ``llama_config`` (any Llama-family config or its dict) and the
+    given PoPE options (names of POPE_OPTIONS: base, magnitude, delta_init, use_delta, rotary_dim, backend).
+    base defaults to the config's RoPE base (rope_theta). A RoPE scaling (YaRN, llama3, ...) and a sliding
+    window (Mistral) are dropped with a warning: the twin is the Llama architecture at that config's sizes.
+    For training from scratch: the weights are not converted."""
+    unknown = set(pope_options) - set(POPE_OPTIONS)
+    if unknown:
+        raise ValueError(f"unknown PoPE options {sorted(unknown)}; valid: {', '.join(POPE_OPTIONS)}")
+    data = dict(llama_config) if isinstance(llama_config, dict) else llama_config.to_dict()
+    options = {**POPE_OPTIONS, **pope_options}
+    if "base" not in pope_options:
+        theta = rope_theta_of(_AttributeView(data))
+        options["base"] = theta if theta is not None else POPE_OPTIONS["base"]
+    scaling = rope_scaling_of(_AttributeView(data))
+    if scaling:
+        warnings.warn(f"from_llama_config: dropping RoPE scaling {scaling} (PoPE does not use it)", stacklevel=2)
+        if "rope_scaling" in data:
+            data["rope_scaling"] = None
+        if isinstance(data.get("rope_parameters"), dict):
+            data["rope_parameters"] = {"rope_type": "default", "rope_theta": data["rope_parameters"].get("rope_theta")}
+    window = sliding_window_of(data)
+    if window:
+        warnings.warn(f"from_llama_config: dropping the sliding-window attention ({window}); the PoPE twin attends "
+                      f"over the whole causal context", stacklevel=2)
+        for key in ("sliding_window", "use_sliding_window", "max_window_layers", "layer_types"):
+            data.pop(key, None)
+    for key in ("model_type", "architectures", "transformers_version", "auto_map", "_name_or_path"):
+        data.pop(key, None)
+    data = {key: value for key, value in data.items() if not key.startswith("pope_")}
+    return PoPELlamaConfig(**{f"pope_{name}": value for name, value in options.items()}, **data)
+
+
+def sliding_window_of(data: dict) -> str | None:
+    """A description of the sliding-window attention a config dict asks for (Mistral, Qwen2...), or None."""
+    layer_types = data.get("layer_types") or []
+    if any(kind != "full_attention" for kind in layer_types):
+        return f"layer_types {sorted(set(layer_types))}"
+    if data.get("sliding_window") is not None and data.get("use_sliding_window") is not False:
+        return f"sliding_window={data['sliding_window']}"
+    return None
+
+
+class _AttributeView:
+    def __init__(self, data: dict):
+        self.__dict__.update(data)
