@@ -7,7 +7,7 @@ loop runs them (train_step + loss accumulation, no host sync inside the timed re
 synchronize at both ends. Prints a table last; writes JSON with provenance to --out.
 
     PYTHONPATH=src python benchmarks/train_step.py --variants eager,compile,graph,compile+graph \
-        --pe pope,pope:backend=reference,rope --out benchmarks/results/train_step.json
+        --pe pope,pope:backend=reference,rope --out $OUT/train_step.json
 
 Target (issue 3): <= 4.8 ms/step for indirect-indexing (100k steps in <= 8 minutes).
 """

@@ -6,7 +6,7 @@ not timed); the timed steps run back to back, timed with CUDA events; graph brea
 In the default mode PoPE's step waits on the host when the host is slow (its operators' launchers are Python:
 benchmarks/experiments/host_delay_step.py), so its ratio moves with the machine; --compile-mode reduce-overhead replays
 CUDA graphs instead, taking the host out. At c49570b: PoPE 0.92x RoPE's tokens/s in both modes
-(train_step_owt_c49570b.log, train_step_owt_reduce_overhead_c49570b.log); b90054b's default-mode run read 0.88x on a
+(benchmarks/experiments/2026-11-30-train-step-owt-runs/train_step_owt_c49570b.log, benchmarks/experiments/2026-11-30-train-step-owt-runs/train_step_owt_reduce_overhead_c49570b.log); b90054b's default-mode run read 0.88x on a
 slower host. Runs before b90054b (1.17-1.26x) timed a
 RoPE whose compiled rotation recomputed its cos/sin per element (--profile shows each model's top GPU kernels).
 

@@ -7,9 +7,9 @@ the tensor-core decode kernel at GQA shapes (one query per head, 16K keys), plus
 Each module runs at its default tiles and (unless --default-tiles-only) at every tile of TILES, so that a gain is
 the kernel's, not a tile's. Writes $OUT/<--name>.json (default decode_ab_<dtype>).
 
-History: decode_table_ab_4f519dd.json and decode_table_ab_same_tiles_4f519dd.json come from this script's first
+History: benchmarks/experiments/2026-11-30-decode-phase-table/decode_table_ab_4f519dd.json and benchmarks/experiments/2026-11-30-decode-phase-table/decode_table_ab_same_tiles_4f519dd.json come from this script's first
 form at 4f519dd, whose rows say "head" for 4f519dd's kernel and "table" for the shared key-phase-table kernel (then
-a patch, shipped in 8575259). fp32_decode_8575259.log and fp16_decode_b90054b.log come from an ad-hoc equivalent of
+a patch, shipped in 8575259). benchmarks/experiments/2026-11-30-decode-phase-table/fp32_decode_8575259.log and benchmarks/experiments/2026-11-30-decode-phase-table/fp16_decode_b90054b.log come from an ad-hoc equivalent of
 --default-tiles-only --dtype fp32 / fp16 ("old" 4f519dd's kernel, "new" that commit's).
 """
 import argparse

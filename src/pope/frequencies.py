@@ -96,7 +96,7 @@ def cos_sin_table(positions: torch.Tensor, frequencies: torch.Tensor) -> tuple[t
     An operator rather than two pointwise ops so that torch.compile computes the table once per call: inlined,
     inductor fused the frequencies' pow and the cos/sin into every rotated element of q and k (B * H times per
     position), 8 ms of RoPE's 27 ms GPT-2 training step on an H200
-    (benchmarks/results/train_step_profile_rope_8575259.txt). Positions and frequencies never need gradients.
+    (benchmarks/experiments/2026-11-30-train-step-owt-runs/train_step_profile_rope_8575259.txt). Positions and frequencies never need gradients.
     """
     phase = angles(positions, frequencies)
     return phase.cos(), phase.sin()

@@ -81,5 +81,22 @@ def provenance(device="cpu") -> dict:
         "python": versions["python"],
         "device": device_name(device),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": " ".join(shlex.quote(arg) for arg in sys.argv),
+        "command": command_line(),
     }
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """The command line, with absolute paths below the working directory written relative to it, so a
+    result committed to the repository names no machine's own directories."""
+    cwd = Path.cwd()
+
+    def portable(arg: str) -> str:
+        path = Path(arg)
+        if path.is_absolute():
+            try:
+                return path.relative_to(cwd).as_posix()
+            except ValueError:
+                return arg
+        return arg
+
+    return " ".join(shlex.quote(portable(arg)) for arg in (sys.argv if argv is None else argv))

@@ -241,9 +241,10 @@ def write_splits(directory: str | os.PathLike, seed: int = 0, sizes: dict[str, i
 
 
 def default_data_dir(seed: int = 0, options: TaskOptions = PAPER_TASK) -> Path:
-    cache = Path(os.environ.get("POPE_CACHE", Path.home() / ".cache" / "pope"))
+    from pope.data.prepared import cache_root  # $POPE_CACHE with ~ expanded, like every other dataset
+
     key = options.split_key()
-    return cache / "data" / (f"indirect-indexing-seed{seed}" + (f"-{key}" if key else ""))
+    return cache_root() / "data" / (f"indirect-indexing-seed{seed}" + (f"-{key}" if key else ""))
 
 
 def split_task_options(manifest: dict) -> TaskOptions:

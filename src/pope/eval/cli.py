@@ -56,11 +56,14 @@ def _register_eval(subparsers) -> None:
     downstream = commands.add_parser("downstream", help="zero-shot lm-eval tasks in the paper's table layout",
                                      description="Runs lm-evaluation-harness on the pope model (needs the task "
                                                  "data from the Hugging Face hub, i.e. internet or a filled cache).")
-    downstream.add_argument("run", help="run or checkpoint directory")
+    downstream.add_argument("run", help="run or checkpoint directory, or a Hugging Face model directory "
+                                        "(save_pretrained, e.g. a pope.hf model)")
     downstream.add_argument("--tasks", default=None,
                             help="comma-separated lm-eval tasks (default: the paper's lambada_openai,blimp,cbt,"
                                  "hellaswag,piqa,arc_easy; 'cbt' is defined by pope)")
-    downstream.add_argument("--tokenizer", default="gpt2", help="gpt2 (default) or bytes")
+    downstream.add_argument("--tokenizer", default="gpt2",
+                            help="gpt2 (default), bytes, or hf (the tokenizer saved in a Hugging Face model directory)")
+    downstream.add_argument("--output", default=None, help="JSON file for the results (default RUN/eval/downstream.json)")
     downstream.add_argument("--limit", type=float, default=None, help="examples per task (for quick checks)")
     downstream.add_argument("--num-fewshot", type=non_negative_int, default=None)
     downstream.add_argument("--include-path", default=None, help="directory of extra lm-eval task YAML files")
@@ -108,8 +111,11 @@ def _eval_downstream(args: argparse.Namespace) -> int:
     from pope.eval.runs import run_config, run_dir_of, run_label
     from pope.files import check_output_dir
 
-    # lm-eval runs for minutes to hours: know before that its results can be written (RUN/eval/).
-    check_output_dir(run_dir_of(args.run) / "eval", what="the run's eval directory")
+    # lm-eval runs for minutes to hours: know before that its results can be written.
+    if args.output is not None:
+        check_output_dir(Path(args.output).parent, what="the directory of --output")
+    else:
+        check_output_dir(run_dir_of(args.run) / "eval", what="the run's eval directory")
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
     if args.include_path is not None and not Path(args.include_path).is_dir():
         raise FileNotFoundError(f"--include-path {args.include_path} is not a directory of lm-eval task YAML files")
@@ -129,7 +135,7 @@ def _eval_downstream(args: argparse.Namespace) -> int:
     print(downstream_table(rows))
     for task, value in extra_rows(out["results"]).items():
         print(f"{task}: {value:.2f}")
-    print(f"wrote {write_downstream(args.run, out, label)}")
+    print(f"wrote {write_downstream(args.run, out, label, output=args.output)}")
     return 0
 
 
@@ -168,8 +174,8 @@ def _register_finetune(subparsers) -> None:
 def _finetune(args: argparse.Namespace) -> int:
     from pope.eval.finetune import run_finetune
     from pope.eval.runs import run_dir_of
-
     from pope.files import check_output_dir
+    from pope.train.stopping import exit_status
 
     out = args.out or f"{run_dir_of(args.run).as_posix().rstrip('/')}-ft{args.context}"
     check_output_dir(out, what="--out" if args.out else "the default --out (RUN-ft{context})")
@@ -177,7 +183,7 @@ def _finetune(args: argparse.Namespace) -> int:
                            lr=args.lr, warmup_steps=args.warmup, overrides=args.overrides, resume=args.resume)
     print(json.dumps(summary, indent=2))
     print(f"fine-tuned run: {out}  (evaluate it with `pope eval length {out} ...`)")
-    return 0
+    return exit_status(summary)  # 130 / 143 after SIGINT / SIGTERM (checkpoint written), else 0
 
 
 # ---------------------------------------------------------------------------------------- analyze

@@ -97,6 +97,10 @@ def train_demo_run(pe: str, run_dir: Path, *, steps: int, data_dir: Path) -> dic
     from pope.train.trainer import run_training
 
     config = demo_run_config(pe, steps=steps, data_dir=data_dir)
+    if (run_dir / "config.json").exists() and not (run_dir / "checkpoints" / "last").exists():
+        # the demo's own cache directory, interrupted before its first checkpoint: nothing to continue
+        print(f"[demo] {pe}: {run_dir} stopped before its first checkpoint; training it again", flush=True)
+        shutil.rmtree(run_dir)
     resume = (run_dir / "config.json").exists()
     if resume:
         print(f"[demo] {pe}: continuing/reusing {run_dir} (pass --fresh to retrain)", flush=True)

@@ -29,7 +29,7 @@ PAPER_COLUMNS = (
     ("ARC-E", ("arc_easy",), "acc"),
 )
 PAPER_TASKS = ("lambada_openai", "blimp", "cbt", "hellaswag", "piqa", "arc_easy")
-# The paper's zero-shot accuracies (%), in PAPER_COLUMNS order, then the average (shared/paper.md).
+# The paper's zero-shot accuracies (%), in PAPER_COLUMNS order, then the average (docs/paper.md).
 PAPER_DOWNSTREAM = {
     ("owt-124m", "rope"): (28.74, 77.55, 38.80, 29.55, 60.28, 37.08, 45.33),
     ("owt-124m", "pope"): (27.67, 77.75, 44.43, 29.18, 59.58, 38.52, 46.19),

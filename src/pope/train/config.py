@@ -176,7 +176,7 @@ def resolve_run_config(preset_name: str, pe: str, *, seed: int = 0, overrides: l
     preset = with_recipe(preset, **changes["recipe"])
     model_fields = {**preset.model, **changes["model"]}
     if "vocab_size" not in model_fields:
-        if vocab_size is None and preset.recipe.dataset == "indirect-indexing":
+        if vocab_size is None and preset.recipe.dataset.partition(":")[0] == "indirect-indexing":
             from pope.data.indirect_indexing import VOCAB_SIZE as vocab_size
         if vocab_size is None:
             raise ValueError(f"preset {preset_name!r} takes its vocab_size from the data; none was given")

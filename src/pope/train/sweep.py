@@ -34,8 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DEFAULT_JOBS_PER_GPU = 4
-"""Concurrent seeds per GPU. Chosen for the indirect-indexing preset on one H200, where four processes
-side by side reach about 1.5x the throughput of one; benchmarks/sweep_throughput.py measures 1/2/4/8."""
+"""Concurrent seeds per GPU for the indirect-indexing preset on one H200: four side by side finish together
+in about the time four would take one after another (docs/training.md, "Seed sweeps"), and a sweep of four
+seeds fits one 30-minute GPU lease. benchmarks/sweep_throughput.py measures 1/2/4/8 processes."""
 STATUS_SECONDS = 60.0
 POLL_SECONDS = 1.0
 STOP_GRACE_SECONDS = 60.0
@@ -155,8 +156,7 @@ def resolved_config(preset: str, pe: str, *, seed: int = 0, overrides: list[str]
     """pope.train.config.resolve_run_config in config.json's layout (sections of plain values)."""
     from pope.train.config import resolve_run_config
 
-    resolved = resolve_run_config(preset, pe, seed=seed, overrides=overrides)
-    return resolved.to_dict() if hasattr(resolved, "to_dict") else resolved
+    return resolve_run_config(preset, pe, seed=seed, overrides=overrides).to_dict()
 
 
 class Sweep:
