@@ -99,8 +99,8 @@ def test_bad_out_paths_fail_before_any_work(splits, tmp_path, capsys, kind):
     blocker = tmp_path / "a-file"
     blocker.write_text("keep me")
     out = {"file": blocker, "under_file": blocker / "run", "not_writable": Path("/sys/pope-test-run")}[kind]
-    message = {"file": "is a file, not a directory", "under_file": f"lies under {blocker}, which is a file",
-               "not_writable": "is not writable"}[kind]
+    message = {"file": "is an existing file, not a directory", "under_file": f"lies under {blocker}, which is a file",
+               "not_writable": "cannot be written"}[kind]
     args = ["train", "indirect-indexing-tiny", "--pe", "pope", "--out", str(out)]
     for item in _sets(splits):
         args += ["--set", item]

@@ -23,22 +23,12 @@ RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "checkpoints")
 
 
 def check_output_dir(path: Path) -> None:
-    """Create ``path`` if needed and prove it writable; ValueError saying what is wrong otherwise."""
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"--out {path} is a file, not a directory; give a directory for the run")
-    ancestor = path
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise ValueError(f"--out {path} lies under {ancestor}, which is a file; give a directory path")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".write-test-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as err:
-        raise ValueError(f"--out {path} is not writable ({err.strerror}); choose a directory you can write "
-                         "to") from None
+    """Create ``path`` if needed; ValueError saying what is wrong when it is a file, lies under a file or
+    cannot be written (the checks of pope.files.check_output_dir, shared with the data and eval commands)."""
+    from pope.files import check_output_dir as check_writable
+
+    check_writable(path, what="--out")
+    path.mkdir(parents=True, exist_ok=True)
 
 
 def _process_alive(pid: int) -> bool:
