@@ -41,6 +41,7 @@ class Caches:
     sm_counts: dict = field(default_factory=dict)  # pope.kernels.host: multiprocessors per device
     block_d: dict = field(default_factory=dict)  # pope.kernels.host: head dim -> tile channels
     tile_files: dict = field(default_factory=dict)  # pope.kernels.configs: parsed POPE_KERNEL_CONFIGS files
+    tiles: dict = field(default_factory=dict)  # pope.kernels.configs: picked tiles per (kind, head dim, dtype, ...)
 
     def clear(self) -> int:
         count = 0

@@ -77,18 +77,26 @@ def bucket(head_dim: int) -> int:
 def pick_tiles(kind: str, head_dim: int, override, dtype: torch.dtype, device: torch.device):
     """The (block_m, block_n, num_warps, num_stages) a launcher runs `kind` with: override when given, else the
     interpreter's tiles, else the POPE_KERNEL_CONFIGS file's entry (16-bit inputs), else TILES (the device's
-    architecture, or the measured one)."""
+    architecture, or the measured one). Looked up once per (kind, head dim, dtype, device, override file):
+    it is on every eager call's host path."""
     if override is not None:
         return override
     if INTERPRET:
         return INTERPRETER_TILES
-    head_bucket = bucket(head_dim)
-    if dtype != torch.float32:
-        path = os.environ.get(ENVIRONMENT_VARIABLE)
-        if path:
-            from_file = tile_file(path).get(kind, {}).get(head_bucket)
-            if from_file is not None:
-                return from_file
+    path = os.environ.get(ENVIRONMENT_VARIABLE) if dtype != torch.float32 else None
+    key = (kind, head_dim, dtype, device, path)
+    cache = SETTINGS.caches.tiles
+    tiles = cache.get(key)
+    if tiles is None:
+        tiles = cache[key] = _lookup_tiles(kind, bucket(head_dim), dtype, device, path)
+    return tiles
+
+
+def _lookup_tiles(kind: str, head_bucket: int, dtype: torch.dtype, device: torch.device, path: str | None):
+    if path:
+        from_file = tile_file(path).get(kind, {}).get(head_bucket)
+        if from_file is not None:
+            return from_file
     table = TILES[kind]
     return table.get((architecture(device), head_bucket, dtype)) or table[(MEASURED_ARCHITECTURE, head_bucket, dtype)]
 
