@@ -85,9 +85,9 @@ def provenance(device="cpu") -> dict:
     }
 
 
-def command_line(argv: list[str] | None = None) -> str:
-    """The command line, with absolute paths below the working directory written relative to it, so a
-    result committed to the repository names no machine's own directories."""
+def portable_argv(argv: list[str] | None = None) -> list[str]:
+    """The command line (default sys.argv) with absolute paths below the working directory written relative to
+    it, so a result committed to the repository names no machine's own directories."""
     cwd = Path.cwd()
 
     def portable(arg: str) -> str:
@@ -99,4 +99,9 @@ def command_line(argv: list[str] | None = None) -> str:
                 return arg
         return arg
 
-    return " ".join(shlex.quote(portable(arg)) for arg in (sys.argv if argv is None else argv))
+    return [portable(arg) for arg in (sys.argv if argv is None else argv)]
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """portable_argv as one shell-quoted string."""
+    return " ".join(shlex.quote(arg) for arg in portable_argv(argv))

@@ -269,12 +269,13 @@ class Sweep:
     # --------------------------------------------------------------------------------------- loop
     def run(self) -> list[SeedRun]:
         """Run every seed not skipped; returns the seeds with their final status."""
+        from pope.provenance import portable_argv
         from pope.train.config import TrainOptions
         from pope.train.data import prepare_data
 
         if any(r.status != "skipped" for r in self.runs):  # once, not by several children at the same time
             prepare_data(self.config["recipe"], TrainOptions(**self.config["train"]))
-        invocation = {"command": sys.argv, "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        invocation = {"command": portable_argv(), "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                       "seeds": [r.seed for r in self.runs], "resume": self.resume, "gpus": self.gpus,
                       "jobs_per_gpu": self.jobs_per_gpu if self.gpus else None, "jobs": self.jobs}
         self._write_record(invocation)

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from pope import checkpoint as ckpt
-from pope.provenance import device_name, git_commit, library_versions
+from pope.provenance import device_name, git_commit, library_versions, portable_argv
 from pope.train.checkpointing import CheckpointManager, resume_checkpoint, seed_everything
 from pope.train.config import RunConfig
 from pope.train.data import ExampleBatches, Shard, load_training_data
@@ -201,7 +201,7 @@ class Trainer:
         (self.run_dir / "config.json").write_text(json.dumps(self.config.to_dict(), indent=2, sort_keys=True) + "\n")
         env = {"versions": library_versions(), "git": git_commit(), "device": str(self.device),
                "device_name": device_name(self.device), "world_size": self.context.world_size, "host": platform.node(),
-               "command": sys.argv, "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+               "command": portable_argv(), "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "resumed_from_step": self.step, "compile": self.compile, "cuda_graph": self.use_graph,
                "autocast": str(self.autocast_dtype), "model_params": self.model.num_params()}
         name = "env.json" if self.step == 0 else f"env.resume-{self.step}.json"
