@@ -98,19 +98,21 @@ def reference_pope_attention(
 ) -> torch.Tensor:
     """Reference PoPE (no input checks; call pope_attention for those).
 
-    Angles, trigonometry and magnitudes in float32 (float64 for float64 inputs); q'/k' are then cast to the
+    Angles (exactly range-reduced), trigonometry and magnitudes in float32 (float64 for float64 inputs); q'/k' are then cast to the
     input dtype, as a materialised implementation would feed them to a low-precision kernel.
     position_shift adds a constant to every query and key position (PoPE must not notice).
     """
     nq, nk, d = q.shape[2], k.shape[2], q.shape[3]
     r = rotary_dim or d
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
-    theta = pope_frequencies(r, base, device=q.device, dtype=compute)  # float64 inputs get float64 angles
+    # float64 frequencies whatever the compute dtype: fp32 angles reduced exactly from them (pope.frequencies.angles),
+    # within ~3e-7 rad of the float64 angles at any position; float64 inputs get the plain float64 product.
+    theta = pope_frequencies(r, base, device=q.device, dtype=torch.float64)
     positions_q = torch.arange(nq, device=q.device) + (q_offset + position_shift)
     positions_k = torch.arange(nk, device=q.device) + position_shift
     with torch.autocast(device_type=q.device.type, enabled=False):
-        phase_q = angles(positions_q, theta).to(compute)  # (Nq, r)
-        phase_k = angles(positions_k, theta).to(compute)  # (Nk, r)
+        phase_q = angles(positions_q, theta, dtype=compute)  # (Nq, r)
+        phase_k = angles(positions_k, theta, dtype=compute)  # (Nk, r)
         if delta is not None:
             phase_q = phase_q[None] - delta.to(compute)[:, None, :]  # (Hq, Nq, r)
         f = MAGNITUDES[magnitude].function
