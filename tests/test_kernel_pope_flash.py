@@ -770,3 +770,45 @@ def test_garbage_past_the_cache_reaches_nothing(kernels, monkeypatch):
     for name, a, b in zip(GRADIENT_NAMES, clean, dirty):
         assert torch.equal(a, b), name
     assert dirty[2][:, :, 50:].abs().max() == 0 and dirty[3][:, :, 50:].abs().max() == 0
+
+
+def test_varlen_through_the_kernels_within_twice_the_references_error(kernels, monkeypatch):
+    """pope_attention_varlen(backend="triton"): sequences with empty, length-1, decode-sized and block-sized query
+    counts and Nq < Nk, GQA, bf16: output and every gradient within 2x the reference's error against float64, and
+    each sequence's kernel launches are the ones pope_attention makes for it (no fallback to the reference)."""
+    if _delegated(kernels):
+        return
+    import pope.attention
+    from pope.ops import triton_unsupported_reason
+
+    if not ON_GPU:  # pope.attention sends CPU tensors to the reference; let interpreted kernels take them
+        monkeypatch.setattr(pope.attention, "_triton_unsupported_reason",
+                            lambda q, k, v, **options: triton_unsupported_reason(q, k, v, **options))
+    calls = {"forward": 0, "decode_forward": 0}
+    for name in calls:
+        def counted(*args, _launch=getattr(kernels, name), _name=name, **kwargs):
+            calls[_name] += 1
+            return _launch(*args, **kwargs)
+        monkeypatch.setattr(kernels, name, counted)
+    lengths_q, lengths_k = [0, 1, 3, 21], [5, 1, 30, 21]
+    g = torch.Generator().manual_seed(31)
+    q = torch.randn(sum(lengths_q), 4, 32, generator=g, dtype=torch.float64).to(DEVICE)
+    k, v = (torch.randn(sum(lengths_k), 2, 32, generator=g, dtype=torch.float64).to(DEVICE) for _ in range(2))
+    delta = (-2 * math.pi * torch.rand(4, 32, generator=g, dtype=torch.float64)).to(DEVICE)
+    grad_out = torch.randn(q.shape, generator=g, dtype=torch.float64).to(DEVICE)
+    cu_q, cu_k = (torch.tensor([0] + torch.tensor(n).cumsum(0).tolist(), dtype=torch.int32, device=DEVICE)
+                  for n in (lengths_q, lengths_k))
+
+    def run(dtype, backend):
+        leaves = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+        leaves.append(delta.to(torch.float64 if dtype == torch.float64 else torch.float32).requires_grad_())
+        out = pope.attention.pope_attention_varlen(*leaves, cu_q, cu_k, 21, 30, backend=backend)
+        return [out.detach()] + [g.detach() for g in torch.autograd.grad(out, leaves, grad_out.to(dtype))]
+
+    exact, theirs = run(torch.float64, "reference"), run(torch.bfloat16, "reference")
+    ours = run(torch.bfloat16, "triton")
+    # 21 queries and the 1-against-1 sequence: block kernels; 3 queries against 30 keys: the decode kernel
+    assert calls == {"forward": 2, "decode_forward": 1}, calls
+    for name, a, b, c in zip(GRADIENT_NAMES, ours, theirs, exact):
+        result = check_within_rule(a.cpu(), b.cpu(), c.cpu(), torch.bfloat16)
+        assert result["ok"], (name, result)
