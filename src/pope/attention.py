@@ -212,8 +212,8 @@ def reference_pope_attention(
 ) -> torch.Tensor:
     """Reference PoPE (no input checks; call pope_attention for those).
 
-    Angles (exactly range-reduced), trigonometry and magnitudes in float32 (float64 for float64 inputs); q'/k' are then cast to the
-    input dtype, as a materialised implementation would feed them to a low-precision kernel.
+    Angles (exactly range-reduced), trigonometry and magnitudes in float32 (float64 for float64 inputs); q'/k' are
+    then cast to the input dtype, as a materialised implementation would feed them to a low-precision kernel.
     position_shift adds a constant to every query and key position (PoPE must not notice).
     """
     nq, nk, d = q.shape[2], k.shape[2], q.shape[3]
