@@ -274,7 +274,7 @@ def main(argv=None):
                         (1, 8, 2, 1, 50, 128, True, "identity"), (1, 4, 2, 2, 45, 64, True, "identity"),
                         (1, 4, 2, 24, 40, 64, True, "softplus", 10**6), (1, 2, 2, 20, 40, 128, True, "softplus", 10**7),
                         (1, 4, 2, 1, 50, 64, True, "softplus", 2**20 + 50),
-                        (1, 2, 2, 1, 50, 64, True, "softplus", 10**7),
+                        (1, 4, 4, 1, 50, 64, True, "softplus", 10**7),
                         (1, 8, 2, 1, 50, 128, True, "identity", 10**7)]
     results = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (interpreter)",
                "torch": torch.__version__}
