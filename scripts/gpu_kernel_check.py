@@ -44,9 +44,15 @@ CHECK_SHAPES = [
     # decode over a cache of magnitudes (the model's; magnitude "identity"): k times a table in the input dtype
     (4, 32, 8, 1, 16384, 128, True, "identity"),
     (4, 16, 4, 2, 5000, 64, True, "identity"),
+    # long positions (exact angles): queries at q_offset 10^6 / 10^7 / 2^20 + Nk against keys 0..Nk-1
+    (2, 8, 2, 1000, 1000, 64, True, "softplus", 10**6),
+    (1, 2, 2, 4096, 4096, 128, True, "softplus", 10**7),
+    (4, 16, 4, 1, 5000, 128, True, "softplus", 2**20 + 5000),
+    (8, 12, 12, 1, 3001, 64, True, "softplus", 10**7),  # the lanes decode kernel
+    (4, 32, 8, 1, 16384, 128, True, "identity", 10**7),
 ]
 # fp16 and fp32 at these rows of CHECK_SHAPES (each dtype x head dim is a separate compile).
-OTHER_DTYPE_ROWS = (0, 4, 6, 8, 10, 12)
+OTHER_DTYPE_ROWS = (0, 4, 6, 8, 10, 12, 14, 16, 17)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # TRITON_INTERPRET=1 python scripts/gpu_kernel_check.py --smoke runs tiny shapes on CPU (checks this script).
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -56,14 +62,16 @@ _grads = outputs_and_gradients
 
 
 def check_correctness(shape, dtype_name, seed=0):
-    """shape: (batch, Hq, Hkv, Nq, Nk, d, causal[, magnitude]), magnitude "softplus" unless given."""
-    batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim, causal, *magnitude = shape
-    magnitude = magnitude[0] if magnitude else "softplus"
+    """shape: (batch, Hq, Hkv, Nq, Nk, d, causal[, magnitude[, q_offset]]), magnitude "softplus" and q_offset
+    Nk - Nq unless given."""
+    batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim, causal, *extra = shape
+    magnitude = extra[0] if extra else "softplus"
+    q_offset = extra[1] if len(extra) > 1 else seq_k - seq_q
     dtype = DTYPES[dtype_name]
     g = torch.Generator(device=DEVICE).manual_seed(seed)
     q, k, v, delta, grad_out = attention_inputs(batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim, generator=g,
                                                 device=DEVICE)
-    options = dict(base=10000.0, causal=causal, softmax_scale=head_dim ** -0.5, q_offset=seq_k - seq_q,
+    options = dict(base=10000.0, causal=causal, softmax_scale=head_dim ** -0.5, q_offset=q_offset,
                    magnitude=magnitude, rotary_dim=None)
     exact = _grads(reference_pope_attention, q, k, v, delta, grad_out, torch.float64, options)
     reference = _grads(reference_pope_attention, q, k, v, delta, grad_out, dtype, options)
@@ -263,7 +271,11 @@ def main(argv=None):
                         (1, 2, 2, 40, 40, 64, True), (1, 4, 2, 1, 50, 64, True), (1, 2, 2, 3, 33, 64, True),
                         (1, 2, 2, 20, 40, 48, False), (1, 2, 2, 20, 40, 48, False), (1, 4, 2, 1, 50, 64, True),
                         (1, 2, 2, 7, 40, 64, True), (1, 2, 2, 1, 50, 64, True), (1, 2, 2, 1, 40, 128, True),
-                        (1, 8, 2, 1, 50, 128, True, "identity"), (1, 4, 2, 2, 45, 64, True, "identity")]
+                        (1, 8, 2, 1, 50, 128, True, "identity"), (1, 4, 2, 2, 45, 64, True, "identity"),
+                        (1, 4, 2, 24, 40, 64, True, "softplus", 10**6), (1, 2, 2, 20, 40, 128, True, "softplus", 10**7),
+                        (1, 4, 2, 1, 50, 64, True, "softplus", 2**20 + 50),
+                        (1, 4, 4, 1, 50, 64, True, "softplus", 10**7),
+                        (1, 8, 2, 1, 50, 128, True, "identity", 10**7)]
     results = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (interpreter)",
                "torch": torch.__version__}
     import triton

@@ -30,7 +30,7 @@ def _shipped(kind: str) -> dict:
     return {d: [configs.TILES[kind][(configs.MEASURED_ARCHITECTURE, d, torch.bfloat16)]] for d in configs.BUCKETS}
 
 
-FLOAT32_POINTERS = {"Theta", "Delta", "LSE", "RowDelta", "DDeltaPartial", "PartialOut", "PartialLSE"}
+FLOAT32_POINTERS = {"Delta", "LSE", "RowDelta", "DDeltaPartial", "PartialOut", "PartialLSE"}
 # (kernel, constexprs without HEAD_DIM / BLOCK_*, tiles per head dim); the lanes decode kernel has no BLOCK_M.
 KERNELS = {
     "fwd": (fwd._pope_fwd_kernel, dict(CAUSAL=True, PRECISION="tf32"), _shipped("fwd")),
@@ -68,6 +68,8 @@ def signature(kernel, constexprs: dict) -> dict:
             types[name] = descriptors[name]
         elif name in FLOAT32_POINTERS:
             types[name] = "*fp32"
+        elif name == "Theta":  # the frequencies as fixed-point turns (pope.frequencies.turn_words)
+            types[name] = "*i32"
         elif name == "Table":  # the decode kernel's key-phase table: fp16 for bf16 raw keys, bf16 for magnitudes
             types[name] = "*bf16" if constexprs.get("MAGNITUDE") == 2 else "*fp16"
         elif name[0].isupper():

@@ -298,32 +298,67 @@ def test_queries_and_keys_pre_pass_in_one_launch_equals_two(kernels):
         assert torch.equal(k_prime, kernels.transform(k, theta, None, position_offset=0, magnitude="softplus"))
 
 
-def test_pre_pass_angles_within_twice_the_references_error(kernels):
-    """q' in fp32 at positions up to 16K (angles up to 16K rad, where fp32 rounds them by up to 1e-3): its error
-    against float64 stays within 2x that of the reference's fp32 formula, cos(fl(fl(t theta) - delta))."""
+def test_kernel_angles_at_long_positions_within_a_few_times_the_small_position_error(kernels):
+    """cos and sin of the angles the kernels form (the pre-pass over ones, magnitude identity: the decode kernel's
+    key-phase table; the lanes decode kernel's per-tile base angle is the same helper) at positions 2^20, 10^7 and
+    2^30 - 64: within 3x of their error at positions 0..63 against float64 (it was 0.8 at 10^7 with the plain fp32
+    product), and their angles are the reference's (pope.frequencies.angles in float32) bit for bit."""
     if _delegated(kernels):
         return
     from pope.frequencies import angles, pope_frequencies
 
-    generator = torch.Generator().manual_seed(7)
-    n, d = 2048, 64
-    q = torch.randn(1, 2, n, d, generator=generator, dtype=torch.float64)
-    delta = -2 * math.pi * torch.rand(2, d, generator=generator, dtype=torch.float64)
-    positions = torch.arange(14336, 14336 + n)
-    theta = kernels.frequencies(d, 10000.0, DEVICE)
+    d, n = 64, 64
+    theta64 = pope_frequencies(d, 10000.0, dtype=torch.float64)
+    words = kernels.frequencies(d, 10000.0, DEVICE)
+    ones = torch.ones(1, 1, n, d, device=DEVICE)
 
-    def cartesian(dtype):
-        phase = angles(positions, pope_frequencies(d, 10000.0, dtype=dtype))[None] - delta.to(dtype)[:, None, :]
-        magnitude = torch.nn.functional.softplus(q.to(dtype))
-        return torch.cat([magnitude * phase.cos(), magnitude * phase.sin()], dim=-1)
+    def error(start):
+        rows = kernels.transform(ones, words, None, position_offset=start, magnitude="identity")[0, 0].double().cpu()
+        exact = angles(torch.arange(start, start + n), theta64)
+        reference = angles(torch.arange(start, start + n), theta64, dtype=torch.float32).double()
+        # the kernel's sincos against torch's cos/sin of the same fp32 angles: about an ulp, no more
+        assert (rows - torch.cat([reference.cos(), reference.sin()], dim=-1)).abs().max() < 3e-7
+        return (rows - torch.cat([exact.cos(), exact.sin()], dim=-1)).abs().max().item()
 
-    exact = cartesian(torch.float64)
-    reference_error = (cartesian(torch.float32).double() - exact).abs().max().item()
-    ours = kernels.transform(q.float().to(DEVICE), theta, delta.float().to(DEVICE), position_offset=14336,
-                             magnitude="softplus")
-    our_error = (ours.double().cpu() - exact).abs().max().item()
-    assert reference_error > 1e-4  # the positions are long enough for the angles' rounding to show
-    assert our_error <= 2 * reference_error, (our_error, reference_error)
+    small = error(0)
+    for start in (2**20, 10**7, 2**30 - n):
+        assert error(start) <= 3 * small, (start, error(start), small)
+
+
+LONG_CASES = [
+    # (Hq, Hkv, Nq, Nk, dtype): block kernels with gradients, then the tensor-core and lanes decode kernels
+    pytest.param(2, 1, 24, 40, torch.bfloat16, id="block-bf16"),
+    pytest.param(2, 2, 24, 40, torch.float16, id="block-fp16"),
+    pytest.param(2, 1, 24, 40, torch.float32, id="block-fp32"),
+    pytest.param(8, 2, 2, 40, torch.bfloat16, id="decode-tensor-cores-bf16"),
+    pytest.param(2, 2, 1, 40, torch.float16, id="decode-lanes-fp16"),
+]
+
+
+@pytest.mark.parametrize("n_q_heads,n_kv_heads,seq_q,seq_k,dtype", LONG_CASES)
+def test_two_x_rule_at_query_offset_a_million(kernels, n_q_heads, n_kv_heads, seq_q, seq_k, dtype):
+    """Queries at positions 10^6.. against keys 0..Nk-1: output (and, through the block kernels, every gradient)
+    within 2x the reference's error in the same dtype against the float64 formula."""
+    if _delegated(kernels):
+        return
+    from pope.testing import formula_attention
+
+    generator = torch.Generator().manual_seed(21)
+    q, k, v, delta, grad_out = _inputs(1, n_q_heads, n_kv_heads, seq_q, seq_k, 32, dtype, True, generator)
+    options = dict(base=10000.0, causal=True, softmax_scale=32 ** -0.5, q_offset=10**6, magnitude="softplus",
+                   rotary_dim=None)
+    if seq_q > 16:  # the block kernels: out and every gradient
+        exact = _run(reference_pope_attention, q, k, v, delta, grad_out, torch.float64, options)
+        ours = _run(_triton, q, k, v, delta, grad_out, dtype, options)
+        theirs = _run(reference_pope_attention, q, k, v, delta, grad_out, dtype, options)
+    else:  # decode: forward only (training calls take the block kernels)
+        exact = [formula_attention(q, k, v, delta, q_offset=10**6, softmax_scale=32 ** -0.5)]
+        with torch.no_grad():
+            args = (q.to(dtype), k.to(dtype), v.to(dtype), delta.float())
+            ours, theirs = [_triton(*args, **options)], [reference_pope_attention(*args, **options)]
+    for name, a, b, c in zip(GRADIENT_NAMES, ours, theirs, exact):
+        result = check_within_rule(a.cpu(), b.cpu(), c.cpu(), dtype)
+        assert result["ok"], (name, result)
 
 
 @pytest.mark.parametrize("method,n_q_heads,seq_q", [("tensor_cores", 4, 2), ("lanes", 2, 1), ("lanes", 4, 2)])
@@ -378,7 +413,7 @@ def test_decode_keeps_its_key_phase_table_and_gives_the_same_bits(kernels, monke
         assert sorted(key[-1] for key in SETTINGS.caches.phase_tables if key[2] == dtype) == [64, 128]
     assert kernels.release_phase_tables() == 4 and not SETTINGS.caches.phase_tables
     kernels.decode_forward(q, k, v, delta, theta, keep_phase_table=True, **options)  # kept again (fp16, 128 rows)
-    theta.mul_(0.5)  # in place: the kept table no longer matches it
+    theta.copy_(kernels.frequencies(64, 5000.0, DEVICE))  # in place (another base): the kept table no longer matches it
     builds.clear()
     kept, _ = kernels.decode_forward(q, k, v, delta, theta, keep_phase_table=True, **options)
     assert [b[2] for b in builds] == [128]
@@ -735,3 +770,45 @@ def test_garbage_past_the_cache_reaches_nothing(kernels, monkeypatch):
     for name, a, b in zip(GRADIENT_NAMES, clean, dirty):
         assert torch.equal(a, b), name
     assert dirty[2][:, :, 50:].abs().max() == 0 and dirty[3][:, :, 50:].abs().max() == 0
+
+
+def test_varlen_through_the_kernels_within_twice_the_references_error(kernels, monkeypatch):
+    """pope_attention_varlen(backend="triton"): sequences with empty, length-1, decode-sized and block-sized query
+    counts and Nq < Nk, GQA, bf16: output and every gradient within 2x the reference's error against float64, and
+    each sequence's kernel launches are the ones pope_attention makes for it (no fallback to the reference)."""
+    if _delegated(kernels):
+        return
+    import pope.attention
+    from pope.ops import triton_unsupported_reason
+
+    if not ON_GPU:  # pope.attention sends CPU tensors to the reference; let interpreted kernels take them
+        monkeypatch.setattr(pope.attention, "_triton_unsupported_reason",
+                            lambda q, k, v, **options: triton_unsupported_reason(q, k, v, **options))
+    calls = {"forward": 0, "decode_forward": 0}
+    for name in calls:
+        def counted(*args, _launch=getattr(kernels, name), _name=name, **kwargs):
+            calls[_name] += 1
+            return _launch(*args, **kwargs)
+        monkeypatch.setattr(kernels, name, counted)
+    lengths_q, lengths_k = [0, 1, 3, 21], [5, 1, 30, 21]
+    g = torch.Generator().manual_seed(31)
+    q = torch.randn(sum(lengths_q), 4, 32, generator=g, dtype=torch.float64).to(DEVICE)
+    k, v = (torch.randn(sum(lengths_k), 2, 32, generator=g, dtype=torch.float64).to(DEVICE) for _ in range(2))
+    delta = (-2 * math.pi * torch.rand(4, 32, generator=g, dtype=torch.float64)).to(DEVICE)
+    grad_out = torch.randn(q.shape, generator=g, dtype=torch.float64).to(DEVICE)
+    cu_q, cu_k = (torch.tensor([0] + torch.tensor(n).cumsum(0).tolist(), dtype=torch.int32, device=DEVICE)
+                  for n in (lengths_q, lengths_k))
+
+    def run(dtype, backend):
+        leaves = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+        leaves.append(delta.to(torch.float64 if dtype == torch.float64 else torch.float32).requires_grad_())
+        out = pope.attention.pope_attention_varlen(*leaves, cu_q, cu_k, 21, 30, backend=backend)
+        return [out.detach()] + [g.detach() for g in torch.autograd.grad(out, leaves, grad_out.to(dtype))]
+
+    exact, theirs = run(torch.float64, "reference"), run(torch.bfloat16, "reference")
+    ours = run(torch.bfloat16, "triton")
+    # 21 queries and the 1-against-1 sequence: block kernels; 3 queries against 30 keys: the decode kernel
+    assert calls == {"forward": 2, "decode_forward": 1}, calls
+    for name, a, b, c in zip(GRADIENT_NAMES, ours, theirs, exact):
+        result = check_within_rule(a.cpu(), b.cpu(), c.cpu(), torch.bfloat16)
+        assert result["ok"], (name, result)

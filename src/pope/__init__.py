@@ -15,6 +15,7 @@ from pope.version import __version__
 
 _EXPORTS = {
     "pope_attention": "pope.attention",
+    "pope_attention_varlen": "pope.attention",
     "PoPE": "pope.encodings",
     "RoPE": "pope.encodings",
     "PositionalEncoding": "pope.encodings",

@@ -67,9 +67,14 @@ def pope_attention(
         k, v = k[:, :, :q_offset + q.shape[2]], v[:, :, :q_offset + q.shape[2]]
     options = dict(base=float(base), causal=causal, softmax_scale=softmax_scale, q_offset=q_offset,
                    magnitude=magnitude, rotary_dim=rotary_dim)
+    return _run_backend(q, k, v, delta, backend, dropout_p, options)
 
+
+def _run_backend(q, k, v, delta, backend: str, dropout_p: float, options: dict) -> torch.Tensor:
+    """The checked call on the backend it asks for: the kernels where they can run it ("triton" raises saying why
+    they cannot), else the reference. options: base, causal, softmax_scale, q_offset, magnitude, rotary_dim."""
     if backend != "reference":
-        reason = _triton_unsupported_reason(q, k, v, rotary_dim=rotary_dim, dropout_p=dropout_p)
+        reason = _triton_unsupported_reason(q, k, v, rotary_dim=options["rotary_dim"], dropout_p=dropout_p)
         if reason is None:
             from pope.ops import triton_pope_attention
 
@@ -77,6 +82,115 @@ def pope_attention(
         if backend == "triton":
             raise ValueError(f"backend='triton' cannot run this call: {reason}. Use backend='reference' or 'auto'.")
     return reference_pope_attention(q, k, v, delta, dropout_p=dropout_p, **options)
+
+
+def pope_attention_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    delta: torch.Tensor | None,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    causal: bool = True,
+    softmax_scale: float | None = None,
+    base: float = 10000.0,
+    magnitude: str = "softplus",
+    backend: str = "auto",
+) -> torch.Tensor:
+    """PoPE attention over packed variable-length sequences, in flash-attn's `flash_attn_varlen_func` layout.
+
+    q: (total_q, Hq, d); k, v: (total_k, Hkv, d), Hq a multiple of Hkv (GQA); delta: (Hq, d) or None.
+    cu_seqlens_q, cu_seqlens_k: int32 (batch + 1,) cumulative lengths on q's device, starting at 0, non-decreasing,
+    ending at total_q / total_k: sequence b is q[cu_seqlens_q[b]:cu_seqlens_q[b + 1]] against
+    k, v[cu_seqlens_k[b]:cu_seqlens_k[b + 1]], with Nq_b <= Nk_b. max_seqlen_q / max_seqlen_k: ints at least every
+    sequence's length (as flash-attn takes them). Positions restart at 0 in every sequence: its keys sit at
+    0..Nk_b - 1, its queries at the last Nq_b positions (Nk_b - Nq_b + i), causal bottom-right per sequence.
+    Returns (total_q, Hq, d) in q's dtype, equal to pope_attention called on each sequence alone (an empty
+    sequence, Nq_b = 0, contributes no rows). Differentiable in q, k, v and delta on every backend.
+
+    Backends as pope_attention's. This first version runs one pope_attention call per non-empty sequence (the
+    reference, or on CUDA the existing fused kernels, the decode kernel where a sequence has few queries): a
+    packed single-launch kernel over all sequences is still to come, so "triton" costs one launch sequence per
+    sequence and reads cu_seqlens on the host (a device sync).
+    """
+    _check_tensors(q, k, v, 3, "(total_tokens, heads, head_dim)")
+    (total_q, hq, d), (total_k, hkv, dk) = q.shape, k.shape
+    if dk != d:
+        raise ValueError(f"q has head_dim {d} but k/v have head_dim {dk}")
+    if hq == 0 or d == 0:
+        raise ValueError(f"empty input: q has shape {tuple(q.shape)}; heads and head_dim must be >= 1")
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv}) for grouped-query attention")
+    _check_options(q, delta, hq=hq, d=d, base=base, causal=causal, softmax_scale=softmax_scale, magnitude=magnitude,
+                   rotary_dim=None, backend=backend)
+    lengths_q = _sequence_lengths("cu_seqlens_q", cu_seqlens_q, total_q, q.device)
+    lengths_k = _sequence_lengths("cu_seqlens_k", cu_seqlens_k, total_k, q.device)
+    if len(lengths_q) != len(lengths_k):
+        raise ValueError(f"cu_seqlens_q describes {len(lengths_q)} sequences but cu_seqlens_k {len(lengths_k)}; "
+                         "they must have the same length (batch + 1)")
+    for name, bound, lengths in (("max_seqlen_q", max_seqlen_q, lengths_q), ("max_seqlen_k", max_seqlen_k, lengths_k)):
+        if not _is_int(bound):
+            raise TypeError(f"{name} must be an int (the longest sequence's length); got {bound!r}")
+        longest = max(lengths, default=0)
+        if bound < longest:
+            raise ValueError(f"{name}={bound} is smaller than sequence {lengths.index(longest)}'s length {longest}; "
+                             f"pass the longest length (or more)")
+        if bound > MAX_POSITION:
+            raise ValueError(f"{name}={bound}: positions must stay below 2**30")
+    for index, (nq, nk) in enumerate(zip(lengths_q, lengths_k)):
+        if nq > nk:
+            raise ValueError(f"sequence {index} has {nq} queries but only {nk} keys: each sequence's queries must be "
+                             f"its last Nq <= Nk positions")
+
+    softmax_scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    starts_q, starts_k = _prefix_sums(lengths_q), _prefix_sums(lengths_k)
+    pieces = []
+    for start_q, nq, start_k, nk in zip(starts_q, lengths_q, starts_k, lengths_k):
+        if nq == 0:
+            continue
+        # (1, H, N, d) views of this sequence: no copy; the kernels take any (batch, head, seq) strides.
+        q_seq, k_seq, v_seq = (x[start:start + n].transpose(0, 1)[None]
+                               for x, start, n in ((q, start_q, nq), (k, start_k, nk), (v, start_k, nk)))
+        options = dict(base=float(base), causal=causal, softmax_scale=softmax_scale, q_offset=nk - nq,
+                       magnitude=magnitude, rotary_dim=None)
+        pieces.append(_run_backend(q_seq, k_seq, v_seq, delta, backend, 0.0, options)[0].transpose(0, 1))
+    return torch.cat(pieces) if pieces else q[:0] * 1  # (0, Hq, d) still part of q's graph
+
+
+def _sequence_lengths(name: str, cu_seqlens, total: int, device) -> list[int]:
+    """The lengths a cumulative-length tensor describes, after checking it: int32, 1-D, >= 2 entries, on device,
+    from 0, non-decreasing, ending at total."""
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of int32 cumulative lengths; got {type(cu_seqlens).__name__}")
+    if cu_seqlens.dtype != torch.int32:
+        raise TypeError(f"{name} must be int32 (flash-attn's layout); got {cu_seqlens.dtype}: use .to(torch.int32)")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(f"{name} must be 1-D with batch + 1 >= 2 entries; got shape {tuple(cu_seqlens.shape)}")
+    if cu_seqlens.device != device:
+        raise ValueError(f"{name} is on {cu_seqlens.device} but q is on {device}")
+    bounds = cu_seqlens.tolist()
+    if bounds[0] != 0:
+        raise ValueError(f"{name} must start at 0; got {bounds[0]}")
+    lengths = [b - a for a, b in zip(bounds, bounds[1:])]
+    if any(n < 0 for n in lengths):
+        index = next(i for i, n in enumerate(lengths) if n < 0)
+        raise ValueError(f"{name} must be non-decreasing; entry {index + 1} ({bounds[index + 1]}) < entry {index} "
+                         f"({bounds[index]})")
+    if bounds[-1] != total:
+        raise ValueError(f"{name} ends at {bounds[-1]} but the packed tensor has {total} tokens; the last entry must "
+                         f"be the total length")
+    return lengths
+
+
+def _prefix_sums(lengths: list[int]) -> list[int]:
+    starts, total = [], 0
+    for n in lengths:
+        starts.append(total)
+        total += n
+    return starts
 
 
 def resolve_defaults(q: torch.Tensor, k: torch.Tensor, q_offset: int | None,
@@ -98,19 +212,21 @@ def reference_pope_attention(
 ) -> torch.Tensor:
     """Reference PoPE (no input checks; call pope_attention for those).
 
-    Angles, trigonometry and magnitudes in float32 (float64 for float64 inputs); q'/k' are then cast to the
-    input dtype, as a materialised implementation would feed them to a low-precision kernel.
+    Angles (exactly range-reduced), trigonometry and magnitudes in float32 (float64 for float64 inputs); q'/k' are
+    then cast to the input dtype, as a materialised implementation would feed them to a low-precision kernel.
     position_shift adds a constant to every query and key position (PoPE must not notice).
     """
     nq, nk, d = q.shape[2], k.shape[2], q.shape[3]
     r = rotary_dim or d
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
-    theta = pope_frequencies(r, base, device=q.device, dtype=compute)  # float64 inputs get float64 angles
+    # float64 frequencies whatever the compute dtype: fp32 angles reduced exactly from them (pope.frequencies.angles),
+    # within ~3e-7 rad of the float64 angles at any position; float64 inputs get the plain float64 product.
+    theta = pope_frequencies(r, base, device=q.device, dtype=torch.float64)
     positions_q = torch.arange(nq, device=q.device) + (q_offset + position_shift)
     positions_k = torch.arange(nk, device=q.device) + position_shift
     with torch.autocast(device_type=q.device.type, enabled=False):
-        phase_q = angles(positions_q, theta).to(compute)  # (Nq, r)
-        phase_k = angles(positions_k, theta).to(compute)  # (Nk, r)
+        phase_q = angles(positions_q, theta, dtype=compute)  # (Nq, r)
+        phase_k = angles(positions_k, theta, dtype=compute)  # (Nk, r)
         if delta is not None:
             phase_q = phase_q[None] - delta.to(compute)[:, None, :]  # (Hq, Nq, r)
         f = MAGNITUDES[magnitude].function
@@ -199,20 +315,8 @@ def _is_real(x) -> bool:
 
 def _check_inputs(q, k, v, delta, *, base, causal, softmax_scale, q_offset, magnitude, rotary_dim, dropout_p,
                   backend):
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype not in _FLOAT_DTYPES:
-            raise TypeError(f"{name} must be float16, bfloat16, float32 or float64; got {t.dtype}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must have 4 dims (batch, heads, seq, head_dim); got shape {tuple(t.shape)}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
+    _check_tensors(q, k, v, 4, "(batch, heads, seq, head_dim)")
     (b, hq, nq, d), (bk, hkv, nk, dk) = q.shape, k.shape
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape (batch, kv_heads, seq, head_dim); got {tuple(k.shape)} and {tuple(v.shape)}")
     if bk != b:
         raise ValueError(f"q has batch {b} but k/v have batch {bk}")
     if dk != d:
@@ -225,6 +329,42 @@ def _check_inputs(q, k, v, delta, *, base, causal, softmax_scale, q_offset, magn
         raise ValueError(f"empty input: q has shape {tuple(q.shape)}; batch, heads and head_dim must be >= 1")
     if nq > nk:
         raise ValueError(f"q has {nq} positions but k/v only {nk}: queries must be the last Nq <= Nk positions")
+    _check_options(q, delta, hq=hq, d=d, base=base, causal=causal, softmax_scale=softmax_scale, magnitude=magnitude,
+                   rotary_dim=rotary_dim, backend=backend)
+    if q_offset is not None:
+        if not _is_int(q_offset):
+            raise TypeError(f"q_offset must be an int (position of the first query) or None; got {q_offset!r}")
+        if q_offset < 0:
+            raise ValueError(f"q_offset must be a non-negative int (position of the first query); got {q_offset!r}")
+        if q_offset + nq > MAX_POSITION:
+            raise ValueError(f"q_offset {q_offset} puts the last query at position {q_offset + nq - 1}; positions must "
+                             f"stay below 2**30 (q_offset <= {MAX_POSITION - nq})")
+    if not _is_real(dropout_p):
+        raise TypeError(f"dropout_p must be a number; got {dropout_p!r}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1); got {dropout_p}")
+
+
+def _check_tensors(q, k, v, dims: int, layout: str) -> None:
+    """q, k, v: tensors of one float dtype and one device, with `dims` dims (layout names them)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in _FLOAT_DTYPES:
+            raise TypeError(f"{name} must be float16, bfloat16, float32 or float64; got {t.dtype}")
+        if t.dim() != dims:
+            raise ValueError(f"{name} must have {dims} dims {layout}; got shape {tuple(t.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape {layout}; got {tuple(k.shape)} and {tuple(v.shape)}")
+
+
+def _check_options(q, delta, *, hq, d, base, causal, softmax_scale, magnitude, rotary_dim, backend) -> None:
+    """The options shared by pope_attention and pope_attention_varlen: causal, magnitude, backend, rotary_dim,
+    delta (hq, r), base, softmax_scale."""
     if type(causal) is not bool:
         raise TypeError(f"causal must be True or False; got {causal!r}")
     if not isinstance(magnitude, str) or magnitude not in MAGNITUDES:
@@ -250,15 +390,3 @@ def _check_inputs(q, k, v, delta, *, base, causal, softmax_scale, q_offset, magn
             raise TypeError(f"softmax_scale must be a number or None; got {softmax_scale!r}")
         if not (softmax_scale > 0 and math.isfinite(softmax_scale)):
             raise ValueError(f"softmax_scale must be positive and finite; got {softmax_scale!r}")
-    if q_offset is not None:
-        if not _is_int(q_offset):
-            raise TypeError(f"q_offset must be an int (position of the first query) or None; got {q_offset!r}")
-        if q_offset < 0:
-            raise ValueError(f"q_offset must be a non-negative int (position of the first query); got {q_offset!r}")
-        if q_offset + nq > MAX_POSITION:
-            raise ValueError(f"q_offset {q_offset} puts the last query at position {q_offset + nq - 1}; positions must "
-                             f"stay below 2**30 (q_offset <= {MAX_POSITION - nq})")
-    if not _is_real(dropout_p):
-        raise TypeError(f"dropout_p must be a number; got {dropout_p!r}")
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1); got {dropout_p}")

@@ -1,9 +1,21 @@
 """Frequencies and angles: the one place where rotation frequencies are computed.
 
 Every positional encoding that rotates (PoPE, RoPE and its length-scaling variants YaRN, NTK-aware,
-linear interpolation) gets its frequencies here, always in float32, and turns positions into angles
-with `angles()`, which computes position × frequency in float32 whatever the autocast dtype (rotary
-angles computed in bf16 are off by up to ~0.8 in cos at position 2048).
+linear interpolation) gets its frequencies here, always in float32 (float64 on request), and turns positions
+into angles with `angles()`, immune to autocast (rotary angles computed in bf16 are off by up to ~0.8 in cos
+at position 2048).
+
+Exact angles at long positions. PoPE's score depends on s - t only, but position x theta rounded in fp32 is off
+by up to half an ulp of the product (0.5 rad at position 10^7), and theta rounded to fp32 adds position x
+2^-24 theta more. `angles()` in float32 therefore never forms that product in floating point: a frequency is
+held as fixed-point turns (`turn_words`: frac(theta / 2 pi) in 64 bits, two 32-bit words A, B, from the float64
+frequency), and position x frequency mod one turn is the integer (t A + floor(t B / 2^32)) mod 2^32, exact for
+|t| < 2^31 (`MAX_EXACT_POSITION`); read as a signed 32-bit fraction of a turn, it is converted to fp32 once and
+scaled by 2 pi / 2^32. The angle lies in [-pi, pi) and is within ~3e-7 rad of the float64 angle at every
+position below 2^31 (the fp32 conversion and the one product; the dropped bits are < 2^-32 turn). The fused
+kernels compute the same integers from the same words (pope.kernels.jit_math._angles), so their angles are the
+reference's bit for bit. Float64 angles stay the plain float64 product: the ground truth the tests use (its own
+error is ~t 2^-53 rad: 2e-9 at 10^7, 1.2e-7 at 2^30).
 """
 from __future__ import annotations
 
@@ -79,14 +91,67 @@ def yarn_frequencies(
     return scaled.to(torch.float32), 0.1 * math.log(scale) + 1.0
 
 
-def angles(positions: torch.Tensor, frequencies: torch.Tensor) -> torch.Tensor:
-    """Outer product position × frequency in float32 (float64 for float64 frequencies), immune to autocast.
+# Angles in float32 are exact for integer positions below this in magnitude (t A < 2^63 in int64 arithmetic).
+MAX_EXACT_POSITION = 2**31
+# fp32(2 pi) / 2^32: one unit of the 32-bit turn fraction, in radians (a power-of-two scaling of fp32(2 pi)).
+RADIANS_PER_TURN_UNIT = 6.2831854820251465 / 2**32
 
-    positions: (N,) integer or float; frequencies: (F,).  Returns (N, F).
+
+def turn_words(frequencies: torch.Tensor) -> torch.Tensor:
+    """frequencies (F,) in radians per position -> (2, F) int32: A, B with frac(theta / 2 pi) = (A + B / 2^32) /
+    2^32 (truncated; A and B are unsigned 32-bit values stored in int32). Computed from the float64 value of each
+    frequency (pass float64 frequencies for angles accurate at long positions: a float32 frequency is taken as the
+    exact value of that float32 number)."""
+    turns = frequencies.detach().to(torch.float64) / (2 * math.pi)
+    turns = turns - turns.floor()  # exact: a whole number of turns per position changes no angle
+    scaled = turns * 2.0**32  # exact (power of two)
+    high = scaled.floor()
+    low = ((scaled - high) * 2.0**32).floor()  # scaled - high is exact
+    words = torch.stack([high, low]).to(torch.int64)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def turn_angles(positions: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+    """Integer positions (N,) (|t| < MAX_EXACT_POSITION) x frequencies given as `turn_words` (2, F) -> (N, F)
+    float32 angles in [-pi, pi): the fraction (t A + floor(t B / 2^32)) mod 2^32 of a turn, exact in int64, read
+    as a signed 32-bit number, converted to fp32 once and scaled by RADIANS_PER_TURN_UNIT."""
+    high = words[0].to(torch.int64) & 0xFFFFFFFF
+    low = words[1].to(torch.int64) & 0xFFFFFFFF
+    t = positions.to(torch.int64)[:, None]
+    fraction = (t * high + ((t * low) >> 32)) & 0xFFFFFFFF  # (N, F) in [0, 2^32)
+    fraction = fraction - ((fraction >> 31) << 32)  # signed: [-2^31, 2^31), i.e. [-1/2, 1/2) turn
+    unit = torch.tensor(RADIANS_PER_TURN_UNIT, dtype=torch.float32, device=positions.device)
+    return fraction.to(torch.float32) * unit
+
+
+def angles(positions: torch.Tensor, frequencies: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """position x frequency, immune to autocast. positions: (N,) integer or float; frequencies: (F,).
+    Returns (N, F) in dtype (default: float64 for float64 frequencies, float32 otherwise).
+
+    float64: the plain float64 product (the ground truth). float32: reduced to [-pi, pi) exactly (module
+    docstring): within ~3e-7 rad of the float64 angle at every integer position |t| < MAX_EXACT_POSITION when the
+    frequencies are float64 (a float32 frequency counts as its exact float32 value). Float positions are split
+    into an integer part (exact) and a fraction, whose product with the frequency is added in float32.
     """
-    dtype = torch.float64 if frequencies.dtype == torch.float64 else torch.float32
+    if dtype is None:
+        dtype = torch.float64 if frequencies.dtype == torch.float64 else torch.float32
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"angles are float32 or float64; got {dtype}")
     with torch.autocast(device_type=positions.device.type, enabled=False):
-        return positions.to(dtype)[:, None] * frequencies.to(dtype)[None, :]
+        if dtype == torch.float64:
+            return positions.to(torch.float64)[:, None] * frequencies.to(torch.float64)[None, :]
+        words = turn_words(frequencies)
+        if not positions.is_floating_point():
+            return turn_angles(positions, words)
+        whole = positions.floor()
+        fraction = (positions - whole).to(torch.float64)[:, None] * frequencies.to(torch.float64)[None, :]
+        return turn_angles(whole.to(torch.int64), words) + fraction.to(torch.float32)
+
+
+def pope_turn_words(dim: int, base: float = 10000.0, device=None) -> torch.Tensor:
+    """PoPE's d frequencies as `turn_words` (2, dim) int32 from their float64 values: what the fused kernels
+    take (pope.ops, pope.kernels), so that their angles are the reference's at every position."""
+    return turn_words(pope_frequencies(dim, base, device=device, dtype=torch.float64))
 
 
 @torch.library.custom_op("pope::cos_sin_table", mutates_args=())

@@ -6,7 +6,8 @@ less host time per call):
     pope::flash_attention_forward(q, k, v, delta, theta, ...) -> (out, lse)
     pope::flash_attention_backward(do, q, k, v, delta, out, lse, theta, ...) -> (dq, dk, dv, d_delta)
 wired together with `torch.library.register_autograd` (the forward saves q, k, v, delta, out, lse and the
-(d,) frequencies theta only).
+frequencies theta only). theta is (2, d) int32: the frequencies as fixed-point turns
+(pope.frequencies.pope_turn_words), from which the kernels compute exactly reduced angles.
 
 theta is an input, not something the operators look up: in a compiled graph the frequencies are computed by the
 graph itself, so no operator call made by compiled code ever creates a tensor that outlives it (CUDA-graph
@@ -27,7 +28,7 @@ import torch
 
 from pope.attention import resolve_defaults
 from pope.devices import cuda_capability
-from pope.frequencies import pope_frequencies
+from pope.frequencies import pope_turn_words
 from pope.settings import SETTINGS
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -48,7 +49,7 @@ def _theta(head_dim: int, base: float, device: torch.device) -> torch.Tensor:
     key = (head_dim, float(base), str(device))
     if key in cache:
         return cache[key]
-    theta = pope_frequencies(head_dim, base, device=device)  # what compiled graphs compute (triton_pope_attention)
+    theta = pope_turn_words(head_dim, base, device=device)  # what compiled graphs compute (triton_pope_attention)
     # A tensor made during CUDA-graph capture lives in the graph's private pool: never cache that one.
     if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
         cache[key] = theta
@@ -176,7 +177,7 @@ def triton_pope_attention(q, k, v, delta, *, base, causal, softmax_scale, q_offs
     q_offset, softmax_scale = resolve_defaults(q, k, q_offset, softmax_scale)
     compiling = torch.compiler.is_compiling()
     if compiling:  # the frequencies are computed in the compiled graph itself (module docstring)
-        theta = pope_frequencies(q.shape[-1], float(base), device=q.device)
+        theta = pope_turn_words(q.shape[-1], float(base), device=q.device)
     else:
         theta = _theta(q.shape[-1], base, q.device)
     args = (q, k, v, delta, theta, bool(causal), softmax_scale, q_offset, magnitude)

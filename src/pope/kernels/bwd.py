@@ -90,7 +90,7 @@ def _pope_bwd_dq_kernel(
     # The fp32 phase and magnitude are recomputed here rather than kept live through the loop (registers).
     q32 = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :], mask=mask_q,
                   other=0.0).to(tl.float32)
-    phase = _phase(q_offset + offs_m, Theta, Delta + h * HEAD_DIM, offs_d, mask_d, HAS_DELTA)
+    phase = _phase(q_offset + offs_m, Theta, Delta + h * HEAD_DIM, offs_d, mask_d, HAS_DELTA, HEAD_DIM)
     sin_q, cos_q = _sincos(phase)
     dq_cos, dq_sin = _split_halves(dq_wide * softmax_scale)
     d_magnitude = dq_cos * cos_q + dq_sin * sin_q
@@ -164,7 +164,7 @@ def _pope_bwd_dkdv_kernel(
         k = tl.load(k_ptrs, mask=mask_k, other=0.0)
         v = tl.load(V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :], mask=mask_k,
                     other=0.0)
-        phase = _phase(offs_n, Theta, Theta, offs_d, mask_d, False)
+        phase = _phase(offs_n, Theta, Theta, offs_d, mask_d, False, HEAD_DIM)
         k_cos, k_sin = _polar_to_cartesian(k, phase, mask_k, MAGNITUDE)
         k_wide = _join_halves(k_cos.to(k.dtype), k_sin.to(k.dtype))  # k' (BLOCK_N, 2 BLOCK_D)
 
@@ -197,7 +197,7 @@ def _pope_bwd_dkdv_kernel(
 
     # Chain rule through k' = f(k) [cos(s theta), sin(s theta)]; dk' = scale * dS^T q'. Recomputed, not kept.
     k32 = tl.load(k_ptrs, mask=mask_k, other=0.0).to(tl.float32)
-    sin_k, cos_k = _sincos(_phase(offs_n, Theta, Theta, offs_d, mask_d, False))
+    sin_k, cos_k = _sincos(_phase(offs_n, Theta, Theta, offs_d, mask_d, False, HEAD_DIM))
     dk_cos, dk_sin = _split_halves(dk_wide)
     dk = (dk_cos * cos_k + dk_sin * sin_k) * (_magnitude_grad(k32, MAGNITUDE) * softmax_scale)
     tl.store(DK + b * stride_dkb + hk * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :],

@@ -23,7 +23,7 @@ from pope.settings import SETTINGS
 from . import direct_launch, host, phase_tables
 from .configs import decode_tile
 from .interpreter import INTERPRET
-from .jit_math import _magnitude, _polar_to_cartesian, _sincos
+from .jit_math import _angles, _magnitude, _polar_to_cartesian, _sincos, _turn_words
 
 # The combine kernel holds all of a row's splits in registers.
 MAX_DECODE_SPLITS = 128
@@ -34,8 +34,8 @@ def _decode_query_rows(Q, Theta, Delta, b, hk, first_row, stride_qb, stride_qh, 
                        q_offset, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
                        HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr):
     """Query rows first_row .. first_row + ROWS - 1 of key head hk: row r = query head hk * group_size + r // seq_q,
-    query index r % seq_q. Returns (q'cos, q'sin) fp32 (ROWS, BLOCK_D) (zero in padded rows/channels), the
-    rows' query indices qi (ROWS,), and theta (BLOCK_D,)."""
+    query index r % seq_q. Returns (q'cos, q'sin) fp32 (ROWS, BLOCK_D) (zero in padded rows/channels) and the
+    rows' query indices qi (ROWS,)."""
     offs_r = first_row + tl.arange(0, ROWS)
     mask_rows = offs_r < group_size * seq_q
     head = hk * group_size + offs_r // seq_q
@@ -44,12 +44,12 @@ def _decode_query_rows(Q, Theta, Delta, b, hk, first_row, stride_qb, stride_qh, 
     mask_d = offs_d < HEAD_DIM
     mask_q = mask_rows[:, None] & mask_d[None, :]
     q = tl.load(Q + b * stride_qb + head[:, None] * stride_qh + qi[:, None] * stride_qn + offs_d[None, :], mask=mask_q, other=0.0)
-    theta = tl.load(Theta + offs_d, mask=mask_d, other=0.0)
-    phase_q = (q_offset + qi).to(tl.float32)[:, None] * theta[None, :]
+    turns_high, turns_low = _turn_words(Theta, offs_d, mask_d, HEAD_DIM)
+    phase_q = _angles(q_offset + qi, turns_high, turns_low)
     if HAS_DELTA:
         phase_q = phase_q - tl.load(Delta + head[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_q, other=0.0).to(tl.float32)
     q_cos, q_sin = _polar_to_cartesian(q, phase_q, mask_q, MAGNITUDE)
-    return q_cos, q_sin, qi, theta
+    return q_cos, q_sin, qi
 
 
 @triton.jit
@@ -105,7 +105,7 @@ def _pope_decode_kernel(
     pid_bh = tl.program_id(1)  # b * n_kv_heads + hk
     b = pid_bh // n_kv_heads
     hk = pid_bh % n_kv_heads
-    q_cos, q_sin, qi, _ = _decode_query_rows(Q, Theta, Delta, b, hk, 0, stride_qb, stride_qh, stride_qn,
+    q_cos, q_sin, qi = _decode_query_rows(Q, Theta, Delta, b, hk, 0, stride_qb, stride_qh, stride_qn,
                                              group_size, seq_q, q_offset, HEAD_DIM, BLOCK_M, BLOCK_D, HAS_DELTA,
                                              MAGNITUDE)  # (BLOCK_M, BLOCK_D) each
     q_cos = q_cos.to(Q.dtype.element_ty)
@@ -191,15 +191,16 @@ def _pope_decode_lanes_kernel(
     row = pid_row % rows
     b = pid_bh // n_kv_heads
     hk = pid_bh % n_kv_heads
-    q_cos, q_sin, qi, theta = _decode_query_rows(Q, Theta, Delta, b, hk, row, stride_qb, stride_qh, stride_qn,
-                                                 group_size, seq_q, q_offset, HEAD_DIM, 1, BLOCK_D, HAS_DELTA, MAGNITUDE)
+    q_cos, q_sin, qi = _decode_query_rows(Q, Theta, Delta, b, hk, row, stride_qb, stride_qh, stride_qn,
+                                          group_size, seq_q, q_offset, HEAD_DIM, 1, BLOCK_D, HAS_DELTA, MAGNITUDE)
     qk_scale = softmax_scale * 1.4426950408889634  # scores come out in base 2, scaled
     q_cos = tl.reshape(q_cos, (BLOCK_D,)) * qk_scale
     q_sin = tl.reshape(q_sin, (BLOCK_D,)) * qk_scale
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
     offs_j = tl.arange(0, BLOCK_N)
-    table_sin, table_cos = _sincos(offs_j.to(tl.float32)[:, None] * theta[None, :])  # (BLOCK_N, BLOCK_D)
+    turns_high, turns_low = _turn_words(Theta, offs_d, mask_d, HEAD_DIM)
+    table_sin, table_cos = _sincos(_angles(offs_j, turns_high, turns_low))  # (BLOCK_N, BLOCK_D)
 
     k_base, v_base, lo, hi = _decode_split(K, V, b, hk, stride_kb, stride_kh, stride_vb, stride_vh, pid_split,
                                            keys_per_split, seq_k, q_offset + row % seq_q + 1, CAUSAL)
@@ -213,7 +214,9 @@ def _pope_decode_lanes_kernel(
         kv_mask = (offs_n < hi)[:, None] & mask_d[None, :]
         k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
-        base_sin, base_cos = _sincos(theta * start_n)  # (BLOCK_D,), start_n exact in fp32 (< 2**24)
+        # (BLOCK_D,): the tile's first key position, its angle reduced exactly as every other
+        base_sin, base_cos = _sincos(tl.reshape(_angles(tl.full([1], start_n, tl.int32), turns_high, turns_low),
+                                                (BLOCK_D,)))
         p_row = q_cos * base_cos + q_sin * base_sin  # (BLOCK_D,)
         q_row = q_sin * base_cos - q_cos * base_sin
         # Keys past hi were loaded as 0: finite f(0), masked out of the scores here, and v = 0 there.

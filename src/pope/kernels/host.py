@@ -77,7 +77,8 @@ def sm_count(device) -> int:
 
 
 def frequencies(head_dim: int, base: float, device) -> torch.Tensor:
-    """theta (head_dim,) fp32 on device, from pope.frequencies (the project's one frequency function)."""
-    from pope.frequencies import pope_frequencies
+    """The kernels' theta: PoPE's head_dim frequencies as fixed-point turns, (2, head_dim) int32 on device, from
+    their float64 values (pope.frequencies.pope_turn_words, the project's one frequency function)."""
+    from pope.frequencies import pope_turn_words
 
-    return pope_frequencies(head_dim, base, device=device).contiguous()
+    return pope_turn_words(head_dim, base, device=device).contiguous()

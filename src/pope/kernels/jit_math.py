@@ -1,6 +1,7 @@
 """Device functions shared by the kernels (@triton.jit, inlined into each kernel that calls them).
 
-Guarantees: angles are position (fp32) x theta (fp32) rounded once, as pope.frequencies.angles; `_sincos` is an
+Guarantees: angles are pope.frequencies.angles' float32 angles bit for bit: position x theta reduced to [-pi, pi)
+exactly, in 32-bit integers, from the frequencies' fixed-point turns (pope.frequencies.turn_words); `_sincos` is an
 FMA-only sin/cos (Cody-Waite reduction by pi/2 in three parts, minimax polynomials), about 1 ulp for
 |x| < 2**15; softplus is max(x, 0) + log1p(exp(-|x|)) in fp32 with log1p by a 9-FMA polynomial (relative error
 2e-7). Magnitude codes (`MAGNITUDE` constexpr) are pope.magnitudes' kernel codes: 0 softplus, 1 relu,
@@ -54,13 +55,40 @@ def _magnitude_grad(x, MAGNITUDE: tl.constexpr):
 
 
 @triton.jit
-def _phase(positions, theta_ptr, delta_row_ptr, offs_d, mask_d, HAS_DELTA: tl.constexpr):
-    """Angles (rows, BLOCK_D) fp32: position * theta (rounded once, as pope.frequencies.angles) - delta.
+def _turn_words(Theta, offs_d, mask_d, HEAD_DIM: tl.constexpr):
+    """The frequencies as fixed-point turns, (A, B) (BLOCK_D,) uint32 each, from Theta (2, HEAD_DIM) int32
+    (pope.frequencies.turn_words: frac(theta / 2 pi) = (A + B / 2^32) / 2^32)."""
+    tl.static_assert(Theta.dtype.element_ty == tl.int32,
+                     "Theta must be the frequencies as fixed-point turns, int32 (2, d): pope.frequencies.turn_words")
+    turns_high = tl.load(Theta + offs_d, mask=mask_d, other=0).to(tl.uint32, bitcast=True)
+    turns_low = tl.load(Theta + HEAD_DIM + offs_d, mask=mask_d, other=0).to(tl.uint32, bitcast=True)
+    return turns_high, turns_low
 
-    positions: (rows,) int32; delta_row_ptr: pointer to this head's delta row (ignored without delta).
+
+@triton.jit
+def _angles(positions, turns_high, turns_low):
+    """Angles (rows, BLOCK_D) fp32 in [-pi, pi): position x theta mod 2 pi, bit for bit
+    pope.frequencies.turn_angles. positions: (rows,) int32, 0 <= t < 2^31; turns_high, turns_low: `_turn_words`.
+
+    The fraction of a turn (t A + umulhi(t, B)) mod 2^32 is exact in wrapping 32-bit unsigned arithmetic (no
+    rounding, so no fused or reordered float operation can change it); read as signed, it is converted to fp32
+    once and scaled by 2 pi / 2^32. Per element: two integer multiplies, one add, one int -> fp32 conversion, one
+    fp32 multiply (the plain product was one conversion per row and one multiply per element)."""
+    t, high = tl.broadcast(positions.to(tl.uint32)[:, None], turns_high[None, :])
+    t, low = tl.broadcast(t, turns_low[None, :])
+    fraction = t * high + tl.umulhi(t, low)  # (rows, BLOCK_D) uint32, wrapping: the turn fraction mod 1
+    return fraction.to(tl.int32, bitcast=True).to(tl.float32) * 1.462918119976564e-09  # fp32(2 pi) / 2^32, exactly
+
+
+@triton.jit
+def _phase(positions, theta_ptr, delta_row_ptr, offs_d, mask_d, HAS_DELTA: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Phases (rows, BLOCK_D) fp32: the exact angle position x theta (`_angles`) - delta.
+
+    positions: (rows,) int32; theta_ptr: the (2, HEAD_DIM) turn words; delta_row_ptr: pointer to this head's
+    delta row (ignored without delta).
     """
-    theta = tl.load(theta_ptr + offs_d, mask=mask_d, other=0.0)
-    phase = positions.to(tl.float32)[:, None] * theta[None, :]
+    turns_high, turns_low = _turn_words(theta_ptr, offs_d, mask_d, HEAD_DIM)
+    phase = _angles(positions, turns_high, turns_low)
     if HAS_DELTA:
         delta = tl.load(delta_row_ptr + offs_d, mask=mask_d, other=0.0).to(tl.float32)
         phase = phase - delta[None, :]
@@ -69,7 +97,7 @@ def _phase(positions, theta_ptr, delta_row_ptr, offs_d, mask_d, HAS_DELTA: tl.co
 
 @triton.jit
 def _sincos(x):
-    """(sin x, cos x) in fp32 on FMA units, about 1 ulp for |x| < 2**15 (positions x frequencies here).
+    """(sin x, cos x) in fp32 on FMA units, about 1 ulp for |x| < 2**15 (here |x| < 3 pi: reduced angles - delta).
 
     Cody-Waite reduction by pi/2 in three parts (each step one fused multiply-add), then Cephes' minimax
     polynomials on [-pi/4, pi/4] and the quadrant swap. No special-function unit, no slow path, few

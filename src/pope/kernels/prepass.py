@@ -33,7 +33,7 @@ def _transform_rows(
     mask_d = offs_d < HEAD_DIM
     mask = (offs_r < seq_len)[:, None] & mask_d[None, :]
     x = tl.load(X + b * stride_xb + h * stride_xh + offs_r[:, None] * stride_xn + offs_d[None, :], mask=mask, other=0.0)
-    phase = _phase(position_offset + offs_r, Theta, Delta + h * HEAD_DIM, offs_d, mask_d, HAS_DELTA)
+    phase = _phase(position_offset + offs_r, Theta, Delta + h * HEAD_DIM, offs_d, mask_d, HAS_DELTA, HEAD_DIM)
     x_cos, x_sin = _polar_to_cartesian(x, phase, mask, MAGNITUDE)
     # Rows of x' are [cos (BLOCK_D) | sin (BLOCK_D)]: the padded channels are written as zeros, so a kernel
     # reads a whole (rows, 2 BLOCK_D) tile with one TMA copy.
