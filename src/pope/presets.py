@@ -43,7 +43,8 @@ class Recipe:
     eval_interval: int = 1000
     """Steps between evaluations on the validation/test splits."""
     eval_batches: int = 50
-    """Batches per evaluation (document datasets evaluate every document instead)."""
+    """Batches per periodic evaluation of a token stream (document datasets evaluate every document; the
+    final evaluation scores every target of a token stream once)."""
     assumed: str = ""
     """Which values the paper does not state and we chose."""
 
