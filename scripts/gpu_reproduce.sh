@@ -55,7 +55,10 @@ sweep() {
   echo "sweep $4 exit status $rc"
   [ "$rc" -eq 0 ] || status=1
 }
-finished() { python3 -c "import sys; from pope.train.sweep import run_finished; sys.exit(not run_finished('$1'))"; }
+finished() {
+  python3 -c "import sys; from pathlib import Path; from pope.train.sweep import run_finished
+sys.exit(not run_finished(Path(sys.argv[1])))" "$1"
+}
 # lengths SWEEP FACTOR...: the training length of the sweep's runs (recipe.seq_len of a seed's config.json)
 # times each factor, comma-separated (empty when no seed has started)
 lengths() {
@@ -116,7 +119,8 @@ case "$STAGE" in
         pope analyze frequencies "$run" --data text --split test || status=1
       fi
     done
-    pope report "$RUNS"/text-* --out "$RUNS/report-text" || status=1
+    reported=(); for run in "$RUNS"/text-*/; do [ -f "$run/sweep.json" ] || [ -f "$run/config.json" ] && reported+=("$run"); done
+    [ "${#reported[@]}" -eq 0 ] || pope report "${reported[@]}" --out "$RUNS/report-text" || status=1
     ;;
 esac
 
