@@ -25,12 +25,12 @@
 # default 480 for jsb/genome, 200 for text), JOBS_PER_GPU (default 4; the jsb stage runs its two sweeps side by
 # side with 3 each), JSB_PRESET (jsb), GENOME_PRESET (genome-h200), TEXT_PRESET (text-256), JSB_SEEDS (0-4),
 # GENOME_SEEDS (0-1), TEXT_SEEDS (0-2, RoPE and PoPE d=0), FT_STEPS (500), EXTRA (more arguments for every
-# `pope train` and `pope finetune`, e.g. "--set train.device=cpu"), EVAL_ARGS (more arguments for
+# `pope train`, e.g. "--set train.device=cpu"), FT_EXTRA (more arguments for `pope finetune`), EVAL_ARGS (more arguments for
 # `pope eval length`), RUNS (/tmp/pope-runs), OUT (/tmp/out). The data must be prepared (or its offline
 # sources present) in $POPE_CACHE: the GPU machine reaches no network.
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-STAGE=${STAGE:-}; EXTRA=${EXTRA:-}; EVAL_ARGS=${EVAL_ARGS:-}; JOBS_PER_GPU=${JOBS_PER_GPU:-4}
+STAGE=${STAGE:-}; EXTRA=${EXTRA:-}; FT_EXTRA=${FT_EXTRA:-}; EVAL_ARGS=${EVAL_ARGS:-}; JOBS_PER_GPU=${JOBS_PER_GPU:-4}
 JSB_PRESET=${JSB_PRESET:-jsb}; GENOME_PRESET=${GENOME_PRESET:-genome-h200}; TEXT_PRESET=${TEXT_PRESET:-text-256}
 JSB_SEEDS=${JSB_SEEDS:-0-4}; GENOME_SEEDS=${GENOME_SEEDS:-0-1}; TEXT_SEEDS=${TEXT_SEEDS:-0-2}; FT_STEPS=${FT_STEPS:-500}
 OUT=${OUT:-/tmp/out}; RUNS=${RUNS:-/tmp/pope-runs}
@@ -108,7 +108,7 @@ case "$STAGE" in
         resume=(); [ -d "$ft/checkpoints/last" ] && resume=(--resume)
         # shellcheck disable=SC2086
         pope finetune "$run" --context "$context" --steps "$FT_STEPS" --out "$ft" "${resume[@]}" \
-          --set train.max_seconds="$LIMIT" --set train.progress=false $EXTRA >"$ft.log" 2>&1 || status=1
+          --set train.max_seconds="$LIMIT" --set train.progress=false $FT_EXTRA >"$ft.log" 2>&1 || status=1
       fi
     done
     text_runs=("$RUNS"/text-*/seed-* "$RUNS"/text-*-ft"$context")
