@@ -71,13 +71,13 @@ def tiny_command(argv: list[str], data: dict[str, Path]) -> list[str]:
             out = argv[argv.index("--out") + 1]
             argv[i: i + 2] = ["--seed", "0"]
             argv[argv.index("--out") + 1] = f"{out}/seed-0"
-        sets = {**steps, "recipe.batch_size": "4"}
+        sets = {**steps, "recipe.batch_size": "4", "model.n_layer": "1", "model.d_model": "32", "model.n_head": "2"}
         if preset.startswith("owt"):
             sets.update({"train.data_dir": str(data["text"]), "recipe.seq_len": "16", "model.max_seq_len": "16"})
         elif preset == "maestro":
             sets["train.data_dir"] = str(data["maestro"])
         else:
-            sets.update({"train.data_dir": str(data["indirect"]), "model.n_layer": "1", "model.d_model": "32"})
+            sets["train.data_dir"] = str(data["indirect"])
         argv = _drop_sets(argv, set(sets)) + [x for k, v in sets.items() for x in ("--set", f"{k}={v}")]
     elif argv[0] == "finetune":
         i = argv.index("--context")
