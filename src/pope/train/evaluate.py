@@ -1,20 +1,24 @@
-"""Evaluation passes: one split during training (``evaluate_split``), and the accuracy of a trained
+"""Evaluation passes: one split during training (``evaluate_split``; the periodic evaluations of a token
+stream read ``recipe.eval_batches`` batches, the final one every target), and the accuracy of a trained
 model on a file of indirect-indexing examples (``task_accuracy``, `pope eval accuracy`)."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from pope.train.data import IGNORE_INDEX, Shard, evaluation_batches
+from pope.train.data import IGNORE_INDEX, Shard, evaluation_batches, stream_windows
 from pope.train.distributed import all_reduce_sum
 
 
 @torch.no_grad()
-def evaluate_split(model, data, split: str, *, batch_size: int, max_batches: int, shard: Shard, device: torch.device,
-                   autocast_dtype: torch.dtype | None, progress=None) -> dict:
-    """Mean loss and accuracy over the scored tokens of a whole split of ``data`` (TrainingData; token
-    streams: up to ``max_batches`` batches), summed over ranks. ``progress``: a tqdm bar over this
-    rank's batches (or None). Leaves ``model`` in train mode."""
+def evaluate_split(model, data, split: str, *, batch_size: int, max_batches: int | None, shard: Shard,
+                   device: torch.device, autocast_dtype: torch.dtype | None, progress=None) -> dict:
+    """Mean loss and accuracy over the scored tokens of one split of ``data`` (TrainingData), summed
+    over ranks. Example and document splits are always scored whole; token streams up to
+    ``max_batches`` batches of non-overlapping windows, or every target once with ``max_batches=None``.
+    The result says what was scored: ``{split}_scored_tokens`` of the split's ``{split}_split_tokens``
+    targets (equal: the whole split). ``progress``: a tqdm bar over this rank's batches (or None).
+    Leaves ``model`` in train mode."""
     model.eval()
     if split in data.eval_examples:
         batches = evaluation_batches(batch_size=batch_size, shard=shard, device=device,
@@ -38,15 +42,23 @@ def evaluate_split(model, data, split: str, *, batch_size: int, max_batches: int
     loss_sum, correct, count = totals.tolist()
     model.train()
     return {f"{split}_loss": loss_sum / max(count, 1), f"{split}_accuracy": correct / max(count, 1),
-            f"{split}_scored_tokens": int(count)}
+            f"{split}_scored_tokens": int(count), f"{split}_split_tokens": split_targets(data, split)}
 
 
-def evaluation_batch_count(data, split: str, *, batch_size: int, max_batches: int, shard: Shard) -> int:
+def split_targets(data, split: str) -> int:
+    """Scored targets in the whole split: every non-ignored target of its examples, or n_tokens - 1."""
+    if split in data.eval_examples:
+        return int((data.eval_examples[split][1] != IGNORE_INDEX).sum())
+    return len(data.eval_tokens[split]) - 1
+
+
+def evaluation_batch_count(data, split: str, *, batch_size: int, max_batches: int | None, shard: Shard) -> int:
     """How many batches ``evaluate_split`` reads on this rank (for its progress bar)."""
     if split in data.eval_examples:
         total = -(-len(data.eval_examples[split][0]) // batch_size)
     else:
-        total = min(-(-((len(data.eval_tokens[split]) - 1) // data.seq_len) // batch_size), max_batches)
+        total = -(-len(stream_windows(len(data.eval_tokens[split]), data.seq_len)[0]) // batch_size)
+        total = total if max_batches is None else min(total, max_batches)
     return len(range(shard.rank, total, shard.world_size))
 
 

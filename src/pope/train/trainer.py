@@ -160,11 +160,12 @@ class Trainer:
         self.train_model.train()
         return self.step_function(step)
 
-    def evaluate(self, split: str, progress=None) -> dict:
+    def evaluate(self, split: str, progress=None, *, whole: bool = False) -> dict:
         """Loss and accuracy over a split with the uncompiled model (no recompiles for eval shapes); under
-        FSDP2 that is the sharded module itself (fully_shard converts the module in place)."""
+        FSDP2 that is the sharded module itself (fully_shard converts the module in place). Token streams:
+        ``recipe.eval_batches`` batches, or every target once with ``whole`` (the final evaluation)."""
         return evaluate_split(self.model, self.data, split, batch_size=self._eval_batch_size(),
-                              max_batches=self.recipe.eval_batches, shard=Shard(self.context.rank,
+                              max_batches=None if whole else self.recipe.eval_batches, shard=Shard(self.context.rank,
                                                                                 self.context.world_size),
                               device=self.device, autocast_dtype=self.autocast_dtype, progress=progress)
 
@@ -174,12 +175,12 @@ class Trainer:
     def _evaluate_all(self, logger: MetricsLogger, *, final: bool) -> dict:
         metrics = {}
         for split in self.options.splits:
-            if final:  # the last evaluation can be long (whole test sets): show it
+            if final:  # the last evaluation scores every target of the split and can be long: show it
                 total = evaluation_batch_count(self.data, split, batch_size=self._eval_batch_size(),
-                                               max_batches=self.recipe.eval_batches,
+                                               max_batches=None,
                                                shard=Shard(self.context.rank, self.context.world_size))
                 with logger.evaluation_progress(f"final evaluation ({split})", total) as bar:
-                    metrics.update(self.evaluate(split, bar))
+                    metrics.update(self.evaluate(split, bar, whole=True))
             else:
                 metrics.update(self.evaluate(split))
         logger.log({"step": self.step, "kind": "eval", **metrics})

@@ -1,0 +1,159 @@
+"""The commands of results/REPRODUCTION.md for the rows not run, each run on a tiny model on CPU, and the
+argument handling of scripts/gpu_reproduce.sh.
+
+Every ```bash block of REPRODUCTION.md is read, and each `pope ...` line run in order through pope.cli.main
+with the preset swapped for its `*-tiny` version, two training steps, `--seeds S --out D` as the one seed
+`--seed 0 --out D/seed-0` in this process (what a sweep runs per seed), lengths and contexts divided by 64,
+and small prepared stand-ins for the data this machine cannot fetch (OpenWebText / PG-19: a random GPT-2
+token set; MAESTRO: random documents; indirect indexing: small generated splits). The downstream commands
+(a ```text block) are not run: lm-eval's task data come from the HF hub.
+"""
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pope import cli
+from pope.data import indirect_indexing as task
+from pope.data.prepared import PreparedWriter
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = {"indirect-indexing": "indirect-indexing-tiny", "maestro": "maestro-tiny", "owt-124m": "owt-tiny",
+        "owt-253m": "owt-tiny", "owt-774m": "owt-tiny"}
+SCALE = 64  # lengths and contexts: 1024 -> 16
+
+
+def reproduction_commands() -> list[list[str]]:
+    text = (ROOT / "results" / "REPRODUCTION.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+    return [shlex.split(line) for block in blocks for line in block.splitlines() if line.startswith("pope ")]
+
+
+def _write(out_dir: Path, vocab: int, docs: dict, pad_id):
+    rng = np.random.default_rng(0)
+    with PreparedWriter(out_dir, vocab) as writer:
+        for split, lengths in docs.items():
+            for n in lengths:
+                writer.add_document(split, rng.integers(1, vocab, n))
+        writer.finish({"name": out_dir.name, "vocab": {"pad_id": pad_id}, "seq_len": 16,
+                       "request": {"dataset": out_dir.name}, "source": {"description": "test"},
+                       "train_transform": None})
+    return out_dir
+
+
+def _drop_sets(argv: list[str], keys: set[str]) -> list[str]:
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] == "--set" and argv[i + 1].partition("=")[0] in keys:
+            i += 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
+
+
+def tiny_command(argv: list[str], data: dict[str, Path]) -> list[str]:
+    """The CPU version of one REPRODUCTION.md command (see the module docstring)."""
+    argv = argv[1:]
+    steps = {"recipe.max_steps": "2", "recipe.warmup_steps": "1", "recipe.eval_interval": "2",
+             "recipe.eval_batches": "1", "train.device": "cpu", "train.tensorboard": "false",
+             "train.progress": "false", "train.log_interval": "1"}
+    if argv[0] == "train":
+        preset = argv[1]
+        argv[1] = TINY[preset]
+        if "--seeds" in argv:
+            i = argv.index("--seeds")
+            out = argv[argv.index("--out") + 1]
+            argv[i: i + 2] = ["--seed", "0"]
+            argv[argv.index("--out") + 1] = f"{out}/seed-0"
+        sets = {**steps, "recipe.batch_size": "4", "model.n_layer": "1", "model.d_model": "32", "model.n_head": "2"}
+        if preset.startswith("owt"):
+            sets.update({"train.data_dir": str(data["text"]), "recipe.seq_len": "16", "model.max_seq_len": "16"})
+        elif preset == "maestro":
+            sets["train.data_dir"] = str(data["maestro"])
+        else:
+            sets["train.data_dir"] = str(data["indirect"])
+        argv = _drop_sets(argv, set(sets)) + [x for k, v in sets.items() for x in ("--set", f"{k}={v}")]
+    elif argv[0] == "finetune":
+        i = argv.index("--context")
+        argv[i + 1] = str(int(argv[i + 1]) // SCALE)
+        argv[argv.index("--steps") + 1] = "2"
+        argv += ["--batch-size", "4", "--warmup", "1", "--set", "train.device=cpu", "--set", "train.tensorboard=false",
+                 "--set", "train.progress=false", "--set", "recipe.eval_interval=2", "--set", "recipe.eval_batches=1"]
+    elif argv[:2] == ["eval", "length"]:
+        i = argv.index("--lengths")
+        argv[i + 1] = ",".join(str(int(n) // SCALE) for n in argv[i + 1].split(","))
+        argv[argv.index("--data") + 1] = str(data["text"])
+        argv += ["--device", "cpu"]
+    elif argv[:2] == ["analyze", "frequencies"]:
+        argv[argv.index("--data") + 1] = str(data["text"])
+    return argv
+
+
+@pytest.mark.data
+def test_reproduction_commands_run_on_a_tiny_model(tmp_path, monkeypatch, capsys):
+    commands = reproduction_commands()
+    verbs = {" ".join(c[1:3]) if c[1] in ("eval", "analyze") else c[1] for c in commands}
+    assert verbs == {"train", "report", "finetune", "eval length", "analyze frequencies"}
+    pes = {c[c.index("--pe") + 1] for c in commands if "--pe" in c}
+    assert {"rope-half", "alibi-half", "learned-abs", "sinusoidal-abs", "pope:magnitude=identity",
+            "pope:magnitude=relu", "pope:use_delta=false"} <= pes
+    data = {"text": _write(tmp_path / "text", 50257, {"train": [300] * 4, "valid": [200], "test": [200] * 2}, None),
+            "maestro": _write(tmp_path / "maestro", 328, {"train": [40] * 8, "valid": [30] * 2, "test": [30] * 2}, 0),
+            "indirect": task.write_splits(tmp_path / "ii", seed=0, sizes={"train": 64, "valid": 16, "test": 16})}
+    monkeypatch.chdir(tmp_path)
+    for command in commands:
+        argv = tiny_command(command, data)
+        assert cli.main(argv) == 0, f"{' '.join(command)} -> {argv}: {capsys.readouterr().err[-2000:]}"
+    assert (tmp_path / "runs/report-ii/report.md").is_file()
+    assert (tmp_path / "runs/owt-124m-pope-ft4096/summary.json").is_file()
+    assert (tmp_path / "runs/length-pg19/length.json").is_file()
+    assert (tmp_path / "runs/owt-124m-pope/seed-0/eval/frequencies/frequency_usage.json").is_file()
+
+
+def _script(tmp_path, **env):
+    full = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "RUNS": str(tmp_path / "runs"), "OUT": str(tmp_path / "out"),
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **env}
+    return subprocess.run(["bash", "scripts/gpu_reproduce.sh"], cwd=ROOT, env=full, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_gpu_reproduce_rejects_bad_arguments(tmp_path):
+    for env, message in [({}, "STAGE must be jsb, genome or text (got '')"),
+                         ({"STAGE": "owt"}, "STAGE must be jsb, genome or text (got 'owt')"),
+                         ({"STAGE": "jsb", "LIMIT": "5m"}, "must be whole numbers")]:
+        result = _script(tmp_path, **env)
+        assert result.returncode == 2 and message in result.stderr, result.stderr
+        assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.data
+@pytest.mark.slow
+def test_gpu_reproduce_jsb_stage_on_cpu(tmp_path):
+    """The jsb stage with jsb-tiny, one seed each, 2 steps: both sweeps finish, the report and ONE archive
+    (small files only, no checkpoints) come back; a second call skips the finished seeds."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    from pope.data.prepared import cache_root
+    (cache / "sources").symlink_to(cache_root() / "sources")
+    sets = " ".join(f"--set {s}" for s in ("train.device=cpu", "recipe.max_steps=2", "recipe.warmup_steps=1",
+                                           "recipe.eval_interval=2", "train.tensorboard=false", "model.n_layer=1"))
+    env = {"STAGE": "jsb", "JSB_PRESET": "jsb-tiny", "JSB_SEEDS": "0", "EXTRA": sets, "POPE_CACHE": str(cache),
+           "OMP_NUM_THREADS": "1"}
+    result = _script(tmp_path, **env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "sweep jsb-pope exit status 0" in result.stdout and "sweep jsb-rope exit status 0" in result.stdout
+    import tarfile
+
+    with tarfile.open(tmp_path / "out" / "reproduce-jsb.tar.gz") as archive:
+        names = set(archive.getnames())
+    for pe in ("pope", "rope"):
+        assert {f"./jsb-{pe}/seed-0/{n}" for n in ("metrics.jsonl", "summary.json", "config.json")} <= names
+    assert "./report-jsb/report.md" in names and not any("checkpoints" in n for n in names)
+    again = _script(tmp_path, **env)
+    assert again.returncode == 0 and "skipped" in (tmp_path / "runs" / "jsb-pope.log").read_text().lower()
