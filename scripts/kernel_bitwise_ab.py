@@ -50,7 +50,10 @@ def worker(save: str, small: bool, device: str) -> None:
     """Run every case with the pope on sys.path (one tree); torch.save {case: {tensor name: tensor}} to save."""
     import torch
 
-    from pope.frequencies import pope_frequencies
+    try:  # the kernels' own theta: fp32 frequencies up to 31667a8's module, fixed-point turn words since exact angles
+        from pope.kernels import frequencies as kernel_theta
+    except ImportError:
+        from pope.kernels.pope_flash import frequencies as kernel_theta
     from pope.ops import flash_attention_forward, triton_pope_attention
 
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -70,7 +73,7 @@ def worker(save: str, small: bool, device: str) -> None:
         delta = delta.to(device)
         q_offset = nk - nq if q_offset is None else q_offset
         scale = d ** -0.5
-        theta = pope_frequencies(d, 10000.0, device=device)
+        theta = kernel_theta(d, 10000.0, device)
         tensors = {}
         for call in ("", "@2"):
             out, lse = flash_attention_forward(q, k, v, delta, theta, causal, scale, q_offset, magnitude)
