@@ -225,8 +225,9 @@ def reference_pope_attention(
     positions_q = torch.arange(nq, device=q.device) + (q_offset + position_shift)
     positions_k = torch.arange(nk, device=q.device) + position_shift
     with torch.autocast(device_type=q.device.type, enabled=False):
-        phase_q = angles(positions_q, theta, dtype=compute)  # (Nq, r)
-        phase_k = angles(positions_k, theta, dtype=compute)  # (Nk, r)
+        # one call for both (the frequencies' turn words are computed once): rows :Nq are the queries'
+        phases = angles(torch.cat([positions_q, positions_k]), theta, dtype=compute)  # (Nq + Nk, r)
+        phase_q, phase_k = phases[:nq], phases[nq:]  # (Nq, r), (Nk, r)
         if delta is not None:
             phase_q = phase_q[None] - delta.to(compute)[:, None, :]  # (Hq, Nq, r)
         f = MAGNITUDES[magnitude].function
