@@ -1,9 +1,11 @@
 """GPT: config validation, KV-cache decoding equals a full forward pass for every encoding, training step."""
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import pope
 from pope import GPT, GPTConfig
+from pope.frequencies import angles
 
 
 def small_config(pe: str, **overrides) -> GPTConfig:
@@ -156,3 +158,34 @@ def test_generate_refuses_bad_prompts_and_says_what_to_pass():
         model.generate(torch.zeros(1, 2, dtype=torch.long), 2.5)
     with pytest.raises(ValueError, match="top_k"):
         model.generate(torch.zeros(1, 2, dtype=torch.long), 2, top_k=0)
+
+
+class _HostTraffic(TorchDispatchMode):
+    """Records the ops that CUDA graph capture forbids: a tensor made from host data (lift_fresh: a host-to-device
+    copy on CUDA) and reading a tensor's value on the host (_local_scalar_dense: a device sync)."""
+
+    FORBIDDEN = ("aten.lift_fresh", "aten._local_scalar_dense")
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if str(func).startswith(self.FORBIDDEN):
+            self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("pe", pope.list_positional_encodings())
+def test_training_step_is_capturable_in_a_cuda_graph(pe):
+    """The trainer captures forward + backward in one CUDA graph (train.cuda_graph): no encoding may copy a host
+    constant to the device or read a value back during the step. Checked on CPU by the ops such code dispatches."""
+    model = GPT(small_config(pe))
+    idx = torch.randint(0, 37, (2, 16))
+    with _HostTraffic() as traffic:
+        _, loss = model(idx, idx)
+        loss.backward()
+        # pope::cos_sin_table (RoPE's tables) is an operator, opaque to the mode: its body is angles().
+        for positions in (torch.arange(16), torch.arange(16, dtype=torch.float32) + 0.5):
+            angles(positions, pope.frequencies.rope_frequencies(8))
+    assert traffic.seen == []

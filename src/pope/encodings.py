@@ -283,7 +283,9 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
 
 
 class AbsolutePositionEmbedding(nn.Module):
-    """Absolute position embeddings added to token embeddings: forward(positions (N,)) -> (N, d_model)."""
+    """Absolute position embeddings added to token embeddings: forward(start, length) -> (length, d_model) for
+    positions start .. start + length - 1 (Python ints, so the range check never synchronises with the device and
+    the step stays capturable in a CUDA graph)."""
 
     def __init__(self, *, d_model: int, max_seq_len: int, kind: str = "learned"):
         super().__init__()
@@ -293,12 +295,12 @@ class AbsolutePositionEmbedding(nn.Module):
         if kind == "learned":
             self.weight = nn.Parameter(torch.randn(max_seq_len, d_model) * 0.02)
 
-    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+    def forward(self, start: int, length: int, device: torch.device | None = None) -> torch.Tensor:
+        positions = torch.arange(start, start + length, device=device)  # (length,)
         if self.kind == "learned":
-            last = int(positions.max()) if positions.numel() else 0
-            if last >= self.max_seq_len:
+            if length and start + length > self.max_seq_len:
                 raise ValueError(f"learned absolute position embeddings exist for positions < {self.max_seq_len}; "
-                                 f"position {last} was asked for (they cannot extrapolate)")
+                                 f"position {start + length - 1} was asked for (they cannot extrapolate)")
             return self.weight[positions]
         phase = angles(positions, rope_frequencies(self.d_model + self.d_model % 2, 10000.0, positions.device))  # (N, d/2)
         return torch.stack([phase.sin(), phase.cos()], dim=-1).flatten(-2)[:, : self.d_model]

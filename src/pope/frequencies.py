@@ -120,8 +120,9 @@ def turn_angles(positions: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
     t = positions.to(torch.int64)[:, None]
     fraction = (t * high + ((t * low) >> 32)) & 0xFFFFFFFF  # (N, F) in [0, 2^32)
     fraction = fraction - ((fraction >> 31) << 32)  # signed: [-2^31, 2^31), i.e. [-1/2, 1/2) turn
-    unit = torch.tensor(RADIANS_PER_TURN_UNIT, dtype=torch.float32, device=positions.device)
-    return fraction.to(torch.float32) * unit
+    # A Python float, not a tensor: a host constant would be a host-to-device copy, which CUDA graph capture forbids.
+    # fp32 tensor x Python float multiplies in fp32 by the float rounded to fp32, exact here (an fp32 value).
+    return fraction.to(torch.float32) * RADIANS_PER_TURN_UNIT
 
 
 def angles(positions: torch.Tensor, frequencies: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:

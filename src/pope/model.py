@@ -196,7 +196,7 @@ class GPT(nn.Module):
         start = kv_cache.length if kv_cache is not None else 0
         x = self.token_embedding(idx)  # (B, T, C)
         if self.position_embedding is not None:
-            x = x + self.position_embedding(torch.arange(start, start + t, device=idx.device))
+            x = x + self.position_embedding(start, t, idx.device)
         x = self.embed_dropout(x)
         for block in self.blocks:
             x = block(x, kv_cache)
