@@ -43,6 +43,10 @@ class TrainOptions:
     cuda_graph: bool | None = None
     """Capture the whole optimizer step (forward, backward, clipping, fused AdamW) in one CUDA graph and
     replay it; None = on when possible (one CUDA process, example data on the GPU, no per-step host work)."""
+    pack: bool = False
+    """Document datasets (a pad id: JSB, MAESTRO): train on the padded path's pieces packed end to end in bins of
+    about batch_size * seq_len tokens, with no padding compute (pope.train.packing says what is equivalent).
+    Shapes change every step: no CUDA graph, and compile defaults to off (on request: dynamic shapes)."""
     parallel: Literal["ddp", "fsdp"] = "ddp"
     """Under torchrun: 'ddp' or 'fsdp' (FSDP2 fully_shard per block; for the largest presets)."""
     data_seed: int = 0
@@ -81,6 +85,9 @@ class TrainOptions:
             raise ValueError(f"train.data_seed must be non-negative; got {self.data_seed}")
         if self.best_metric is not None and not self.best_metric.endswith(("_loss", "_accuracy")):
             raise ValueError("train.best_metric must end with _loss or _accuracy, e.g. valid_loss")
+        if self.pack and self.cuda_graph:
+            raise ValueError("train.pack=true gives every step a batch of a different shape, and a CUDA graph replays "
+                             "one fixed shape: set train.cuda_graph=false (or none) with train.pack=true")
         for split in self.eval_splits.split(","):
             if split.strip() not in (*EVAL_SPLITS, ""):
                 raise ValueError(f"train.eval_splits: unknown split {split!r}; use valid and/or test")

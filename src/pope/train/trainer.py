@@ -74,7 +74,9 @@ class Trainer:
             self.model_config = self.config.model
             self.model = GPT(self.model_config).to(self.device)  # unwrapped: checkpoints and evaluation use it
             self.autocast_dtype = self._autocast_dtype()
-            self.compile = self.options.compile if self.options.compile is not None else self.device.type == "cuda"
+            # packed batches change shape every step: compiled only on request, then with dynamic shapes
+            self.compile = (self.options.compile if self.options.compile is not None
+                            else self.device.type == "cuda" and not self.options.pack)
             self.use_graph = self._use_cuda_graph()
             self.schedule = WarmupCosineSchedule(self.recipe.lr, self.recipe.min_lr, self.recipe.warmup_steps,
                                                  self.recipe.max_steps)
@@ -97,7 +99,7 @@ class Trainer:
             if loaded is not None:
                 self._restore(loaded.trainer_state)
             if self.compile:
-                self.train_model = torch.compile(self.train_model)
+                self.train_model = torch.compile(self.train_model, dynamic=True if self.options.pack else None)
             eager = EagerStep(model=self.model, train_model=self.train_model, strategy=self.strategy,
                               optimizer=self.optimizer, schedule=self.schedule, batches=self.data.train,
                               micro_steps=self.micro_steps, grad_clip=self.recipe.grad_clip, device=self.device,
