@@ -436,6 +436,10 @@ def load_training_data(recipe: dict, options, *, micro_steps: int, seed: int, sh
     from pope.data.prepared import resolve_dataset
     dataset = resolve_dataset(source)
     transform = dataset.train_transform
+    if dataset.pad_id is None and options.pack:
+        raise ValueError(f"train.pack=true packs documents; {dataset.name} ({dataset.path}) is a token stream (no pad "
+                         f"id): its training windows are full seq_len + 1-token slices, with no padding to remove. "
+                         f"Set train.pack=false")
     if dataset.pad_id is not None and options.pack:  # documents, packed end to end (pope.train.packing)
         from pope.train.packing import PackedDocumentBatches
 
