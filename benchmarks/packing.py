@@ -170,7 +170,34 @@ def main() -> int:
         print(f"CHECK FAILED: {r['dataset']} {r['pe']} {'packed' if r['pack'] else 'padded'}: non-finite loss")
     if args.out:
         write_csv(Path(args.out), rows, stamp, args, config)
+        plot(Path(args.out).with_suffix(".png"), rows, stamp, args)
     return 1 if bad else 0
+
+
+def plot(path: Path, rows: list[dict], stamp: dict, args) -> None:
+    """Bars of useful tokens/s, padded vs packed, per (dataset, encoding, mode) of this run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = list(dict.fromkeys((r["dataset"], r["pe"], r["mode"]) for r in rows))
+    figure, axis = plt.subplots(figsize=(max(5, 1.6 * len(cases)), 3.6))
+    for offset, pack in ((-0.2, False), (0.2, True)):
+        values = [next(r["useful_tokens_per_s"] for r in rows if (r["dataset"], r["pe"], r["mode"]) == c
+                       and r["pack"] == pack) for c in cases]
+        bars = axis.bar(np.arange(len(cases)) + offset, values, width=0.4, label="packed" if pack else "padded")
+        if pack:
+            speedups = [next(r["speedup"] for r in rows if (r["dataset"], r["pe"], r["mode"]) == c and r["pack"])
+                        for c in cases]
+            axis.bar_label(bars, [f"{x:.2f}x" for x in speedups], fontsize=8)
+    axis.set_xticks(np.arange(len(cases)), ["\n".join(c) for c in cases], fontsize=8)
+    axis.set_ylabel("useful tokens / s")
+    axis.set_title(f"train.pack, preset {args.preset}: {stamp['device']} ({stamp['git_commit']})", fontsize=9)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    print(f"wrote {path}")
 
 
 def print_padding(args) -> int:

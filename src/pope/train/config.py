@@ -125,8 +125,10 @@ class RunConfig:
                              f"give a step in 1..{self.recipe.max_steps} (or none to finish the schedule)")
 
     def to_dict(self) -> dict:
+        train = {key: value for key, value in dataclasses.asdict(self.train).items()
+                 if not (key in WRITTEN_WHEN_SET and value == WRITTEN_WHEN_SET[key])}
         data = {"preset": self.preset, "pe": self.pe, "seed": self.seed, "model": self.model.to_dict(),
-                "recipe": self.recipe.to_dict(), "train": dataclasses.asdict(self.train)}
+                "recipe": self.recipe.to_dict(), "train": train}
         if self.finetune is not None:
             data["finetune"] = self.finetune
         return data
@@ -146,6 +148,10 @@ class RunConfig:
     def coerce(cls, config: "RunConfig | dict") -> "RunConfig":
         return config if isinstance(config, cls) else cls.from_dict(config)
 
+
+# train.* keys added after runs were recorded: written only when they differ from this default, so the config.json
+# of an earlier run still equals its config's to_dict() and still resumes
+WRITTEN_WHEN_SET = {"pack": False}
 
 RESUME_MUTABLE = {"train.device", "train.compile", "train.cuda_graph", "train.log_interval", "train.stop_at_step",
                   "train.tensorboard", "train.progress", "train.checkpoint_interval", "train.data_dir",
