@@ -6,6 +6,7 @@ piece padded to the longest; train.pack=true: pieces end to end, attention withi
 (train_step + loss accumulation, synchronised at both ends). It reports
 
 - useful tokens/s: scored (non-padding) targets trained per second, the number packing should raise;
+- a check, on the device: a packed fp32 forward's logits equal each piece's run alone (max |difference|);
 - the padded path's padding fraction over a whole epoch (1 - scored targets / (rows x row width)), which
   depends only on the data and seq_len, not on the device; and a packed step's fill (scored targets /
   batch_size x seq_len, the slots of a padded step).
@@ -43,6 +44,7 @@ from pope.train.trainer import Trainer  # noqa: E402
 
 MODES = {"default": [], "eager": ["train.compile=false", "train.cuda_graph=false"],
          "compile": ["train.compile=true", "train.cuda_graph=false"]}
+CHECK_TOLERANCE = 1e-3  # fp32 logits of a packed forward vs each piece alone (float rounding is ~1e-6)
 TEXT_EOT_ID = 50256  # GPT-2's <|endoftext|>, at the end of every text document
 
 
@@ -66,6 +68,22 @@ def padding_fraction(dataset, seq_len: int) -> dict:
     return {"documents": len(dataset.split("train").document_lengths()), "pieces": len(lengths), "width": width,
             "mean_targets": float((lengths - 1).mean()),
             "padding_fraction": 1 - float((lengths - 1).sum()) / (len(lengths) * width)}
+
+
+@torch.no_grad()
+def packed_vs_alone(model, batches, pieces: int = 8) -> float:
+    """Largest |logit difference| between a packed fp32 forward over (up to) `pieces` pieces of step 0 and each
+    piece run alone: the packed path computes what the padded one does, on this device and backend."""
+    inputs, _, packing = batches.get(0)
+    bounds = packing["cu_seqlens"][: pieces + 1]
+    model.eval()
+    try:
+        length = int(bounds[-1])
+        packed, _ = model(inputs[:, :length], cu_seqlens=bounds.contiguous(), max_seqlen=packing["max_seqlen"])
+        alone = torch.cat([model(inputs[:, a:b])[0][0] for a, b in zip(bounds.tolist(), bounds[1:].tolist())])
+        return float((packed[0] - alone).abs().max())
+    finally:
+        model.train()
 
 
 def synchronize(device: torch.device) -> None:
@@ -106,6 +124,7 @@ def measure(data_dir: Path, vocab_size: int, args, pe: str, mode: str, pack: boo
                    "loss_finite": bool(torch.isfinite(accumulated)), "device": device}
             if pack:
                 row["fill"] = row["scored_per_step"] / (config.recipe.batch_size * config.recipe.seq_len)
+                row["check_max_abs_diff"] = packed_vs_alone(trainer.model, batches)
             return row
         finally:
             trainer.close()
@@ -165,9 +184,14 @@ def main() -> int:
         print(f"{r['dataset']:<12}{r['pe']:<10}{r['mode']:<9}{'packed' if r['pack'] else 'padded':<8}"
               f"{str(r['compiled'])[0]}/{str(r['graph'])[0]:<13}{pad:>9}{fill:>6}{r['scored_per_step']:>12.0f}"
               f"{r['ms_per_step']:>10.2f}{r['useful_tokens_per_s']:>14.0f}{r['speedup']:>8.2f}x{mib:>8}")
-    bad = [r for r in rows if not r["loss_finite"]]
+    for r in rows:
+        if "check_max_abs_diff" in r:
+            print(f"check {r['dataset']} {r['pe']} {r['mode']}: max |packed - each piece alone| logits (fp32) = "
+                  f"{r['check_max_abs_diff']:.2e}")
+    bad = [r for r in rows if not r["loss_finite"] or r.get("check_max_abs_diff", 0.0) > CHECK_TOLERANCE]
     for r in bad:
-        print(f"CHECK FAILED: {r['dataset']} {r['pe']} {'packed' if r['pack'] else 'padded'}: non-finite loss")
+        print(f"CHECK FAILED: {r['dataset']} {r['pe']} {'packed' if r['pack'] else 'padded'}: non-finite loss or "
+              f"packed logits off by more than {CHECK_TOLERANCE}")
     if args.out:
         write_csv(Path(args.out), rows, stamp, args, config)
         plot(Path(args.out).with_suffix(".png"), rows, stamp, args)

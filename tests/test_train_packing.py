@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from pope.checkpoint import load_checkpoint
 from pope.data.prepared import PreparedWriter
 from pope.model import GPT, GPTConfig
 from pope.train.config import TrainOptions, resolve_run_config
@@ -150,6 +151,10 @@ def _train_losses(run_dir):
             if r["kind"] == "train"}
 
 
+def _data_state(run_dir):
+    return load_checkpoint(Path(run_dir) / "checkpoints" / "last").trainer_state["data"]
+
+
 def test_packed_training_learns_and_resumes_bit_for_bit(documents, tmp_path):
     sets = _sets(documents, 30, "model.dropout=0.1")  # dropout: the restored RNG state matters too
     config = resolve_run_config("jsb-tiny", "pope", seed=1, overrides=sets)
@@ -157,6 +162,7 @@ def test_packed_training_learns_and_resumes_bit_for_bit(documents, tmp_path):
     losses = _train_losses(tmp_path / "straight")
     assert np.mean([losses[s] for s in (28, 29, 30)]) < np.mean([losses[s] for s in (1, 2, 3)]) - 1.0, losses
     assert summary["final"]["valid_scored_tokens"] > 0
+    assert _data_state(tmp_path / "straight")["kind"] == "packed-documents"  # the trainer really packed
     stopped = resolve_run_config("jsb-tiny", "pope", seed=1, overrides=sets + ["train.stop_at_step=13"])
     assert run_training(stopped, tmp_path / "resumed")["step"] == 13
     run_training(config, tmp_path / "resumed", resume=True)
@@ -203,3 +209,4 @@ def test_tiny_jsb_preset_learns_packed(tmp_path):
     losses = _train_losses(tmp_path / "jsb")
     assert losses[30] < losses[10] - 0.5, losses
     assert summary["final"]["valid_loss"] < losses[10]
+    assert _data_state(tmp_path / "jsb")["kind"] == "packed-documents"

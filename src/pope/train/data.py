@@ -440,20 +440,21 @@ def load_training_data(recipe: dict, options, *, micro_steps: int, seed: int, sh
         raise ValueError(f"train.pack=true packs documents; {dataset.name} ({dataset.path}) is a token stream (no pad "
                          f"id): its training windows are full seq_len + 1-token slices, with no padding to remove. "
                          f"Set train.pack=false")
-    if dataset.pad_id is not None and options.pack:  # documents, packed end to end (pope.train.packing)
-        from pope.train.packing import PackedDocumentBatches
+    if dataset.pad_id is not None:  # documents: padded, or packed end to end (train.pack, pope.train.packing)
+        if options.pack:
+            from pope.train.packing import PackedDocumentBatches
 
-        train_split = dataset.split("train")
-        offsets, lengths = document_pieces(train_split, seq_len, source=str(dataset.path))
-        batches = PackedDocumentBatches(train_split.tokens, offsets, lengths, seq_len=seq_len,
-                                        global_batch=global_batch, micro_steps=micro_steps, seed=seed, shard=shard,
-                                        device=device, transform=transform)
-    elif dataset.pad_id is not None:  # documents, padded
-        inputs, targets, sequences, lengths = documents_as_examples(dataset.split("train"), seq_len, dataset.pad_id,
-                                                                    source=str(dataset.path))
-        batches = ExampleBatches(inputs, targets, global_batch=global_batch, micro_steps=micro_steps, seed=seed,
-                                 shard=shard, device=device, sequences=sequences, lengths=lengths,
-                                 transform=transform, pad_id=dataset.pad_id)
+            train_split = dataset.split("train")
+            offsets, lengths = document_pieces(train_split, seq_len, source=str(dataset.path))
+            batches = PackedDocumentBatches(train_split.tokens, offsets, lengths, seq_len=seq_len,
+                                            global_batch=global_batch, micro_steps=micro_steps, seed=seed, shard=shard,
+                                            device=device, transform=transform)
+        else:
+            inputs, targets, sequences, lengths = documents_as_examples(dataset.split("train"), seq_len,
+                                                                        dataset.pad_id, source=str(dataset.path))
+            batches = ExampleBatches(inputs, targets, global_batch=global_batch, micro_steps=micro_steps, seed=seed,
+                                     shard=shard, device=device, sequences=sequences, lengths=lengths,
+                                     transform=transform, pad_id=dataset.pad_id)
         evals = {}
         for split in eval_splits:
             e_in, e_out, _, _ = documents_as_examples(dataset.split(split), seq_len, dataset.pad_id,

@@ -89,7 +89,8 @@ class PackedDocumentBatches:
 
     def scored_tokens(self, step: int) -> int:
         """Scored targets in the whole global batch of `step` (all ranks and micro-steps): its pieces' inputs."""
-        return int(self._cumulative[self._step_start(step + 1)] - self._cumulative[self._step_start(step)])
+        first, end = self._step_start(step), self._step_start(step + 1)  # may extend the stream arrays
+        return int(self._cumulative[end] - self._cumulative[first])
 
     def get(self, step: int, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """(inputs, targets) (1, total) int64 on `device` and the model's packing arguments
