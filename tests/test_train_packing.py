@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pope.checkpoint import load_checkpoint
-from pope.data.prepared import PreparedWriter
+from pope.data.prepared import PreparedWriter, TokenSplit
 from pope.model import GPT, GPTConfig
 from pope.train.config import TrainOptions, resolve_run_config
 from pope.train.data import ExampleBatches, Shard, document_pieces, documents_as_examples, epoch_permutation
@@ -21,19 +21,14 @@ SEQ_LEN = 8
 LENGTHS = [1, 2, 5, 9, 10, 23, 3, 17, 4, 1, 6, 30, 8, 2]  # 1-token documents, and documents past seq_len + 1
 
 
-class _Split:
-    def __init__(self, docs):
-        self.name = "train"
-        self.tokens = np.concatenate(docs)
-        self.doc_offsets = np.concatenate([[0], np.cumsum([len(d) for d in docs])])
-
-    def document_lengths(self):
-        return np.diff(self.doc_offsets)
+def _documents_split(docs) -> TokenSplit:
+    return TokenSplit(name="train", tokens=np.concatenate(docs),
+                      doc_offsets=np.concatenate([[0], np.cumsum([len(d) for d in docs])]))
 
 
 def _split(seed=0, lengths=LENGTHS):
     rng = np.random.default_rng(seed)
-    return _Split([rng.integers(1, 30, n) for n in lengths])
+    return _documents_split([rng.integers(1, 30, n) for n in lengths])
 
 
 def _packed(split, **kwargs):
@@ -103,7 +98,7 @@ def test_a_packed_step_equals_the_padded_step_on_the_same_documents(pe):
     packed = _packed(split, global_batch=3, seed=0)
     inputs, targets, packing = packed.get(0)
     pieces = _pieces_of(inputs, targets, packing["cu_seqlens"])
-    rows_in, rows_out, _, _ = documents_as_examples(_Split([np.array(p) for p in pieces]), SEQ_LEN, 0, source="t")
+    rows_in, rows_out, _, _ = documents_as_examples(_documents_split([np.array(p) for p in pieces]), SEQ_LEN, 0, source="t")
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=30, n_layer=2, n_head=4, n_kv_head=2, d_model=32, max_seq_len=SEQ_LEN,
                           pe=pe)).double()
