@@ -44,8 +44,9 @@ class TrainOptions:
     """Capture the whole optimizer step (forward, backward, clipping, fused AdamW) in one CUDA graph and
     replay it; None = on when possible (one CUDA process, example data on the GPU, no per-step host work)."""
     pack: bool = False
-    """Document datasets (a pad id: JSB, MAESTRO): train on the padded path's pieces packed end to end in bins of
-    about batch_size * seq_len tokens, with no padding compute (pope.train.packing says what is equivalent).
+    """Document datasets (a pad id: JSB, MAESTRO): train on the padded path's pieces packed end to end in steps of
+    about batch_size * seq_len tokens: no padding compute (attention of encodings without a packed kernel still
+    pads per step, PositionalEncoding.forward_varlen); pope.train.packing says what is equivalent.
     Shapes change every step: no CUDA graph, and compile defaults to off (on request: dynamic shapes)."""
     parallel: Literal["ddp", "fsdp"] = "ddp"
     """Under torchrun: 'ddp' or 'fsdp' (FSDP2 fully_shard per block; for the largest presets)."""

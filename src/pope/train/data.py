@@ -14,7 +14,7 @@ step counter (``state_dict()`` stores it with the seed so a resume can check it)
   ``fresh=true``) from ``np.random.default_rng([seed, step, FRESH_STREAM])``; never a repeat of the
   valid/test strings.
 - ``PackedDocumentBatches`` (pope.train.packing, ``train.pack=true``): the same document pieces laid end to
-  end without padding, in bins of about micro_batch * seq_len tokens.
+  end without padding, in steps of about batch_size * seq_len tokens.
 - ``WindowBatches``: random windows of T+1 tokens from one flat token stream (OpenWebText, genome):
   starts drawn with ``np.random.default_rng([seed, step])``.
 
