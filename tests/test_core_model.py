@@ -189,3 +189,68 @@ def test_training_step_is_capturable_in_a_cuda_graph(pe):
         for positions in (torch.arange(16), torch.arange(16, dtype=torch.float32) + 0.5):
             angles(positions, pope.frequencies.rope_frequencies(8))
     assert traffic.seen == []
+
+
+def _documents(lengths, seed=0):
+    """Token ids and next-token targets of documents of the given lengths ((n,) each, last target -100), packed."""
+    g = torch.Generator().manual_seed(seed)
+    docs = [torch.randint(0, 37, (n,), generator=g) for n in lengths]
+    targets = [torch.cat([d[1:], torch.tensor([-100])]) for d in docs]
+    cu_seqlens = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+    return docs, targets, cu_seqlens
+
+
+def _with_nontrivial_delta(model):
+    for block in model.blocks:
+        if getattr(block.attn.pe, "delta", None) is not None:
+            with torch.no_grad():
+                block.attn.pe.delta.uniform_(-6.28, 0)
+    return model
+
+
+@pytest.mark.parametrize("pe", pope.list_positional_encodings() + ["pope:rotary_dim=4"])
+def test_packed_forward_equals_each_document_alone(pe):
+    """float64: logits, loss and every gradient of a packed forward over documents of lengths 5, 1, 12, 3 (one as
+    long as max_seq_len) equal those of each document run alone, the loss being the mean over all targets."""
+    torch.manual_seed(0)
+    model = _with_nontrivial_delta(GPT(small_config(pe, max_seq_len=12)).double())
+    docs, targets, cu_seqlens = _documents([5, 1, 12, 3])
+    logits, model_loss = model(torch.cat(docs), torch.cat(targets), cu_seqlens=cu_seqlens, max_seqlen=12)
+    assert logits.shape == (21, 37)
+    # the model's loss is fp32 (logits.float()); the float64 comparison takes the same mean in float64
+    loss = torch.nn.functional.cross_entropy(logits, torch.cat(targets), ignore_index=-100)
+    torch.testing.assert_close(model_loss, loss.float())
+    packed_grads = torch.autograd.grad(loss, list(model.parameters()))
+
+    alone = [model(d[None])[0][0] for d in docs]
+    loss_sum = sum(torch.nn.functional.cross_entropy(a, t, ignore_index=-100, reduction="sum")
+                   for a, t in zip(alone, targets))
+    reference = loss_sum / sum(int((t != -100).sum()) for t in targets)
+    reference_grads = torch.autograd.grad(reference, list(model.parameters()))
+    torch.testing.assert_close(logits, torch.cat(alone), rtol=0, atol=1e-12)
+    torch.testing.assert_close(loss, reference, rtol=0, atol=1e-12)
+    for (name, _), got, want in zip(model.named_parameters(), packed_grads, reference_grads):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12, msg=name)
+    two_d, _ = model(torch.cat(docs)[None], cu_seqlens=cu_seqlens, max_seqlen=12)  # (1, total) layout too
+    torch.testing.assert_close(two_d[0], logits, rtol=0, atol=0)
+
+
+def test_packed_forward_refuses_what_it_cannot_run():
+    docs, _, cu_seqlens = _documents([4, 6])
+    idx = torch.cat(docs)
+    model = GPT(small_config("pope"))
+    with pytest.raises(TypeError, match="int32"):
+        model(idx, cu_seqlens=cu_seqlens.long(), max_seqlen=6)
+    with pytest.raises(ValueError, match="from 0 to the number of packed tokens"):
+        model(idx, cu_seqlens=torch.tensor([0, 4, 9], dtype=torch.int32), max_seqlen=6)
+    with pytest.raises(ValueError, match="below the longest"):
+        model(idx, cu_seqlens=cu_seqlens, max_seqlen=5)
+    with pytest.raises(TypeError, match="max_seqlen must be a positive int"):
+        model(idx, cu_seqlens=cu_seqlens, max_seqlen=None)
+    with pytest.raises(ValueError, match=r"\(total,\) or \(1, total\)"):
+        model(idx.view(2, 5), cu_seqlens=cu_seqlens, max_seqlen=6)
+    with pytest.raises(ValueError, match="no KV cache"):
+        model(idx[None], cu_seqlens=cu_seqlens, max_seqlen=6, kv_cache=model.new_kv_cache(1, 10))
+    learned = GPT(small_config("learned-abs", max_seq_len=5))  # positions restart per document, but 6 > 5
+    with pytest.raises(ValueError, match="cannot extrapolate"):
+        learned(idx, cu_seqlens=cu_seqlens, max_seqlen=6)

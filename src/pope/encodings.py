@@ -5,6 +5,9 @@ Two kinds of encoding exist:
   layer, that turns raw per-head q, k, v into the attention output:
       forward(q (B,Hq,Nq,d), k (B,Hkv,Nk,d), v (B,Hkv,Nk,d), *, q_offset=None, causal=True, dropout_p=0.)
   Keys cover positions 0..Nk-1 (cached keys included); query i sits at q_offset + i (default Nk - Nq).
+  Packed sequences (flash-attn's varlen layout, `PackedSequences`) go through
+      forward_varlen(q (total,Hq,d), k (total,Hkv,d), v (total,Hkv,d), packed, *, dropout_p=0.)
+  causal within each sequence, positions restarting at 0 in each: equal to `forward` on each sequence alone.
 - absolute encodings are added to token embeddings once per model (`AbsolutePositionEmbedding`);
   their attention layers use `NoPE`.
 
@@ -23,7 +26,7 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from pope.attention import MAGNITUDES, pope_attention, sdpa
+from pope.attention import MAGNITUDES, pope_attention, pope_attention_varlen, sdpa
 from pope.frequencies import (
     angles,
     cos_sin_table,
@@ -34,6 +37,53 @@ from pope.frequencies import (
 )
 
 TWO_PI = 2 * math.pi
+
+
+@dataclass(frozen=True)
+class PackedSequences:
+    """Sequences stored end to end along one token axis (flash-attn's varlen layout).
+
+    cu_seqlens  int32 (n + 1,) cumulative lengths, 0 .. total, on the tokens' device
+    max_seqlen  int >= every sequence's length (a Python int, so shapes built from it need no device sync)
+    positions   int64 (total,) each token's position in its own sequence (0, 1, ...)
+    sequence_ids int64 (total,) the sequence each token belongs to
+    Build with `PackedSequences.build`, which checks the lengths (one host read of cu_seqlens).
+    """
+
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
+    positions: torch.Tensor
+    sequence_ids: torch.Tensor
+
+    @property
+    def num_sequences(self) -> int:
+        return self.cu_seqlens.shape[0] - 1
+
+    @classmethod
+    def build(cls, cu_seqlens: torch.Tensor, max_seqlen: int, total: int, device: torch.device) -> "PackedSequences":
+        """Check cu_seqlens (int32, 1-D, on `device`, 0 .. total, non-decreasing) and max_seqlen (an int at least
+        the longest length), then derive each token's position and sequence on the device."""
+        if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1 \
+                or cu_seqlens.numel() < 2:
+            got = (f"{cu_seqlens.dtype} of shape {tuple(cu_seqlens.shape)}" if isinstance(cu_seqlens, torch.Tensor)
+                   else type(cu_seqlens).__name__)
+            raise TypeError("cu_seqlens must be a 1-D int32 tensor of cumulative sequence lengths (0, len0, "
+                            f"len0 + len1, ..., total); got {got}")
+        if cu_seqlens.device != device:
+            raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but the tokens are on {device}")
+        if not isinstance(max_seqlen, int) or isinstance(max_seqlen, bool) or max_seqlen < 1:
+            raise TypeError(f"max_seqlen must be a positive int (the longest sequence's length); got {max_seqlen!r}")
+        bounds = cu_seqlens.tolist()  # the one host read of a packed forward
+        lengths = [end - begin for begin, end in zip(bounds, bounds[1:])]
+        if bounds[0] != 0 or bounds[-1] != total or min(lengths) < 0:
+            raise ValueError(f"cu_seqlens must rise from 0 to the number of packed tokens ({total}) without "
+                             f"decreasing; got {bounds[:8]}{' ...' if len(bounds) > 8 else ''} ending at {bounds[-1]}")
+        if max(lengths) > max_seqlen:
+            raise ValueError(f"max_seqlen={max_seqlen} is below the longest packed sequence ({max(lengths)} tokens)")
+        token = torch.arange(total, device=device)
+        starts = cu_seqlens.long()
+        sequence_ids = torch.searchsorted(starts[1:], token, right=True)  # (total,)
+        return cls(cu_seqlens, max_seqlen, token - starts[sequence_ids], sequence_ids)
 
 
 class PositionalEncoding(nn.Module):
@@ -62,6 +112,24 @@ class PositionalEncoding(nn.Module):
                       dropout_p: float = 0.0):
         """Attention over keys that went through `cache_keys` (a KV cache's content); same contract as forward."""
         return self(q, cached_k, v, q_offset=q_offset, causal=causal, dropout_p=dropout_p)
+
+    def forward_varlen(self, q, k, v, packed: PackedSequences, *, dropout_p: float = 0.0) -> torch.Tensor:
+        """Causal attention within each packed sequence: q (total, Hq, d), k, v (total, Hkv, d) -> (total, Hq, d),
+        equal to `forward` on each sequence alone (positions restart at 0).
+
+        Generic implementation: the sequences are scattered into a right-padded (n, H, max_seqlen, d) batch with
+        zeros, `forward` runs on it and the real rows are gathered back. Causal masking keeps every query off its
+        sequence's padding (it lies past the query), so no mask is needed; attention then costs the padded
+        batch's, the projections and MLP only the real tokens'. Encodings with a packed kernel override this."""
+        rows = (packed.sequence_ids, packed.positions)
+
+        def padded(x: torch.Tensor) -> torch.Tensor:  # (total, H, d) -> (n, H, max_seqlen, d)
+            out = x.new_zeros(packed.num_sequences, packed.max_seqlen, *x.shape[1:])
+            out[rows] = x
+            return out.transpose(1, 2)
+
+        out = self(padded(q), padded(k), padded(v), causal=True, dropout_p=dropout_p)  # (n, Hq, max_seqlen, d)
+        return out.transpose(1, 2)[rows]
 
     def _check(self, q, k) -> None:
         if q.shape[1] != self.n_heads or q.shape[-1] != self.head_dim or k.shape[1] != self.n_kv_heads:
@@ -137,6 +205,17 @@ class PoPE(PositionalEncoding):
     def attend_cached(self, q, cached_k, v, *, q_offset=None, causal=True, dropout_p=0.0):
         return self._attend(self._magnitudes(q), cached_k, v, "identity", q_offset=q_offset, causal=causal,
                             dropout_p=dropout_p)
+
+    def forward_varlen(self, q, k, v, packed: PackedSequences, *, dropout_p: float = 0.0) -> torch.Tensor:
+        """pope_attention_varlen (no padding compute) when it can run the layer: full rotary_dim and no dropout,
+        which it does not take; otherwise the generic padded implementation."""
+        if self.rotary_dim is not None or dropout_p > 0:
+            return super().forward_varlen(q, k, v, packed, dropout_p=dropout_p)
+        self._check(q, k)  # (total, H, d): heads at dim 1 as in forward's layout
+        return pope_attention_varlen(q, k, v, self.clamped_delta(), packed.cu_seqlens, packed.cu_seqlens,
+                                     packed.max_seqlen, packed.max_seqlen, causal=True,
+                                     softmax_scale=self.softmax_scale, base=self.base, magnitude=self.magnitude,
+                                     backend=self.backend)
 
     def _attend(self, q, k, v, magnitude: str, *, q_offset, causal, dropout_p):
         """pope_attention with this layer's delta, base, rotary_dim and backend."""
@@ -285,7 +364,8 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
 class AbsolutePositionEmbedding(nn.Module):
     """Absolute position embeddings added to token embeddings: forward(start, length) -> (length, d_model) for
     positions start .. start + length - 1 (Python ints, so the range check never synchronises with the device and
-    the step stays capturable in a CUDA graph)."""
+    the step stays capturable in a CUDA graph); `packed(packed)` -> (total, d_model) at each packed token's
+    position in its own sequence."""
 
     def __init__(self, *, d_model: int, max_seq_len: int, kind: str = "learned"):
         super().__init__()
@@ -296,11 +376,22 @@ class AbsolutePositionEmbedding(nn.Module):
             self.weight = nn.Parameter(torch.randn(max_seq_len, d_model) * 0.02)
 
     def forward(self, start: int, length: int, device: torch.device | None = None) -> torch.Tensor:
-        positions = torch.arange(start, start + length, device=device)  # (length,)
+        if length:
+            self._check_end(start + length)
+        return self._embed(torch.arange(start, start + length, device=device))
+
+    def packed(self, packed: PackedSequences) -> torch.Tensor:
+        self._check_end(packed.max_seqlen)
+        return self._embed(packed.positions)
+
+    def _check_end(self, end: int) -> None:
+        """Positions below `end` (an int) are asked for: learned embeddings exist below max_seq_len only."""
+        if self.kind == "learned" and end > self.max_seq_len:
+            raise ValueError(f"learned absolute position embeddings exist for positions < {self.max_seq_len}; "
+                             f"position {end - 1} was asked for (they cannot extrapolate)")
+
+    def _embed(self, positions: torch.Tensor) -> torch.Tensor:
         if self.kind == "learned":
-            if length and start + length > self.max_seq_len:
-                raise ValueError(f"learned absolute position embeddings exist for positions < {self.max_seq_len}; "
-                                 f"position {start + length - 1} was asked for (they cannot extrapolate)")
             return self.weight[positions]
         phase = angles(positions, rope_frequencies(self.d_model + self.d_model % 2, 10000.0, positions.device))  # (N, d/2)
         return torch.stack([phase.sin(), phase.cos()], dim=-1).flatten(-2)[:, : self.d_model]

@@ -2,7 +2,8 @@
 
 Pre-norm RMSNorm blocks, causal self-attention whose positional encoding is chosen by a config string
 (see pope.encodings), a GELU MLP of ratio 4, no biases, tied input/output embeddings, dropout.
-`generate()` decodes with a KV cache of d channels per key (raw keys, or PoPE's magnitudes f(k): RoPE's
+`forward(..., cu_seqlens=, max_seqlen=)` runs documents packed end to end (flash-attn's varlen layout) as if
+each ran alone. `generate()` decodes with a KV cache of d channels per key (raw keys, or PoPE's magnitudes f(k): RoPE's
 cache memory) and gives the same logits as a full forward pass.
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from pope.config import check_fields, from_dict
-from pope.encodings import build_absolute_embedding, build_positional_encoding, parse_pe_spec
+from pope.encodings import PackedSequences, build_absolute_embedding, build_positional_encoding, parse_pe_spec
 
 
 @dataclass(kw_only=True)
@@ -123,20 +124,25 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor, kv_cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, kv_cache: KVCache | None = None,
+                packed: PackedSequences | None = None) -> torch.Tensor:
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
-        k = self.k_proj(x).view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
-        v = self.v_proj(x).view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(b, t, self.n_head, self.head_dim)  # (B, T, H, hd)
+        k = self.k_proj(x).view(b, t, self.n_kv_head, self.head_dim)  # (B, T, Hkv, hd)
+        v = self.v_proj(x).view(b, t, self.n_kv_head, self.head_dim)
         dropout_p = self.dropout if self.training else 0.0
-        if kv_cache is not None:
-            # The cache holds keys as the encoding caches them (PoPE: magnitudes f(k)): (B, Hkv, cached + T, hd).
-            k, v = kv_cache.update(self.layer_idx, self.pe.cache_keys(k, kv_cache.length), v)
-            y = self.pe.attend_cached(q, k, v, causal=True, dropout_p=dropout_p)  # (B, H, T, hd)
+        if packed is not None:  # B == 1, T == total: (total, H, hd) is flash-attn's varlen layout
+            y = self.pe.forward_varlen(q[0], k[0], v[0], packed, dropout_p=dropout_p)[None]  # (1, total, H, hd)
         else:
-            y = self.pe(q, k, v, causal=True, dropout_p=dropout_p)
-        y = y.transpose(1, 2).reshape(b, t, self.n_head * self.head_dim)
-        return self.resid_dropout(self.o_proj(y))
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, hd)
+            if kv_cache is not None:
+                # The cache holds keys as the encoding caches them (PoPE: magnitudes f(k)): (B, Hkv, cached + T, hd)
+                k, v = kv_cache.update(self.layer_idx, self.pe.cache_keys(k, kv_cache.length), v)
+                y = self.pe.attend_cached(q, k, v, causal=True, dropout_p=dropout_p)  # (B, H, T, hd)
+            else:
+                y = self.pe(q, k, v, causal=True, dropout_p=dropout_p)
+            y = y.transpose(1, 2)  # (B, T, H, hd)
+        return self.resid_dropout(self.o_proj(y.reshape(b, t, self.n_head * self.head_dim)))
 
 
 class MLP(nn.Module):
@@ -159,8 +165,8 @@ class Block(nn.Module):
         self.mlp_norm = nn.RMSNorm(config.d_model, eps=config.norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, kv_cache=None):
-        x = x + self.attn(self.attn_norm(x), kv_cache)
+    def forward(self, x, kv_cache=None, packed=None):
+        x = x + self.attn(self.attn_norm(x), kv_cache, packed)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -187,27 +193,42 @@ class GPT(nn.Module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
-                kv_cache: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """idx (B, T) token ids -> logits (B, T, V) and the mean cross-entropy over targets != -100."""
-        if idx.dtype not in (torch.int64, torch.int32) or idx.dim() != 2:
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, kv_cache: KVCache | None = None,
+                cu_seqlens: torch.Tensor | None = None,
+                max_seqlen: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """idx (B, T) token ids -> logits (B, T, V) and the mean cross-entropy over targets != -100.
+
+        Packed (cu_seqlens given): idx (total,) or (1, total) holds sequences end to end; cu_seqlens int32
+        (n + 1,) on idx's device their cumulative lengths, max_seqlen an int >= the longest (flash-attn's varlen
+        layout). Positions restart at 0 in every sequence and attention never crosses one, so the logits
+        (idx's shape + (V,)) equal running each sequence alone; no KV cache. cu_seqlens is read on the host once
+        (a device sync); the unpacked forward has none."""
+        packed = None
+        if cu_seqlens is not None or max_seqlen is not None:
+            if kv_cache is not None or idx.dim() not in (1, 2) or (idx.dim() == 2 and idx.shape[0] != 1):
+                raise ValueError(f"a packed forward takes idx (total,) or (1, total) and no KV cache; got idx of "
+                                 f"shape {tuple(idx.shape)}{' and a KV cache' if kv_cache is not None else ''}")
+            packed = PackedSequences.build(cu_seqlens, max_seqlen, idx.numel(), idx.device)
+        if idx.dtype not in (torch.int64, torch.int32) or (idx.dim() != 2 and packed is None):
             raise TypeError(f"idx must be a (batch, seq) integer tensor; got {idx.dtype} of shape {tuple(idx.shape)}")
-        b, t = idx.shape
+        tokens = idx.view(1, -1) if packed is not None else idx
+        b, t = tokens.shape
         start = kv_cache.length if kv_cache is not None else 0
-        x = self.token_embedding(idx)  # (B, T, C)
+        x = self.token_embedding(tokens)  # (B, T, C)
         if self.position_embedding is not None:
-            x = x + self.position_embedding(start, t, idx.device)
+            x = x + (self.position_embedding(start, t, idx.device) if packed is None
+                     else self.position_embedding.packed(packed))
         x = self.embed_dropout(x)
         for block in self.blocks:
-            x = block(x, kv_cache)
+            x = block(x, kv_cache, packed)
         if kv_cache is not None:
             kv_cache.advance(t)
-        logits = self.lm_head(self.final_norm(x))
+        logits = self.lm_head(self.final_norm(x)).view(*idx.shape, -1)
         loss = None
         if targets is not None:
             if targets.shape != idx.shape:
                 raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}; got {tuple(targets.shape)}")
-            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
+            loss = F.cross_entropy(logits.float().flatten(0, -2), targets.flatten(), ignore_index=-100)
         return logits, loss
 
     def new_kv_cache(self, batch_size: int, max_len: int, device=None, dtype=None) -> KVCache:

@@ -43,6 +43,11 @@ class TrainOptions:
     cuda_graph: bool | None = None
     """Capture the whole optimizer step (forward, backward, clipping, fused AdamW) in one CUDA graph and
     replay it; None = on when possible (one CUDA process, example data on the GPU, no per-step host work)."""
+    pack: bool = False
+    """Document datasets (a pad id: JSB, MAESTRO): train on the padded path's pieces packed end to end in steps of
+    about batch_size * seq_len tokens: no padding compute (attention of encodings without a packed kernel still
+    pads per step, PositionalEncoding.forward_varlen); pope.train.packing says what is equivalent.
+    Shapes change every step: no CUDA graph, and compile defaults to off (on request: dynamic shapes)."""
     parallel: Literal["ddp", "fsdp"] = "ddp"
     """Under torchrun: 'ddp' or 'fsdp' (FSDP2 fully_shard per block; for the largest presets)."""
     data_seed: int = 0
@@ -81,6 +86,9 @@ class TrainOptions:
             raise ValueError(f"train.data_seed must be non-negative; got {self.data_seed}")
         if self.best_metric is not None and not self.best_metric.endswith(("_loss", "_accuracy")):
             raise ValueError("train.best_metric must end with _loss or _accuracy, e.g. valid_loss")
+        if self.pack and self.cuda_graph:
+            raise ValueError("train.pack=true gives every step a batch of a different shape, and a CUDA graph replays "
+                             "one fixed shape: set train.cuda_graph=false (or none) with train.pack=true")
         for split in self.eval_splits.split(","):
             if split.strip() not in (*EVAL_SPLITS, ""):
                 raise ValueError(f"train.eval_splits: unknown split {split!r}; use valid and/or test")
@@ -118,8 +126,10 @@ class RunConfig:
                              f"give a step in 1..{self.recipe.max_steps} (or none to finish the schedule)")
 
     def to_dict(self) -> dict:
+        train = {key: value for key, value in dataclasses.asdict(self.train).items()
+                 if not (key in WRITTEN_WHEN_SET and value == WRITTEN_WHEN_SET[key])}
         data = {"preset": self.preset, "pe": self.pe, "seed": self.seed, "model": self.model.to_dict(),
-                "recipe": self.recipe.to_dict(), "train": dataclasses.asdict(self.train)}
+                "recipe": self.recipe.to_dict(), "train": train}
         if self.finetune is not None:
             data["finetune"] = self.finetune
         return data
@@ -139,6 +149,10 @@ class RunConfig:
     def coerce(cls, config: "RunConfig | dict") -> "RunConfig":
         return config if isinstance(config, cls) else cls.from_dict(config)
 
+
+# train.* keys added after runs were recorded: written only when they differ from this default, so the config.json
+# of an earlier run still equals its config's to_dict() and still resumes
+WRITTEN_WHEN_SET = {"pack": False}
 
 RESUME_MUTABLE = {"train.device", "train.compile", "train.cuda_graph", "train.log_interval", "train.stop_at_step",
                   "train.tensorboard", "train.progress", "train.checkpoint_interval", "train.data_dir",

@@ -13,6 +13,8 @@ step counter (``state_dict()`` stores it with the seed so a resume can check it)
 - ``FreshExampleBatches``: indirect-indexing examples generated for every step (task option
   ``fresh=true``) from ``np.random.default_rng([seed, step, FRESH_STREAM])``; never a repeat of the
   valid/test strings.
+- ``PackedDocumentBatches`` (pope.train.packing, ``train.pack=true``): the same document pieces laid end to
+  end without padding, in steps of about batch_size * seq_len tokens.
 - ``WindowBatches``: random windows of T+1 tokens from one flat token stream (OpenWebText, genome):
   starts drawn with ``np.random.default_rng([seed, step])``.
 
@@ -48,6 +50,11 @@ def _check_batch_layout(global_batch: int, micro_steps: int, shard: Shard) -> in
     return global_batch // parts
 
 
+def epoch_permutation(seed: int, epoch: int, n: int) -> torch.Tensor:
+    """The order of n examples in epoch `epoch`: (n,) int64 on the CPU, from a generator seeded by (seed, epoch)."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+
+
 class ExampleBatches:
     def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, *, global_batch: int, micro_steps: int = 1,
                  seed: int = 0, shard: Shard = Shard(), device: torch.device | str = "cpu",
@@ -76,8 +83,7 @@ class ExampleBatches:
     def _permutation(self, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(CPU permutation, the same on `device`) of epoch `epoch`; the last two epochs are cached."""
         if epoch not in self._epoch_cache:
-            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            order = torch.randperm(self.num_examples, generator=generator)
+            order = epoch_permutation(self.seed, epoch, self.num_examples)
             self._epoch_cache = {e: v for e, v in self._epoch_cache.items() if e >= epoch - 1}
             self._epoch_cache[epoch] = (order, order.to(self.device))
         return self._epoch_cache[epoch]
@@ -143,28 +149,34 @@ def _document_row(tokens: np.ndarray, seq_len: int, pad_id: int) -> tuple[np.nda
     return inputs, targets
 
 
-def documents_as_examples(split, seq_len: int, pad_id: int, *, source: str) -> tuple[torch.Tensor, torch.Tensor, np.ndarray, np.ndarray]:
-    """A document split (TokenSplit) as padded examples: (inputs, targets, sequences, lengths).
+def document_pieces(split, seq_len: int, *, source: str) -> tuple[np.ndarray, np.ndarray]:
+    """The training pieces of a document split (TokenSplit): (token offset, length), each (P,) int64.
 
-    A document of L <= seq_len + 1 tokens is one example. A longer one is cut into consecutive pieces
-    of seq_len + 1 tokens that overlap by one token (piece k = tokens [k*T, k*T + T + 1)), so every
-    next-token prediction of the document is made exactly once, with the context reset at each piece
-    boundary; nothing is dropped. Rows are padded to the longest piece (inputs with pad_id, targets -100).
-    """
+    A document of L <= seq_len + 1 tokens is one piece. A longer one is cut into consecutive pieces of
+    seq_len + 1 tokens that overlap by one token (piece k = tokens [k*T, k*T + T + 1)), so every next-token
+    prediction of the document is made exactly once (L - 1 of them), with the context reset at each piece
+    boundary; nothing is dropped. A 1-token document is a 1-token piece (no prediction)."""
     lengths = split.document_lengths()
     if len(lengths) == 0:
         raise ValueError(f"{source}: split {split.name!r} has no documents")
-    pieces = []  # (start token offset, length) of each piece
+    offsets, piece_lengths = [], []
     for doc in range(len(lengths)):
         begin, length = int(split.doc_offsets[doc]), int(lengths[doc])
         for first in range(0, max(length - 1, 1), seq_len):
-            pieces.append((begin + first, min(seq_len + 1, length - first)))
-    piece_lengths = np.array([n for _, n in pieces], dtype=np.int64)
+            offsets.append(begin + first)
+            piece_lengths.append(min(seq_len + 1, length - first))
+    return np.array(offsets, dtype=np.int64), np.array(piece_lengths, dtype=np.int64)
+
+
+def documents_as_examples(split, seq_len: int, pad_id: int, *, source: str) -> tuple[torch.Tensor, torch.Tensor, np.ndarray, np.ndarray]:
+    """A document split (TokenSplit) as padded examples: (inputs, targets, sequences, lengths), one per piece of
+    `document_pieces`; rows are padded to the longest piece (inputs with pad_id, targets -100)."""
+    offsets, piece_lengths = document_pieces(split, seq_len, source=source)
     width = max(int(piece_lengths.max()), 2)
-    sequences = np.full((len(pieces), width), pad_id, dtype=np.int64)
-    for row, (begin, length) in enumerate(pieces):
+    sequences = np.full((len(offsets), width), pad_id, dtype=np.int64)
+    for row, (begin, length) in enumerate(zip(offsets, piece_lengths)):
         sequences[row, :length] = split.tokens[begin: begin + length]
-    rows = [_document_row(sequences[i, : piece_lengths[i]], width - 1, pad_id) for i in range(len(pieces))]
+    rows = [_document_row(sequences[i, : piece_lengths[i]], width - 1, pad_id) for i in range(len(offsets))]
     inputs = torch.from_numpy(np.stack([r[0] for r in rows]))
     targets = torch.from_numpy(np.stack([r[1] for r in rows]))
     return inputs, targets, sequences, piece_lengths
@@ -263,7 +275,7 @@ class TrainingData:
 
     name: str
     vocab_size: int
-    train: ExampleBatches | WindowBatches
+    train: ExampleBatches | WindowBatches  # or pope.train.packing.PackedDocumentBatches (train.pack)
     # split -> (examples (inputs, targets) on CPU) or (token stream) for evaluation
     eval_examples: dict[str, tuple[torch.Tensor, torch.Tensor]]
     eval_tokens: dict[str, np.ndarray]
@@ -392,6 +404,9 @@ def load_training_data(recipe: dict, options, *, micro_steps: int, seed: int, sh
     from pope.train.distributed import barrier
 
     source, task_options, is_task_dir = _data_source(recipe, options)
+    if options.pack and task_options is not None:
+        raise ValueError(f"train.pack=true packs documents of different lengths; indirect-indexing examples all have "
+                         f"{recipe['seq_len']} tokens and one scored target, nothing to pack: set train.pack=false")
     global_batch = recipe["batch_size"]
     eval_splits = [s.strip() for s in options.eval_splits.split(",") if s.strip()]
     if is_main:
@@ -421,12 +436,25 @@ def load_training_data(recipe: dict, options, *, micro_steps: int, seed: int, sh
     from pope.data.prepared import resolve_dataset
     dataset = resolve_dataset(source)
     transform = dataset.train_transform
-    if dataset.pad_id is not None:  # documents
-        inputs, targets, sequences, lengths = documents_as_examples(dataset.split("train"), seq_len, dataset.pad_id,
-                                                                    source=str(dataset.path))
-        batches = ExampleBatches(inputs, targets, global_batch=global_batch, micro_steps=micro_steps, seed=seed,
-                                 shard=shard, device=device, sequences=sequences, lengths=lengths,
-                                 transform=transform, pad_id=dataset.pad_id)
+    if dataset.pad_id is None and options.pack:
+        raise ValueError(f"train.pack=true packs documents; {dataset.name} ({dataset.path}) is a token stream (no pad "
+                         f"id): its training windows are full seq_len + 1-token slices, with no padding to remove. "
+                         f"Set train.pack=false")
+    if dataset.pad_id is not None:  # documents: padded, or packed end to end (train.pack, pope.train.packing)
+        if options.pack:
+            from pope.train.packing import PackedDocumentBatches
+
+            train_split = dataset.split("train")
+            offsets, lengths = document_pieces(train_split, seq_len, source=str(dataset.path))
+            batches = PackedDocumentBatches(train_split.tokens, offsets, lengths, seq_len=seq_len,
+                                            global_batch=global_batch, micro_steps=micro_steps, seed=seed, shard=shard,
+                                            device=device, transform=transform)
+        else:
+            inputs, targets, sequences, lengths = documents_as_examples(dataset.split("train"), seq_len,
+                                                                        dataset.pad_id, source=str(dataset.path))
+            batches = ExampleBatches(inputs, targets, global_batch=global_batch, micro_steps=micro_steps, seed=seed,
+                                     shard=shard, device=device, sequences=sequences, lengths=lengths,
+                                     transform=transform, pad_id=dataset.pad_id)
         evals = {}
         for split in eval_splits:
             e_in, e_out, _, _ = documents_as_examples(dataset.split(split), seq_len, dataset.pad_id,

@@ -35,7 +35,7 @@ def autocast_context(device: torch.device, dtype: torch.dtype | None, *, cache_e
 
 
 class EagerStep:
-    """One optimizer step over ``batches`` (ExampleBatches or WindowBatches); returns this rank's share of
+    """One optimizer step over ``batches`` (ExampleBatches, WindowBatches or PackedDocumentBatches); returns this rank's share of
     the global mean loss as a device scalar (no host sync)."""
 
     def __init__(self, *, model, train_model, strategy, optimizer, schedule, batches, micro_steps: int,
@@ -46,11 +46,13 @@ class EagerStep:
         self.device, self.autocast_dtype, self.autocast_cache = device, autocast_dtype, autocast_cache
         self.world_size = strategy.context.world_size
 
-    def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor, scale) -> torch.Tensor:
-        """One micro-batch (m, T): returns the detached summed loss; gradients get loss_sum * scale."""
+    def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor, scale,
+                         packing: dict | None = None) -> torch.Tensor:
+        """One micro-batch (m, T), or packed documents (1, total) with packing = {"cu_seqlens", "max_seqlen"}
+        (pope.train.packing): returns the detached summed loss; gradients get loss_sum * scale."""
         # cache_enabled=False under a CUDA graph: it must not capture autocast's weight-cast cache
         with autocast_context(self.device, self.autocast_dtype, cache_enabled=self.autocast_cache):
-            logits, _ = self.train_model(inputs)  # (m, T, V)
+            logits, _ = self.train_model(inputs, **(packing or {}))  # (m, T, V)
             loss_sum = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX,
                                        reduction="sum")
         (loss_sum * scale).backward()
@@ -72,10 +74,10 @@ class EagerStep:
         scale = self.world_size / scored
         total = torch.zeros((), device=self.device)
         for micro in range(self.micro_steps):
-            inputs, targets = self.batches.get(step, micro)
+            inputs, targets, *packing = self.batches.get(step, micro)  # packed batches add their packing
             last = micro == self.micro_steps - 1
             with self.strategy.gradient_sync(self.train_model, self.model, last_micro=last):
-                total += self.forward_backward(inputs, targets, scale)
+                total += self.forward_backward(inputs, targets, scale, *packing)
         self.clip_and_update()
         self.optimizer.zero_grad(set_to_none=True)
         return total / scored

@@ -7,6 +7,7 @@
     parallel.py       single process / DDP / FSDP2: wrapping, gradient sync, full state dicts
     step.py           one optimizer step, eager or replayed from a CUDA graph
     data.py           training batches (a pure function of seed and step) and evaluation passes
+    packing.py        packed document batches (train.pack): pieces end to end, no padding
     evaluate.py       loss and accuracy over a split
     metrics.py        metrics.jsonl, TensorBoard, progress bar, best-checkpoint bookkeeping
     stopping.py       SIGINT/SIGTERM, stop_at_step and max_seconds end with a checkpoint and a resume line
@@ -74,7 +75,9 @@ class Trainer:
             self.model_config = self.config.model
             self.model = GPT(self.model_config).to(self.device)  # unwrapped: checkpoints and evaluation use it
             self.autocast_dtype = self._autocast_dtype()
-            self.compile = self.options.compile if self.options.compile is not None else self.device.type == "cuda"
+            # packed batches change shape every step: compiled only on request, then with dynamic shapes
+            self.compile = (self.options.compile if self.options.compile is not None
+                            else self.device.type == "cuda" and not self.options.pack)
             self.use_graph = self._use_cuda_graph()
             self.schedule = WarmupCosineSchedule(self.recipe.lr, self.recipe.min_lr, self.recipe.warmup_steps,
                                                  self.recipe.max_steps)
@@ -97,7 +100,7 @@ class Trainer:
             if loaded is not None:
                 self._restore(loaded.trainer_state)
             if self.compile:
-                self.train_model = torch.compile(self.train_model)
+                self.train_model = torch.compile(self.train_model, dynamic=True if self.options.pack else None)
             eager = EagerStep(model=self.model, train_model=self.train_model, strategy=self.strategy,
                               optimizer=self.optimizer, schedule=self.schedule, batches=self.data.train,
                               micro_steps=self.micro_steps, grad_clip=self.recipe.grad_clip, device=self.device,
@@ -224,6 +227,7 @@ class Trainer:
         last_step = last_saved = self.step
         metrics, reason = {}, "finished"
         loss_sum, loss_steps = torch.zeros((), device=self.device), 0  # per-step losses since the last log
+        scored_tokens = 0  # scored (non-padding) targets since the last log
         votes = StopVote(self.device)
         with StopSignals() as signals:
             try:
@@ -234,6 +238,7 @@ class Trainer:
                     step = self.step
                     loss_sum += self.train_step(step)
                     loss_steps += 1
+                    scored_tokens += self.data.train.scored_tokens(step)  # host arithmetic, no sync
                     self.step = step + 1
                     logger.advance()
                     if self.step % self.options.log_interval == 0 or self.step == stop:
@@ -241,12 +246,13 @@ class Trainer:
                         now = time.perf_counter()
                         logger.log({"step": self.step, "kind": "train", "loss": loss, "lr": self.schedule(step),
                                     "tokens_per_s": tokens_per_step * (self.step - last_step) / (now - last_time),
+                                    "scored_tokens_per_s": scored_tokens / (now - last_time),
                                     "step_ms": 1000 * (now - last_time) / (self.step - last_step)})
                         if not math.isfinite(loss):
                             raise RuntimeError(f"training loss is {loss} at step {self.step}; lower recipe.lr or "
                                                "check the data")
                         loss_sum.zero_()
-                        loss_steps, last_time, last_step = 0, now, self.step
+                        loss_steps, scored_tokens, last_time, last_step = 0, 0, now, self.step
                     if self.step % self.recipe.eval_interval == 0 or self.step == total:
                         metrics = self._evaluate_all(logger, final=self.step == total)
                     if self.step % checkpoint_every == 0 or self.step == stop:
