@@ -119,8 +119,8 @@ def _pope_bwd_dq_kernel(
 
 @triton.jit
 def _bwd_dkdv_inner(
-    dk_wide, dv, k_wide, v, qp_desc, do_desc, lse_desc, rowdelta_desc, LSE, RowDelta, stats_stride, bh_q, b, h,
-    offs_n, q_offset, seq_q, start_q, lo, hi, qk_scale,
+    dk_wide, dv, k_wide, v, qp_desc, do_desc, lse_desc, rowdelta_desc, PackedLSE, PackedRowDelta, packed_stats_stride,
+    bh_q, b, h, offs_n, q_offset, seq_q, start_q, lo, hi, qk_scale,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, MASK_CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
     IS_VARLEN: tl.constexpr,
 ):
@@ -133,9 +133,9 @@ def _bwd_dkdv_inner(
         # dS^T = 0 in those columns (q' and dO read as zeros there, or in a packed batch as the next sequence's).
         valid_rows = offs_m < seq_q
         if IS_VARLEN:  # a sequence's rows start anywhere; a TMA row offset must be 16-byte aligned: pointer loads
-            stats = bh_q * stats_stride + start_q + offs_m
-            lse2 = tl.load(LSE + stats, mask=valid_rows, other=float("inf")) * 1.4426950408889634
-            row_delta = tl.load(RowDelta + stats, mask=valid_rows, other=0.0)
+            stats = bh_q * packed_stats_stride + start_q + offs_m
+            lse2 = tl.load(PackedLSE + stats, mask=valid_rows, other=float("inf")) * 1.4426950408889634
+            row_delta = tl.load(PackedRowDelta + stats, mask=valid_rows, other=0.0)
         else:
             lse2 = tl.where(valid_rows, lse_desc.load([bh_q, start_m]).reshape(BLOCK_M),
                             float("inf")) * 1.4426950408889634
@@ -159,7 +159,8 @@ def _pope_bwd_dkdv_kernel(
     stride_vb, stride_vh, stride_vn,
     stride_dkb, stride_dkh, stride_dkn,
     stride_dvb, stride_dvh, stride_dvn,
-    n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, CuSeqlensQ, CuSeqlensK, LSE, RowDelta, stats_stride,
+    n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale,
+    CuSeqlensQ, CuSeqlensK, PackedLSE, PackedRowDelta, packed_stats_stride,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, MAGNITUDE: tl.constexpr, PRECISION: tl.constexpr, KEYS_FROM_PREPASS: tl.constexpr,
     IS_VARLEN: tl.constexpr = False,
@@ -222,13 +223,13 @@ def _pope_bwd_dkdv_kernel(
         bh_q = b * n_q_heads + h
         if CAUSAL:
             dk_wide, dv = _bwd_dkdv_inner(
-                dk_wide, dv, k_wide, v, qp_desc, do_desc, lse_desc, rowdelta_desc, LSE, RowDelta, stats_stride,
-                bh_q, b, h, offs_n, q_offset, seq_q, start_q, masked_lo, masked_hi, softmax_scale * 1.4426950408889634,
-                BLOCK_M, BLOCK_D, True, PRECISION, IS_VARLEN)
+                dk_wide, dv, k_wide, v, qp_desc, do_desc, lse_desc, rowdelta_desc, PackedLSE, PackedRowDelta,
+                packed_stats_stride, bh_q, b, h, offs_n, q_offset, seq_q, start_q, masked_lo, masked_hi,
+                softmax_scale * 1.4426950408889634, BLOCK_M, BLOCK_D, True, PRECISION, IS_VARLEN)
         dk_wide, dv = _bwd_dkdv_inner(
-            dk_wide, dv, k_wide, v, qp_desc, do_desc, lse_desc, rowdelta_desc, LSE, RowDelta, stats_stride,
-            bh_q, b, h, offs_n, q_offset, seq_q, start_q, masked_hi, seq_q, softmax_scale * 1.4426950408889634,
-            BLOCK_M, BLOCK_D, False, PRECISION, IS_VARLEN)
+            dk_wide, dv, k_wide, v, qp_desc, do_desc, lse_desc, rowdelta_desc, PackedLSE, PackedRowDelta,
+            packed_stats_stride, bh_q, b, h, offs_n, q_offset, seq_q, start_q, masked_hi, seq_q,
+            softmax_scale * 1.4426950408889634, BLOCK_M, BLOCK_D, False, PRECISION, IS_VARLEN)
 
     # Chain rule through k' = f(k) [cos(s theta), sin(s theta)]; dk' = scale * dS^T q'. Recomputed, not kept.
     k32 = tl.load(k_ptrs, mask=mask_k, other=0.0).to(tl.float32)
