@@ -912,3 +912,34 @@ def test_packed_call_the_kernels_cannot_run_is_a_clear_error(kernels, monkeypatc
         with pytest.raises(ValueError, match=f"backend='triton' cannot run this call: {message}"):
             pope.attention.pope_attention_varlen(q.to(dtype), k.to(dtype), v.to(dtype), delta, cu_q, cu_k, 3, 4,
                                                  backend="triton")
+
+def test_packed_calls_through_the_operators_and_torch_compile(kernels, monkeypatch):
+    """A packed call through the custom operators (what compiled code takes) gives the eager Function's bits; the
+    forward operator with cu_seqlens passes opcheck; torch.compile traces a packed call with no graph break."""
+    if _delegated(kernels):
+        return
+    from pope import ops
+    from pope.testing import packed_inputs
+
+    lengths_q, lengths_k = [3, 0, 17], [5, 2, 17]
+    q, k, v, delta, grad_out, cu_q, cu_k = (t.to(DEVICE) for t in packed_inputs(
+        lengths_q, lengths_k, 2, 1, 16, generator=torch.Generator().manual_seed(43)))
+    options = dict(base=10000.0, causal=True, softmax_scale=0.25, magnitude="softplus")
+
+    def packed_call(q, k, v, delta):
+        return ops.triton_pope_attention_varlen(q, k, v, delta, cu_q, cu_k, 17, 17, **options)
+
+    eager = _run(packed_call, q, k, v, delta, grad_out, torch.float32, {})
+    monkeypatch.setattr(SETTINGS, "eager_autograd_function", False)
+    operators = _run(packed_call, q, k, v, delta, grad_out, torch.float32, {})
+    for name, a, b in zip(GRADIENT_NAMES, eager, operators):
+        assert torch.equal(a, b), name
+    leaves = [t.float().requires_grad_() for t in (q, k, v, delta)]
+    torch.library.opcheck(ops.flash_attention_forward, (*leaves, kernels.frequencies(16, 10000.0, q.device), True,
+                                                        0.25, 0, "softplus", cu_q, cu_k, 17, 17),
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    compiled = torch.compile(lambda *x: packed_call(*x).square().sum(), backend="aot_eager", fullgraph=True)
+    loss = compiled(*leaves)
+    loss.backward()
+    assert torch.allclose(loss.detach(), packed_call(*(t.detach() for t in leaves)).square().sum())
+    assert torch.isfinite(leaves[3].grad).all()
