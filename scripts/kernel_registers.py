@@ -30,8 +30,7 @@ def _shipped(kind: str) -> dict:
     return {d: [configs.TILES[kind][(configs.MEASURED_ARCHITECTURE, d, torch.bfloat16)]] for d in configs.BUCKETS}
 
 
-FLOAT32_POINTERS = {"Delta", "LSE", "RowDelta", "PackedLSE", "PackedRowDelta", "DDeltaPartial", "PartialOut",
-                    "PartialLSE"}
+FLOAT32_POINTERS = {"Delta", "LSE", "RowDelta", "PackedLSE", "DDeltaPartial", "PartialOut", "PartialLSE"}
 # (kernel, constexprs without HEAD_DIM / BLOCK_*, tiles per head dim); the lanes decode kernel has no BLOCK_M.
 KERNELS = {
     "fwd": (fwd._pope_fwd_kernel, dict(CAUSAL=True, PRECISION="tf32"), _shipped("fwd")),
@@ -51,7 +50,7 @@ KERNELS = {
 
 
 # What only a packed (varlen) launch passes (None otherwise, constexprs).
-VARLEN_ARGUMENTS = ("CuSeqlensQ", "CuSeqlensK", "PackedLSE", "PackedRowDelta", "packed_stats_stride")
+VARLEN_ARGUMENTS = ("CuSeqlensQ", "CuSeqlensK", "PackedLSE")
 
 
 def descriptor_types(constexprs: dict) -> dict:

@@ -21,7 +21,7 @@ from pope.magnitudes import MAGNITUDES
 from . import direct_launch, host, prepass
 from .configs import DKDV_KEYS_FROM_PREPASS_MAX_BLOCK_D, TRANSFORM_ROWS, pick_tiles
 from .jit_math import (_join_halves, _key_ranges, _magnitude, _magnitude_grad, _packed_sequence, _phase,
-                       _polar_to_cartesian, _query_block, _query_sequence, _sincos, _split_halves)
+                       _polar_to_cartesian, _query_block, _query_sequence, _sincos, _split_halves, _stats_start)
 
 
 @triton.jit
@@ -58,7 +58,7 @@ def _pope_bwd_dq_kernel(
     stride_ob, stride_oh, stride_on,
     stride_dob, stride_doh, stride_don,
     stride_dqb, stride_dqh, stride_dqn,
-    n_q_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, row_delta_stride, CuSeqlensQ, CuSeqlensK,
+    n_q_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, row_delta_stride, CuSeqlensQ, CuSeqlensK, PackedLSE,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr, PRECISION: tl.constexpr,
     IS_VARLEN: tl.constexpr = False,
@@ -84,7 +84,14 @@ def _pope_bwd_dq_kernel(
     do = tl.load(DO + b * stride_dob + h * stride_doh + rows[:, None] * stride_don + offs_d[None, :], mask=mask_q, other=0.0)
     out = tl.load(Out + b * stride_ob + h * stride_oh + rows[:, None] * stride_on + offs_d[None, :], mask=mask_q, other=0.0)
     row_delta = tl.sum(do.to(tl.float32) * out.to(tl.float32), 1)  # D_i = dO_i . O_i  (BLOCK_M,)
-    tl.store(RowDelta + q_row * row_delta_stride + rows, row_delta, mask=mask_rows)
+    if IS_VARLEN:
+        # D and a copy of lse at the sequence's 16-byte aligned statistics rows (`_stats_start`), which the dk/dv
+        # kernel reads by TMA (a TMA row offset must be 16-byte aligned; a sequence's first row is anywhere).
+        stats_rows = q_row * row_delta_stride + _stats_start(start_q, pid_bh // n_q_heads) + offs_m
+        tl.store(RowDelta + stats_rows, row_delta, mask=mask_rows)
+        tl.store(PackedLSE + stats_rows, tl.load(LSE + q_row * seq_q + rows, mask=mask_rows), mask=mask_rows)
+    else:
+        tl.store(RowDelta + q_row * row_delta_stride + rows, row_delta, mask=mask_rows)
     lse2 = tl.load(LSE + q_row * seq_q + rows, mask=mask_rows, other=float("inf")) * 1.4426950408889634
 
     hk = h // group_size
@@ -119,12 +126,11 @@ def _pope_bwd_dq_kernel(
 
 @triton.jit
 def _bwd_dkdv_inner(
-    dk_wide, dv, k_wide, v, qp_desc, do_desc, lse_desc, rowdelta_desc, PackedLSE, PackedRowDelta, packed_stats_stride,
-    bh_q, b, h, offs_n, q_offset, seq_q, start_q, lo, hi, qk_scale,
+    dk_wide, dv, k_wide, v, qp_desc, do_desc, lse_desc, rowdelta_desc, bh_q, b, h,
+    offs_n, q_offset, seq_q, start_q, stats_start, lo, hi, qk_scale,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, MASK_CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
 ):
-    """dk', dv over query blocks [lo, hi) of the queries starting at row start_q."""
+    """dk', dv over query blocks [lo, hi) of the queries starting at row start_q (their lse and D at stats_start)."""
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         q_wide = qp_desc.load([bh_q, start_q + start_m, 0]).reshape(BLOCK_M, 2 * BLOCK_D)  # q' (BLOCK_M, 2 BLOCK_D)
@@ -132,14 +138,9 @@ def _bwd_dkdv_inner(
         # Rows past the queries (the statistics' row padding holds anything): lse = +inf and D = 0, so P^T = 0 and
         # dS^T = 0 in those columns (q' and dO read as zeros there, or in a packed batch as the next sequence's).
         valid_rows = offs_m < seq_q
-        if IS_VARLEN:  # a sequence's rows start anywhere; a TMA row offset must be 16-byte aligned: pointer loads
-            stats = bh_q * packed_stats_stride + start_q + offs_m
-            lse2 = tl.load(PackedLSE + stats, mask=valid_rows, other=float("inf")) * 1.4426950408889634
-            row_delta = tl.load(PackedRowDelta + stats, mask=valid_rows, other=0.0)
-        else:
-            lse2 = tl.where(valid_rows, lse_desc.load([bh_q, start_m]).reshape(BLOCK_M),
-                            float("inf")) * 1.4426950408889634
-            row_delta = tl.where(valid_rows, rowdelta_desc.load([bh_q, start_m]).reshape(BLOCK_M), 0.0)
+        lse2 = tl.where(valid_rows, lse_desc.load([bh_q, stats_start + start_m]).reshape(BLOCK_M),
+                        float("inf")) * 1.4426950408889634
+        row_delta = tl.where(valid_rows, rowdelta_desc.load([bh_q, stats_start + start_m]).reshape(BLOCK_M), 0.0)
         # Transposed scores S^T (BLOCK_N, BLOCK_M).
         scores_t = tl.dot(k_wide, tl.trans(q_wide), input_precision=PRECISION)
         probs_t = tl.math.exp2(scores_t * qk_scale - lse2[None, :])
@@ -159,8 +160,7 @@ def _pope_bwd_dkdv_kernel(
     stride_vb, stride_vh, stride_vn,
     stride_dkb, stride_dkh, stride_dkn,
     stride_dvb, stride_dvh, stride_dvn,
-    n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale,
-    CuSeqlensQ, CuSeqlensK, PackedLSE, PackedRowDelta, packed_stats_stride,
+    n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, CuSeqlensQ, CuSeqlensK,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, MAGNITUDE: tl.constexpr, PRECISION: tl.constexpr, KEYS_FROM_PREPASS: tl.constexpr,
     IS_VARLEN: tl.constexpr = False,
@@ -174,6 +174,7 @@ def _pope_bwd_dkdv_kernel(
         # Packed sequences, seen as batch 1 (as in jit_math._query_sequence): grid row pid_bh is (sequence b, key
         # head hk); the sequence's lengths and q_offset replace the arguments.
         start_q, seq_q, start_k, seq_k, q_offset = _packed_sequence(CuSeqlensQ, CuSeqlensK, b)
+        stats_start = _stats_start(start_q, b)
         b = 0
         kv_row = hk
         if pid_n * BLOCK_N >= seq_k:  # the grid covers the longest sequence: past this one's end
@@ -181,6 +182,7 @@ def _pope_bwd_dkdv_kernel(
     else:
         start_q = 0
         start_k = 0
+        stats_start = 0
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
@@ -223,13 +225,13 @@ def _pope_bwd_dkdv_kernel(
         bh_q = b * n_q_heads + h
         if CAUSAL:
             dk_wide, dv = _bwd_dkdv_inner(
-                dk_wide, dv, k_wide, v, qp_desc, do_desc, lse_desc, rowdelta_desc, PackedLSE, PackedRowDelta,
-                packed_stats_stride, bh_q, b, h, offs_n, q_offset, seq_q, start_q, masked_lo, masked_hi,
-                softmax_scale * 1.4426950408889634, BLOCK_M, BLOCK_D, True, PRECISION, IS_VARLEN)
+                dk_wide, dv, k_wide, v, qp_desc, do_desc, lse_desc, rowdelta_desc, bh_q, b, h,
+                offs_n, q_offset, seq_q, start_q, stats_start, masked_lo, masked_hi, softmax_scale * 1.4426950408889634,
+                BLOCK_M, BLOCK_D, True, PRECISION)
         dk_wide, dv = _bwd_dkdv_inner(
-            dk_wide, dv, k_wide, v, qp_desc, do_desc, lse_desc, rowdelta_desc, PackedLSE, PackedRowDelta,
-            packed_stats_stride, bh_q, b, h, offs_n, q_offset, seq_q, start_q, masked_hi, seq_q,
-            softmax_scale * 1.4426950408889634, BLOCK_M, BLOCK_D, False, PRECISION, IS_VARLEN)
+            dk_wide, dv, k_wide, v, qp_desc, do_desc, lse_desc, rowdelta_desc, bh_q, b, h,
+            offs_n, q_offset, seq_q, start_q, stats_start, masked_hi, seq_q, softmax_scale * 1.4426950408889634,
+            BLOCK_M, BLOCK_D, False, PRECISION)
 
     # Chain rule through k' = f(k) [cos(s theta), sin(s theta)]; dk' = scale * dS^T q'. Recomputed, not kept.
     k32 = tl.load(k_ptrs, mask=mask_k, other=0.0).to(tl.float32)
@@ -301,8 +303,10 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
     n_sequences, rows_q, rows_k = (packed.batch, packed.max_seqlen_q, packed.max_seqlen_k) if packed else (
         batch, seq_q, seq_k)
     # D = rowsum(dO * O) as a (B * Hq, rows) TMA source for part 2: rows padded to a multiple of 4 (16-byte stride).
-    padded_q = host.cdiv(seq_q, 4) * 4
+    # Packed: each sequence's statistics start 16-byte aligned (jit_math._stats_start), lse copied there too.
+    padded_q = host.cdiv(seq_q + (3 * packed.batch if packed else 0), 4) * 4
     row_delta = host.empty((batch * n_q_heads, padded_q), device=q.device, dtype=torch.float32)
+    packed_lse = host.empty(row_delta.shape, device=q.device, dtype=torch.float32) if packed else None
     # q' serves both parts: part 1's query blocks and part 2's streamed queries. k' serves part 1's streamed keys
     # (freed after part 1, or at d <= 64 after part 2, which reads its key blocks from it and writes dk and dv
     # over it). Both from one launch.
@@ -322,7 +326,7 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
     direct_launch.launch(_pope_bwd_dq_kernel, (n_m_blocks, n_sequences * n_q_heads), plan + ("dq",), (
         q, qp_desc, kp_desc, v_desc, out, do, lse, theta, delta if delta is not None else theta, dq_view, row_delta,
         d_delta_partial, *host.strides(q), *host.strides(out), *host.strides(do), *host.strides(dq_view),
-        n_q_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, padded_q, *cu_seqlens),
+        n_q_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, padded_q, *cu_seqlens, packed_lse),
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         CAUSAL=causal, HAS_DELTA=delta is not None, MAGNITUDE=code, PRECISION=precision, IS_VARLEN=packed is not None,
         num_warps=num_warps, num_stages=num_stages)
@@ -343,9 +347,9 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
         dv = host.empty(v_shape, device=v.device, dtype=v.dtype)
         dk_out, dv_out = host.batch_view(dk, packed), host.batch_view(dv, packed)
         key_descriptors = (None, None)
-    # q', dO, lse and D stream in by TMA; lse's rows padded like D's.
-    lse_rows = lse.reshape(batch * n_q_heads, seq_q)
-    if padded_q != seq_q:
+    # q', dO, lse and D stream in by TMA; lse's rows padded like D's (packed: the dq kernel's copy).
+    lse_rows = lse.reshape(batch * n_q_heads, seq_q) if packed is None else packed_lse
+    if padded_q != seq_q and packed is None:
         lse_rows = torch.nn.functional.pad(lse_rows, (0, padded_q - seq_q))
     descriptors = (direct_launch.same_tiles(qp_desc, q_rows, [1, block_m, 2 * block_d]),
                    direct_launch.descriptor(host.tma_ready(do, block_d), [1, 1, block_m, block_d]),
@@ -354,8 +358,7 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
                          plan + ("dk dv",), (
         k, v, *key_descriptors, *descriptors, theta, dk_out, dv_out,
         *host.strides(k), *host.strides(v), *host.strides(dk_out), *host.strides(dv_out),
-        n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, *cu_seqlens,
-        *((None, None, None) if packed is None else (lse_rows, row_delta, padded_q))),
+        n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, *cu_seqlens),
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         CAUSAL=causal, MAGNITUDE=code, PRECISION=precision, KEYS_FROM_PREPASS=keys_from_prepass,
         IS_VARLEN=packed is not None, num_warps=num_warps, num_stages=num_stages)

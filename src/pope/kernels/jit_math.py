@@ -179,6 +179,14 @@ def _packed_sequence(CuSeqlensQ, CuSeqlensK, index):
 
 
 @triton.jit
+def _stats_start(start_q, index):
+    """Where sequence `index` of a packed batch (first query row start_q) keeps its per-row statistics (lse, D) in
+    the backward's (Hq, ceil4(total_q + 3 batch)) buffers: start_q + 3 index rounded up to a multiple of 4, so a TMA
+    copy of them starts 16-byte aligned (fp32); sequence b + 1's start is at least sequence b's + its length."""
+    return (start_q + 3 * index + 3) // 4 * 4
+
+
+@triton.jit
 def _query_sequence(CuSeqlensQ, CuSeqlensK, pid_bh, b, h, kv_bh, group_size, offs_m, mask_rows, seq_q, seq_k, q_offset,
                     IS_VARLEN: tl.constexpr):
     """Where a query-block program's sequence lies (after `_query_block`): (b, q_row, kv_row, start_q, start_k, seq_q,
