@@ -343,8 +343,7 @@ def main(argv=None):
                         (1, 4, 2, 1, 50, 64, True, "softplus", 2**20 + 50),
                         (1, 4, 4, 1, 50, 64, True, "softplus", 10**7),
                         (1, 8, 2, 1, 50, 128, True, "identity", 10**7)]
-        VARLEN_SHAPES = [([0, 1, 3, 21, 40], [5, 1, 30, 21, 45], 4, 2, 32, True),
-                         ([9, 0, 40], [9, 2, 40], 4, 2, 48, False), ([1, 20], [1, 37], 2, 2, 128, True)]
+        VARLEN_SHAPES = [([0, 1, 5, 12, 0], [3, 1, 40, 12, 0], 2, 1, 32, True)]
     results = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (interpreter)",
                "torch": torch.__version__}
     import triton

@@ -211,7 +211,7 @@ def triton_pope_attention_varlen(q, k, v, delta, cu_seqlens_q, cu_seqlens_k, max
     triton_unsupported_reason): q (total_q, Hq, d), k/v (total_k, Hkv, d), int32 (batch + 1,) cumulative lengths on
     q's device, max_seqlen_* at least every sequence's length, softmax_scale resolved. Returns (total_q, Hq, d)."""
     return _apply(q, k, v, delta, base, bool(causal), float(softmax_scale), 0, magnitude,
-                  (cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k)))
+                  (cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), int(max_seqlen_q), int(max_seqlen_k)))
 
 
 def _apply(q, k, v, delta, base, causal, softmax_scale, q_offset, magnitude, varlen=()):

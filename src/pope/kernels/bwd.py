@@ -291,7 +291,9 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
     # Gradients are allocated in the inputs' own shapes (packed: (total, H, d)); the kernels see batch views.
     dq = host.empty(q.shape, device=q.device, dtype=q.dtype)
     k_shape, v_shape = k.shape, v.shape
-    do, q, k, v, out, dq_view = (host.batch_view(t, packed) for t in (do, q, k, v, out, dq))
+    dq_view = dq
+    if packed is not None:  # batch-1 views of the packed tensors
+        do, q, k, v, out, dq_view = (host.batch_view(t, packed) for t in (do, q, k, v, out, dq))
     batch, n_q_heads, seq_q, head_dim = q.shape
     n_kv_heads, seq_k = k.shape[1], k.shape[2]
     group_size = n_q_heads // n_kv_heads

@@ -108,13 +108,14 @@ def forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float, q_offs
     kernel (q_offset unused: each sequence is bottom-right aligned); returns out (total_q, Hq, d), lse (Hq, total_q)."""
     plan = host.plan(q, k, v, delta, theta, causal, q_offset, magnitude, config, *(packed or ()))
     out_shape = q.shape
-    q, k, v = (host.batch_view(t, packed) for t in (q, k, v))  # packed: batch-1 views
+    if packed is not None:  # batch-1 views of the packed tensors
+        q, k, v = (host.batch_view(t, packed) for t in (q, k, v))
     # q' and k' from the pre-pass (freed on return): q' by (BLOCK_M, 2 BLOCK_D) and k' by (BLOCK_N, 2 BLOCK_D)
     # [cos | sin] tiles, v by (BLOCK_N, BLOCK_D) tiles, all by TMA (zeros past the rows).
     q_prime, k_prime = prepass.transform_queries_and_keys(q, k, theta, delta, q_offset=q_offset, magnitude=magnitude,
                                                           site=plan + ("forward q' k'",), packed=packed)
     out = host.empty(out_shape, device=q.device, dtype=q.dtype)
-    out_view = host.batch_view(out, packed)
+    out_view = out if packed is None else host.batch_view(out, packed)
     batch, n_q_heads, seq_q, head_dim = q.shape
     n_kv_heads, seq_k = k.shape[1], k.shape[2]
     block_m, block_n, num_warps, num_stages = pick_tiles("fwd", head_dim, config, q.dtype, q.device)
