@@ -116,8 +116,8 @@ def pope_attention_varlen(
     launch per kernel, whatever the number of sequences, cu_seqlens never read on the host (no synchronisation,
     CUDA-graph safe); there the checks of cu_seqlens' values (start, order, end, max_seqlen bounds, Nq_b <= Nk_b)
     run on the device as one asynchronous assertion, which fails the next CUDA synchronisation. Elsewhere
-    ("reference", CPU, float64) one pope_attention call per sequence, the values checked on the host first
-    (ValueError). "triton" on a call the kernels cannot run (device, dtype, head dim) is a ValueError saying why.
+    ("reference", CPU, float64) one reference (pure PyTorch) call per non-empty sequence, the values checked on
+    the host first (ValueError). "triton" on a call the kernels cannot run (device, dtype, head dim) is a ValueError saying why.
     """
     _check_tensors(q, k, v, 3, "(total_tokens, heads, head_dim)")
     (total_q, hq, d), (total_k, hkv, dk) = q.shape, k.shape

@@ -6,7 +6,7 @@ less host time per call):
     pope::flash_attention_forward(q, k, v, delta, theta, ...) -> (out, lse)
     pope::flash_attention_backward(do, q, k, v, delta, out, lse, theta, ...) -> (dq, dk, dv, d_delta)
 wired together with `torch.library.register_autograd` (the forward saves q, k, v, delta, out, lse and the
-frequencies theta only). theta is (2, d) int32: the frequencies as fixed-point turns
+frequencies theta only, and for a packed batch its cu_seqlens). theta is (2, d) int32: the frequencies as fixed-point turns
 (pope.frequencies.pope_turn_words), from which the kernels compute exactly reduced angles.
 
 theta is an input, not something the operators look up: in a compiled graph the frequencies are computed by the
