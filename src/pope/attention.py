@@ -115,7 +115,9 @@ def pope_attention_varlen(
     Backends as pope_attention's. "triton" (and "auto" on CUDA) runs the fused kernels once for the whole batch: one
     launch per kernel, whatever the number of sequences, cu_seqlens never read on the host (no synchronisation,
     CUDA-graph safe); there the checks of cu_seqlens' values (start, order, end, max_seqlen bounds, Nq_b <= Nk_b)
-    run on the device as one asynchronous assertion, which fails the next CUDA synchronisation. Elsewhere
+    run on the device as one asynchronous torch._assert_async: bad values fail the next CUDA synchronisation with
+    a device-side assertion (on CUDA without its message; the same call with CPU tensors or backend="reference"
+    says which entry is wrong). Elsewhere
     ("reference", CPU, float64) one reference (pure PyTorch) call per non-empty sequence, the values checked on
     the host first (ValueError). "triton" on a call the kernels cannot run (device, dtype, head dim) is a ValueError saying why.
     """
