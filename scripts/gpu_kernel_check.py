@@ -6,8 +6,9 @@ off by at most 2x what pope.attention's pure-PyTorch reference makes in the same
 for fp32). Outputs are NaN-poisoned before each run.
 The float64 reference materialises (B, H, N, N) scores, so the long shapes run with fewer heads.
 
-    PYTHONPATH=src python scripts/gpu_kernel_check.py [--sweep] [--out DIR]
-Writes DIR/gpu_kernel_check.json and prints a table; exits 1 if any check fails.
+    PYTHONPATH=src python scripts/gpu_kernel_check.py [--sweep] [--checks batched,varlen] [--out DIR]
+Packed (varlen) batches (VARLEN_SHAPES) are checked in every dtype by the same rule, plus bitwise equality with the
+launchers run on each sequence alone. Writes DIR/gpu_kernel_check.json and prints a table; exits 1 if any check fails.
 """
 from __future__ import annotations
 
@@ -22,9 +23,9 @@ import torch
 
 import pope.kernels as kernels
 from pope.attention import reference_pope_attention
-from pope.ops import triton_pope_attention
+from pope.ops import triton_pope_attention, triton_pope_attention_varlen
 from pope.settings import SETTINGS, override
-from pope.testing import GRADIENT_NAMES, attention_inputs, check_within_rule, outputs_and_gradients
+from pope.testing import GRADIENT_NAMES, attention_inputs, check_within_rule, outputs_and_gradients, packed_inputs
 
 # (batch, Hq, Hkv, Nq, Nk, d, causal): the issue's benchmark sizes (fewer heads where the float64
 # reference would not fit), plus GQA, decode, odd lengths and d = 32 / 48.
@@ -50,6 +51,14 @@ CHECK_SHAPES = [
     (4, 16, 4, 1, 5000, 128, True, "softplus", 2**20 + 5000),
     (8, 12, 12, 1, 3001, 64, True, "softplus", 10**7),  # the lanes decode kernel
     (4, 32, 8, 1, 16384, 128, True, "identity", 10**7),
+]
+# Packed (varlen) batches, (lengths_q, lengths_k, Hq, Hkv, d, causal): one launch per kernel for all sequences;
+# empty, length-1, few-query, Nq < Nk and odd-length sequences, GQA / MQA, d = 48 / 64 / 128.
+VARLEN_SHAPES = [
+    ([0, 1, 7, 300, 1000, 2047, 130], [5, 1, 900, 300, 1000, 2047, 130], 8, 2, 64, True),
+    ([513, 0, 1, 999, 4096], [513, 0, 1, 1500, 4096], 4, 1, 128, True),
+    ([100, 777, 250, 1], [300, 777, 251, 1], 4, 4, 48, False),
+    ([128, 3000, 1000, 2500, 4000, 700], [128, 3000, 1000, 2500, 4000, 700], 8, 2, 128, True),
 ]
 # fp16 and fp32 at these rows of CHECK_SHAPES (each dtype x head dim is a separate compile).
 OTHER_DTYPE_ROWS = (0, 4, 6, 8, 10, 12, 14, 16, 17)
@@ -87,6 +96,62 @@ def check_correctness(shape, dtype_name, seed=0):
         result["passed"] &= result[name]["ok"]
     del exact, reference, fused
     torch.cuda.empty_cache()
+    return result
+
+
+def check_varlen(shape, dtype_name, seed=0):
+    """A packed batch through the packed kernels (pope.ops.triton_pope_attention_varlen) against float64 by the 2x rule (the reference
+    runs one call per sequence), a second call bitwise equal, and out, dq, dk, dv bitwise equal to the launchers run
+    on each sequence alone (the same block kernels; d(delta) is summed in another order, so it is not compared)."""
+    from pope.attention import pope_attention_varlen
+    from pope.kernels.host import Packed
+
+    lengths_q, lengths_k, n_q_heads, n_kv_heads, head_dim, causal = shape
+    dtype = DTYPES[dtype_name]
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    q, k, v, delta, grad_out, cu_q, cu_k = packed_inputs(lengths_q, lengths_k, n_q_heads, n_kv_heads, head_dim,
+                                                         generator=g, device=DEVICE)
+    packing = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lengths_q), max_seqlen_k=max(lengths_k))
+
+    def varlen(q, k, v, delta, backend):
+        if backend == "reference":
+            return pope_attention_varlen(q, k, v, delta, **packing, causal=causal, backend=backend)
+        # (the kernels' entry point: pope_attention_varlen sends CPU tensors, the --smoke run's, to the reference)
+        return triton_pope_attention_varlen(q, k, v, delta, *packing.values(), base=10000.0, causal=causal,
+                                            softmax_scale=head_dim ** -0.5, magnitude="softplus")
+
+    exact = _grads(varlen, q, k, v, delta, grad_out, torch.float64, dict(backend="reference"))
+    reference = _grads(varlen, q, k, v, delta, grad_out, dtype, dict(backend="reference"))
+    fused = _grads(varlen, q, k, v, delta, grad_out, dtype, dict(backend="triton"))
+    again = _grads(varlen, q, k, v, delta, grad_out, dtype, dict(backend="triton"))
+    result = {"shape": shape, "dtype": dtype_name, "varlen": True,
+              "second_call_bitwise_equal": all(torch.equal(a, b) for a, b in zip(fused, again))}
+    del again
+    # The launchers on each sequence alone (batch of one), against the packed call's rows.
+    theta = kernels.frequencies(head_dim, 10000.0, q.device)
+    low = [t.to(dtype) for t in (q, k, v, grad_out)]
+    delta32 = delta.float()
+    per_sequence_equal = True
+    for b, (nq, nk) in enumerate(zip(lengths_q, lengths_k)):
+        if nq == 0:
+            continue
+        rows_q, rows_k = slice(sum(lengths_q[:b]), sum(lengths_q[:b + 1])), slice(sum(lengths_k[:b]),
+                                                                                     sum(lengths_k[:b + 1]))
+        one = [x[rows].transpose(0, 1)[None] for x, rows in zip(low, (rows_q, rows_k, rows_k, rows_q))]
+        options = dict(causal=causal, softmax_scale=head_dim ** -0.5, q_offset=nk - nq, magnitude="softplus")
+        out, lse = kernels.forward(*one[:3], delta32, theta, **options)
+        dq, dk, dv, _ = kernels.backward(one[3], *one[:3], delta32, out, lse, theta, **options)
+        for ours, theirs, rows in ((fused[0], out, rows_q), (fused[1], dq, rows_q), (fused[2], dk, rows_k),
+                                   (fused[3], dv, rows_k)):
+            per_sequence_equal &= torch.equal(ours[rows], theirs[0].transpose(0, 1))
+    result["per_sequence_kernels_bitwise_equal"] = bool(per_sequence_equal)
+    result["passed"] = result["second_call_bitwise_equal"] and result["per_sequence_kernels_bitwise_equal"]
+    for name, ours, theirs, truth in zip(GRADIENT_NAMES, fused, reference, exact):
+        result[name] = check_within_rule(ours, theirs, truth, dtype)
+        result["passed"] &= result[name]["ok"]
+    del exact, reference, fused
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
     return result
 
 
@@ -237,6 +302,8 @@ def main(argv=None):
     parser.add_argument("--out", default=".", help="directory for gpu_kernel_check.json")
     parser.add_argument("--dtypes", default="bf16,fp16,fp32")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter smoke test)")
+    parser.add_argument("--checks", default="batched,varlen",
+                        help="which correctness checks: batched (CHECK_SHAPES), varlen (VARLEN_SHAPES), or both")
     parser.add_argument("--decode-lanes-max-rows", type=int, default=None,
                         help="route decode calls with up to this many rows per key head to the lanes kernel")
     parser.add_argument("--decode-sweep-tensor-cores-only", action="store_true",
@@ -265,7 +332,7 @@ def main(argv=None):
                     for row in sweep_decode(sweep_shapes, args.decode_sweep_tensor_cores_only, dtype_name)
                     ] if args.decode_sweep else None
     SETTINGS.poison_outputs = True
-    global CHECK_SHAPES
+    global CHECK_SHAPES, VARLEN_SHAPES
     if args.smoke:
         CHECK_SHAPES = [(1, 2, 1, 37, 37, 32, True), (1, 2, 2, 5, 40, 48, False), (1, 2, 2, 40, 40, 64, True),
                         (1, 2, 2, 40, 40, 64, True), (1, 4, 2, 1, 50, 64, True), (1, 2, 2, 3, 33, 64, True),
@@ -276,6 +343,7 @@ def main(argv=None):
                         (1, 4, 2, 1, 50, 64, True, "softplus", 2**20 + 50),
                         (1, 4, 4, 1, 50, 64, True, "softplus", 10**7),
                         (1, 8, 2, 1, 50, 128, True, "identity", 10**7)]
+        VARLEN_SHAPES = [([0, 1, 5, 12, 0], [3, 1, 40, 12, 0], 2, 1, 32, True)]
     results = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (interpreter)",
                "torch": torch.__version__}
     import triton
@@ -290,11 +358,17 @@ def main(argv=None):
         bf16_rows = range(len(CHECK_SHAPES)) if args.bf16_rows is None else [int(r) for r in args.bf16_rows.split(",")]
         other_rows = OTHER_DTYPE_ROWS if args.other_rows is None else [int(r) for r in args.other_rows.split(",")]
         rows = bf16_rows if dtype_name == "bf16" else other_rows
-        for shape in [CHECK_SHAPES[i] for i in rows]:
+        for shape in [CHECK_SHAPES[i] for i in rows] if "batched" in args.checks else ():
             correctness.append(check_correctness(shape, dtype_name))
             r = correctness[-1]
             print(f"{'PASS' if r['passed'] else 'FAIL'} {dtype_name} {shape} " + " ".join(
                 f"{n}={r[n]['kernel']:.1e}/{r[n]['reference']:.1e}" for n in ["out", "dq", "dk", "dv", "d_delta"]), flush=True)
+        for shape in VARLEN_SHAPES if "varlen" in args.checks else ():
+            correctness.append(check_varlen(shape, dtype_name))
+            r = correctness[-1]
+            print(f"{'PASS' if r['passed'] else 'FAIL'} {dtype_name} varlen {shape[:2]} Hq={shape[2]} Hkv={shape[3]} "
+                  f"d={shape[4]} causal={shape[5]} per-sequence bitwise {r['per_sequence_kernels_bitwise_equal']} " +
+                  " ".join(f"{n}={r[n]['kernel']:.1e}/{r[n]['reference']:.1e}" for n in GRADIENT_NAMES), flush=True)
     results["correctness"] = correctness
     results["determinism"] = check_determinism((1, 4, 2, 97, 97, 48, True) if args.smoke else (2, 16, 4, 4096, 4096, 64, True))
     results["decode_growing_cache"] = check_decode_growing_cache(range(40, 70) if args.smoke else range(1000, 1040))

@@ -30,7 +30,7 @@ def _shipped(kind: str) -> dict:
     return {d: [configs.TILES[kind][(configs.MEASURED_ARCHITECTURE, d, torch.bfloat16)]] for d in configs.BUCKETS}
 
 
-FLOAT32_POINTERS = {"Delta", "LSE", "RowDelta", "DDeltaPartial", "PartialOut", "PartialLSE"}
+FLOAT32_POINTERS = {"Delta", "LSE", "RowDelta", "PackedLSE", "DDeltaPartial", "PartialOut", "PartialLSE"}
 # (kernel, constexprs without HEAD_DIM / BLOCK_*, tiles per head dim); the lanes decode kernel has no BLOCK_M.
 KERNELS = {
     "fwd": (fwd._pope_fwd_kernel, dict(CAUSAL=True, PRECISION="tf32"), _shipped("fwd")),
@@ -47,6 +47,10 @@ KERNELS = {
                      # one query row per key head, the shipped (block_n, warps, stages)
                      {d: [(1, *configs.decode_tile(d, torch.bfloat16, "lanes"))] for d in (64, 128)}),
 }
+
+
+# What only a packed (varlen) launch passes (None otherwise, constexprs).
+VARLEN_ARGUMENTS = ("CuSeqlensQ", "CuSeqlensK", "PackedLSE")
 
 
 def descriptor_types(constexprs: dict) -> dict:
@@ -68,7 +72,7 @@ def signature(kernel, constexprs: dict) -> dict:
             types[name] = descriptors[name]
         elif name in FLOAT32_POINTERS:
             types[name] = "*fp32"
-        elif name == "Theta":  # the frequencies as fixed-point turns (pope.frequencies.turn_words)
+        elif name == "Theta" or name.startswith("CuSeqlens"):  # turn words (pope.frequencies.turn_words); lengths
             types[name] = "*i32"
         elif name == "Table":  # the decode kernel's key-phase table: fp16 for bf16 raw keys, bf16 for magnitudes
             types[name] = "*bf16" if constexprs.get("MAGNITUDE") == 2 else "*fp16"
@@ -122,6 +126,8 @@ def main(argv=None) -> int:
     parser.add_argument("--head-dims", default="64,128")
     parser.add_argument("--tile", action="append", default=[],
                         help="BLOCK_M,BLOCK_N,warps,stages to compile instead of the shipped tiles (repeatable)")
+    parser.add_argument("--varlen", action="store_true",
+                        help="compile the packed (varlen) specialisation of the kernels that have one")
     args = parser.parse_args(argv)
     if INTERPRET:
         raise SystemExit("unset TRITON_INTERPRET: this compiles the kernels, it does not interpret them")
@@ -141,6 +147,10 @@ def main(argv=None) -> int:
                     constexprs["BLOCK_M"] = block_m
                 if "STAGES" in kernel.arg_names:  # the decode kernels pipeline through tl.range(num_stages=STAGES)
                     constexprs["STAGES"] = num_stages
+                if "IS_VARLEN" in kernel.arg_names:  # batched: the packed-batch arguments are None (constexprs)
+                    constexprs["IS_VARLEN"] = args.varlen
+                    if not args.varlen:
+                        constexprs.update({name: None for name in VARLEN_ARGUMENTS if name in kernel.arg_names})
                 if "KEYS_FROM_PREPASS" in kernel.arg_names:  # as the launcher decides; without, k'/v come as None
                     constexprs["KEYS_FROM_PREPASS"] = head_dim <= configs.DKDV_KEYS_FROM_PREPASS_MAX_BLOCK_D
                     if not constexprs["KEYS_FROM_PREPASS"]:

@@ -109,12 +109,17 @@ def pope_attention_varlen(
     sequence's length (as flash-attn takes them). Positions restart at 0 in every sequence: its keys sit at
     0..Nk_b - 1, its queries at the last Nq_b positions (Nk_b - Nq_b + i), causal bottom-right per sequence.
     Returns (total_q, Hq, d) in q's dtype, equal to pope_attention called on each sequence alone (an empty
-    sequence, Nq_b = 0, contributes no rows). Differentiable in q, k, v and delta on every backend.
+    sequence, Nq_b = 0, contributes no rows); no sequence's output or gradient depends on another's (finite) values.
+    Differentiable in q, k and v (and delta) on every backend.
 
-    Backends as pope_attention's. This first version runs one pope_attention call per non-empty sequence (the
-    reference, or on CUDA the existing fused kernels, the decode kernel where a sequence has few queries): a
-    packed single-launch kernel over all sequences is still to come, so "triton" costs one launch sequence per
-    sequence and reads cu_seqlens on the host (a device sync).
+    Backends as pope_attention's. "triton" (and "auto" on CUDA) runs the fused kernels once for the whole batch: one
+    launch per kernel, whatever the number of sequences, cu_seqlens never read on the host (no synchronisation,
+    CUDA-graph safe); there the checks of cu_seqlens' values (start, order, end, max_seqlen bounds, Nq_b <= Nk_b)
+    run on the device as one asynchronous torch._assert_async: bad values fail the next CUDA synchronisation with
+    a device-side assertion (on CUDA without its message; the same call with CPU tensors or backend="reference"
+    says which entry is wrong). Elsewhere
+    ("reference", CPU, float64) one reference (pure PyTorch) call per non-empty sequence, the values checked on
+    the host first (ValueError). "triton" on a call the kernels cannot run (device, dtype, head dim) is a ValueError saying why.
     """
     _check_tensors(q, k, v, 3, "(total_tokens, heads, head_dim)")
     (total_q, hq, d), (total_k, hkv, dk) = q.shape, k.shape
@@ -126,43 +131,58 @@ def pope_attention_varlen(
         raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv}) for grouped-query attention")
     _check_options(q, delta, hq=hq, d=d, base=base, causal=causal, softmax_scale=softmax_scale, magnitude=magnitude,
                    rotary_dim=None, backend=backend)
-    lengths_q = _sequence_lengths("cu_seqlens_q", cu_seqlens_q, total_q, q.device)
-    lengths_k = _sequence_lengths("cu_seqlens_k", cu_seqlens_k, total_k, q.device)
-    if len(lengths_q) != len(lengths_k):
-        raise ValueError(f"cu_seqlens_q describes {len(lengths_q)} sequences but cu_seqlens_k {len(lengths_k)}; "
-                         "they must have the same length (batch + 1)")
-    for name, bound, lengths in (("max_seqlen_q", max_seqlen_q, lengths_q), ("max_seqlen_k", max_seqlen_k, lengths_k)):
+    for name, cu_seqlens in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        _check_cu_seqlens(name, cu_seqlens, q.device)
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ValueError(f"cu_seqlens_q describes {cu_seqlens_q.numel() - 1} sequences but cu_seqlens_k "
+                         f"{cu_seqlens_k.numel() - 1}; they must have the same length (batch + 1)")
+    for name, bound, total in (("max_seqlen_q", max_seqlen_q, total_q), ("max_seqlen_k", max_seqlen_k, total_k)):
         if not _is_int(bound):
             raise TypeError(f"{name} must be an int (the longest sequence's length); got {bound!r}")
-        longest = max(lengths, default=0)
-        if bound < longest:
-            raise ValueError(f"{name}={bound} is smaller than sequence {lengths.index(longest)}'s length {longest}; "
-                             f"pass the longest length (or more)")
         if bound > MAX_POSITION:
             raise ValueError(f"{name}={bound}: positions must stay below 2**30")
-    for index, (nq, nk) in enumerate(zip(lengths_q, lengths_k)):
-        if nq > nk:
-            raise ValueError(f"sequence {index} has {nq} queries but only {nk} keys: each sequence's queries must be "
-                             f"its last Nq <= Nk positions")
-
+        if bound < 1 and total > 0:
+            raise ValueError(f"{name}={bound} but the packed tensor has {total} tokens; pass the longest sequence's "
+                             f"length (or more)")
     softmax_scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    options = dict(base=float(base), causal=causal, softmax_scale=softmax_scale, magnitude=magnitude)
+    if backend != "reference":
+        reason = _triton_unsupported_reason(q, k, v, rotary_dim=None, dropout_p=0.0)
+        if reason is None:
+            if q.device.type == "cuda":
+                _assert_packing_on_device(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q, max_seqlen_k)
+            else:  # (CPU tensors: the kernels under Triton's interpreter) host reads cost no synchronisation
+                _packed_lengths(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q, max_seqlen_k)
+            if total_q == 0:
+                return q[:0] * 1  # (0, Hq, d), still part of q's graph
+            from pope.ops import triton_pope_attention_varlen
+
+            return triton_pope_attention_varlen(q, k, v, delta, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                **options)
+        if backend == "triton":
+            raise ValueError(f"backend='triton' cannot run this call: {reason}. Use backend='reference' or 'auto'.")
+    return _varlen_reference(q, k, v, delta, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, options)
+
+
+def _varlen_reference(q, k, v, delta, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, options):
+    """pope_attention_varlen as one reference pope_attention call per non-empty sequence (lengths read on the host)."""
+    lengths_q, lengths_k = _packed_lengths(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q,
+                                           max_seqlen_k)
     starts_q, starts_k = _prefix_sums(lengths_q), _prefix_sums(lengths_k)
     pieces = []
     for start_q, nq, start_k, nk in zip(starts_q, lengths_q, starts_k, lengths_k):
         if nq == 0:
             continue
-        # (1, H, N, d) views of this sequence: no copy; the kernels take any (batch, head, seq) strides.
+        # (1, H, N, d) views of this sequence: no copy.
         q_seq, k_seq, v_seq = (x[start:start + n].transpose(0, 1)[None]
                                for x, start, n in ((q, start_q, nq), (k, start_k, nk), (v, start_k, nk)))
-        options = dict(base=float(base), causal=causal, softmax_scale=softmax_scale, q_offset=nk - nq,
-                       magnitude=magnitude, rotary_dim=None)
-        pieces.append(_run_backend(q_seq, k_seq, v_seq, delta, backend, 0.0, options)[0].transpose(0, 1))
+        out = reference_pope_attention(q_seq, k_seq, v_seq, delta, q_offset=nk - nq, rotary_dim=None, **options)
+        pieces.append(out[0].transpose(0, 1))
     return torch.cat(pieces) if pieces else q[:0] * 1  # (0, Hq, d) still part of q's graph
 
 
-def _sequence_lengths(name: str, cu_seqlens, total: int, device) -> list[int]:
-    """The lengths a cumulative-length tensor describes, after checking it: int32, 1-D, >= 2 entries, on device,
-    from 0, non-decreasing, ending at total."""
+def _check_cu_seqlens(name: str, cu_seqlens, device) -> None:
+    """What a cumulative-length tensor must be, checked without reading it: int32, 1-D, >= 2 entries, on device."""
     if not isinstance(cu_seqlens, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of int32 cumulative lengths; got {type(cu_seqlens).__name__}")
     if cu_seqlens.dtype != torch.int32:
@@ -171,6 +191,40 @@ def _sequence_lengths(name: str, cu_seqlens, total: int, device) -> list[int]:
         raise ValueError(f"{name} must be 1-D with batch + 1 >= 2 entries; got shape {tuple(cu_seqlens.shape)}")
     if cu_seqlens.device != device:
         raise ValueError(f"{name} is on {cu_seqlens.device} but q is on {device}")
+
+
+def _packed_lengths(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q, max_seqlen_k):
+    """(lengths_q, lengths_k) of a packed batch, read on the host, after checking its values: each cumulative
+    length from 0, non-decreasing, ending at its total; max_seqlen_* at least every length; Nq_b <= Nk_b."""
+    lengths_q = _sequence_lengths("cu_seqlens_q", cu_seqlens_q, total_q)
+    lengths_k = _sequence_lengths("cu_seqlens_k", cu_seqlens_k, total_k)
+    for name, bound, lengths in (("max_seqlen_q", max_seqlen_q, lengths_q), ("max_seqlen_k", max_seqlen_k, lengths_k)):
+        longest = max(lengths, default=0)
+        if bound < longest:
+            raise ValueError(f"{name}={bound} is smaller than sequence {lengths.index(longest)}'s length {longest}; "
+                             f"pass the longest length (or more)")
+    for index, (nq, nk) in enumerate(zip(lengths_q, lengths_k)):
+        if nq > nk:
+            raise ValueError(f"sequence {index} has {nq} queries but only {nk} keys: each sequence's queries must be "
+                             f"its last Nq <= Nk positions")
+    return lengths_q, lengths_k
+
+
+def _assert_packing_on_device(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int, max_seqlen_q: int,
+                              max_seqlen_k: int) -> None:
+    """_packed_lengths' checks as one asynchronous device-side assertion (no host synchronisation)."""
+    lengths_q, lengths_k = cu_seqlens_q.diff(), cu_seqlens_k.diff()
+    bad = ((lengths_q < 0) | (lengths_q > lengths_k) | (lengths_q > max_seqlen_q) | (lengths_k > max_seqlen_k)).any()
+    bad = bad | (cu_seqlens_q[0] != 0) | (cu_seqlens_k[0] != 0) | (cu_seqlens_q[-1] != total_q) | (
+        cu_seqlens_k[-1] != total_k)
+    torch._assert_async(~bad, "pope_attention_varlen: cu_seqlens_q / cu_seqlens_k must start at 0, be non-decreasing "
+                        "and end at total_q / total_k, every length at most max_seqlen_q / max_seqlen_k and "
+                        "Nq_b <= Nk_b")
+
+
+def _sequence_lengths(name: str, cu_seqlens, total: int) -> list[int]:
+    """The lengths a (checked) cumulative-length tensor describes, read on the host, after checking its values:
+    from 0, non-decreasing, ending at total."""
     bounds = cu_seqlens.tolist()
     if bounds[0] != 0:
         raise ValueError(f"{name} must start at 0; got {bounds[0]}")

@@ -6,7 +6,7 @@ less host time per call):
     pope::flash_attention_forward(q, k, v, delta, theta, ...) -> (out, lse)
     pope::flash_attention_backward(do, q, k, v, delta, out, lse, theta, ...) -> (dq, dk, dv, d_delta)
 wired together with `torch.library.register_autograd` (the forward saves q, k, v, delta, out, lse and the
-frequencies theta only). theta is (2, d) int32: the frequencies as fixed-point turns
+frequencies theta only, and for a packed batch its cu_seqlens). theta is (2, d) int32: the frequencies as fixed-point turns
 (pope.frequencies.pope_turn_words), from which the kernels compute exactly reduced angles.
 
 theta is an input, not something the operators look up: in a compiled graph the frequencies are computed by the
@@ -15,9 +15,10 @@ trees run a compiled function's first call with every allocation routed into the
 and a frequencies tensor cached from inside such a call would stay live in that pool). Eager calls take the
 frequencies from a per-(head dim, base, device) cache.
 
-`triton_pope_attention` is what pope.attention dispatches backend="triton" to; the inputs are checked there,
-once. `triton_unsupported_reason` answers only what the kernels can do (device, dtype, head dim, sizes, partial
-rotary, dropout): None when they can run a call. Switches and caches live in pope.settings.
+`triton_pope_attention` (and `triton_pope_attention_varlen`, packed variable-length sequences: the same operators
+given cu_seqlens) is what pope.attention dispatches backend="triton" to; the inputs are checked there, once.
+`triton_unsupported_reason` answers only what the kernels can do (device, dtype, head dim, sizes, partial rotary,
+dropout): None when they can run a call. Switches and caches live in pope.settings.
 Importing this module imports torch only; Triton is imported on the first kernel call.
 """
 from __future__ import annotations
@@ -67,39 +68,57 @@ def _use_decode_kernel(q: torch.Tensor, k: torch.Tensor) -> bool:
     return seq_q <= DECODE_MAX_QUERIES and rows <= DECODE_MAX_ROWS and seq_k > seq_q
 
 
-def _forward(q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude, eager: bool = False):
+def _packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int):
+    """The kernels' description of a packed batch (pope.kernels.host.Packed), or None for a batched call."""
+    if cu_seqlens_q is None:
+        return None
+    from pope.kernels.host import Packed
+
+    return Packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+
+
+def _forward(q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude, eager: bool = False, packed=None):
     """(out, lse) from the kernels; the body of both the custom operator and the eager autograd Function.
     eager: theta is the frequency cache's (it lives on), so the decode kernel may keep its key-phase table for the
-    next step; an operator call (compiled code) may not keep anything (module docstring)."""
+    next step; an operator call (compiled code) may not keep anything (module docstring). packed: a packed
+    (varlen) batch, run by the block kernels whatever its sequences' lengths."""
     kernels = _kernels()
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     delta = delta.contiguous() if delta is not None else None
     options = dict(causal=causal, softmax_scale=softmax_scale, q_offset=q_offset, magnitude=magnitude)
+    if packed is not None:
+        return kernels.forward(q, k, v, delta, theta, **options, packed=packed)
     if _use_decode_kernel(q, k):
         return kernels.decode_forward(q, k, v, delta, theta, keep_phase_table=eager, **options)
     return kernels.forward(q, k, v, delta, theta, **options)
 
 
-def _backward_kernels(do, q, k, v, delta, out, lse, theta, causal, softmax_scale, q_offset, magnitude):
+def _backward_kernels(do, q, k, v, delta, out, lse, theta, causal, softmax_scale, q_offset, magnitude, packed=None):
     """(dq, dk, dv, d_delta or None) from the kernels."""
     q, k, v, out, do = (_last_dim_contiguous(t) for t in (q, k, v, out, do))
     delta = delta.contiguous() if delta is not None else None
     return _kernels().backward(do, q, k, v, delta, out, lse.contiguous(), theta, causal=causal,
-                               softmax_scale=softmax_scale, q_offset=q_offset, magnitude=magnitude)
+                               softmax_scale=softmax_scale, q_offset=q_offset, magnitude=magnitude, packed=packed)
 
 
 @torch.library.custom_op("pope::flash_attention_forward", mutates_args=())
 def flash_attention_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: Optional[torch.Tensor], theta: torch.Tensor,
     causal: bool, softmax_scale: float, q_offset: int, magnitude: str,
+    cu_seqlens_q: Optional[torch.Tensor] = None, cu_seqlens_k: Optional[torch.Tensor] = None,
+    max_seqlen_q: int = 0, max_seqlen_k: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _forward(q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude)
+    """Batched, or with cu_seqlens_q: a packed batch (q (total_q, Hq, d) -> out, lse (Hq, total_q))."""
+    return _forward(q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude,
+                    packed=_packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
 
 
 @flash_attention_forward.register_fake
-def _(q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude):
+def _(q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude, cu_seqlens_q=None, cu_seqlens_k=None,
+      max_seqlen_q=0, max_seqlen_k=0):
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    lse_shape = q.shape[:3] if cu_seqlens_q is None else (q.shape[1], q.shape[0])
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
     return out, lse
 
 
@@ -108,17 +127,20 @@ def flash_attention_backward(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: Optional[torch.Tensor],
     out: torch.Tensor, lse: torch.Tensor, theta: torch.Tensor,
     causal: bool, softmax_scale: float, q_offset: int, magnitude: str,
+    cu_seqlens_q: Optional[torch.Tensor] = None, cu_seqlens_k: Optional[torch.Tensor] = None,
+    max_seqlen_q: int = 0, max_seqlen_k: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (dq, dk, dv, d_delta); d_delta is an empty (0,) tensor when delta is None."""
     dq, dk, dv, d_delta = _backward_kernels(do, q, k, v, delta, out, lse, theta, causal, softmax_scale, q_offset,
-                                            magnitude)
+                                            magnitude, _packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     if d_delta is None:
         d_delta = torch.empty((0,), dtype=q.dtype, device=q.device)
     return dq, dk, dv, d_delta
 
 
 @flash_attention_backward.register_fake
-def _(do, q, k, v, delta, out, lse, theta, causal, softmax_scale, q_offset, magnitude):
+def _(do, q, k, v, delta, out, lse, theta, causal, softmax_scale, q_offset, magnitude, cu_seqlens_q=None,
+      cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0):
     d_delta = (torch.empty(delta.shape, dtype=delta.dtype, device=delta.device) if delta is not None
                else torch.empty((0,), dtype=q.dtype, device=q.device))
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device),
@@ -126,18 +148,21 @@ def _(do, q, k, v, delta, out, lse, theta, causal, softmax_scale, q_offset, magn
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude = inputs
+    q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude, *varlen = inputs
+    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k = varlen or (None, None, 0, 0)
     out, lse = output
-    ctx.save_for_backward(q, k, v, delta, out, lse, theta)
+    ctx.save_for_backward(q, k, v, delta, out, lse, theta, cu_seqlens_q, cu_seqlens_k)
     ctx.options = (causal, softmax_scale, q_offset, magnitude)
+    ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
     ctx.has_delta = delta is not None
 
 
 def _backward(ctx, grad_out, grad_lse):
     # lse is an internal output: nothing downstream differentiates it (pope attention returns `out` only).
-    q, k, v, delta, out, lse, theta = ctx.saved_tensors
-    dq, dk, dv, d_delta = flash_attention_backward(grad_out, q, k, v, delta, out, lse, theta, *ctx.options)
-    return dq, dk, dv, (d_delta if ctx.has_delta else None), None, None, None, None, None
+    q, k, v, delta, out, lse, theta, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    dq, dk, dv, d_delta = flash_attention_backward(grad_out, q, k, v, delta, out, lse, theta, *ctx.options,
+                                                   cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlens)
+    return dq, dk, dv, (d_delta if ctx.has_delta else None), None, None, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd("pope::flash_attention_forward", _backward, setup_context=_setup_context)
@@ -149,17 +174,18 @@ class _EagerFlashAttention(torch.autograd.Function):
     the operators instead."""
 
     @staticmethod
-    def forward(ctx, q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude):
-        out, lse = _forward(q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude, eager=True)
+    def forward(ctx, q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude, packed=None):
+        out, lse = _forward(q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude, eager=True,
+                            packed=packed)
         ctx.save_for_backward(q, k, v, delta, out, lse, theta)
-        ctx.options = (causal, softmax_scale, q_offset, magnitude)
+        ctx.options = (causal, softmax_scale, q_offset, magnitude, packed)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, delta, out, lse, theta = ctx.saved_tensors
         dq, dk, dv, d_delta = _backward_kernels(grad_out, q, k, v, delta, out, lse, theta, *ctx.options)
-        return dq, dk, dv, d_delta, None, None, None, None, None
+        return dq, dk, dv, d_delta, None, None, None, None, None, None
 
 
 def triton_pope_attention(q, k, v, delta, *, base, causal, softmax_scale, q_offset, magnitude, rotary_dim,
@@ -175,15 +201,31 @@ def triton_pope_attention(q, k, v, delta, *, base, causal, softmax_scale, q_offs
         if reason is not None:
             raise ValueError(f"the Triton PoPE kernels cannot run this call: {reason}")
     q_offset, softmax_scale = resolve_defaults(q, k, q_offset, softmax_scale)
+    return _apply(q, k, v, delta, base, bool(causal), softmax_scale, q_offset, magnitude)
+
+
+def triton_pope_attention_varlen(q, k, v, delta, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
+                                 base, causal, softmax_scale, magnitude):
+    """PoPE attention over a packed batch on the fused kernels, one launch per kernel for all its sequences (no host
+    read of cu_seqlens). Inputs already checked by pope.attention.pope_attention_varlen (and the kernels asked by
+    triton_unsupported_reason): q (total_q, Hq, d), k/v (total_k, Hkv, d), int32 (batch + 1,) cumulative lengths on
+    q's device, max_seqlen_* at least every sequence's length, softmax_scale resolved. Returns (total_q, Hq, d)."""
+    return _apply(q, k, v, delta, base, bool(causal), float(softmax_scale), 0, magnitude,
+                  (cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), int(max_seqlen_q), int(max_seqlen_k)))
+
+
+def _apply(q, k, v, delta, base, causal, softmax_scale, q_offset, magnitude, varlen=()):
+    """The differentiable kernel call: custom operators in compiled code (or when pope.settings asks), the eager
+    autograd.Function otherwise. varlen: () or (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)."""
     compiling = torch.compiler.is_compiling()
     if compiling:  # the frequencies are computed in the compiled graph itself (module docstring)
         theta = pope_turn_words(q.shape[-1], float(base), device=q.device)
     else:
         theta = _theta(q.shape[-1], base, q.device)
-    args = (q, k, v, delta, theta, bool(causal), softmax_scale, q_offset, magnitude)
+    args = (q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude)
     if compiling or not SETTINGS.eager_autograd_function:
-        return flash_attention_forward(*args)[0]
-    return _EagerFlashAttention.apply(*args)
+        return flash_attention_forward(*args, *varlen)[0]
+    return _EagerFlashAttention.apply(*args, _packed(*varlen) if varlen else None)
 
 
 def triton_unsupported_reason(q, k, v, *, rotary_dim=None, dropout_p=0.0) -> str | None:

@@ -10,6 +10,7 @@ scripts that compare versions. Importing this module imports torch only.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import math
 import os
 import sys
@@ -44,6 +45,18 @@ def attention_inputs(batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim, *, wi
              if with_delta else None)
     grad_out = randn(batch, n_q_heads, seq_q, head_dim)
     return q, k, v, delta, grad_out
+
+
+def packed_inputs(lengths_q, lengths_k, n_q_heads, n_kv_heads, head_dim, *, with_delta=True, generator=None,
+                  device="cpu"):
+    """A packed (varlen) batch of fresh random float64 inputs, drawn as attention_inputs draws them: (q (total_q,
+    Hq, d), k and v (total_k, Hkv, d), delta (Hq, d) or None, grad_out like q, cu_seqlens_q, cu_seqlens_k int32)."""
+    q, k, v, delta, grad_out = attention_inputs(1, n_q_heads, n_kv_heads, sum(lengths_q), sum(lengths_k), head_dim,
+                                                with_delta=with_delta, generator=generator, device=device)
+    q, k, v, grad_out = (t[0].transpose(0, 1).contiguous() for t in (q, k, v, grad_out))
+    cu_seqlens_q, cu_seqlens_k = (torch.tensor([0, *itertools.accumulate(n)], dtype=torch.int32, device=device)
+                                  for n in (lengths_q, lengths_k))
+    return q, k, v, delta, grad_out, cu_seqlens_q, cu_seqlens_k
 
 
 def outputs_and_gradients(fn, q, k, v, delta, grad_out, dtype, options) -> list:

@@ -8,7 +8,10 @@ bf16 / fp16 / fp32, head dims up to 128; out in q's dtype, lse fp32; dq, dk, dv,
 Guarantees (held by the tests through Triton's interpreter and by scripts/gpu_kernel_check.py on a GPU): output
 and every gradient within 2x the error of the pure-PyTorch reference in the same dtype, against float64; the
 backward bitwise deterministic (no atomics); the backward's own buffers at most 5 |q| (SDPA's); a key masked from
-a query never reaches that query's output.
+a query never reaches that query's output. Packed variable-length batches (flash-attn's varlen layout): `forward` and
+`backward` take packed=host.Packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) and run every sequence
+in one launch per kernel (a constexpr IS_VARLEN in the same kernels), equal bit for bit to the same kernels run on
+each sequence alone (d(delta) up to its summation order).
 
 Modules, one concern each:
     jit_math       shared device functions (sincos, log1p, magnitudes, phases, block coordinates)

@@ -20,23 +20,24 @@ from pope.magnitudes import MAGNITUDES
 
 from . import direct_launch, host, prepass
 from .configs import DKDV_KEYS_FROM_PREPASS_MAX_BLOCK_D, TRANSFORM_ROWS, pick_tiles
-from .jit_math import (_join_halves, _key_ranges, _magnitude, _magnitude_grad, _phase, _polar_to_cartesian,
-                       _query_block, _sincos, _split_halves)
+from .jit_math import (_join_halves, _key_ranges, _magnitude, _magnitude_grad, _packed_sequence, _phase,
+                       _polar_to_cartesian, _query_block, _query_sequence, _sincos, _split_halves, _stats_start)
 
 
 @triton.jit
 def _bwd_dq_inner(
     dq_wide, q_wide, do, lse2, row_delta, kp_desc, v_desc, kv_bh, b, hk,
-    offs_m, q_offset, seq_k, lo, hi, qk_scale,
+    offs_m, q_offset, seq_k, start_k, lo, hi, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     MASK_KEYS: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """dq' over key blocks [lo, hi). k' and v come by TMA (rows past the keys arrive as zeros): against pointer
+    """dq' over key blocks [lo, hi) of the keys starting at row start_k. k' and v come by TMA (rows past the keys
+    arrive as zeros, or in a packed batch as the next sequence's, whose probabilities are 0): against pointer
     loads in the same H200 run, backward 1.742 -> 1.702 ms at 4x16x4096x64, 5.830 -> 5.600 at 1x16x16384x64."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k_wide = kp_desc.load([kv_bh, start_n, 0]).reshape(BLOCK_N, 2 * BLOCK_D)
-        v = v_desc.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
+        k_wide = kp_desc.load([kv_bh, start_k + start_n, 0]).reshape(BLOCK_N, 2 * BLOCK_D)
+        v = v_desc.load([b, hk, start_k + start_n, 0]).reshape(BLOCK_N, BLOCK_D)
         scores = tl.dot(q_wide, tl.trans(k_wide), input_precision=PRECISION)
         probs = tl.math.exp2(scores * qk_scale - lse2[:, None])  # (BLOCK_M, BLOCK_N)
         if MASK_KEYS:
@@ -57,45 +58,63 @@ def _pope_bwd_dq_kernel(
     stride_ob, stride_oh, stride_on,
     stride_dob, stride_doh, stride_don,
     stride_dqb, stride_dqh, stride_dqn,
-    n_q_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, row_delta_stride,
+    n_q_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, row_delta_stride, CuSeqlensQ, CuSeqlensK, PackedLSE,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr, PRECISION: tl.constexpr,
+    IS_VARLEN: tl.constexpr = False,
 ):
     pid_m, pid_bh, b, h, kv_bh, offs_m, offs_d, mask_d, mask_rows = _query_block(n_q_heads, group_size, seq_q,
                                                                                  BLOCK_M, BLOCK_D, HEAD_DIM)
+    # Packed sequences (IS_VARLEN): this program's sequence; its lengths and q_offset replace the arguments.
+    b, q_row, kv_bh, start_q, start_k, n_q, seq_k, q_offset, mask_rows = _query_sequence(
+        CuSeqlensQ, CuSeqlensK, pid_bh, b, h, kv_bh, group_size, offs_m, mask_rows, seq_q, seq_k, q_offset, IS_VARLEN)
+    if IS_VARLEN:
+        if pid_m * BLOCK_M >= n_q:  # the grid covers the longest sequence: past this one's end, no rows
+            if HAS_DELTA:  # (its d delta partial is zero)
+                tl.store(DDeltaPartial + (pid_bh * tl.num_programs(0) + pid_m) * HEAD_DIM + offs_d,
+                         tl.zeros([BLOCK_D], dtype=tl.float32), mask=mask_d)
+            return
     mask_q = mask_rows[:, None] & mask_d[None, :]
 
     # This program's query block, from the q' pre-pass by TMA into shared memory (as in the forward): no
     # transform at program start and no register copy of q' (rows past the queries arrive as zeros).
-    q_wide = qp_desc.load([pid_bh, pid_m * BLOCK_M, 0]).reshape(BLOCK_M, 2 * BLOCK_D)
+    q_wide = qp_desc.load([q_row, start_q + pid_m * BLOCK_M, 0]).reshape(BLOCK_M, 2 * BLOCK_D)
 
-    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :], mask=mask_q, other=0.0)
-    out = tl.load(Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :], mask=mask_q, other=0.0)
+    rows = start_q + offs_m  # in the (B, Hq, Nq, d) tensors and (B * Hq, .) statistics; packed: batch-1 views
+    do = tl.load(DO + b * stride_dob + h * stride_doh + rows[:, None] * stride_don + offs_d[None, :], mask=mask_q, other=0.0)
+    out = tl.load(Out + b * stride_ob + h * stride_oh + rows[:, None] * stride_on + offs_d[None, :], mask=mask_q, other=0.0)
     row_delta = tl.sum(do.to(tl.float32) * out.to(tl.float32), 1)  # D_i = dO_i . O_i  (BLOCK_M,)
-    tl.store(RowDelta + pid_bh * row_delta_stride + offs_m, row_delta, mask=mask_rows)
-    lse2 = tl.load(LSE + pid_bh * seq_q + offs_m, mask=mask_rows, other=float("inf")) * 1.4426950408889634
+    if IS_VARLEN:
+        # D and a copy of lse at the sequence's 16-byte aligned statistics rows (`_stats_start`), which the dk/dv
+        # kernel reads by TMA (a TMA row offset must be 16-byte aligned; a sequence's first row is anywhere).
+        stats_rows = q_row * row_delta_stride + _stats_start(start_q, pid_bh // n_q_heads) + offs_m
+        tl.store(RowDelta + stats_rows, row_delta, mask=mask_rows)
+        tl.store(PackedLSE + stats_rows, tl.load(LSE + q_row * seq_q + rows, mask=mask_rows), mask=mask_rows)
+    else:
+        tl.store(RowDelta + q_row * row_delta_stride + rows, row_delta, mask=mask_rows)
+    lse2 = tl.load(LSE + q_row * seq_q + rows, mask=mask_rows, other=float("inf")) * 1.4426950408889634
 
     hk = h // group_size
     dq_wide = tl.zeros([BLOCK_M, 2 * BLOCK_D], dtype=tl.float32)
     unmasked_end, last_visible = _key_ranges(pid_m, q_offset, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
     dq_wide = _bwd_dq_inner(
-        dq_wide, q_wide, do, lse2, row_delta, kp_desc, v_desc, kv_bh, b, hk, offs_m, q_offset, seq_k,
+        dq_wide, q_wide, do, lse2, row_delta, kp_desc, v_desc, kv_bh, b, hk, offs_m, q_offset, seq_k, start_k,
         0, unmasked_end, softmax_scale * 1.4426950408889634, HEAD_DIM, BLOCK_N, BLOCK_D, False, CAUSAL, PRECISION)
     dq_wide = _bwd_dq_inner(
-        dq_wide, q_wide, do, lse2, row_delta, kp_desc, v_desc, kv_bh, b, hk, offs_m, q_offset, seq_k,
+        dq_wide, q_wide, do, lse2, row_delta, kp_desc, v_desc, kv_bh, b, hk, offs_m, q_offset, seq_k, start_k,
         unmasked_end, last_visible, softmax_scale * 1.4426950408889634, HEAD_DIM, BLOCK_N, BLOCK_D, True, CAUSAL,
         PRECISION)
 
     # Chain rule through q' = f(q) [cos(phase), sin(phase)], phase = t theta - delta; dq' = scale * dS k'.
     # The fp32 phase and magnitude are recomputed here rather than kept live through the loop (registers).
-    q32 = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :], mask=mask_q,
+    q32 = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qn + offs_d[None, :], mask=mask_q,
                   other=0.0).to(tl.float32)
     phase = _phase(q_offset + offs_m, Theta, Delta + h * HEAD_DIM, offs_d, mask_d, HAS_DELTA, HEAD_DIM)
     sin_q, cos_q = _sincos(phase)
     dq_cos, dq_sin = _split_halves(dq_wide * softmax_scale)
     d_magnitude = dq_cos * cos_q + dq_sin * sin_q
     dq = d_magnitude * _magnitude_grad(q32, MAGNITUDE)
-    tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqn + offs_d[None, :],
+    tl.store(DQ + b * stride_dqb + h * stride_dqh + rows[:, None] * stride_dqn + offs_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=mask_q)
     if HAS_DELTA:
         # d phase = f(q) (-dq'_cos sin + dq'_sin cos); d delta = -sum_rows d phase. One partial per block.
@@ -108,18 +127,20 @@ def _pope_bwd_dq_kernel(
 @triton.jit
 def _bwd_dkdv_inner(
     dk_wide, dv, k_wide, v, qp_desc, do_desc, lse_desc, rowdelta_desc, bh_q, b, h,
-    offs_n, q_offset, seq_q, lo, hi, qk_scale,
+    offs_n, q_offset, seq_q, start_q, stats_start, lo, hi, qk_scale,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, MASK_CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
 ):
+    """dk', dv over query blocks [lo, hi) of the queries starting at row start_q (their lse and D at stats_start)."""
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        q_wide = qp_desc.load([bh_q, start_m, 0]).reshape(BLOCK_M, 2 * BLOCK_D)  # q' (BLOCK_M, 2 BLOCK_D)
-        do = do_desc.load([b, h, start_m, 0]).reshape(BLOCK_M, BLOCK_D)
+        q_wide = qp_desc.load([bh_q, start_q + start_m, 0]).reshape(BLOCK_M, 2 * BLOCK_D)  # q' (BLOCK_M, 2 BLOCK_D)
+        do = do_desc.load([b, h, start_q + start_m, 0]).reshape(BLOCK_M, BLOCK_D)
         # Rows past the queries (the statistics' row padding holds anything): lse = +inf and D = 0, so P^T = 0 and
-        # dS^T = 0 in those columns (q' and dO read as zeros there).
+        # dS^T = 0 in those columns (q' and dO read as zeros there, or in a packed batch as the next sequence's).
         valid_rows = offs_m < seq_q
-        lse2 = tl.where(valid_rows, lse_desc.load([bh_q, start_m]).reshape(BLOCK_M), float("inf")) * 1.4426950408889634
-        row_delta = tl.where(valid_rows, rowdelta_desc.load([bh_q, start_m]).reshape(BLOCK_M), 0.0)
+        lse2 = tl.where(valid_rows, lse_desc.load([bh_q, stats_start + start_m]).reshape(BLOCK_M),
+                        float("inf")) * 1.4426950408889634
+        row_delta = tl.where(valid_rows, rowdelta_desc.load([bh_q, stats_start + start_m]).reshape(BLOCK_M), 0.0)
         # Transposed scores S^T (BLOCK_N, BLOCK_M).
         scores_t = tl.dot(k_wide, tl.trans(q_wide), input_precision=PRECISION)
         probs_t = tl.math.exp2(scores_t * qk_scale - lse2[None, :])
@@ -139,30 +160,47 @@ def _pope_bwd_dkdv_kernel(
     stride_vb, stride_vh, stride_vn,
     stride_dkb, stride_dkh, stride_dkn,
     stride_dvb, stride_dvh, stride_dvn,
-    n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale,
+    n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, CuSeqlensQ, CuSeqlensK,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, MAGNITUDE: tl.constexpr, PRECISION: tl.constexpr, KEYS_FROM_PREPASS: tl.constexpr,
+    IS_VARLEN: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // n_kv_heads
     hk = pid_bh % n_kv_heads
+    kv_row = pid_bh
+    if IS_VARLEN:
+        # Packed sequences, seen as batch 1 (as in jit_math._query_sequence): grid row pid_bh is (sequence b, key
+        # head hk); the sequence's lengths and q_offset replace the arguments.
+        start_q, seq_q, start_k, seq_k, q_offset = _packed_sequence(CuSeqlensQ, CuSeqlensK, b)
+        stats_start = _stats_start(start_q, b)
+        b = 0
+        kv_row = hk
+        if pid_n * BLOCK_N >= seq_k:  # the grid covers the longest sequence: past this one's end
+            return
+    else:
+        start_q = 0
+        start_k = 0
+        stats_start = 0
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
     mask_k = (offs_n < seq_k)[:, None] & mask_d[None, :]
 
-    k_ptrs = K + b * stride_kb + hk * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :]
+    rows = start_k + offs_n
+    k_ptrs = K + b * stride_kb + hk * stride_kh + rows[:, None] * stride_kn + offs_d[None, :]
     if KEYS_FROM_PREPASS:
         # This program's key block k' and its v, by TMA into shared memory (the products' operands there, no
         # register copies: d=64 spills 136 B -> none). DK and DV point into the same k' rows: each program reads
         # its own rows here and overwrites them only in its epilogue (the launcher copies dk and dv out).
-        k_wide = kp_desc.load([pid_bh, pid_n * BLOCK_N, 0]).reshape(BLOCK_N, 2 * BLOCK_D)
-        v = v_desc.load([b, hk, pid_n * BLOCK_N, 0]).reshape(BLOCK_N, BLOCK_D)
+        # (In a packed batch, rows past the sequence are the next one's: they reach only their own, unstored rows.)
+        k_wide = kp_desc.load([kv_row, start_k + pid_n * BLOCK_N, 0]).reshape(BLOCK_N, 2 * BLOCK_D)
+        v = v_desc.load([b, hk, start_k + pid_n * BLOCK_N, 0]).reshape(BLOCK_N, BLOCK_D)
     else:
         # This program's key block, transformed once in registers.
         k = tl.load(k_ptrs, mask=mask_k, other=0.0)
-        v = tl.load(V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :], mask=mask_k,
+        v = tl.load(V + b * stride_vb + hk * stride_vh + rows[:, None] * stride_vn + offs_d[None, :], mask=mask_k,
                     other=0.0)
         phase = _phase(offs_n, Theta, Theta, offs_d, mask_d, False, HEAD_DIM)
         k_cos, k_sin = _polar_to_cartesian(k, phase, mask_k, MAGNITUDE)
@@ -188,11 +226,11 @@ def _pope_bwd_dkdv_kernel(
         if CAUSAL:
             dk_wide, dv = _bwd_dkdv_inner(
                 dk_wide, dv, k_wide, v, qp_desc, do_desc, lse_desc, rowdelta_desc, bh_q, b, h,
-                offs_n, q_offset, seq_q, masked_lo, masked_hi, softmax_scale * 1.4426950408889634,
+                offs_n, q_offset, seq_q, start_q, stats_start, masked_lo, masked_hi, softmax_scale * 1.4426950408889634,
                 BLOCK_M, BLOCK_D, True, PRECISION)
         dk_wide, dv = _bwd_dkdv_inner(
             dk_wide, dv, k_wide, v, qp_desc, do_desc, lse_desc, rowdelta_desc, bh_q, b, h,
-            offs_n, q_offset, seq_q, masked_hi, seq_q, softmax_scale * 1.4426950408889634,
+            offs_n, q_offset, seq_q, start_q, stats_start, masked_hi, seq_q, softmax_scale * 1.4426950408889634,
             BLOCK_M, BLOCK_D, False, PRECISION)
 
     # Chain rule through k' = f(k) [cos(s theta), sin(s theta)]; dk' = scale * dS^T q'. Recomputed, not kept.
@@ -200,9 +238,9 @@ def _pope_bwd_dkdv_kernel(
     sin_k, cos_k = _sincos(_phase(offs_n, Theta, Theta, offs_d, mask_d, False, HEAD_DIM))
     dk_cos, dk_sin = _split_halves(dk_wide)
     dk = (dk_cos * cos_k + dk_sin * sin_k) * (_magnitude_grad(k32, MAGNITUDE) * softmax_scale)
-    tl.store(DK + b * stride_dkb + hk * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :],
+    tl.store(DK + b * stride_dkb + hk * stride_dkh + rows[:, None] * stride_dkn + offs_d[None, :],
              dk.to(DK.dtype.element_ty), mask=mask_k)
-    tl.store(DV + b * stride_dvb + hk * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :],
+    tl.store(DV + b * stride_dvb + hk * stride_dvh + rows[:, None] * stride_dvn + offs_d[None, :],
              dv.to(DV.dtype.element_ty), mask=mask_k)
 
 
@@ -243,43 +281,56 @@ def _backward_epilogue_kernel(
 
 
 def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale: float, q_offset: int,
-             magnitude: str, dq_config=None, dkdv_config=None):
-    """Returns (dq, dk, dv, d_delta or None). Deterministic: no atomics anywhere."""
+             magnitude: str, dq_config=None, dkdv_config=None, packed: host.Packed | None = None):
+    """Returns (dq, dk, dv, d_delta or None). Deterministic: no atomics anywhere. packed: a packed batch as the
+    forward's (do, q, out (total_q, Hq, d), k, v (total_k, Hkv, d), lse (Hq, total_q)), one launch per kernel."""
+    plan = host.plan(do, q, k, v, delta, out, lse, theta, causal, q_offset, magnitude, dq_config, dkdv_config,
+                     *(packed or ()))
+    # Pre-pass buffers and gradients are made as late and freed as early as they can be, so that what the
+    # backward allocates peaks at 5 |q| at MHA (dq + q' + k'), as SDPA's dq, dk, dv and fp32 dq accumulator.
+    # Gradients are allocated in the inputs' own shapes (packed: (total, H, d)); the kernels see batch views.
+    dq = host.empty(q.shape, device=q.device, dtype=q.dtype)
+    k_shape, v_shape = k.shape, v.shape
+    dq_view = dq
+    if packed is not None:  # batch-1 views of the packed tensors
+        do, q, k, v, out, dq_view = (host.batch_view(t, packed) for t in (do, q, k, v, out, dq))
     batch, n_q_heads, seq_q, head_dim = q.shape
     n_kv_heads, seq_k = k.shape[1], k.shape[2]
     group_size = n_q_heads // n_kv_heads
     block_d = host.block_d(head_dim)
     code = MAGNITUDES[magnitude].kernel_code
     precision = host.precision(q.dtype)
-    plan = host.plan(do, q, k, v, delta, out, lse, theta, causal, q_offset, magnitude, dq_config, dkdv_config)
-    # Pre-pass buffers and gradients are made as late and freed as early as they can be, so that what the
-    # backward allocates peaks at 5 |q| at MHA (dq + q' + k'), as SDPA's dq, dk, dv and fp32 dq accumulator.
-    dq = host.empty(q.shape, device=q.device, dtype=q.dtype)
+    cu_seqlens = host.cu_seqlens(packed)
+    # The grids' sequences and rows: packed, every sequence up to the longest.
+    n_sequences, rows_q, rows_k = (packed.batch, packed.max_seqlen_q, packed.max_seqlen_k) if packed else (
+        batch, seq_q, seq_k)
     # D = rowsum(dO * O) as a (B * Hq, rows) TMA source for part 2: rows padded to a multiple of 4 (16-byte stride).
-    padded_q = host.cdiv(seq_q, 4) * 4
+    # Packed: each sequence's statistics start 16-byte aligned (jit_math._stats_start), lse copied there too.
+    padded_q = host.cdiv(seq_q + (3 * packed.batch if packed else 0), 4) * 4
     row_delta = host.empty((batch * n_q_heads, padded_q), device=q.device, dtype=torch.float32)
+    packed_lse = host.empty(row_delta.shape, device=q.device, dtype=torch.float32) if packed else None
     # q' serves both parts: part 1's query blocks and part 2's streamed queries. k' serves part 1's streamed keys
     # (freed after part 1, or at d <= 64 after part 2, which reads its key blocks from it and writes dk and dv
     # over it). Both from one launch.
-    q_prime, k_prime = prepass.transform_queries_and_keys(q, k, theta, delta, q_offset=q_offset,
-                                                          magnitude=magnitude, site=plan + ("backward q' k'",))
+    q_prime, k_prime = prepass.transform_queries_and_keys(q, k, theta, delta, q_offset=q_offset, magnitude=magnitude,
+                                                          site=plan + ("backward q' k'",), packed=packed)
 
     # Part 1: dq, D and the d delta partials.
     block_m, block_n, num_warps, num_stages = pick_tiles("dq", head_dim, dq_config, q.dtype, q.device)
-    n_m_blocks = host.cdiv(seq_q, block_m)
-    d_delta_partial = host.empty((batch, n_q_heads, n_m_blocks, head_dim), device=q.device, dtype=torch.float32)
+    n_m_blocks = host.cdiv(rows_q, block_m)
+    d_delta_partial = host.empty((n_sequences, n_q_heads, n_m_blocks, head_dim), device=q.device, dtype=torch.float32)
     q_rows = q_prime.view(batch * n_q_heads, seq_q, 2 * block_d)
     k_rows = k_prime.view(batch * n_kv_heads, seq_k, 2 * block_d)
     v_tma = host.tma_ready(v, block_d)
     qp_desc = direct_launch.descriptor(q_rows, [1, block_m, 2 * block_d])
     kp_desc = direct_launch.descriptor(k_rows, [1, block_n, 2 * block_d])
     v_desc = direct_launch.descriptor(v_tma, [1, 1, block_n, block_d])
-    direct_launch.launch(_pope_bwd_dq_kernel, (n_m_blocks, batch * n_q_heads), plan + ("dq",), (
-        q, qp_desc, kp_desc, v_desc, out, do, lse, theta, delta if delta is not None else theta, dq, row_delta,
-        d_delta_partial, *host.strides(q), *host.strides(out), *host.strides(do), *host.strides(dq),
-        n_q_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, padded_q),
+    direct_launch.launch(_pope_bwd_dq_kernel, (n_m_blocks, n_sequences * n_q_heads), plan + ("dq",), (
+        q, qp_desc, kp_desc, v_desc, out, do, lse, theta, delta if delta is not None else theta, dq_view, row_delta,
+        d_delta_partial, *host.strides(q), *host.strides(out), *host.strides(do), *host.strides(dq_view),
+        n_q_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, padded_q, *cu_seqlens, packed_lse),
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        CAUSAL=causal, HAS_DELTA=delta is not None, MAGNITUDE=code, PRECISION=precision,
+        CAUSAL=causal, HAS_DELTA=delta is not None, MAGNITUDE=code, PRECISION=precision, IS_VARLEN=packed is not None,
         num_warps=num_warps, num_stages=num_stages)
     # Part 2: dk, dv, streaming the queries' q' (freed after). Part 1's descriptors serve again where the
     # tiles agree (host time).
@@ -294,39 +345,42 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
                            direct_launch.same_tiles(v_desc, v_tma, [1, 1, block_n, block_d]))
     else:
         del k_prime, k_rows, kp_desc  # k' dies before dk and dv exist (peak memory; a descriptor holds its tensor)
-        dk_out = host.empty(k.shape, device=k.device, dtype=k.dtype)
-        dv_out = host.empty(v.shape, device=v.device, dtype=v.dtype)
+        dk = host.empty(k_shape, device=k.device, dtype=k.dtype)
+        dv = host.empty(v_shape, device=v.device, dtype=v.dtype)
+        dk_out, dv_out = host.batch_view(dk, packed), host.batch_view(dv, packed)
         key_descriptors = (None, None)
-    # q', dO, lse and D stream in by TMA; lse's rows padded like D's.
-    lse_rows = lse.reshape(batch * n_q_heads, seq_q)
-    if padded_q != seq_q:
+    # q', dO, lse and D stream in by TMA; lse's rows padded like D's (packed: the dq kernel's copy).
+    lse_rows = lse.reshape(batch * n_q_heads, seq_q) if packed is None else packed_lse
+    if padded_q != seq_q and packed is None:
         lse_rows = torch.nn.functional.pad(lse_rows, (0, padded_q - seq_q))
     descriptors = (direct_launch.same_tiles(qp_desc, q_rows, [1, block_m, 2 * block_d]),
                    direct_launch.descriptor(host.tma_ready(do, block_d), [1, 1, block_m, block_d]),
                    direct_launch.descriptor(lse_rows, [1, block_m]), direct_launch.descriptor(row_delta, [1, block_m]))
-    direct_launch.launch(_pope_bwd_dkdv_kernel, (host.cdiv(seq_k, block_n), batch * n_kv_heads), plan + ("dk dv",), (
+    direct_launch.launch(_pope_bwd_dkdv_kernel, (host.cdiv(rows_k, block_n), n_sequences * n_kv_heads),
+                         plan + ("dk dv",), (
         k, v, *key_descriptors, *descriptors, theta, dk_out, dv_out,
         *host.strides(k), *host.strides(v), *host.strides(dk_out), *host.strides(dv_out),
-        n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale),
+        n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, *cu_seqlens),
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         CAUSAL=causal, MAGNITUDE=code, PRECISION=precision, KEYS_FROM_PREPASS=keys_from_prepass,
-        num_warps=num_warps, num_stages=num_stages)
+        IS_VARLEN=packed is not None, num_warps=num_warps, num_stages=num_stages)
     del q_prime, q_rows, qp_desc, descriptors, key_descriptors
     # One last launch: dk and dv copied out of k' (d <= 64) and d(delta) summed from its partials, by one kernel.
+    # (k' rows are in the order of k's own: (B, Hkv, Nk) or packed (total_k, Hkv), so dk and dv come out contiguous.)
     if keys_from_prepass:
-        dk = host.empty(k.shape, device=k.device, dtype=k.dtype)
-        dv = host.empty(v.shape, device=v.device, dtype=v.dtype)
+        dk = host.empty(k_shape, device=k.device, dtype=k.dtype)
+        dv = host.empty(v_shape, device=v.device, dtype=v.dtype)
         n_rows = batch * n_kv_heads * seq_k
         source = k_prime
     else:
-        dk, dv, n_rows, source = dk_out, dv_out, 0, dk_out  # nothing to split: source, outputs unused
+        n_rows, source = 0, dk  # nothing to split: source, outputs unused
     d_delta = host.empty(delta.shape, device=q.device, dtype=delta.dtype) if delta is not None else None
     n_split_programs = host.cdiv(n_rows, TRANSFORM_ROWS)
     n_programs = n_split_programs + (n_q_heads if delta is not None else 0)
     if n_programs:
         direct_launch.launch(_backward_epilogue_kernel, (n_programs,), plan + ("dk dv out, d delta",), (
             source, dk, dv, n_rows, n_split_programs,
-            d_delta_partial, d_delta if d_delta is not None else d_delta_partial, batch, n_q_heads, n_m_blocks),
+            d_delta_partial, d_delta if d_delta is not None else d_delta_partial, n_sequences, n_q_heads, n_m_blocks),
             HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_R=TRANSFORM_ROWS, num_warps=4)
     if keys_from_prepass:
         del k_prime, k_rows, kp_desc, kp_rows, dk_out, dv_out

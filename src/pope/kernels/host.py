@@ -2,15 +2,44 @@
 
 Guarantees: `empty` gives a buffer for a kernel to write, NaN-filled when pope.settings' poison_outputs is on;
 `block_d` is a head dim's tile width (padded to a power of two, >= 16); `tma_ready` returns a tensor a TMA copy can
-read (the input itself when it already can); `plan` keys every argument Triton specialises on. Integer helpers
+read (the input itself when it already can); `plan` keys every argument Triton specialises on; `Packed` describes a
+packed (varlen) batch and `batch_view` shows its (total, H, d) tensors to the kernels as a batch of one. Integer helpers
 are plain Python: Triton 3.6's triton.cdiv / triton.next_power_of_2 are constexpr functions whose host calls
 cost ~4 us each (argument unwrapping), a dozen times per eager forward+backward.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from pope.settings import SETTINGS
+
+
+class Packed(NamedTuple):
+    """A packed (varlen) batch, flash-attn's layout: sequence b is rows cu_seqlens_q[b]:cu_seqlens_q[b + 1] of the
+    (total_q, H, d) queries and cu_seqlens_k[b]:cu_seqlens_k[b + 1] of the (total_k, H, d) keys and values; int32
+    (batch + 1,) on the tensors' device (never read on the host); max_seqlen_q / max_seqlen_k bound the lengths
+    (the grids cover them)."""
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
+
+    @property
+    def batch(self) -> int:
+        return self.cu_seqlens_q.shape[0] - 1
+
+
+def batch_view(x: torch.Tensor, packed: Packed | None) -> torch.Tensor:
+    """x as the kernels address it: (B, H, N, .) as it is; packed (total, H, .) as the (1, H, total, .) view (no
+    copy: the kernels take any batch, head and row strides)."""
+    return x if packed is None else x.transpose(0, 1)[None]
+
+
+def cu_seqlens(packed: Packed | None) -> tuple:
+    """The kernels' (CuSeqlensQ, CuSeqlensK) arguments: None, None (constexprs, the batched kernels) when not packed."""
+    return (None, None) if packed is None else (packed.cu_seqlens_q, packed.cu_seqlens_k)
 
 
 def empty(shape, *, device, dtype) -> torch.Tensor:

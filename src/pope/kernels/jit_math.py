@@ -6,7 +6,8 @@ FMA-only sin/cos (Cody-Waite reduction by pi/2 in three parts, minimax polynomia
 |x| < 2**15; softplus is max(x, 0) + log1p(exp(-|x|)) in fp32 with log1p by a 9-FMA polynomial (relative error
 2e-7). Magnitude codes (`MAGNITUDE` constexpr) are pope.magnitudes' kernel codes: 0 softplus, 1 relu,
 2 identity. `_query_block` / `_key_ranges` give a query-block program's coordinates and the key blocks it sees
-whole or through the causal / length mask (bottom-right causal: key j visible iff j <= q_offset + i).
+whole or through the causal / length mask (bottom-right causal: key j visible iff j <= q_offset + i);
+`_query_sequence` / `_packed_sequence` the rows and lengths of its sequence in a packed (varlen) batch.
 """
 from __future__ import annotations
 
@@ -164,6 +165,40 @@ def _query_block(n_q_heads, group_size, seq_q, BLOCK_M: tl.constexpr, BLOCK_D: t
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     return pid_m, pid_bh, b, h, kv_bh, offs_m, offs_d, offs_d < HEAD_DIM, offs_m < seq_q
+
+
+@triton.jit
+def _packed_sequence(CuSeqlensQ, CuSeqlensK, index):
+    """Sequence `index` of a packed (varlen) batch, from the int32 cumulative lengths: (first query row, Nq, first key
+    row, Nk, q_offset = Nk - Nq). Its keys sit at positions 0..Nk - 1, its queries at the last Nq (bottom-right)."""
+    start_q = tl.load(CuSeqlensQ + index)
+    start_k = tl.load(CuSeqlensK + index)
+    seq_q = tl.load(CuSeqlensQ + index + 1) - start_q
+    seq_k = tl.load(CuSeqlensK + index + 1) - start_k
+    return start_q, seq_q, start_k, seq_k, seq_k - seq_q
+
+
+@triton.jit
+def _stats_start(start_q, index):
+    """Where sequence `index` of a packed batch (first query row start_q) keeps its per-row statistics (lse, D) in
+    the backward's (Hq, ceil4(total_q + 3 batch)) buffers: start_q + 3 index rounded up to a multiple of 4, so a TMA
+    copy of them starts 16-byte aligned (fp32); sequence b + 1's start is at least sequence b's + its length."""
+    return (start_q + 3 * index + 3) // 4 * 4
+
+
+@triton.jit
+def _query_sequence(CuSeqlensQ, CuSeqlensK, pid_bh, b, h, kv_bh, group_size, offs_m, mask_rows, seq_q, seq_k, q_offset,
+                    IS_VARLEN: tl.constexpr):
+    """Where a query-block program's sequence lies (after `_query_block`): (b, q_row, kv_row, start_q, start_k, seq_q,
+    seq_k, q_offset, mask_rows). Batched: the arguments unchanged, q_row = pid_bh, kv_row = kv_bh, start_q = start_k
+    = 0. Varlen: the tensors are packed sequences seen as batch 1 ((1, H, total, d) views, (H, total, .) q'/k' rows),
+    grid row pid_bh is (sequence b, head h): addresses take batch 0, rows h / kv head and the sequence's first rows;
+    lengths, q_offset and mask_rows are the sequence's."""
+    if IS_VARLEN:
+        start_q, seq_q, start_k, seq_k, q_offset = _packed_sequence(CuSeqlensQ, CuSeqlensK, b)
+        return 0, h, h // group_size, start_q, start_k, seq_q, seq_k, q_offset, offs_m < seq_q
+    else:
+        return b, pid_bh, kv_bh, 0, 0, seq_q, seq_k, q_offset, mask_rows
 
 
 @triton.jit
