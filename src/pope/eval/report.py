@@ -12,7 +12,10 @@ What is read from each run directory (made by ``pope train`` / ``pope finetune``
 * ``eval/length-*.json`` (``pope eval length``): perplexity per evaluation length.
 * ``eval/downstream.json`` (``pope eval downstream``): the paper's accuracy columns.
 * ``summary.json``: whether the run finished its schedule. Unfinished runs (no summary, or
-  ``finished: false``) are never averaged in: the tables list them apart, marked with their step.
+  ``finished: false``) are never averaged in: the tables list them apart, marked with their step. Also the
+  same metric at the best-validation checkpoint (``at_best_valid``: the evaluation that ``checkpoints/best``
+  holds, chosen by ``train.best_metric`` on the validation split only): ``test_nll`` and ``last test_loss``
+  from its ``test_loss``, ``test_accuracy`` from its ``test_accuracy``, ``valid_ppl`` from its ``valid_loss``.
 * ``eval/task_accuracy.json`` (``pope.eval.runs.score_task_accuracy``): accuracy of one checkpoint on
   training and test examples, for the memorisation gap.
 
@@ -25,6 +28,10 @@ Runs with test accuracy (indirect indexing) also get a lift-off table: n seeds, 
 mean ± std and median, the lift-off rate — final test accuracy > ``LIFT_OFF_ACCURACY`` — with a Wilson 95 %
 interval, and the train − test accuracy gap where ``eval/task_accuracy.json`` exists; plus one plot of
 every seed's test accuracy against the step (``accuracy_vs_step.png``).
+
+"PoPE vs RoPE": every encoding against RoPE of the same preset and setting (the config apart from the PE
+and the seed), over finished seeds, for the headline value and the best-valid one: the difference of
+means, its Welch t 95 % interval and a two-sided permutation p-value (pope.eval.stats).
 """
 from __future__ import annotations
 
@@ -34,10 +41,19 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pope.eval.stats import MAX_EXACT_SPLITS, MONTE_CARLO_SPLITS, permutation_test, welch_interval, wilson_interval
 from pope.files import finish_figure, write_text_atomic
 from pope.train.sweep import EXECUTION_KEYS, setting_of
 
 
+METRIC_RULES = {"test_nll": "min over evaluations", "test_accuracy": "last evaluation",
+                "valid_ppl": "last evaluation"}
+"""How each paper metric's headline value is taken from a run's evaluations (module docstring)."""
+BEST_VALID_KEYS = {"test_nll": "test_loss", "last test_loss": "test_loss", "test_accuracy": "test_accuracy",
+                   "valid_ppl": "valid_loss", "last valid_loss": "valid_loss"}
+"""The at_best_valid (summary.json) entry that gives each metric at the best-validation checkpoint."""
+COMPARED_PE = "rope"
+"""The encoding every other one is compared against in the "PoPE vs RoPE" section."""
 LIFT_OFF_ACCURACY = 0.20
 """A run has lifted off when its final test accuracy exceeds this (chance is 1/52; the paper's RoPE ~0.11)."""
 
@@ -58,6 +74,7 @@ class RunRecord:
     fingerprint: str = ""  # the config without seed and execution keys (grouping key)
     curve: list[tuple[int, float]] = field(default_factory=list)  # (step, test_accuracy) of every evaluation
     task_accuracy: dict[str, float] | None = None  # split -> accuracy of one checkpoint (eval/task_accuracy.json)
+    at_best_valid: float | None = None  # the metric at the best-validation checkpoint (summary.json)
 
 
 def _records(run_dir: Path) -> list[dict]:
@@ -99,6 +116,14 @@ def headline_metric(records: list[dict], paper_metric: str | None) -> tuple[str 
         if isinstance(last.get(key), (int, float)):
             return f"last {key}", float(last[key])
     return None, None
+
+
+def best_valid_value(summary: dict, metric: str | None) -> float | None:
+    """``metric`` at the run's best-validation checkpoint from summary.json's ``at_best_valid``, or None."""
+    value = (summary.get("at_best_valid") or {}).get(BEST_VALID_KEYS.get(metric or "", ""))
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        return None
+    return math.exp(value) if metric == "valid_ppl" else float(value)
 
 
 def paper_encoding(preset_name: str, pe: str) -> str | None:
@@ -160,10 +185,10 @@ def collect_run(path: str | Path) -> RunRecord:
     metric, value = headline_metric(evals, paper_metric)
     setting, fingerprint = _setting(run_dir, config)
     summary_path = run_dir / "summary.json"
-    finished = summary_path.is_file() and bool(json.loads(summary_path.read_text()).get("finished"))
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     record = RunRecord(run=str(run_dir), preset=preset, pe=pe, seed=config.get("seed"), metric=metric, value=value,
-                       finished=finished, step=records[-1].get("step") if records else None, setting=setting,
-                       fingerprint=fingerprint,
+                       finished=bool(summary.get("finished")), step=records[-1].get("step") if records else None,
+                       setting=setting, fingerprint=fingerprint, at_best_valid=best_valid_value(summary, metric),
                        curve=[(int(r["step"]), float(r["test_accuracy"])) for r in evals
                               if isinstance(r.get("test_accuracy"), (int, float))])
     task_file = run_dir / "eval" / "task_accuracy.json"
@@ -228,17 +253,6 @@ def _unfinished(members: list[RunRecord]) -> str:
     return ", ".join(f"{m.seed} (step {m.step if m.step is not None else 0})" for m in rest) or "—"
 
 
-def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """Wilson score interval of a binomial proportion (95 % for the default z); (0, 1) for n = 0."""
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    denominator = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denominator
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
 def _percent(values: list[float]) -> str:
     if not values:
         return "—"
@@ -275,6 +289,48 @@ def lift_off_markdown(records: list[RunRecord]) -> list[str]:
         lines += ["", f"Train-example accuracy not measured for {len(no_gap)} finished run(s) (no "
                   "eval/task_accuracy.json; pope.eval.runs.score_task_accuracy writes it): " + ", ".join(no_gap)]
     return lines
+
+
+def _comparison_key(record: RunRecord) -> tuple[str, str]:
+    """(preset, config without the seed, execution keys and the PE): runs that may be compared."""
+    setting = {k: v for k, v in json.loads(record.fingerprint).items() if k not in ("pe", "model.pe")}
+    return record.preset, json.dumps(setting, sort_keys=True)
+
+
+def _difference_cells(values: list[float], baseline: list[float]) -> str:
+    interval, test = welch_interval(values, baseline), permutation_test(values, baseline)
+    ci = "— (needs ≥ 2 seeds each)" if interval is None else f"{interval[0]:+.4f} … {interval[1]:+.4f} (df {interval[2]:.1f})"
+    return (f"{len(values)} / {len(baseline)} | {statistics.fmean(values) - statistics.fmean(baseline):+.4f} | {ci} | "
+            f"{test.p_value:.4f} ({test.describe()}) |")
+
+
+def comparison_markdown(records: list[RunRecord]) -> list[str]:
+    """The "PoPE vs RoPE" section (module docstring); empty when no finished PE has a RoPE to face."""
+    groups = _setting_groups(records)
+    baselines = {_comparison_key(members[0]): (label, members) for (_, pe, label), members in groups.items()
+                 if pe == COMPARED_PE}
+    rows = []
+    for (preset, pe, label), members in sorted(groups.items()):
+        key = _comparison_key(members[0])
+        if pe == COMPARED_PE or key not in baselines:
+            continue
+        base_label, base = baselines[key]
+        metric = next((m.metric for m in members if m.metric), "—")
+        for name, get in (("headline", lambda m: m.value), ("at best valid", lambda m: m.at_best_valid)):
+            values, baseline = (_finite(get(m) for m in group if m.finished) for group in (members, base))
+            if values and baseline:
+                rows.append(f"| {preset} | {pe} | {label} vs {base_label} | {metric}, {name} | "
+                            + _difference_cells(values, baseline))
+    if not rows:
+        return []
+    return ["", f"## PoPE vs RoPE: each encoding against {COMPARED_PE} of the same preset and setting", "",
+            "Finished seeds only. Difference = mean(PE) − mean(RoPE) (for NLL and perplexity, negative means the PE "
+            "is better; for accuracy, positive); 95 % interval: Welch t (unequal variances); p: two-sided "
+            f"permutation test of equal means over the splits of the pooled seeds (exact when there are at most "
+            f"{MAX_EXACT_SPLITS:,} splits, else {MONTE_CARLO_SPLITS:,} seeded random ones). With a handful of seeds only large gaps can reach "
+            "p < 0.05: with 2 seeds each the smallest possible p is 1/3.", "",
+            "| preset | PE | settings | value | n (PE / RoPE) | difference | 95 % interval | permutation p |",
+            "|---|---|---|---|---|---|---|---|", *rows]
 
 
 def plot_accuracy_curves(records: list[RunRecord], path: Path) -> Path | None:
@@ -324,20 +380,25 @@ def expand_runs(paths: list[str]) -> list[Path]:
 def report_markdown(records: list[RunRecord]) -> str:
     groups = _setting_groups(records)
     lines = ["# Runs", "", "Finished runs only; unfinished ones are listed with their step and left out of every "
-             "number.", "",
-             "| preset | PE | metric | ours: mean ± std (n seeds) | paper | seeds | unfinished (left out) | setting |",
-             "|---|---|---|---|---|---|---|---|"]
+             "number. Two values per run: the headline one, taken from the evaluations by the rule in the metric "
+             "column, and the same metric at the best-validation checkpoint (`checkpoints/best`, chosen on the "
+             "validation split only: summary.json `at_best_valid`).", "",
+             "| preset | PE | metric (headline rule) | ours, headline: mean ± std (n seeds) | ours at best-valid "
+             "checkpoint | paper | seeds | unfinished (left out) | setting |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for (preset, pe, label), members in sorted(groups.items()):
         done = [m for m in members if m.finished]
-        values = _finite(m.value for m in done)
         metric = next((m.metric for m in members if m.metric), "—")
+        rule = f"{metric} ({METRIC_RULES[metric]})" if metric in METRIC_RULES else metric
         paper = paper_value(preset, pe)
         seeds = ",".join(str(m.seed) for m in done) or "—"
-        lines.append(f"| {preset} | {pe} | {metric} | {format_mean_std(values)} | "
+        lines.append(f"| {preset} | {pe} | {rule} | {format_mean_std(_finite(m.value for m in done))} | "
+                     f"{format_mean_std(_finite(m.at_best_valid for m in done))} | "
                      f"{'—' if paper is None else f'{paper:g}'} | {seeds} | {_unfinished(members)} | {label} |")
     missing = [m.run for m in records if m.finished and m.value is None]
     if missing:
         lines += ["", "Finished runs without an evaluation record: " + ", ".join(missing)]
+    lines += comparison_markdown(records)
     lines += lift_off_markdown(records)
     by_pe = _groups(records)  # finished runs per preset x PE
 
