@@ -18,7 +18,7 @@
 # (carry takes ignored paths only; the repository's .gitignore lists /.device-data/).
 #
 # Settings (environment): DEVICE_DATA (the folder, default .device-data), PYTHON (default python3).
-set -eu
+set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=${DEVICE_DATA:-.device-data}
 PYTHON=${PYTHON:-python3}
@@ -31,7 +31,9 @@ for stage in "${stages[@]}"; do
     *) echo "device_data.sh: unknown stage '$stage' (give jsb, maestro, genome or text)" >&2; exit 2 ;;
   esac
 done
-if git rev-parse --is-inside-work-tree >/dev/null 2>&1 && ! git check-ignore -q "$ROOT/"; then
+mkdir -p "$ROOT"
+ignored=0; git check-ignore -q "$ROOT/" 2>/dev/null || ignored=$?  # 1: inside the repository, not ignored
+if [ "$ignored" -eq 1 ]; then
   echo "device_data.sh: $ROOT/ is not ignored by git, so the run tool would not carry it; ignore it first:" >&2
   echo "  echo /${ROOT#./}/ >> \"\$(git rev-parse --git-common-dir)/info/exclude\"" >&2
   exit 2
