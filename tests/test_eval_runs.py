@@ -171,7 +171,8 @@ def _fake_run(path, preset, pe, seed, test_losses, length_ppl=None, finished=Tru
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     summary = {"step": 100 * len(test_losses), "finished": finished}
     if at_best_valid is not None:  # the test loss of the evaluation checkpoints/best holds
-        summary.update(best_metric="valid_loss", at_best_valid={"valid_loss": 0.4, "test_loss": at_best_valid})
+        summary.update(best_metric="valid_loss", best_step=100 + 100 * seed,
+                       at_best_valid={"valid_loss": 0.4, "test_loss": at_best_valid})
     (path / "summary.json").write_text(json.dumps(summary))
     if length_ppl:
         (path / "eval").mkdir()
@@ -193,13 +194,14 @@ def test_report_mean_std_over_seeds_and_paper_numbers(tmp_path, workspace):
     assert "| metric (headline rule) | ours, headline: mean ± std (n seeds) | ours at best-valid checkpoint |" in markdown
     # min test NLL per seed: rope 0.52, 0.50 -> 0.51 ± 0.014142; pope 0.49, 0.50, 0.51 -> 0.50 ± 0.01;
     # at the best-valid checkpoint: rope 0.53, 0.51 -> 0.52 ± 0.0141; pope 0.50, 0.53, 0.49 -> 0.5067 ± 0.0208
-    assert ("| jsb | rope | test_nll (min over evaluations) | 0.5100 ± 0.0141 (n=2) | 0.5200 ± 0.0141 (n=2) | "
-            "0.5081 |") in markdown
-    assert ("| jsb | pope | test_nll (min over evaluations) | 0.5000 ± 0.0100 (n=3) | 0.5067 ± 0.0208 (n=3) | "
-            "0.4889 |") in markdown
-    # a real run's summary.json (pope.train) gives its at-best-valid test loss
-    tiny = json.loads((workspace["rope"] / "summary.json").read_text())["at_best_valid"]["test_loss"]
-    assert f"| jsb-tiny | rope | last test_loss |" in markdown and f"| {tiny:.4f} (n=1) |" in markdown
+    assert ("| jsb | rope | test_nll (min over evaluations) | 0.5100 ± 0.0141 (n=2) | 0.5200 ± 0.0141 (n=2); "
+            "best step 100–200 | 0.5081 |") in markdown
+    assert ("| jsb | pope | test_nll (min over evaluations) | 0.5000 ± 0.0100 (n=3) | 0.5067 ± 0.0208 (n=3); "
+            "best step 100–300 | 0.4889 |") in markdown
+    # a real run's summary.json (pope.train) gives its at-best-valid test loss and step, of recipe.max_steps
+    summary = json.loads((workspace["rope"] / "summary.json").read_text())
+    assert "| jsb-tiny | rope | last test_loss |" in markdown
+    assert f"| {summary['at_best_valid']['test_loss']:.4f} (n=1); best step {summary['best_step']} of 4 |" in markdown
     # PoPE vs RoPE: headline 0.50 - 0.51 = -0.01; of the C(5, 3) = 10 splits of {.49 .50 .51 | .52 .50} the ones
     # with |difference| >= 0.01 are the 5 whose PoPE sum is <= 1.50 or >= 1.53 -> p = 5/10; Welch interval
     # and df from scipy.stats.ttest_ind(equal_var=False). At best valid: -0.0133, 5 of 10 splits again.

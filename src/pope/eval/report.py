@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pope.eval.stats import MAX_EXACT_SPLITS, MONTE_CARLO_SPLITS, permutation_test, welch_interval, wilson_interval
-from pope.files import finish_figure, write_text_atomic
+from pope.files import write_text_atomic
 from pope.train.sweep import EXECUTION_KEYS, setting_of
 
 
@@ -75,6 +75,8 @@ class RunRecord:
     curve: list[tuple[int, float]] = field(default_factory=list)  # (step, test_accuracy) of every evaluation
     task_accuracy: dict[str, float] | None = None  # split -> accuracy of one checkpoint (eval/task_accuracy.json)
     at_best_valid: float | None = None  # the metric at the best-validation checkpoint (summary.json)
+    best_step: int | None = None  # the step of that checkpoint, of max_steps (is the minimum inside the budget?)
+    max_steps: int | None = None
 
 
 def _records(run_dir: Path) -> list[dict]:
@@ -93,7 +95,7 @@ def _records(run_dir: Path) -> list[dict]:
     return records
 
 
-def _finite(values) -> list[float]:
+def finite(values) -> list[float]:
     return [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
 
 
@@ -104,7 +106,7 @@ def headline_metric(records: list[dict], paper_metric: str | None) -> tuple[str 
     last = records[-1]
     if paper_metric == "test_nll":  # evaluations that scored the whole test split, when there are any
         whole = [r for r in records if r.get("test_split_tokens") and r.get("test_scored_tokens") == r["test_split_tokens"]]
-        values = _finite(r.get("test_loss") for r in whole or records)
+        values = finite(r.get("test_loss") for r in whole or records)
         return "test_nll", min(values) if values else None
     if paper_metric == "test_accuracy":
         value = last.get("test_accuracy")
@@ -189,6 +191,7 @@ def collect_run(path: str | Path) -> RunRecord:
     record = RunRecord(run=str(run_dir), preset=preset, pe=pe, seed=config.get("seed"), metric=metric, value=value,
                        finished=bool(summary.get("finished")), step=records[-1].get("step") if records else None,
                        setting=setting, fingerprint=fingerprint, at_best_valid=best_valid_value(summary, metric),
+                       best_step=summary.get("best_step"), max_steps=(config.get("recipe") or {}).get("max_steps"),
                        curve=[(int(r["step"]), float(r["test_accuracy"])) for r in evals
                               if isinstance(r.get("test_accuracy"), (int, float))])
     task_file = run_dir / "eval" / "task_accuracy.json"
@@ -217,7 +220,17 @@ def format_mean_std(values: list[float], digits: int = 4) -> str:
     return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "") + f" (n={n})"
 
 
-def _groups(records: list[RunRecord]) -> dict[tuple[str, str], list[RunRecord]]:
+def _best_steps(members: list[RunRecord]) -> str:
+    """'; best step 400–900 of 2000': where the best-valid checkpoints lie in the schedule ('' when unknown)."""
+    steps = sorted(m.best_step for m in members if isinstance(m.best_step, int) and m.at_best_valid is not None)
+    if not steps:
+        return ""
+    budgets = sorted({m.max_steps for m in members if isinstance(m.max_steps, int)})
+    span = f"{steps[0]}" if steps[0] == steps[-1] else f"{steps[0]}–{steps[-1]}"
+    return f"; best step {span}" + (f" of {budgets[0]}" if len(budgets) == 1 else "")
+
+
+def finished_groups(records: list[RunRecord]) -> dict[tuple[str, str], list[RunRecord]]:
     """(preset, PE) -> runs; for per-length and downstream tables, over finished runs only."""
     groups: dict[tuple[str, str], list[RunRecord]] = {}
     for record in records:
@@ -226,7 +239,7 @@ def _groups(records: list[RunRecord]) -> dict[tuple[str, str], list[RunRecord]]:
     return groups
 
 
-def _setting_groups(records: list[RunRecord]) -> dict[tuple[str, str, str], list[RunRecord]]:
+def setting_groups(records: list[RunRecord]) -> dict[tuple[str, str, str], list[RunRecord]]:
     """(preset, PE, setting label) -> runs of one setting (one config fingerprint), finished or not. The
     label: the sweep directory and its overrides, plus the config values in which this setting differs
     from the other settings of the same preset and PE."""
@@ -262,7 +275,7 @@ def _percent(values: list[float]) -> str:
 
 def lift_off_markdown(records: list[RunRecord]) -> list[str]:
     """The lift-off table over runs with test accuracy (empty when there are none); module docstring."""
-    groups = {key: members for key, members in _setting_groups(records).items() if any(m.curve for m in members)}
+    groups = {key: members for key, members in setting_groups(records).items() if any(m.curve for m in members)}
     if not groups:
         return []
     lines = ["", f"## Test accuracy and lift-off (final test accuracy > {100 * LIFT_OFF_ACCURACY:g} %)", "",
@@ -306,7 +319,7 @@ def _difference_cells(values: list[float], baseline: list[float]) -> str:
 
 def comparison_markdown(records: list[RunRecord]) -> list[str]:
     """The "PoPE vs RoPE" section (module docstring); empty when no finished PE has a RoPE to face."""
-    groups = _setting_groups(records)
+    groups = setting_groups(records)
     baselines = {_comparison_key(members[0]): (label, members) for (_, pe, label), members in groups.items()
                  if pe == COMPARED_PE}
     rows = []
@@ -317,7 +330,7 @@ def comparison_markdown(records: list[RunRecord]) -> list[str]:
         base_label, base = baselines[key]
         metric = next((m.metric for m in members if m.metric), "—")
         for name, get in (("headline", lambda m: m.value), ("at best valid", lambda m: m.at_best_valid)):
-            values, baseline = (_finite(get(m) for m in group if m.finished) for group in (members, base))
+            values, baseline = (finite(get(m) for m in group if m.finished) for group in (members, base))
             if values and baseline:
                 rows.append(f"| {preset} | {pe} | {label} vs {base_label} | {metric}, {name} | "
                             + _difference_cells(values, baseline))
@@ -331,33 +344,6 @@ def comparison_markdown(records: list[RunRecord]) -> list[str]:
             "p < 0.05: with 2 seeds each the smallest possible p is 1/3.", "",
             "| preset | PE | settings | value | n (PE / RoPE) | difference | 95 % interval | permutation p |",
             "|---|---|---|---|---|---|---|---|", *rows]
-
-
-def plot_accuracy_curves(records: list[RunRecord], path: Path) -> Path | None:
-    """Every run's test accuracy against the step, one colour per setting; unfinished runs dashed."""
-    from pope.optional import pyplot
-
-    groups = [(key, members) for key, members in sorted(_setting_groups(records).items())
-              if any(m.curve for m in members)]
-    if not groups:
-        return None
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for index, ((preset, pe, label), members) in enumerate(groups):
-        colour = f"C{index % 10}"
-        finished = sum(m.finished for m in members)
-        name = f"{pe} {label if label != '—' else preset} ({finished} finished, {len(members) - finished} unfinished)"
-        for number, member in enumerate(m for m in members if m.curve):
-            steps, accuracy = zip(*member.curve)
-            ax.plot(steps, [100 * a for a in accuracy], color=colour, alpha=0.7, lw=1.2,
-                    linestyle="-" if member.finished else "--", marker="o", markersize=2,
-                    label=name if number == 0 else None)
-    ax.axhline(100 * LIFT_OFF_ACCURACY, color="gray", lw=0.8, linestyle=":", label="lift-off threshold")
-    ax.set_xlabel("step")
-    ax.set_ylabel("test accuracy (%)")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
-    return finish_figure(fig, path, title="Test accuracy vs step, every seed (dashed: unfinished)")
 
 
 def expand_runs(paths: list[str]) -> list[Path]:
@@ -378,7 +364,7 @@ def expand_runs(paths: list[str]) -> list[Path]:
 
 
 def report_markdown(records: list[RunRecord]) -> str:
-    groups = _setting_groups(records)
+    groups = setting_groups(records)
     lines = ["# Runs", "", "Finished runs only; unfinished ones are listed with their step and left out of every "
              "number. Two values per run: the headline one, taken from the evaluations by the rule in the metric "
              "column, and the same metric at the best-validation checkpoint (`checkpoints/best`, chosen on the "
@@ -392,15 +378,15 @@ def report_markdown(records: list[RunRecord]) -> str:
         rule = f"{metric} ({METRIC_RULES[metric]})" if metric in METRIC_RULES else metric
         paper = paper_value(preset, pe)
         seeds = ",".join(str(m.seed) for m in done) or "—"
-        lines.append(f"| {preset} | {pe} | {rule} | {format_mean_std(_finite(m.value for m in done))} | "
-                     f"{format_mean_std(_finite(m.at_best_valid for m in done))} | "
+        lines.append(f"| {preset} | {pe} | {rule} | {format_mean_std(finite(m.value for m in done))} | "
+                     f"{format_mean_std(finite(m.at_best_valid for m in done))}{_best_steps(done)} | "
                      f"{'—' if paper is None else f'{paper:g}'} | {seeds} | {_unfinished(members)} | {label} |")
     missing = [m.run for m in records if m.finished and m.value is None]
     if missing:
         lines += ["", "Finished runs without an evaluation record: " + ", ".join(missing)]
     lines += comparison_markdown(records)
     lines += lift_off_markdown(records)
-    by_pe = _groups(records)  # finished runs per preset x PE
+    by_pe = finished_groups(records)  # finished runs per preset x PE
 
     length_keys = sorted({key for m in records for key in m.length_ppl})
     for key in length_keys:
@@ -411,7 +397,7 @@ def report_markdown(records: list[RunRecord]) -> str:
         for (preset, pe), members in sorted(by_pe.items()):
             if not any(key in m.length_ppl for m in members):
                 continue
-            cells = [format_mean_std(_finite(m.length_ppl.get(key, {}).get(L) for m in members), 3) for L in lengths]
+            cells = [format_mean_std(finite(m.length_ppl.get(key, {}).get(L) for m in members), 3) for L in lengths]
             lines.append(f"| {preset} | {pe} | " + " | ".join(cells) + " |")
 
     if any(m.downstream for m in records):
@@ -423,71 +409,13 @@ def report_markdown(records: list[RunRecord]) -> str:
         for (preset, pe), members in sorted(by_pe.items()):
             rows = [m.downstream for m in members if m.downstream]
             if rows:
-                cells = [format_mean_std(_finite(r.get(c) for r in rows), 2) for c in columns]
+                cells = [format_mean_std(finite(r.get(c) for r in rows), 2) for c in columns]
                 lines.append(f"| {preset} | {pe} | " + " | ".join(cells) + " |")
                 paper = paper_downstream(preset, paper_encoding(preset, pe) or "")
                 if paper:
                     lines.append(f"| {preset} | paper {paper_encoding(preset, pe)} | "
                                  + " | ".join(f"{paper[c]:.2f}" for c in columns) + " |")
     return "\n".join(lines) + "\n"
-
-
-def plot_report(records: list[RunRecord], path: Path) -> Path | None:
-    """Bar per preset × PE × setting over finished runs (mean, error bar = std over seeds, dots = seeds,
-    cross = paper)."""
-    from pope.optional import pyplot
-
-    finished = {key: [m for m in members if m.finished] for key, members in _setting_groups(records).items()}
-    groups = [(key, done) for key, done in sorted(finished.items()) if _finite(m.value for m in done)]
-    if not groups:
-        return None
-    plt = pyplot()
-    presets = sorted({preset for (preset, _, _), _ in groups})
-    fig, axes = plt.subplots(1, len(presets), figsize=(4.5 * len(presets), 4), squeeze=False)
-    for ax, preset in zip(axes[0], presets):
-        mine = [(pe if label == "—" else f"{pe}\n{label[:40]}", members)
-                for (p, pe, label), members in groups if p == preset]
-        for x, (pe, members) in enumerate(mine):
-            values = _finite(m.value for m in members)
-            mean, std, _ = mean_std(values)
-            ax.bar(x, mean, yerr=std or 0, capsize=4, alpha=0.6)
-            ax.scatter([x] * len(values), values, color="black", s=10, zorder=3)
-            paper = paper_value(preset, members[0].pe)
-            if paper is not None:
-                ax.scatter([x], [paper], marker="x", color="red", s=60, zorder=4, label="paper" if x == 0 else None)
-        ax.set_xticks(range(len(mine)), [pe for pe, _ in mine], rotation=20, ha="right", fontsize=8)
-        ax.set_title(preset)
-        ax.set_ylabel(next((m.metric for _, ms in mine for m in ms if m.metric), "metric"))
-        if any(paper_value(preset, members[0].pe) is not None for _, members in mine):
-            ax.legend(fontsize=8)
-    return finish_figure(fig, path)
-
-
-def plot_report_lengths(records: list[RunRecord], path: Path) -> Path | None:
-    """Perplexity vs evaluation length per (preset, PE): mean over seeds, error bars = std; one panel per data."""
-    from pope.optional import pyplot
-
-    keys = sorted({key for record in records for key in record.length_ppl})
-    if not keys:
-        return None
-    plt = pyplot()
-    fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 4.5), squeeze=False)
-    for ax, key in zip(axes[0], keys):
-        for (preset, pe), members in sorted(_groups(records).items()):
-            lengths = sorted({L for m in members for L in m.length_ppl.get(key, {})})
-            if not lengths:
-                continue
-            stats = [mean_std(_finite(m.length_ppl.get(key, {}).get(L) for m in members)) for L in lengths]
-            ax.errorbar(lengths, [s[0] for s in stats], yerr=[s[1] or 0 for s in stats], marker="o", capsize=3,
-                        label=f"{preset} {pe} (n={max(s[2] for s in stats)})")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("evaluation length (tokens)")
-        ax.set_ylabel("perplexity")
-        ax.set_title(key)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-    return finish_figure(fig, path)
 
 
 def write_report(runs: list[str], out_dir: str | Path) -> tuple[str, list[Path]]:
@@ -497,6 +425,8 @@ def write_report(runs: list[str], out_dir: str | Path) -> tuple[str, list[Path]]
     markdown = report_markdown(records)
     out_dir = Path(out_dir)
     written = [write_text_atomic(out_dir / "report.md", markdown)]
+    from pope.eval.report_plots import plot_accuracy_curves, plot_report, plot_report_lengths
+
     for plot in (plot_report(records, out_dir / "report.png"),
                  plot_report_lengths(records, out_dir / "report_length.png"),
                  plot_accuracy_curves(records, out_dir / "accuracy_vs_step.png")):
