@@ -210,6 +210,7 @@ def test_report_mean_std_over_seeds_and_paper_numbers(tmp_path, workspace):
     assert ("| jsb | pope | — vs — | test_nll, at best valid | 3 / 2 | -0.0133 | -0.0638 … +0.0372 (df 2.9) | "
             "0.5000 (exact, all 10 splits) |") in markdown
     assert "| jsb-tiny | rope |" in markdown and (tmp_path / "report" / "report.png").stat().st_size > 0
+    assert "lift-off" not in markdown  # next-token test_accuracy of a language model is no task accuracy
     assert "| jsb | rope | 2.500 ± 0.707 (n=2) | 3.000 ± 0.000 (n=2) |" in markdown  # perplexity per length
     assert (tmp_path / "report" / "report_length.png").stat().st_size > 0
     assert paper_value("jsb", "pope:delta_init=uniform") == 0.4889
@@ -305,7 +306,7 @@ def test_report_lift_off_table_from_sweep_directories(tmp_path):
     # 6 whose left-out pair sums to <= 0.23, the 5 that leave out 0.95 with another); the fp32 sweep has no
     # RoPE of its setting, so it is not compared
     comparison = markdown.split("## PoPE vs RoPE")[1].split("##")[0]
-    assert ("| indirect-indexing | pope | pope/ train.autocast=auto vs rope/ | test_accuracy, headline | 4 / 2 | "
+    assert ("| indirect-indexing | pope | pope/ vs rope/ | test_accuracy, headline | 4 / 2 | "
             "+0.2500 |") in comparison and "| 0.7333 (exact, all 15 splits) |" in comparison
     assert "pope-fp32" not in comparison and "at best valid" not in comparison
     assert "Train-example accuracy not measured for 4 finished run(s)" in markdown
@@ -323,3 +324,20 @@ def test_wilson_interval_matches_known_values():
     assert low == pytest.approx(0.4902, abs=1e-4) and high == pytest.approx(0.9433, abs=1e-4)
     assert wilson_interval(0, 4)[0] == 0.0 and wilson_interval(0, 4)[1] == pytest.approx(0.4899, abs=1e-4)
     assert wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def test_report_keeps_length_evaluations_on_different_documents_apart(tmp_path):
+    """Two `pope eval length` calls on one run (1x..2x, then 4x on fewer, longer documents) are two tables."""
+    from pope.eval.report import write_report
+
+    run = _fake_run(tmp_path / "rope0", "jsb", "rope", 0, [0.5])
+    for name, ppl in (("short", {64: 2.0, 128: 2.5}), ("long", {256: 4.0})):
+        (tmp_path / "rope0" / "eval").mkdir(exist_ok=True)
+        (tmp_path / "rope0" / "eval" / f"length-jsb-test-{name}.json").write_text(json.dumps({
+            "data_name": "jsb", "split": "test", "same_documents": True,
+            "results": [{"length": length, "perplexity": value} for length, value in ppl.items()]}))
+    markdown, _ = write_report([run], tmp_path / "report")
+    short = markdown.split("## Perplexity vs evaluation length (jsb/test, the same documents at every length to 128)")
+    long = markdown.split("## Perplexity vs evaluation length (jsb/test, the same documents at every length to 256)")
+    assert len(short) == 2 and "| jsb | rope | 2.000 (n=1) | 2.500 (n=1) |" in short[1].split("##")[0]
+    assert len(long) == 2 and "| jsb | rope | 4.000 (n=1) |" in long[1].split("##")[0]

@@ -229,3 +229,44 @@ def test_gpu_reproduce_maestro_stage_on_cpu(tmp_path):
     recipe = json.loads((tmp_path / "runs" / "maestro-pope/seed-0/config.json").read_text())["recipe"]
     # the stage's budget, except the keys EXTRA sets itself (pope train takes each key once)
     assert (recipe["max_steps"], recipe["warmup_steps"], recipe["eval_interval"]) == (2, 1, 50)
+
+
+@pytest.mark.slow
+def test_gpu_reproduce_text_stage_on_cpu(tmp_path):
+    """The text stage end to end on CPU from a small carried GPT-2-token set (training context 16): five
+    sweeps, YaRN and PoPE+ft fine-tunes at 4x, length evaluation at 1x..20x, frequency usage, the report."""
+    data = tmp_path / "device-data"
+    _write(data / "text", 50257, {"train": [300] * 4, "valid": [200], "test": [400] * 2}, None)
+    sets = [*TINY_SETS, "recipe.seq_len=16", "model.max_seq_len=16", "recipe.batch_size=4", "recipe.eval_batches=1"]
+    ft = ("--batch-size 2 --warmup 1 --set train.device=cpu --set train.tensorboard=false "
+          "--set recipe.eval_interval=2 --set recipe.eval_batches=1")
+    result = _script(tmp_path, extra_path=[_no_network(tmp_path)], STAGE="text", TEXT_PRESET="text-256-tiny",
+                     TEXT_SEEDS="0-1", EXTRA=" ".join(f"--set {s}" for s in sets), FT_STEPS="2", FT_EXTRA=ft,
+                     EVAL_ARGS="--device cpu", DATA=str(data), POPE_CACHE=str(tmp_path / "empty-cache"),
+                     OMP_NUM_THREADS="1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    runs = tmp_path / "runs"
+    for name in ("rope", "pope-d0", "pope-du", "alibi", "nope"):
+        assert f"sweep text-{name} exit status 0" in result.stdout
+    assert json.loads((runs / "text-rope-ft64/config.json").read_text())["model"]["pe"].startswith("yarn:")
+    assert (runs / "text-pope-d0-ft64/summary.json").is_file()
+    for name, lengths in (("text", {16, 32, 64, 128, 160}), ("text-long", {256, 320})):
+        evaluated = json.loads((runs / f"length-{name}/length.json").read_text())["runs"]
+        assert len(evaluated) == 2 + 2 + 1 + 1 + 1 + 2  # every seed of the five sweeps and the two fine-tunes
+        assert all({r["length"] for r in run["results"]} == lengths for run in evaluated)
+        # each run keeps both evaluations (the second one does not replace the first)
+        beside = json.loads((runs / f"text-nope/seed-0/eval/length-text-test-{name}.json").read_text())
+        assert {r["length"] for r in beside["results"]} == lengths
+    assert (runs / "text-pope-du/seed-0/eval/frequencies/frequency_usage.json").is_file()
+    report = (runs / "report-text/report.md").read_text()
+    assert "## Perplexity vs evaluation length (text/test, the same documents at every length to 160)" in report
+    assert "## Perplexity vs evaluation length (text/test, the same documents at every length to 320)" in report
+    # two seeds of RoPE and PoPE d=0 are compared; the one-seed encodings are not; no lift-off table for an LM
+    assert "| text-256-tiny | pope:delta_init=zero | text-pope-d0/ vs text-rope/ | last test_loss, headline | 2 / 2 |" \
+        in report and "| text-256-tiny | alibi | text-alibi/ vs" not in report and "lift-off" not in report
+    import tarfile
+
+    with tarfile.open(tmp_path / "out" / "reproduce-text.tar.gz") as archive:
+        names = set(archive.getnames())
+    assert "./report-text/report.md" in names and "./length-text/length.json" in names
+    assert not any("checkpoints" in n for n in names)

@@ -192,16 +192,19 @@ def collect_run(path: str | Path) -> RunRecord:
                        finished=bool(summary.get("finished")), step=records[-1].get("step") if records else None,
                        setting=setting, fingerprint=fingerprint, at_best_valid=best_valid_value(summary, metric),
                        best_step=summary.get("best_step"), max_steps=(config.get("recipe") or {}).get("max_steps"),
-                       curve=[(int(r["step"]), float(r["test_accuracy"])) for r in evals
-                              if isinstance(r.get("test_accuracy"), (int, float))])
+                       curve=[(int(r["step"]), float(r["test_accuracy"])) for r in evals  # task accuracy only
+                              if metric == "test_accuracy" and isinstance(r.get("test_accuracy"), (int, float))])
     task_file = run_dir / "eval" / "task_accuracy.json"
     if task_file.is_file():
         splits = json.loads(task_file.read_text()).get("splits", {})
         record.task_accuracy = {name: float(info["accuracy"]) for name, info in splits.items()}
     for length_file in sorted((run_dir / "eval").glob("length-*.json")):
         data = json.loads(length_file.read_text())
+        by_length = {int(r["length"]): float(r["perplexity"]) for r in data.get("results", [])}
         key = f"{data.get('data_name', '?')}/{data.get('split', '?')}"
-        record.length_ppl[key] = {int(r["length"]): float(r["perplexity"]) for r in data.get("results", [])}
+        if data.get("same_documents") and by_length:  # evaluations on other document sets get their own table
+            key += f", the same documents at every length to {max(by_length):,}"
+        record.length_ppl[key] = by_length
     downstream_file = run_dir / "eval" / "downstream.json"
     if downstream_file.is_file():
         record.downstream = json.loads(downstream_file.read_text()).get("paper_row")
@@ -317,22 +320,26 @@ def _difference_cells(values: list[float], baseline: list[float]) -> str:
             f"{test.p_value:.4f} ({test.describe()}) |")
 
 
+def _sweeps(members: list[RunRecord]) -> str:
+    """The sweep directories of a setting's runs ('—' for runs outside sweeps)."""
+    return ", ".join(sorted({m.setting.split()[0] for m in members if m.setting})) or "—"
+
+
 def comparison_markdown(records: list[RunRecord]) -> list[str]:
-    """The "PoPE vs RoPE" section (module docstring); empty when no finished PE has a RoPE to face."""
+    """The "PoPE vs RoPE" section (module docstring): settings with >= 2 finished seeds on both sides."""
     groups = setting_groups(records)
-    baselines = {_comparison_key(members[0]): (label, members) for (_, pe, label), members in groups.items()
-                 if pe == COMPARED_PE}
+    baselines = {_comparison_key(members[0]): members for (_, pe, _), members in groups.items() if pe == COMPARED_PE}
     rows = []
     for (preset, pe, label), members in sorted(groups.items()):
         key = _comparison_key(members[0])
         if pe == COMPARED_PE or key not in baselines:
             continue
-        base_label, base = baselines[key]
+        base = baselines[key]
         metric = next((m.metric for m in members if m.metric), "—")
         for name, get in (("headline", lambda m: m.value), ("at best valid", lambda m: m.at_best_valid)):
             values, baseline = (finite(get(m) for m in group if m.finished) for group in (members, base))
-            if values and baseline:
-                rows.append(f"| {preset} | {pe} | {label} vs {base_label} | {metric}, {name} | "
+            if len(values) >= 2 and len(baseline) >= 2:
+                rows.append(f"| {preset} | {pe} | {_sweeps(members)} vs {_sweeps(base)} | {metric}, {name} | "
                             + _difference_cells(values, baseline))
     if not rows:
         return []
@@ -341,7 +348,8 @@ def comparison_markdown(records: list[RunRecord]) -> list[str]:
             "is better; for accuracy, positive); 95 % interval: Welch t (unequal variances); p: two-sided "
             f"permutation test of equal means over the splits of the pooled seeds (exact when there are at most "
             f"{MAX_EXACT_SPLITS:,} splits, else {MONTE_CARLO_SPLITS:,} seeded random ones). With a handful of seeds only large gaps can reach "
-            "p < 0.05: with 2 seeds each the smallest possible p is 1/3.", "",
+            "p < 0.05: with 2 seeds each the smallest possible p is 1/3. Encodings with fewer than 2 finished seeds "
+            "(or a RoPE with fewer) are not compared.", "",
             "| preset | PE | settings | value | n (PE / RoPE) | difference | 95 % interval | permutation p |",
             "|---|---|---|---|---|---|---|---|", *rows]
 
