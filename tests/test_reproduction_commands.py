@@ -201,7 +201,8 @@ def _tiny_stage(tmp_path, stage: str, data: Path, preset: str, sets=TINY_SETS):
         assert summary["finished"] and summary["best_metric"] == "valid_loss" and "test_loss" in summary["at_best_valid"]
     assert f"./report-{stage}/report.md" in names and not any("checkpoints" in n for n in names)
     report = (tmp_path / "runs" / f"report-{stage}" / "report.md").read_text()
-    assert "ours at best-valid checkpoint" in report and "## PoPE vs RoPE" in report
+    assert "ours at best-valid checkpoint" in report
+    assert "## PoPE vs RoPE" not in report  # one seed a side: nothing to test (pope.eval.report needs >= 2)
     return env
 
 
@@ -241,7 +242,7 @@ def test_gpu_reproduce_text_stage_on_cpu(tmp_path):
     ft = ("--batch-size 2 --warmup 1 --set train.device=cpu --set train.tensorboard=false "
           "--set recipe.eval_interval=2 --set recipe.eval_batches=1")
     result = _script(tmp_path, extra_path=[_no_network(tmp_path)], STAGE="text", TEXT_PRESET="text-256-tiny",
-                     TEXT_SEEDS="0-1", EXTRA=" ".join(f"--set {s}" for s in sets), FT_STEPS="2", FT_EXTRA=ft,
+                     TEXT_SEEDS="0", EXTRA=" ".join(f"--set {s}" for s in sets), FT_STEPS="2", FT_EXTRA=ft,
                      EVAL_ARGS="--device cpu", DATA=str(data), POPE_CACHE=str(tmp_path / "empty-cache"),
                      OMP_NUM_THREADS="1")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -252,7 +253,7 @@ def test_gpu_reproduce_text_stage_on_cpu(tmp_path):
     assert (runs / "text-pope-d0-ft64/summary.json").is_file()
     for name, lengths in (("text", {16, 32, 64, 128, 160}), ("text-long", {256, 320})):
         evaluated = json.loads((runs / f"length-{name}/length.json").read_text())["runs"]
-        assert len(evaluated) == 2 + 2 + 1 + 1 + 1 + 2  # every seed of the five sweeps and the two fine-tunes
+        assert len(evaluated) == 5 + 2  # the seed of each of the five sweeps and the two fine-tunes
         assert all({r["length"] for r in run["results"]} == lengths for run in evaluated)
         # each run keeps both evaluations (the second one does not replace the first)
         beside = json.loads((runs / f"text-nope/seed-0/eval/length-text-test-{name}.json").read_text())
@@ -261,9 +262,7 @@ def test_gpu_reproduce_text_stage_on_cpu(tmp_path):
     report = (runs / "report-text/report.md").read_text()
     assert "## Perplexity vs evaluation length (text/test, the same documents at every length to 160)" in report
     assert "## Perplexity vs evaluation length (text/test, the same documents at every length to 320)" in report
-    # two seeds of RoPE and PoPE d=0 are compared; the one-seed encodings are not; no lift-off table for an LM
-    assert "| text-256-tiny | pope:delta_init=zero | text-pope-d0/ vs text-rope/ | last test_loss, headline | 2 / 2 |" \
-        in report and "| text-256-tiny | alibi | text-alibi/ vs" not in report and "lift-off" not in report
+    assert "lift-off" not in report  # no lift-off table for language models
     import tarfile
 
     with tarfile.open(tmp_path / "out" / "reproduce-text.tar.gz") as archive:
