@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
 # The reproduction table's GPU runs (results/REPRODUCTION.md), one stage per 10-minute command on one H200:
 #
-#   STAGE=jsb    bash scripts/gpu_reproduce.sh   # JSB, paper model/recipe: PoPE (delta uniform) vs RoPE, 5 seeds each
+#   STAGE=jsb     bash scripts/gpu_reproduce.sh  # JSB, paper model/recipe: PoPE (delta uniform) vs RoPE, 5 seeds each
+#   STAGE=maestro bash scripts/gpu_reproduce.sh  # MAESTRO stand-in (10 offline performances), paper model with
+#                                                # best-valid checkpointing, 2000 steps: PoPE d=U vs RoPE, 2 seeds each
 #   STAGE=genome bash scripts/gpu_reproduce.sh   # genome-h200 (8 x 512, 1000 tokens): PoPE vs RoPE, 2 seeds each,
 #                                                # then zero-shot length extrapolation on the genome test split
 #   STAGE=text   bash scripts/gpu_reproduce.sh   # text-256: RoPE, PoPE d=0 (3 seeds), PoPE d=U, ALiBi, NoPE (1);
 #                                                # YaRN and PoPE+ft (fine-tune at 4x); pope eval length at 1x..20x;
 #                                                # frequency usage; pope report
+#
+# Data: the GPU machine reaches no network, so each stage's prepared dataset travels with the command. Build it
+# here with `bash scripts/device_data.sh STAGE` (-> .device-data/STAGE, ignored by git; sizes: jsb 0.6 MiB,
+# maestro 0.8 MiB, genome 23.2 MiB, text 6.6 MiB) and pass carry [".device-data/STAGE"] to the run. The stage
+# then reads it through POPE_DATA_DIR (after re-hashing it against its manifest) and prepares nothing; without a
+# carried folder it prepares from the offline sources in $POPE_CACHE (which need music21/miditok/tiktoken).
 #
 # Run a stage again on the same machine to continue it: every `pope train --seeds` call is `--resume` (finished
 # seeds are skipped, unfinished ones continue from checkpoints/last), each seed stops itself after LIMIT seconds
@@ -19,33 +27,56 @@
 # 3000 steps + 30 whole-split evaluations ~ 1.5-2 min alone, ~3-4 min with 5 seeds of each encoding sharing
 # the GPU. genome-h200 (~27M parameters, 64k tokens a step, ~1e13 FLOP a step): ~0.1 s a step alone, 2000
 # steps in ~7 min with 4 runs sharing the GPU. text-256 (6 x 384, 8k tokens a step): ~40 s alone, 9 runs in
-# ~4 min; each fine-tune (batch 64 x 1024) ~2 min.
+# ~4 min; each fine-tune (batch 64 x 1024) ~2 min. maestro (6 x 384, 10.6M parameters, 16 x 2048 = 32k tokens a
+# step, ~3e12 FLOP with attention, 4.4x the ~4.6e11 of the 8 x 512 indirect-indexing step that takes 3.4 ms, and
+# no CUDA graph as dropout is on): ~20-25 ms a step, 2000 steps ~50 s alone, ~4 min for the 4 runs (~6 min with
+# MAESTRO_SEEDS=0-2). Its budget: the 318k training tokens are ~10 steps an epoch, so 2000 steps are ~200 epochs;
+# a 10.6M-parameter model on 318k tokens passes its validation minimum long before (the paper's own JSB and
+# MAESTRO budgets are ~50 epochs); checkpoints/best keeps the minimum, and summary.json's best_step shows
+# whether it lies well inside the budget (if it is near 2000, rerun with a larger MAESTRO_STEPS). A CPU check
+# with maestro-tiny (0.12M parameters, 4500 steps of 8 x 256 tokens = 28 epochs) still improved at its end
+# (best valid at step 4050): too small to overfit, so it bounds nothing for the 88x larger model.
 #
-# Settings (environment): STAGE (required: jsb, genome or text), LIMIT (training seconds per seed and call;
-# default 480 for jsb/genome, 200 for text), JOBS_PER_GPU (default 4; the jsb stage runs its two sweeps side by
-# side with 3 each), JSB_PRESET (jsb), GENOME_PRESET (genome-h200), TEXT_PRESET (text-256), JSB_SEEDS (0-4),
-# GENOME_SEEDS (0-1), TEXT_SEEDS (0-2, RoPE and PoPE d=0), FT_STEPS (500), EXTRA (more arguments for every
-# `pope train`, e.g. "--set train.device=cpu"), FT_EXTRA (more arguments for `pope finetune`), EVAL_ARGS (more arguments for
-# `pope eval length`), RUNS (/tmp/pope-runs), OUT (/tmp/out). The data must be prepared (or its offline
-# sources present) in $POPE_CACHE: the GPU machine reaches no network.
+# Settings (environment): STAGE (required: jsb, maestro, genome or text), LIMIT (training seconds per seed and
+# call; default 480 for jsb/maestro/genome, 200 for text), JOBS_PER_GPU (default 4; the jsb and maestro stages run
+# their two sweeps side by side with 3 and 2 each), JSB_PRESET (jsb), MAESTRO_PRESET (maestro), GENOME_PRESET
+# (genome-h200), TEXT_PRESET (text-256), JSB_SEEDS (0-4), MAESTRO_SEEDS (0-1), GENOME_SEEDS (0-1), TEXT_SEEDS
+# (0-2, RoPE and PoPE d=0), MAESTRO_STEPS (2000, with warmup 100 and an evaluation every 50 steps), FT_STEPS
+# (500), EXTRA (more arguments for every `pope train`, e.g. "--set train.device=cpu"), FT_EXTRA (more arguments
+# for `pope finetune`), EVAL_ARGS (more arguments for `pope eval length`), DATA (the carried data folder,
+# default .device-data/$STAGE), RUNS (/tmp/pope-runs), OUT (/tmp/out).
 set -u
-export PYTHONPATH=src PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 STAGE=${STAGE:-}; EXTRA=${EXTRA:-}; FT_EXTRA=${FT_EXTRA:-}; EVAL_ARGS=${EVAL_ARGS:-}; JOBS_PER_GPU=${JOBS_PER_GPU:-4}
 JSB_PRESET=${JSB_PRESET:-jsb}; GENOME_PRESET=${GENOME_PRESET:-genome-h200}; TEXT_PRESET=${TEXT_PRESET:-text-256}
 JSB_SEEDS=${JSB_SEEDS:-0-4}; GENOME_SEEDS=${GENOME_SEEDS:-0-1}; TEXT_SEEDS=${TEXT_SEEDS:-0-2}; FT_STEPS=${FT_STEPS:-500}
-OUT=${OUT:-/tmp/out}; RUNS=${RUNS:-/tmp/pope-runs}
+MAESTRO_PRESET=${MAESTRO_PRESET:-maestro}; MAESTRO_SEEDS=${MAESTRO_SEEDS:-0-1}; MAESTRO_STEPS=${MAESTRO_STEPS:-2000}
+OUT=${OUT:-/tmp/out}; RUNS=${RUNS:-/tmp/pope-runs}; DATA=${DATA:-.device-data/$STAGE}
 case "$STAGE" in
-  jsb|genome) LIMIT=${LIMIT:-480} ;;
+  jsb|maestro|genome) LIMIT=${LIMIT:-480} ;;
   text) LIMIT=${LIMIT:-200} ;;
-  *) echo "gpu_reproduce.sh: STAGE must be jsb, genome or text (got '${STAGE}')" >&2; exit 2 ;;
+  *) echo "gpu_reproduce.sh: STAGE must be jsb, maestro, genome or text (got '${STAGE}')" >&2; exit 2 ;;
 esac
-case "$LIMIT$FT_STEPS$JOBS_PER_GPU" in
-  *[!0-9]*) echo "gpu_reproduce.sh: LIMIT, FT_STEPS and JOBS_PER_GPU must be whole numbers" >&2; exit 2 ;;
+case "$LIMIT$FT_STEPS$JOBS_PER_GPU$MAESTRO_STEPS" in
+  *[!0-9]*) echo "gpu_reproduce.sh: LIMIT, FT_STEPS, JOBS_PER_GPU and MAESTRO_STEPS must be whole numbers" >&2; exit 2 ;;
 esac
+[ "$MAESTRO_STEPS" -ge 200 ] || { echo "gpu_reproduce.sh: MAESTRO_STEPS must be at least 200 (got $MAESTRO_STEPS)" >&2; exit 2; }
 pope() { python3 -m pope.cli "$@"; }
 mkdir -p "$OUT" "$RUNS"
 status=0
 
+# data_ready NAME: the stage's dataset, from the carried folder $DATA when it holds NAME (every file re-hashed
+# against its manifest; POPE_DATA_DIR points every later command there), else prepared from the offline sources
+data_ready() {
+  if [ -f "$DATA/$1/manifest.json" ]; then
+    POPE_DATA_DIR=$(cd "$DATA" && pwd); export POPE_DATA_DIR
+    echo "data: $1 from the carried folder $POPE_DATA_DIR/$1"
+    pope data info "$1" --verify
+  else
+    echo "data: no $DATA/$1/manifest.json (bash scripts/device_data.sh $STAGE builds it); preparing $1 from \$POPE_CACHE"
+    pope data prepare "$1" --no-progress
+  fi
+}
 # sweep PRESET PE SEEDS NAME [JOBS]: one resumable seed sweep into $RUNS/NAME, logged in $RUNS/NAME.log
 sweep() {
   # shellcheck disable=SC2086  # EXTRA is a list of arguments
@@ -54,6 +85,13 @@ sweep() {
   local rc=$?
   echo "sweep $4 exit status $rc"
   [ "$rc" -eq 0 ] || status=1
+  return "$rc"
+}
+# wait_all: wait for every background sweep (started with `sweep ... & pids+=($!)`); a failed one fails the stage
+pids=()
+wait_all() {
+  local pid; for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+  pids=()
 }
 finished() {
   python3 -c "import sys; from pathlib import Path; from pope.train.sweep import run_finished
@@ -75,32 +113,48 @@ length_eval() {
   [ "${#done_runs[@]}" -gt 0 ] || { echo "length $name: no finished run yet"; return; }
   # shellcheck disable=SC2086
   pope eval length "${done_runs[@]}" --data "$data" --lengths "$lens" --out "$RUNS/length-$name" $EVAL_ARGS \
-    || status=1
+    || { status=1; return; }
+  # each run's copy is RUN/eval/length-DATA-test.json whatever the lengths: name it after this evaluation, or
+  # the next one (text-long after text) would replace it and `pope report` would see only the last lengths
+  local run; for run in "${done_runs[@]}"; do
+    mv -f "$run/eval/length-$data-test.json" "$run/eval/length-$data-test-$name.json" || status=1
+  done
 }
 
 case "$STAGE" in
   jsb)
-    pope data prepare jsb >/dev/null || exit 1
-    sweep "$JSB_PRESET" pope "$JSB_SEEDS" jsb-pope 3 &
-    sweep "$JSB_PRESET" rope "$JSB_SEEDS" jsb-rope 3 &
-    wait
+    data_ready jsb || exit 1
+    sweep "$JSB_PRESET" pope "$JSB_SEEDS" jsb-pope 3 & pids+=($!)
+    sweep "$JSB_PRESET" rope "$JSB_SEEDS" jsb-rope 3 & pids+=($!)
+    wait_all
     pope report "$RUNS/jsb-pope" "$RUNS/jsb-rope" --out "$RUNS/report-jsb" || status=1
     ;;
+  maestro)  # best-valid checkpointing is the default (train.best_metric valid_loss): summary.json at_best_valid
+    data_ready maestro || exit 1
+    budget=""  # the cut budget; a key that EXTRA sets itself is left to EXTRA (pope train takes each key once)
+    for setting in recipe.max_steps="$MAESTRO_STEPS" recipe.warmup_steps=100 recipe.eval_interval=50; do
+      case " $EXTRA " in *" ${setting%%=*}="*) ;; *) budget="$budget --set $setting" ;; esac
+    done
+    EXTRA="$budget $EXTRA" sweep "$MAESTRO_PRESET" pope "$MAESTRO_SEEDS" maestro-pope 2 & pids+=($!)
+    EXTRA="$budget $EXTRA" sweep "$MAESTRO_PRESET" rope "$MAESTRO_SEEDS" maestro-rope 2 & pids+=($!)
+    wait_all
+    pope report "$RUNS/maestro-pope" "$RUNS/maestro-rope" --out "$RUNS/report-maestro" || status=1
+    ;;
   genome)
-    pope data prepare genome >/dev/null || exit 1
+    data_ready genome || exit 1
     sweep "$GENOME_PRESET" pope "$GENOME_SEEDS" genome-pope
     sweep "$GENOME_PRESET" rope "$GENOME_SEEDS" genome-rope
     length_eval genome genome "$(lengths genome-rope 1 2 4 8 10)" "$RUNS"/genome-pope/seed-* "$RUNS"/genome-rope/seed-*
     pope report "$RUNS/genome-pope" "$RUNS/genome-rope" --out "$RUNS/report-genome" || status=1
     ;;
   text)
-    pope data prepare text >/dev/null || exit 1
-    sweep "$TEXT_PRESET" rope "$TEXT_SEEDS" text-rope &
-    sweep "$TEXT_PRESET" pope:delta_init=zero "$TEXT_SEEDS" text-pope-d0 &
-    sweep "$TEXT_PRESET" pope:delta_init=uniform 0 text-pope-du &
-    sweep "$TEXT_PRESET" alibi 0 text-alibi &
-    sweep "$TEXT_PRESET" nope 0 text-nope &
-    wait
+    data_ready text || exit 1
+    sweep "$TEXT_PRESET" rope "$TEXT_SEEDS" text-rope & pids+=($!)
+    sweep "$TEXT_PRESET" pope:delta_init=zero "$TEXT_SEEDS" text-pope-d0 & pids+=($!)
+    sweep "$TEXT_PRESET" pope:delta_init=uniform 0 text-pope-du & pids+=($!)
+    sweep "$TEXT_PRESET" alibi 0 text-alibi & pids+=($!)
+    sweep "$TEXT_PRESET" nope 0 text-nope & pids+=($!)
+    wait_all
     context=$(lengths text-rope 4)
     for source in text-rope text-pope-d0; do  # RoPE -> YaRN, PoPE -> PoPE+ft (pope finetune picks the method)
       run="$RUNS/$source/seed-0"; ft="$RUNS/$source-ft$context"

@@ -164,12 +164,16 @@ def test_analyze_frequencies_cli(workspace, tmp_path, capsys):
     assert "vocabulary mismatch" in capsys.readouterr().err  # 256 byte ids, 90-token model
 
 
-def _fake_run(path, preset, pe, seed, test_losses, length_ppl=None, finished=True):
+def _fake_run(path, preset, pe, seed, test_losses, length_ppl=None, finished=True, at_best_valid=None):
     path.mkdir(parents=True)
     (path / "config.json").write_text(json.dumps({"preset": preset, "pe": pe, "seed": seed}))
     records = [{"step": 100 * (i + 1), "kind": "eval", "test_loss": v, "valid_loss": v} for i, v in enumerate(test_losses)]
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    (path / "summary.json").write_text(json.dumps({"step": 100 * len(test_losses), "finished": finished}))
+    summary = {"step": 100 * len(test_losses), "finished": finished}
+    if at_best_valid is not None:  # the test loss of the evaluation checkpoints/best holds
+        summary.update(best_metric="valid_loss", best_step=100 + 100 * seed,
+                       at_best_valid={"valid_loss": 0.4, "test_loss": at_best_valid})
+    (path / "summary.json").write_text(json.dumps(summary))
     if length_ppl:
         (path / "eval").mkdir()
         (path / "eval" / "length-jsb-test.json").write_text(json.dumps({"data_name": "jsb", "split": "test", "results": [
@@ -180,16 +184,33 @@ def _fake_run(path, preset, pe, seed, test_losses, length_ppl=None, finished=Tru
 def test_report_mean_std_over_seeds_and_paper_numbers(tmp_path, workspace):
     from pope.eval.report import paper_value, write_report
 
-    runs = [_fake_run(tmp_path / f"rope{s}", "jsb", "rope", s, [0.7, loss, 0.6], {64: 2.0 + s, 128: 3.0})
-            for s, loss in enumerate([0.52, 0.50])]
-    runs += [_fake_run(tmp_path / f"pope{s}", "jsb", "pope", s, [0.49 + s / 100, 0.55]) for s in range(3)]
+    runs = [_fake_run(tmp_path / f"rope{s}", "jsb", "rope", s, [0.7, loss, 0.6], {64: 2.0 + s, 128: 3.0},
+                      at_best_valid=best) for s, (loss, best) in enumerate([(0.52, 0.53), (0.50, 0.51)])]
+    runs += [_fake_run(tmp_path / f"pope{s}", "jsb", "pope", s, [0.49 + s / 100, 0.55], at_best_valid=best)
+             for s, best in enumerate([0.50, 0.53, 0.49])]
     runs.append(_fake_run(tmp_path / "pope9", "jsb", "pope", 9, [0.1], finished=False))  # never averaged in
     markdown, written = write_report(runs + [str(workspace["rope"])], tmp_path / "report")
     assert "| 0,1,2 | 9 (step 100) |" in markdown
-    # best test NLL per seed: rope 0.52, 0.50 -> 0.51 ± 0.014142; pope 0.49, 0.50, 0.51 -> 0.50 ± 0.01
-    assert "| jsb | rope | test_nll | 0.5100 ± 0.0141 (n=2) | 0.5081 |" in markdown
-    assert "| jsb | pope | test_nll | 0.5000 ± 0.0100 (n=3) | 0.4889 |" in markdown
+    assert "| metric (headline rule) | ours, headline: mean ± std (n seeds) | ours at best-valid checkpoint |" in markdown
+    # min test NLL per seed: rope 0.52, 0.50 -> 0.51 ± 0.014142; pope 0.49, 0.50, 0.51 -> 0.50 ± 0.01;
+    # at the best-valid checkpoint: rope 0.53, 0.51 -> 0.52 ± 0.0141; pope 0.50, 0.53, 0.49 -> 0.5067 ± 0.0208
+    assert ("| jsb | rope | test_nll (min over evaluations) | 0.5100 ± 0.0141 (n=2) | 0.5200 ± 0.0141 (n=2); "
+            "best step 100–200 | 0.5081 |") in markdown
+    assert ("| jsb | pope | test_nll (min over evaluations) | 0.5000 ± 0.0100 (n=3) | 0.5067 ± 0.0208 (n=3); "
+            "best step 100–300 | 0.4889 |") in markdown
+    # a real run's summary.json (pope.train) gives its at-best-valid test loss and step, of recipe.max_steps
+    summary = json.loads((workspace["rope"] / "summary.json").read_text())
+    assert "| jsb-tiny | rope | last test_loss |" in markdown
+    assert f"| {summary['at_best_valid']['test_loss']:.4f} (n=1); best step {summary['best_step']} of 4 |" in markdown
+    # PoPE vs RoPE: headline 0.50 - 0.51 = -0.01; of the C(5, 3) = 10 splits of {.49 .50 .51 | .52 .50} the ones
+    # with |difference| >= 0.01 are the 5 whose PoPE sum is <= 1.50 or >= 1.53 -> p = 5/10; Welch interval
+    # and df from scipy.stats.ttest_ind(equal_var=False). At best valid: -0.0133, 5 of 10 splits again.
+    assert ("| jsb | pope | — vs — | test_nll, headline | 3 / 2 | -0.0100 | -0.0698 … +0.0498 (df 1.7) | "
+            "0.5000 (exact, all 10 splits) |") in markdown
+    assert ("| jsb | pope | — vs — | test_nll, at best valid | 3 / 2 | -0.0133 | -0.0638 … +0.0372 (df 2.9) | "
+            "0.5000 (exact, all 10 splits) |") in markdown
     assert "| jsb-tiny | rope |" in markdown and (tmp_path / "report" / "report.png").stat().st_size > 0
+    assert "lift-off" not in markdown  # next-token test_accuracy of a language model is no task accuracy
     assert "| jsb | rope | 2.500 ± 0.707 (n=2) | 3.000 ± 0.000 (n=2) |" in markdown  # perplexity per length
     assert (tmp_path / "report" / "report_length.png").stat().st_size > 0
     assert paper_value("jsb", "pope:delta_init=uniform") == 0.4889
@@ -279,7 +300,15 @@ def test_report_lift_off_table_from_sweep_directories(tmp_path):
     # another recipe (fp32) is its own row, never averaged with the bf16 seeds
     assert "| pope | 2 | 85.00 ± 7.07 | 85.00 | 2/2 | 34–100 % | not measured | 94.82 | — | " \
            "pope-fp32/ train.autocast=none |" in markdown
-    assert "| pope | test_accuracy | 0.3650 ± 0.4226 (n=4) | 0.9482 | 0,1,2,3 | 4 (step 5000) |" in markdown
+    assert ("| pope | test_accuracy (last evaluation) | 0.3650 ± 0.4226 (n=4) | — | 0.9482 | 0,1,2,3 | "
+            "4 (step 5000) |") in markdown  # no at_best_valid in these summaries: "—"
+    # PoPE vs RoPE, same setting: +0.3650 - 0.1150 = +0.25; of the C(6, 4) = 15 splits, 11 are as extreme (the
+    # 6 whose left-out pair sums to <= 0.23, the 5 that leave out 0.95 with another); the fp32 sweep has no
+    # RoPE of its setting, so it is not compared
+    comparison = markdown.split("## PoPE vs RoPE")[1].split("##")[0]
+    assert ("| indirect-indexing | pope | pope/ vs rope/ | test_accuracy, headline | 4 / 2 | "
+            "+0.2500 |") in comparison and "| 0.7333 (exact, all 15 splits) |" in comparison
+    assert "pope-fp32" not in comparison and "at best valid" not in comparison
     assert "Train-example accuracy not measured for 4 finished run(s)" in markdown
     assert (tmp_path / "report" / "accuracy_vs_step.png").stat().st_size > 10_000
     assert {p.name for p in written} >= {"report.md", "report.png", "accuracy_vs_step.png"}
@@ -295,3 +324,20 @@ def test_wilson_interval_matches_known_values():
     assert low == pytest.approx(0.4902, abs=1e-4) and high == pytest.approx(0.9433, abs=1e-4)
     assert wilson_interval(0, 4)[0] == 0.0 and wilson_interval(0, 4)[1] == pytest.approx(0.4899, abs=1e-4)
     assert wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def test_report_keeps_length_evaluations_on_different_documents_apart(tmp_path):
+    """Two `pope eval length` calls on one run (1x..2x, then 4x on fewer, longer documents) are two tables."""
+    from pope.eval.report import write_report
+
+    run = _fake_run(tmp_path / "rope0", "jsb", "rope", 0, [0.5])
+    for name, ppl in (("short", {64: 2.0, 128: 2.5}), ("long", {256: 4.0})):
+        (tmp_path / "rope0" / "eval").mkdir(exist_ok=True)
+        (tmp_path / "rope0" / "eval" / f"length-jsb-test-{name}.json").write_text(json.dumps({
+            "data_name": "jsb", "split": "test", "same_documents": True,
+            "results": [{"length": length, "perplexity": value} for length, value in ppl.items()]}))
+    markdown, _ = write_report([run], tmp_path / "report")
+    short = markdown.split("## Perplexity vs evaluation length (jsb/test, the same documents at every length to 128)")
+    long = markdown.split("## Perplexity vs evaluation length (jsb/test, the same documents at every length to 256)")
+    assert len(short) == 2 and "| jsb | rope | 2.000 (n=1) | 2.500 (n=1) |" in short[1].split("##")[0]
+    assert len(long) == 2 and "| jsb | rope | 4.000 (n=1) |" in long[1].split("##")[0]

@@ -8,6 +8,7 @@ and small prepared stand-ins for the data this machine cannot fetch (OpenWebText
 token set; MAESTRO: random documents; indirect indexing: small generated splits). The downstream commands
 (a ```text block) are not run: lm-eval's task data come from the HF hub.
 """
+import json
 import os
 import re
 import shlex
@@ -116,44 +117,155 @@ def test_reproduction_commands_run_on_a_tiny_model(tmp_path, monkeypatch, capsys
     assert (tmp_path / "runs/owt-124m-pope/seed-0/eval/frequencies/frequency_usage.json").is_file()
 
 
-def _script(tmp_path, **env):
-    full = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "RUNS": str(tmp_path / "runs"), "OUT": str(tmp_path / "out"),
+def _script(tmp_path, *, extra_path=(), **env):
+    """Run scripts/gpu_reproduce.sh; DATA is a folder that does not exist unless given (so the developer's own
+    .device-data/ never leaks into a test); ``extra_path`` goes before src on PYTHONPATH."""
+    python_path = os.pathsep.join([*map(str, extra_path), str(ROOT / "src")])
+    full = {**os.environ, "PYTHONPATH": python_path, "RUNS": str(tmp_path / "runs"), "OUT": str(tmp_path / "out"),
+            "DATA": str(tmp_path / "no-device-data"),
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **env}
     return subprocess.run(["bash", "scripts/gpu_reproduce.sh"], cwd=ROOT, env=full, capture_output=True, text=True,
                           timeout=300)
 
 
 def test_gpu_reproduce_rejects_bad_arguments(tmp_path):
-    for env, message in [({}, "STAGE must be jsb, genome or text (got '')"),
-                         ({"STAGE": "owt"}, "STAGE must be jsb, genome or text (got 'owt')"),
-                         ({"STAGE": "jsb", "LIMIT": "5m"}, "must be whole numbers")]:
+    for env, message in [({}, "STAGE must be jsb, maestro, genome or text (got '')"),
+                         ({"STAGE": "owt"}, "STAGE must be jsb, maestro, genome or text (got 'owt')"),
+                         ({"STAGE": "jsb", "LIMIT": "5m"}, "must be whole numbers"),
+                         ({"STAGE": "maestro", "MAESTRO_STEPS": "50"}, "MAESTRO_STEPS must be at least 200")]:
         result = _script(tmp_path, **env)
         assert result.returncode == 2 and message in result.stderr, result.stderr
         assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.data
-@pytest.mark.slow
-def test_gpu_reproduce_jsb_stage_on_cpu(tmp_path):
-    """The jsb stage with jsb-tiny, one seed each, 2 steps: both sweeps finish, the report and ONE archive
-    (small files only, no checkpoints) come back; a second call skips the finished seeds."""
-    cache = tmp_path / "cache"
+NO_NETWORK = """import socket
+
+
+def _refuse(*args, **kwargs):
+    raise OSError("network disabled by the test (the GPU machine reaches no network)")
+
+
+socket.socket.connect = socket.socket.connect_ex = _refuse
+socket.create_connection = socket.getaddrinfo = _refuse
+"""
+
+
+def _no_network(tmp_path) -> Path:
+    """A PYTHONPATH folder whose sitecustomize makes every socket connection and name lookup fail."""
+    folder = tmp_path / "no-network"
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(NO_NETWORK)
+    return folder
+
+
+def test_gpu_reproduce_refuses_damaged_carried_data(tmp_path):
+    """A carried dataset is re-hashed before any training: a flipped byte stops the stage with the file named."""
+    data = tmp_path / "device-data"
+    _write(data / "maestro", 328, {"train": [40] * 8, "valid": [30] * 2, "test": [30] * 2}, 0)
+    tokens = data / "maestro" / "train.bin"
+    raw = bytearray(tokens.read_bytes())
+    raw[10] ^= 1
+    tokens.write_bytes(bytes(raw))
+    result = _script(tmp_path, STAGE="maestro", DATA=str(data), POPE_CACHE=str(tmp_path / "empty-cache"))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "from the carried folder" in result.stdout and "train.bin was modified or corrupted" in result.stderr
+    assert not list((tmp_path / "runs").glob("maestro-*/seed-*"))
+
+
+TINY_SETS = ("train.device=cpu", "recipe.max_steps=2", "recipe.warmup_steps=1", "recipe.eval_interval=2",
+             "train.tensorboard=false", "model.n_layer=1")
+
+
+def _tiny_stage(tmp_path, stage: str, data: Path, preset: str, sets=TINY_SETS):
+    """Run STAGE on CPU with the tiny preset (one seed each, 2 steps) from the carried folder ``data``, with an
+    empty $POPE_CACHE and no network; returns the result after checking both sweeps, the report and the one
+    archive (small files only, no checkpoints), and that nothing was prepared or downloaded."""
+    cache = tmp_path / "empty-cache"
     cache.mkdir()
-    from pope.data.prepared import cache_root
-    (cache / "sources").symlink_to(cache_root() / "sources")
-    sets = " ".join(f"--set {s}" for s in ("train.device=cpu", "recipe.max_steps=2", "recipe.warmup_steps=1",
-                                           "recipe.eval_interval=2", "train.tensorboard=false", "model.n_layer=1"))
-    env = {"STAGE": "jsb", "JSB_PRESET": "jsb-tiny", "JSB_SEEDS": "0", "EXTRA": sets, "POPE_CACHE": str(cache),
-           "OMP_NUM_THREADS": "1"}
-    result = _script(tmp_path, **env)
+    env = {"STAGE": stage, f"{stage.upper()}_PRESET": preset, f"{stage.upper()}_SEEDS": "0",
+           "EXTRA": " ".join(f"--set {s}" for s in sets),
+           "POPE_CACHE": str(cache), "DATA": str(data), "OMP_NUM_THREADS": "1"}
+    result = _script(tmp_path, extra_path=[_no_network(tmp_path)], **env)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "sweep jsb-pope exit status 0" in result.stdout and "sweep jsb-rope exit status 0" in result.stdout
+    assert f"data: {stage} from the carried folder {data}/{stage}" in result.stdout
+    assert "checksums: all files match" in result.stdout
+    assert f"sweep {stage}-pope exit status 0" in result.stdout and f"sweep {stage}-rope exit status 0" in result.stdout
+    assert not any(cache.iterdir()), "the stage prepared or fetched data instead of reading the carried folder"
     import tarfile
 
-    with tarfile.open(tmp_path / "out" / "reproduce-jsb.tar.gz") as archive:
+    with tarfile.open(tmp_path / "out" / f"reproduce-{stage}.tar.gz") as archive:
         names = set(archive.getnames())
     for pe in ("pope", "rope"):
-        assert {f"./jsb-{pe}/seed-0/{n}" for n in ("metrics.jsonl", "summary.json", "config.json")} <= names
-    assert "./report-jsb/report.md" in names and not any("checkpoints" in n for n in names)
-    again = _script(tmp_path, **env)
+        assert {f"./{stage}-{pe}/seed-0/{n}" for n in ("metrics.jsonl", "summary.json", "config.json")} <= names
+        summary = json.loads((tmp_path / "runs" / f"{stage}-{pe}/seed-0/summary.json").read_text())
+        assert summary["finished"] and summary["best_metric"] == "valid_loss" and "test_loss" in summary["at_best_valid"]
+    assert f"./report-{stage}/report.md" in names and not any("checkpoints" in n for n in names)
+    report = (tmp_path / "runs" / f"report-{stage}" / "report.md").read_text()
+    assert "ours at best-valid checkpoint" in report
+    assert "## PoPE vs RoPE" not in report  # one seed a side: nothing to test (pope.eval.report needs >= 2)
+    return env
+
+
+@pytest.mark.data
+@pytest.mark.slow
+def test_gpu_reproduce_jsb_stage_on_cpu_from_carried_data(tmp_path):
+    """scripts/device_data.sh builds the jsb folder; the jsb stage (jsb-tiny) trains, reports and archives from
+    it alone; a second call skips the finished seeds."""
+    built = subprocess.run(["bash", "scripts/device_data.sh", "jsb"], cwd=ROOT, capture_output=True, text=True,
+                           env={**os.environ, "DEVICE_DATA": str(tmp_path / "device-data"), "PYTHON": sys.executable},
+                           timeout=300)
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert re.search(r"^jsb +0\.6 MiB \(\d+ bytes\)", built.stdout, flags=re.M), built.stdout
+    env = _tiny_stage(tmp_path, "jsb", tmp_path / "device-data" / "jsb", "jsb-tiny")
+    again = _script(tmp_path, extra_path=[tmp_path / "no-network"], **env)
     assert again.returncode == 0 and "skipped" in (tmp_path / "runs" / "jsb-pope.log").read_text().lower()
+
+
+@pytest.mark.slow
+def test_gpu_reproduce_maestro_stage_on_cpu(tmp_path):
+    """The maestro stage (maestro-tiny, random MAESTRO-sized documents as the carried data)."""
+    data = tmp_path / "device-data"
+    _write(data / "maestro", 328, {"train": [40] * 8, "valid": [30] * 2, "test": [30] * 2}, 0)
+    _tiny_stage(tmp_path, "maestro", data, "maestro-tiny", [s for s in TINY_SETS if "eval_interval" not in s])
+    recipe = json.loads((tmp_path / "runs" / "maestro-pope/seed-0/config.json").read_text())["recipe"]
+    # the stage's budget, except the keys EXTRA sets itself (pope train takes each key once)
+    assert (recipe["max_steps"], recipe["warmup_steps"], recipe["eval_interval"]) == (2, 1, 50)
+
+
+@pytest.mark.slow
+def test_gpu_reproduce_text_stage_on_cpu(tmp_path):
+    """The text stage end to end on CPU from a small carried GPT-2-token set (training context 16): five
+    sweeps, YaRN and PoPE+ft fine-tunes at 4x, length evaluation at 1x..20x, frequency usage, the report."""
+    data = tmp_path / "device-data"
+    _write(data / "text", 50257, {"train": [300] * 4, "valid": [200], "test": [400] * 2}, None)
+    sets = [*TINY_SETS, "recipe.seq_len=16", "model.max_seq_len=16", "recipe.batch_size=4", "recipe.eval_batches=1"]
+    ft = ("--batch-size 2 --warmup 1 --set train.device=cpu --set train.tensorboard=false "
+          "--set recipe.eval_interval=2 --set recipe.eval_batches=1")
+    result = _script(tmp_path, extra_path=[_no_network(tmp_path)], STAGE="text", TEXT_PRESET="text-256-tiny",
+                     TEXT_SEEDS="0", EXTRA=" ".join(f"--set {s}" for s in sets), FT_STEPS="2", FT_EXTRA=ft,
+                     EVAL_ARGS="--device cpu", DATA=str(data), POPE_CACHE=str(tmp_path / "empty-cache"),
+                     OMP_NUM_THREADS="1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    runs = tmp_path / "runs"
+    for name in ("rope", "pope-d0", "pope-du", "alibi", "nope"):
+        assert f"sweep text-{name} exit status 0" in result.stdout
+    assert json.loads((runs / "text-rope-ft64/config.json").read_text())["model"]["pe"].startswith("yarn:")
+    assert (runs / "text-pope-d0-ft64/summary.json").is_file()
+    for name, lengths in (("text", {16, 32, 64, 128, 160}), ("text-long", {256, 320})):
+        evaluated = json.loads((runs / f"length-{name}/length.json").read_text())["runs"]
+        assert len(evaluated) == 5 + 2  # the seed of each of the five sweeps and the two fine-tunes
+        assert all({r["length"] for r in run["results"]} == lengths for run in evaluated)
+        # each run keeps both evaluations (the second one does not replace the first)
+        beside = json.loads((runs / f"text-nope/seed-0/eval/length-text-test-{name}.json").read_text())
+        assert {r["length"] for r in beside["results"]} == lengths
+    assert (runs / "text-pope-du/seed-0/eval/frequencies/frequency_usage.json").is_file()
+    report = (runs / "report-text/report.md").read_text()
+    assert "## Perplexity vs evaluation length (text/test, the same documents at every length to 160)" in report
+    assert "## Perplexity vs evaluation length (text/test, the same documents at every length to 320)" in report
+    assert "lift-off" not in report  # no lift-off table for language models
+    import tarfile
+
+    with tarfile.open(tmp_path / "out" / "reproduce-text.tar.gz") as archive:
+        names = set(archive.getnames())
+    assert "./report-text/report.md" in names and "./length-text/length.json" in names
+    assert not any("checkpoints" in n for n in names)

@@ -12,7 +12,10 @@ What is read from each run directory (made by ``pope train`` / ``pope finetune``
 * ``eval/length-*.json`` (``pope eval length``): perplexity per evaluation length.
 * ``eval/downstream.json`` (``pope eval downstream``): the paper's accuracy columns.
 * ``summary.json``: whether the run finished its schedule. Unfinished runs (no summary, or
-  ``finished: false``) are never averaged in: the tables list them apart, marked with their step.
+  ``finished: false``) are never averaged in: the tables list them apart, marked with their step. Also the
+  same metric at the best-validation checkpoint (``at_best_valid``: the evaluation that ``checkpoints/best``
+  holds, chosen by ``train.best_metric`` on the validation split only): ``test_nll`` and ``last test_loss``
+  from its ``test_loss``, ``test_accuracy`` from its ``test_accuracy``, ``valid_ppl`` from its ``valid_loss``.
 * ``eval/task_accuracy.json`` (``pope.eval.runs.score_task_accuracy``): accuracy of one checkpoint on
   training and test examples, for the memorisation gap.
 
@@ -25,6 +28,10 @@ Runs with test accuracy (indirect indexing) also get a lift-off table: n seeds, 
 mean ± std and median, the lift-off rate — final test accuracy > ``LIFT_OFF_ACCURACY`` — with a Wilson 95 %
 interval, and the train − test accuracy gap where ``eval/task_accuracy.json`` exists; plus one plot of
 every seed's test accuracy against the step (``accuracy_vs_step.png``).
+
+"PoPE vs RoPE": every encoding against RoPE of the same preset and setting (the config apart from the PE
+and the seed), over finished seeds, for the headline value and the best-valid one: the difference of
+means, its Welch t 95 % interval and a two-sided permutation p-value (pope.eval.stats).
 """
 from __future__ import annotations
 
@@ -34,10 +41,19 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pope.files import finish_figure, write_text_atomic
+from pope.eval.stats import MAX_EXACT_SPLITS, MONTE_CARLO_SPLITS, permutation_test, welch_interval, wilson_interval
+from pope.files import write_text_atomic
 from pope.train.sweep import EXECUTION_KEYS, setting_of
 
 
+METRIC_RULES = {"test_nll": "min over evaluations", "test_accuracy": "last evaluation",
+                "valid_ppl": "last evaluation"}
+"""How each paper metric's headline value is taken from a run's evaluations (module docstring)."""
+BEST_VALID_KEYS = {"test_nll": "test_loss", "last test_loss": "test_loss", "test_accuracy": "test_accuracy",
+                   "valid_ppl": "valid_loss", "last valid_loss": "valid_loss"}
+"""The at_best_valid (summary.json) entry that gives each metric at the best-validation checkpoint."""
+COMPARED_PE = "rope"
+"""The encoding every other one is compared against in the "PoPE vs RoPE" section."""
 LIFT_OFF_ACCURACY = 0.20
 """A run has lifted off when its final test accuracy exceeds this (chance is 1/52; the paper's RoPE ~0.11)."""
 
@@ -58,6 +74,9 @@ class RunRecord:
     fingerprint: str = ""  # the config without seed and execution keys (grouping key)
     curve: list[tuple[int, float]] = field(default_factory=list)  # (step, test_accuracy) of every evaluation
     task_accuracy: dict[str, float] | None = None  # split -> accuracy of one checkpoint (eval/task_accuracy.json)
+    at_best_valid: float | None = None  # the metric at the best-validation checkpoint (summary.json)
+    best_step: int | None = None  # the step of that checkpoint, of max_steps (is the minimum inside the budget?)
+    max_steps: int | None = None
 
 
 def _records(run_dir: Path) -> list[dict]:
@@ -76,7 +95,7 @@ def _records(run_dir: Path) -> list[dict]:
     return records
 
 
-def _finite(values) -> list[float]:
+def finite(values) -> list[float]:
     return [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
 
 
@@ -87,7 +106,7 @@ def headline_metric(records: list[dict], paper_metric: str | None) -> tuple[str 
     last = records[-1]
     if paper_metric == "test_nll":  # evaluations that scored the whole test split, when there are any
         whole = [r for r in records if r.get("test_split_tokens") and r.get("test_scored_tokens") == r["test_split_tokens"]]
-        values = _finite(r.get("test_loss") for r in whole or records)
+        values = finite(r.get("test_loss") for r in whole or records)
         return "test_nll", min(values) if values else None
     if paper_metric == "test_accuracy":
         value = last.get("test_accuracy")
@@ -99,6 +118,14 @@ def headline_metric(records: list[dict], paper_metric: str | None) -> tuple[str 
         if isinstance(last.get(key), (int, float)):
             return f"last {key}", float(last[key])
     return None, None
+
+
+def best_valid_value(summary: dict, metric: str | None) -> float | None:
+    """``metric`` at the run's best-validation checkpoint from summary.json's ``at_best_valid``, or None."""
+    value = (summary.get("at_best_valid") or {}).get(BEST_VALID_KEYS.get(metric or "", ""))
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        return None
+    return math.exp(value) if metric == "valid_ppl" else float(value)
 
 
 def paper_encoding(preset_name: str, pe: str) -> str | None:
@@ -160,20 +187,24 @@ def collect_run(path: str | Path) -> RunRecord:
     metric, value = headline_metric(evals, paper_metric)
     setting, fingerprint = _setting(run_dir, config)
     summary_path = run_dir / "summary.json"
-    finished = summary_path.is_file() and bool(json.loads(summary_path.read_text()).get("finished"))
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     record = RunRecord(run=str(run_dir), preset=preset, pe=pe, seed=config.get("seed"), metric=metric, value=value,
-                       finished=finished, step=records[-1].get("step") if records else None, setting=setting,
-                       fingerprint=fingerprint,
-                       curve=[(int(r["step"]), float(r["test_accuracy"])) for r in evals
-                              if isinstance(r.get("test_accuracy"), (int, float))])
+                       finished=bool(summary.get("finished")), step=records[-1].get("step") if records else None,
+                       setting=setting, fingerprint=fingerprint, at_best_valid=best_valid_value(summary, metric),
+                       best_step=summary.get("best_step"), max_steps=(config.get("recipe") or {}).get("max_steps"),
+                       curve=[(int(r["step"]), float(r["test_accuracy"])) for r in evals  # task accuracy only
+                              if metric == "test_accuracy" and isinstance(r.get("test_accuracy"), (int, float))])
     task_file = run_dir / "eval" / "task_accuracy.json"
     if task_file.is_file():
         splits = json.loads(task_file.read_text()).get("splits", {})
         record.task_accuracy = {name: float(info["accuracy"]) for name, info in splits.items()}
     for length_file in sorted((run_dir / "eval").glob("length-*.json")):
         data = json.loads(length_file.read_text())
+        by_length = {int(r["length"]): float(r["perplexity"]) for r in data.get("results", [])}
         key = f"{data.get('data_name', '?')}/{data.get('split', '?')}"
-        record.length_ppl[key] = {int(r["length"]): float(r["perplexity"]) for r in data.get("results", [])}
+        if data.get("same_documents") and by_length:  # evaluations on other document sets get their own table
+            key += f", the same documents at every length to {max(by_length):,}"
+        record.length_ppl[key] = by_length
     downstream_file = run_dir / "eval" / "downstream.json"
     if downstream_file.is_file():
         record.downstream = json.loads(downstream_file.read_text()).get("paper_row")
@@ -192,7 +223,17 @@ def format_mean_std(values: list[float], digits: int = 4) -> str:
     return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "") + f" (n={n})"
 
 
-def _groups(records: list[RunRecord]) -> dict[tuple[str, str], list[RunRecord]]:
+def _best_steps(members: list[RunRecord]) -> str:
+    """'; best step 400–900 of 2000': where the best-valid checkpoints lie in the schedule ('' when unknown)."""
+    steps = sorted(m.best_step for m in members if isinstance(m.best_step, int) and m.at_best_valid is not None)
+    if not steps:
+        return ""
+    budgets = sorted({m.max_steps for m in members if isinstance(m.max_steps, int)})
+    span = f"{steps[0]}" if steps[0] == steps[-1] else f"{steps[0]}–{steps[-1]}"
+    return f"; best step {span}" + (f" of {budgets[0]}" if len(budgets) == 1 else "")
+
+
+def finished_groups(records: list[RunRecord]) -> dict[tuple[str, str], list[RunRecord]]:
     """(preset, PE) -> runs; for per-length and downstream tables, over finished runs only."""
     groups: dict[tuple[str, str], list[RunRecord]] = {}
     for record in records:
@@ -201,7 +242,7 @@ def _groups(records: list[RunRecord]) -> dict[tuple[str, str], list[RunRecord]]:
     return groups
 
 
-def _setting_groups(records: list[RunRecord]) -> dict[tuple[str, str, str], list[RunRecord]]:
+def setting_groups(records: list[RunRecord]) -> dict[tuple[str, str, str], list[RunRecord]]:
     """(preset, PE, setting label) -> runs of one setting (one config fingerprint), finished or not. The
     label: the sweep directory and its overrides, plus the config values in which this setting differs
     from the other settings of the same preset and PE."""
@@ -228,17 +269,6 @@ def _unfinished(members: list[RunRecord]) -> str:
     return ", ".join(f"{m.seed} (step {m.step if m.step is not None else 0})" for m in rest) or "—"
 
 
-def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """Wilson score interval of a binomial proportion (95 % for the default z); (0, 1) for n = 0."""
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    denominator = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denominator
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
 def _percent(values: list[float]) -> str:
     if not values:
         return "—"
@@ -248,7 +278,7 @@ def _percent(values: list[float]) -> str:
 
 def lift_off_markdown(records: list[RunRecord]) -> list[str]:
     """The lift-off table over runs with test accuracy (empty when there are none); module docstring."""
-    groups = {key: members for key, members in _setting_groups(records).items() if any(m.curve for m in members)}
+    groups = {key: members for key, members in setting_groups(records).items() if any(m.curve for m in members)}
     if not groups:
         return []
     lines = ["", f"## Test accuracy and lift-off (final test accuracy > {100 * LIFT_OFF_ACCURACY:g} %)", "",
@@ -277,31 +307,51 @@ def lift_off_markdown(records: list[RunRecord]) -> list[str]:
     return lines
 
 
-def plot_accuracy_curves(records: list[RunRecord], path: Path) -> Path | None:
-    """Every run's test accuracy against the step, one colour per setting; unfinished runs dashed."""
-    from pope.optional import pyplot
+def _comparison_key(record: RunRecord) -> tuple[str, str]:
+    """(preset, config without the seed, execution keys and the PE): runs that may be compared."""
+    setting = {k: v for k, v in json.loads(record.fingerprint).items() if k not in ("pe", "model.pe")}
+    return record.preset, json.dumps(setting, sort_keys=True)
 
-    groups = [(key, members) for key, members in sorted(_setting_groups(records).items())
-              if any(m.curve for m in members)]
-    if not groups:
-        return None
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for index, ((preset, pe, label), members) in enumerate(groups):
-        colour = f"C{index % 10}"
-        finished = sum(m.finished for m in members)
-        name = f"{pe} {label if label != '—' else preset} ({finished} finished, {len(members) - finished} unfinished)"
-        for number, member in enumerate(m for m in members if m.curve):
-            steps, accuracy = zip(*member.curve)
-            ax.plot(steps, [100 * a for a in accuracy], color=colour, alpha=0.7, lw=1.2,
-                    linestyle="-" if member.finished else "--", marker="o", markersize=2,
-                    label=name if number == 0 else None)
-    ax.axhline(100 * LIFT_OFF_ACCURACY, color="gray", lw=0.8, linestyle=":", label="lift-off threshold")
-    ax.set_xlabel("step")
-    ax.set_ylabel("test accuracy (%)")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
-    return finish_figure(fig, path, title="Test accuracy vs step, every seed (dashed: unfinished)")
+
+def _difference_cells(values: list[float], baseline: list[float]) -> str:
+    interval, test = welch_interval(values, baseline), permutation_test(values, baseline)
+    ci = "— (needs ≥ 2 seeds each)" if interval is None else f"{interval[0]:+.4f} … {interval[1]:+.4f} (df {interval[2]:.1f})"
+    return (f"{len(values)} / {len(baseline)} | {statistics.fmean(values) - statistics.fmean(baseline):+.4f} | {ci} | "
+            f"{test.p_value:.4f} ({test.describe()}) |")
+
+
+def _sweeps(members: list[RunRecord]) -> str:
+    """The sweep directories of a setting's runs ('—' for runs outside sweeps)."""
+    return ", ".join(sorted({m.setting.split()[0] for m in members if m.setting})) or "—"
+
+
+def comparison_markdown(records: list[RunRecord]) -> list[str]:
+    """The "PoPE vs RoPE" section (module docstring): settings with >= 2 finished seeds on both sides."""
+    groups = setting_groups(records)
+    baselines = {_comparison_key(members[0]): members for (_, pe, _), members in groups.items() if pe == COMPARED_PE}
+    rows = []
+    for (preset, pe, label), members in sorted(groups.items()):
+        key = _comparison_key(members[0])
+        if pe == COMPARED_PE or key not in baselines:
+            continue
+        base = baselines[key]
+        metric = next((m.metric for m in members if m.metric), "—")
+        for name, get in (("headline", lambda m: m.value), ("at best valid", lambda m: m.at_best_valid)):
+            values, baseline = (finite(get(m) for m in group if m.finished) for group in (members, base))
+            if len(values) >= 2 and len(baseline) >= 2:
+                rows.append(f"| {preset} | {pe} | {_sweeps(members)} vs {_sweeps(base)} | {metric}, {name} | "
+                            + _difference_cells(values, baseline))
+    if not rows:
+        return []
+    return ["", f"## PoPE vs RoPE: each encoding against {COMPARED_PE} of the same preset and setting", "",
+            "Finished seeds only. Difference = mean(PE) − mean(RoPE) (for NLL and perplexity, negative means the PE "
+            "is better; for accuracy, positive); 95 % interval: Welch t (unequal variances); p: two-sided "
+            f"permutation test of equal means over the splits of the pooled seeds (exact when there are at most "
+            f"{MAX_EXACT_SPLITS:,} splits, else {MONTE_CARLO_SPLITS:,} seeded random ones). With a handful of seeds only large gaps can reach "
+            "p < 0.05: with 2 seeds each the smallest possible p is 1/3. Encodings with fewer than 2 finished seeds "
+            "(or a RoPE with fewer) are not compared.", "",
+            "| preset | PE | settings | value | n (PE / RoPE) | difference | 95 % interval | permutation p |",
+            "|---|---|---|---|---|---|---|---|", *rows]
 
 
 def expand_runs(paths: list[str]) -> list[Path]:
@@ -322,24 +372,29 @@ def expand_runs(paths: list[str]) -> list[Path]:
 
 
 def report_markdown(records: list[RunRecord]) -> str:
-    groups = _setting_groups(records)
+    groups = setting_groups(records)
     lines = ["# Runs", "", "Finished runs only; unfinished ones are listed with their step and left out of every "
-             "number.", "",
-             "| preset | PE | metric | ours: mean ± std (n seeds) | paper | seeds | unfinished (left out) | setting |",
-             "|---|---|---|---|---|---|---|---|"]
+             "number. Two values per run: the headline one, taken from the evaluations by the rule in the metric "
+             "column, and the same metric at the best-validation checkpoint (`checkpoints/best`, chosen on the "
+             "validation split only: summary.json `at_best_valid`).", "",
+             "| preset | PE | metric (headline rule) | ours, headline: mean ± std (n seeds) | ours at best-valid "
+             "checkpoint | paper | seeds | unfinished (left out) | setting |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for (preset, pe, label), members in sorted(groups.items()):
         done = [m for m in members if m.finished]
-        values = _finite(m.value for m in done)
         metric = next((m.metric for m in members if m.metric), "—")
+        rule = f"{metric} ({METRIC_RULES[metric]})" if metric in METRIC_RULES else metric
         paper = paper_value(preset, pe)
         seeds = ",".join(str(m.seed) for m in done) or "—"
-        lines.append(f"| {preset} | {pe} | {metric} | {format_mean_std(values)} | "
+        lines.append(f"| {preset} | {pe} | {rule} | {format_mean_std(finite(m.value for m in done))} | "
+                     f"{format_mean_std(finite(m.at_best_valid for m in done))}{_best_steps(done)} | "
                      f"{'—' if paper is None else f'{paper:g}'} | {seeds} | {_unfinished(members)} | {label} |")
     missing = [m.run for m in records if m.finished and m.value is None]
     if missing:
         lines += ["", "Finished runs without an evaluation record: " + ", ".join(missing)]
+    lines += comparison_markdown(records)
     lines += lift_off_markdown(records)
-    by_pe = _groups(records)  # finished runs per preset x PE
+    by_pe = finished_groups(records)  # finished runs per preset x PE
 
     length_keys = sorted({key for m in records for key in m.length_ppl})
     for key in length_keys:
@@ -350,7 +405,7 @@ def report_markdown(records: list[RunRecord]) -> str:
         for (preset, pe), members in sorted(by_pe.items()):
             if not any(key in m.length_ppl for m in members):
                 continue
-            cells = [format_mean_std(_finite(m.length_ppl.get(key, {}).get(L) for m in members), 3) for L in lengths]
+            cells = [format_mean_std(finite(m.length_ppl.get(key, {}).get(L) for m in members), 3) for L in lengths]
             lines.append(f"| {preset} | {pe} | " + " | ".join(cells) + " |")
 
     if any(m.downstream for m in records):
@@ -362,71 +417,13 @@ def report_markdown(records: list[RunRecord]) -> str:
         for (preset, pe), members in sorted(by_pe.items()):
             rows = [m.downstream for m in members if m.downstream]
             if rows:
-                cells = [format_mean_std(_finite(r.get(c) for r in rows), 2) for c in columns]
+                cells = [format_mean_std(finite(r.get(c) for r in rows), 2) for c in columns]
                 lines.append(f"| {preset} | {pe} | " + " | ".join(cells) + " |")
                 paper = paper_downstream(preset, paper_encoding(preset, pe) or "")
                 if paper:
                     lines.append(f"| {preset} | paper {paper_encoding(preset, pe)} | "
                                  + " | ".join(f"{paper[c]:.2f}" for c in columns) + " |")
     return "\n".join(lines) + "\n"
-
-
-def plot_report(records: list[RunRecord], path: Path) -> Path | None:
-    """Bar per preset × PE × setting over finished runs (mean, error bar = std over seeds, dots = seeds,
-    cross = paper)."""
-    from pope.optional import pyplot
-
-    finished = {key: [m for m in members if m.finished] for key, members in _setting_groups(records).items()}
-    groups = [(key, done) for key, done in sorted(finished.items()) if _finite(m.value for m in done)]
-    if not groups:
-        return None
-    plt = pyplot()
-    presets = sorted({preset for (preset, _, _), _ in groups})
-    fig, axes = plt.subplots(1, len(presets), figsize=(4.5 * len(presets), 4), squeeze=False)
-    for ax, preset in zip(axes[0], presets):
-        mine = [(pe if label == "—" else f"{pe}\n{label[:40]}", members)
-                for (p, pe, label), members in groups if p == preset]
-        for x, (pe, members) in enumerate(mine):
-            values = _finite(m.value for m in members)
-            mean, std, _ = mean_std(values)
-            ax.bar(x, mean, yerr=std or 0, capsize=4, alpha=0.6)
-            ax.scatter([x] * len(values), values, color="black", s=10, zorder=3)
-            paper = paper_value(preset, members[0].pe)
-            if paper is not None:
-                ax.scatter([x], [paper], marker="x", color="red", s=60, zorder=4, label="paper" if x == 0 else None)
-        ax.set_xticks(range(len(mine)), [pe for pe, _ in mine], rotation=20, ha="right", fontsize=8)
-        ax.set_title(preset)
-        ax.set_ylabel(next((m.metric for _, ms in mine for m in ms if m.metric), "metric"))
-        if any(paper_value(preset, members[0].pe) is not None for _, members in mine):
-            ax.legend(fontsize=8)
-    return finish_figure(fig, path)
-
-
-def plot_report_lengths(records: list[RunRecord], path: Path) -> Path | None:
-    """Perplexity vs evaluation length per (preset, PE): mean over seeds, error bars = std; one panel per data."""
-    from pope.optional import pyplot
-
-    keys = sorted({key for record in records for key in record.length_ppl})
-    if not keys:
-        return None
-    plt = pyplot()
-    fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 4.5), squeeze=False)
-    for ax, key in zip(axes[0], keys):
-        for (preset, pe), members in sorted(_groups(records).items()):
-            lengths = sorted({L for m in members for L in m.length_ppl.get(key, {})})
-            if not lengths:
-                continue
-            stats = [mean_std(_finite(m.length_ppl.get(key, {}).get(L) for m in members)) for L in lengths]
-            ax.errorbar(lengths, [s[0] for s in stats], yerr=[s[1] or 0 for s in stats], marker="o", capsize=3,
-                        label=f"{preset} {pe} (n={max(s[2] for s in stats)})")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("evaluation length (tokens)")
-        ax.set_ylabel("perplexity")
-        ax.set_title(key)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-    return finish_figure(fig, path)
 
 
 def write_report(runs: list[str], out_dir: str | Path) -> tuple[str, list[Path]]:
@@ -436,6 +433,8 @@ def write_report(runs: list[str], out_dir: str | Path) -> tuple[str, list[Path]]
     markdown = report_markdown(records)
     out_dir = Path(out_dir)
     written = [write_text_atomic(out_dir / "report.md", markdown)]
+    from pope.eval.report_plots import plot_accuracy_curves, plot_report, plot_report_lengths
+
     for plot in (plot_report(records, out_dir / "report.png"),
                  plot_report_lengths(records, out_dir / "report_length.png"),
                  plot_accuracy_curves(records, out_dir / "accuracy_vs_step.png")):

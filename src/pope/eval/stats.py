@@ -1,0 +1,144 @@
+"""Small-sample statistics for seed sweeps (``pope report``), in pure Python: no SciPy needed.
+
+* :func:`permutation_test` — two-sided test of equal means of two samples: exact over every split of the
+  pooled values when there are at most ``max_exact`` splits, else a seeded Monte-Carlo estimate;
+* :func:`welch_interval` — the Welch (unequal-variance) t interval for the difference of two means;
+* :func:`wilson_interval` — the Wilson score interval of a binomial proportion;
+* :func:`student_t_quantile` — the Student t quantile behind the Welch interval (any real df > 0).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import statistics
+from dataclasses import dataclass
+
+MAX_EXACT_SPLITS = 20_000
+"""Above this many splits of the pooled sample, the permutation p-value is a Monte-Carlo estimate."""
+MONTE_CARLO_SPLITS = 20_000
+"""Random splits drawn for the Monte-Carlo permutation p-value (seeded: the same numbers every time)."""
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion (95 % for the default z); (0, 1) for n = 0."""
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    denominator = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denominator
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _incomplete_beta(a: float, b: float, x: float) -> float:
+    """Regularised incomplete beta I_x(a, b) by its continued fraction (Lentz), accurate to ~1e-14."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    if x > (a + 1) / (a + b + 2):  # the fraction converges fast only below the mean: use the symmetry
+        return 1.0 - _incomplete_beta(b, a, 1.0 - x)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)) / a
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    result = d
+    for m in range(1, 500):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            result *= c * d
+        if abs(c * d - 1.0) < 1e-15:
+            break
+    return front * result
+
+
+def student_t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t with ``df`` > 0 degrees of freedom."""
+    if not df > 0:
+        raise ValueError(f"degrees of freedom must be positive, got {df!r}")
+    # P(|T| > |t|) = I_{df/(df+t^2)}(df/2, 1/2) = 1 - I_{t^2/(df+t^2)}(1/2, df/2); the second form keeps
+    # its precision for small |t| (where df/(df+t^2) rounds to 1)
+    if t * t < df:
+        tail = 0.5 * (1.0 - _incomplete_beta(0.5, df / 2, t * t / (df + t * t)))
+    else:
+        tail = 0.5 * _incomplete_beta(df / 2, 0.5, df / (df + t * t))
+    return 1.0 - tail if t > 0 else tail
+
+
+def student_t_quantile(p: float, df: float) -> float:
+    """The t with P(T <= t) = p (0 < p < 1), by bisection on :func:`student_t_cdf` to ~1e-12."""
+    if not 0 < p < 1:
+        raise ValueError(f"p must be in (0, 1), got {p!r}")
+    low, high = -1.0, 1.0
+    while student_t_cdf(low, df) > p:
+        low *= 2
+    while student_t_cdf(high, df) < p:
+        high *= 2
+    for _ in range(200):
+        middle = (low + high) / 2
+        if student_t_cdf(middle, df) < p:
+            low = middle
+        else:
+            high = middle
+        if high - low < 1e-12 * max(1.0, abs(middle)):
+            break
+    return (low + high) / 2
+
+
+def welch_interval(a: list[float], b: list[float], confidence: float = 0.95) -> tuple[float, float, float] | None:
+    """(low, high, df) of the Welch t interval for mean(a) − mean(b); None when either sample has fewer
+    than two values or both have zero spread (no variance to build an interval from)."""
+    if len(a) < 2 or len(b) < 2:
+        return None
+    se2_a, se2_b = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    se2 = se2_a + se2_b
+    if se2 == 0:
+        return None
+    df = se2 * se2 / (se2_a * se2_a / (len(a) - 1) + se2_b * se2_b / (len(b) - 1))
+    half = student_t_quantile(0.5 + confidence / 2, df) * math.sqrt(se2)
+    difference = statistics.fmean(a) - statistics.fmean(b)
+    return difference - half, difference + half, df
+
+
+@dataclass(frozen=True)
+class PermutationResult:
+    p_value: float
+    splits: int
+    """Splits evaluated: all C(n1 + n2, n1) when exact, else the Monte-Carlo sample size."""
+    exact: bool
+
+    def describe(self) -> str:
+        return (f"exact, all {self.splits:,} splits" if self.exact
+                else f"Monte-Carlo, {self.splits:,} random splits")
+
+
+def permutation_test(a: list[float], b: list[float], *, max_exact: int = MAX_EXACT_SPLITS,
+                     samples: int = MONTE_CARLO_SPLITS, seed: int = 0) -> PermutationResult:
+    """Two-sided permutation test of equal means: the share of splits of the pooled values into groups of
+    len(a) and len(b) whose |difference of means| is at least the observed one (the observed split
+    included). Exact when C(n1 + n2, n1) <= ``max_exact``; else ``samples`` random splits (seeded) with
+    p = (1 + hits) / (1 + samples), which never underestimates the exact p-value in expectation."""
+    if not a or not b:
+        raise ValueError(f"a permutation test needs two non-empty samples, got {len(a)} and {len(b)} values")
+    pooled = [float(v) for v in (*a, *b)]
+    n_a, total = len(a), sum(pooled)
+    sizes = (n_a, len(pooled) - n_a)
+
+    def difference(sum_a: float) -> float:
+        return abs(sum_a / sizes[0] - (total - sum_a) / sizes[1])
+
+    observed = difference(sum(pooled[:n_a]))
+    threshold = observed - 1e-12 * max(1.0, abs(observed))  # ties (equal up to rounding) count as extreme
+    n_splits = math.comb(len(pooled), n_a)
+    if n_splits <= max_exact:
+        hits = sum(difference(sum(pooled[i] for i in chosen)) >= threshold
+                   for chosen in itertools.combinations(range(len(pooled)), n_a))
+        return PermutationResult(hits / n_splits, n_splits, True)
+    rng = random.Random(seed)
+    hits = sum(difference(sum(rng.sample(pooled, n_a))) >= threshold for _ in range(samples))
+    return PermutationResult((1 + hits) / (1 + samples), samples, False)

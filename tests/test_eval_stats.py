@@ -1,0 +1,64 @@
+"""pope.eval.stats: permutation test, Welch interval and Student t against hand counts and reference values."""
+import math
+
+import numpy as np
+import pytest
+
+from pope.eval.stats import (PermutationResult, permutation_test, student_t_cdf, student_t_quantile,
+                             welch_interval)
+
+
+def test_exact_permutation_p_from_the_35_splits():
+    # {1,2,3,4} vs {5,6,7}: difference of means = 7 - (7/12) * (sum of the 3-group), observed -3.5 (sum 18).
+    # |difference| >= 3.5 only for 3-group sums >= 18 ({5,6,7}) or <= 6 ({1,2,3}): 2 of C(7, 3) = 35 splits.
+    result = permutation_test([1, 2, 3, 4], [5, 6, 7])
+    assert result == PermutationResult(2 / 35, 35, True)
+    assert result.describe() == "exact, all 35 splits"
+    assert permutation_test([5, 6, 7], [1, 2, 3, 4]).p_value == pytest.approx(2 / 35)  # two-sided: symmetric
+
+
+def test_permutation_small_samples_and_ties():
+    # 2 vs 2 seeds: the observed split and its mirror are always the most extreme: p >= 2/6
+    assert permutation_test([0.0, 0.1], [5.0, 5.1]).p_value == pytest.approx(1 / 3)
+    assert permutation_test([1.0, 1.0], [1.0, 1.0]).p_value == 1.0  # all ties: every split is as extreme
+    assert permutation_test([0.3], [0.7]) == PermutationResult(1.0, 2, True)
+    # values equal only up to float rounding still count as ties of the observed statistic
+    assert permutation_test([0.1 + 0.2, 0.5], [0.3, 0.5]).p_value == 1.0
+    with pytest.raises(ValueError, match="two non-empty samples"):
+        permutation_test([], [1.0])
+
+
+def test_monte_carlo_permutation_is_seeded_and_close_to_exact():
+    rng = np.random.default_rng(1)
+    a, b = list(rng.normal(0, 1, 10)), list(rng.normal(0.8, 1, 10))  # C(20, 10) = 184,756 splits > 20,000
+    exact = permutation_test(a, b, max_exact=10**6)
+    sampled = permutation_test(a, b)
+    assert exact.exact and exact.splits == math.comb(20, 10)
+    assert not sampled.exact and sampled.splits == 20_000 and sampled.describe() == "Monte-Carlo, 20,000 random splits"
+    assert sampled == permutation_test(a, b)  # seeded: the same p every time
+    assert permutation_test(a, b, seed=1).p_value != sampled.p_value
+    # binomial standard error of a 20,000-split estimate of p ~ 0.12 is ~0.0023
+    assert abs(sampled.p_value - exact.p_value) < 0.01
+
+
+def test_student_t_matches_tables():
+    # two-sided 95 % critical values (any t table): df 1, 2, 5, 10, 30, and the normal limit
+    for df, value in [(1, 12.7062), (2, 4.3027), (5, 2.5706), (10, 2.2281), (30, 2.0423), (1e7, 1.9600)]:
+        assert student_t_quantile(0.975, df) == pytest.approx(value, abs=1e-4)
+    assert student_t_quantile(0.5, 3.3) == pytest.approx(0.0, abs=1e-12)
+    assert student_t_cdf(1.5, 4.0) + student_t_cdf(-1.5, 4.0) == pytest.approx(1.0, abs=1e-14)
+    assert student_t_cdf(1.0, 1.0) == pytest.approx(0.75, abs=1e-12)  # Cauchy: 1/2 + atan(1)/pi
+    with pytest.raises(ValueError, match="degrees of freedom"):
+        student_t_cdf(1.0, 0.0)
+    with pytest.raises(ValueError, match="p must be in"):
+        student_t_quantile(1.0, 3.0)
+
+
+def test_welch_interval_by_hand():
+    # {1,2,3,4} vs {5,6,7}: variances 5/3 and 1, se^2 = 5/12 + 1/3 = 3/4, Welch df = 0.5625 / (0.41667^2/3 +
+    # 0.33333^2/2) = 4.9592; interval -3.5 -+ t(0.975, 4.9592) * sqrt(3/4) (scipy.stats.ttest_ind(equal_var=False))
+    low, high, df = welch_interval([1, 2, 3, 4], [5, 6, 7])
+    assert df == pytest.approx(4.959183673469389, rel=1e-12)
+    assert low == pytest.approx(-5.731711481338788, abs=1e-9) and high == pytest.approx(-1.2682885186612123, abs=1e-9)
+    assert welch_interval([1.0], [2.0, 3.0]) is None  # one seed: no variance, no interval
+    assert welch_interval([1.0, 1.0], [2.0, 2.0]) is None
