@@ -6,8 +6,8 @@ supported versions for anything older; the differences handled here:
 * the outputs' cache field and forward argument: ``past_key_values``, renamed ``cache`` in 5.24;
 * ``DynamicCache(config=...)`` from 4.56 on, ``DynamicCache()`` before;
 * ``_tied_weights_keys``: a list of names in 4.x, a {target: source} dict in 5.x;
-* the hook that picks ``attn_implementation``: ``get_correct_attn_implementation`` (4.56+),
-  ``_autoset_attn_implementation`` (4.50-4.55).
+* the hook that picks ``attn_implementation``: ``_check_and_adjust_attn_implementation`` (4.54+),
+  ``_autoset_attn_implementation`` (4.50-4.53).
 """
 from __future__ import annotations
 
@@ -57,16 +57,21 @@ def tied_weights_keys(target: str, source: str):
 
 
 class EagerAttentionOnly:
-    """Mixin for a PreTrainedModel whose attention is its own: ``attn_implementation`` other than "eager" is
-    refused through ``refuse_attn_implementation(requested)`` (the class supplies it), in every version."""
+    """Mixin for a PreTrainedModel whose attention is its own: an ``attn_implementation`` other than "eager" is
+    refused by ``refuse_attn_implementation(requested)`` (the class supplies it; requested None: the default).
+    transformers asks through a different hook in each version range; each one here sees the user's request."""
+
+    def _check_and_adjust_attn_implementation(self, attn_implementation, is_init_check: bool = False, **kwargs):
+        """transformers >= 4.54 (4.55-4.57 would map None to "sdpa" before get_correct_attn_implementation)."""
+        return self.refuse_attn_implementation(attn_implementation)
 
     def get_correct_attn_implementation(self, requested_attention, is_init_check: bool = False) -> str:
-        """transformers >= 4.56."""
+        """transformers >= 4.56, when called other than through the hook above."""
         return self.refuse_attn_implementation(requested_attention)
 
     @classmethod
     def _autoset_attn_implementation(cls, config, *args, **kwargs):
-        """transformers < 4.56 (later versions never call it)."""
+        """transformers < 4.54 (later versions never call it)."""
         cls.refuse_attn_implementation(getattr(config, "_attn_implementation_internal", None))
         config._attn_implementation = "eager"
         return config
