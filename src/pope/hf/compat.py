@@ -62,7 +62,7 @@ class EagerAttentionOnly:
     transformers asks through a different hook in each version range; each one here sees the user's request."""
 
     def _check_and_adjust_attn_implementation(self, attn_implementation, is_init_check: bool = False, **kwargs):
-        """transformers >= 4.54 (4.55-4.57 would map None to "sdpa" before get_correct_attn_implementation)."""
+        """transformers >= 4.54 (4.55 maps the default None to "sdpa" before get_correct_attn_implementation)."""
         return self.refuse_attn_implementation(attn_implementation)
 
     def get_correct_attn_implementation(self, requested_attention, is_init_check: bool = False) -> str:
