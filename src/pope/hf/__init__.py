@@ -10,7 +10,8 @@ See docs/hf.md.
 """
 from __future__ import annotations
 
-from pope.hf.config import POPE_OPTIONS, PoPELlamaConfig, _transformers, from_llama_config
+from pope.hf.compat import transformers as _transformers
+from pope.hf.config import POPE_OPTIONS, PoPELlamaConfig, from_llama_config
 from pope.hf.modeling import PoPELlamaForCausalLM, PoPELlamaModel, PoPELlamaPreTrainedModel
 
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 import warnings
 
 from pope.attention import BACKENDS, MAGNITUDES
-from pope.optional import require
+from pope.hf.compat import transformers
 
-_transformers = require("transformers", "hf", "pope.hf")
-LlamaConfig = _transformers.LlamaConfig
+LlamaConfig = transformers.LlamaConfig
 
 #: PoPE options of PoPELlamaConfig (config field = "pope_" + name) with their defaults.
 POPE_OPTIONS = {

@@ -1,4 +1,4 @@
-"""`PoPELlamaModel` / `PoPELlamaForCausalLM`: the Llama architecture with PoPE attention (transformers 4.5x, 5.x).
+"""`PoPELlamaModel` / `PoPELlamaForCausalLM`: the Llama architecture with PoPE attention (transformers >= 4.50, 5.x).
 
 Same module names and weights as transformers' Llama (embed_tokens, layers.N.self_attn.{q,k,v,o}_proj,
 mlp.{gate,up,down}_proj, input_layernorm, post_attention_layernorm, norm, lm_head) plus one PoPE phase bias
@@ -25,15 +25,13 @@ import torch.nn as nn
 from pope.axial import phase_attention, position_phases
 from pope.encodings import PoPE
 from pope.frequencies import pope_frequencies
-from pope.hf.config import PoPELlamaConfig, _transformers
+from pope.hf.compat import CACHE_FIELD, EagerAttentionOnly, new_dynamic_cache, tied_weights_keys, transformers
+from pope.hf.config import PoPELlamaConfig
 
-from transformers.cache_utils import Cache, DynamicCache  # noqa: E402  (transformers is checked by pope.hf.config)
+from transformers.cache_utils import Cache, DynamicCache  # noqa: E402  (the version is checked by pope.hf.compat)
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaMLP  # noqa: E402
 
-TRANSFORMERS_MAJOR = int(_transformers.__version__.split(".")[0])
-# transformers 5.24 renamed the outputs' past_key_values field (and the forward argument) to `cache`.
-CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
 _ACCEPTED_KWARGS = {"cache_position", "return_dict", "num_items_in_batch", "output_attentions"}
 
 
@@ -169,7 +167,7 @@ class PoPELlamaDecoderLayer(nn.Module):
         return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
 
 
-class PoPELlamaPreTrainedModel(_transformers.PreTrainedModel):
+class PoPELlamaPreTrainedModel(EagerAttentionOnly, transformers.PreTrainedModel):
     config_class = PoPELlamaConfig
     config: PoPELlamaConfig
     base_model_prefix = "model"
@@ -180,11 +178,12 @@ class PoPELlamaPreTrainedModel(_transformers.PreTrainedModel):
     _supports_cache_class = True  # transformers 4.x
     _can_compile_fullgraph = False  # the attention path is chosen from the mask's content (one host sync)
 
-    def get_correct_attn_implementation(self, requested_attention, is_init_check: bool = False) -> str:
+    @classmethod
+    def refuse_attn_implementation(cls, requested_attention) -> str:
         """Only "eager" (the default) applies: attention is always pope.pope_attention."""
         if requested_attention in (None, "eager"):
             return "eager"
-        raise ValueError(f"attn_implementation={requested_attention!r} does not apply to {type(self).__name__}: its "
+        raise ValueError(f"attn_implementation={requested_attention!r} does not apply to {cls.__name__}: its "
                          f"attention is pope.pope_attention (fused Triton kernels on CUDA, PyTorch reference "
                          f"elsewhere; choose with config.pope_backend). Leave attn_implementation unset or 'eager'")
 
@@ -241,7 +240,7 @@ class PoPELlamaModel(PoPELlamaPreTrainedModel):
         if not use_cache:
             cache = None
         elif cache is None:
-            cache = _new_dynamic_cache(self.config)
+            cache = new_dynamic_cache(self.config)
         elif not isinstance(cache, DynamicCache):  # a StaticCache returns unfilled slots as keys
             raise TypeError(f"PoPELlama's cache must be a transformers DynamicCache (what generate() makes by "
                             f"default); got {type(cache).__name__}. Leave cache_implementation unset")
@@ -265,9 +264,8 @@ class PoPELlamaModel(PoPELlamaPreTrainedModel):
                                        else tuple(all_hidden), **{CACHE_FIELD: cache})
 
 
-class PoPELlamaForCausalLM(PoPELlamaPreTrainedModel, _transformers.GenerationMixin):
-    _tied_weights_keys = ({"lm_head.weight": "model.embed_tokens.weight"} if TRANSFORMERS_MAJOR >= 5
-                          else ["lm_head.weight"])
+class PoPELlamaForCausalLM(PoPELlamaPreTrainedModel, transformers.GenerationMixin):
+    _tied_weights_keys = tied_weights_keys("lm_head.weight", "model.embed_tokens.weight")
 
     def __init__(self, config: PoPELlamaConfig):
         super().__init__(config)
@@ -311,9 +309,3 @@ class PoPELlamaForCausalLM(PoPELlamaPreTrainedModel, _transformers.GenerationMix
         return CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
                                       **{CACHE_FIELD: getattr(outputs, CACHE_FIELD)})
 
-
-def _new_dynamic_cache(config) -> DynamicCache:
-    try:
-        return DynamicCache(config=config)
-    except TypeError:  # transformers before 4.56 take no config
-        return DynamicCache()
