@@ -236,12 +236,9 @@ class HFCausalLM(torch.nn.Module):
         return self.hf(input_ids=ids, past_key_values=kv_cache, use_cache=True).logits, None
 
     def new_kv_cache(self, batch_size: int, max_len: int, device=None):
-        from transformers.cache_utils import DynamicCache
+        from pope.hf.compat import new_dynamic_cache
 
-        try:
-            return DynamicCache(config=self.hf.config)
-        except TypeError:  # transformers before 4.56
-            return DynamicCache()
+        return new_dynamic_cache(self.hf.config)
 
 
 def hf_tokenizer(path) -> Tokenizer:
