@@ -114,11 +114,7 @@ length_eval() {
   # shellcheck disable=SC2086
   pope eval length "${done_runs[@]}" --data "$data" --lengths "$lens" --out "$RUNS/length-$name" $EVAL_ARGS \
     || { status=1; return; }
-  # each run's copy is RUN/eval/length-DATA-test.json whatever the lengths: name it after this evaluation, or
-  # the next one (text-long after text) would replace it and `pope report` would see only the last lengths
-  local run; for run in "${done_runs[@]}"; do
-    mv -f "$run/eval/length-$data-test.json" "$run/eval/length-$data-test-$name.json" || status=1
-  done
+  # each run keeps its copy as RUN/eval/length-DATA-test-SHORTEST-LONGEST.json, so text-long does not replace text
 }
 
 case "$STAGE" in

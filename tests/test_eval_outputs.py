@@ -47,12 +47,12 @@ def test_length_writes_out_first_and_warns_when_the_run_dir_cannot_be_written(wo
     captured = capsys.readouterr()
     assert {p.name for p in out.iterdir()} >= {"length.csv", "length.md", "length.json", "length.png"}
     assert len(json.loads((out / "length.json").read_text())["runs"][0]["results"]) == 2
-    assert f"warning: could not write {run / 'eval' / 'length-toy-test.json'}" in captured.err
+    assert f"warning: could not write {run / 'eval' / 'length-toy-test-8-16.json'}" in captured.err
     assert f"the results are in {out}" in captured.err and "Traceback" not in captured.err
     assert (run / "eval").read_text().startswith("a file where")  # nothing of the user's was replaced
     # a writable run directory gets its per-run record too
     assert _length(workspace, workspace / "run", tmp_path / "again") == 0
-    assert json.loads((workspace / "run" / "eval" / "length-toy-test.json").read_text())["step"] == 0
+    assert json.loads((workspace / "run" / "eval" / "length-toy-test-8-16.json").read_text())["step"] == 0
 
 
 @pytest.mark.parametrize("where", ["file", "under_file"])

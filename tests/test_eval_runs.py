@@ -65,7 +65,7 @@ def test_eval_length_cli_writes_tables_and_counts_tokens(workspace, capsys):
     assert {int(r["n_docs_excluded"]) for r in rows} == {2}
     for row in rows:
         assert math.isclose(float(row["perplexity"]), math.exp(float(row["mean_nll"])), rel_tol=1e-5)
-    per_run = json.loads((workspace["rope"] / "eval" / "length-toy-test.json").read_text())
+    per_run = json.loads((workspace["rope"] / "eval" / "length-toy-test-16-64.json").read_text())
     assert [r["length"] for r in per_run["results"]] == [16, 32, 64] and per_run["git_commit"] is not None
     assert "| rope | rope | 16 |" in capsys.readouterr().out
 

@@ -251,12 +251,12 @@ def test_gpu_reproduce_text_stage_on_cpu(tmp_path):
         assert f"sweep text-{name} exit status 0" in result.stdout
     assert json.loads((runs / "text-rope-ft64/config.json").read_text())["model"]["pe"].startswith("yarn:")
     assert (runs / "text-pope-d0-ft64/summary.json").is_file()
-    for name, lengths in (("text", {16, 32, 64, 128, 160}), ("text-long", {256, 320})):
+    for name, lengths, span in (("text", {16, 32, 64, 128, 160}, "16-160"), ("text-long", {256, 320}, "256-320")):
         evaluated = json.loads((runs / f"length-{name}/length.json").read_text())["runs"]
         assert len(evaluated) == 5 + 2  # the seed of each of the five sweeps and the two fine-tunes
         assert all({r["length"] for r in run["results"]} == lengths for run in evaluated)
         # each run keeps both evaluations (the second one does not replace the first)
-        beside = json.loads((runs / f"text-nope/seed-0/eval/length-text-test-{name}.json").read_text())
+        beside = json.loads((runs / f"text-nope/seed-0/eval/length-text-test-{span}.json").read_text())
         assert {r["length"] for r in beside["results"]} == lengths
     assert (runs / "text-pope-du/seed-0/eval/frequencies/frequency_usage.json").is_file()
     report = (runs / "report-text/report.md").read_text()

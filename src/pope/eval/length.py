@@ -291,7 +291,8 @@ def run_length_eval(
     progress: bool = True,
 ) -> list[RunLengthResults]:
     """Evaluate every run at every length; write, in ``out_dir``, length.csv, length.md, length.json and
-    length.png over all runs, then RUN/eval/length-DATA-SPLIT.json per run.
+    length.png over all runs, then RUN/eval/length-DATA-SPLIT-LENGTHS.json per run (LENGTHS: the shortest and longest
+    evaluated, e.g. 256-2560, so evaluations of one run over other lengths are kept side by side).
 
     ``out_dir`` is checked before any work and written first; a run directory that cannot be written
     (read-only, ``eval`` not a directory) gets a warning on stderr, not an error, since the results are
@@ -341,8 +342,9 @@ def run_length_eval(
     if out_dir is not None:  # where the user asked: first
         write_length_outputs(collected, Path(out_dir), n_buckets=n_buckets,
                              title=f"{dataset.name} / {split}", provenance_stamp=stamp)
+    span = f"{min(lengths)}-{max(lengths)}" if min(lengths) != max(lengths) else f"{lengths[0]}"
     for record in per_run:
-        write_beside_run(record["run"], f"length-{dataset.name}-{split}.json", record, saved_in=out_dir)
+        write_beside_run(record["run"], f"length-{dataset.name}-{split}-{span}.json", record, saved_in=out_dir)
     return collected
 
 
