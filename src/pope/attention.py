@@ -132,7 +132,7 @@ def pope_attention_varlen(
     _check_options(q, delta, hq=hq, d=d, base=base, causal=causal, softmax_scale=softmax_scale, magnitude=magnitude,
                    rotary_dim=None, backend=backend)
     for name, cu_seqlens in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-        _check_cu_seqlens(name, cu_seqlens, q.device)
+        check_cu_seqlens(name, cu_seqlens, q.device)
     if cu_seqlens_q.shape != cu_seqlens_k.shape:
         raise ValueError(f"cu_seqlens_q describes {cu_seqlens_q.numel() - 1} sequences but cu_seqlens_k "
                          f"{cu_seqlens_k.numel() - 1}; they must have the same length (batch + 1)")
@@ -181,8 +181,9 @@ def _varlen_reference(q, k, v, delta, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
     return torch.cat(pieces) if pieces else q[:0] * 1  # (0, Hq, d) still part of q's graph
 
 
-def _check_cu_seqlens(name: str, cu_seqlens, device) -> None:
-    """What a cumulative-length tensor must be, checked without reading it: int32, 1-D, >= 2 entries, on device."""
+def check_cu_seqlens(name: str, cu_seqlens, device, tokens: str = "q") -> None:
+    """What a cumulative-length tensor must be, checked without reading it: int32, 1-D, >= 2 entries, on device
+    (the device of the packed tensor named `tokens`)."""
     if not isinstance(cu_seqlens, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of int32 cumulative lengths; got {type(cu_seqlens).__name__}")
     if cu_seqlens.dtype != torch.int32:
@@ -190,19 +191,16 @@ def _check_cu_seqlens(name: str, cu_seqlens, device) -> None:
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
         raise ValueError(f"{name} must be 1-D with batch + 1 >= 2 entries; got shape {tuple(cu_seqlens.shape)}")
     if cu_seqlens.device != device:
-        raise ValueError(f"{name} is on {cu_seqlens.device} but q is on {device}")
+        raise ValueError(f"{name} is on {cu_seqlens.device} but {tokens} is on {device}")
 
 
 def _packed_lengths(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q, max_seqlen_k):
     """(lengths_q, lengths_k) of a packed batch, read on the host, after checking its values: each cumulative
     length from 0, non-decreasing, ending at its total; max_seqlen_* at least every length; Nq_b <= Nk_b."""
-    lengths_q = _sequence_lengths("cu_seqlens_q", cu_seqlens_q, total_q)
-    lengths_k = _sequence_lengths("cu_seqlens_k", cu_seqlens_k, total_k)
-    for name, bound, lengths in (("max_seqlen_q", max_seqlen_q, lengths_q), ("max_seqlen_k", max_seqlen_k, lengths_k)):
-        longest = max(lengths, default=0)
-        if bound < longest:
-            raise ValueError(f"{name}={bound} is smaller than sequence {lengths.index(longest)}'s length {longest}; "
-                             f"pass the longest length (or more)")
+    lengths_q = sequence_lengths("cu_seqlens_q", cu_seqlens_q, total_q)
+    lengths_k = sequence_lengths("cu_seqlens_k", cu_seqlens_k, total_k)
+    check_max_seqlen("max_seqlen_q", max_seqlen_q, lengths_q)
+    check_max_seqlen("max_seqlen_k", max_seqlen_k, lengths_k)
     for index, (nq, nk) in enumerate(zip(lengths_q, lengths_k)):
         if nq > nk:
             raise ValueError(f"sequence {index} has {nq} queries but only {nk} keys: each sequence's queries must be "
@@ -222,7 +220,15 @@ def _assert_packing_on_device(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k:
                         "Nq_b <= Nk_b")
 
 
-def _sequence_lengths(name: str, cu_seqlens, total: int) -> list[int]:
+def check_max_seqlen(name: str, bound: int, lengths: list[int]) -> None:
+    """A max_seqlen argument must be at least every sequence's length."""
+    longest = max(lengths, default=0)
+    if bound < longest:
+        raise ValueError(f"{name}={bound} is smaller than sequence {lengths.index(longest)}'s length {longest}; "
+                         f"pass the longest length (or more)")
+
+
+def sequence_lengths(name: str, cu_seqlens, total: int) -> list[int]:
     """The lengths a (checked) cumulative-length tensor describes, read on the host, after checking its values:
     from 0, non-decreasing, ending at total."""
     bounds = cu_seqlens.tolist()

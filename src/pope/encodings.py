@@ -26,7 +26,15 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from pope.attention import MAGNITUDES, pope_attention, pope_attention_varlen, sdpa
+from pope.attention import (
+    MAGNITUDES,
+    check_cu_seqlens,
+    check_max_seqlen,
+    pope_attention,
+    pope_attention_varlen,
+    sdpa,
+    sequence_lengths,
+)
 from pope.frequencies import (
     angles,
     cos_sin_table,
@@ -63,23 +71,11 @@ class PackedSequences:
     def build(cls, cu_seqlens: torch.Tensor, max_seqlen: int, total: int, device: torch.device) -> "PackedSequences":
         """Check cu_seqlens (int32, 1-D, on `device`, 0 .. total, non-decreasing) and max_seqlen (an int at least
         the longest length), then derive each token's position and sequence on the device."""
-        if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1 \
-                or cu_seqlens.numel() < 2:
-            got = (f"{cu_seqlens.dtype} of shape {tuple(cu_seqlens.shape)}" if isinstance(cu_seqlens, torch.Tensor)
-                   else type(cu_seqlens).__name__)
-            raise TypeError("cu_seqlens must be a 1-D int32 tensor of cumulative sequence lengths (0, len0, "
-                            f"len0 + len1, ..., total); got {got}")
-        if cu_seqlens.device != device:
-            raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but the tokens are on {device}")
+        check_cu_seqlens("cu_seqlens", cu_seqlens, device, tokens="the packed tokens")
         if not isinstance(max_seqlen, int) or isinstance(max_seqlen, bool) or max_seqlen < 1:
             raise TypeError(f"max_seqlen must be a positive int (the longest sequence's length); got {max_seqlen!r}")
-        bounds = cu_seqlens.tolist()  # the one host read of a packed forward
-        lengths = [end - begin for begin, end in zip(bounds, bounds[1:])]
-        if bounds[0] != 0 or bounds[-1] != total or min(lengths) < 0:
-            raise ValueError(f"cu_seqlens must rise from 0 to the number of packed tokens ({total}) without "
-                             f"decreasing; got {bounds[:8]}{' ...' if len(bounds) > 8 else ''} ending at {bounds[-1]}")
-        if max(lengths) > max_seqlen:
-            raise ValueError(f"max_seqlen={max_seqlen} is below the longest packed sequence ({max(lengths)} tokens)")
+        lengths = sequence_lengths("cu_seqlens", cu_seqlens, total)  # the one host read of a packed forward
+        check_max_seqlen("max_seqlen", max_seqlen, lengths)
         token = torch.arange(total, device=device)
         starts = cu_seqlens.long()
         sequence_ids = torch.searchsorted(starts[1:], token, right=True)  # (total,)
