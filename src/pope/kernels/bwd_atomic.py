@@ -25,9 +25,27 @@ from pope.magnitudes import MAGNITUDES
 
 from . import direct_launch, host, prepass
 from .bwd import _backward_epilogue_kernel
-from .configs import TRANSFORM_ROWS, pick_tiles
+from .configs import TRANSFORM_ROWS, Tiles, bucket, pick_tiles
+from .interpreter import INTERPRET
 from .jit_math import (_magnitude, _magnitude_grad, _packed_sequence, _phase, _query_block, _query_sequence,
                        _sincos, _split_halves, _stats_start)
+
+# The atomic kernel's 16-bit tiles (BLOCK_M, BLOCK_N, warps, stages) by head-dim bucket, for sm_90: bwd's dk/dv tiles
+# do not fit it (at d = 128 it would need 264 KB of shared memory, more than an H100/H200 SM has; at d = 64 they
+# spill 340 B), these compile for sm_90a with no spills (d = 64: two programs per SM) and fit (scripts/
+# kernel_registers.py's report, also tests/test_kernel_atomic_bwd.py). Chosen by that report alone, not timed on
+# a GPU. fp32 inputs and the interpreter take bwd's dk/dv tiles (configs.pick_tiles).
+ATOMIC_TILES = {64: Tiles(16, 64, 4, 3), 128: Tiles(16, 64, 8, 3)}
+
+
+def atomic_tiles(head_dim: int, override, dtype: torch.dtype, device: torch.device) -> Tiles:
+    """The tiles `backward_atomic` runs its main kernel with: override when given, else ATOMIC_TILES (16-bit on a
+    GPU; the largest bucket's beyond it), else the dk/dv kernel's (fp32, the interpreter)."""
+    if override is not None:
+        return Tiles(*override)
+    if INTERPRET or dtype == torch.float32:
+        return pick_tiles("dkdv", head_dim, None, dtype, device)
+    return ATOMIC_TILES.get(bucket(head_dim), ATOMIC_TILES[max(ATOMIC_TILES)])
 
 
 @triton.jit
@@ -61,11 +79,14 @@ def _row_statistics_kernel(
 @triton.jit
 def _bwd_atomic_inner(
     dk_wide, dv, k_wide, v, qp_desc, do_desc, lse_desc, rowdelta_desc, DQAcc, acc_row, bh_q, b, h,
-    offs_n, q_offset, seq_q, start_q, stats_start, lo, hi, qk_scale,
-    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, MASK_CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
+    offs_n, q_offset, seq_q, seq_k, start_q, stats_start, lo, hi, qk_scale,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, MASK_CAUSAL: tl.constexpr, MASK_KEYS: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     """dk', dv over query blocks [lo, hi) (as bwd's `_bwd_dkdv_inner`), and each block's dq' = dS k' added into
-    the fp32 accumulator rows acc_row + start_q + i (int64) for its valid rows."""
+    the fp32 accumulator rows acc_row + start_q + i (int64) for its valid rows. MASK_KEYS (packed batches): the
+    key rows past seq_k are the next sequence's: their dS is zeroed, as it would reach dq' (their dk, dv are not
+    stored). Batched, those rows read as zeros (k' and v), so their dS k' is zero already."""
     offs_w = tl.arange(0, 2 * BLOCK_D)
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -82,7 +103,10 @@ def _bwd_atomic_inner(
             probs_t = tl.where(offs_n[:, None] <= (q_offset + offs_m)[None, :], probs_t, 0.0)
         dv = tl.dot(probs_t.to(do.dtype), do, dv, input_precision=PRECISION)
         dprobs_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
-        dscores_t = (probs_t * (dprobs_t - row_delta[None, :])).to(q_wide.dtype)
+        dscores_t = probs_t * (dprobs_t - row_delta[None, :])
+        if MASK_KEYS:
+            dscores_t = tl.where((offs_n < seq_k)[:, None], dscores_t, 0.0)
+        dscores_t = dscores_t.to(q_wide.dtype)
         dk_wide = tl.dot(dscores_t, q_wide, dk_wide, input_precision=PRECISION)  # dk' (BLOCK_N, 2 BLOCK_D)
         dq_wide = tl.dot(tl.trans(dscores_t), k_wide, input_precision=PRECISION)  # dq' (BLOCK_M, 2 BLOCK_D) fp32
         tl.atomic_add(DQAcc + (acc_row + start_q + offs_m)[:, None] * (2 * BLOCK_D) + offs_w[None, :], dq_wide,
@@ -122,15 +146,10 @@ def _pope_bwd_atomic_kernel(
     mask_k = (offs_n < seq_k)[:, None] & mask_d[None, :]
     rows = start_k + offs_n
 
-    # This program's key block k' (pre-pass) and v, by TMA (rows past the keys read as zeros). In a packed batch
-    # those rows are the next sequence's: zeroed here, as they would reach dq' through dS k' (unlike dk, dv,
-    # whose rows past the keys are not stored).
+    # This program's key block k' (pre-pass) and v, by TMA into shared memory (rows past the keys read as zeros;
+    # in a packed batch they are the next sequence's, masked in the loop).
     k_wide = kp_desc.load([kv_row, start_k + pid_n * BLOCK_N, 0]).reshape(BLOCK_N, 2 * BLOCK_D)
     v = v_desc.load([b, hk, start_k + pid_n * BLOCK_N, 0]).reshape(BLOCK_N, BLOCK_D)
-    if IS_VARLEN:
-        key_rows = (offs_n < seq_k)[:, None]
-        k_wide = tl.where(key_rows, k_wide, 0.0).to(k_wide.dtype)
-        v = tl.where(key_rows, v, 0.0).to(v.dtype)
 
     dk_wide = tl.zeros([BLOCK_N, 2 * BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -153,12 +172,12 @@ def _pope_bwd_atomic_kernel(
         if CAUSAL:
             dk_wide, dv = _bwd_atomic_inner(
                 dk_wide, dv, k_wide, v, qp_desc, do_desc, lse_desc, rowdelta_desc, DQAcc, acc_row, bh_q, b, h,
-                offs_n, q_offset, seq_q, start_q, stats_start, masked_lo, masked_hi, qk_scale,
-                BLOCK_M, BLOCK_D, True, PRECISION)
+                offs_n, q_offset, seq_q, seq_k, start_q, stats_start, masked_lo, masked_hi, qk_scale,
+                BLOCK_M, BLOCK_D, True, IS_VARLEN, PRECISION)
         dk_wide, dv = _bwd_atomic_inner(
             dk_wide, dv, k_wide, v, qp_desc, do_desc, lse_desc, rowdelta_desc, DQAcc, acc_row, bh_q, b, h,
-            offs_n, q_offset, seq_q, start_q, stats_start, masked_hi, seq_q, qk_scale,
-            BLOCK_M, BLOCK_D, False, PRECISION)
+            offs_n, q_offset, seq_q, seq_k, start_q, stats_start, masked_hi, seq_q, qk_scale,
+            BLOCK_M, BLOCK_D, False, IS_VARLEN, PRECISION)
 
     # Chain rule through k' = f(k) [cos(s theta), sin(s theta)]; dk' = scale * dS^T q'.
     k32 = tl.load(K + b * stride_kb + hk * stride_kh + rows[:, None] * stride_kn + offs_d[None, :], mask=mask_k,
@@ -213,10 +232,11 @@ def _dq_from_accumulator_kernel(
 
 
 def backward_atomic(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale: float, q_offset: int,
-                    magnitude: str, dkdv_config=None, packed: host.Packed | None = None):
-    """Returns (dq, dk, dv, d_delta or None), as bwd.backward (same arguments; dkdv_config the main kernel's tiles),
-    with dq summed by fp32 atomics: not bitwise reproducible in dq and d(delta)."""
-    plan = host.plan(do, q, k, v, delta, out, lse, theta, causal, q_offset, magnitude, dkdv_config, *(packed or ()))
+                    magnitude: str, atomic_config=None, packed: host.Packed | None = None):
+    """Returns (dq, dk, dv, d_delta or None), as bwd.backward (same arguments; atomic_config: the main kernel's
+    (BLOCK_M, BLOCK_N, warps, stages), default `atomic_tiles`), with dq summed by fp32 atomics: not bitwise
+    reproducible in dq and d(delta)."""
+    plan = host.plan(do, q, k, v, delta, out, lse, theta, causal, q_offset, magnitude, atomic_config, *(packed or ()))
     dq = host.empty(q.shape, device=q.device, dtype=q.dtype)
     k_shape, v_shape = k.shape, v.shape
     dk = host.empty(k_shape, device=k.device, dtype=k.dtype)
@@ -247,7 +267,7 @@ def backward_atomic(do, q, k, v, delta, out, lse, theta, *, causal: bool, softma
     # 2. dk, dv and the dq' accumulator, one program per key block.
     q_prime, k_prime = prepass.transform_queries_and_keys(q, k, theta, delta, q_offset=q_offset, magnitude=magnitude,
                                                           site=plan + ("atomic q' k'",), packed=packed)
-    block_m, block_n, num_warps, num_stages = pick_tiles("dkdv", head_dim, dkdv_config, q.dtype, q.device)
+    block_m, block_n, num_warps, num_stages = atomic_tiles(head_dim, atomic_config, q.dtype, q.device)
     dq_accumulator = torch.zeros((batch * n_q_heads, seq_q, 2 * block_d), device=q.device, dtype=torch.float32)
     lse_rows = lse.reshape(batch * n_q_heads, seq_q) if packed is None else packed_lse
     if padded_q != seq_q and packed is None:
