@@ -213,3 +213,42 @@ def test_reference_backend_accepts_the_option_without_effect(kernels):
     atomic = outputs_and_gradients(_attention, *inputs, torch.float32, dict(options, deterministic=False))
     for name, a, b in zip(GRADIENT_NAMES, plain, atomic):
         assert torch.equal(a, b), name
+
+
+_REGISTER_REPORT = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import kernel_registers
+from pope.kernels import bwd_atomic
+
+kernel_registers.FLOAT32_POINTERS.add("DQAcc")
+for head_dim, tile in bwd_atomic.ATOMIC_TILES.items():
+    for varlen in (False, True):
+        constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_D=head_dim,
+                          CAUSAL=True, MAGNITUDE=0, PRECISION="tf32", IS_VARLEN=varlen)
+        if not varlen:
+            constexprs.update(CuSeqlensQ=None, CuSeqlensK=None)
+        line = kernel_registers.report(bwd_atomic._pope_bwd_atomic_kernel, constexprs, tile.num_warps,
+                                       tile.num_stages, None)
+        print(f"d={head_dim} varlen={varlen}: {line}")
+"""
+
+
+def test_atomic_kernel_compiles_for_hopper_within_an_sm_and_without_spills():
+    """Compiled for sm_90a here (Triton's bundled ptxas, no GPU): the shipped 16-bit tiles fit an SM's shared memory
+    (bwd's dk/dv tiles do not, at d = 128) and spill nothing batched; d = 64 holds two programs per SM."""
+    import re
+
+    root = os.path.join(os.path.dirname(__file__), os.pardir)
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.path.join(root, "src")
+    run = subprocess.run([sys.executable, "-c", _REGISTER_REPORT, os.path.join(root, "scripts")], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = run.stdout.splitlines()
+    assert len(lines) == 4, run.stdout
+    for line in lines:
+        resident = int(re.search(r"programs per SM (\d+)", line).group(1))
+        assert resident >= (2 if line.startswith("d=64 varlen=False") else 1), line
+        if "varlen=False" in line or line.startswith("d=64"):
+            assert "0 bytes spill stores" in line, line
