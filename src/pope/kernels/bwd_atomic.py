@@ -2,16 +2,16 @@
 one pass over the scores instead of bwd's two, beside its launcher `backward_atomic`.
 
   1. `_row_statistics_kernel`, one program per query block: D = rowsum(dO * O) (packed: and a copy of lse) at the
-     statistics rows bwd's dk/dv kernel reads them from (the same layout, so the same TMA descriptors);
+     statistics rows bwd's dk/dv kernel reads them from (the same layout, read the same way, by TMA);
   2. `_pope_bwd_atomic_kernel`, one program per key block: dk and dv as bwd's dk/dv kernel computes them, and for
      every query block it visits dq' = dS k' (BLOCK_M, 2 BLOCK_D), added with tl.atomic_add into an fp32
      accumulator (B * Hq, Nq, 2 BLOCK_D) (packed: (Hq, total_q, 2 BLOCK_D)) that starts at zero;
   3. `_dq_from_accumulator_kernel`, one program per query block: the chain rule from the summed dq' to dq, and one
      partial sum of d(delta) per block (bwd's dq kernel's epilogue);
   4. bwd's `_backward_epilogue_kernel`: d(delta) summed from those partials in a fixed order.
-Guarantees: the gradients are bwd.backward's up to the order in which fp32 additions sum dq' (the atomics add the
-key blocks' contributions in the order they arrive, so dq, and through it d(delta), may differ in their last bits
-from run to run; dk and dv take no atomics). Same inputs, layouts and packed batches as bwd.backward. Memory: the
+Guarantees: the gradients are bwd.backward's up to fp32 summation order (other tiles; the atomics add the key
+blocks' dq' contributions in the order they arrive, so dq, and through it d(delta), may differ in their last bits
+from run to run; dk and dv take no atomics and are reproducible). Same inputs, layouts and packed batches as bwd.backward. Memory: the
 accumulator holds 2 BLOCK_D fp32 channels a query row (4 |q| at 16-bit inputs, d a power of two), beside q', k',
 dk and dv: more than the deterministic backward's 5 |q|.
 """
