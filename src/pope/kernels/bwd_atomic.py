@@ -13,7 +13,7 @@ Guarantees: the gradients are bwd.backward's up to fp32 summation order (other t
 blocks' dq' contributions in the order they arrive, so dq, and through it d(delta), may differ in their last bits
 from run to run; dk and dv take no atomics and are reproducible). Same inputs, layouts and packed batches as bwd.backward. Memory: the
 accumulator holds 2 BLOCK_D fp32 channels a query row (4 |q| at 16-bit inputs, d a power of two), beside q', k',
-dk and dv: more than the deterministic backward's 5 |q|.
+dk and dv: 10 |q| at MHA at the peak, against the deterministic backward's 5 |q|.
 """
 from __future__ import annotations
 
@@ -237,14 +237,14 @@ def backward_atomic(do, q, k, v, delta, out, lse, theta, *, causal: bool, softma
     (BLOCK_M, BLOCK_N, warps, stages), default `atomic_tiles`), with dq summed by fp32 atomics: not bitwise
     reproducible in dq and d(delta)."""
     plan = host.plan(do, q, k, v, delta, out, lse, theta, causal, q_offset, magnitude, atomic_config, *(packed or ()))
-    dq = host.empty(q.shape, device=q.device, dtype=q.dtype)
-    k_shape, v_shape = k.shape, v.shape
-    dk = host.empty(k_shape, device=k.device, dtype=k.dtype)
-    dv = host.empty(v_shape, device=v.device, dtype=v.dtype)
-    dq_view, dk_view, dv_view = dq, dk, dv
+    # Buffers (|q| = |k| at MHA, 16-bit): dk, dv, q', k' and the accumulator (4 |q|) live during the main kernel
+    # (10 |q|); dq is made after q' and k' die (7 |q|). Gradients in the inputs' own shapes; kernels see batch views.
+    q_shape = q.shape
+    dk = host.empty(k.shape, device=k.device, dtype=k.dtype)
+    dv = host.empty(v.shape, device=v.device, dtype=v.dtype)
+    dk_view, dv_view = host.batch_view(dk, packed), host.batch_view(dv, packed)
     if packed is not None:  # batch-1 views of the packed tensors
-        do, q, k, v, out, dq_view, dk_view, dv_view = (host.batch_view(t, packed)
-                                                       for t in (do, q, k, v, out, dq, dk, dv))
+        do, q, k, v, out = (host.batch_view(t, packed) for t in (do, q, k, v, out))
     batch, n_q_heads, seq_q, head_dim = q.shape
     n_kv_heads, seq_k = k.shape[1], k.shape[2]
     block_d = host.block_d(head_dim)
@@ -288,6 +288,8 @@ def backward_atomic(do, q, k, v, delta, out, lse, theta, *, causal: bool, softma
     del q_prime, k_prime, descriptors, lse_rows, packed_lse
 
     # 3. dq (and d delta's partials) from the accumulator; 4. d delta summed in a fixed order (bwd's epilogue).
+    dq = host.empty(q_shape, device=q.device, dtype=q.dtype)
+    dq_view = host.batch_view(dq, packed)
     d_delta_partial = host.empty((n_sequences, n_q_heads, n_row_blocks, head_dim), device=q.device,
                                  dtype=torch.float32)
     direct_launch.launch(_dq_from_accumulator_kernel, (n_row_blocks, n_sequences * n_q_heads), plan + ("atomic dq",), (
