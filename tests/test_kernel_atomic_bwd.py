@@ -252,3 +252,35 @@ def test_atomic_kernel_compiles_for_hopper_within_an_sm_and_without_spills():
         assert resident >= (2 if line.startswith("d=64 varlen=False") else 1), line
         if "varlen=False" in line or line.startswith("d=64"):
             assert "0 bytes spill stores" in line, line
+
+
+def test_backward_buffers_peak_at_ten_q(kernels, monkeypatch):
+    """What the atomic backward allocates (MHA, bf16, d = 64) peaks at 10 |q| at once: dk + dv + q' + k' + the fp32
+    dq' accumulator (4 |q|) during the main kernel; dq is made only after q' and k' are freed (else 11 |q|)."""
+    if kernels is None:
+        return
+    import weakref
+
+    from pope.kernels import bwd_atomic, host
+
+    q, k, v, delta, grad_out = (t.to(DEVICE) for t in attention_inputs(1, 2, 2, 40, 40, 64,
+                                                                       generator=torch.Generator().manual_seed(10)))
+    q, k, v, grad_out = (t.to(torch.bfloat16) for t in (q, k, v, grad_out))
+    theta = kernels.frequencies(64, 10000.0, q.device)
+    options = dict(causal=True, softmax_scale=0.125, q_offset=0, magnitude="softplus")
+    out, lse = kernels.forward(q, k, v, delta.float(), theta, **options)
+    q_bytes, live, peak = q.numel() * 2, [], [0]
+
+    def recording(make):
+        def allocate(*args, **kwargs):
+            buffer = make(*args, **kwargs)
+            live.append((weakref.ref(buffer), buffer.numel() * buffer.element_size()))
+            peak[0] = max(peak[0], sum(size for ref, size in live if ref() is not None and size >= q_bytes))
+            return buffer
+        return allocate
+
+    monkeypatch.setattr(host, "empty", recording(host.empty))
+    monkeypatch.setattr(bwd_atomic.torch, "zeros", recording(torch.zeros))
+    grads = kernels.backward_atomic(grad_out, q, k, v, delta.float(), out, lse, theta, **options)
+    assert all(torch.isfinite(g).all() for g in grads)
+    assert peak[0] == 10 * q_bytes, f"the atomic backward held {peak[0] / q_bytes:.2f} |q| at once"
