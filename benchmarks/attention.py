@@ -466,8 +466,9 @@ def targets(rows) -> list[str]:
         atomic = by.get((shape, "pope triton atomic"))
         if atomic is not None:  # issue 22: deterministic=False only if it is faster
             ratio = atomic["fwd_bwd_ms"] / ours["fwd_bwd_ms"]
+            memory = atomic["peak_mb"] / ours["peak_mb"]
             parts.append(f"deterministic=False fwd+bwd {ratio:.2f}x the default's "
-                         f"({'faster' if ratio < 1 else 'NOT faster'}), peak mem {atomic['peak_mb'] / ours['peak_mb']:.2f}x")
+                         f"({'faster' if ratio < 1 else 'NOT faster'}), peak mem {memory:.2f}x")
         lines.append(f"{shape}: " + "; ".join(parts))
     return lines
 

@@ -10,7 +10,8 @@ The float64 reference materialises (B, H, N, N) scores, so the long shapes run w
 Packed (varlen) batches (VARLEN_SHAPES) are checked in every dtype by the same rule, plus bitwise equality with the
 launchers run on each sequence alone. --checks atomic checks the atomic backward (deterministic=False) by the same
 rule at ATOMIC_ROWS of CHECK_SHAPES and every packed batch, and reports how far its gradients are from the
-deterministic backward's and whether two of its calls gave the same bits. Writes DIR/gpu_kernel_check.json and prints a table; exits 1 if any check fails.
+deterministic backward's and whether two of its calls gave the same bits.
+Writes DIR/gpu_kernel_check.json and prints a table; exits 1 if any check fails.
 """
 from __future__ import annotations
 

@@ -121,6 +121,24 @@ def test_gradients_within_twice_reference_error_and_close_to_the_deterministic_o
         torch.testing.assert_close(ours, same, rtol=0, atol=tolerance, msg=name)
 
 
+@pytest.mark.parametrize("causal,q_offset", [(True, 7), (False, 10**6)])
+def test_explicit_query_offset_within_twice_reference_error(kernels, causal, q_offset):
+    """Queries at positions q_offset.. (chunked prefill, and a million positions in: exact angles), Nq < Nk, GQA:
+    the phases of the atomic backward's dq epilogue and pre-pass follow q_offset."""
+    if kernels is None:
+        return
+    inputs = [t.to(DEVICE) for t in attention_inputs(1, 4, 2, 20, 45, 32, generator=torch.Generator().manual_seed(11))]
+    options = dict(base=10000.0, causal=causal, softmax_scale=32 ** -0.5, q_offset=q_offset, magnitude="softplus",
+                   rotary_dim=None)
+    exact = outputs_and_gradients(reference_pope_attention, *inputs, torch.float64, options)
+    reference = outputs_and_gradients(reference_pope_attention, *inputs, torch.bfloat16, options)
+    atomic = outputs_and_gradients(_attention, *inputs, torch.bfloat16,
+                                   dict(options, backend="triton", deterministic=False))
+    for name, ours, theirs, truth in zip(GRADIENT_NAMES, atomic, reference, exact):
+        errors = check_within_rule(ours.cpu(), theirs.cpu(), truth.cpu(), torch.bfloat16)
+        assert errors["ok"], f"{name}: kernel error {errors['kernel']:.3e} > 2 x reference {errors['reference']:.3e}"
+
+
 @pytest.mark.parametrize("dtype,causal", [(torch.bfloat16, True), (torch.float32, False)])
 def test_packed_batch_within_twice_reference_error(kernels, launches, dtype, causal):
     """pope_attention_varlen(deterministic=False): empty, length-1 and odd-length sequences, GQA, one launch of each

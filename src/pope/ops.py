@@ -7,8 +7,9 @@ less host time per call):
     pope::flash_attention_backward(do, q, k, v, delta, out, lse, theta, ...) -> (dq, dk, dv, d_delta)
 wired together with `torch.library.register_autograd` (the forward saves q, k, v, delta, out, lse and the
 frequencies theta only, and for a packed batch its cu_seqlens). Both take `deterministic` last: True runs
-pope.kernels.backward (bitwise reproducible), False pope.kernels.backward_atomic (dq summed by fp32 atomics). theta is (2, d) int32: the frequencies as fixed-point turns
-(pope.frequencies.pope_turn_words), from which the kernels compute exactly reduced angles.
+pope.kernels.backward (bitwise reproducible), False pope.kernels.backward_atomic (dq summed by fp32 atomics).
+theta is (2, d) int32: the frequencies as fixed-point turns (pope.frequencies.pope_turn_words), from which the
+kernels compute exactly reduced angles.
 
 theta is an input, not something the operators look up: in a compiled graph the frequencies are computed by the
 graph itself, so no operator call made by compiled code ever creates a tensor that outlives it (CUDA-graph
@@ -102,8 +103,8 @@ def _backward_kernels(do, q, k, v, delta, out, lse, theta, causal, softmax_scale
     delta = delta.contiguous() if delta is not None else None
     kernels = _kernels()
     backward = kernels.backward if deterministic else kernels.backward_atomic
-    return backward(do, q, k, v, delta, out, lse.contiguous(), theta, causal=causal,
-                               softmax_scale=softmax_scale, q_offset=q_offset, magnitude=magnitude, packed=packed)
+    return backward(do, q, k, v, delta, out, lse.contiguous(), theta, causal=causal, softmax_scale=softmax_scale,
+                    q_offset=q_offset, magnitude=magnitude, packed=packed)
 
 
 @torch.library.custom_op("pope::flash_attention_forward", mutates_args=())

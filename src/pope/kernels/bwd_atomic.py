@@ -11,9 +11,9 @@ one pass over the scores instead of bwd's two, beside its launcher `backward_ato
   4. bwd's `_backward_epilogue_kernel`: d(delta) summed from those partials in a fixed order.
 Guarantees: the gradients are bwd.backward's up to fp32 summation order (other tiles; the atomics add the key
 blocks' dq' contributions in the order they arrive, so dq, and through it d(delta), may differ in their last bits
-from run to run; dk and dv take no atomics and are reproducible). Same inputs, layouts and packed batches as bwd.backward. Memory: the
-accumulator holds 2 BLOCK_D fp32 channels a query row (4 |q| at 16-bit inputs, d a power of two), beside q', k',
-dk and dv: 10 |q| at MHA at the peak, against the deterministic backward's 5 |q|.
+from run to run; dk and dv take no atomics and are reproducible). Same inputs, layouts and packed batches as
+bwd.backward. Memory: the accumulator holds 2 BLOCK_D fp32 channels a query row (4 |q| at 16-bit inputs, d a
+power of two), beside q', k', dk and dv: 10 |q| at MHA at the peak, against the deterministic backward's 5 |q|.
 """
 from __future__ import annotations
 
@@ -65,8 +65,10 @@ def _row_statistics_kernel(
             return
     mask_q = mask_rows[:, None] & mask_d[None, :]
     rows = start_q + offs_m
-    do = tl.load(DO + b * stride_dob + h * stride_doh + rows[:, None] * stride_don + offs_d[None, :], mask=mask_q, other=0.0)
-    out = tl.load(Out + b * stride_ob + h * stride_oh + rows[:, None] * stride_on + offs_d[None, :], mask=mask_q, other=0.0)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + rows[:, None] * stride_don + offs_d[None, :], mask=mask_q,
+                 other=0.0)
+    out = tl.load(Out + b * stride_ob + h * stride_oh + rows[:, None] * stride_on + offs_d[None, :], mask=mask_q,
+                  other=0.0)
     row_delta = tl.sum(do.to(tl.float32) * out.to(tl.float32), 1)  # (BLOCK_M,)
     if IS_VARLEN:
         stats_rows = q_row * row_delta_stride + _stats_start(start_q, pid_bh // n_q_heads) + offs_m
