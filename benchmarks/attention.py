@@ -10,6 +10,8 @@ bf16, causal. Providers, side by side in the same process:
     pope-pytorch       PoPE_pytorch 0.2.1's fused Triton kernel (flash_attn, its (B, N, H, d) layout;
                        autotuning off unless --pope-pytorch-autotune, to spare device time)
     pope triton        this project's kernels via pope_attention(backend="triton")
+    pope triton atomic the same with deterministic=False: the backward sums dq with fp32 atomics in one pass
+                       (pope.kernels.backward_atomic); the targets say how its fwd+bwd compares with the default's
 Per provider: forward and forward+backward median time (triton.testing.do_bench), peak memory allocated
 above the inputs during forward+backward, and TFLOP/s with the provider's own attention FLOPs: PoPE
 forward 6*B*H*N^2*d (the QK product has 2d channels), standard 4*B*H*N^2*d, halved when causal;
@@ -28,9 +30,10 @@ replays (triton.testing.do_bench_cudagraph): what each provider costs the GPU, w
 
 With --varlen: packed variable-length batches (flash-attn's varlen layout; lengths drawn from a fixed seed, summing
 to about 32K tokens; GQA 32/8, d = 64 and 128; bf16 causal): pope_attention_varlen's single packed launch per kernel
-vs one pope_attention call per sequence vs pope_attention over the padded batch (B, H, longest, d), and SDPA over
-the padded batch (no positional encoding) as the reference point; forward and forward+backward ms and real tokens/s,
-appended to OUT/attention_varlen.csv and plotted to OUT/attention_varlen.png. --varlen-only skips everything else.
+(and the same with deterministic=False) vs one pope_attention call per sequence vs pope_attention over the padded
+batch (B, H, longest, d), and SDPA over the padded batch (no positional encoding) as the reference point; forward
+and forward+backward ms and real tokens/s, appended to OUT/attention_varlen.csv and plotted to
+OUT/attention_varlen.png. --varlen-only skips everything else.
 
     PYTHONPATH=src python benchmarks/attention.py [--decode] [--varlen] [--out benchmarks/results]
 Appends to OUT/attention.csv (and OUT/decode.csv) with GPU, versions, commit and date; plots OUT/attention.png (and
@@ -49,7 +52,8 @@ import torch
 import torch.nn.functional as F
 
 SHAPES = [(8, 12, 1024, 64), (4, 16, 4096, 64), (2, 16, 8192, 64), (1, 16, 16384, 64), (4, 16, 4096, 128)]
-PROVIDERS = ["sdpa", "rope+sdpa", "rope compiled+sdpa", "pope materialized", "pope-pytorch", "pope triton"]
+PROVIDERS = ["sdpa", "rope+sdpa", "rope compiled+sdpa", "pope materialized", "pope-pytorch", "pope triton",
+             "pope triton atomic"]
 DECODE_SHAPES = [(8, 16, 16, 1024, 64), (8, 16, 16, 4096, 64), (8, 16, 16, 16384, 64), (4, 16, 16, 65536, 64),
                  (8, 16, 16, 16384, 128), (8, 32, 8, 16384, 128), (8, 32, 4, 16384, 64)]  # (B, Hq, Hkv, Nk, d)
 BASE = 10000.0
@@ -110,6 +114,10 @@ def make_provider(name, q, k, v, delta, *, autotune_pope_pytorch=False):
         from pope.attention import pope_attention
 
         return lambda: pope_attention(q, k, v, delta, base=BASE, causal=True, backend="triton")
+    if name == "pope triton atomic":
+        from pope.attention import pope_attention
+
+        return lambda: pope_attention(q, k, v, delta, base=BASE, causal=True, backend="triton", deterministic=False)
     raise ValueError(f"unknown provider {name!r}; choose from {PROVIDERS}")
 
 
@@ -154,7 +162,8 @@ def bench_provider(name, shape, *, autotune_pope_pytorch=False, cuda_graph=False
 VARLEN_DISTRIBUTIONS = [("uniform 128-4096", (128, 4096)), ("uniform 64-1024", (64, 1024)), ("all 2048", (2048, 2048))]
 VARLEN_HEADS = [(32, 8, 64), (32, 8, 128)]  # (Hq, Hkv, d)
 VARLEN_TOKENS = 32768
-VARLEN_PROVIDERS = ["pope varlen packed", "pope per-sequence calls", "pope padded batch", "sdpa padded batch"]
+VARLEN_PROVIDERS = ["pope varlen packed", "pope varlen packed atomic", "pope per-sequence calls", "pope padded batch",
+                    "sdpa padded batch"]
 
 
 def varlen_lengths(low: int, high: int, total: int = VARLEN_TOKENS, seed: int = 0) -> list[int]:
@@ -191,6 +200,9 @@ def bench_varlen(distribution: str, lengths: list[int], n_q_heads: int, n_kv_hea
     providers = {
         "pope varlen packed": (lambda: pope_attention_varlen(q, k, v, delta, cu_seqlens, cu_seqlens, longest, longest,
                                                              backend="triton"), packed),
+        "pope varlen packed atomic": (lambda: pope_attention_varlen(q, k, v, delta, cu_seqlens, cu_seqlens, longest,
+                                                                    longest, backend="triton", deterministic=False),
+                                      packed),
         "pope per-sequence calls": (lambda: torch.cat([
             pope_attention(*(x[start:start + n].transpose(0, 1)[None] for x in packed), delta, backend="triton")[0]
             .transpose(0, 1) for start, n in zip(starts, lengths)]), packed),
@@ -451,6 +463,12 @@ def targets(rows) -> list[str]:
         if (shape, "pope-pytorch") in by:
             speedup = by[(shape, "pope-pytorch")]["fwd_bwd_ms"] / ours["fwd_bwd_ms"]
             parts.append(f"{speedup:.1f}x faster than pope-pytorch ({'MET' if speedup >= 20 else 'MISSED'} >=20x)")
+        atomic = by.get((shape, "pope triton atomic"))
+        if atomic is not None:  # issue 22: deterministic=False only if it is faster
+            ratio = atomic["fwd_bwd_ms"] / ours["fwd_bwd_ms"]
+            memory = atomic["peak_mb"] / ours["peak_mb"]
+            parts.append(f"deterministic=False fwd+bwd {ratio:.2f}x the default's "
+                         f"({'faster' if ratio < 1 else 'NOT faster'}), peak mem {memory:.2f}x")
         lines.append(f"{shape}: " + "; ".join(parts))
     return lines
 

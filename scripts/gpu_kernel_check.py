@@ -6,9 +6,12 @@ off by at most 2x what pope.attention's pure-PyTorch reference makes in the same
 for fp32). Outputs are NaN-poisoned before each run.
 The float64 reference materialises (B, H, N, N) scores, so the long shapes run with fewer heads.
 
-    PYTHONPATH=src python scripts/gpu_kernel_check.py [--sweep] [--checks batched,varlen] [--out DIR]
+    PYTHONPATH=src python scripts/gpu_kernel_check.py [--sweep] [--checks batched,varlen[,atomic]] [--out DIR]
 Packed (varlen) batches (VARLEN_SHAPES) are checked in every dtype by the same rule, plus bitwise equality with the
-launchers run on each sequence alone. Writes DIR/gpu_kernel_check.json and prints a table; exits 1 if any check fails.
+launchers run on each sequence alone. --checks atomic checks the atomic backward (deterministic=False) by the same
+rule at ATOMIC_ROWS of CHECK_SHAPES and every packed batch, and reports how far its gradients are from the
+deterministic backward's and whether two of its calls gave the same bits.
+Writes DIR/gpu_kernel_check.json and prints a table; exits 1 if any check fails.
 """
 from __future__ import annotations
 
@@ -62,6 +65,9 @@ VARLEN_SHAPES = [
 ]
 # fp16 and fp32 at these rows of CHECK_SHAPES (each dtype x head dim is a separate compile).
 OTHER_DTYPE_ROWS = (0, 4, 6, 8, 10, 12, 14, 16, 17)
+# The atomic backward (--checks atomic) at these rows of CHECK_SHAPES: the block kernels' (no decode rows), in every
+# dtype, plus VARLEN_SHAPES.
+ATOMIC_ROWS = (0, 1, 4, 5, 6, 7, 14, 15)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # TRITON_INTERPRET=1 python scripts/gpu_kernel_check.py --smoke runs tiny shapes on CPU (checks this script).
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -150,6 +156,63 @@ def check_varlen(shape, dtype_name, seed=0):
         result[name] = check_within_rule(ours, theirs, truth, dtype)
         result["passed"] &= result[name]["ok"]
     del exact, reference, fused
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+    return result
+
+
+def check_atomic(shape, dtype_name, seed=0):
+    """The atomic backward (deterministic=False) on a CHECK_SHAPES row or a VARLEN_SHAPES batch: out and every
+    gradient by the 2x rule against float64 (what passes or fails); reported beside it, each gradient's max abs
+    difference from the deterministic backward's over that gradient's max abs, and whether a second atomic call gave
+    the same bits (fp32 atomics add in arrival order: not required)."""
+    from pope.attention import pope_attention_varlen
+
+    dtype = DTYPES[dtype_name]
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    if isinstance(shape[0], list):  # a packed batch
+        lengths_q, lengths_k, n_q_heads, n_kv_heads, head_dim, causal = shape
+        q, k, v, delta, grad_out, cu_q, cu_k = packed_inputs(lengths_q, lengths_k, n_q_heads, n_kv_heads, head_dim,
+                                                             generator=g, device=DEVICE)
+        packing = (cu_q, cu_k, max(lengths_q), max(lengths_k))
+
+        def reference(q, k, v, delta):
+            return pope_attention_varlen(q, k, v, delta, *packing, causal=causal, backend="reference")
+
+        def fused(q, k, v, delta, deterministic):
+            return triton_pope_attention_varlen(q, k, v, delta, *packing, base=10000.0, causal=causal,
+                                                softmax_scale=head_dim ** -0.5, magnitude="softplus",
+                                                deterministic=deterministic)
+    else:
+        batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim, causal, *extra = shape
+        q, k, v, delta, grad_out = attention_inputs(batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim,
+                                                    generator=g, device=DEVICE)
+        options = dict(base=10000.0, causal=causal, softmax_scale=head_dim ** -0.5,
+                       q_offset=extra[1] if len(extra) > 1 else seq_k - seq_q,
+                       magnitude=extra[0] if extra else "softplus", rotary_dim=None)
+
+        def reference(q, k, v, delta):
+            return reference_pope_attention(q, k, v, delta, **options)
+
+        def fused(q, k, v, delta, deterministic):
+            return triton_pope_attention(q, k, v, delta, **options, deterministic=deterministic)
+
+    inputs = (q, k, v, delta, grad_out)
+    exact = _grads(reference, *inputs, torch.float64, {})
+    theirs = _grads(reference, *inputs, dtype, {})
+    atomic = _grads(fused, *inputs, dtype, dict(deterministic=False))
+    again = _grads(fused, *inputs, dtype, dict(deterministic=False))
+    default = _grads(fused, *inputs, dtype, dict(deterministic=True))
+    result = {"shape": shape, "dtype": dtype_name, "atomic": True,
+              "second_call_bitwise_equal": all(torch.equal(a, b) for a, b in zip(atomic, again)),
+              "relative_difference_from_deterministic": {
+                  name: ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
+                  for name, a, b in zip(GRADIENT_NAMES, atomic, default)}}
+    result["passed"] = True
+    for name, ours, their, truth in zip(GRADIENT_NAMES, atomic, theirs, exact):
+        result[name] = check_within_rule(ours, their, truth, dtype)
+        result["passed"] &= result[name]["ok"]
+    del exact, theirs, atomic, again, default
     if DEVICE == "cuda":
         torch.cuda.empty_cache()
     return result
@@ -303,7 +366,8 @@ def main(argv=None):
     parser.add_argument("--dtypes", default="bf16,fp16,fp32")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter smoke test)")
     parser.add_argument("--checks", default="batched,varlen",
-                        help="which correctness checks: batched (CHECK_SHAPES), varlen (VARLEN_SHAPES), or both")
+                        help="which correctness checks: batched (CHECK_SHAPES), varlen (VARLEN_SHAPES), atomic (the "
+                             "deterministic=False backward at ATOMIC_ROWS and VARLEN_SHAPES), comma-separated")
     parser.add_argument("--decode-lanes-max-rows", type=int, default=None,
                         help="route decode calls with up to this many rows per key head to the lanes kernel")
     parser.add_argument("--decode-sweep-tensor-cores-only", action="store_true",
@@ -332,7 +396,7 @@ def main(argv=None):
                     for row in sweep_decode(sweep_shapes, args.decode_sweep_tensor_cores_only, dtype_name)
                     ] if args.decode_sweep else None
     SETTINGS.poison_outputs = True
-    global CHECK_SHAPES, VARLEN_SHAPES
+    global CHECK_SHAPES, VARLEN_SHAPES, ATOMIC_ROWS
     if args.smoke:
         CHECK_SHAPES = [(1, 2, 1, 37, 37, 32, True), (1, 2, 2, 5, 40, 48, False), (1, 2, 2, 40, 40, 64, True),
                         (1, 2, 2, 40, 40, 64, True), (1, 4, 2, 1, 50, 64, True), (1, 2, 2, 3, 33, 64, True),
@@ -344,6 +408,7 @@ def main(argv=None):
                         (1, 4, 4, 1, 50, 64, True, "softplus", 10**7),
                         (1, 8, 2, 1, 50, 128, True, "identity", 10**7)]
         VARLEN_SHAPES = [([0, 1, 5, 12, 0], [3, 1, 40, 12, 0], 2, 1, 32, True)]
+        ATOMIC_ROWS = (0, 6)
     results = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (interpreter)",
                "torch": torch.__version__}
     import triton
@@ -369,6 +434,15 @@ def main(argv=None):
             print(f"{'PASS' if r['passed'] else 'FAIL'} {dtype_name} varlen {shape[:2]} Hq={shape[2]} Hkv={shape[3]} "
                   f"d={shape[4]} causal={shape[5]} per-sequence bitwise {r['per_sequence_kernels_bitwise_equal']} " +
                   " ".join(f"{n}={r[n]['kernel']:.1e}/{r[n]['reference']:.1e}" for n in GRADIENT_NAMES), flush=True)
+        atomic_shapes = [CHECK_SHAPES[i] for i in ATOMIC_ROWS] + VARLEN_SHAPES if "atomic" in args.checks else []
+        for shape in atomic_shapes:
+            correctness.append(check_atomic(shape, dtype_name))
+            r = correctness[-1]
+            print(f"{'PASS' if r['passed'] else 'FAIL'} {dtype_name} atomic {shape} second call bitwise "
+                  f"{r['second_call_bitwise_equal']} " + " ".join(
+                      f"{n}={r[n]['kernel']:.1e}/{r[n]['reference']:.1e} "
+                      f"(vs deterministic {r['relative_difference_from_deterministic'][n]:.0e})"
+                      for n in GRADIENT_NAMES), flush=True)
     results["correctness"] = correctness
     results["determinism"] = check_determinism((1, 4, 2, 97, 97, 48, True) if args.smoke else (2, 16, 4, 4096, 4096, 64, True))
     results["decode_growing_cache"] = check_decode_growing_cache(range(40, 70) if args.smoke else range(1000, 1040))
