@@ -2,7 +2,9 @@
 
 Each strategy wraps the model for training, says how gradients are synchronised across the
 micro-batches of a step, and moves full (unsharded) model and optimizer state in and out of
-checkpoints, so a checkpoint is the same whatever wrote it and any strategy can resume it.
+checkpoints, so a checkpoint is the same whatever wrote it and any strategy, on any number of
+processes, can resume it. The optimizer state is stored keyed by parameter name (the layout of
+``torch.distributed.checkpoint.state_dict``'s full optimizer state dict), for every strategy.
 
 - ``SingleProcess``: no process group (also a torchrun world of one).
 - ``DDP``: DistributedDataParallel; ``no_sync`` on all but the last micro-batch.
@@ -36,14 +38,23 @@ class SingleProcess:
     def model_state(self, model: nn.Module) -> dict:
         return model.state_dict()
 
+    def _state_options(self):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+        return StateDictOptions(full_state_dict=True)
+
     def optimizer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-        state = optimizer.state_dict()
-        for group in state["param_groups"]:  # the lr is recomputed from the schedule at every step
+        """The full optimizer state keyed by parameter name (collectives under FSDP2: every rank calls it;
+        only rank 0 gets the state, the others an empty dict)."""
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+        state = get_optimizer_state_dict(model, optimizer, options=self._state_options())
+        for group in state.get("param_groups", []):  # the lr is recomputed from the schedule at every step
             group["lr"] = float(group["lr"])
         return state
 
     def load_optimizer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
-        optimizer.load_state_dict(state)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+        set_optimizer_state_dict(model, optimizer, optim_state_dict=keyed_by_name(state, model, optimizer),
+                                 options=StateDictOptions(full_state_dict=True))
 
 
 class DDP(SingleProcess):
@@ -76,18 +87,29 @@ class FSDP2(SingleProcess):
         return contextlib.nullcontext()
 
     def model_state(self, model):
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+        return get_model_state_dict(model, options=self._state_options())
 
-    def optimizer_state(self, model, optimizer):
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-        return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True,
-                                                                                   cpu_offload=True))
+    def _state_options(self):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+        return StateDictOptions(full_state_dict=True, cpu_offload=True)
 
-    def load_optimizer_state(self, model, optimizer, state):
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-        set_optimizer_state_dict(model, optimizer, optim_state_dict=state,
-                                 options=StateDictOptions(full_state_dict=True))
+
+def keyed_by_name(state: dict, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """An optimizer state dict keyed by parameter name; one in ``Optimizer.state_dict()``'s layout
+    (integer ids, written by single-process and DDP checkpoints before names) is renamed through
+    ``optimizer``'s groups, which list the parameters in the order the ids count them."""
+    if all(isinstance(key, str) for key in state["state"]):
+        return state
+    names = {id(parameter): name for name, parameter in model.named_parameters()}
+    current = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    stored = [i for group in state["param_groups"] for i in group["params"]]
+    if len(stored) != len(current):
+        raise ValueError(f"the checkpoint's optimizer state covers {len(stored)} parameters, this model has "
+                         f"{len(current)}; it was written for another model")
+    rename = dict(zip(stored, current))
+    groups = [{**group, "params": [rename[i] for i in group["params"]]} for group in state["param_groups"]]
+    return {"state": {rename[i]: value for i, value in state["state"].items()}, "param_groups": groups}
 
 
 def make_strategy(context: DistributedContext, parallel: str) -> SingleProcess:

@@ -1,0 +1,121 @@
+"""Resume on a different number of processes (CPU, gloo): a checkpoint written by 2 FSDP2 or DDP processes
+continues on 1 process, and one written by 1 process continues on 2 FSDP2 processes, on the loss curve
+of an uninterrupted single-process run.
+
+Tolerance: rel 1e-5 on each step's loss, the same as 2 processes vs 1 (tests/test_train_runs.py). The
+global batch, the schedule and the data order are functions of (seed, step) only, so the runs compute the
+same thing; in fp32 on CPU they differ only in summation order (gradients all-reduced over 2 ranks vs
+summed in one backward; FSDP2's reduce-scatter), which moves single steps by ~1e-7 relative and stays
+far below 1e-5 over 6 steps of a tiny model. A lost optimizer state (Adam moments restarting from zero)
+or a shifted data position moves the loss by > 1e-3 at the first resumed step.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from pope.data import indirect_indexing as task
+from pope.train.config import resolve_run_config
+from pope.train.trainer import Trainer, run_training
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+STEPS, STOP = 6, 3
+SETS = ["model.n_layer=2", "model.d_model=32", "model.n_head=2", f"recipe.max_steps={STEPS}", "recipe.warmup_steps=2",
+        "recipe.eval_interval=100", "train.log_interval=1", "train.tensorboard=false",
+        "train.progress=false", "train.device=cpu", "train.eval_splits=valid"]
+PRESET, PE, SEED = "indirect-indexing-tiny", "pope", 1
+
+
+@pytest.fixture(scope="module")
+def splits(tmp_path_factory):
+    return task.write_splits(tmp_path_factory.mktemp("ii"), seed=0, sizes={"train": 1024, "valid": 64, "test": 64})
+
+
+def _sets(splits, *extra, batch_size=16):
+    return [*SETS, f"recipe.batch_size={batch_size}", f"train.data_dir={splits}", *extra]
+
+
+def _train_losses(run_dir):
+    return {r["step"]: r["loss"] for r in map(json.loads, (Path(run_dir) / "metrics.jsonl").read_text().splitlines())
+            if r["kind"] == "train"}
+
+
+def _one_process(sets, out, *, resume=False):
+    config = resolve_run_config(PRESET, PE, seed=SEED, overrides=sets)
+    return run_training(config, out, resume=resume)
+
+
+def _two_processes(sets, out, *, resume=False, check=True):
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "pope.cli",
+               "train", PRESET, "--pe", PE, "--seed", str(SEED), *[x for s in sets for x in ("--set", s)],
+               "--out", str(out), *(["--resume"] if resume else [])]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    if check:
+        assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def straight(splits, tmp_path_factory):
+    """The uninterrupted single-process loss curve."""
+    out = tmp_path_factory.mktemp("straight") / "run"
+    _one_process(_sets(splits), out)
+    losses = _train_losses(out)
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    return losses
+
+
+def _assert_same_curve(resumed_dir, straight, written_by, resumed_on):
+    resumed = _train_losses(resumed_dir)
+    assert sorted(resumed) == list(range(1, STEPS + 1))
+    for step in range(1, STEPS + 1):
+        assert resumed[step] == pytest.approx(straight[step], rel=1e-5), step
+    env = json.loads((Path(resumed_dir) / f"env.resume-{STOP}.json").read_text())
+    assert env["world_size"] == resumed_on and env["resumed_from_world_size"] == written_by
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel", ["fsdp", "ddp"])
+def test_two_processes_resume_on_one(splits, straight, tmp_path, parallel):
+    sets = _sets(splits, f"train.parallel={parallel}")
+    _two_processes(sets + [f"train.stop_at_step={STOP}"], tmp_path / "run")
+    _one_process(sets, tmp_path / "run", resume=True)
+    _assert_same_curve(tmp_path / "run", straight, written_by=2, resumed_on=1)
+
+
+@pytest.mark.slow
+def test_one_process_resumes_on_two_fsdp(splits, straight, tmp_path):
+    """Also a change of train.parallel (ddp -> fsdp): checkpoints hold full state whatever wrote them."""
+    _one_process(_sets(splits, f"train.stop_at_step={STOP}"), tmp_path / "run")
+    _two_processes(_sets(splits, "train.parallel=fsdp"), tmp_path / "run", resume=True)
+    _assert_same_curve(tmp_path / "run", straight, written_by=1, resumed_on=2)
+
+
+def test_resume_refuses_a_world_size_the_batch_does_not_divide(splits, tmp_path):
+    """A batch that the new process count cannot split is refused with one clear error, not changed."""
+    sets = _sets(splits, "recipe.grad_accum=3", batch_size=9)
+    _one_process(sets + [f"train.stop_at_step={STOP}"], tmp_path / "run")
+    result = _two_processes(sets, tmp_path / "run", resume=True, check=False)
+    assert result.returncode != 0
+    assert "batch size 9 is not divisible by grad_accum (3) x world size (2)" in result.stderr
+    assert sorted(_train_losses(tmp_path / "run")) == list(range(1, STOP + 1))  # nothing was trained or lost
+
+
+def test_checkpoint_optimizer_state_is_the_same_whatever_wrote_it(splits, tmp_path):
+    """The stored optimizer state is keyed by parameter name (the layout FSDP2's full state dict uses), so
+    every strategy reads every other's."""
+    config = resolve_run_config(PRESET, PE, seed=SEED, overrides=_sets(splits, "train.stop_at_step=1"))
+    trainer = Trainer(config, tmp_path / "run")
+    try:
+        trainer.train()
+        state = torch.load(tmp_path / "run" / "checkpoints" / "last" / "trainer_state.pt", weights_only=True)
+    finally:
+        trainer.close()
+    names = {name for name, _ in trainer.model.named_parameters()}
+    assert set(state["optimizer"]["state"]) == names
+    assert state["world_size"] == 1
