@@ -9,6 +9,7 @@ summed in one backward; FSDP2's reduce-scatter), which moves single steps by ~1e
 far below 1e-5 over 6 steps of a tiny model. A lost optimizer state (Adam moments restarting from zero)
 or a shifted data position moves the loss by > 1e-3 at the first resumed step.
 """
+import csv
 import json
 import os
 import subprocess
@@ -119,3 +120,37 @@ def test_checkpoint_optimizer_state_is_the_same_whatever_wrote_it(splits, tmp_pa
     names = {name for name, _ in trainer.model.named_parameters()}
     assert set(state["optimizer"]["state"]) == names
     assert state["world_size"] == 1
+
+
+@pytest.mark.slow
+def test_scaling_benchmark_runs_on_two_gloo_processes(tmp_path):
+    """benchmarks/scaling.py (a tiny model, CPU, gloo): a 1-process and a 2-process run each append a row per PE
+    with provenance; --plot computes the efficiency against the world-size-1 row and draws the PNG; the two runs
+    took the same steps (losses equal within fp32 summation-order noise)."""
+    root = Path(__file__).resolve().parents[1]
+    tiny = ["--preset", "owt-tiny", "--pe", "pope", "--steps", "2", "--warmup", "1", "--loss-steps", "3",
+            "--device", "cpu", "--out", str(tmp_path)] + [x for s in ("model.n_layer=1", "model.d_model=32",
+            "model.n_head=2", "recipe.seq_len=32", "model.max_seq_len=32", "model.vocab_size=512")
+            for x in ("--set", s)]
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1", "POPE_GIT_COMMIT": "feedbee"}
+    script = str(root / "benchmarks" / "scaling.py")
+    for launcher in ([], ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]):
+        run = subprocess.run([sys.executable, *launcher, script, *tiny], env=env, capture_output=True, text=True,
+                             timeout=240)
+        assert run.returncode == 0, run.stderr[-3000:]
+    with open(tmp_path / "scaling.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(r["world_size"], r["strategy"]) for r in rows] == [("1", "single"), ("2", "ddp")]
+    for row in rows:
+        assert row["commit"] == "feedbee" and row["torch"] == torch.__version__ and row["gpu"].startswith("cpu")
+        assert row["preset"] == "owt-tiny" and row["pe"] == "pope" and row["parallel"] == "ddp"
+        assert float(row["tokens_per_s"]) > 0 and len(row["losses"].split()) == 3
+        assert float(row["tokens_per_s_per_gpu"]) == pytest.approx(float(row["tokens_per_s"]) / int(row["world_size"]))
+    one, two = ([float(x) for x in r["losses"].split()] for r in rows)
+    assert two == pytest.approx(one, rel=1e-5)
+    plot = subprocess.run([sys.executable, script, "--plot", "--out", str(tmp_path)], env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert plot.returncode == 0, plot.stderr[-3000:]
+    efficiency = float(rows[1]["tokens_per_s_per_gpu"]) / float(rows[0]["tokens_per_s"])
+    assert f"{efficiency:.3f}" in plot.stdout
+    assert (tmp_path / "scaling.png").stat().st_size > 10_000
