@@ -22,7 +22,8 @@ step, peak memory per GPU (max over ranks, and each rank's), and the global loss
     python benchmarks/scaling.py --plot [--out benchmarks/results]   # efficiency table + OUT/scaling.png, no GPU
 
 Efficiency at world size W = (tokens/s per GPU at W) / (tokens/s at world size 1), for rows of the same
-(preset, pe, parallel, gpu, commit); the plot and table use the last row of each world size.
+(preset, pe, parallel, gpu, commit); the plot and table use the last row of each world size. Two world-size-1
+rows in a group (run it twice) give the table the GPU's own run-to-run loss difference to judge the others by.
 """
 from __future__ import annotations
 
@@ -131,29 +132,36 @@ def read_rows(path: str) -> list[dict]:
         return list(csv.DictReader(handle))
 
 
+def _loss_difference(row: dict, base: dict) -> float:
+    """The largest relative difference of two rows' losses over the steps both recorded."""
+    pairs = zip((float(x) for x in row["losses"].split()), (float(x) for x in base["losses"].split()))
+    return max((abs(a - b) / abs(b) for a, b in pairs), default=float("nan"))
+
+
 def efficiency_table(rows: list[dict]) -> list[dict]:
     """Per (preset, pe, parallel, gpu, commit) and world size (the last row of each): tokens/s per GPU,
     efficiency vs the world-size-1 row and the largest relative loss difference from it over the steps both
-    recorded. Groups without a world-size-1 row are left out."""
-    groups: dict[tuple, dict[int, dict]] = {}
+    recorded; ``loss_noise`` is that difference between the group's last two world-size-1 rows (the GPU's run
+    to run noise; NaN with one). Groups without a world-size-1 row are left out."""
+    groups: dict[tuple, dict[int, list[dict]]] = {}
     for row in rows:
-        groups.setdefault(tuple(row[k] for k in GROUP_KEYS), {})[int(row["world_size"])] = row
+        groups.setdefault(tuple(row[k] for k in GROUP_KEYS), {}).setdefault(int(row["world_size"]), []).append(row)
     table = []
     for key, by_size in groups.items():
-        base = by_size.get(1)
-        if base is None:
+        if 1 not in by_size:
             print(f"no world-size-1 row for {dict(zip(GROUP_KEYS, key))}: no efficiency", file=sys.stderr)
             continue
-        base_losses = [float(x) for x in base["losses"].split()]
+        ones = by_size[1]
+        base = ones[-1]
+        noise = _loss_difference(ones[-2], base) if len(ones) > 1 else float("nan")
         for size in sorted(by_size):
-            row = by_size[size]
-            losses = [float(x) for x in row["losses"].split()]
-            diff = max((abs(a - b) / abs(b) for a, b in zip(losses, base_losses)), default=float("nan"))
+            row = by_size[size][-1]
             table.append({**dict(zip(GROUP_KEYS, key)), "world_size": size,
                           "tokens_per_s_per_gpu": float(row["tokens_per_s_per_gpu"]),
                           "efficiency": float(row["tokens_per_s_per_gpu"]) / float(base["tokens_per_s"]),
-                          "peak_mb_per_gpu": float(row["peak_mb_per_gpu"]), "loss_max_rel_diff": diff,
-                          "loss_steps_compared": min(len(losses), len(base_losses))})
+                          "peak_mb_per_gpu": float(row["peak_mb_per_gpu"]),
+                          "loss_max_rel_diff": _loss_difference(row, base), "loss_noise": noise,
+                          "loss_steps_compared": min(len(row["losses"].split()), len(base["losses"].split()))})
     return table
 
 
@@ -172,6 +180,9 @@ def plot(table: list[dict], path: str) -> None:
         label = f"{preset} {pe} {parallel} ({commit})"
         axes[0].plot(sizes, [p["efficiency"] for p in points], marker="o", label=label)
         axes[1].plot(sizes, [p["tokens_per_s_per_gpu"] for p in points], marker="o", label=label)
+    for target, label in ((0.9, "target DDP 124M at 8 GPUs"), (0.8, "target FSDP2 774M at 8 GPUs")):
+        axes[0].axhline(target, color="grey", linestyle="--", linewidth=0.8)
+        axes[0].text(1, target - 0.04, label, fontsize=7, color="grey")
     gpus = sorted({row["gpu"] for row in table})
     axes[0].set(xlabel="world size (GPUs)", ylabel="scaling efficiency vs 1 GPU", xscale="log", ylim=(0, 1.1),
                 title="tokens/s per GPU / tokens/s on 1 GPU")
@@ -188,10 +199,11 @@ def plot(table: list[dict], path: str) -> None:
 
 def print_table(table: list[dict]) -> None:
     print(f"{'preset':<12}{'pe':<22}{'parallel':<9}{'GPUs':>5}{'tok/s/GPU':>12}{'eff':>7}{'peak MiB':>10}"
-          f"{'loss rel diff':>15}")
+          f"{'loss rel diff':>15}{'1-GPU noise':>13}")
     for r in table:
         print(f"{r['preset']:<12}{r['pe']:<22}{r['parallel']:<9}{r['world_size']:>5}{r['tokens_per_s_per_gpu']:>12.0f}"
-              f"{r['efficiency']:>7.3f}{r['peak_mb_per_gpu']:>10.0f}{r['loss_max_rel_diff']:>15.2e}")
+              f"{r['efficiency']:>7.3f}{r['peak_mb_per_gpu']:>10.0f}{r['loss_max_rel_diff']:>15.2e}"
+              f"{r['loss_noise']:>13.2e}")
 
 
 def main(argv=None) -> int:

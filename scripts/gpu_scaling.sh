@@ -7,7 +7,7 @@
 #   NGPUS=8 CASES=owt-774m:fsdp:4 PES=pope scripts/gpu_scaling.sh
 # GRAD_ACCUM (recipe.grad_accum) keeps the global batch and splits it into more micro-batches, so the one-GPU run of
 # owt-774m (64 x 1024 tokens per step) fits in memory; the default case gives it 4.
-# Environment: CASES (default "owt-124m:ddp owt-774m:fsdp:4"), NGPUS, PES (default "pope rope"), STEPS (20),
+# Environment: CASES (default "owt-124m:ddp owt-774m:fsdp:4"), NGPUS ("1 1 2 4 8" runs one GPU twice: its own loss noise), PES (default "pope rope"), STEPS (20),
 # WARMUP (5), LOSS_STEPS (25), EXTRA (more benchmarks/scaling.py arguments, e.g. "--no-compile"),
 # OUT (default benchmarks/results). Run from the repository root; on a copy without .git set POPE_GIT_COMMIT.
 set -u
