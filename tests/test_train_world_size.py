@@ -164,8 +164,37 @@ def test_two_process_packed_dropout_resume_is_exact(tmp_path):
     from test_train_packing import _documents_dataset, _sets as packed_sets
 
     documents = _documents_dataset(tmp_path / "counting")
-    sets = packed_sets(documents, 6, "model.dropout=0.1", "train.device=cpu", "train.eval_splits=valid")
+    sets = packed_sets(documents, 4, "model.dropout=0.1", "train.device=cpu", "train.eval_splits=valid")
     _two_processes(sets, tmp_path / "straight", preset="jsb-tiny")
-    _two_processes(sets + [f"train.stop_at_step={STOP}"], tmp_path / "resumed", preset="jsb-tiny")
+    _two_processes(sets + ["train.stop_at_step=2"], tmp_path / "resumed", preset="jsb-tiny")
     _two_processes(sets, tmp_path / "resumed", resume=True, preset="jsb-tiny")
     assert _train_losses(tmp_path / "resumed") == _train_losses(tmp_path / "straight")
+
+
+def test_an_integer_keyed_optimizer_state_still_loads():
+    """Checkpoints written before the name-keyed layout hold Optimizer.state_dict() (integer ids): loading renames
+    them through the optimizer's groups, so the moments land on the same parameters; another model is refused."""
+    from pope.model import GPT, GPTConfig
+    from pope.train.distributed import DistributedContext
+    from pope.train.optimizer import build_optimizer
+    from pope.train.parallel import SingleProcess
+
+    def model_and_optimizer(n_layer=2):
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(vocab_size=17, n_layer=n_layer, n_head=2, d_model=16, max_seq_len=8, pe="pope"))
+        return model, build_optimizer(model, lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1, fused=False)
+
+    model, optimizer = model_and_optimizer()
+    model(torch.randint(0, 17, (2, 8)), torch.randint(0, 17, (2, 8)))[1].backward()
+    optimizer.step()
+    old_layout = optimizer.state_dict()
+    strategy = SingleProcess(DistributedContext())
+    fresh_model, fresh_optimizer = model_and_optimizer()
+    strategy.load_optimizer_state(fresh_model, fresh_optimizer, old_layout)
+    assert strategy.optimizer_state(fresh_model, fresh_optimizer)["state"].keys() == \
+        {name for name, _ in fresh_model.named_parameters()}
+    for (_, a), (_, b) in zip(fresh_model.named_parameters(), model.named_parameters()):
+        torch.testing.assert_close(fresh_optimizer.state[a]["exp_avg"], optimizer.state[b]["exp_avg"], rtol=0, atol=0)
+    other_model, other_optimizer = model_and_optimizer(n_layer=1)
+    with pytest.raises(ValueError, match="written for another model"):
+        strategy.load_optimizer_state(other_model, other_optimizer, old_layout)
