@@ -173,7 +173,8 @@ def test_two_process_packed_dropout_resume_is_exact(tmp_path):
 
 def test_an_integer_keyed_optimizer_state_still_loads():
     """Checkpoints written before the name-keyed layout hold Optimizer.state_dict() (integer ids): loading renames
-    them through the optimizer's groups, so the moments land on the same parameters; another model is refused."""
+    them through the optimizer's groups, so the moments land on the same parameters, as from the name-keyed
+    layout in any order; another model is refused."""
     from pope.model import GPT, GPTConfig
     from pope.train.distributed import DistributedContext
     from pope.train.optimizer import build_optimizer
@@ -189,12 +190,18 @@ def test_an_integer_keyed_optimizer_state_still_loads():
     optimizer.step()
     old_layout = optimizer.state_dict()
     strategy = SingleProcess(DistributedContext())
-    fresh_model, fresh_optimizer = model_and_optimizer()
-    strategy.load_optimizer_state(fresh_model, fresh_optimizer, old_layout)
-    assert strategy.optimizer_state(fresh_model, fresh_optimizer)["state"].keys() == \
-        {name for name, _ in fresh_model.named_parameters()}
-    for (_, a), (_, b) in zip(fresh_model.named_parameters(), model.named_parameters()):
-        torch.testing.assert_close(fresh_optimizer.state[a]["exp_avg"], optimizer.state[b]["exp_avg"], rtol=0, atol=0)
+    by_name = strategy.optimizer_state(model, optimizer)
+    assert by_name["state"].keys() == {name for name, _ in model.named_parameters()}
+    # names are matched, not positions: groups and their parameters listed in another order load the same
+    by_name["param_groups"] = [{**g, "params": g["params"][::-1]} for g in by_name["param_groups"][::-1]]
+    for state in (old_layout, by_name):
+        fresh_model, fresh_optimizer = model_and_optimizer()
+        strategy.load_optimizer_state(fresh_model, fresh_optimizer, state)
+        for (_, a), (_, b) in zip(fresh_model.named_parameters(), model.named_parameters()):
+            torch.testing.assert_close(fresh_optimizer.state[a]["exp_avg"], optimizer.state[b]["exp_avg"], rtol=0,
+                                       atol=0)
+        assert [g["weight_decay"] for g in fresh_optimizer.param_groups] == \
+            [g["weight_decay"] for g in optimizer.param_groups]
     other_model, other_optimizer = model_and_optimizer(n_layer=1)
     with pytest.raises(ValueError, match="written for another model"):
         strategy.load_optimizer_state(other_model, other_optimizer, old_layout)
