@@ -251,8 +251,9 @@ def test_a_packed_training_step_reads_no_lengths_back_from_the_device(pe):
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=30, n_layer=2, n_head=2, d_model=16, max_seq_len=SEQ_LEN, pe=pe))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    step = EagerStep(model=model, train_model=model, strategy=SingleProcess(DistributedContext()), optimizer=optimizer, schedule=lambda s: 1e-3, batches=packed, micro_steps=1, grad_clip=1.0,
-        device=torch.device("cpu"), autocast_dtype=None)
+    step = EagerStep(model=model, train_model=model, strategy=SingleProcess(DistributedContext()), optimizer=optimizer,
+                     schedule=lambda s: 1e-3, batches=packed, micro_steps=1, grad_clip=1.0, device=torch.device("cpu"),
+                     autocast_dtype=None)
     with _DeviceReads() as probe:
         loss = step(0)
     assert probe.reads == [] and torch.isfinite(loss)

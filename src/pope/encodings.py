@@ -75,22 +75,22 @@ class PackedSequences:
         """Check cu_seqlens (int32, 1-D, on `device`, 0 .. total, non-decreasing) and max_seqlen (an int at least
         the longest length), then derive each token's position and sequence on the device.
 
-        cu_seqlens_host: the same cumulative lengths already on the host (a numpy array or list of ints), as a
-        data loader that built cu_seqlens there has them: the values are checked on it, and cu_seqlens is never
-        read back (no device sync). The caller guarantees both hold the same values; only the shapes are compared."""
+        cu_seqlens_host: the same values already on the host (numpy array or list of ints, as the data loader that
+        built cu_seqlens has them): checked instead, so cu_seqlens is never read back (no device sync); the caller
+        guarantees both hold the same values (only the shapes are compared)."""
         check_cu_seqlens("cu_seqlens", cu_seqlens, device, tokens="the packed tokens")
         if not isinstance(max_seqlen, int) or isinstance(max_seqlen, bool) or max_seqlen < 1:
             raise TypeError(f"max_seqlen must be a positive int (the longest sequence's length); got {max_seqlen!r}")
         if cu_seqlens_host is None:
             lengths = sequence_lengths("cu_seqlens", cu_seqlens, total)  # the one host read of a packed forward
+        elif isinstance(cu_seqlens_host, torch.Tensor):  # DDP/FSDP2 would move a tensor argument to the GPU
+            raise TypeError("cu_seqlens_host must be a numpy array or a list of ints (the host copy of cu_seqlens), "
+                            f"not a tensor; got {cu_seqlens_host.dtype} on {cu_seqlens_host.device}")
         else:
-            if isinstance(cu_seqlens_host, torch.Tensor):  # a tensor would be moved to the GPU by DDP/FSDP2
-                raise TypeError("cu_seqlens_host must be a numpy array or a list of ints (the host copy of "
-                                f"cu_seqlens), not a tensor; got {cu_seqlens_host.dtype} on {cu_seqlens_host.device}")
             host = np.asarray(cu_seqlens_host)
             if host.shape != tuple(cu_seqlens.shape) or host.dtype.kind not in "iu":
-                raise ValueError(f"cu_seqlens_host must be the integer host copy of cu_seqlens {tuple(cu_seqlens.shape)}; "
-                                 f"got {host.dtype} of shape {host.shape}")
+                raise ValueError("cu_seqlens_host must be the integer host copy of cu_seqlens "
+                                 f"{tuple(cu_seqlens.shape)}; got {host.dtype} of shape {host.shape}")
             lengths = sequence_lengths("cu_seqlens", host, total)
         check_max_seqlen("max_seqlen", max_seqlen, lengths)
         token = torch.arange(total, device=device)
