@@ -3,17 +3,21 @@ the same documents (loss and gradients), packed runs learn and resume bit for bi
 import json
 from pathlib import Path
 from types import SimpleNamespace
+from unittest import mock
 
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from pope.checkpoint import load_checkpoint
 from pope.data.prepared import PreparedWriter, TokenSplit
 from pope.model import GPT, GPTConfig
 from pope.train.config import TrainOptions, resolve_run_config
 from pope.train.data import ExampleBatches, Shard, document_pieces, documents_as_examples, epoch_permutation
+from pope.train.distributed import DistributedContext
 from pope.train.packing import PackedDocumentBatches
+from pope.train.parallel import SingleProcess
 from pope.train.step import EagerStep
 from pope.train.trainer import run_training
 
@@ -205,3 +209,65 @@ def test_tiny_jsb_preset_learns_packed(tmp_path):
     assert losses[30] < losses[10] - 0.5, losses
     assert summary["final"]["valid_loss"] < losses[10]
     assert _data_state(tmp_path / "jsb")["kind"] == "packed-documents"
+
+
+class _DeviceReads(TorchDispatchMode):
+    """Records every read of an int32 tensor's values back to the host (.item(), .tolist(), int(), a bool test):
+    on CUDA each is a device sync. .tolist() reads the data without dispatching, so it is wrapped too."""
+
+    def __init__(self):
+        super().__init__()
+        self.reads = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default) \
+                and args[0].dtype == torch.int32:
+            self.reads.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+    def __enter__(self):
+        original, reads = torch.Tensor.tolist, self.reads
+
+        def tolist(tensor):
+            if tensor.dtype == torch.int32:
+                reads.append("tolist")
+            return original(tensor)
+
+        self._patch = mock.patch.object(torch.Tensor, "tolist", tolist)
+        self._patch.start()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        self._patch.stop()
+        return super().__exit__(*exc)
+
+
+@pytest.mark.parametrize("pe", ["rope", "learned-abs"])
+def test_a_packed_training_step_reads_no_lengths_back_from_the_device(pe):
+    """The trainer's packed batches hand the model a host copy of cu_seqlens, so its checks read no int32 tensor
+    back (on CUDA: no device sync per step; PoPE's CUDA kernels check on the device, rope/learned-abs here take
+    the generic path). The same forward with only the device cu_seqlens reads it once, and is still checked."""
+    packed = _packed(_split(1), global_batch=3, seed=0)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=30, n_layer=2, n_head=2, d_model=16, max_seq_len=SEQ_LEN, pe=pe))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    step = EagerStep(model=model, train_model=model, strategy=SingleProcess(DistributedContext()), optimizer=optimizer,
+                     schedule=lambda s: 1e-3, batches=packed, micro_steps=1, grad_clip=1.0, device=torch.device("cpu"),
+                     autocast_dtype=None)
+    with _DeviceReads() as probe:
+        loss = step(0)
+    assert probe.reads == [] and torch.isfinite(loss)
+    inputs, _, packing = packed.get(1)
+    with _DeviceReads() as probe:
+        model(inputs, cu_seqlens=packing["cu_seqlens"], max_seqlen=packing["max_seqlen"])
+    assert probe.reads == ["tolist"]  # the probe sees the read the host copy saves
+    bad = packing["cu_seqlens"].clone()
+    bad[1] = bad[2] + 1
+    with pytest.raises(ValueError, match="cu_seqlens must be non-decreasing"):
+        model(inputs, cu_seqlens=bad, max_seqlen=packing["max_seqlen"])
+    with pytest.raises(ValueError, match="cu_seqlens_host must be the integer host copy"):
+        model(inputs, **{**packing, "cu_seqlens_host": packing["cu_seqlens_host"][:-1]})
+    with pytest.raises(TypeError, match="numpy array or a list of ints"):
+        model(inputs, **{**packing, "cu_seqlens_host": packing["cu_seqlens"]})
+    with pytest.raises(ValueError, match="pass cu_seqlens"):
+        model(inputs, cu_seqlens_host=packing["cu_seqlens_host"])

@@ -23,6 +23,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 import torch
 import torch.nn as nn
 
@@ -55,7 +56,8 @@ class PackedSequences:
     max_seqlen  int >= every sequence's length (a Python int, so shapes built from it need no device sync)
     positions   int64 (total,) each token's position in its own sequence (0, 1, ...)
     sequence_ids int64 (total,) the sequence each token belongs to
-    Build with `PackedSequences.build`, which checks the lengths (one host read of cu_seqlens).
+    Build with `PackedSequences.build`, which checks the lengths: one host read of cu_seqlens, or none when the
+    caller hands over a host copy of it.
     """
 
     cu_seqlens: torch.Tensor
@@ -68,13 +70,28 @@ class PackedSequences:
         return self.cu_seqlens.shape[0] - 1
 
     @classmethod
-    def build(cls, cu_seqlens: torch.Tensor, max_seqlen: int, total: int, device: torch.device) -> "PackedSequences":
+    def build(cls, cu_seqlens: torch.Tensor, max_seqlen: int, total: int, device: torch.device,
+              cu_seqlens_host=None) -> "PackedSequences":
         """Check cu_seqlens (int32, 1-D, on `device`, 0 .. total, non-decreasing) and max_seqlen (an int at least
-        the longest length), then derive each token's position and sequence on the device."""
+        the longest length), then derive each token's position and sequence on the device.
+
+        cu_seqlens_host: the same values already on the host (numpy array or list of ints, as the data loader that
+        built cu_seqlens has them): checked instead, so cu_seqlens is never read back (no device sync); the caller
+        guarantees both hold the same values (only the shapes are compared)."""
         check_cu_seqlens("cu_seqlens", cu_seqlens, device, tokens="the packed tokens")
         if not isinstance(max_seqlen, int) or isinstance(max_seqlen, bool) or max_seqlen < 1:
             raise TypeError(f"max_seqlen must be a positive int (the longest sequence's length); got {max_seqlen!r}")
-        lengths = sequence_lengths("cu_seqlens", cu_seqlens, total)  # the one host read of a packed forward
+        if cu_seqlens_host is None:
+            lengths = sequence_lengths("cu_seqlens", cu_seqlens, total)  # the one host read of a packed forward
+        elif isinstance(cu_seqlens_host, torch.Tensor):  # DDP/FSDP2 would move a tensor argument to the GPU
+            raise TypeError("cu_seqlens_host must be a numpy array or a list of ints (the host copy of cu_seqlens), "
+                            f"not a tensor; got {cu_seqlens_host.dtype} on {cu_seqlens_host.device}")
+        else:
+            host = np.asarray(cu_seqlens_host)
+            if host.shape != tuple(cu_seqlens.shape) or host.dtype.kind not in "iu":
+                raise ValueError("cu_seqlens_host must be the integer host copy of cu_seqlens "
+                                 f"{tuple(cu_seqlens.shape)}; got {host.dtype} of shape {host.shape}")
+            lengths = sequence_lengths("cu_seqlens", host, total)
         check_max_seqlen("max_seqlen", max_seqlen, lengths)
         token = torch.arange(total, device=device)
         starts = cu_seqlens.long()

@@ -194,21 +194,25 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, kv_cache: KVCache | None = None,
-                cu_seqlens: torch.Tensor | None = None,
-                max_seqlen: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                cu_seqlens: torch.Tensor | None = None, max_seqlen: int | None = None,
+                cu_seqlens_host=None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx (B, T) token ids -> logits (B, T, V) and the mean cross-entropy over targets != -100.
 
         Packed (cu_seqlens given): idx (total,) or (1, total) holds sequences end to end; cu_seqlens int32
         (n + 1,) on idx's device their cumulative lengths, max_seqlen an int >= the longest (flash-attn's varlen
         layout). Positions restart at 0 in every sequence and attention never crosses one, so the logits
         (idx's shape + (V,)) equal running each sequence alone; no KV cache. cu_seqlens is read on the host once
-        (a device sync); the unpacked forward has none."""
+        to check it (a device sync), unless cu_seqlens_host, the same values as a numpy array or list of ints, is
+        given (the trainer's packed batches pass it): then the checks read that and the forward syncs nothing.
+        The unpacked forward has no sync."""
         packed = None
+        if cu_seqlens_host is not None and cu_seqlens is None:
+            raise ValueError("cu_seqlens_host is the host copy of cu_seqlens: pass cu_seqlens (on idx's device) too")
         if cu_seqlens is not None or max_seqlen is not None:
             if kv_cache is not None or idx.dim() not in (1, 2) or (idx.dim() == 2 and idx.shape[0] != 1):
                 raise ValueError(f"a packed forward takes idx (total,) or (1, total) and no KV cache; got idx of "
                                  f"shape {tuple(idx.shape)}{' and a KV cache' if kv_cache is not None else ''}")
-            packed = PackedSequences.build(cu_seqlens, max_seqlen, idx.numel(), idx.device)
+            packed = PackedSequences.build(cu_seqlens, max_seqlen, idx.numel(), idx.device, cu_seqlens_host)
         if idx.dtype not in (torch.int64, torch.int32) or (idx.dim() != 2 and packed is None):
             raise TypeError(f"idx must be a (batch, seq) integer tensor; got {idx.dtype} of shape {tuple(idx.shape)}")
         tokens = idx.view(1, -1) if packed is not None else idx

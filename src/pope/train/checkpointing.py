@@ -17,27 +17,31 @@ import torch
 
 from pope import checkpoint as ckpt
 from pope.train.config import RESUME_MUTABLE, RunConfig, config_differences
-from pope.train.distributed import barrier
+from pope.train.distributed import all_gather_object, barrier
 
 
 def rng_state() -> dict:
+    """This process's RNG states; "cuda" is the generator of the GPU it trains on."""
     legacy = np.random.get_state()
     state = {"python": [list(x) if isinstance(x, tuple) else x for x in random.getstate()],
              "numpy": [legacy[0], legacy[1].tolist(), int(legacy[2]), int(legacy[3]), float(legacy[4])],
              "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
 def set_rng_state(state: dict) -> None:
+    """Restore states saved by `rng_state` on this process; the CUDA one on the GPU this process trains on.
+    (Checkpoints before this layout stored every visible GPU's state as a list: its first is rank 0's.)"""
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(cuda[0] if isinstance(cuda, (list, tuple)) else cuda)
 
 
 def seed_everything(seed: int) -> None:
@@ -93,9 +97,13 @@ class CheckpointManager:
         """Write checkpoints/NAME; ``trainer_state`` gets the optimizer state and RNG states added."""
         model_state = self.strategy.model_state(model)  # collectives under FSDP2: every rank calls them
         optimizer_state = self.strategy.optimizer_state(model, optimizer)
+        rng = all_gather_object(rng_state())  # (a collective) every rank's states
         if self.is_main:
+            state = {**trainer_state, "optimizer": optimizer_state, "rng": rng[0]}
+            if len(rng) > 1:
+                state["rank_rng"] = rng
             ckpt.save_checkpoint(self.directory / name, model_state=model_state, model_config=model_config,
-                                 trainer_state={**trainer_state, "optimizer": optimizer_state, "rng": rng_state()})
+                                 trainer_state=state)
         barrier()
 
     @staticmethod
@@ -111,6 +119,11 @@ class CheckpointManager:
         return loaded
 
     def load_trainer_state(self, state: dict, *, model, optimizer) -> None:
-        """Restore the optimizer and the RNG states (the caller restores step and best)."""
+        """Restore the optimizer and the RNG states (the caller restores step and best). On the world size that
+        wrote the checkpoint every rank gets its own RNG states back; on another, every rank gets rank 0's (as a
+        new run seeds every rank alike): the same continuation unless ranks drew differently (dropout over
+        packed micro-batches of different lengths), where no other choice would be either."""
         self.strategy.load_optimizer_state(model, optimizer, state["optimizer"])
-        set_rng_state(state["rng"])
+        context = self.strategy.context
+        per_rank = state.get("rank_rng")
+        set_rng_state(per_rank[context.rank] if per_rank and len(per_rank) == context.world_size else state["rng"])

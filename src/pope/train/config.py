@@ -154,9 +154,9 @@ class RunConfig:
 # of an earlier run still equals its config's to_dict() and still resumes
 WRITTEN_WHEN_SET = {"pack": False}
 
-RESUME_MUTABLE = {"train.device", "train.compile", "train.cuda_graph", "train.log_interval", "train.stop_at_step",
-                  "train.tensorboard", "train.progress", "train.checkpoint_interval", "train.data_dir",
-                  "train.max_seconds"}
+RESUME_MUTABLE = {"train.device", "train.parallel", "train.compile", "train.cuda_graph", "train.log_interval",
+                  "train.stop_at_step", "train.tensorboard", "train.progress", "train.checkpoint_interval",
+                  "train.data_dir", "train.max_seconds"}
 
 
 def _section_types() -> dict[str, dict]:

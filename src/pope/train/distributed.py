@@ -72,6 +72,15 @@ def broadcast_object(obj, src: int = 0):
     return holder[0]
 
 
+def all_gather_object(obj) -> list:
+    """[rank 0's obj, rank 1's, ...] on every rank ([obj] without a process group)."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return [obj]
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
 def barrier() -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()

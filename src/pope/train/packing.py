@@ -12,7 +12,8 @@ longer ones cut into seq_len + 1-token pieces overlapping by one token), laid en
 - Micro-batches: step's pieces are cut, in order, into P = grad_accum * world size contiguous parts of about
   equal token counts (at most about batch_size * seq_len / P + seq_len tokens; every part non-empty); rank r's
   micro-batch m is part m*W + r, as the padded path lays out its rows. A part goes to the model as idx
-  (1, total) with cu_seqlens / max_seqlen (``GPT.forward``'s packed layout): each piece is attended to alone.
+  (1, total) with cu_seqlens / max_seqlen (``GPT.forward``'s packed layout): each piece is attended to alone;
+  with cu_seqlens_host, their host copy, the model checks the lengths without a device sync.
 
 What is equivalent to the padded path (``ExampleBatches`` on the same pieces):
 - every piece, with all its L - 1 targets, is trained on once per epoch, in the same order; nothing is dropped;
@@ -94,7 +95,8 @@ class PackedDocumentBatches:
 
     def get(self, step: int, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """(inputs, targets) (1, total) int64 on `device` and the model's packing arguments
-        {"cu_seqlens": int32 (n + 1,) on `device`, "max_seqlen": int} for this rank's part of the step."""
+        {"cu_seqlens": int32 (n + 1,) on `device`, "max_seqlen": int, "cu_seqlens_host": the same as a numpy
+        array, so the model checks it without reading the device copy back} for this rank's part of the step."""
         first, end = self._part(step, micro * self.shard.world_size + self.shard.rank)
         pieces = []
         for position in range(first, end):
@@ -107,11 +109,13 @@ class PackedDocumentBatches:
         inputs = torch.from_numpy(np.concatenate([p[:-1] for p in pieces]))[None]
         targets = torch.from_numpy(np.concatenate([p[1:] for p in pieces]))[None]
         lengths = self.lengths[self._order[first:end]] - 1
-        cu_seqlens = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+        cu_seqlens_host = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)  # (n + 1,)
+        cu_seqlens = torch.from_numpy(cu_seqlens_host)
         if self.device.type == "cuda":
             inputs, targets, cu_seqlens = (t.pin_memory() for t in (inputs, targets, cu_seqlens))
         moved = [t.to(self.device, non_blocking=True) for t in (inputs, targets, cu_seqlens)]
-        return moved[0], moved[1], {"cu_seqlens": moved[2], "max_seqlen": int(lengths.max())}
+        return moved[0], moved[1], {"cu_seqlens": moved[2], "max_seqlen": int(lengths.max()),
+                                    "cu_seqlens_host": cu_seqlens_host}
 
     def state_dict(self, step: int) -> dict:
         return {"kind": "packed-documents", "seed": self.seed, "step": step, "global_batch": self.global_batch,

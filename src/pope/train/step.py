@@ -48,8 +48,8 @@ class EagerStep:
 
     def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor, scale,
                          packing: dict | None = None) -> torch.Tensor:
-        """One micro-batch (m, T), or packed documents (1, total) with packing = {"cu_seqlens", "max_seqlen"}
-        (pope.train.packing): returns the detached summed loss; gradients get loss_sum * scale."""
+        """One micro-batch (m, T), or packed documents (1, total) with packing = {"cu_seqlens", "max_seqlen",
+        "cu_seqlens_host"} (pope.train.packing): returns the detached summed loss; gradients get loss_sum * scale."""
         # cache_enabled=False under a CUDA graph: it must not capture autocast's weight-cast cache
         with autocast_context(self.device, self.autocast_dtype, cache_enabled=self.autocast_cache):
             logits, _ = self.train_model(inputs, **(packing or {}))  # (m, T, V)

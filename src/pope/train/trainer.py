@@ -83,7 +83,7 @@ class Trainer:
                                                  self.recipe.max_steps)
             self.strategy = make_strategy(self.context, self.options.parallel)
             self.checkpoints = CheckpointManager(self.run_dir, self.strategy, is_main=self.is_main)
-            self.step = 0
+            self.step, self.resumed_from_world_size = 0, None
             self.best = BestTracker(self._best_metric())
             loaded = None
             if self.resume_from is not None:
@@ -155,6 +155,7 @@ class Trainer:
             for group in self.optimizer.param_groups:
                 group["lr"] = self.lr_tensor
         self.step = int(state["step"])
+        self.resumed_from_world_size = state.get("world_size")  # None: written before checkpoints recorded it
         self.best = BestTracker(self._best_metric(), state.get("best", {}))
 
     # ------------------------------------------------------------------------------- steps, evaluation
@@ -193,7 +194,7 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------ checkpoints
     def save(self, name: str, metrics: dict | None = None) -> None:
-        state = {"step": self.step, "schedule": self.schedule.state_dict(),
+        state = {"step": self.step, "world_size": self.context.world_size, "schedule": self.schedule.state_dict(),
                  "data": self.data.train.state_dict(self.step), "best": self.best.state, "metrics": metrics or {},
                  "run_config": self.config.to_dict()}
         self.checkpoints.save(name, model=self.model, optimizer=self.optimizer,
@@ -206,7 +207,8 @@ class Trainer:
         env = {"versions": library_versions(), "git": git_commit(), "device": str(self.device),
                "device_name": device_name(self.device), "world_size": self.context.world_size, "host": platform.node(),
                "command": portable_argv(), "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               "resumed_from_step": self.step, "compile": self.compile, "cuda_graph": self.use_graph,
+               "resumed_from_step": self.step, "resumed_from_world_size": self.resumed_from_world_size,
+               "compile": self.compile, "cuda_graph": self.use_graph,
                "autocast": str(self.autocast_dtype), "model_params": self.model.num_params()}
         name = "env.json" if self.step == 0 else f"env.resume-{self.step}.json"
         (self.run_dir / name).write_text(json.dumps(env, indent=2) + "\n")
