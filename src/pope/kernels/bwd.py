@@ -107,21 +107,58 @@ def _pope_bwd_dq_kernel(
 
     # Chain rule through q' = f(q) [cos(phase), sin(phase)], phase = t theta - delta; dq' = scale * dS k'.
     # The fp32 phase and magnitude are recomputed here rather than kept live through the loop (registers).
-    q32 = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qn + offs_d[None, :], mask=mask_q,
-                  other=0.0).to(tl.float32)
-    phase = _phase(q_offset + offs_m, Theta, Delta + h * HEAD_DIM, offs_d, mask_d, HAS_DELTA, HEAD_DIM)
-    sin_q, cos_q = _sincos(phase)
     dq_cos, dq_sin = _split_halves(dq_wide * softmax_scale)
+    q_rows = Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qn  # (BLOCK_M, 1) row pointers
+    dq_rows = DQ + b * stride_dqb + h * stride_dqh + rows[:, None] * stride_dqn
+    d_delta_row = DDeltaPartial + (pid_bh * tl.num_programs(0) + pid_m) * HEAD_DIM
+    if BLOCK_D > 64:
+        # Channel quarters one after another: the accumulator (128 registers a thread at (128, 32, 8, 3)) and a
+        # whole tile's phase, sin and cos exceed 255 registers (ptxas spilled 776 B here; halves 236 B, quarters 0).
+        dq_cos_low, dq_cos_high = _split_halves(dq_cos)
+        dq_sin_low, dq_sin_high = _split_halves(dq_sin)
+        _dq_chain_rule_in_halves(dq_cos_low, dq_sin_low, q_rows, dq_rows, d_delta_row, q_offset + offs_m, mask_rows,
+                                 Theta, Delta + h * HEAD_DIM, 0, HEAD_DIM, HAS_DELTA, MAGNITUDE)
+        _dq_chain_rule_in_halves(dq_cos_high, dq_sin_high, q_rows, dq_rows, d_delta_row, q_offset + offs_m, mask_rows,
+                                 Theta, Delta + h * HEAD_DIM, BLOCK_D // 2, HEAD_DIM, HAS_DELTA, MAGNITUDE)
+    else:
+        _dq_chain_rule(dq_cos, dq_sin, q_rows, dq_rows, d_delta_row, q_offset + offs_m, mask_rows, Theta,
+                       Delta + h * HEAD_DIM, offs_d, HEAD_DIM, HAS_DELTA, MAGNITUDE)
+
+
+@triton.jit
+def _dq_chain_rule_in_halves(dq_cos, dq_sin, q_rows, dq_rows, d_delta_row, positions, mask_rows, Theta, delta_row,
+                             first_channel: tl.constexpr, HEAD_DIM: tl.constexpr, HAS_DELTA: tl.constexpr,
+                             MAGNITUDE: tl.constexpr):
+    """`_dq_chain_rule` for channels first_channel.. + width of dq_cos, in two halves one after the other."""
+    half: tl.constexpr = dq_cos.shape[1] // 2
+    dq_cos_low, dq_cos_high = _split_halves(dq_cos)
+    dq_sin_low, dq_sin_high = _split_halves(dq_sin)
+    _dq_chain_rule(dq_cos_low, dq_sin_low, q_rows, dq_rows, d_delta_row, positions, mask_rows, Theta, delta_row,
+                   tl.arange(0, half) + first_channel, HEAD_DIM, HAS_DELTA, MAGNITUDE)
+    _dq_chain_rule(dq_cos_high, dq_sin_high, q_rows, dq_rows, d_delta_row, positions, mask_rows, Theta, delta_row,
+                   tl.arange(0, half) + (first_channel + half), HEAD_DIM, HAS_DELTA, MAGNITUDE)
+
+
+@triton.jit
+def _dq_chain_rule(dq_cos, dq_sin, q_rows, dq_rows, d_delta_row, positions, mask_rows, Theta, delta_row, offs_d,
+                   HEAD_DIM: tl.constexpr, HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr):
+    """dq and this block's d(delta) partial for channels offs_d, from dq' = (dq_cos, dq_sin) (rows, channels) fp32
+    (scaled): dq = f'(q) (dq_cos cos + dq_sin sin); d phase = f(q) (dq_sin cos - dq_cos sin), d delta = -sum_rows.
+    q_rows / dq_rows: (rows, 1) row pointers of q and dq; d_delta_row: this block's partial row (HEAD_DIM,)."""
+    mask_d = offs_d < HEAD_DIM
+    mask_q = mask_rows[:, None] & mask_d[None, :]
+    q32 = tl.load(q_rows + offs_d[None, :], mask=mask_q, other=0.0).to(tl.float32)
+    phase = _phase(positions, Theta, delta_row, offs_d, mask_d, HAS_DELTA, HEAD_DIM)
+    sin_q, cos_q = _sincos(phase)
     d_magnitude = dq_cos * cos_q + dq_sin * sin_q
     dq = d_magnitude * _magnitude_grad(q32, MAGNITUDE)
-    tl.store(DQ + b * stride_dqb + h * stride_dqh + rows[:, None] * stride_dqn + offs_d[None, :],
-             dq.to(DQ.dtype.element_ty), mask=mask_q)
+    tl.store(dq_rows + offs_d[None, :], dq.to(dq_rows.dtype.element_ty), mask=mask_q)
     if HAS_DELTA:
         # d phase = f(q) (-dq'_cos sin + dq'_sin cos); d delta = -sum_rows d phase. One partial per block.
         magnitude = tl.where(mask_q, _magnitude(q32, MAGNITUDE), 0.0)
         d_phase = magnitude * (dq_sin * cos_q - dq_cos * sin_q)
-        d_delta = -tl.sum(tl.where(mask_q, d_phase, 0.0), 0)  # (BLOCK_D,)
-        tl.store(DDeltaPartial + (pid_bh * tl.num_programs(0) + pid_m) * HEAD_DIM + offs_d, d_delta, mask=mask_d)
+        d_delta = -tl.sum(tl.where(mask_q, d_phase, 0.0), 0)  # (channels,)
+        tl.store(d_delta_row + offs_d, d_delta, mask=mask_d)
 
 
 @triton.jit
