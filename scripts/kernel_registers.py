@@ -123,7 +123,8 @@ def spill_locations(cubin: bytes) -> tuple[int, int]:
     """(spill instructions (STL / LDL) inside loops, outside them) in the kernel's SASS (cuobjdump -sass).
 
     A loop is the range from a predicated backward branch's target to the branch, longer than 32 instructions
-    (shorter ones are barrier-wait spins; the unconditional jumps back from out-of-line waits are no loops). Inside: run every key / query block; outside: a program's prologue and epilogue."""
+    (shorter ones are barrier-wait spins; the unconditional jumps back from out-of-line waits are no loops).
+    Inside: run every key / query block; outside: a program's prologue and epilogue."""
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
         f.write(cubin)
@@ -157,6 +158,26 @@ def programs_per_sm(registers: int, num_warps: int, shared_bytes: int) -> int:
     return min(by_registers, by_shared, 64 // num_warps)
 
 
+MARKDOWN_HEADER = ("| kernel | d | tile (BM, BN, warps, stages) | maxnreg | registers | spill stores / loads (B) | "
+                   "spill instr. in loops / outside | shared (KB) | programs / SM | layout conv. |\n"
+                   "|---|---|---|---|---|---|---|---|---|---|")
+
+
+def markdown_row(name: str, head_dim: int, tile: tuple, cap, line: str) -> str:
+    """One `report` line as a row under MARKDOWN_HEADER."""
+    def field(pattern, default="-"):
+        found = re.search(pattern, line)
+        return found.group(1) if found else default
+    if line.startswith("does not compile"):
+        return f"| {name} | {head_dim} | {tile} | {cap or '-'} | {line} | | | | | |"
+    stores, loads = field(r"(\d+) bytes spill stores"), field(r"(\d+) bytes spill loads")
+    in_loops, outside = field(r"in loops (\d+)"), field(r"outside (\d+)")
+    registers, resident = field(r"Used (\d+) registers"), field(r"programs per SM (\d+)")
+    shared, conversions = int(field(r"shared (\d+) B", "0")) / 1024, field(r"layout conversions (\d+)")
+    return (f"| {name} | {head_dim} | {tile} | {cap or '-'} | {registers} | {stores} / {loads} | {in_loops} / "
+            f"{outside} | {shared:.0f} | {resident} | {conversions} |")
+
+
 def _ints(text: str | None) -> list[int] | None:
     return None if text is None else [int(x) for x in text.split(",")]
 
@@ -173,7 +194,7 @@ def tiles_to_compile(shipped: list[tuple], args) -> list[tuple]:
 
 
 def constexprs_for(name: str, kernel, flags: dict, head_dim: int, block_m: int, block_n: int, num_stages: int,
-                   varlen: bool) -> dict:
+                   varlen: bool, keys_from_prepass: bool | None = None) -> dict:
     """The constexprs a launcher passes for this kernel and tile (batched, or packed with `varlen`)."""
     if name == "prepass":
         constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=head_dim, BLOCK_R=block_m, **flags)
@@ -188,7 +209,8 @@ def constexprs_for(name: str, kernel, flags: dict, head_dim: int, block_m: int, 
         if not varlen:
             constexprs.update({arg: None for arg in VARLEN_ARGUMENTS if arg in kernel.arg_names})
     if "KEYS_FROM_PREPASS" in kernel.arg_names:  # as the launcher decides; without, k'/v come as None
-        constexprs["KEYS_FROM_PREPASS"] = head_dim <= configs.DKDV_KEYS_FROM_PREPASS_MAX_BLOCK_D
+        constexprs["KEYS_FROM_PREPASS"] = (head_dim <= configs.DKDV_KEYS_FROM_PREPASS_MAX_BLOCK_D
+                                           if keys_from_prepass is None else keys_from_prepass)
         if not constexprs["KEYS_FROM_PREPASS"]:
             constexprs.update(kp_desc=None, v_desc=None)
     return constexprs
@@ -204,12 +226,18 @@ def main(argv=None) -> int:
                         help="BLOCK_M,BLOCK_N,warps,stages to compile instead of the shipped tiles (repeatable)")
     for dimension in ("block-m", "block-n", "warps", "stages"):
         parser.add_argument(f"--{dimension}", default=None, help=f"comma-separated {dimension} values of a tile grid")
+    parser.add_argument("--keys-from-prepass", choices=["auto", "yes", "no"], default="auto",
+                        help="dk/dv kernel: key block from k' by TMA (yes) or transformed in registers (no); auto: "
+                             "as the launcher decides (configs.DKDV_KEYS_FROM_PREPASS_MAX_BLOCK_D)")
+    parser.add_argument("--markdown", action="store_true", help="print a markdown table instead of report lines")
     parser.add_argument("--varlen", action="store_true",
                         help="compile the packed (varlen) specialisation of the kernels that have one")
     args = parser.parse_args(argv)
     if INTERPRET:
         raise SystemExit("unset TRITON_INTERPRET: this compiles the kernels, it does not interpret them")
     head_dims = [int(d) for d in args.head_dims.split(",")]
+    if args.markdown:
+        print(MARKDOWN_HEADER, flush=True)
     caps = [None] if args.maxnreg is None else [None if cap in ("", "none") else int(cap)
                                                 for cap in args.maxnreg.split(",")]
     for name in args.kernels.split(","):
@@ -221,14 +249,18 @@ def main(argv=None) -> int:
                 continue
             for (block_m, block_n, num_warps, num_stages), cap in itertools.product(tiles_to_compile(shipped, args),
                                                                                     caps):
-                constexprs = constexprs_for(name, kernel, flags, head_dim, block_m, block_n, num_stages, args.varlen)
+                constexprs = constexprs_for(name, kernel, flags, head_dim, block_m, block_n, num_stages, args.varlen,
+                                            {"auto": None, "yes": True, "no": False}[args.keys_from_prepass])
                 try:
                     line = report(kernel, constexprs, num_warps, num_stages, cap)
                 except Exception as error:  # a tile that does not compile (shared memory, layouts): say so, go on
                     line = f"does not compile: {type(error).__name__}: {str(error).splitlines()[0][:160]}"
-                capped = f" maxnreg {cap}" if cap else ""
-                print(f"{name:6s} d={head_dim:<3d} tile {(block_m, block_n, num_warps, num_stages)}{capped}: {line}",
-                      flush=True)
+                tile = (block_m, block_n, num_warps, num_stages)
+                if args.markdown:
+                    print(markdown_row(name, head_dim, tile, cap, line), flush=True)
+                else:
+                    capped = f" maxnreg {cap}" if cap else ""
+                    print(f"{name:6s} d={head_dim:<3d} tile {tile}{capped}: {line}", flush=True)
     return 0
 
 
