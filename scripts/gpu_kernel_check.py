@@ -303,6 +303,8 @@ def main(argv=None):
     parser.add_argument("--sweep", action="store_true",
                         help="first time candidate tile configs, install the fastest, write OUT/kernel_configs.json")
     parser.add_argument("--sweep-shapes", default=None, help="e.g. 8x12x1024x64,4x16x4096x64 (default 4x16x4096x{64,128})")
+    parser.add_argument("--sweep-install", action="store_true",
+                        help="install the fastest configs for the checks below also when --sweep-shapes is given")
     parser.add_argument("--sweep-kinds", default=None, help="e.g. fwd,fused (default all)")
     parser.add_argument("--decode-sweep", action="store_true", help="time decode kernel variants first")
     parser.add_argument("--bf16-rows", default=None, help="comma-separated CHECK_SHAPES rows for bf16 (default all)")
@@ -333,7 +335,7 @@ def main(argv=None):
         path = os.path.abspath(f"{args.out}/kernel_configs.json")
         with open(path, "w") as f:
             json.dump(best, f)
-        if args.sweep_shapes is None:  # the default shapes: check the fastest tiles below
+        if args.sweep_shapes is None or args.sweep_install:  # the default shapes: check the fastest tiles below
             os.environ["POPE_KERNEL_CONFIGS"] = path
             print(f"fastest configs installed (POPE_KERNEL_CONFIGS={path}): {best}", flush=True)
     if args.decode_lanes_max_rows is not None:
