@@ -159,8 +159,8 @@ def programs_per_sm(registers: int, num_warps: int, shared_bytes: int) -> int:
 
 
 MARKDOWN_HEADER = ("| kernel | d | tile (BM, BN, warps, stages) | maxnreg | registers | spill stores / loads (B) | "
-                   "spill instr. in loops / outside | shared (KB) | programs / SM | layout conv. |\n"
-                   "|---|---|---|---|---|---|---|---|---|---|")
+                   "spill instr. in loops / outside | shared (KB) | programs / SM | layout conv. | wgmma |\n"
+                   "|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def markdown_row(name: str, head_dim: int, tile: tuple, cap, line: str) -> str:
@@ -169,13 +169,14 @@ def markdown_row(name: str, head_dim: int, tile: tuple, cap, line: str) -> str:
         found = re.search(pattern, line)
         return found.group(1) if found else default
     if line.startswith("does not compile"):
-        return f"| {name} | {head_dim} | {tile} | {cap or '-'} | {line} | | | | | |"
+        return f"| {name} | {head_dim} | {tile} | {cap or '-'} | {line} | | | | | | |"
     stores, loads = field(r"(\d+) bytes spill stores"), field(r"(\d+) bytes spill loads")
     in_loops, outside = field(r"in loops (\d+)"), field(r"outside (\d+)")
     registers, resident = field(r"Used (\d+) registers"), field(r"programs per SM (\d+)")
     shared, conversions = int(field(r"shared (\d+) B", "0")) / 1024, field(r"layout conversions (\d+)")
+    wgmma = field(r"wgmma (\d+)")
     return (f"| {name} | {head_dim} | {tile} | {cap or '-'} | {registers} | {stores} / {loads} | {in_loops} / "
-            f"{outside} | {shared:.0f} | {resident} | {conversions} |")
+            f"{outside} | {shared:.0f} | {resident} | {conversions} | {wgmma} |")
 
 
 def _ints(text: str | None) -> list[int] | None:
