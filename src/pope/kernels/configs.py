@@ -136,11 +136,12 @@ def read_tile_file(path: str) -> dict:
 
 # A register cap (Triton's maxnreg) for the lanes decode kernel; None: the compiler's choice (shipped). With exact
 # angles the kernel went 127 -> 156 registers at d=64 (three 4-warp programs per SM instead of four); ptxas fits it
-# in 128 without spills (four per SM; d=128: 124 uncapped, 112 without spills). POPE_DECODE_LANES_MAXNREG=N sets
-# it for a process (an A/B on the GPU; read at import); the candidates are what the GPU decode sweep times
+# in 128 without spills (four per SM). A cap pays only where it adds a program per SM: 128 at d=64, 96 (five per SM,
+# some spills) at d=64 and d=128 (124 uncapped, four per SM). POPE_DECODE_LANES_MAXNREG=N sets it for a process
+# (read at import: an A/B on the GPU); the candidates are what the GPU decode sweep times
 # (scripts/gpu_kernel_check.py --decode-sweep). The default changes only on a GPU timing.
 DECODE_LANES_MAXNREG_VARIABLE = "POPE_DECODE_LANES_MAXNREG"
-DECODE_LANES_MAXNREG_CANDIDATES = {64: (144, 128), 128: (128, 112)}
+DECODE_LANES_MAXNREG_CANDIDATES = {64: (128, 96), 128: (96,)}
 
 
 def _register_cap(variable: str) -> int | None:
