@@ -121,11 +121,11 @@ def _chain_rule(d_cos, d_sin, x_rows, dx_rows, positions, mask_rows, Theta, delt
     """The gradient through x' = f(x) [cos(phase), sin(phase)] from dx' = (d_cos, d_sin) (rows, BLOCK_D) fp32:
     dx = (d_cos cos + d_sin sin) (f'(x) scale) stored at dx_rows; with HAS_DELTA also this block's d(delta) partial
     -sum_rows f(x) (d_sin cos - d_cos sin) at d_delta_row (HEAD_DIM,). x_rows / dx_rows: (rows, 1) row pointers.
-
-    At BLOCK_D > 64 in channel quarters one after another: a whole (rows, 128) tile's phase, sin and cos beside the
-    kernel's accumulators exceed 255 registers (dq at (128, 32, 8, 3) spilled 776 B here; halves 236 B, quarters
-    none), and recomputing the phase of a quarter keeps the compiler from merging it with the dk/dv kernel's
-    prologue transform (which kept the key block's sin and cos live, in spills, through the whole loop)."""
+    Every element is computed as by one whole-tile pass; at BLOCK_D > 64 in channel quarters one after another."""
+    # Why quarters: a whole (rows, 128) tile's phase, sin and cos beside the accumulators exceed 255 registers
+    # (ptxas spilled the dq kernel's epilogue), and a quarter's recomputed phase cannot be merged by the compiler
+    # with the dk/dv kernel's prologue transform of the whole key block (which kept its sin and cos live, spilled,
+    # through the loop). docs/kernels.md, "Head dim 128".
     if BLOCK_D > 64:
         d_cos_low, d_cos_high = _split_halves(d_cos)
         d_sin_low, d_sin_high = _split_halves(d_sin)
