@@ -107,18 +107,17 @@ def _pope_bwd_dq_kernel(
 
     # Chain rule through q' = f(q) [cos(phase), sin(phase)], phase = t theta - delta; dq' = scale * dS k'.
     # The fp32 phase and magnitude are recomputed here rather than kept live through the loop (registers).
-    dq_cos, dq_sin = _split_halves(dq_wide * softmax_scale)
     q_rows = Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qn  # (BLOCK_M, 1) row pointers
     dq_rows = DQ + b * stride_dqb + h * stride_dqh + rows[:, None] * stride_dqn
     d_delta_row = DDeltaPartial + (pid_bh * tl.num_programs(0) + pid_m) * HEAD_DIM
-    _chain_rule(dq_cos, dq_sin, q_rows, dq_rows, q_offset + offs_m, mask_rows, Theta, Delta + h * HEAD_DIM, 1.0,
-                d_delta_row, HEAD_DIM, BLOCK_D, HAS_DELTA, MAGNITUDE)
+    _chain_rule(dq_wide * softmax_scale, q_rows, dq_rows, q_offset + offs_m, mask_rows, Theta, Delta + h * HEAD_DIM,
+                1.0, d_delta_row, HEAD_DIM, BLOCK_D, HAS_DELTA, MAGNITUDE)
 
 
 @triton.jit
-def _chain_rule(d_cos, d_sin, x_rows, dx_rows, positions, mask_rows, Theta, delta_row, scale, d_delta_row,
+def _chain_rule(d_wide, x_rows, dx_rows, positions, mask_rows, Theta, delta_row, scale, d_delta_row,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr):
-    """The gradient through x' = f(x) [cos(phase), sin(phase)] from dx' = (d_cos, d_sin) (rows, BLOCK_D) fp32:
+    """The gradient through x' = f(x) [cos(phase), sin(phase)] from dx' = [d_cos | d_sin] (rows, 2 BLOCK_D) fp32:
     dx = (d_cos cos + d_sin sin) (f'(x) scale) stored at dx_rows; with HAS_DELTA also this block's d(delta) partial
     -sum_rows f(x) (d_sin cos - d_cos sin) at d_delta_row (HEAD_DIM,). x_rows / dx_rows: (rows, 1) row pointers.
     Every element is computed as by one whole-tile pass; at BLOCK_D > 64 in channel quarters one after another."""
@@ -126,6 +125,7 @@ def _chain_rule(d_cos, d_sin, x_rows, dx_rows, positions, mask_rows, Theta, delt
     # (ptxas spilled the dq kernel's epilogue), and a quarter's recomputed phase cannot be merged by the compiler
     # with the dk/dv kernel's prologue transform of the whole key block (which kept its sin and cos live, spilled,
     # through the loop). docs/kernels.md, "Head dim 128".
+    d_cos, d_sin = _split_halves(d_wide)
     if BLOCK_D > 64:
         d_cos_low, d_cos_high = _split_halves(d_cos)
         d_sin_low, d_sin_high = _split_halves(d_sin)
@@ -280,8 +280,7 @@ def _pope_bwd_dkdv_kernel(
             BLOCK_M, BLOCK_D, False, PRECISION)
 
     # dk through k' = f(k) [cos(s theta), sin(s theta)], dk' = scale * dS^T q', the phases recomputed, not kept.
-    dk_cos, dk_sin = _split_halves(dk_wide)
-    _chain_rule(dk_cos, dk_sin, k_rows, DK + b * stride_dkb + hk * stride_dkh + rows[:, None] * stride_dkn, offs_n,
+    _chain_rule(dk_wide, k_rows, DK + b * stride_dkb + hk * stride_dkh + rows[:, None] * stride_dkn, offs_n,
                 offs_n < seq_k, Theta, Theta, softmax_scale, Theta, HEAD_DIM, BLOCK_D, False, MAGNITUDE)
     tl.store(DV + b * stride_dvb + hk * stride_dvh + rows[:, None] * stride_dvn + offs_d[None, :],
              dv.to(DV.dtype.element_ty), mask=mask_k)
