@@ -25,6 +25,7 @@ import time
 import torch
 
 import pope.kernels as kernels
+from pope.kernels.configs import DECODE_LANES_MAXNREG_CANDIDATES
 from pope.attention import reference_pope_attention
 from pope.ops import triton_pope_attention, triton_pope_attention_varlen
 from pope.settings import SETTINGS, override
@@ -262,9 +263,11 @@ SWEEP_CANDIDATES = {
     64: {"fwd": [(128, 128, 8, 3), (64, 64, 4, 3), (128, 64, 4, 3)],
          "dq": [(64, 64, 4, 3), (64, 64, 4, 2), (128, 64, 8, 2)],
          "dkdv": [(64, 128, 8, 3), (64, 64, 4, 3), (32, 64, 4, 4)]},
+    # d=128 dq / dk-dv: the tiles that compile spill-free (or nearly) since the chain rule runs in channel quarters
+    # (benchmarks/experiments/2026-12-01-d128-registers): dq (64, 32, 4, 2) is the one with two programs per SM.
     128: {"fwd": [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 2)],
-          "dq": [(128, 32, 8, 3), (128, 64, 8, 2), (64, 32, 4, 2)],
-          "dkdv": [(64, 64, 8, 3), (64, 128, 8, 2), (32, 128, 8, 3)]},
+          "dq": [(128, 32, 8, 3), (128, 32, 8, 2), (128, 64, 8, 2), (64, 32, 4, 2)],
+          "dkdv": [(64, 64, 8, 3), (64, 64, 8, 2), (32, 64, 8, 3), (32, 64, 8, 2)]},
 }
 
 
@@ -311,12 +314,14 @@ DECODE_SWEEP_SHAPES = ((8, 16, 16, 16384, 64), (8, 16, 16, 16384, 128), (8, 32, 
                        (8, 32, 4, 16384, 64))  # (B, Hq, Hkv, Nk, d)
 
 
-def sweep_decode(shapes=DECODE_SWEEP_SHAPES, tensor_cores_only=False, dtype_name="bf16"):
-    """Time decode_forward's kernels, key tiles and warps on one query per head, for a raw cache (softplus in
-    the kernel) and a magnitude cache (f(k) cached, magnitude "identity")."""
+def sweep_decode(shapes=DECODE_SWEEP_SHAPES, tensor_cores_only=False, dtype_name="bf16", methods=None,
+                 cuda_graph=False):
+    """Time decode_forward's kernels, key tiles, warps and register caps on one query per head, for a raw cache
+    (softplus in the kernel) and a magnitude cache (f(k) cached, magnitude "identity"). methods: a subset of
+    ("tensor_cores", "lanes"); cuda_graph: time CUDA-graph replays (GPU time, no host launch cost)."""
     import itertools
 
-    from triton.testing import do_bench
+    from triton.testing import do_bench, do_bench_cudagraph
 
     rows = []
     for batch, n_q_heads, n_kv_heads, seq_k, head_dim in shapes:
@@ -337,12 +342,17 @@ def sweep_decode(shapes=DECODE_SWEEP_SHAPES, tensor_cores_only=False, dtype_name
             tiles += [("lanes", block_n, warps, stages, None) for block_n, warps, stages in
                       ([(64, 4, 3), (32, 4, 3), (32, 4, 4), (64, 8, 3)] if head_dim <= 64 else
                        [(32, 4, 3), (16, 4, 3), (16, 4, 4), (32, 8, 3)])]
+            # The lanes kernel's shipped tile uncapped (0) and under the register caps to decide on.
+            lanes_tile = kernels.decode_tile(head_dim, dtype, "lanes")
+            tiles += [("lanes", *lanes_tile, cap) for cap in (0, *DECODE_LANES_MAXNREG_CANDIDATES[head_dim])]
+        tiles = [tile for tile in tiles if methods is None or tile[0] in methods]
         for magnitude, (method, block_n, warps, stages, maxnreg) in itertools.product(("softplus", "identity"), tiles):
             opts = dict(causal=True, softmax_scale=head_dim ** -0.5, q_offset=seq_k - 1, magnitude=magnitude,
                         method=method, block_n=block_n, num_warps=warps, stages=stages, maxnreg=maxnreg)
             try:
-                ms = do_bench(lambda: kernels.decode_forward(q, k, v, delta, theta, **opts),  # noqa: B023
-                              warmup=25, rep=100, return_mode="median")
+                call = lambda: kernels.decode_forward(q, k, v, delta, theta, **opts)  # noqa: B023, E731
+                ms = (do_bench_cudagraph(call, rep=100, return_mode="median") if cuda_graph else
+                      do_bench(call, warmup=25, rep=100, return_mode="median"))
             except Exception as err:
                 ms = float("nan")
                 print(f"  decode {opts}: {type(err).__name__}: {str(err)[:120]}", file=sys.stderr)
@@ -358,6 +368,8 @@ def main(argv=None):
     parser.add_argument("--sweep", action="store_true",
                         help="first time candidate tile configs, install the fastest, write OUT/kernel_configs.json")
     parser.add_argument("--sweep-shapes", default=None, help="e.g. 8x12x1024x64,4x16x4096x64 (default 4x16x4096x{64,128})")
+    parser.add_argument("--sweep-install", action="store_true",
+                        help="install the fastest configs for the checks below also when --sweep-shapes is given")
     parser.add_argument("--sweep-kinds", default=None, help="e.g. fwd,fused (default all)")
     parser.add_argument("--decode-sweep", action="store_true", help="time decode kernel variants first")
     parser.add_argument("--bf16-rows", default=None, help="comma-separated CHECK_SHAPES rows for bf16 (default all)")
@@ -372,6 +384,10 @@ def main(argv=None):
                         help="route decode calls with up to this many rows per key head to the lanes kernel")
     parser.add_argument("--decode-sweep-tensor-cores-only", action="store_true",
                         help="sweep only the tensor-core decode kernel's tiles")
+    parser.add_argument("--decode-sweep-methods", default=None,
+                        help="decode kernels to sweep: tensor_cores, lanes or both (default both)")
+    parser.add_argument("--decode-sweep-cuda-graph", action="store_true",
+                        help="time the decode sweep as CUDA-graph replays (GPU time without host launch cost)")
     parser.add_argument("--decode-sweep-dtypes", default="bf16", help="dtypes of the decode sweep, e.g. bf16,fp32")
     parser.add_argument("--decode-sweep-shapes", default=None,
                         help="rows of DECODE_SWEEP_SHAPES to sweep, e.g. 2,3 (default all)")
@@ -385,7 +401,7 @@ def main(argv=None):
         path = os.path.abspath(f"{args.out}/kernel_configs.json")
         with open(path, "w") as f:
             json.dump(best, f)
-        if args.sweep_shapes is None:  # the default shapes: check the fastest tiles below
+        if args.sweep_shapes is None or args.sweep_install:  # the default shapes: check the fastest tiles below
             os.environ["POPE_KERNEL_CONFIGS"] = path
             print(f"fastest configs installed (POPE_KERNEL_CONFIGS={path}): {best}", flush=True)
     if args.decode_lanes_max_rows is not None:
@@ -393,7 +409,9 @@ def main(argv=None):
     sweep_shapes = DECODE_SWEEP_SHAPES if args.decode_sweep_shapes is None else [
         DECODE_SWEEP_SHAPES[int(i)] for i in args.decode_sweep_shapes.split(",")]
     decode_sweep = [row for dtype_name in args.decode_sweep_dtypes.split(",")
-                    for row in sweep_decode(sweep_shapes, args.decode_sweep_tensor_cores_only, dtype_name)
+                    for row in sweep_decode(sweep_shapes, args.decode_sweep_tensor_cores_only, dtype_name,
+                                           None if args.decode_sweep_methods is None else
+                                           args.decode_sweep_methods.split(","), args.decode_sweep_cuda_graph)
                     ] if args.decode_sweep else None
     SETTINGS.poison_outputs = True
     global CHECK_SHAPES, VARLEN_SHAPES, ATOMIC_ROWS

@@ -135,6 +135,22 @@ def test_tile_override_file_is_read_when_a_config_is_picked(monkeypatch, tmp_pat
         configs.pick_tiles("fwd", 64, None, torch.bfloat16, "cuda")
 
 
+def test_decode_lanes_register_cap_variable_is_checked(monkeypatch):
+    """POPE_DECODE_LANES_MAXNREG (read at import): unset -> no cap; a register count -> that cap; anything else a
+    ValueError naming the variable."""
+    from pope.kernels import configs
+
+    variable = configs.DECODE_LANES_MAXNREG_VARIABLE
+    monkeypatch.delenv(variable, raising=False)
+    assert configs._register_cap(variable) is None
+    monkeypatch.setenv(variable, "128")
+    assert configs._register_cap(variable) == 128
+    for text in ("12x", "300", "-1"):
+        monkeypatch.setenv(variable, text)
+        with pytest.raises(ValueError, match=variable):
+            configs._register_cap(variable)
+
+
 def _direct_launch(monkeypatch, gate_open: bool):
     from pope.kernels import direct_launch
 

@@ -107,21 +107,67 @@ def _pope_bwd_dq_kernel(
 
     # Chain rule through q' = f(q) [cos(phase), sin(phase)], phase = t theta - delta; dq' = scale * dS k'.
     # The fp32 phase and magnitude are recomputed here rather than kept live through the loop (registers).
-    q32 = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qn + offs_d[None, :], mask=mask_q,
-                  other=0.0).to(tl.float32)
-    phase = _phase(q_offset + offs_m, Theta, Delta + h * HEAD_DIM, offs_d, mask_d, HAS_DELTA, HEAD_DIM)
-    sin_q, cos_q = _sincos(phase)
-    dq_cos, dq_sin = _split_halves(dq_wide * softmax_scale)
-    d_magnitude = dq_cos * cos_q + dq_sin * sin_q
-    dq = d_magnitude * _magnitude_grad(q32, MAGNITUDE)
-    tl.store(DQ + b * stride_dqb + h * stride_dqh + rows[:, None] * stride_dqn + offs_d[None, :],
-             dq.to(DQ.dtype.element_ty), mask=mask_q)
+    q_rows = Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qn  # (BLOCK_M, 1) row pointers
+    dq_rows = DQ + b * stride_dqb + h * stride_dqh + rows[:, None] * stride_dqn
+    d_delta_row = DDeltaPartial + (pid_bh * tl.num_programs(0) + pid_m) * HEAD_DIM
+    _chain_rule(dq_wide * softmax_scale, q_rows, dq_rows, q_offset + offs_m, mask_rows, Theta, Delta + h * HEAD_DIM,
+                1.0, d_delta_row, HEAD_DIM, BLOCK_D, HAS_DELTA, MAGNITUDE)
+
+
+@triton.jit
+def _chain_rule(d_wide, x_rows, dx_rows, positions, mask_rows, Theta, delta_row, scale, d_delta_row,
+                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr):
+    """The gradient through x' = f(x) [cos(phase), sin(phase)] from dx' = [d_cos | d_sin] (rows, 2 BLOCK_D) fp32:
+    dx = (d_cos cos + d_sin sin) (f'(x) scale) stored at dx_rows; with HAS_DELTA also this block's d(delta) partial
+    -sum_rows f(x) (d_sin cos - d_cos sin) at d_delta_row (HEAD_DIM,). x_rows / dx_rows: (rows, 1) row pointers.
+    Every element is computed as by one whole-tile pass; at BLOCK_D > 64 in channel quarters one after another."""
+    # Why quarters: a whole (rows, 128) tile's phase, sin and cos beside the accumulators exceed 255 registers
+    # (ptxas spilled the dq kernel's epilogue), and a quarter's recomputed phase cannot be merged by the compiler
+    # with the dk/dv kernel's prologue transform of the whole key block (which kept its sin and cos live, spilled,
+    # through the loop). docs/kernels.md, "Head dim 128".
+    d_cos, d_sin = _split_halves(d_wide)
+    if BLOCK_D > 64:
+        d_cos_low, d_cos_high = _split_halves(d_cos)
+        d_sin_low, d_sin_high = _split_halves(d_sin)
+        _chain_rule_in_halves(d_cos_low, d_sin_low, x_rows, dx_rows, positions, mask_rows, Theta, delta_row, scale,
+                              d_delta_row, 0, HEAD_DIM, HAS_DELTA, MAGNITUDE)
+        _chain_rule_in_halves(d_cos_high, d_sin_high, x_rows, dx_rows, positions, mask_rows, Theta, delta_row, scale,
+                              d_delta_row, BLOCK_D // 2, HEAD_DIM, HAS_DELTA, MAGNITUDE)
+    else:
+        _chain_rule_part(d_cos, d_sin, x_rows, dx_rows, positions, mask_rows, Theta, delta_row, scale, d_delta_row,
+                         tl.arange(0, BLOCK_D), HEAD_DIM, HAS_DELTA, MAGNITUDE)
+
+
+@triton.jit
+def _chain_rule_in_halves(d_cos, d_sin, x_rows, dx_rows, positions, mask_rows, Theta, delta_row, scale, d_delta_row,
+                          first_channel: tl.constexpr, HEAD_DIM: tl.constexpr, HAS_DELTA: tl.constexpr,
+                          MAGNITUDE: tl.constexpr):
+    """`_chain_rule_part` for channels first_channel.. + width of d_cos, in two halves one after the other."""
+    half: tl.constexpr = d_cos.shape[1] // 2
+    d_cos_low, d_cos_high = _split_halves(d_cos)
+    d_sin_low, d_sin_high = _split_halves(d_sin)
+    _chain_rule_part(d_cos_low, d_sin_low, x_rows, dx_rows, positions, mask_rows, Theta, delta_row, scale, d_delta_row,
+                     tl.arange(0, half) + first_channel, HEAD_DIM, HAS_DELTA, MAGNITUDE)
+    _chain_rule_part(d_cos_high, d_sin_high, x_rows, dx_rows, positions, mask_rows, Theta, delta_row, scale,
+                     d_delta_row, tl.arange(0, half) + (first_channel + half), HEAD_DIM, HAS_DELTA, MAGNITUDE)
+
+
+@triton.jit
+def _chain_rule_part(d_cos, d_sin, x_rows, dx_rows, positions, mask_rows, Theta, delta_row, scale, d_delta_row,
+                     offs_d, HEAD_DIM: tl.constexpr, HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr):
+    """`_chain_rule` for the channels offs_d of (d_cos, d_sin)."""
+    mask_d = offs_d < HEAD_DIM
+    mask = mask_rows[:, None] & mask_d[None, :]
+    x32 = tl.load(x_rows + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
+    sin_x, cos_x = _sincos(_phase(positions, Theta, delta_row, offs_d, mask_d, HAS_DELTA, HEAD_DIM))
+    dx = (d_cos * cos_x + d_sin * sin_x) * (_magnitude_grad(x32, MAGNITUDE) * scale)
+    tl.store(dx_rows + offs_d[None, :], dx.to(dx_rows.dtype.element_ty), mask=mask)
     if HAS_DELTA:
-        # d phase = f(q) (-dq'_cos sin + dq'_sin cos); d delta = -sum_rows d phase. One partial per block.
-        magnitude = tl.where(mask_q, _magnitude(q32, MAGNITUDE), 0.0)
-        d_phase = magnitude * (dq_sin * cos_q - dq_cos * sin_q)
-        d_delta = -tl.sum(tl.where(mask_q, d_phase, 0.0), 0)  # (BLOCK_D,)
-        tl.store(DDeltaPartial + (pid_bh * tl.num_programs(0) + pid_m) * HEAD_DIM + offs_d, d_delta, mask=mask_d)
+        # d phase = f(x) (-dx'_cos sin + dx'_sin cos); d delta = -sum_rows d phase. One partial per block.
+        magnitude = tl.where(mask, _magnitude(x32, MAGNITUDE), 0.0)
+        d_phase = magnitude * (d_sin * cos_x - d_cos * sin_x)
+        d_delta = -tl.sum(tl.where(mask, d_phase, 0.0), 0)  # (channels,)
+        tl.store(d_delta_row + offs_d, d_delta, mask=mask_d)
 
 
 @triton.jit
@@ -189,7 +235,7 @@ def _pope_bwd_dkdv_kernel(
     mask_k = (offs_n < seq_k)[:, None] & mask_d[None, :]
 
     rows = start_k + offs_n
-    k_ptrs = K + b * stride_kb + hk * stride_kh + rows[:, None] * stride_kn + offs_d[None, :]
+    k_rows = K + b * stride_kb + hk * stride_kh + rows[:, None] * stride_kn  # (BLOCK_N, 1) row pointers
     if KEYS_FROM_PREPASS:
         # This program's key block k' and its v, by TMA into shared memory (the products' operands there, no
         # register copies: d=64 spills 136 B -> none). DK and DV point into the same k' rows: each program reads
@@ -199,7 +245,7 @@ def _pope_bwd_dkdv_kernel(
         v = v_desc.load([b, hk, start_k + pid_n * BLOCK_N, 0]).reshape(BLOCK_N, BLOCK_D)
     else:
         # This program's key block, transformed once in registers.
-        k = tl.load(k_ptrs, mask=mask_k, other=0.0)
+        k = tl.load(k_rows + offs_d[None, :], mask=mask_k, other=0.0)
         v = tl.load(V + b * stride_vb + hk * stride_vh + rows[:, None] * stride_vn + offs_d[None, :], mask=mask_k,
                     other=0.0)
         phase = _phase(offs_n, Theta, Theta, offs_d, mask_d, False, HEAD_DIM)
@@ -233,13 +279,9 @@ def _pope_bwd_dkdv_kernel(
             offs_n, q_offset, seq_q, start_q, stats_start, masked_hi, seq_q, softmax_scale * 1.4426950408889634,
             BLOCK_M, BLOCK_D, False, PRECISION)
 
-    # Chain rule through k' = f(k) [cos(s theta), sin(s theta)]; dk' = scale * dS^T q'. Recomputed, not kept.
-    k32 = tl.load(k_ptrs, mask=mask_k, other=0.0).to(tl.float32)
-    sin_k, cos_k = _sincos(_phase(offs_n, Theta, Theta, offs_d, mask_d, False, HEAD_DIM))
-    dk_cos, dk_sin = _split_halves(dk_wide)
-    dk = (dk_cos * cos_k + dk_sin * sin_k) * (_magnitude_grad(k32, MAGNITUDE) * softmax_scale)
-    tl.store(DK + b * stride_dkb + hk * stride_dkh + rows[:, None] * stride_dkn + offs_d[None, :],
-             dk.to(DK.dtype.element_ty), mask=mask_k)
+    # dk through k' = f(k) [cos(s theta), sin(s theta)], dk' = scale * dS^T q', the phases recomputed, not kept.
+    _chain_rule(dk_wide, k_rows, DK + b * stride_dkb + hk * stride_dkh + rows[:, None] * stride_dkn, offs_n,
+                offs_n < seq_k, Theta, Theta, softmax_scale, Theta, HEAD_DIM, BLOCK_D, False, MAGNITUDE)
     tl.store(DV + b * stride_dvb + hk * stride_dvh + rows[:, None] * stride_dvn + offs_d[None, :],
              dv.to(DV.dtype.element_ty), mask=mask_k)
 

@@ -134,6 +134,28 @@ def read_tile_file(path: str) -> dict:
     return table
 
 
+# A register cap (Triton's maxnreg) for the lanes decode kernel; None: the compiler's choice (shipped). With exact
+# angles the kernel went 127 -> 156 registers at d=64 (three 4-warp programs per SM instead of four); ptxas fits it
+# in 128 without spills (four per SM). A cap pays only where it adds a program per SM: 128 at d=64, 96 (five per SM,
+# some spills) at d=64 and d=128 (124 uncapped, four per SM). POPE_DECODE_LANES_MAXNREG=N sets it for a process
+# (read at import: an A/B on the GPU); the candidates are what the GPU decode sweep times
+# (scripts/gpu_kernel_check.py --decode-sweep). The default changes only on a GPU timing.
+DECODE_LANES_MAXNREG_VARIABLE = "POPE_DECODE_LANES_MAXNREG"
+DECODE_LANES_MAXNREG_CANDIDATES = {64: (128, 96), 128: (96,)}
+
+
+def _register_cap(variable: str) -> int | None:
+    text = os.environ.get(variable)
+    if not text:
+        return None
+    if not text.isdigit() or not 16 <= int(text) <= 255:
+        raise ValueError(f"{variable}={text!r}: expected registers per thread, an integer in 16..255; fix or unset it")
+    return int(text)
+
+
+DECODE_LANES_MAXNREG: int | None = _register_cap(DECODE_LANES_MAXNREG_VARIABLE)
+
+
 def decode_tile(head_dim: int, dtype: torch.dtype, method: str, magnitude: str = "softplus") -> tuple[int, int, int]:
     """Default (block_n, num_warps, stages) of a decode kernel ("lanes" or "tensor_cores"; both stream k/v
     through a cp.async pipeline of `stages` - 1 buffers), from the decode sweeps on an H200 (docs/kernels.md):

@@ -20,7 +20,7 @@ import triton.language as tl
 from pope.magnitudes import MAGNITUDES
 from pope.settings import SETTINGS
 
-from . import direct_launch, host, phase_tables
+from . import configs, direct_launch, host, phase_tables
 from .configs import decode_tile
 from .interpreter import INTERPRET
 from .jit_math import _angles, _magnitude, _polar_to_cartesian, _sincos, _turn_words
@@ -280,8 +280,8 @@ def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float,
     Suited to group_size * Nq <= 64 rows per key head; keys are transformed once, in registers.
     method: "lanes" (CUDA cores, one program per query row), "tensor_cores" (one program per key head), or
     None: lanes up to pope.settings' decode_lanes_max_rows rows per key head. maxnreg: a cap on registers per
-    thread (Triton's launch option; more programs resident per SM at the price of spills), None for the compiler's
-    choice.
+    thread (Triton's launch option; more programs resident per SM at the price of spills), 0 for none, None for
+    the default (lanes: configs.DECODE_LANES_MAXNREG, the compiler's choice unless set; tensor cores: none).
     keep_phase_table: keep the tensor-core kernel's key-phase table for later calls with this theta (one launch
     less per decode step: for callers whose theta lives on, e.g. pope.ops' eager path); False builds it per call.
     """
@@ -319,7 +319,9 @@ def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float,
             n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, keys_per_split)
     options = dict(HEAD_DIM=head_dim, BLOCK_N=block_n, BLOCK_D=block_d, CAUSAL=causal, HAS_DELTA=delta is not None,
                    MAGNITUDE=MAGNITUDES[magnitude].kernel_code, STAGES=stages, num_warps=num_warps, num_stages=stages)
-    if maxnreg is not None and not INTERPRET:
+    if maxnreg is None and method == "lanes":
+        maxnreg = configs.DECODE_LANES_MAXNREG
+    if maxnreg and not INTERPRET:  # 0: no cap
         options["maxnreg"] = maxnreg
     if method == "lanes":
         direct_launch.launch(_pope_decode_lanes_kernel, (num_splits, programs_per_split),
