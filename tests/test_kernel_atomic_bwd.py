@@ -24,8 +24,8 @@ ON_GPU, DEVICE, INTERPRETER_IN_PROCESS = kernel_test_setup()
 import pope.attention  # noqa: E402
 from pope.attention import reference_pope_attention  # noqa: E402
 from pope.settings import SETTINGS, override  # noqa: E402
-from pope.testing import (GRADIENT_NAMES, assert_passed_in_subprocess, attention_inputs, check_within_rule,  # noqa: E402
-                          interpreter_subprocess_results, outputs_and_gradients, packed_inputs)
+from pope.testing import (GRADIENT_NAMES, assert_passed_in_subprocess, attention_inputs,  # noqa: E402
+                          check_within_rule, interpreter_subprocess_results, outputs_and_gradients, packed_inputs)
 
 # the kernels only the atomic backward launches (its main kernel is bwd's dk/dv kernel given a dq' accumulator)
 ATOMIC_KERNELS = ["_row_statistics_kernel", "_dq_from_accumulator_kernel"]

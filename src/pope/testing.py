@@ -182,4 +182,5 @@ def load_kernels(path: str, name: str):
 
 
 __all__ = ["GRADIENT_NAMES", "check_within_rule", "attention_inputs", "outputs_and_gradients", "formula_attention",
-           "load_kernels", "RecordingKernel", "kernel_test_setup", "interpreter_subprocess_results", "assert_passed_in_subprocess"]
+           "load_kernels", "RecordingKernel", "kernel_test_setup", "interpreter_subprocess_results",
+           "assert_passed_in_subprocess"]

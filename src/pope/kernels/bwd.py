@@ -7,9 +7,10 @@
      over its own k' rows (after reading them). Given a dq' accumulator it is also the atomic backward's main
      kernel (bwd_atomic), adding every visited query block's dq' into it by tl.atomic_add;
   3. `_backward_epilogue_kernel`: copies dk and dv out of those rows and sums d(delta)'s partials.
-Guarantees of `backward`: no atomics anywhere: d(delta) is summed in a fixed order, so two runs give bitwise-identical gradients;
-the buffers the backward allocates peak at 5 |q| at MHA (dq + q' + k'), as SDPA's dq, dk, dv and fp32 dq
-accumulator; every pre-pass buffer is freed before the call returns. Same inputs and layouts as the forward.
+Guarantees of `backward`: no atomics anywhere: d(delta) is summed in a fixed order, so two runs give
+bitwise-identical gradients; the buffers the backward allocates peak at 5 |q| at MHA (dq + q' + k'), as SDPA's dq,
+dk, dv and fp32 dq accumulator; every pre-pass buffer is freed before the call returns. Same inputs and layouts as
+the forward.
 """
 from __future__ import annotations
 
@@ -116,8 +117,10 @@ def _row_statistics(Out, DO, LSE, RowDelta, PackedLSE, stride_ob, stride_oh, str
     reads it by TMA: row q_row * row_delta_stride + rows; packed (IS_VARLEN), at the sequence's 16-byte aligned
     statistics rows (`_stats_start`: a TMA row offset must be 16-byte aligned, a sequence's first row is anywhere),
     with a copy of its lse there. rows: the block's rows in the (B, Hq, Nq, d) tensors (packed: batch-1 views)."""
-    do = tl.load(DO + b * stride_dob + h * stride_doh + rows[:, None] * stride_don + offs_d[None, :], mask=mask_q, other=0.0)
-    out = tl.load(Out + b * stride_ob + h * stride_oh + rows[:, None] * stride_on + offs_d[None, :], mask=mask_q, other=0.0)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + rows[:, None] * stride_don + offs_d[None, :], mask=mask_q,
+                 other=0.0)
+    out = tl.load(Out + b * stride_ob + h * stride_oh + rows[:, None] * stride_on + offs_d[None, :], mask=mask_q,
+                  other=0.0)
     row_delta = tl.sum(do.to(tl.float32) * out.to(tl.float32), 1)
     if IS_VARLEN:
         stats_rows = q_row * row_delta_stride + _stats_start(start_q, pid_bh // n_q_heads) + offs_m
