@@ -17,34 +17,25 @@ import sys
 import pytest
 import torch
 
-ON_GPU = torch.cuda.is_available()
-if not ON_GPU:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-triton = pytest.importorskip("triton", reason="the Triton kernels need pip install 'pope-attention[triton]'")
-import triton.language as tl  # noqa: E402
+from pope.testing import kernel_test_setup  # before anything imports Triton
+
+ON_GPU, DEVICE, INTERPRETER_IN_PROCESS = kernel_test_setup()
 
 import pope.attention  # noqa: E402
 from pope.attention import reference_pope_attention  # noqa: E402
 from pope.settings import SETTINGS, override  # noqa: E402
-from pope.testing import (GRADIENT_NAMES, attention_inputs, check_within_rule, outputs_and_gradients,  # noqa: E402
-                          packed_inputs)
+from pope.testing import (GRADIENT_NAMES, assert_passed_in_subprocess, attention_inputs,  # noqa: E402
+                          check_within_rule, interpreter_subprocess_results, outputs_and_gradients, packed_inputs)
 
-DEVICE = "cuda" if ON_GPU else "cpu"
-INTERPRETER_IN_PROCESS = ON_GPU or type(tl.zeros).__name__ == "InterpretedFunction"
-ATOMIC_KERNELS = ["_row_statistics_kernel", "_pope_bwd_atomic_kernel", "_dq_from_accumulator_kernel"]
+# the kernels only the atomic backward launches (its main kernel is bwd's dk/dv kernel given a dq' accumulator)
+ATOMIC_KERNELS = ["_row_statistics_kernel", "_dq_from_accumulator_kernel"]
 
 
 @pytest.fixture(scope="module")
 def subprocess_results():
-    """Triton was imported in compiled mode before this module (no GPU): run the module again in a fresh process
-    with TRITON_INTERPRET=1; {test name: passed}."""
-    if INTERPRETER_IN_PROCESS:
-        return None
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", __file__],
-                         env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600)
-    results = {line.split("::", 1)[-1].split(" ")[0]: line.startswith("PASSED ") for line in run.stdout.splitlines()
-               if line.startswith(("PASSED ", "FAILED ", "ERROR "))}
-    return results, run.stdout[-4000:]
+    """Triton was imported in compiled mode before this module (no GPU): the module's results in a fresh
+    TRITON_INTERPRET=1 process (pope.testing.interpreter_subprocess_results)."""
+    return None if INTERPRETER_IN_PROCESS else interpreter_subprocess_results(__file__, timeout=600)
 
 
 @pytest.fixture(autouse=True)
@@ -52,8 +43,7 @@ def kernels(request, subprocess_results, monkeypatch):
     """pope.kernels (interpreted on CPU), outputs NaN-poisoned, pope.attention sending CPU tensors to the kernels;
     None when this test already ran in the interpreter subprocess (it asserts that it passed there)."""
     if subprocess_results is not None:
-        results, log = subprocess_results
-        assert results.get(request.node.name) is True, f"{request.node.name} failed in the subprocess:\n{log}"
+        assert_passed_in_subprocess(request.node.name, subprocess_results)
         yield None
         return
     import pope.kernels
@@ -108,7 +98,8 @@ def test_gradients_within_twice_reference_error_and_close_to_the_deterministic_o
     atomic = outputs_and_gradients(_attention, *inputs, dtype, dict(options, deterministic=False))
     # forward; D; q' k'; dk dv dq'; dq; d(delta) summed in bwd's fixed order
     assert launches == ["_pope_transform_kernel", "_pope_fwd_kernel", "_row_statistics_kernel",
-                        "_pope_transform_kernel", *ATOMIC_KERNELS[1:]] + ["_backward_epilogue_kernel"] * with_delta
+                        "_pope_transform_kernel", "_pope_bwd_dkdv_kernel",
+                        "_dq_from_accumulator_kernel"] + ["_backward_epilogue_kernel"] * with_delta
     launches.clear()
     deterministic = outputs_and_gradients(_attention, *inputs, dtype, options)
     assert "_pope_bwd_dq_kernel" in launches and not set(ATOMIC_KERNELS) & set(launches)
@@ -160,7 +151,8 @@ def test_packed_batch_within_twice_reference_error(kernels, launches, dtype, cau
     ours = outputs_and_gradients(varlen, q, k, v, delta, grad_out, dtype,
                                  dict(backend="triton", deterministic=False))
     assert launches == ["_pope_transform_kernel", "_pope_fwd_kernel", "_row_statistics_kernel",
-                        "_pope_transform_kernel", *ATOMIC_KERNELS[1:], "_backward_epilogue_kernel"], launches
+                        "_pope_transform_kernel", "_pope_bwd_dkdv_kernel", "_dq_from_accumulator_kernel",
+                        "_backward_epilogue_kernel"], launches
     for name, a, b, c in zip(GRADIENT_NAMES, ours, reference, exact):
         result = check_within_rule(a.cpu(), b.cpu(), c.cpu(), dtype)
         assert result["ok"], (name, result)
@@ -180,7 +172,7 @@ def test_operators_and_eager_function_take_the_option(kernels, launches, monkeyp
     eager = outputs_and_gradients(_attention, *inputs, torch.float32, options)
     monkeypatch.setattr(SETTINGS, "eager_autograd_function", False)
     operators = outputs_and_gradients(_attention, *inputs, torch.float32, options)
-    assert launches.count("_pope_bwd_atomic_kernel") == 2, launches
+    assert launches.count("_dq_from_accumulator_kernel") == 2, launches
     for name, a, b in zip(GRADIENT_NAMES, eager, operators):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
     q, k, v, delta = (t.float().requires_grad_() for t in inputs[:4])
@@ -237,16 +229,16 @@ _REGISTER_REPORT = """
 import sys
 sys.path.insert(0, sys.argv[1])
 import kernel_registers
-from pope.kernels import bwd_atomic
+from pope.kernels import bwd, bwd_atomic
 
 kernel_registers.FLOAT32_POINTERS.add("DQAcc")
 for head_dim, tile in bwd_atomic.ATOMIC_TILES.items():
     for varlen in (False, True):
         constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_D=head_dim,
-                          CAUSAL=True, MAGNITUDE=0, PRECISION="tf32", IS_VARLEN=varlen)
+                          CAUSAL=True, MAGNITUDE=0, PRECISION="tf32", KEYS_FROM_PREPASS=True, IS_VARLEN=varlen)
         if not varlen:
             constexprs.update(CuSeqlensQ=None, CuSeqlensK=None)
-        line = kernel_registers.report(bwd_atomic._pope_bwd_atomic_kernel, constexprs, tile.num_warps,
+        line = kernel_registers.report(bwd._pope_bwd_dkdv_kernel, constexprs, tile.num_warps,
                                        tile.num_stages, None)
         print(f"d={head_dim} varlen={varlen}: {line}")
 """

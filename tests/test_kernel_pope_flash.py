@@ -23,45 +23,27 @@ import sys
 import pytest
 import torch
 
-ON_GPU = torch.cuda.is_available()
-if not ON_GPU:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-triton = pytest.importorskip("triton", reason="the Triton kernels need pip install 'pope-attention[triton]'")
-import triton.language as tl  # noqa: E402
+from pope.testing import kernel_test_setup  # before anything imports Triton
+
+ON_GPU, DEVICE, INTERPRETER_IN_PROCESS = kernel_test_setup()
 
 from pope.attention import reference_pope_attention  # noqa: E402
 from pope.settings import SETTINGS, override  # noqa: E402
-from pope.testing import (GRADIENT_NAMES, RecordingKernel, attention_inputs, check_within_rule,  # noqa: E402
-                          outputs_and_gradients)
-
-DEVICE = "cuda" if ON_GPU else "cpu"
-# Triton's library functions were created in interpreter mode: kernels can be interpreted in-process.
-INTERPRETER_IN_PROCESS = ON_GPU or type(tl.zeros).__name__ == "InterpretedFunction"
+from pope.testing import (GRADIENT_NAMES, RecordingKernel, assert_passed_in_subprocess, attention_inputs,  # noqa: E402
+                          check_within_rule, interpreter_subprocess_results, outputs_and_gradients)
 
 
 @pytest.fixture(scope="module")
 def subprocess_results():
-    """Fallback: run this module with TRITON_INTERPRET=1 in a fresh process; {test name: passed}."""
-    if INTERPRETER_IN_PROCESS:
-        return None
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", __file__],
-                         env=env, capture_output=True, text=True, timeout=900)
-    results = {}
-    for line in run.stdout.splitlines():
-        for status in ("PASSED", "FAILED", "ERROR"):
-            if line.startswith(status + " "):
-                results[line.split("::", 1)[-1].split(" ")[0]] = status == "PASSED"
-    return results, run.stdout[-4000:]
+    """Fallback: this module's results in a fresh TRITON_INTERPRET=1 process (pope.testing)."""
+    return None if INTERPRETER_IN_PROCESS else interpreter_subprocess_results(__file__, timeout=900)
 
 
 @pytest.fixture(autouse=True)
 def kernels(request, subprocess_results):
     """The kernel module, interpreted on CPU; outputs poisoned with NaN."""
     if subprocess_results is not None:
-        results, log = subprocess_results
-        name = request.node.name
-        assert results.get(name) is True, f"{name} did not pass in the TRITON_INTERPRET=1 subprocess:\n{log}"
+        assert_passed_in_subprocess(request.node.name, subprocess_results)
         yield None  # the test body sees None and returns: its checks already ran in the subprocess
         return
     import pope.kernels

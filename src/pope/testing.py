@@ -13,6 +13,7 @@ import importlib.util
 import itertools
 import math
 import os
+import subprocess
 import sys
 
 import torch
@@ -126,6 +127,39 @@ class RecordingKernel:
         return launch
 
 
+def kernel_test_setup() -> tuple[bool, str, bool]:
+    """A kernel test module's first step, before anything imports Triton: on a machine without a GPU, Triton's
+    interpreter (TRITON_INTERPRET=1, unless set); the module skipped without Triton. Returns (on a GPU, the tests'
+    device, whether this process can run the kernels: on a GPU, or Triton's library made in interpreter mode; if
+    not, Triton was imported in compiled mode earlier: `interpreter_subprocess_results`)."""
+    import pytest
+
+    on_gpu = torch.cuda.is_available()
+    if not on_gpu:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    pytest.importorskip("triton", reason="the Triton kernels need pip install 'pope-attention[triton]'")
+    import triton.language as tl
+
+    return on_gpu, "cuda" if on_gpu else "cpu", on_gpu or type(tl.zeros).__name__ == "InterpretedFunction"
+
+
+def interpreter_subprocess_results(test_file: str, timeout: float) -> tuple[dict, str]:
+    """({test name: passed}, the output's last 4000 characters) of the test module test_file run again by pytest in
+    a fresh process with TRITON_INTERPRET=1: for a kernel test module in a process that imported Triton in compiled
+    mode before it (no GPU), where the interpreter can no longer be switched on."""
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", test_file],
+                         env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=timeout)
+    results = {line.split("::", 1)[-1].split(" ")[0]: line.startswith("PASSED ") for line in run.stdout.splitlines()
+               if line.startswith(("PASSED ", "FAILED ", "ERROR "))}
+    return results, run.stdout[-4000:]
+
+
+def assert_passed_in_subprocess(test_name: str, subprocess_results: tuple[dict, str]) -> None:
+    """Fails unless test_name passed in `interpreter_subprocess_results`' run (its log in the message)."""
+    results, log = subprocess_results
+    assert results.get(test_name) is True, f"{test_name} did not pass in the TRITON_INTERPRET=1 subprocess:\n{log}"
+
+
 def load_kernels(path: str, name: str):
     """A kernel implementation loaded from a source tree under its own module name, beside this process's own:
     path is a kernels package directory (e.g. OLD/src/pope/kernels) or a single-file kernel module (an old
@@ -148,4 +182,5 @@ def load_kernels(path: str, name: str):
 
 
 __all__ = ["GRADIENT_NAMES", "check_within_rule", "attention_inputs", "outputs_and_gradients", "formula_attention",
-           "load_kernels", "RecordingKernel"]
+           "load_kernels", "RecordingKernel", "kernel_test_setup", "interpreter_subprocess_results",
+           "assert_passed_in_subprocess"]
