@@ -10,6 +10,8 @@
 # first 10k training examples and on the test split (RUN/eval/task_accuracy.json: the memorisation gap). The small
 # files of every seed (metrics.jsonl, config/summary/env JSON, eval/, logs; no checkpoints) go into ONE archive
 # $OUT/sweep-$NAME.tar.gz, and a table of each seed's step and latest valid/test accuracy is printed.
+# To run longer than one command: start it in the background (setsid nohup ... > /tmp/sweep-NAME.log) and watch it
+# with scripts/gpu_sweep_monitor.sh, which archives the small files every minute.
 #
 # Settings (environment): PE (default pope), SEEDS (0-3), NAME (run directory name under RUNS; default $PE; give
 # variants their own, e.g. NAME=pope-fp32 EXTRA="--set train.autocast=none"), EXTRA (more `--set` arguments),

@@ -169,6 +169,18 @@ def test_gpu_sweep_script_runs_scores_and_archives_small_files(splits, tmp_path)
     assert scored["step"] == 4 and scored["splits"]["test"]["examples"] == 64
     assert scored["splits"]["train"]["examples"] == 512  # the first 10k training examples (here all 512)
 
+    # the lease monitor over the finished sweep: status lines, the archive, and an immediate end (the log is done)
+    log = tmp_path / "sweep-pope.log"
+    log.write_text(result.stdout)
+    (tmp_path / "out" / "sweep-pope.tar.gz").unlink()
+    watched = subprocess.run(["bash", "scripts/gpu_sweep_monitor.sh", "120", "pope"], cwd=root, capture_output=True,
+                             env={**env, "LOGS": str(tmp_path / "sweep-*.log")}, text=True, timeout=60)
+    assert watched.returncode == 0, watched.stdout + watched.stderr
+    assert "pope/seed-1: step 4 finished=True" in watched.stdout and "sweeps ended" in watched.stdout
+    with tarfile.open(tmp_path / "out" / "sweep-pope.tar.gz") as archive:
+        assert "pope/seed-0/metrics.jsonl" in archive.getnames()
+    assert (tmp_path / "out" / "sweep-pope.log").exists()
+
 
 @pytest.mark.slow
 def test_sweep_throughput_benchmark_runs_on_cpu(splits, tmp_path):
