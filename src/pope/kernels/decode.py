@@ -100,7 +100,7 @@ def _pope_decode_kernel(
     Why a table: the previous kernel kept a per-program (BLOCK_N, BLOCK_D) table in registers and rotated the
     padded query rows per tile by angle addition; half of its elementwise work went to those padded rows and
     it ran at 250 registers (two programs per SM). The table leaves one multiply per key element and channel
-    (plus f(k)): 13-25% faster on the H200 at the same tiles (decode_table_ab_same_tiles_4f519dd.json)."""
+    (plus f(k)), which measured faster at the same tiles (docs/kernels.md)."""
     pid_split = tl.program_id(0)
     pid_bh = tl.program_id(1)  # b * n_kv_heads + hk
     b = pid_bh // n_kv_heads

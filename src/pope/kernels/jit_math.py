@@ -134,8 +134,8 @@ def _join_halves(x_cos, x_sin):
     """Two (rows, BLOCK_D) halves -> one wide (rows, 2 * BLOCK_D) tile [x_cos | x_sin].
 
     Why wide: a score is then ONE dot over 2d channels. As two d-wide dots into one accumulator, Triton waits for
-    the first wgmma group to finish before issuing the second (sm_90a PTX), once per tile of every loop; the
-    backward kernels are 2-4% faster wide on an H200."""
+    the first wgmma group to finish before issuing the second (sm_90a PTX), once per tile of every loop
+    (the timings are in docs/kernels.md)."""
     rows: tl.constexpr = x_cos.shape[0]
     width: tl.constexpr = 2 * x_cos.shape[1]
     return tl.reshape(tl.permute(tl.join(x_cos, x_sin), (0, 2, 1)), (rows, width))
@@ -155,8 +155,8 @@ def _query_block(n_q_heads, group_size, seq_q, BLOCK_M: tl.constexpr, BLOCK_D: t
     rows offs_m (BLOCK_M,), channels offs_d (BLOCK_D,) with mask_d, and mask_rows = offs_m < seq_q.
 
     Query blocks are taken last-first: under a causal mask the last ones see the most keys, so the longest
-    programs of each head start first and the short ones fill the tail (forward 1.863 against 2.005 ms at
-    1x16x16384x64 on an H200, same run; the programs of one head still run side by side, sharing its K/V in L2)."""
+    programs of each head start first and the short ones fill the tail (the programs of one head still run side
+    by side, sharing its K/V in L2; timings in docs/kernels.md)."""
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // n_q_heads
