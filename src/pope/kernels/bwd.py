@@ -359,6 +359,28 @@ def _backward_epilogue_kernel(
         tl.store(DDelta + h * HEAD_DIM + offs_d, tl.sum(total, 0).to(DDelta.dtype.element_ty), mask=mask_d)
 
 
+def statistics_buffers(rows: int, seq_q: int, packed: host.Packed | None, device: torch.device):
+    """(padded_q, D, packed lse): the fp32 (rows = B * Hq, padded_q) buffer that D = rowsum(dO * O) is stored in for
+    the dk/dv kernel's TMA loads, rows padded to a multiple of 4 (16-byte stride); packed, each sequence's statistics
+    start 16-byte aligned (jit_math._stats_start) and lse is copied beside them into the second buffer (else None)."""
+    padded_q = host.cdiv(seq_q + (3 * packed.batch if packed else 0), 4) * 4
+    row_delta = host.empty((rows, padded_q), device=device, dtype=torch.float32)
+    packed_lse = host.empty(row_delta.shape, device=device, dtype=torch.float32) if packed else None
+    return padded_q, row_delta, packed_lse
+
+
+def lse_statistics_rows(lse: torch.Tensor, row_delta: torch.Tensor, packed_lse: torch.Tensor | None) -> torch.Tensor:
+    """lse as the dk/dv kernel's TMA source, laid out like D (`statistics_buffers`): its rows padded like D's;
+    packed, the copy the kernel that computed D made."""
+    if packed_lse is not None:
+        return packed_lse
+    rows, padded_q = row_delta.shape
+    lse_rows = lse.reshape(rows, -1)  # (B * Hq, Nq)
+    if lse_rows.shape[1] == padded_q:
+        return lse_rows
+    return torch.nn.functional.pad(lse_rows, (0, padded_q - lse_rows.shape[1]))
+
+
 def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale: float, q_offset: int,
              magnitude: str, dq_config=None, dkdv_config=None, packed: host.Packed | None = None):
     """Returns (dq, dk, dv, d_delta or None). Deterministic: no atomics anywhere. packed: a packed batch as the
@@ -383,11 +405,7 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
     # The grids' sequences and rows: packed, every sequence up to the longest.
     n_sequences, rows_q, rows_k = (packed.batch, packed.max_seqlen_q, packed.max_seqlen_k) if packed else (
         batch, seq_q, seq_k)
-    # D = rowsum(dO * O) as a (B * Hq, rows) TMA source for part 2: rows padded to a multiple of 4 (16-byte stride).
-    # Packed: each sequence's statistics start 16-byte aligned (jit_math._stats_start), lse copied there too.
-    padded_q = host.cdiv(seq_q + (3 * packed.batch if packed else 0), 4) * 4
-    row_delta = host.empty((batch * n_q_heads, padded_q), device=q.device, dtype=torch.float32)
-    packed_lse = host.empty(row_delta.shape, device=q.device, dtype=torch.float32) if packed else None
+    padded_q, row_delta, packed_lse = statistics_buffers(batch * n_q_heads, seq_q, packed, q.device)
     # q' serves both parts: part 1's query blocks and part 2's streamed queries. k' serves part 1's streamed keys
     # (freed after part 1, or at d <= 64 after part 2, which reads its key blocks from it and writes dk and dv
     # over it). Both from one launch.
@@ -428,10 +446,8 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
         dv = host.empty(v_shape, device=v.device, dtype=v.dtype)
         dk_out, dv_out = host.batch_view(dk, packed), host.batch_view(dv, packed)
         key_descriptors = (None, None)
-    # q', dO, lse and D stream in by TMA; lse's rows padded like D's (packed: the dq kernel's copy).
-    lse_rows = lse.reshape(batch * n_q_heads, seq_q) if packed is None else packed_lse
-    if padded_q != seq_q and packed is None:
-        lse_rows = torch.nn.functional.pad(lse_rows, (0, padded_q - seq_q))
+    # q', dO, lse and D stream in by TMA.
+    lse_rows = lse_statistics_rows(lse, row_delta, packed_lse)
     descriptors = (direct_launch.same_tiles(qp_desc, q_rows, [1, block_m, 2 * block_d]),
                    direct_launch.descriptor(host.tma_ready(do, block_d), [1, 1, block_m, block_d]),
                    direct_launch.descriptor(lse_rows, [1, block_m]), direct_launch.descriptor(row_delta, [1, block_m]))

@@ -24,7 +24,8 @@ import triton.language as tl
 from pope.magnitudes import MAGNITUDES
 
 from . import direct_launch, host, prepass
-from .bwd import _backward_epilogue_kernel, _chain_rule, _pope_bwd_dkdv_kernel, _row_statistics
+from .bwd import (_backward_epilogue_kernel, _chain_rule, _pope_bwd_dkdv_kernel, _row_statistics, lse_statistics_rows,
+                  statistics_buffers)
 from .configs import TRANSFORM_ROWS, Tiles, bucket, pick_tiles
 from .interpreter import INTERPRET
 from .jit_math import _query_block, _query_sequence
@@ -118,9 +119,7 @@ def backward_atomic(do, q, k, v, delta, out, lse, theta, *, causal: bool, softma
     n_row_blocks = host.cdiv(rows_q, rows_per_program)
 
     # 1. D = rowsum(dO * O) (and packed, lse) in bwd's statistics layout: rows padded to a multiple of 4.
-    padded_q = host.cdiv(seq_q + (3 * packed.batch if packed else 0), 4) * 4
-    row_delta = host.empty((batch * n_q_heads, padded_q), device=q.device, dtype=torch.float32)
-    packed_lse = host.empty(row_delta.shape, device=q.device, dtype=torch.float32) if packed else None
+    padded_q, row_delta, packed_lse = statistics_buffers(batch * n_q_heads, seq_q, packed, q.device)
     direct_launch.launch(_row_statistics_kernel, (n_row_blocks, n_sequences * n_q_heads), plan + ("atomic D",), (
         out, do, lse, row_delta, packed_lse, *host.strides(out), *host.strides(do), n_q_heads, seq_q, padded_q,
         *cu_seqlens), HEAD_DIM=head_dim, BLOCK_M=rows_per_program, BLOCK_D=block_d, IS_VARLEN=packed is not None,
@@ -131,9 +130,7 @@ def backward_atomic(do, q, k, v, delta, out, lse, theta, *, causal: bool, softma
                                                           site=plan + ("atomic q' k'",), packed=packed)
     block_m, block_n, num_warps, num_stages = atomic_tiles(head_dim, atomic_config, q.dtype, q.device)
     dq_accumulator = torch.zeros((batch * n_q_heads, seq_q, 2 * block_d), device=q.device, dtype=torch.float32)
-    lse_rows = lse.reshape(batch * n_q_heads, seq_q) if packed is None else packed_lse
-    if padded_q != seq_q and packed is None:
-        lse_rows = torch.nn.functional.pad(lse_rows, (0, padded_q - seq_q))
+    lse_rows = lse_statistics_rows(lse, row_delta, packed_lse)
     descriptors = (
         direct_launch.descriptor(k_prime.view(batch * n_kv_heads, seq_k, 2 * block_d), [1, block_n, 2 * block_d]),
         direct_launch.descriptor(host.tma_ready(v, block_d), [1, 1, block_n, block_d]),
