@@ -61,7 +61,7 @@ def measure(args, pe: str, context) -> dict:
     from pope.train.checkpointing import seed_everything
     from pope.train.config import resolve_run_config
     from pope.train.data import Shard, WindowBatches
-    from pope.train.distributed import all_reduce_sum, barrier
+    from pope.train.distributed import all_gather_object, all_reduce_sum, barrier
     from pope.train.optimizer import build_optimizer
     from pope.train.parallel import make_strategy
     from pope.train.schedule import WarmupCosineSchedule
@@ -104,9 +104,7 @@ def measure(args, pe: str, context) -> dict:
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
     global_losses = all_reduce_sum(torch.stack(losses).float()).tolist()  # each rank returned its share
     peak_mb = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else float("nan")
-    peaks = [peak_mb] * context.world_size
-    if dist.is_initialized():
-        dist.all_gather_object(peaks, peak_mb)
+    peaks = all_gather_object(peak_mb)  # every rank's
     tokens_per_s = recipe.batch_size * recipe.seq_len * args.steps / float(elapsed)
     row = {"preset": args.preset, "pe": pe, "parallel": args.parallel, "strategy": strategy.name,
            "world_size": context.world_size, "global_batch": recipe.batch_size, "seq_len": recipe.seq_len,
