@@ -3,7 +3,8 @@
 #   straight: 40 steps on 1 GPU; fsdp-2to1: 20 steps on 2 GPUs (FSDP2), --resume on 1; fsdp-1to2: 20 steps on 1 GPU,
 #   --resume on 2 (FSDP2); ddp-2to1: as fsdp-2to1 with DDP. indirect-indexing-tiny, fp32 (autocast none, no compile, no
 #   CUDA graph), so the only difference is reduction order. Passes when every step's loss is within 1e-4 relative of
-#   the straight run (fp32 2-GPU DDP vs 1 GPU measured 1.2e-7 over 40 steps; GPU kernels are not bitwise
+#   the straight run (fp32 2-GPU DDP vs 1 GPU measured 1.2e-7 over 40 steps, benchmarks/experiments/
+#   2026-11-30-trainer-gpu-checks/train_ddp_nccl_h200.json; GPU kernels are not bitwise
 #   deterministic). Writes $OUT/world_size_check.json; exits 1 on a failure.
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
