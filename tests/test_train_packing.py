@@ -1,6 +1,5 @@
 """train.pack: packed document batches cover what the padded path trains on, a packed step equals a padded step on
 the same documents (loss and gradients), packed runs learn and resume bit for bit, and what cannot pack is refused."""
-import json
 from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
@@ -16,6 +15,7 @@ from pope.model import GPT, GPTConfig
 from pope.train.config import TrainOptions, resolve_run_config
 from pope.train.data import ExampleBatches, Shard, document_pieces, documents_as_examples, epoch_permutation
 from pope.train.distributed import DistributedContext
+from pope.train.metrics import read_metrics
 from pope.train.packing import PackedDocumentBatches
 from pope.train.parallel import SingleProcess
 from pope.train.step import EagerStep
@@ -146,8 +146,7 @@ def _sets(documents, steps, *extra):
 
 
 def _train_losses(run_dir):
-    return {r["step"]: r["loss"] for r in map(json.loads, (Path(run_dir) / "metrics.jsonl").read_text().splitlines())
-            if r["kind"] == "train"}
+    return {r["step"]: r["loss"] for r in read_metrics(run_dir) if r["kind"] == "train"}
 
 
 def _data_state(run_dir):

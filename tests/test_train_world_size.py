@@ -21,6 +21,7 @@ import torch
 
 from pope.data import indirect_indexing as task
 from pope.train.config import resolve_run_config
+from pope.train.metrics import read_metrics
 from pope.train.trainer import Trainer, run_training
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -41,8 +42,7 @@ def _sets(splits, *extra, batch_size=16):
 
 
 def _train_losses(run_dir):
-    return {r["step"]: r["loss"] for r in map(json.loads, (Path(run_dir) / "metrics.jsonl").read_text().splitlines())
-            if r["kind"] == "train"}
+    return {r["step"]: r["loss"] for r in read_metrics(run_dir) if r["kind"] == "train"}
 
 
 def _one_process(sets, out, *, resume=False):
