@@ -37,16 +37,14 @@ echo "sweep exit status $?"
 python3 - "$sweep" "$RUNS" <<'PY'
 import json, sys
 from pathlib import Path
-from pope.data.indirect_indexing import ensure_splits
-from pope.eval.runs import TASK_ACCURACY_FILE, score_task_accuracy
+from pope.eval.runs import TASK_ACCURACY_FILE, score_task_accuracy, task_splits_of
 from pope.train.sweep import run_finished
 
 sweep, runs = Path(sys.argv[1]), Path(sys.argv[2])
 configs = sorted(sweep.glob("seed-*/config.json"))
 if not configs:
     sys.exit(f"no seed of {sweep} has started (see the sweep output above)")
-config = json.loads(configs[0].read_text())
-splits = Path(config["train"]["data_dir"] or ensure_splits(seed=config["train"]["data_seed"]))
+splits = task_splits_of(configs[0].parent)  # a task variant (e.g. min_len=20,max_len=32) has its own
 train_10k = runs / f"train-10k-{splits.name}.txt"
 if not train_10k.exists():
     with open(splits / "train.txt") as source:

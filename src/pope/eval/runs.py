@@ -41,6 +41,24 @@ def run_dir_of(path: str | Path) -> Path:
     return path.parent.parent if path.parent.name == "checkpoints" else path
 
 
+def task_splits_of(run: str | Path) -> Path:
+    """The indirect-indexing split directory ``run`` trained on: its ``train.data_dir``, else the directory its
+    dataset spec (the paper's task or a variant such as ``indirect-indexing:min_len=20,max_len=32``) and data
+    seed name, generated if missing. Scoring a variant's run on the paper's splits would compare it on a task
+    it was not trained for."""
+    from pope.data import indirect_indexing as task
+
+    config = run_config(run)
+    if not config:
+        raise FileNotFoundError(f"{run} has no config.json; give a run directory made by `pope train`")
+    if config["train"].get("data_dir"):
+        return Path(config["train"]["data_dir"])
+    spec = str(config["recipe"]["dataset"])
+    if not task.is_task_spec(spec):
+        raise ValueError(f"{run} trained on {spec!r}, not on the indirect-indexing task")
+    return Path(task.ensure_splits(None, seed=config["train"]["data_seed"], options=task.parse_task_spec(spec)))
+
+
 TASK_ACCURACY_FILE = "eval/task_accuracy.json"
 """Indirect-indexing accuracy of one checkpoint on several example files (``score_task_accuracy``):
 {"checkpoint": name, "step": N, "splits": {name: {"accuracy", "correct", "examples", "loss", "data"}}}."""
