@@ -400,7 +400,8 @@ def work_items(args) -> list:
         if "atomic" in args.checks:
             items += [("atomic", dtype_name, shape) for shape in [CHECK_SHAPES[i] for i in ATOMIC_ROWS] + VARLEN_SHAPES]
     items.append(("determinism", "bf16", (1, 4, 2, 97, 97, 48, True) if args.smoke else (2, 16, 4, 4096, 4096, 64, True)))
-    items.append(("decode_growing_cache", "bf16", (40, 70) if args.smoke else (1000, 1040)))
+    # (smoke: lengths 47, 48, 49 cross a multiple of 16, what Triton specialises on; each is ~1 s interpreted)
+    items.append(("decode_growing_cache", "bf16", (47, 50) if args.smoke else (1000, 1040)))
     return items
 
 
