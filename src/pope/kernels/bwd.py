@@ -189,8 +189,7 @@ def _chain_rule_part(d_cos, d_sin, x_rows, dx_rows, positions, mask_rows, Theta,
 
 @triton.jit
 def _leading(tile, BLOCK_M: tl.constexpr):
-    """The first BLOCK_M entries (BLOCK_M,) of a statistics tile (1, W) loaded by TMA, W = BLOCK_M or 2 BLOCK_M
-    (`statistics_descriptors`: a box of at least 128 bytes)."""
+    """The first BLOCK_M entries of a (1, BLOCK_M or 2 BLOCK_M) statistics tile (`statistics_descriptors`)."""
     if tile.shape[1] == BLOCK_M:
         leading = tile.reshape(BLOCK_M)
     else:  # (2, BLOCK_M) -> (BLOCK_M, 2): its first column is the first half
@@ -393,11 +392,9 @@ def lse_statistics_rows(lse: torch.Tensor, row_delta: torch.Tensor, packed_lse: 
 
 
 def statistics_descriptors(lse_rows: torch.Tensor, row_delta: torch.Tensor, block_m: int) -> tuple:
-    """The dk/dv kernel's TMA descriptors of lse and D (fp32 (B * Hq, padded_q), `statistics_buffers`) for query
-    blocks of block_m rows, in boxes of max(block_m, 32) rows: Triton 3.6 multi-buffers a pipelined TMA load's
-    destination in shared memory at the box's size, and cp.async.bulk.tensor needs each destination 128-byte
-    aligned, so a box of 16 fp32 (64 bytes) puts every second stage at a misaligned address (a CUDA fault; the
-    interpreter checks nothing). The kernel keeps the first block_m entries of a wider box (`_leading`)."""
+    """The dk/dv kernel's TMA descriptors of lse and D (`statistics_buffers`) for block_m-row query blocks, in boxes
+    of max(block_m, 32) fp32, at least 128 bytes (direct_launch.TMA_SHARED_ALIGNMENT: 16 rows put every second
+    pipeline stage at a misaligned address); the kernel keeps a box's first block_m entries (`_leading`)."""
     box = [1, max(block_m, direct_launch.TMA_SHARED_ALIGNMENT // row_delta.element_size())]
     return direct_launch.descriptor(lse_rows, box), direct_launch.descriptor(row_delta, box)
 
