@@ -60,7 +60,7 @@ def kernels(request, subprocess_results, monkeypatch):
 @pytest.fixture
 def launches(monkeypatch):
     """The names of the kernels launched, in order."""
-    from pope.kernels import direct_launch
+    from pope.kernels import direct_launch, host
 
     names, original = [], direct_launch.launch
     monkeypatch.setattr(direct_launch, "launch", lambda kernel, *args, **meta: (
@@ -339,26 +339,36 @@ def test_tma_box_not_a_multiple_of_128_bytes_is_a_clear_error(kernels):
 # kernel for sm_90a as Triton would specialise it on those arguments, and prints, per case, every TMA copy's
 # shared-memory buffer (TTGIR) and every constant shared-memory offset a cp.async.bulk.tensor writes to (PTX).
 _TMA_ALIGNMENT_REPORT = r"""
-import json, re, torch
+import itertools, json, re, torch
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile as triton_compile, make_backend
 from triton.runtime.jit import create_function_from_signature
 import pope.kernels as kernels
-from pope.kernels import direct_launch
+from pope.kernels import direct_launch, host
 
 launches = []
 direct_launch.launch = lambda kernel, grid, site, args, **meta: launches.append((kernel, args, meta))
 target = GPUTarget("cuda", 90, 32)
 backend = make_backend(target)
 BYTES = {"f32": 4, "bf16": 2, "f16": 2, "i64": 8}
-for batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim in json.loads(__import__("sys").argv[1]):
-    q = torch.randn(batch, n_q_heads, seq_q, head_dim, dtype=torch.bfloat16)
-    k, v = (torch.randn(batch, n_kv_heads, seq_k, head_dim, dtype=torch.bfloat16) for _ in range(2))
-    lse = torch.randn(batch, n_q_heads, seq_q)
+for case in json.loads(__import__("sys").argv[1]):
+    packed = None
+    if isinstance(case[0], list):  # a packed batch: lengths_q, lengths_k, Hq, Hkv, d
+        lengths_q, lengths_k, n_q_heads, n_kv_heads, head_dim = case
+        q = torch.randn(sum(lengths_q), n_q_heads, head_dim, dtype=torch.bfloat16)
+        k, v = (torch.randn(sum(lengths_k), n_kv_heads, head_dim, dtype=torch.bfloat16) for _ in range(2))
+        lse = torch.randn(n_q_heads, sum(lengths_q))
+        cu_q, cu_k = (torch.tensor([0, *itertools.accumulate(n)], dtype=torch.int32) for n in (lengths_q, lengths_k))
+        packed = host.Packed(cu_q, cu_k, max(lengths_q), max(lengths_k))
+    else:
+        batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim = case
+        q = torch.randn(batch, n_q_heads, seq_q, head_dim, dtype=torch.bfloat16)
+        k, v = (torch.randn(batch, n_kv_heads, seq_k, head_dim, dtype=torch.bfloat16) for _ in range(2))
+        lse = torch.randn(batch, n_q_heads, seq_q)
     launches.clear()
     kernels.backward_atomic(torch.randn_like(q), q, k, v, torch.randn(n_q_heads, head_dim), torch.randn_like(q), lse,
                             kernels.frequencies(head_dim, 10000.0, "cpu"), causal=True, softmax_scale=0.125,
-                            q_offset=seq_k - seq_q, magnitude="softplus")
+                            q_offset=0, magnitude="softplus", packed=packed)
     kernel, args, meta = next(launch for launch in launches if launch[0].__name__ == "_pope_bwd_dkdv_kernel")
     bound, specialization, options = create_function_from_signature(kernel.signature, kernel.params, backend)(
         *args, **meta)
@@ -378,7 +388,7 @@ for batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim in json.loads(__import_
     destinations = set(re.findall(r"cp\.async\.bulk\.tensor\.\w+\.shared::cluster\.global\S* \[(%r\d+)\]", ptx))
     offsets = [int(offset) for register, offset in re.findall(r"add\.s32\s+(%r\d+), %r\d+, (\d+);", ptx)
                if register in destinations]
-    print(json.dumps(dict(case=[batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim], tiles=[
+    print(json.dumps(dict(case=case, tiles=[
         meta["BLOCK_M"], meta["BLOCK_N"], meta["num_warps"], meta["num_stages"]], buffers=buffers,
         offsets=offsets)))
 """
@@ -386,7 +396,7 @@ for batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim in json.loads(__import_
 
 def test_atomic_kernel_tma_destinations_are_128_byte_aligned_on_hopper():
     """The atomic main kernel, compiled for sm_90a as Triton specialises it on the launcher's real arguments at the
-    GPU check's shapes (d = 64 and 128, ATOMIC_TILES): every buffer a pipelined TMA copy fills is a multiple of 128
+    GPU check's shapes (d = 64 and 128, ATOMIC_TILES; batched and packed): every buffer a pipelined TMA copy fills is a multiple of 128
     bytes and every constant shared-memory destination of a cp.async.bulk.tensor is 128-byte aligned, as the
     hardware requires (with 16-row fp32 statistics boxes the second stage sat 64 bytes off: 'misaligned address'
     on an H200)."""
@@ -395,7 +405,8 @@ def test_atomic_kernel_tma_destinations_are_128_byte_aligned_on_hopper():
     root = os.path.join(os.path.dirname(__file__), os.pardir)
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.path.join(root, "src")
-    cases = [[8, 12, 12, 1024, 1024, 64], [1, 2, 2, 4096, 4096, 128]]
+    cases = [[8, 12, 12, 1024, 1024, 64], [1, 2, 2, 4096, 4096, 128],
+             [[0, 1, 7, 300, 1000, 2047, 130], [5, 1, 900, 300, 1000, 2047, 130], 8, 2, 64]]
     run = subprocess.run([sys.executable, "-c", _TMA_ALIGNMENT_REPORT, json.dumps(cases)], env=env,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
