@@ -7,6 +7,7 @@ for fp32). Outputs are NaN-poisoned before each run.
 The float64 reference materialises (B, H, N, N) scores, so the long shapes run with fewer heads.
 
     PYTHONPATH=src python scripts/gpu_kernel_check.py [--sweep] [--checks batched,varlen[,atomic]] [--out DIR]
+        [--isolate | --no-isolate]
 Packed (varlen) batches (VARLEN_SHAPES) are checked in every dtype by the same rule, plus bitwise equality with the
 launchers run on each sequence alone. --checks atomic checks the atomic backward (deterministic=False) by the same
 rule at ATOMIC_ROWS of CHECK_SHAPES and every packed batch, and reports how far its gradients are from the
