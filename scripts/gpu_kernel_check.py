@@ -7,11 +7,17 @@ for fp32). Outputs are NaN-poisoned before each run.
 The float64 reference materialises (B, H, N, N) scores, so the long shapes run with fewer heads.
 
     PYTHONPATH=src python scripts/gpu_kernel_check.py [--sweep] [--checks batched,varlen[,atomic]] [--out DIR]
+        [--isolate | --no-isolate]
 Packed (varlen) batches (VARLEN_SHAPES) are checked in every dtype by the same rule, plus bitwise equality with the
 launchers run on each sequence alone. --checks atomic checks the atomic backward (deterministic=False) by the same
 rule at ATOMIC_ROWS of CHECK_SHAPES and every packed batch, and reports how far its gradients are from the
 deterministic backward's and whether two of its calls gave the same bits.
-Writes DIR/gpu_kernel_check.json and prints a table; exits 1 if any check fails.
+A check that raises is a failed row saying what it raised, and the others still run. On a GPU (or with --isolate)
+the checks run in child processes of this script: a CUDA fault (e.g. "misaligned address") is sticky, so after a
+check that leaves the CUDA context broken the remaining checks run in a fresh process, and a check whose process
+dies is a failed row too. (A fault surfaces at the next synchronising call: CUDA_LAUNCH_BLOCKING=1 names the launch.)
+Writes DIR/gpu_kernel_check.json and prints a table (passed / total per check group, then one line per failure);
+exits 1 if any check fails.
 """
 from __future__ import annotations
 
@@ -229,7 +235,7 @@ def check_determinism(shape=(2, 16, 4, 4096, 4096, 64, True)):
     options = dict(base=10000.0, causal=causal, softmax_scale=None, q_offset=None, magnitude="softplus", rotary_dim=None)
     runs = [_grads(triton_pope_attention, q, k, v, delta, grad_out, torch.bfloat16, options) for _ in range(3)]
     identical = all(torch.equal(a, b) for run in runs[1:] for a, b in zip(runs[0], run))
-    return {"shape": shape, "bitwise_identical_over_3_runs": identical}
+    return {"shape": shape, "bitwise_identical_over_3_runs": identical, "passed": identical}
 
 
 def check_decode_growing_cache(seq_ks=range(1000, 1040), head_dim=64):
@@ -363,7 +369,145 @@ def sweep_decode(shapes=DECODE_SWEEP_SHAPES, tensor_cores_only=False, dtype_name
     return rows
 
 
+SMOKE_CHECK_SHAPES = [
+    (1, 2, 1, 37, 37, 32, True), (1, 2, 2, 5, 40, 48, False), (1, 2, 2, 40, 40, 64, True), (1, 2, 2, 40, 40, 64, True),
+    (1, 4, 2, 1, 50, 64, True), (1, 2, 2, 3, 33, 64, True), (1, 2, 2, 20, 40, 48, False), (1, 2, 2, 20, 40, 48, False),
+    (1, 4, 2, 1, 50, 64, True), (1, 2, 2, 7, 40, 64, True), (1, 2, 2, 1, 50, 64, True), (1, 2, 2, 1, 40, 128, True),
+    (1, 8, 2, 1, 50, 128, True, "identity"), (1, 4, 2, 2, 45, 64, True, "identity"),
+    (1, 4, 2, 24, 40, 64, True, "softplus", 10**6), (1, 2, 2, 20, 40, 128, True, "softplus", 10**7),
+    (1, 4, 2, 1, 50, 64, True, "softplus", 2**20 + 50), (1, 4, 4, 1, 50, 64, True, "softplus", 10**7),
+    (1, 8, 2, 1, 50, 128, True, "identity", 10**7)]
+SMOKE_VARLEN_SHAPES = [([0, 1, 5, 12, 0], [3, 1, 40, 12, 0], 2, 1, 32, True)]
+SMOKE_ATOMIC_ROWS = (0, 6)
+CHECKS = {"batched": check_correctness, "varlen": check_varlen, "atomic": check_atomic,
+          "determinism": lambda shape, dtype_name: check_determinism(shape),
+          "decode_growing_cache": lambda seq_ks, dtype_name: check_decode_growing_cache(range(*seq_ks))}
+CORRECTNESS_GROUPS = ("batched", "varlen", "atomic")
+CUDA_BROKEN = 3  # a check process's exit status when a CUDA error left its context unusable
+
+
+def work_items(args) -> list:
+    """(group, dtype name, shape) of every check of this run, in the order they run: per dtype the --checks groups'
+    rows, then the determinism check and the decode kernels' growing-cache check."""
+    items = []
+    for dtype_name in args.dtypes.split(","):
+        bf16_rows = range(len(CHECK_SHAPES)) if args.bf16_rows is None else [int(r) for r in args.bf16_rows.split(",")]
+        other_rows = OTHER_DTYPE_ROWS if args.other_rows is None else [int(r) for r in args.other_rows.split(",")]
+        rows = bf16_rows if dtype_name == "bf16" else other_rows
+        if "batched" in args.checks:
+            items += [("batched", dtype_name, CHECK_SHAPES[i]) for i in rows]
+        if "varlen" in args.checks:
+            items += [("varlen", dtype_name, shape) for shape in VARLEN_SHAPES]
+        if "atomic" in args.checks:
+            items += [("atomic", dtype_name, shape) for shape in [CHECK_SHAPES[i] for i in ATOMIC_ROWS] + VARLEN_SHAPES]
+    items.append(("determinism", "bf16", (1, 4, 2, 97, 97, 48, True) if args.smoke else (2, 16, 4, 4096, 4096, 64, True)))
+    # (smoke: lengths 47, 48, 49 cross a multiple of 16, what Triton specialises on; each is ~1 s interpreted)
+    items.append(("decode_growing_cache", "bf16", (47, 50) if args.smoke else (1000, 1040)))
+    return items
+
+
+def describe(result: dict) -> str:
+    """One line: PASS / FAIL, what was checked and, for a failure, what failed."""
+    group, dtype_name, shape = result["group"], result["dtype"], result["shape"]
+    label = {"batched": f"{dtype_name} {shape}",
+             "varlen": f"{dtype_name} varlen {shape[:2]} Hq={shape[2]} Hkv={shape[3]} d={shape[4]} causal={shape[5]}"
+                       if isinstance(shape, (list, tuple)) and len(shape) == 6 else f"{dtype_name} varlen {shape}",
+             "atomic": f"{dtype_name} atomic {shape}"}.get(group, f"{group} {shape}")
+    if "error" in result:
+        return f"FAIL {label}: {result['error']}"
+    if not result["passed"]:
+        failed = [f"{name} {result[name]['kernel']:.1e} > 2 x reference {result[name]['reference']:.1e}"
+                  for name in GRADIENT_NAMES if name in result and not result[name]["ok"]]
+        failed += [f"{key} False" for key in ("second_call_bitwise_equal", "per_sequence_kernels_bitwise_equal",
+                                              "bitwise_identical_over_3_runs")
+                   if result.get(key) is False and not (group == "atomic" and key == "second_call_bitwise_equal")]
+        failed += [f"mismatches {result['mismatches']}"] if result.get("mismatches") else []
+        return f"FAIL {label}: " + "; ".join(failed or ["failed"])
+    if group in CORRECTNESS_GROUPS:
+        extra = {"varlen": f"per-sequence bitwise {result.get('per_sequence_kernels_bitwise_equal')} ",
+                 "atomic": f"second call bitwise {result.get('second_call_bitwise_equal')} "}.get(group, "")
+        return f"PASS {label} {extra}" + " ".join(
+            f"{n}={result[n]['kernel']:.1e}/{result[n]['reference']:.1e}" + (
+                f" (vs deterministic {result['relative_difference_from_deterministic'][n]:.0e})" if group == "atomic"
+                else "") for n in GRADIENT_NAMES)
+    if group == "determinism":
+        return f"PASS {label}: bitwise identical over 3 runs"
+    return f"PASS {label}: direct launches give Triton's path's bits at every cache length"
+
+
+def cuda_context_broken() -> bool:
+    """Whether this process can still run CUDA work (a fault such as a misaligned address is sticky: every later
+    call in the process fails with it)."""
+    if DEVICE != "cuda":
+        return False
+    try:
+        torch.cuda.synchronize()
+        return torch.ones(1, device=DEVICE).add_(1).item() != 2.0
+    except Exception:
+        return True
+
+
+def run_items(items, first: int, args, record) -> int:
+    """Runs items[first:] in this process, each check's exception made a failed row (record(index, row)); returns
+    the index after the last item run: len(items), or earlier when a CUDA error broke the process's context."""
+    for index in range(first, len(items)):
+        group, dtype_name, shape = items[index]
+        try:
+            if index in args.raise_in_items:
+                raise RuntimeError(f"simulated failure of item {index} (--raise-in-items)")
+            if index in args.die_in_items:
+                os._exit(134)  # a process that dies mid-check (as a hard CUDA fault can)
+            row = CHECKS[group](shape, dtype_name)
+        except Exception as error:
+            message = str(error).strip().splitlines()
+            row = {"shape": shape, "dtype": dtype_name, "passed": False,
+                   "error": f"raised {type(error).__name__}: {message[-1] if message else ''}"}
+        row.update(group=group, dtype=dtype_name, shape=shape)
+        print(describe(row), flush=True)
+        record(index, row)
+        if "error" in row and cuda_context_broken():
+            print(f"  the CUDA context is broken after item {index}: the remaining checks run in a fresh process",
+                  flush=True)
+            return index + 1
+    return len(items)
+
+
+def run_isolated(items, argv: list) -> dict:
+    """{index: row} of every item, run by child processes of this script (--first-item): a child whose CUDA context
+    broke exits and the next one carries on after the item that broke it; an item whose process died is a failed
+    row saying so."""
+    import subprocess
+    import tempfile
+
+    rows, first = {}, 0
+    with tempfile.TemporaryDirectory() as scratch:
+        while first < len(items):
+            path = os.path.join(scratch, f"rows-{first}.jsonl")
+            with open(os.path.join(scratch, "stderr"), "w+") as stderr:
+                run = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--first-item", str(first),
+                                      "--rows-file", path], stderr=stderr)
+                stderr.seek(0)
+                errors = stderr.read()
+            sys.stderr.write(errors)
+            if os.path.exists(path):
+                with open(path) as f:
+                    for line in f:
+                        index, row = json.loads(line)
+                        rows[index] = dict(row, shape=items[index][2])  # (JSON made its tuples lists)
+            done = max([first - 1, *rows]) + 1
+            if done < len(items) and run.returncode != CUDA_BROKEN:  # died during item `done`
+                group, dtype_name, shape = items[done]
+                last = errors.strip().splitlines()[-1:] or [""]
+                rows[done] = {"group": group, "dtype": dtype_name, "shape": shape, "passed": False,
+                              "error": f"the check process died (exit status {run.returncode}): {last[0][:300]}"}
+                print(describe(rows[done]), flush=True)
+                done += 1
+            first = done
+    return rows
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true",
                         help="first time candidate tile configs, install the fastest, write OUT/kernel_configs.json")
@@ -380,6 +524,9 @@ def main(argv=None):
     parser.add_argument("--checks", default="batched,varlen",
                         help="which correctness checks: batched (CHECK_SHAPES), varlen (VARLEN_SHAPES), atomic (the "
                              "deterministic=False backward at ATOMIC_ROWS and VARLEN_SHAPES), comma-separated")
+    parser.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
+                        help="run the checks in child processes, a fresh one after a check that broke the CUDA "
+                             "context (default: on a GPU)")
     parser.add_argument("--decode-lanes-max-rows", type=int, default=None,
                         help="route decode calls with up to this many rows per key head to the lanes kernel")
     parser.add_argument("--decode-sweep-tensor-cores-only", action="store_true",
@@ -391,7 +538,29 @@ def main(argv=None):
     parser.add_argument("--decode-sweep-dtypes", default="bf16", help="dtypes of the decode sweep, e.g. bf16,fp32")
     parser.add_argument("--decode-sweep-shapes", default=None,
                         help="rows of DECODE_SWEEP_SHAPES to sweep, e.g. 2,3 (default all)")
+    # A child process of --isolate: run the items from this one on, each row appended to the rows file.
+    parser.add_argument("--first-item", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--rows-file", default=None, help=argparse.SUPPRESS)
+    # Tests of the failure reporting: these items raise / kill their process instead of running.
+    parser.add_argument("--raise-in-items", type=lambda s: {int(i) for i in s.split(",")}, default=set(),
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--die-in-items", type=lambda s: {int(i) for i in s.split(",")}, default=set(),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    global CHECK_SHAPES, VARLEN_SHAPES, ATOMIC_ROWS
+    if args.smoke:
+        CHECK_SHAPES, VARLEN_SHAPES, ATOMIC_ROWS = SMOKE_CHECK_SHAPES, SMOKE_VARLEN_SHAPES, SMOKE_ATOMIC_ROWS
+    if args.decode_lanes_max_rows is not None:
+        SETTINGS.decode_lanes_max_rows = args.decode_lanes_max_rows
+    items = work_items(args)
+    if args.first_item is not None:  # a child process: the checks only
+        SETTINGS.poison_outputs = True
+        with open(args.rows_file, "a") as rows_file:
+            def record(index, row):
+                rows_file.write(json.dumps([index, row], default=str) + "\n")
+                rows_file.flush()
+            return 0 if run_items(items, args.first_item, args, record) == len(items) else CUDA_BROKEN
+
     started = time.time()
     sweep = None
     if args.sweep:
@@ -404,8 +573,6 @@ def main(argv=None):
         if args.sweep_shapes is None or args.sweep_install:  # the default shapes: check the fastest tiles below
             os.environ["POPE_KERNEL_CONFIGS"] = path
             print(f"fastest configs installed (POPE_KERNEL_CONFIGS={path}): {best}", flush=True)
-    if args.decode_lanes_max_rows is not None:
-        SETTINGS.decode_lanes_max_rows = args.decode_lanes_max_rows
     sweep_shapes = DECODE_SWEEP_SHAPES if args.decode_sweep_shapes is None else [
         DECODE_SWEEP_SHAPES[int(i)] for i in args.decode_sweep_shapes.split(",")]
     decode_sweep = [row for dtype_name in args.decode_sweep_dtypes.split(",")
@@ -413,20 +580,6 @@ def main(argv=None):
                                            None if args.decode_sweep_methods is None else
                                            args.decode_sweep_methods.split(","), args.decode_sweep_cuda_graph)
                     ] if args.decode_sweep else None
-    SETTINGS.poison_outputs = True
-    global CHECK_SHAPES, VARLEN_SHAPES, ATOMIC_ROWS
-    if args.smoke:
-        CHECK_SHAPES = [(1, 2, 1, 37, 37, 32, True), (1, 2, 2, 5, 40, 48, False), (1, 2, 2, 40, 40, 64, True),
-                        (1, 2, 2, 40, 40, 64, True), (1, 4, 2, 1, 50, 64, True), (1, 2, 2, 3, 33, 64, True),
-                        (1, 2, 2, 20, 40, 48, False), (1, 2, 2, 20, 40, 48, False), (1, 4, 2, 1, 50, 64, True),
-                        (1, 2, 2, 7, 40, 64, True), (1, 2, 2, 1, 50, 64, True), (1, 2, 2, 1, 40, 128, True),
-                        (1, 8, 2, 1, 50, 128, True, "identity"), (1, 4, 2, 2, 45, 64, True, "identity"),
-                        (1, 4, 2, 24, 40, 64, True, "softplus", 10**6), (1, 2, 2, 20, 40, 128, True, "softplus", 10**7),
-                        (1, 4, 2, 1, 50, 64, True, "softplus", 2**20 + 50),
-                        (1, 4, 4, 1, 50, 64, True, "softplus", 10**7),
-                        (1, 8, 2, 1, 50, 128, True, "identity", 10**7)]
-        VARLEN_SHAPES = [([0, 1, 5, 12, 0], [3, 1, 40, 12, 0], 2, 1, 32, True)]
-        ATOMIC_ROWS = (0, 6)
     results = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (interpreter)",
                "torch": torch.__version__}
     import triton
@@ -436,38 +589,24 @@ def main(argv=None):
 
     results["commit"] = commit_label() or "unknown"
     results["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    correctness = []
-    for dtype_name in args.dtypes.split(","):
-        bf16_rows = range(len(CHECK_SHAPES)) if args.bf16_rows is None else [int(r) for r in args.bf16_rows.split(",")]
-        other_rows = OTHER_DTYPE_ROWS if args.other_rows is None else [int(r) for r in args.other_rows.split(",")]
-        rows = bf16_rows if dtype_name == "bf16" else other_rows
-        for shape in [CHECK_SHAPES[i] for i in rows] if "batched" in args.checks else ():
-            correctness.append(check_correctness(shape, dtype_name))
-            r = correctness[-1]
-            print(f"{'PASS' if r['passed'] else 'FAIL'} {dtype_name} {shape} " + " ".join(
-                f"{n}={r[n]['kernel']:.1e}/{r[n]['reference']:.1e}" for n in ["out", "dq", "dk", "dv", "d_delta"]), flush=True)
-        for shape in VARLEN_SHAPES if "varlen" in args.checks else ():
-            correctness.append(check_varlen(shape, dtype_name))
-            r = correctness[-1]
-            print(f"{'PASS' if r['passed'] else 'FAIL'} {dtype_name} varlen {shape[:2]} Hq={shape[2]} Hkv={shape[3]} "
-                  f"d={shape[4]} causal={shape[5]} per-sequence bitwise {r['per_sequence_kernels_bitwise_equal']} " +
-                  " ".join(f"{n}={r[n]['kernel']:.1e}/{r[n]['reference']:.1e}" for n in GRADIENT_NAMES), flush=True)
-        atomic_shapes = [CHECK_SHAPES[i] for i in ATOMIC_ROWS] + VARLEN_SHAPES if "atomic" in args.checks else []
-        for shape in atomic_shapes:
-            correctness.append(check_atomic(shape, dtype_name))
-            r = correctness[-1]
-            print(f"{'PASS' if r['passed'] else 'FAIL'} {dtype_name} atomic {shape} second call bitwise "
-                  f"{r['second_call_bitwise_equal']} " + " ".join(
-                      f"{n}={r[n]['kernel']:.1e}/{r[n]['reference']:.1e} "
-                      f"(vs deterministic {r['relative_difference_from_deterministic'][n]:.0e})"
-                      for n in GRADIENT_NAMES), flush=True)
-    results["correctness"] = correctness
-    results["determinism"] = check_determinism((1, 4, 2, 97, 97, 48, True) if args.smoke else (2, 16, 4, 4096, 4096, 64, True))
-    results["decode_growing_cache"] = check_decode_growing_cache(range(40, 70) if args.smoke else range(1000, 1040))
-    SETTINGS.poison_outputs = False
-    print(f"determinism: {results['determinism']}", flush=True)
-    print(f"decode over a growing cache, direct launches vs Triton's path: {results['decode_growing_cache']}",
-          flush=True)
+    isolate = DEVICE == "cuda" if args.isolate is None else args.isolate
+    if isolate:  # the children get the checks' arguments (the sweeps ran here; their configs by environment)
+        child_argv = [a for a in argv if a not in ("--sweep", "--decode-sweep", "--isolate")]
+        rows = run_isolated(items, child_argv)
+    else:
+        rows = {}
+        SETTINGS.poison_outputs = True
+        broken_at = run_items(items, 0, args, rows.__setitem__)
+        SETTINGS.poison_outputs = False
+        for index in range(broken_at, len(items)):  # this process cannot run them (--isolate can)
+            group, dtype_name, shape = items[index]
+            rows[index] = {"group": group, "dtype": dtype_name, "shape": shape, "passed": False,
+                           "error": "not run: an earlier check broke this process's CUDA context (use --isolate)"}
+            print(describe(rows[index]), flush=True)
+    ordered = [rows[i] for i in range(len(items))]
+    results["correctness"] = [r for r in ordered if r["group"] in CORRECTNESS_GROUPS]
+    results["determinism"], results["decode_growing_cache"] = (
+        next(r for r in ordered if r["group"] == group) for group in ("determinism", "decode_growing_cache"))
     if sweep is not None:
         results["sweep"] = sweep
     if decode_sweep is not None:
@@ -475,12 +614,26 @@ def main(argv=None):
     results["seconds"] = time.time() - started
     with open(f"{args.out}/gpu_kernel_check.json", "w") as f:
         json.dump(results, f, indent=1, default=str)
-    failed = [r for r in correctness if not r["passed"]]
-    print(f"correctness: {len(correctness) - len(failed)}/{len(correctness)} passed "
+    print_summary(ordered, results["seconds"])
+    return 1 if any(not r["passed"] for r in ordered) else 0
+
+
+def print_summary(rows: list, seconds: float) -> None:
+    """The final table: passed / total per check group, then one line per failure saying what failed."""
+    groups = list(dict.fromkeys(r["group"] for r in rows))
+    print(f"\n{'check':22s} passed / total")
+    for group in groups:
+        mine = [r for r in rows if r["group"] == group]
+        print(f"{group:22s} {sum(r['passed'] for r in mine):6d} / {len(mine)}")
+    failed = [r for r in rows if not r["passed"]]
+    for row in failed:
+        print(describe(row))
+    correctness = [r for r in rows if r["group"] in CORRECTNESS_GROUPS]
+    determinism = next((r for r in rows if r["group"] == "determinism"), {})
+    print(f"correctness: {sum(r['passed'] for r in correctness)}/{len(correctness)} passed "
           f"(kernel error / reference error vs float64, max abs); determinism "
-          f"{'OK' if results['determinism']['bitwise_identical_over_3_runs'] else 'FAILED'}; {results['seconds']:.0f} s")
-    return 1 if (failed or not results["determinism"]["bitwise_identical_over_3_runs"]
-                 or not results["decode_growing_cache"]["passed"]) else 0
+          f"{'OK' if determinism.get('bitwise_identical_over_3_runs') else 'FAILED'}; {len(failed)} failed; "
+          f"{seconds:.0f} s")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,31 @@ def test_gpu_kernel_check_smoke(tmp_path):
     assert result["decode_growing_cache"]["passed"]
 
 
+def test_gpu_kernel_check_reports_each_failure_and_runs_the_rest(tmp_path):
+    """scripts/gpu_kernel_check.py --isolate: a check that raises and a check whose process dies are failed rows, each
+    one line saying what failed; the checks after them still run (in a fresh process) and pass; the final table
+    prints and the exit status is 1."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.path.join(ROOT, "src"), "CUDA_VISIBLE_DEVICES": ""}
+    # items: 0 varlen fp32, 1 determinism, 2 the decode growing-cache check
+    run = subprocess.run([sys.executable, "scripts/gpu_kernel_check.py", "--smoke", "--checks", "varlen", "--dtypes",
+                          "fp32", "--isolate", "--raise-in-items", "0", "--die-in-items", "1", "--out", str(tmp_path)],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
+    result = json.loads((tmp_path / "gpu_kernel_check.json").read_text())
+    assert [r["passed"] for r in result["correctness"]] == [False]
+    assert result["correctness"][0]["error"] == "raised RuntimeError: simulated failure of item 0 (--raise-in-items)"
+    assert not result["determinism"]["passed"] and "the check process died (exit status 134)" in result[
+        "determinism"]["error"]
+    assert result["decode_growing_cache"]["passed"]
+    table = run.stdout[run.stdout.index("check                  passed / total"):].splitlines()
+    assert [line.split() for line in table[1:4]] == [["varlen", "0", "/", "1"], ["determinism", "0", "/", "1"],
+                                                     ["decode_growing_cache", "1", "/", "1"]], run.stdout
+    assert table[4].startswith("FAIL fp32 varlen ([0, 1, 5, 12, 0], [3, 1, 40, 12, 0]) Hq=2 Hkv=1 d=32 causal=True: "
+                               "raised RuntimeError: simulated failure"), table
+    assert table[5].startswith("FAIL determinism (1, 4, 2, 97, 97, 48, True): the check process died"), table
+    assert "2 failed" in table[6], table
+
+
 def test_kernel_variants_compares_module_versions(tmp_path):
     """scripts/kernel_variants.py: two copies of the kernel module and one tile override all give the same
     outputs and gradients as the first module, and each row has its timings."""

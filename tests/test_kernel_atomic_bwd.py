@@ -60,7 +60,7 @@ def kernels(request, subprocess_results, monkeypatch):
 @pytest.fixture
 def launches(monkeypatch):
     """The names of the kernels launched, in order."""
-    from pope.kernels import direct_launch
+    from pope.kernels import direct_launch, host
 
     names, original = [], direct_launch.launch
     monkeypatch.setattr(direct_launch, "launch", lambda kernel, *args, **meta: (
@@ -294,3 +294,128 @@ def test_backward_buffers_peak_at_ten_q(kernels, monkeypatch):
     grads = kernels.backward_atomic(grad_out, q, k, v, delta.float(), out, lse, theta, **options)
     assert all(torch.isfinite(g).all() for g in grads)
     assert peak[0] == 10 * q_bytes, f"the atomic backward held {peak[0] / q_bytes:.2f} |q| at once"
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_shipped_hopper_tiles_within_twice_reference_error(kernels, head_dim):
+    """The atomic backward with the tiles it runs on a GPU (ATOMIC_TILES: BLOCK_M = 16, whose lse and D come in
+    32-row TMA boxes, of which the kernel keeps the first 16), not the interpreter's: gradients by the 2x rule."""
+    if kernels is None:
+        return
+    from pope.kernels import bwd_atomic
+
+    inputs = [t.to(DEVICE) for t in attention_inputs(1, 2, 1, 50, 70, head_dim,
+                                                     generator=torch.Generator().manual_seed(head_dim))]
+    options = dict(causal=True, softmax_scale=head_dim ** -0.5, q_offset=20, magnitude="softplus")
+    reference_options = dict(options, base=10000.0, rotary_dim=None)
+    exact = outputs_and_gradients(reference_pope_attention, *inputs, torch.float64, reference_options)
+    reference = outputs_and_gradients(reference_pope_attention, *inputs, torch.bfloat16, reference_options)
+    q, k, v, grad_out = (t.to(torch.bfloat16) for t in (inputs[0], inputs[1], inputs[2], inputs[4]))
+    delta = inputs[3].float()
+    theta = kernels.frequencies(head_dim, 10000.0, q.device)
+    out, lse = kernels.forward(q, k, v, delta, theta, **options)
+    grads = kernels.backward_atomic(grad_out, q, k, v, delta, out, lse, theta, **options,
+                                    atomic_config=tuple(bwd_atomic.ATOMIC_TILES[head_dim]))
+    for name, ours, theirs, truth in zip(GRADIENT_NAMES[1:], grads, reference[1:], exact[1:]):
+        errors = check_within_rule(ours.cpu(), theirs.cpu(), truth.cpu(), torch.bfloat16)
+        assert errors["ok"], f"{name}: kernel error {errors['kernel']:.3e} > 2 x reference {errors['reference']:.3e}"
+
+
+def test_tma_box_not_a_multiple_of_128_bytes_is_a_clear_error(kernels):
+    """direct_launch.descriptor refuses a box whose pipeline stages would sit at misaligned shared-memory addresses
+    (a 16-row fp32 statistics box: 64 bytes), and the statistics descriptors of 16-row query blocks are 128 bytes."""
+    if kernels is None:
+        return
+    from pope.kernels import bwd, direct_launch
+
+    rows = torch.zeros(6, 1024)
+    with pytest.raises(ValueError, match=r"TMA box \[1, 16\] of torch.float32 is 64 bytes, not a multiple of 128"):
+        direct_launch.descriptor(rows, [1, 16])
+    for block_m, box in ((16, [1, 32]), (32, [1, 32]), (64, [1, 64])):
+        assert [d.block_shape for d in bwd.statistics_descriptors(rows, rows, block_m)] == [box, box], block_m
+
+
+# Records the atomic backward's launches on CPU tensors (Triton in compiled mode, nothing run), compiles its main
+# kernel for sm_90a as Triton would specialise it on those arguments, and prints, per case, every TMA copy's
+# shared-memory buffer (TTGIR) and every constant shared-memory offset a cp.async.bulk.tensor writes to (PTX).
+_TMA_ALIGNMENT_REPORT = r"""
+import itertools, json, re, torch
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, compile as triton_compile, make_backend
+from triton.runtime.jit import create_function_from_signature
+import pope.kernels as kernels
+from pope.kernels import direct_launch, host
+
+launches = []
+direct_launch.launch = lambda kernel, grid, site, args, **meta: launches.append((kernel, args, meta))
+target = GPUTarget("cuda", 90, 32)
+backend = make_backend(target)
+BYTES = {"f32": 4, "bf16": 2, "f16": 2, "i64": 8}
+for case in json.loads(__import__("sys").argv[1]):
+    packed = None
+    if isinstance(case[0], list):  # a packed batch: lengths_q, lengths_k, Hq, Hkv, d
+        lengths_q, lengths_k, n_q_heads, n_kv_heads, head_dim = case
+        q = torch.randn(sum(lengths_q), n_q_heads, head_dim, dtype=torch.bfloat16)
+        k, v = (torch.randn(sum(lengths_k), n_kv_heads, head_dim, dtype=torch.bfloat16) for _ in range(2))
+        lse = torch.randn(n_q_heads, sum(lengths_q))
+        cu_q, cu_k = (torch.tensor([0, *itertools.accumulate(n)], dtype=torch.int32) for n in (lengths_q, lengths_k))
+        packed = host.Packed(cu_q, cu_k, max(lengths_q), max(lengths_k))
+    else:
+        batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim = case
+        q = torch.randn(batch, n_q_heads, seq_q, head_dim, dtype=torch.bfloat16)
+        k, v = (torch.randn(batch, n_kv_heads, seq_k, head_dim, dtype=torch.bfloat16) for _ in range(2))
+        lse = torch.randn(batch, n_q_heads, seq_q)
+    launches.clear()
+    kernels.backward_atomic(torch.randn_like(q), q, k, v, torch.randn(n_q_heads, head_dim), torch.randn_like(q), lse,
+                            kernels.frequencies(head_dim, 10000.0, "cpu"), causal=True, softmax_scale=0.125,
+                            q_offset=0, magnitude="softplus", packed=packed)
+    kernel, args, meta = next(launch for launch in launches if launch[0].__name__ == "_pope_bwd_dkdv_kernel")
+    bound, specialization, options = create_function_from_signature(kernel.signature, kernel.params, backend)(
+        *args, **meta)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, dict(meta), bound, specialization, options)
+    compiled = triton_compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
+                              options=options.__dict__)
+    ttgir, ptx = compiled.asm["ttgir"], compiled.asm["ptx"]
+    indexed = dict(re.findall(r"(%[\w.]+) = ttg\.memdesc_index (%[\w.]+)\[", ttgir))
+    buffers = []
+    for dest, shape in re.findall(r"async_tma_copy_global_to_local %\w+\[[^\]]*\] (%[\w.]+),.*?-> "
+                                  r"!ttg\.memdesc<([0-9x]+[a-z]+\d+)", ttgir):
+        *dims, dtype = shape.split("x")  # e.g. 16x128xbf16
+        size = BYTES[dtype]
+        for n in dims:
+            size *= int(n)
+        buffers.append((shape, size, dest in indexed))
+    destinations = set(re.findall(r"cp\.async\.bulk\.tensor\.\w+\.shared::cluster\.global\S* \[(%r\d+)\]", ptx))
+    offsets = [int(offset) for register, offset in re.findall(r"add\.s32\s+(%r\d+), %r\d+, (\d+);", ptx)
+               if register in destinations]
+    print(json.dumps(dict(case=case, tiles=[
+        meta["BLOCK_M"], meta["BLOCK_N"], meta["num_warps"], meta["num_stages"]], buffers=buffers,
+        offsets=offsets)))
+"""
+
+
+def test_atomic_kernel_tma_destinations_are_128_byte_aligned_on_hopper():
+    """The atomic main kernel, compiled for sm_90a as Triton specialises it on the launcher's real arguments at the
+    GPU check's shapes (d = 64 and 128, ATOMIC_TILES; batched and packed): every buffer a pipelined TMA copy fills is a multiple of 128
+    bytes and every constant shared-memory destination of a cp.async.bulk.tensor is 128-byte aligned, as the
+    hardware requires (with 16-row fp32 statistics boxes the second stage sat 64 bytes off: 'misaligned address'
+    on an H200)."""
+    import json
+
+    root = os.path.join(os.path.dirname(__file__), os.pardir)
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.path.join(root, "src")
+    cases = [[8, 12, 12, 1024, 1024, 64], [1, 2, 2, 4096, 4096, 128],
+             [[0, 1, 7, 300, 1000, 2047, 130], [5, 1, 900, 300, 1000, 2047, 130], 8, 2, 64]]
+    run = subprocess.run([sys.executable, "-c", _TMA_ALIGNMENT_REPORT, json.dumps(cases)], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    reports = [json.loads(line) for line in run.stdout.splitlines()]
+    assert [r["case"] for r in reports] == cases
+    for report in reports:
+        assert report["tiles"][0] == 16 and report["tiles"][3] > 1, report  # the shipped, pipelined tiles
+        stage_buffers = [b for b in report["buffers"] if b[2]]
+        assert any(shape.endswith("f32") for shape, _, _ in stage_buffers), report  # lse and D are among them
+        misaligned = [b for b in stage_buffers if b[1] % 128]
+        assert not misaligned, f"{report['case']}: TMA stage buffers not 128-byte multiples: {misaligned}"
+        assert report["offsets"] and all(offset % 128 == 0 for offset in report["offsets"]), report

@@ -188,6 +188,16 @@ def _chain_rule_part(d_cos, d_sin, x_rows, dx_rows, positions, mask_rows, Theta,
 
 
 @triton.jit
+def _leading(tile, BLOCK_M: tl.constexpr):
+    """The first BLOCK_M entries of a (1, BLOCK_M or 2 BLOCK_M) statistics tile (`statistics_descriptors`)."""
+    if tile.shape[1] == BLOCK_M:
+        leading = tile.reshape(BLOCK_M)
+    else:  # (2, BLOCK_M) -> (BLOCK_M, 2): its first column is the first half
+        leading, _ = tl.split(tl.trans(tile.reshape(2, BLOCK_M)))
+    return leading
+
+
+@triton.jit
 def _bwd_dkdv_inner(
     dk_wide, dv, k_wide, v, qp_desc, do_desc, lse_desc, rowdelta_desc, DQAcc, acc_row, bh_q, b, h,
     offs_n, q_offset, seq_q, seq_k, start_q, stats_start, lo, hi, qk_scale,
@@ -205,9 +215,9 @@ def _bwd_dkdv_inner(
         # Rows past the queries (the statistics' row padding holds anything): lse = +inf and D = 0, so P^T = 0 and
         # dS^T = 0 in those columns (q' and dO read as zeros there, or in a packed batch as the next sequence's).
         valid_rows = offs_m < seq_q
-        lse2 = tl.where(valid_rows, lse_desc.load([bh_q, stats_start + start_m]).reshape(BLOCK_M),
+        lse2 = tl.where(valid_rows, _leading(lse_desc.load([bh_q, stats_start + start_m]), BLOCK_M),
                         float("inf")) * 1.4426950408889634
-        row_delta = tl.where(valid_rows, rowdelta_desc.load([bh_q, stats_start + start_m]).reshape(BLOCK_M), 0.0)
+        row_delta = tl.where(valid_rows, _leading(rowdelta_desc.load([bh_q, stats_start + start_m]), BLOCK_M), 0.0)
         # Transposed scores S^T (BLOCK_N, BLOCK_M).
         scores_t = tl.dot(k_wide, tl.trans(q_wide), input_precision=PRECISION)
         probs_t = tl.math.exp2(scores_t * qk_scale - lse2[None, :])
@@ -381,6 +391,14 @@ def lse_statistics_rows(lse: torch.Tensor, row_delta: torch.Tensor, packed_lse: 
     return torch.nn.functional.pad(lse_rows, (0, padded_q - lse_rows.shape[1]))
 
 
+def statistics_descriptors(lse_rows: torch.Tensor, row_delta: torch.Tensor, block_m: int) -> tuple:
+    """The dk/dv kernel's TMA descriptors of lse and D (`statistics_buffers`) for block_m-row query blocks, in boxes
+    of max(block_m, 32) fp32, at least 128 bytes (direct_launch.TMA_SHARED_ALIGNMENT: 16 rows put every second
+    pipeline stage at a misaligned address); the kernel keeps a box's first block_m entries (`_leading`)."""
+    box = [1, max(block_m, direct_launch.TMA_SHARED_ALIGNMENT // row_delta.element_size())]
+    return direct_launch.descriptor(lse_rows, box), direct_launch.descriptor(row_delta, box)
+
+
 def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale: float, q_offset: int,
              magnitude: str, dq_config=None, dkdv_config=None, packed: host.Packed | None = None):
     """Returns (dq, dk, dv, d_delta or None). Deterministic: no atomics anywhere. packed: a packed batch as the
@@ -450,7 +468,7 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
     lse_rows = lse_statistics_rows(lse, row_delta, packed_lse)
     descriptors = (direct_launch.same_tiles(qp_desc, q_rows, [1, block_m, 2 * block_d]),
                    direct_launch.descriptor(host.tma_ready(do, block_d), [1, 1, block_m, block_d]),
-                   direct_launch.descriptor(lse_rows, [1, block_m]), direct_launch.descriptor(row_delta, [1, block_m]))
+                   *statistics_descriptors(lse_rows, row_delta, block_m))
     direct_launch.launch(_pope_bwd_dkdv_kernel, (host.cdiv(rows_k, block_n), n_sequences * n_kv_heads),
                          plan + ("dk dv",), (
         k, v, *key_descriptors, *descriptors, theta, dk_out, dv_out, None,

@@ -25,7 +25,7 @@ from pope.magnitudes import MAGNITUDES
 
 from . import direct_launch, host, prepass
 from .bwd import (_backward_epilogue_kernel, _chain_rule, _pope_bwd_dkdv_kernel, _row_statistics, lse_statistics_rows,
-                  statistics_buffers)
+                  statistics_buffers, statistics_descriptors)
 from .configs import TRANSFORM_ROWS, Tiles, bucket, pick_tiles
 from .interpreter import INTERPRET
 from .jit_math import _query_block, _query_sequence
@@ -136,7 +136,7 @@ def backward_atomic(do, q, k, v, delta, out, lse, theta, *, causal: bool, softma
         direct_launch.descriptor(host.tma_ready(v, block_d), [1, 1, block_n, block_d]),
         direct_launch.descriptor(q_prime.view(batch * n_q_heads, seq_q, 2 * block_d), [1, block_m, 2 * block_d]),
         direct_launch.descriptor(host.tma_ready(do, block_d), [1, 1, block_m, block_d]),
-        direct_launch.descriptor(lse_rows, [1, block_m]), direct_launch.descriptor(row_delta, [1, block_m]))
+        *statistics_descriptors(lse_rows, row_delta, block_m))
     direct_launch.launch(_pope_bwd_dkdv_kernel, (host.cdiv(rows_k, block_n), n_sequences * n_kv_heads),
                          plan + ("atomic dk dv dq'",), (
         k, v, *descriptors, theta, dk_view, dv_view, dq_accumulator,

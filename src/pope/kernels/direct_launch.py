@@ -220,9 +220,23 @@ def same_tiles(made: TensorDescriptor, t: torch.Tensor, block_shape: list) -> Te
     return made if made.block_shape == block_shape else descriptor(t, block_shape)
 
 
+# cp.async.bulk.tensor needs its shared-memory destination 128-byte aligned, and Triton 3.6 lays the stages of a
+# pipelined TMA load's buffer end to end at the box's size: a box that is not a multiple of 128 bytes puts a stage
+# at a misaligned address ("misaligned address" on the GPU; the interpreter checks no alignment).
+TMA_SHARED_ALIGNMENT = 128
+
+
 def descriptor(t: torch.Tensor, block_shape: list) -> TensorDescriptor:
     """A host-side TMA descriptor of t, copied tile by tile in block_shape; a tile's part outside t reads as
-    zeros. Strides of size-1 dims are meaningless and may be unaligned: they are replaced by aligned ones."""
+    zeros. Strides of size-1 dims are meaningless and may be unaligned: they are replaced by aligned ones.
+    Raises ValueError for a box (block_shape) that is not a multiple of TMA_SHARED_ALIGNMENT bytes."""
+    box_bytes = t.element_size()
+    for n in block_shape:
+        box_bytes *= n
+    if box_bytes % TMA_SHARED_ALIGNMENT:
+        raise ValueError(f"a TMA box {list(block_shape)} of {t.dtype} is {box_bytes} bytes, not a multiple of "
+                         f"{TMA_SHARED_ALIGNMENT}: its pipeline stages would sit at misaligned shared-memory "
+                         f"addresses (a CUDA 'misaligned address' fault); use larger tiles")
     strides = list(t.stride())
     for i in range(t.dim() - 2, -1, -1):
         if t.shape[i] == 1:
