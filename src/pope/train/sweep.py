@@ -24,6 +24,7 @@ report and analysis tool reads it unchanged. Around the children the sweep guara
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -42,15 +43,20 @@ POLL_SECONDS = 1.0
 STOP_GRACE_SECONDS = 60.0
 
 
-def _execution_keys() -> set[str]:
+@functools.cache
+def _execution_keys() -> frozenset[str]:
     from pope.train.config import RESUME_MUTABLE
 
-    return set(RESUME_MUTABLE) | {"seed", "train.eval_batch_size"}
+    return frozenset(RESUME_MUTABLE) | {"seed", "train.eval_batch_size"}
 
 
-EXECUTION_KEYS = _execution_keys()
-"""Config keys that say how a run is executed, not what it computes (the seed apart): the seeds of one
-sweep share everything else, and `pope report` groups runs by everything else."""
+def __getattr__(name):
+    # EXECUTION_KEYS: config keys that say how a run is executed, not what it computes (the seed apart): the
+    # seeds of one sweep share everything else, and `pope report` groups runs by everything else. Computed on
+    # first use because pope.train.config imports torch, and run_finished must stay light.
+    if name == "EXECUTION_KEYS":
+        return _execution_keys()
+    raise AttributeError(f"module 'pope.train.sweep' has no attribute {name!r}")
 
 
 def setting_of(config: dict) -> dict:
@@ -62,7 +68,7 @@ def setting_of(config: dict) -> dict:
             flat.update(flatten(value, name) if isinstance(value, dict) else {name: value})
         return flat
 
-    return {k: v for k, v in flatten(config, "").items() if k not in EXECUTION_KEYS}
+    return {k: v for k, v in flatten(config, "").items() if k not in _execution_keys()}
 
 
 def parse_seeds(text: str) -> list[int]:
