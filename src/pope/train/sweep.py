@@ -39,7 +39,9 @@ DEFAULT_JOBS_PER_GPU = 4
 in about the time four would take one after another (docs/training.md, "Seed sweeps"), and a sweep of four
 seeds fits one 30-minute GPU lease. benchmarks/sweep_throughput.py measures 1/2/4/8 processes."""
 STATUS_SECONDS = 60.0
-POLL_SECONDS = 1.0
+POLL_SECONDS = 0.2
+"""How soon a finished child is noticed and the next seed started; a poll reads the tail of each running seed's
+metrics.jsonl, so a short interval costs nothing, and short seeds (tiny presets) do not idle between them."""
 STOP_GRACE_SECONDS = 60.0
 
 
