@@ -59,8 +59,8 @@ def test_run_finished_loads_without_torch(tmp_path):
     """scripts/gpu_reproduce.sh asks run_finished about each run in a python process of its own (19 times in the
     text stage): importing it must not import torch (~1.6 s a call)."""
     (tmp_path / "summary.json").write_text(json.dumps({"finished": True}))
-    code = ("import sys; from pathlib import Path; from pope.train.sweep import run_finished; "
-            "print(run_finished(Path(sys.argv[1])), run_finished(Path(sys.argv[1]) / 'absent'), 'torch' in sys.modules)")
+    code = ("import sys; from pathlib import Path; from pope.train.sweep import run_finished; run = Path(sys.argv[1]); "
+            "print(run_finished(run), run_finished(run / 'absent'), 'torch' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=_env(), capture_output=True, text=True,
                             timeout=60)
     assert result.stdout.split() == ["True", "False", "False"], result.stderr
