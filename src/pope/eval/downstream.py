@@ -99,7 +99,8 @@ def _task_manager(task_module, include_path: str | None, tasks: list):
     for is a task defined there (indexing lm-eval's thousands of task files takes seconds)."""
     if include_path:
         local = task_module.TaskManager(include_path=include_path, include_defaults=False)
-        defined = set(local.all_subtasks if hasattr(local, "all_subtasks") else local.all_tasks)  # older lm-eval: all_tasks only
+        # older lm-eval versions name all_tasks only
+        defined = set(local.all_subtasks if hasattr(local, "all_subtasks") else local.all_tasks)
         if all(isinstance(task, str) and task in defined for task in tasks):
             return local
         return task_module.TaskManager(include_path=include_path)
