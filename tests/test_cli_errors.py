@@ -2,6 +2,11 @@
 and listings people can discover (presets, positional encodings)."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from pope.cli import main, preset_rows
@@ -81,6 +86,24 @@ def test_train_list_and_help_name_the_presets(capsys):
         main(["train", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert "presets: genome, genome-h200, genome-tiny," in help_text and "owt-774m" in help_text
+
+
+def test_data_commands_start_without_torch(tmp_path):
+    """`pope data ...` needs no torch, so it does not import it (~1.5 s a call: scripts run `pope data info` once a
+    stage); the parser names the presets in `pope train --help` only when that help is shown."""
+    from pope.data.prepared import PreparedWriter
+
+    with PreparedWriter(tmp_path / "tokens", 50) as writer:
+        for split in ("train", "valid", "test"):
+            writer.add_document(split, list(range(1, 40)))
+        writer.finish({"name": "tokens", "vocab": {"pad_id": None}, "seq_len": 16, "request": {"dataset": "tokens"},
+                       "source": {"description": "test"}, "train_transform": None})
+    code = ("import sys; from pope.cli import main; code = main(['data', 'info', sys.argv[1], '--verify']); "
+            "print('exit', code, 'torch', 'torch' in sys.modules)")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    result = subprocess.run([sys.executable, "-c", code, str(tmp_path / "tokens")], env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.stdout.split()[-4:] == ["exit", "0", "torch", "False"], result.stdout + result.stderr
 
 
 def test_pe_list_shows_encodings_and_their_options(capsys):

@@ -270,6 +270,34 @@ def test_eval_downstream_cli_on_a_local_task(byte_model, tmp_path, capsys):
     assert checkpoint.exists()
 
 
+def test_downstream_indexes_lm_evals_own_tasks_only_when_a_task_needs_them():
+    """With --include-path, lm-eval's own task files (seconds to index) are read only when a task asked for is not
+    defined in the included folder."""
+    from types import SimpleNamespace
+
+    from pope.eval.downstream import _task_manager
+
+    made = []
+
+    class Manager:  # records what run_downstream asks lm-eval's TaskManager for
+        def __init__(self, include_path=None, include_defaults=True):
+            made.append((include_path, include_defaults))
+            self.all_subtasks = ["pope_local_choice"] + (["lambada_openai"] if include_defaults else [])
+
+    module = SimpleNamespace(TaskManager=Manager)
+    assert _task_manager(module, "tasks", ["pope_local_choice"]).all_subtasks == ["pope_local_choice"]
+    assert made == [("tasks", False)]
+    made.clear()
+    assert "lambada_openai" in _task_manager(module, "tasks", ["pope_local_choice", "lambada_openai"]).all_subtasks
+    assert made == [("tasks", False), ("tasks", True)]
+    made.clear()
+    _task_manager(module, "tasks", [{"task": "cbt_cn"}])  # a task config (pope's CBT) is never looked up locally
+    assert made[-1] == ("tasks", True)
+    made.clear()
+    _task_manager(module, None, ["pope_local_choice"])
+    assert made == [(None, True)]
+
+
 # ------------------------------------------------------------------ pope.hf model directories
 @pytest.fixture(scope="module")
 def hf_model_dir(tmp_path_factory):

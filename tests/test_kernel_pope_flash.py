@@ -7,10 +7,10 @@ kernel writes starts NaN-filled, so an element the kernel forgets to write fails
 
 Interpreter mode is fixed when a @triton.jit function is created: Triton's own library functions
 (tl.zeros, ...) when triton is first imported, ours when pope.kernels' modules are. The whole suite runs
-in one pytest process, so this module sets TRITON_INTERPRET=1 (CPU-only machines) before it imports
-triton, which test collection normally makes the first import. If something imported triton earlier in
-compiled mode, the interpreter cannot be switched on in this process any more: the module's tests then
-run in one subprocess started with TRITON_INTERPRET=1, and each test here asserts its own result there.
+in one pytest process, so tests/conftest.py (and this module, run on its own) sets TRITON_INTERPRET=1 on
+CPU-only machines before anything imports triton. If something imported triton earlier in compiled mode,
+the interpreter cannot be switched on in this process any more: the module's tests then run in one
+subprocess started with TRITON_INTERPRET=1, and each test here asserts its own result there.
 """
 from __future__ import annotations
 

@@ -4,8 +4,9 @@ argument handling of scripts/gpu_reproduce.sh.
 Every ```bash block of REPRODUCTION.md is read, and each `pope ...` line run in order through pope.cli.main
 with the preset swapped for its `*-tiny` version, two training steps, `--seeds S --out D` as the one seed
 `--seed 0 --out D/seed-0` in this process (what a sweep runs per seed), lengths and contexts divided by 64,
-and small prepared stand-ins for the data this machine cannot fetch (OpenWebText / PG-19: a random GPT-2
-token set; MAESTRO: random documents; indirect indexing: small generated splits). The downstream commands
+and small prepared stand-ins for the data this machine cannot fetch (OpenWebText / PG-19: random tokens of a
+512-token vocabulary, the owt models' vocab_size set to match, as GPT-2's 50257-wide output layer made most of
+the CPU time; MAESTRO: random documents; indirect indexing: small generated splits). The downstream commands
 (a ```text block) are not run: lm-eval's task data come from the HF hub.
 """
 import json
@@ -27,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = {"indirect-indexing": "indirect-indexing-tiny", "maestro": "maestro-tiny", "owt-124m": "owt-tiny",
         "owt-253m": "owt-tiny", "owt-774m": "owt-tiny"}
 SCALE = 64  # lengths and contexts: 1024 -> 16
+TEXT_VOCAB = 512  # the OpenWebText / PG-19 stand-in's vocabulary (module docstring)
 
 
 def reproduction_commands() -> list[list[str]]:
@@ -74,7 +76,8 @@ def tiny_command(argv: list[str], data: dict[str, Path]) -> list[str]:
             argv[argv.index("--out") + 1] = f"{out}/seed-0"
         sets = {**steps, "recipe.batch_size": "4", "model.n_layer": "1", "model.d_model": "32", "model.n_head": "2"}
         if preset.startswith("owt"):
-            sets.update({"train.data_dir": str(data["text"]), "recipe.seq_len": "16", "model.max_seq_len": "16"})
+            sets.update({"train.data_dir": str(data["text"]), "recipe.seq_len": "16", "model.max_seq_len": "16",
+                         "model.vocab_size": str(TEXT_VOCAB)})
         elif preset == "maestro":
             sets["train.data_dir"] = str(data["maestro"])
         else:
@@ -104,7 +107,8 @@ def test_reproduction_commands_run_on_a_tiny_model(tmp_path, monkeypatch, capsys
     pes = {c[c.index("--pe") + 1] for c in commands if "--pe" in c}
     assert {"rope-half", "alibi-half", "learned-abs", "sinusoidal-abs", "pope:magnitude=identity",
             "pope:magnitude=relu", "pope:use_delta=false"} <= pes
-    data = {"text": _write(tmp_path / "text", 50257, {"train": [300] * 4, "valid": [200], "test": [200] * 2}, None),
+    text_docs = {"train": [300] * 4, "valid": [200], "test": [200] * 2}
+    data = {"text": _write(tmp_path / "text", TEXT_VOCAB, text_docs, None),
             "maestro": _write(tmp_path / "maestro", 328, {"train": [40] * 8, "valid": [30] * 2, "test": [30] * 2}, 0),
             "indirect": task.write_splits(tmp_path / "ii", seed=0, sizes={"train": 64, "valid": 16, "test": 16})}
     monkeypatch.chdir(tmp_path)
@@ -234,11 +238,13 @@ def test_gpu_reproduce_maestro_stage_on_cpu(tmp_path):
 
 @pytest.mark.slow
 def test_gpu_reproduce_text_stage_on_cpu(tmp_path):
-    """The text stage end to end on CPU from a small carried GPT-2-token set (training context 16): five
-    sweeps, YaRN and PoPE+ft fine-tunes at 4x, length evaluation at 1x..20x, frequency usage, the report."""
+    """The text stage end to end on CPU from a small carried token set (training context 16; a TEXT_VOCAB
+    vocabulary, as in the test above): five sweeps, YaRN and PoPE+ft fine-tunes at 4x, length evaluation at
+    1x..20x, frequency usage, the report."""
     data = tmp_path / "device-data"
-    _write(data / "text", 50257, {"train": [300] * 4, "valid": [200], "test": [400] * 2}, None)
-    sets = [*TINY_SETS, "recipe.seq_len=16", "model.max_seq_len=16", "recipe.batch_size=4", "recipe.eval_batches=1"]
+    _write(data / "text", TEXT_VOCAB, {"train": [300] * 4, "valid": [200], "test": [400] * 2}, None)
+    sets = [*TINY_SETS, "recipe.seq_len=16", "model.max_seq_len=16", "recipe.batch_size=4", "recipe.eval_batches=1",
+            f"model.vocab_size={TEXT_VOCAB}"]
     ft = ("--batch-size 2 --warmup 1 --set train.device=cpu --set train.tensorboard=false "
           "--set recipe.eval_interval=2 --set recipe.eval_batches=1")
     result = _script(tmp_path, extra_path=[_no_network(tmp_path)], STAGE="text", TEXT_PRESET="text-256-tiny",

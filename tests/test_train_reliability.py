@@ -240,10 +240,11 @@ def _children_with_rank(parent: int, rank: int) -> list[int]:
 @pytest.mark.slow
 def test_signal_to_one_rank_stops_every_rank_at_the_same_step(splits, tmp_path):
     """2-process gloo DDP: SIGTERM to rank 1 only; rank 0 stops at the same step, the checkpoint holds it and
-    the run resumes to the end."""
-    run_dir = tmp_path / "run"
+    the run resumes to the end. The signal comes at step ~3 and the ranks agree on stopping every step, so they
+    stop within a few steps of it: 150 steps leave a wide margin (each is time the resume spends)."""
+    run_dir, steps = tmp_path / "run", 150
     args = ["indirect-indexing-tiny", "--pe", "pope", "--out", str(run_dir)]
-    for item in _sets(splits, "recipe.max_steps=400", "recipe.eval_interval=400", "train.device=cpu"):
+    for item in _sets(splits, f"recipe.max_steps={steps}", f"recipe.eval_interval={steps}", "train.device=cpu"):
         args += ["--set", item]
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "pope.cli",
@@ -260,9 +261,9 @@ def test_signal_to_one_rank_stops_every_rank_at_the_same_step(splits, tmp_path):
     _, err = agent.communicate(timeout=240)
     line = [x for x in err.splitlines() if x.startswith("stopped at step ")][-1]
     step = int(line.split()[3].rstrip(";"))
-    assert step < 400
+    assert step < steps
     state = torch.load(run_dir / "checkpoints" / "last" / "trainer_state.pt", weights_only=True)
     assert state["step"] == step == _steps(run_dir)[-1]
     resumed = subprocess.run(launcher + args + ["--resume"], env=env, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert _steps(run_dir) == list(range(1, 401))
+    assert _steps(run_dir) == list(range(1, steps + 1))

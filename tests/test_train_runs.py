@@ -1,19 +1,16 @@
-"""End-to-end CPU runs of the trainer: resume equivalence, gloo DDP equivalence, a tiny preset learning."""
+"""End-to-end CPU runs of the trainer in this process: resume equivalence, gradient accumulation, a tiny preset
+learning, run records. Runs of 2 gloo processes (DDP / FSDP2 vs 1 process, resume): tests/test_train_world_size.py."""
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from pope.checkpoint import load_checkpoint, load_model
+from pope.checkpoint import load_checkpoint
 from pope.data import indirect_indexing as task
 from pope.train.config import resolve_run_config
 from pope.train.trainer import run_training
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
 SMALL_MODEL = ["model.n_layer=2", "model.d_model=32", "model.n_head=2"]
 
 
@@ -64,32 +61,6 @@ def test_gradient_accumulation_matches_full_batch(splits, tmp_path):
         assert b[step] == pytest.approx(a[step], rel=1e-5, abs=1e-6)
 
 
-def _torchrun(args, out, nproc):
-    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "-m", "pope.cli", "train", *args, "--out", str(out)]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, result.stderr[-3000:]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
-def test_two_process_gloo_matches_single_process(splits, tmp_path, parallel):
-    sets = _sets(splits, 6, f"train.parallel={parallel}", "train.device=cpu")
-    args = ["indirect-indexing-tiny", "--pe", "pope", "--seed", "1"] + [x for s in sets for x in ("--set", s)]
-    run_training(resolve_run_config("indirect-indexing-tiny", "pope", seed=1, overrides=sets), tmp_path / "one")
-    _torchrun(args, tmp_path / "two", 2)
-    single, double = _train_losses(tmp_path / "one"), _train_losses(tmp_path / "two")
-    assert sorted(double) == list(range(1, 7))
-    for step in single:
-        assert double[step] == pytest.approx(single[step], rel=1e-5), step
-    assert not (tmp_path / "two" / "metrics.jsonl").read_text().count("\n") > len(single) + 2  # rank 0 wrote once
-    model_one, _ = load_model(tmp_path / "one" / "checkpoints" / "last")
-    model_two, _ = load_model(tmp_path / "two" / "checkpoints" / "last")
-    for (name, p1), (_, p2) in zip(model_one.named_parameters(), model_two.named_parameters()):
-        torch.testing.assert_close(p2, p1, rtol=1e-4, atol=1e-6, msg=name)
-
-
 @pytest.mark.data
 @pytest.mark.slow
 def test_tiny_preset_learns(tmp_path):
@@ -118,15 +89,3 @@ def test_run_records(splits, tmp_path):
              if r["kind"] == "train"]
     assert {"step", "loss", "lr", "tokens_per_s", "step_ms"} <= set(train[0]) and train[0]["tokens_per_s"] > 0
     assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
-
-
-@pytest.mark.slow
-def test_fsdp_resume_is_exact(splits, tmp_path):
-    """2-process FSDP2 (gloo): stop at step 3, resume: the same losses as an uninterrupted run
-    (sharded optimizer state goes through full state dicts in the checkpoint)."""
-    sets = _sets(splits, 6, "train.parallel=fsdp", "train.device=cpu")
-    args = ["indirect-indexing-tiny", "--pe", "pope"] + [x for s in sets for x in ("--set", s)]
-    _torchrun(args, tmp_path / "straight", 2)
-    _torchrun(args + ["--set", "train.stop_at_step=3"], tmp_path / "resumed", 2)
-    _torchrun(args + ["--resume"], tmp_path / "resumed", 2)
-    assert _train_losses(tmp_path / "resumed") == _train_losses(tmp_path / "straight")

@@ -55,6 +55,17 @@ def test_parse_seeds():
             parse_seeds(bad)
 
 
+def test_run_finished_loads_without_torch(tmp_path):
+    """scripts/gpu_reproduce.sh asks run_finished about each run in a python process of its own (19 times in the
+    text stage): importing it must not import torch (~1.6 s a call)."""
+    (tmp_path / "summary.json").write_text(json.dumps({"finished": True}))
+    code = ("import sys; from pathlib import Path; from pope.train.sweep import run_finished; run = Path(sys.argv[1]); "
+            "print(run_finished(run), run_finished(run / 'absent'), 'torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=_env(), capture_output=True, text=True,
+                            timeout=60)
+    assert result.stdout.split() == ["True", "False", "False"], result.stderr
+
+
 def test_bad_sweep_arguments_fail_before_anything_starts(splits, tmp_path, capsys):
     out = tmp_path / "sweep"
     for seeds in ("3-1", "a", ""):
@@ -75,7 +86,9 @@ def test_bad_sweep_arguments_fail_before_anything_starts(splits, tmp_path, capsy
     assert sorted(p.name for p in out.iterdir()) == ["seed-1"]  # nothing started, no record written
 
 
-def test_sweep_runs_resumes_reports_failures_and_matches_single_runs(splits, tmp_path):
+def test_sweep_runs_resumes_reports_failures_and_matches_single_runs(splits, tmp_path, capsys):
+    """The calls that start children are real `pope train` processes; the two that start none (a refused
+    setting, every seed skipped) run pope.cli.main in this process."""
     out = tmp_path / "sweep"
     base = ["train", "indirect-indexing-tiny", "--pe", "pope", "--out", out, *_sets(splits)]
     # 1. Three seeds, two at a time, stopped at step 2 (as train.max_seconds would stop them).
@@ -86,13 +99,14 @@ def test_sweep_runs_resumes_reports_failures_and_matches_single_runs(splits, tmp
     assert "--resume" in first.stdout  # tells how to continue
     assert not any(p.name.endswith(".log") for p in (out / "seed-0").iterdir())  # logs stay beside the run
     # Another setting in the same directory is refused before anything starts.
-    other = _pope(*base, "--seeds", "0-3", "--resume", "--set", "recipe.lr=0.5")
-    assert other.returncode == 1 and "holds runs of another setting" in other.stderr and "recipe.lr" in other.stderr
+    assert main([*map(str, base), "--seeds", "0-3", "--resume", "--set", "recipe.lr=0.5"]) == 1
+    error = capsys.readouterr().err
+    assert "holds runs of another setting" in error and "recipe.lr" in error
     assert not (out / "seed-3").exists()
     # 2. Resume 0-3: seeds 0 and 1 continue, seed 2 fails (its checkpoint is damaged), seed 3 starts and finishes.
     weights = out / "seed-2" / "checkpoints" / "last" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
-    second = _pope(*base, "--seeds", "0-3", "--resume")
+    second = _pope(*base, "--seeds", "0-3", "--resume", "--jobs", "2")
     assert second.returncode == 1
     assert f"seed 2 failed (exit 1); log {out / 'seed-2.log'}" in second.stdout
     assert "pope train: error:" in (out / "seed-2.log").read_text()
@@ -102,8 +116,8 @@ def test_sweep_runs_resumes_reports_failures_and_matches_single_runs(splits, tmp
     assert len(record["invocations"]) == 2 and record["invocations"][1]["resume"] is True
     # 3. --resume skips finished seeds: no child starts, the logs do not grow.
     log_size = (out / "seed-0.log").stat().st_size
-    third = _pope(*base, "--seeds", "0,1", "--resume")
-    assert third.returncode == 0 and third.stdout.count("skipped") == 2
+    assert main([*map(str, base), "--seeds", "0,1", "--resume"]) == 0
+    assert capsys.readouterr().out.count("skipped") == 2
     assert (out / "seed-0.log").stat().st_size == log_size
     # 4. A seed of the sweep (stopped, then resumed) equals the single run with that seed.
     single = _pope(*base[:5], tmp_path / "single", *_sets(splits), "--seed", "1", "--set", "train.progress=false")
@@ -147,7 +161,8 @@ def _reads(path):
 def test_gpu_sweep_script_runs_scores_and_archives_small_files(splits, tmp_path):
     """scripts/gpu_sweep_indirect.sh on CPU with a tiny model: one archive with every seed's small files
     (no checkpoints), the fp32 train/test re-score of finished seeds, and the table."""
-    extra = " ".join(_sets(splits)).replace("train.log_interval=1", "train.log_interval=2")
+    # --jobs 2: both seeds at once (on CPU a sweep runs one at a time unless asked)
+    extra = " ".join(_sets(splits)).replace("train.log_interval=1", "train.log_interval=2") + " --jobs 2"
     env = {**_env(), "RUNS": str(tmp_path / "runs"), "OUT": str(tmp_path / "out"), "SEEDS": "0-1", "LIMIT": "60",
            "EXTRA": extra, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     root = Path(__file__).resolve().parents[1]

@@ -1,17 +1,21 @@
-"""Resume on a different number of processes (CPU, gloo): a checkpoint written by 2 FSDP2 or DDP processes
-continues on 1 process, and one written by 1 process continues on 2 FSDP2 processes, on the loss curve
-of an uninterrupted single-process run.
+"""Runs of 2 gloo processes on CPU: DDP and FSDP2 follow the single-process loss curve; a checkpoint written by 2
+FSDP2 or DDP processes continues on 1 process, and one written by 1 process continues on 2 FSDP2 processes, on
+that curve; a 2-process FSDP2 run resumed on 2 processes gives its uninterrupted run's losses exactly.
 
-Tolerance: rel 1e-5 on each step's loss, the same as 2 processes vs 1 (tests/test_train_runs.py). The
-global batch, the schedule and the data order are functions of (seed, step) only, so the runs compute the
-same thing; in fp32 on CPU they differ only in summation order (gradients all-reduced over 2 ranks vs
-summed in one backward; FSDP2's reduce-scatter), which moves single steps by ~1e-7 relative and stays
-far below 1e-5 over 6 steps of a tiny model. A lost optimizer state (Adam moments restarting from zero)
-or a shifted data position moves the loss by > 1e-3 at the first resumed step.
+Tolerance: rel 1e-5 on each step's loss, for 2 processes vs 1 as for the resumes. The global batch, the schedule
+and the data order are functions of (seed, step) only, so the runs compute the same thing; in fp32 on CPU they
+differ only in summation order (gradients all-reduced over 2 ranks vs summed in one backward; FSDP2's
+reduce-scatter), which moves single steps by ~1e-7 relative and stays far below 1e-5 over 6 steps of a tiny
+model. A lost optimizer state (Adam moments restarting from zero) or a shifted data position moves the loss by
+> 1e-3 at the first resumed step.
+
+Each 2-process launch costs seconds of start-up, so the uninterrupted 2-process runs and the ones stopped at
+step STOP are launched once per strategy (module fixtures) and shared: a test resumes its own copy.
 """
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pope.checkpoint import load_model
 from pope.data import indirect_indexing as task
 from pope.train.config import resolve_run_config
 from pope.train.metrics import read_metrics
@@ -62,13 +67,64 @@ def _two_processes(sets, out, *, resume=False, check=True, preset=PRESET):
 
 
 @pytest.fixture(scope="module")
-def straight(splits, tmp_path_factory):
-    """The uninterrupted single-process loss curve."""
+def straight_dir(splits, tmp_path_factory):
+    """The uninterrupted single-process run."""
     out = tmp_path_factory.mktemp("straight") / "run"
     _one_process(_sets(splits), out)
-    losses = _train_losses(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def straight(straight_dir):
+    """Its loss curve."""
+    losses = _train_losses(straight_dir)
     assert sorted(losses) == list(range(1, STEPS + 1))
     return losses
+
+
+@pytest.fixture(scope="module")
+def two_process_run(splits, tmp_path_factory):
+    """two_process_run(parallel): the uninterrupted 2-process run directory of that strategy (launched on first use)."""
+    runs = {}
+
+    def run(parallel):
+        if parallel not in runs:
+            runs[parallel] = tmp_path_factory.mktemp(f"two-{parallel}") / "run"
+            _two_processes(_sets(splits, f"train.parallel={parallel}"), runs[parallel])
+        return runs[parallel]
+    return run
+
+
+@pytest.fixture(scope="module")
+def stopped_on_two(splits, tmp_path_factory):
+    """stopped_on_two(parallel, into): a copy, at ``into``, of the 2-process run of that strategy stopped at STOP
+    (launched on first use; the copy is the caller's to resume)."""
+    runs = {}
+
+    def copy(parallel, into):
+        if parallel not in runs:
+            runs[parallel] = tmp_path_factory.mktemp(f"stopped-{parallel}") / "run"
+            _two_processes(_sets(splits, f"train.parallel={parallel}", f"train.stop_at_step={STOP}"), runs[parallel])
+        shutil.copytree(runs[parallel], into)
+        return into
+    return copy
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_processes_match_one(straight, straight_dir, two_process_run, parallel):
+    """2 gloo processes follow the single-process curve; rank 0 alone writes the records; the final weights
+    agree."""
+    two = two_process_run(parallel)
+    double = _train_losses(two)
+    assert sorted(double) == list(range(1, STEPS + 1))
+    for step in range(1, STEPS + 1):
+        assert double[step] == pytest.approx(straight[step], rel=1e-5), step
+    assert not (two / "metrics.jsonl").read_text().count("\n") > STEPS + 2  # rank 0 wrote once
+    model_one, _ = load_model(straight_dir / "checkpoints" / "last")
+    model_two, _ = load_model(two / "checkpoints" / "last")
+    for (name, p1), (_, p2) in zip(model_one.named_parameters(), model_two.named_parameters()):
+        torch.testing.assert_close(p2, p1, rtol=1e-4, atol=1e-6, msg=name)
 
 
 def _assert_same_curve(resumed_dir, straight, written_by, resumed_on):
@@ -82,11 +138,21 @@ def _assert_same_curve(resumed_dir, straight, written_by, resumed_on):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("parallel", ["fsdp", "ddp"])
-def test_two_processes_resume_on_one(splits, straight, tmp_path, parallel):
-    sets = _sets(splits, f"train.parallel={parallel}")
-    _two_processes(sets + [f"train.stop_at_step={STOP}"], tmp_path / "run")
-    _one_process(sets, tmp_path / "run", resume=True)
-    _assert_same_curve(tmp_path / "run", straight, written_by=2, resumed_on=1)
+def test_two_processes_resume_on_one(splits, straight, stopped_on_two, tmp_path, parallel):
+    run = stopped_on_two(parallel, tmp_path / "run")
+    _one_process(_sets(splits, f"train.parallel={parallel}"), run, resume=True)
+    _assert_same_curve(run, straight, written_by=2, resumed_on=1)
+
+
+@pytest.mark.slow
+def test_two_process_fsdp_resume_is_exact(splits, two_process_run, stopped_on_two, tmp_path):
+    """2-process FSDP2 stopped at STOP and resumed on 2 processes: the uninterrupted 2-process run's losses, exactly
+    (the sharded optimizer state goes through full state dicts in the checkpoint)."""
+    run = stopped_on_two("fsdp", tmp_path / "run")
+    _two_processes(_sets(splits, "train.parallel=fsdp"), run, resume=True)
+    assert _train_losses(run) == _train_losses(two_process_run("fsdp"))
+    env = json.loads((run / f"env.resume-{STOP}.json").read_text())
+    assert env["world_size"] == 2 and env["resumed_from_world_size"] == 2
 
 
 @pytest.mark.slow

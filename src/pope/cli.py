@@ -146,17 +146,27 @@ def _register_listings(subparsers) -> None:
     pe.set_defaults(func=lambda args: print(encodings_table(args.name)))
     train = subparsers.choices.get("train")
     if train is not None:  # name the presets in `pope train --help` and offer `pope train --list`
-        train.epilog = preset_names_help()
+        train.epilog = preset_names_help  # called when the help is shown (_Parser)
         if "--list" not in train._option_string_actions:
             train.add_argument("--list", action=_PrintAndExit, listing=presets_table,
                                help="list the presets with their sizes and datasets, and exit")
 
 
 # ----------------------------------------------------------------------------------------- main
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser (its subcommands' too) whose epilog may be a function, called only when the help is shown:
+    the preset names import pope.presets, hence torch, which commands such as `pope data info` do not need."""
+
+    def format_help(self) -> str:
+        if callable(self.epilog):
+            self.epilog = self.epilog()
+        return super().format_help()
+
+
 def build_parser() -> argparse.ArgumentParser:
     from pope.version import __version__
 
-    parser = argparse.ArgumentParser(prog="pope", description="Polar Coordinate Positional Embeddings toolkit")
+    parser = _Parser(prog="pope", description="Polar Coordinate Positional Embeddings toolkit")
     parser.add_argument("--version", action="version", version=f"pope {__version__}")
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")

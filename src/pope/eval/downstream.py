@@ -94,6 +94,19 @@ def expand_tasks(tasks: list[str]) -> list:
     return expanded
 
 
+def _task_manager(task_module, include_path: str | None, tasks: list):
+    """lm-eval's TaskManager over include_path and lm-eval's own tasks; only include_path's when every task asked
+    for is a task defined there (indexing lm-eval's thousands of task files takes seconds)."""
+    if include_path:
+        local = task_module.TaskManager(include_path=include_path, include_defaults=False)
+        # older lm-eval versions name all_tasks only
+        defined = set(local.all_subtasks if hasattr(local, "all_subtasks") else local.all_tasks)
+        if all(isinstance(task, str) and task in defined for task in tasks):
+            return local
+        return task_module.TaskManager(include_path=include_path)
+    return task_module.TaskManager()
+
+
 def run_downstream(run: str | None, *, tasks: list[str] | None = None, tokenizer: str = "gpt2", device: str = "cpu",
                    batch_size: int = 8, limit: float | None = None, include_path: str | None = None,
                    num_fewshot: int | None = None, lm=None, task_manager=None) -> dict:
@@ -107,9 +120,9 @@ def run_downstream(run: str | None, *, tasks: list[str] | None = None, tokenizer
 
     if lm is None:
         lm = PoPELM(path=run, tokenizer=tokenizer, device=device, batch_size=batch_size)
-    manager = task_manager or (task_module.TaskManager(include_path=include_path) if include_path
-                               else task_module.TaskManager())
-    out = evaluator.simple_evaluate(model=lm, tasks=expand_tasks(list(tasks or PAPER_TASKS)), task_manager=manager,
+    task_list = expand_tasks(list(tasks or PAPER_TASKS))
+    manager = task_manager or _task_manager(task_module, include_path, task_list)
+    out = evaluator.simple_evaluate(model=lm, tasks=task_list, task_manager=manager,
                                     limit=limit, num_fewshot=num_fewshot, bootstrap_iters=0, log_samples=False)
     if out is None:  # non-zero ranks
         return {}

@@ -1,13 +1,18 @@
 """Training: `pope train` over a Trainer built from components (data, schedule, optimizer, metrics,
 checkpoint). See docs/training.md."""
-from pope.train.config import RunConfig, TrainOptions, resolve_run_config
-from pope.train.schedule import WarmupCosineSchedule
+from __future__ import annotations
 
-__all__ = ["RunConfig", "TrainOptions", "WarmupCosineSchedule", "resolve_run_config", "run_training", "Trainer"]
+import importlib
+
+_EXPORTS = {"RunConfig": "config", "TrainOptions": "config", "resolve_run_config": "config",
+            "WarmupCosineSchedule": "schedule", "Trainer": "trainer", "run_training": "trainer"}
+__all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name):  # the trainer imports torch-heavy pieces; load it on first use
-    if name in ("Trainer", "run_training"):
-        from pope.train import trainer
-        return getattr(trainer, name)
-    raise AttributeError(name)
+def __getattr__(name):
+    # Names load on first use: the config and trainer import torch, and light tools such as
+    # pope.train.sweep.run_finished (called once per run by scripts/gpu_reproduce.sh) must not pay for that.
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pope.train' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"pope.train.{module}"), name)

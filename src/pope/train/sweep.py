@@ -24,6 +24,7 @@ report and analysis tool reads it unchanged. Around the children the sweep guara
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -38,19 +39,26 @@ DEFAULT_JOBS_PER_GPU = 4
 in about the time four would take one after another (docs/training.md, "Seed sweeps"), and a sweep of four
 seeds fits one 30-minute GPU lease. benchmarks/sweep_throughput.py measures 1/2/4/8 processes."""
 STATUS_SECONDS = 60.0
-POLL_SECONDS = 1.0
+POLL_SECONDS = 0.2
+"""How soon a finished child is noticed and the next seed started; a poll reads the tail of each running seed's
+metrics.jsonl, so a short interval costs nothing, and short seeds (tiny presets) do not idle between them."""
 STOP_GRACE_SECONDS = 60.0
 
 
-def _execution_keys() -> set[str]:
+@functools.cache
+def _execution_keys() -> frozenset[str]:
     from pope.train.config import RESUME_MUTABLE
 
-    return set(RESUME_MUTABLE) | {"seed", "train.eval_batch_size"}
+    return frozenset(RESUME_MUTABLE) | {"seed", "train.eval_batch_size"}
 
 
-EXECUTION_KEYS = _execution_keys()
-"""Config keys that say how a run is executed, not what it computes (the seed apart): the seeds of one
-sweep share everything else, and `pope report` groups runs by everything else."""
+def __getattr__(name):
+    # EXECUTION_KEYS: config keys that say how a run is executed, not what it computes (the seed apart): the
+    # seeds of one sweep share everything else, and `pope report` groups runs by everything else. Computed on
+    # first use because pope.train.config imports torch, and run_finished must stay light.
+    if name == "EXECUTION_KEYS":
+        return _execution_keys()
+    raise AttributeError(f"module 'pope.train.sweep' has no attribute {name!r}")
 
 
 def setting_of(config: dict) -> dict:
@@ -62,7 +70,7 @@ def setting_of(config: dict) -> dict:
             flat.update(flatten(value, name) if isinstance(value, dict) else {name: value})
         return flat
 
-    return {k: v for k, v in flatten(config, "").items() if k not in EXECUTION_KEYS}
+    return {k: v for k, v in flatten(config, "").items() if k not in _execution_keys()}
 
 
 def parse_seeds(text: str) -> list[int]:
