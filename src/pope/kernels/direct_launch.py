@@ -19,6 +19,8 @@ take Triton's path.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 
@@ -230,9 +232,7 @@ def descriptor(t: torch.Tensor, block_shape: list) -> TensorDescriptor:
     """A host-side TMA descriptor of t, copied tile by tile in block_shape; a tile's part outside t reads as
     zeros. Strides of size-1 dims are meaningless and may be unaligned: they are replaced by aligned ones.
     Raises ValueError for a box (block_shape) that is not a multiple of TMA_SHARED_ALIGNMENT bytes."""
-    box_bytes = t.element_size()
-    for n in block_shape:
-        box_bytes *= n
+    box_bytes = t.element_size() * math.prod(block_shape)
     if box_bytes % TMA_SHARED_ALIGNMENT:
         raise ValueError(f"a TMA box {list(block_shape)} of {t.dtype} is {box_bytes} bytes, not a multiple of "
                          f"{TMA_SHARED_ALIGNMENT}: its pipeline stages would sit at misaligned shared-memory "
