@@ -13,6 +13,9 @@ the compile cache the others reuse).
 
     PYTHONPATH=src python benchmarks/sweep_throughput.py [--pe pope] [--jobs 1,2,4,8] [--out benchmarks/results]
 
+Without CUDA MPS the K processes time-slice the GPU; run it once with MPS on (``bash scripts/gpu_mps.sh start``
+first) to see how much running their kernels side by side buys. Each row records whether MPS was on.
+
 Prints a table; appends one row per K to OUT/sweep_throughput.csv with GPU, torch/triton versions, commit
 (POPE_GIT_COMMIT or git), date and command. The best K is what pope.train.sweep.DEFAULT_JOBS_PER_GPU should be.
 """
@@ -125,7 +128,7 @@ def main() -> int:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = parser.parse_args()
 
-    from pope.provenance import provenance
+    from pope.provenance import cuda_mps_active, provenance
     from pope.train.sweep import resolved_config
 
     from pope.train.sweep import visible_gpus
@@ -135,6 +138,7 @@ def main() -> int:
     device = "cuda" if gpus else "cpu"
     max_steps = resolved_config(args.preset, args.pe, overrides=args.set)["recipe"]["max_steps"]
     stamp = provenance(device)
+    mps = cuda_mps_active()  # with MPS (scripts/gpu_mps.sh start) the K processes' kernels run side by side
     rows = []
     with tempfile.TemporaryDirectory(prefix="sweep-throughput-") as workdir:
         for k in (int(x) for x in args.jobs.split(",")):
@@ -143,7 +147,7 @@ def main() -> int:
             print(json.dumps(row), flush=True)
     base = rows[0]["steps_per_s"]
     print(f"\n{args.preset} --pe {args.pe} on {stamp['device']} (commit {stamp['git_commit']}), "
-          f"seed-runs of {max_steps:,} steps")
+          f"seed-runs of {max_steps:,} steps, CUDA MPS {'on' if mps else 'off'}")
     print(f"{'processes':>9} {'ms/step each':>12} {'steps/s':>9} {'seed-runs/h':>11} {'vs first':>8} {'start-up s':>10}")
     for row in rows:
         print(f"{row['processes']:>9} {row['ms_per_step_per_process']:>12.2f} {row['steps_per_s']:>9.1f} "
@@ -154,7 +158,7 @@ def main() -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     meta = {"gpu": stamp["device"], "torch": stamp["torch"], "triton": stamp["triton"],
             "commit": stamp["git_commit"] or "unknown", "date": stamp["date_utc"], "command": stamp["command"],
-            "preset": args.preset, "pe": args.pe, "max_steps": max_steps}
+            "preset": args.preset, "pe": args.pe, "max_steps": max_steps, "cuda_mps": mps}
     new_file = not path.exists()
     with open(path, "a", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=[*meta, *rows[0]])

@@ -82,7 +82,7 @@ def test_run_records(splits, tmp_path):
     config = resolve_run_config("indirect-indexing-tiny", "pope", overrides=sets)
     run_training(config, tmp_path / "run")
     env = json.loads((tmp_path / "run" / "env.json").read_text())
-    assert {"versions", "git", "device_name", "world_size", "command"} <= set(env)
+    assert {"versions", "git", "device_name", "world_size", "command", "cuda_mps"} <= set(env)
     assert env["versions"]["torch"] == torch.__version__ and env["world_size"] == 1
     assert json.loads((tmp_path / "run" / "config.json").read_text()) == config.to_dict()
     train = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())

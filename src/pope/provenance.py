@@ -61,6 +61,24 @@ def library_versions() -> dict:
     return versions
 
 
+def cuda_mps_active(proc: Path = Path("/proc")) -> bool:
+    """Whether a CUDA MPS daemon or server runs on this machine (scripts/gpu_mps.sh): with MPS, processes that
+    share a GPU run their kernels side by side instead of time-slicing it, which changes their step times, so
+    a run records it. Read from the process table (``comm`` of every process; Linux), False where there is none."""
+    try:
+        entries = list(proc.iterdir())
+    except OSError:
+        return False
+    for entry in entries:
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().startswith("nvidia-cuda-mps"):  # -control / -server, cut to 15
+                    return True
+            except OSError:  # the process ended while we looked
+                continue
+    return False
+
+
 def device_name(device="cpu") -> str:
     import torch
 

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from pope import checkpoint as ckpt
-from pope.provenance import device_name, git_commit, library_versions, portable_argv
+from pope.provenance import cuda_mps_active, device_name, git_commit, library_versions, portable_argv
 from pope.train.checkpointing import CheckpointManager, resume_checkpoint, seed_everything
 from pope.train.config import RunConfig
 from pope.train.data import ExampleBatches, Shard, load_training_data
@@ -208,7 +208,7 @@ class Trainer:
                "device_name": device_name(self.device), "world_size": self.context.world_size, "host": platform.node(),
                "command": portable_argv(), "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "resumed_from_step": self.step, "resumed_from_world_size": self.resumed_from_world_size,
-               "compile": self.compile, "cuda_graph": self.use_graph,
+               "compile": self.compile, "cuda_graph": self.use_graph, "cuda_mps": cuda_mps_active(),
                "autocast": str(self.autocast_dtype), "model_params": self.model.num_params()}
         name = "env.json" if self.step == 0 else f"env.resume-{self.step}.json"
         (self.run_dir / name).write_text(json.dumps(env, indent=2) + "\n")
