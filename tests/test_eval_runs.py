@@ -316,6 +316,30 @@ def test_report_lift_off_table_from_sweep_directories(tmp_path):
         write_report([str(tmp_path / "report")], tmp_path / "r2")
 
 
+def test_report_against_compares_every_other_setting_with_one_sweep(tmp_path):
+    """--against DIR: recipe knobs (and other encodings) of the preset against DIR's seeds; DIR must be among
+    the runs and one setting."""
+    from pope.eval.report import write_report
+
+    pope = _sweep(tmp_path / "pope", "pope", [0.95, 0.05, 0.40, 0.06])
+    rope = _sweep(tmp_path / "rope", "rope", [0.11, 0.12])
+    fp32 = _sweep(tmp_path / "pope-fp32", "pope", [0.9, 0.8], overrides=["train.autocast=none"])
+    lone = _sweep(tmp_path / "pope-lr", "pope", [0.3], overrides=["recipe.lr=0.001"])  # 1 seed: left out
+    markdown, _ = write_report([pope, rope, fp32, lone], tmp_path / "report", against=pope)
+    section = markdown.split("## Against pope (pope/ ")[1].split("\n## ")[0]
+    rows = {line.split(" | ")[2]: line for line in section.splitlines() if line.startswith("| indirect-indexing")}
+    # fp32: 0.85 - 0.365 = +0.485; rope: 0.115 - 0.365 = -0.25 (the PoPE vs RoPE table's +0.25, turned round)
+    fp32_row = next(row for label, row in rows.items() if label.startswith("pope-fp32/ train.autocast=none"))
+    assert "| test_accuracy, headline | 2 / 4 | +0.4850 |" in fp32_row
+    assert "| test_accuracy, headline | 2 / 4 | -0.2500 |" in rows["rope/"]
+    assert rows["rope/"].endswith("| 0.7333 (exact, all 15 splits) |") and "pope-lr" not in section
+    assert "## Against" not in write_report([pope, rope], tmp_path / "r1")[0]
+    with pytest.raises(ValueError, match="none of the RUN arguments is inside it"):
+        write_report([rope, fp32], tmp_path / "r2", against=pope)
+    with pytest.raises(ValueError, match="not one setting"):
+        write_report([pope, fp32], tmp_path / "r3", against=tmp_path)
+
+
 def test_wilson_interval_matches_known_values():
     from pope.eval.report import wilson_interval
 

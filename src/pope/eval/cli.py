@@ -271,6 +271,9 @@ def _register_report(subparsers) -> None:
                                                "and downstream tables when those evaluations exist.")
     parser.add_argument("runs", nargs="+", metavar="RUN", help="run directories or sweep directories (pope train --seeds)")
     parser.add_argument("--out", default="pope-report", help="directory for report.md and report.png")
+    parser.add_argument("--against", metavar="DIR", default=None,
+                        help="also compare every other setting of the same preset with this sweep directory "
+                             "(one of the RUN arguments), e.g. recipe knobs against the paper's recipe")
     parser.set_defaults(func=_report)
 
 
@@ -279,7 +282,7 @@ def _report(args: argparse.Namespace) -> int:
     from pope.files import check_output_dir
 
     check_output_dir(args.out)
-    markdown, written = write_report(args.runs, args.out)
+    markdown, written = write_report(args.runs, args.out, against=args.against)
     print(markdown)
     print("wrote " + ", ".join(str(p) for p in written))
     return 0

@@ -31,7 +31,9 @@ every seed's test accuracy against the step (``accuracy_vs_step.png``).
 
 "PoPE vs RoPE": every encoding against RoPE of the same preset and setting (the config apart from the PE
 and the seed), over finished seeds, for the headline value and the best-valid one: the difference of
-means, its Welch t 95 % interval and a two-sided permutation p-value (pope.eval.stats).
+means, its Welch t 95 % interval and a two-sided permutation p-value (pope.eval.stats). With
+``against=DIR`` (``pope report ... --against DIR``) the same statistics compare every other setting of
+DIR's preset with DIR's runs: recipe knobs against the recipe they change.
 """
 from __future__ import annotations
 
@@ -354,6 +356,40 @@ def comparison_markdown(records: list[RunRecord]) -> list[str]:
             "|---|---|---|---|---|---|---|---|", *rows]
 
 
+def against_markdown(records: list[RunRecord], against: str | Path) -> list[str]:
+    """``--against DIR``: every other setting of DIR's preset (any PE) against DIR's runs, as in "PoPE vs RoPE";
+    for recipe knobs, e.g. each sensitivity sweep against the paper's recipe. DIR must be one setting."""
+    base_dir = Path(against).resolve()
+    groups = setting_groups(records)
+    chosen = [key for key, members in groups.items()
+              if any(Path(m.run).resolve().is_relative_to(base_dir) for m in members)]
+    if not chosen:
+        raise ValueError(f"--against {against}: none of the RUN arguments is inside it; give it as one of them")
+    if len(chosen) > 1 or not all(Path(m.run).resolve().is_relative_to(base_dir) for m in groups[chosen[0]]):
+        raise ValueError(f"--against {against}: its runs are not one setting (or share it with runs outside it); "
+                         "give a sweep directory of one preset, encoding and setting")
+    preset = chosen[0][0]
+    base = groups[chosen[0]]
+    rows = []
+    for key, members in sorted(groups.items()):
+        if key == chosen[0] or key[0] != preset:
+            continue
+        metric = next((m.metric for m in members if m.metric), "—")
+        for name, get in (("headline", lambda m: m.value), ("at best valid", lambda m: m.at_best_valid)):
+            values, baseline = (finite(get(m) for m in group if m.finished) for group in (members, base))
+            if len(values) >= 2 and len(baseline) >= 2:
+                rows.append(f"| {preset} | {key[1]} | {key[2]} | {metric}, {name} | " + _difference_cells(values, baseline))
+    title = f"{chosen[0][1]} ({chosen[0][2]})"
+    if not rows:
+        return ["", f"## Against {title}", "", f"No other setting of {preset} has >= 2 finished seeds to compare."]
+    return ["", f"## Against {title}: every other setting of {preset}", "",
+            "Finished seeds only; difference = mean(setting) − mean(the baseline named in the title), with the Welch 95 % "
+            "interval and the permutation p of the PoPE vs RoPE table. Settings with fewer than 2 finished seeds are "
+            "left out.", "",
+            "| preset | PE | setting | value | n (setting / baseline) | difference | 95 % interval | permutation p |",
+            "|---|---|---|---|---|---|---|---|", *rows]
+
+
 def expand_runs(paths: list[str]) -> list[Path]:
     """Run directories from RUN arguments: a run directory itself, or every started run ``seed-N`` inside a
     sweep directory (``pope train --seeds``), in seed order."""
@@ -371,7 +407,7 @@ def expand_runs(paths: list[str]) -> list[Path]:
     return runs
 
 
-def report_markdown(records: list[RunRecord]) -> str:
+def report_markdown(records: list[RunRecord], against: str | Path | None = None) -> str:
     groups = setting_groups(records)
     lines = ["# Runs", "", "Finished runs only; unfinished ones are listed with their step and left out of every "
              "number. Two values per run: the headline one, taken from the evaluations by the rule in the metric "
@@ -393,6 +429,8 @@ def report_markdown(records: list[RunRecord]) -> str:
     if missing:
         lines += ["", "Finished runs without an evaluation record: " + ", ".join(missing)]
     lines += comparison_markdown(records)
+    if against is not None:
+        lines += against_markdown(records, against)
     lines += lift_off_markdown(records)
     by_pe = finished_groups(records)  # finished runs per preset x PE
 
@@ -426,11 +464,11 @@ def report_markdown(records: list[RunRecord]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(runs: list[str], out_dir: str | Path) -> tuple[str, list[Path]]:
+def write_report(runs: list[str], out_dir: str | Path, against: str | Path | None = None) -> tuple[str, list[Path]]:
     if not runs:
         raise ValueError("give at least one run directory")
     records = [collect_run(run) for run in expand_runs(runs)]
-    markdown = report_markdown(records)
+    markdown = report_markdown(records, against)
     out_dir = Path(out_dir)
     written = [write_text_atomic(out_dir / "report.md", markdown)]
     from pope.eval.report_plots import plot_accuracy_curves, plot_report, plot_report_lengths
