@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import pope
 from pope.attention import reference_pope_attention
-from pope.encodings import PoPE, RoPE
+from pope.encodings import PoPE, RoPE, build_positional_encoding
 from pope.frequencies import angles, pope_frequencies
 from pope.testing import formula_attention
 
@@ -118,7 +118,7 @@ def test_delta_clamp_at_bounds():
     layer = PoPE(n_heads=1, n_kv_heads=1, head_dim=4)
     with torch.no_grad():
         layer.delta.copy_(torch.tensor([[1.0, -7.0, -1.0, 0.0]]))
-    clamped = layer.clamped_delta()
+    clamped = layer.bounded_delta()
     torch.testing.assert_close(clamped, torch.tensor([[0.0, -2 * math.pi, -1.0, 0.0]]))
     clamped.sum().backward()
     # no gradient pushes a value further out of [-2π, 0]; inside the interval the gradient flows
@@ -126,6 +126,55 @@ def test_delta_clamp_at_bounds():
     uniform = PoPE(n_heads=8, n_kv_heads=8, head_dim=64, delta_init="uniform").delta
     assert uniform.min() >= -2 * math.pi and uniform.max() <= 0 and uniform.std() > 1
     assert PoPE(n_heads=2, n_kv_heads=2, head_dim=8, use_delta=False).delta is None
+
+
+def test_delta_wrap_keeps_the_scores_and_the_gradient():
+    """delta_range="wrap": inside [-2π, 0] delta passes unchanged (so a run equals "clamp" until an entry steps
+    out); outside, the scores are those of the unconstrained delta (cos is 2π-periodic) and the gradient is 1,
+    where "clamp" would cut it."""
+    g = torch.Generator().manual_seed(7)
+    inside = -2 * math.pi * torch.rand(2, 8, generator=g, dtype=torch.float64)
+    wrap = PoPE(n_heads=2, n_kv_heads=2, head_dim=8, delta_range="wrap").double()
+    clamp = PoPE(n_heads=2, n_kv_heads=2, head_dim=8).double()
+    with torch.no_grad():
+        wrap.delta.copy_(inside)
+    assert torch.equal(wrap.bounded_delta(), inside)
+    outside = torch.tensor([[0.3, 7.0, -6.5, -20.0, 0.0, -2 * math.pi, 2 * math.pi, -1.0]] * 2, dtype=torch.float64)
+    with torch.no_grad():
+        wrap.delta.copy_(outside)
+        clamp.delta.copy_(outside)
+    bounded = wrap.bounded_delta()
+    assert bounded.min() >= -2 * math.pi and bounded.max() <= 0
+    torch.testing.assert_close(torch.cos(bounded), torch.cos(outside), rtol=0, atol=1e-12)
+    q, k, v = (torch.randn(1, 2, 9, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    free = pope.pope_attention(q, k, v, outside, backend="reference")  # delta unconstrained
+    torch.testing.assert_close(wrap(q, k, v), free, rtol=0, atol=1e-12)
+    wrap(q, k, v).sum().backward()
+    clamp(q, k, v).sum().backward()
+    assert (clamp.delta.grad[:, :4] == 0).all()  # 0.3, 7, -6.5, -20: outside, cut by the clamp
+    free_delta = outside.clone().requires_grad_()
+    pope.pope_attention(q, k, v, free_delta, backend="reference").sum().backward()
+    torch.testing.assert_close(wrap.delta.grad, free_delta.grad, rtol=0, atol=1e-12)  # the unconstrained gradient
+    assert (wrap.delta.grad[:, :4] != 0).all()
+    with pytest.raises(ValueError, match="unknown PoPE delta_range 'mod'; choose 'clamp' or 'wrap'"):
+        PoPE(n_heads=1, n_kv_heads=1, head_dim=4, delta_range="mod")
+
+
+def test_pope_softmax_scale_option():
+    """softmax_scale=None is 1/sqrt(head_dim), bitwise as pope_attention's default; a given scale reaches the op."""
+    g = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(1, 2, 6, 8, generator=g) for _ in range(3))
+    default = PoPE(n_heads=2, n_kv_heads=2, head_dim=8, delta_init="uniform")
+    assert default.softmax_scale == 1 / math.sqrt(8)
+    assert torch.equal(default(q, k, v), pope.pope_attention(q, k, v, default.bounded_delta(), backend="reference"))
+    wide = build_positional_encoding("pope:softmax_scale=0.25", n_heads=2, head_dim=8)
+    wide.load_state_dict(default.state_dict())
+    torch.testing.assert_close(wide(q, k, v), pope.pope_attention(q, k, v, default.bounded_delta(), softmax_scale=0.25,
+                                                                  backend="reference"), rtol=0, atol=0)
+    assert not torch.allclose(wide(q, k, v), default(q, k, v))
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="PoPE softmax_scale must be a positive number"):
+            PoPE(n_heads=1, n_kv_heads=1, head_dim=4, softmax_scale=bad)
 
 
 def test_angles_are_float32_under_autocast():

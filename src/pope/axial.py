@@ -149,7 +149,7 @@ class AxialPoPE(PoPE):
                 causal: bool = False, attn_bias=None, dropout_p: float = 0.0) -> torch.Tensor:
         self._check(q, k)
         return axial_pope_attention(q, k, v, positions, positions_k, axis_dims=self.axis_dims,
-                                    delta=self.clamped_delta(), base=self.base, magnitude=self.magnitude,
+                                    delta=self.bounded_delta(), base=self.base, magnitude=self.magnitude,
                                     softmax_scale=self.softmax_scale, causal=causal, attn_bias=attn_bias,
                                     dropout_p=dropout_p)
 

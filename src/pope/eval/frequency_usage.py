@@ -9,7 +9,7 @@ and tokens, the magnitude that each frequency receives:
 * RoPE (and YaRN/PI/NTK variants): the norm of each rotated 2-D chunk (x_i, x_{i+r/2}) for the
   rotate-half layout, (x_{2i}, x_{2i+1}) for the interleaved one  -> r/2 rows.
 
-and, for PoPE, the learned phase bias delta (clamped to [-2π, 0] as the layer uses it) per
+and, for PoPE, the learned phase bias delta (in [-2π, 0], as the layer uses it) per
 layer × head × frequency. Row 0 is always the highest frequency (theta = 1).
 """
 from __future__ import annotations
@@ -129,7 +129,7 @@ def analyze_frequencies(
             handle.remove()
         model.train(was_training)
 
-    deltas = [block.attn.pe.clamped_delta() if isinstance(block.attn.pe, PoPE) else None for block in blocks]
+    deltas = [block.attn.pe.bounded_delta() if isinstance(block.attn.pe, PoPE) else None for block in blocks]
     delta = None if any(d is None for d in deltas) else torch.stack(deltas).detach().float().cpu().numpy()
     return FrequencyUsage(
         kind=kind,

@@ -146,7 +146,7 @@ class PoPELlamaAttention(nn.Module):
         theta = pope_frequencies(pe.rotary_dim or self.head_dim, pe.base, device=q.device, dtype=compute)
         phase_q = position_phases(plan.positions_q, theta)[:, None]  # (B or 1, 1, n, r)
         phase_k = position_phases(plan.positions_k, theta)[:, None]  # (B or 1, 1, Nk, r)
-        delta = pe.clamped_delta()
+        delta = pe.bounded_delta()
         if delta is not None:
             phase_q = phase_q - delta.to(compute)[:, None, :]  # (B or 1, H, n, r)
         return phase_attention(q, k, v, phase_q, phase_k, magnitude_q=pe.magnitude,
