@@ -1,0 +1,52 @@
+"""The Gluon Hopper experiment (benchmarks/experiments/2026-12-01-gluon-hopper) still compiles for sm_90a on a CPU
+machine, with the Hopper machinery its README describes: the warp-specialised form re-allocates registers per
+partition (setmaxnreg 240 for the consumers, 24 for the producer), both forms run their products on wgmma (64x64 for
+S = q'k'^T over 256 channels, 64x128 for O += P v) and load by TMA into mbarrier-tracked stages, nothing spills, the
+shared memory fits one program per SM, and only the plain form has whole-CTA barriers in its key loops (the
+warp-specialised consumers sync their own warpgroup only). Compile-only: says nothing about correctness or speed
+(the experiment's gpu_check.py does, on a GPU)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper", reason="this Triton has no Gluon Hopper API")
+
+ROOT = os.path.join(os.path.dirname(__file__), os.pardir)
+SCRIPT = os.path.join(ROOT, "benchmarks", "experiments", "2026-12-01-gluon-hopper", "compile_report.py")
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gluon") / "report.json"
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}  # it compiles, for sm_90a
+    env["PYTHONPATH"] = os.path.join(ROOT, "src")
+    run = subprocess.run([sys.executable, SCRIPT, "--quick", "--json", str(out)], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return {row["variant"]: row for row in json.loads(out.read_text())}
+
+
+def test_both_forms_use_wgmma_and_tma_without_spills(rows):
+    for variant, row in rows.items():
+        assert row["spill_stores_B"] == 0 and row["spill_loads_B"] == 0, row
+        assert row["sass_spill_instr_in_loops"] == 0 and row["sass_spill_instr_outside"] == 0, row
+        assert row["fits_shared"], row
+        assert set(row["sass_hgmma"]) == {"HGMMA.64x64x16.F32.BF16", "HGMMA.64x128x16.F32.BF16"}, row
+        assert row["ptx_tma_loads"] > 0 and row["sass_utmaldg"] == row["ptx_tma_loads"], row
+        assert row["ptx_expect_tx"] > 0 and row["sass_syncs_phasechk"] > 0, row
+
+
+def test_warp_specialised_form_reallocates_registers_and_decouples_warpgroups(rows):
+    ws, plain = rows["ws"], rows["plain"]
+    assert ws["ttgir_warp_specialize"] == 1 and ws["ttgir_requested_registers"] == [240, 24], ws
+    assert {("inc", "240"), ("dec", "24")} <= {tuple(x) for x in ws["ptx_setmaxnreg"]}, ws
+    assert ws["warps_total"] == 12 and ws["maxnreg"] == 168, ws
+    assert plain["ttgir_warp_specialize"] == 0 and not plain["ptx_setmaxnreg"], plain
+    # In the key loops: whole-CTA barriers in the plain form (a stage is refilled once all warps are done with it),
+    # only 128-thread (one warpgroup) named barriers in the warp-specialised one.
+    assert any("whole CTA" in key for key in plain["sass_bar_sync_in_loops_by_barrier"]), plain
+    assert ws["sass_bar_sync_in_loops_by_barrier"], ws
+    assert all(key.endswith("0x80") for key in ws["sass_bar_sync_in_loops_by_barrier"]), ws
