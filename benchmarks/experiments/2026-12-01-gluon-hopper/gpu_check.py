@@ -148,7 +148,7 @@ def time_group(group: str) -> list:
             ours = main_pass(variant)
             o, _ = ours(q_prime, k_prime, v, True)
             ref, _ = shipped_main_pass(q_prime, k_prime, v, True)
-            row[f"{group} max |o - shipped|"] = (o.float() - ref.float()).abs().max().item()
+            row[f"{group} max abs(o - shipped)"] = (o.float() - ref.float()).abs().max().item()
             row[f"{group} main pass"] = bench(lambda: ours(q_prime, k_prime, v, True))
         rows.append(row)
         print(f"  time {group} {row}", flush=True)
@@ -186,13 +186,13 @@ def table(results: dict) -> str:
     for shape, row in by_shape.items():
         base, sdpa = row.get("shipped main pass"), row.get("SDPA flash (q, k, v)")
         for name, value in row.items():
-            if name == "shape" or "max |o" in name:
+            if name == "shape" or "max abs(o" in name:
                 continue
             ratio = f"{value / base:.2f}x" if base else "-"
             versus = f"{value / sdpa:.2f}x" if sdpa else "-"
             lines.append(f"| {', '.join(map(str, shape))} | {name} | {value:.3f} | {ratio} | {versus} |")
         for name, value in row.items():
-            if "max |o" in name:
+            if "max abs(o" in name:
                 lines.append(f"| {', '.join(map(str, shape))} | {name} | {value:.2e} | | |")
     return "\n".join(lines)
 
