@@ -50,3 +50,41 @@ def test_warp_specialised_form_reallocates_registers_and_decouples_warpgroups(ro
     assert any("whole CTA" in key for key in plain["sass_bar_sync_in_loops_by_barrier"]), plain
     assert ws["sass_bar_sync_in_loops_by_barrier"], ws
     assert all(key.endswith("0x80") for key in ws["sass_bar_sync_in_loops_by_barrier"]), ws
+
+
+def test_triton_automatic_warp_specialisation_engages_at_four_warps_only():
+    """Triton 3.6's own Hopper warp specialisation (tl.range(warp_specialize=True)) makes a warp-specialised kernel
+    of the whole causal main pass (one tagged loop) at 4 warps, and does nothing at the shipped forward's 8."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.path.join(ROOT, "src")
+    run = subprocess.run([sys.executable, os.path.join(os.path.dirname(SCRIPT), "triton_autows.py")], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = {line.split(":")[0]: line for line in run.stdout.splitlines() if line.startswith("full causal")}
+    four = lines["full causal main pass tile (128, 64, 4, 2), one tagged loop, every block masked"]
+    assert "'warp_specialize_op': True" in four and "'spill_stores_B': 0" in four, four
+    for loops in ("one tagged loop, every block masked", "unmasked loop tagged + masked loop"):
+        eight = lines[f"full causal main pass tile (128, 64, 8, 2), {loops}"]
+        assert "'warp_specialize_op': False" in eight, eight
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="runs through the Triton interpreter (CPU)")
+@pytest.mark.parametrize("split", [False, True])
+def test_triton_autows_main_pass_within_twice_pytorch_error(split):
+    """The plain-Triton main pass of triton_autows.py (the interpreter ignores warp_specialize) on q'/k' from pope's
+    pre-pass: o and lse within 2x plain PyTorch bf16's error vs float64, causal with a ragged tail and non-causal."""
+    import torch
+
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    import gpu_check
+    import triton_autows
+    from pope.testing import check_within_rule
+
+    for seed, (heads, seq, causal) in enumerate([(2, 33, True), (1, 200, True), (1, 150, False)]):
+        q_prime, k_prime, v, _ = gpu_check.primed_inputs(1, heads, seq, seed=seed, device="cpu")
+        exact, plain = (gpu_check.attention_math(q_prime, k_prime, v, causal, dtype)
+                        for dtype in (torch.float64, torch.bfloat16))
+        o, lse = triton_autows.attention_forward(q_prime, k_prime, v, causal=causal, tile=(32, 32, 4, 1), split=split)
+        for ours, theirs, truth in zip((o, lse), plain, exact):
+            result = check_within_rule(ours, theirs, truth, torch.bfloat16)
+            assert result["ok"], (heads, seq, causal, result)

@@ -6,12 +6,13 @@ Inputs are what the shipped forward feeds its main pass: q' and k' made by pope'
 (pope.kernels.prepass.transform_queries_and_keys: softplus magnitudes, PoPE's frequencies, a random delta) from fresh
 random q, k (B, H, N, d = 128), and v, all bf16; flattened to (B*H, N, 2d) / (B*H, N, d).
 
-(a) Correctness, per variant ("plain", "ws") and shape (N = 33, 1000, 2049, 4096 causal and 777 non-causal, BH 2-4):
+(a) Correctness, per variant (Gluon "plain" and "ws"; "autows": plain Triton with tl.range(warp_specialize=True) at
+    4 warps, triton_autows.py) and shape (N = 33, 1000, 2049, 4096 causal and 777 non-causal, BH 2-4):
     o against a float64 softmax(q'k'^T / sqrt(d)) v computed from the same bf16 q', k', v, within 2x the error of
     plain PyTorch bf16 attention (bf16 matmuls and softmax) on the same inputs (pope.testing.check_within_rule); lse
     against float64 likewise. The shipped Triton main pass runs the same check (a check of the harness).
 (b) Speed, at (B, H, N) = (4, 16, 4096), (2, 16, 8192), (1, 16, 16384), d = 128, causal, bf16: the forward's main
-    pass on the same q'/k'/v, Gluon variants against the shipped Triton main pass (pope.kernels.fwd._pope_fwd_kernel
+    pass on the same q'/k'/v, the three variants against the shipped Triton main pass (pope.kernels.fwd._pope_fwd_kernel
     launched on precomputed q'/k' -- the shipped launcher always runs the pre-pass, so this script launches the
     kernel itself with the launcher's descriptors and tiles); for context the pre-pass alone, the whole shipped pope
     forward (pre-pass + main pass), and SDPA's FlashAttention backend on plain (q, k, v) (the issue's baseline).
@@ -37,7 +38,7 @@ import torch  # noqa: E402
 CHECK_SHAPES = [(2, 33, True), (3, 1000, True), (2, 2049, True), (4, 4096, True), (2, 777, False)]  # (BH, N, causal)
 TIMING_SHAPES = [(4, 16, 4096), (2, 16, 8192), (1, 16, 16384)]  # (B, H, N), d = 128
 HEAD_DIM = 128
-GROUPS = {"gluon-plain": ("plain",), "gluon-ws": ("ws",), "shipped": ()}
+GROUPS = {"gluon-plain": ("plain",), "gluon-ws": ("ws",), "triton-autows": ("autows",), "shipped": ()}
 CHILD_TIMEOUT_S = 80
 
 
@@ -92,6 +93,9 @@ def main_pass(provider: str):
 
     if provider == "shipped":
         return shipped_main_pass
+    if provider == "autows":  # plain Triton, tl.range(warp_specialize=True) at 4 warps (triton_autows.py)
+        import triton_autows
+        return lambda qp, kp, v, causal: triton_autows.attention_forward(qp, kp, v, causal=causal)
     return lambda qp, kp, v, causal: gluon_attention.attention_forward(qp, kp, v, causal=causal, variant=provider)
 
 
