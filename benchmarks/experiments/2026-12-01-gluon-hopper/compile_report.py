@@ -29,8 +29,9 @@ import triton  # noqa: E402
 import gluon_attention  # noqa: E402
 
 H100_SHARED_PER_BLOCK = 232448  # 227 KB: the most dynamic shared memory one block may use on sm_90
-CONFIGS = [("plain", 64, 2), ("ws", 64, 2), ("plain", 64, 3), ("ws", 64, 3)]
-QUICK_CONFIGS = [("plain", 64, 2), ("ws", 64, 2)]
+CONFIGS = [("plain", 64, 2), ("ws", 64, 2), ("ws-overlap", 64, 2), ("plain", 64, 3), ("ws", 64, 3),
+           ("ws-overlap", 64, 3)]
+QUICK_CONFIGS = [("plain", 64, 2), ("ws", 64, 2), ("ws-overlap", 64, 2)]
 
 
 def _tool(name: str) -> str:
@@ -120,6 +121,7 @@ def report(variant: str, block_n: int, stages: int) -> dict:
         "ttgir_convert_layout": ttgir.count("ttg.convert_layout"),
         "ptx_setmaxnreg": sorted(set(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx))),
         "ptx_wgmma": ptx.count("wgmma.mma_async"), "ptx_wgmma_wait": ptx.count("wgmma.wait_group"),
+        "ptx_wgmma_wait_leaving_one": ptx.count("wgmma.wait_group.sync.aligned 1;"),
         "ptx_tma_loads": len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global", ptx)),
         "ptx_mbarrier_wait": ptx.count("mbarrier.try_wait"), "ptx_mbarrier_arrive": ptx.count("mbarrier.arrive"),
         "ptx_expect_tx": ptx.count("mbarrier.arrive.expect_tx"),
@@ -148,11 +150,12 @@ def shipped_forward_line() -> str:
 def summary_line(row: dict) -> str:
     loops = (f"BAR.SYNC in loops {row['sass_bar_sync_in_loops']} {row['sass_bar_sync_in_loops_by_barrier']} / outside {row['sass_bar_sync_outside']}, "
              f"spill instr. in loops {row['sass_spill_instr_in_loops']} / outside {row['sass_spill_instr_outside']}")
-    return (f"{row['variant']:5s} BLOCK_N {row['block_n']} stages {row['stages']}: {row['warps_total']} warps, "
+    return (f"{row['variant']:10s} BLOCK_N {row['block_n']} stages {row['stages']}: {row['warps_total']} warps, "
             f"{row['registers']} registers (maxnreg {row['maxnreg']}), spills {row['spill_stores_B']}/"
             f"{row['spill_loads_B']} B, shared {row['shared_B'] / 1024:.1f} KB"
             f"{'' if row['fits_shared'] else ' (OVER 227 KB)'}, setmaxnreg {row['ptx_setmaxnreg'] or 'none'}, "
-            f"requested {row['ttgir_requested_registers']}, wgmma {row['ptx_wgmma']} (HGMMA {row['sass_hgmma']}), "
+            f"requested {row['ttgir_requested_registers']}, wgmma {row['ptx_wgmma']} (HGMMA {row['sass_hgmma']}, waits leaving one in flight "
+            f"{row['ptx_wgmma_wait_leaving_one']}), "
             f"TMA loads {row['ptx_tma_loads']} (UTMALDG {row['sass_utmaldg']}, boxes {row['tma_boxes']}), "
             f"mbarrier waits {row['ptx_mbarrier_wait']} arrives {row['ptx_mbarrier_arrive']}, {loops}")
 

@@ -16,8 +16,11 @@ Two forms of the same consumer code (`_consume`):
   and forth, so the two consumer warpgroups never wait on each other (no CTA barrier in the loop) and the producer
   runs ahead as far as the ring allows. Registers are re-allocated per partition (setmaxnreg): producer 24,
   consumers 240 (kernel maxnreg 168: 12 warps x 32 x 168 <= 64K registers).
-Not done (FA3 has them): intra-warpgroup overlap of the next block's Q K^T wgmma with this block's softmax, explicit
-ping-pong ordering of the two consumers' softmax (named barriers), TMA stores of o, persistent scheduling.
+- "ws-overlap": "ws" plus FlashAttention-3's intra-warpgroup overlap in each consumer (`_overlapped_blocks`): block
+  j's S = q'k'^T is issued before block j-1's O += P v, and block j's softmax runs while that P v product does (one
+  loop over the key blocks, the mask applied by a runtime branch on the blocks that need it).
+Not done (FA3 has them): explicit ping-pong ordering of the two consumers' softmax (named barriers), TMA stores of o,
+persistent scheduling.
 
 Per consumer and key block (rows RM = 64 or 128, keys BLOCK_N, QK channels 2d, V channels d):
   S (RM, BLOCK_N) fp32 = wgmma(q' tile in shared memory, k' tile^T in shared memory)
@@ -36,7 +39,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 LOG2E = 1.4426950408889634
-VARIANTS = ("plain", "ws")
+VARIANTS = ("plain", "ws", "ws-overlap")
 BLOCK_M = 128  # query rows per program (both variants)
 PRODUCER_REGISTERS = gl.constexpr(24)  # the producer warp holds only scalars: the minimum setmaxnreg allows
 CONSUMER_REGISTERS = gl.constexpr(240)
@@ -68,28 +71,11 @@ def _key_blocks(row0, seq_len, RM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: 
 
 
 @gluon.jit
-def _softmax_step(acc, row_sum, row_max, q_tile, k_bufs, v_bufs, ready_bars, empty_bars, block, row0, seq_len,
-                  qk_scale, k_desc, v_desc, bh, n_total,
-                  s_layout: gl.constexpr, o_layout: gl.constexpr, RM: gl.constexpr, BLOCK_N: gl.constexpr,
-                  STAGES: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr, ISSUE_LOADS: gl.constexpr):
-    """One key block of the online softmax for this consumer's RM rows."""
-    HEAD_QK: gl.constexpr = k_desc.block_type.shape[2]
-    HEAD_V: gl.constexpr = v_desc.block_type.shape[2]
-    stage = block % STAGES
-    if ISSUE_LOADS:
-        # Refill the stage block - 1 used, STAGES - 1 blocks ahead: every warp has waited for its wgmma on it
-        # (warpgroup_mma_wait below), the CTA barrier makes sure all of them have.
-        gl.thread_barrier()
-        ahead = block + STAGES - 1
-        _issue_block_load(k_desc, v_desc, k_bufs, v_bufs, ready_bars, bh, ahead, STAGES, BLOCK_N, ahead < n_total)
-    mbarrier.wait(ready_bars.index(stage), (block // STAGES) & 1)
-    k_tile = k_bufs.index(stage).reshape([BLOCK_N, HEAD_QK]).permute((1, 0))  # (2d, BLOCK_N) view
-    v_tile = v_bufs.index(stage).reshape([BLOCK_N, HEAD_V])
-
-    scores = warpgroup_mma(q_tile, k_tile, gl.zeros([RM, BLOCK_N], gl.float32, s_layout), use_acc=False,
-                           is_async=True)
-    scores = warpgroup_mma_wait(num_outstanding=0, deps=(scores, ))
-    if MASKED:
+def _probabilities(scores, row_max, row_sum, block, row0, seq_len, qk_scale, masked,
+                   s_layout: gl.constexpr, RM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """(P, rescale, new row max, new row sum) of one block's scores S (RM, BLOCK_N), base 2; masked: apply the
+    causal / sequence-end mask (a constexpr, or a runtime flag in the overlapped loop)."""
+    if masked:
         offs_m = row0 + gl.arange(0, RM, layout=gl.SliceLayout(1, s_layout))
         offs_n = block * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         visible = (offs_n < seq_len)[None, :]
@@ -100,22 +86,86 @@ def _softmax_step(acc, row_sum, row_max, q_tile, k_bufs, v_bufs, ready_bars, emp
     new_max = gl.maximum(row_max, gl.max(scores, 1) * qk_scale)
     probs = gl.exp2(scores * qk_scale - new_max[:, None])
     rescale = gl.exp2(row_max - new_max)
-    row_sum = row_sum * rescale + gl.sum(probs, 1)
-    acc = acc * gl.convert_layout(rescale, gl.SliceLayout(1, o_layout))[:, None]
+    return probs, rescale, new_max, row_sum * rescale + gl.sum(probs, 1)
+
+
+@gluon.jit
+def _scores_async(q_tile, k_bufs, ready_bars, block, s_layout: gl.constexpr, RM: gl.constexpr, BLOCK_N: gl.constexpr,
+                  STAGES: gl.constexpr):
+    """Waits for key block `block` to land, issues S = q' k'^T on it (async wgmma; the caller waits)."""
+    HEAD_QK: gl.constexpr = k_bufs.type.shape[3]
+    stage = block % STAGES
+    mbarrier.wait(ready_bars.index(stage), (block // STAGES) & 1)
+    k_tile = k_bufs.index(stage).reshape([BLOCK_N, HEAD_QK]).permute((1, 0))  # (2d, BLOCK_N) view
+    return warpgroup_mma(q_tile, k_tile, gl.zeros([RM, BLOCK_N], gl.float32, s_layout), use_acc=False,
+                         is_async=True)
+
+
+@gluon.jit
+def _pv_async(probs, v_bufs, block, acc, o_layout: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """Issues O += P v on key block `block` (async wgmma, P from registers; the caller waits)."""
+    HEAD_V: gl.constexpr = v_bufs.type.shape[3]
+    v_tile = v_bufs.index(block % STAGES).reshape([BLOCK_N, HEAD_V])
     p_operand = gl.convert_layout(probs.to(gl.bfloat16), gl.DotOperandLayout(operand_index=0, parent=o_layout,
                                                                                k_width=2))
-    acc = warpgroup_mma(p_operand, v_tile, acc, is_async=True)
+    return warpgroup_mma(p_operand, v_tile, acc, is_async=True)
+
+
+@gluon.jit
+def _softmax_step(acc, row_sum, row_max, q_tile, k_bufs, v_bufs, ready_bars, empty_bars, block, row0, seq_len,
+                  qk_scale, k_desc, v_desc, bh, n_total,
+                  s_layout: gl.constexpr, o_layout: gl.constexpr, RM: gl.constexpr, BLOCK_N: gl.constexpr,
+                  STAGES: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr, ISSUE_LOADS: gl.constexpr):
+    """One key block of the online softmax for this consumer's RM rows, each wgmma waited for at once."""
+    if ISSUE_LOADS:
+        # Refill the stage block - 1 used, STAGES - 1 blocks ahead: every warp has waited for its wgmma on it
+        # (warpgroup_mma_wait below), the CTA barrier makes sure all of them have.
+        gl.thread_barrier()
+        ahead = block + STAGES - 1
+        _issue_block_load(k_desc, v_desc, k_bufs, v_bufs, ready_bars, bh, ahead, STAGES, BLOCK_N, ahead < n_total)
+    scores = _scores_async(q_tile, k_bufs, ready_bars, block, s_layout, RM, BLOCK_N, STAGES)
+    scores = warpgroup_mma_wait(num_outstanding=0, deps=(scores, ))
+    probs, rescale, row_max, row_sum = _probabilities(scores, row_max, row_sum, block, row0, seq_len, qk_scale,
+                                                      MASKED, s_layout, RM, BLOCK_N, CAUSAL)
+    acc = acc * gl.convert_layout(rescale, gl.SliceLayout(1, o_layout))[:, None]
+    acc = _pv_async(probs, v_bufs, block, acc, o_layout, BLOCK_N, STAGES)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
     if not ISSUE_LOADS:
-        mbarrier.arrive(empty_bars.index(stage))  # this consumer is done with the stage
-    return acc, row_sum, new_max
+        mbarrier.arrive(empty_bars.index(block % STAGES))  # this consumer is done with the stage
+    return acc, row_sum, row_max
+
+
+@gluon.jit
+def _overlapped_blocks(acc, row_sum, row_max, q_tile, k_bufs, v_bufs, ready_bars, empty_bars, row0, seq_len,
+                       qk_scale, unmasked, visible, s_layout: gl.constexpr, o_layout: gl.constexpr, RM: gl.constexpr,
+                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """Key blocks 0..visible-1 with FlashAttention-3's intra-warpgroup overlap: block j's S = q'k'^T and block j-1's
+    O += P v are in flight together, and block j's softmax runs while the P v product does (visible >= 1)."""
+    scores = _scores_async(q_tile, k_bufs, ready_bars, 0, s_layout, RM, BLOCK_N, STAGES)
+    scores = warpgroup_mma_wait(num_outstanding=0, deps=(scores, ))
+    probs, rescale, row_max, row_sum = _probabilities(scores, row_max, row_sum, 0, row0, seq_len, qk_scale,
+                                                      unmasked == 0, s_layout, RM, BLOCK_N, CAUSAL)
+    for block in range(1, visible):
+        scores = _scores_async(q_tile, k_bufs, ready_bars, block, s_layout, RM, BLOCK_N, STAGES)
+        acc = _pv_async(probs, v_bufs, block - 1, acc, o_layout, BLOCK_N, STAGES)  # O is relative to block-1's max
+        scores = warpgroup_mma_wait(num_outstanding=1, deps=(scores, ))  # S done; P v may still run
+        probs, rescale, row_max, row_sum = _probabilities(scores, row_max, row_sum, block, row0, seq_len, qk_scale,
+                                                          block >= unmasked, s_layout, RM, BLOCK_N, CAUSAL)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(empty_bars.index((block - 1) % STAGES))  # k' and v of block - 1 are no longer read
+        acc = acc * gl.convert_layout(rescale, gl.SliceLayout(1, o_layout))[:, None]
+    acc = _pv_async(probs, v_bufs, visible - 1, acc, o_layout, BLOCK_N, STAGES)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    mbarrier.arrive(empty_bars.index((visible - 1) % STAGES))
+    return acc, row_sum, row_max
 
 
 @gluon.jit
 def _consume(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, ready_bars, empty_bars, o_ptr, lse_ptr,
              bh, row0, seq_len, n_total, qk_scale,
-             BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, ISSUE_LOADS: gl.constexpr):
-    """Rows row0..row0+RM of head bh: waits for its q' tile, runs the key blocks, writes o and lse. In the "ws" form
+             BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, ISSUE_LOADS: gl.constexpr,
+             OVERLAP: gl.constexpr):
+    """Rows row0..row0+RM of head bh: waits for its q' tile, runs the key blocks, writes o and lse. In the "ws" forms
     it also waits for (and hands back) the blocks its rows do not see, which the other consumer needs."""
     RM: gl.constexpr = q_desc.block_type.shape[1]
     HEAD_QK: gl.constexpr = q_desc.block_type.shape[2]
@@ -137,14 +187,21 @@ def _consume(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, ready_bars, 
     row_sum = gl.zeros([RM], gl.float32, gl.SliceLayout(1, s_layout))
     row_max = gl.full([RM], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     unmasked, visible = _key_blocks(row0, seq_len, RM, BLOCK_N, CAUSAL)
-    for block in range(0, unmasked):
-        acc, row_sum, row_max = _softmax_step(
-            acc, row_sum, row_max, q_tile, k_bufs, v_bufs, ready_bars, empty_bars, block, row0, seq_len, qk_scale,
-            k_desc, v_desc, bh, n_total, s_layout, o_layout, RM, BLOCK_N, STAGES, False, CAUSAL, ISSUE_LOADS)
-    for block in range(unmasked, visible):
-        acc, row_sum, row_max = _softmax_step(
-            acc, row_sum, row_max, q_tile, k_bufs, v_bufs, ready_bars, empty_bars, block, row0, seq_len, qk_scale,
-            k_desc, v_desc, bh, n_total, s_layout, o_layout, RM, BLOCK_N, STAGES, True, CAUSAL, ISSUE_LOADS)
+    if OVERLAP:
+        acc, row_sum, row_max = _overlapped_blocks(
+            acc, row_sum, row_max, q_tile, k_bufs, v_bufs, ready_bars, empty_bars, row0, seq_len, qk_scale,
+            unmasked, visible, s_layout, o_layout, RM, BLOCK_N, STAGES, CAUSAL)
+    else:
+        for block in range(0, unmasked):
+            acc, row_sum, row_max = _softmax_step(
+                acc, row_sum, row_max, q_tile, k_bufs, v_bufs, ready_bars, empty_bars, block, row0, seq_len,
+                qk_scale, k_desc, v_desc, bh, n_total, s_layout, o_layout, RM, BLOCK_N, STAGES, False, CAUSAL,
+                ISSUE_LOADS)
+        for block in range(unmasked, visible):
+            acc, row_sum, row_max = _softmax_step(
+                acc, row_sum, row_max, q_tile, k_bufs, v_bufs, ready_bars, empty_bars, block, row0, seq_len,
+                qk_scale, k_desc, v_desc, bh, n_total, s_layout, o_layout, RM, BLOCK_N, STAGES, True, CAUSAL,
+                ISSUE_LOADS)
     if not ISSUE_LOADS:
         for block in range(visible, n_total):  # blocks only the other consumer's rows see: hand them back
             stage = block % STAGES
@@ -179,16 +236,16 @@ def _produce(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bars, ready_bars,
 @gluon.jit
 def _second_consumer(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bars, ready_bars, empty_bars, o_ptr, lse_ptr,
                      bh, m0, seq_len, n_total, qk_scale,
-                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr):
     RM: gl.constexpr = q_desc.block_type.shape[1]
     _consume(q_desc, k_desc, v_desc, q_bufs.index(1), k_bufs, v_bufs, q_bars.index(1), ready_bars, empty_bars, o_ptr,
-             lse_ptr, bh, m0 + RM, seq_len, n_total, qk_scale, BLOCK_N, STAGES, CAUSAL, False)
+             lse_ptr, bh, m0 + RM, seq_len, n_total, qk_scale, BLOCK_N, STAGES, CAUSAL, False, OVERLAP)
 
 
 @gluon.jit
 def _attention_fwd_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seq_len, qk_scale,
                           BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                          WARP_SPECIALIZE: gl.constexpr):
+                          WARP_SPECIALIZE: gl.constexpr, OVERLAP: gl.constexpr = False):
     """Program (m, bh): query rows of block m (heaviest causal blocks first) of head bh."""
     RM: gl.constexpr = q_desc.block_type.shape[1]  # rows per consumer: 64 ("ws", two consumers) or 128 ("plain")
     CONSUMERS: gl.constexpr = 2 if WARP_SPECIALIZE else 1
@@ -216,22 +273,23 @@ def _attention_fwd_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, seq_len, qk_sc
         gl.warp_specialize([
             (_consume, (q_desc, k_desc, v_desc, q_bufs.index(0), k_bufs, v_bufs, q_bars.index(0), ready_bars,
                         empty_bars, o_ptr, lse_ptr, bh, m0, seq_len, n_total, qk_scale, BLOCK_N, STAGES, CAUSAL,
-                        False)),
+                        False, OVERLAP)),
             (_second_consumer, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bars, ready_bars, empty_bars,
-                                o_ptr, lse_ptr, bh, m0, seq_len, n_total, qk_scale, BLOCK_N, STAGES, CAUSAL)),
+                                o_ptr, lse_ptr, bh, m0, seq_len, n_total, qk_scale, BLOCK_N, STAGES, CAUSAL,
+                                OVERLAP)),
             (_produce, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_bars, ready_bars, empty_bars, bh, m0,
                         n_total, BLOCK_N, STAGES, CONSUMERS)),
         ], [4, 1], [CONSUMER_REGISTERS, PRODUCER_REGISTERS])
     else:
         _consume(q_desc, k_desc, v_desc, q_bufs.index(0), k_bufs, v_bufs, q_bars.index(0), ready_bars, empty_bars,
-                 o_ptr, lse_ptr, bh, m0, seq_len, n_total, qk_scale, BLOCK_N, STAGES, CAUSAL, True)
+                 o_ptr, lse_ptr, bh, m0, seq_len, n_total, qk_scale, BLOCK_N, STAGES, CAUSAL, True, False)
 
 
 def launch_options(variant: str, block_n: int, stages: int) -> dict:
     """(rows per consumer, compile options) of a variant."""
     if variant not in VARIANTS:
         raise ValueError(f"variant {variant!r}: expected one of {VARIANTS}")
-    if variant == "ws":
+    if variant.startswith("ws"):
         return dict(rows=BLOCK_M // 2, num_warps=4, maxnreg=WS_MAXNREG)
     return dict(rows=BLOCK_M, num_warps=8, maxnreg=None)
 
@@ -269,7 +327,8 @@ def attention_forward(q_prime: torch.Tensor, k_prime: torch.Tensor, v: torch.Ten
     grid = (triton.cdiv(seq_len, BLOCK_M), heads)
     extra = {"maxnreg": options["maxnreg"]} if options["maxnreg"] else {}
     _attention_fwd_kernel[grid](*descriptors, o, lse, seq_len, scale * LOG2E, BLOCK_N=block_n, STAGES=stages,
-                                CAUSAL=causal, WARP_SPECIALIZE=variant == "ws", num_warps=options["num_warps"],
+                                CAUSAL=causal, WARP_SPECIALIZE=variant.startswith("ws"),
+                                OVERLAP=variant == "ws-overlap", num_warps=options["num_warps"],
                                 **extra)
     return o, lse
 
@@ -286,8 +345,9 @@ def compile_for_hopper(variant: str, *, head_qk: int = 256, head_v: int = 128, b
     signature = {f"{name}_desc": f"tensordesc<bf16{shape},{shared_layout(shape)!r}>".replace(" ", "")
                  for name, shape in shapes.items()}
     signature.update(o_ptr="*bf16", lse_ptr="*fp32", seq_len="i32", qk_scale="fp32", BLOCK_N="constexpr",
-                     STAGES="constexpr", CAUSAL="constexpr", WARP_SPECIALIZE="constexpr")
-    constexprs = {"BLOCK_N": block_n, "STAGES": stages, "CAUSAL": causal, "WARP_SPECIALIZE": variant == "ws"}
+                     STAGES="constexpr", CAUSAL="constexpr", WARP_SPECIALIZE="constexpr", OVERLAP="constexpr")
+    constexprs = {"BLOCK_N": block_n, "STAGES": stages, "CAUSAL": causal, "WARP_SPECIALIZE": variant.startswith("ws"),
+                  "OVERLAP": variant == "ws-overlap"}
     names = _attention_fwd_kernel.arg_names
     attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in ("o_ptr", "lse_ptr")}
     source = GluonASTSource(_attention_fwd_kernel, signature, constexprs, attrs)
