@@ -52,7 +52,10 @@ def ptxas_info(ptx: str) -> dict:
         found = re.search(pattern, text)
         return int(found.group(1)) if found else None
     return {"registers": number(r"Used (\d+) registers"), "spill_stores_B": number(r"(\d+) bytes spill stores"),
-            "spill_loads_B": number(r"(\d+) bytes spill loads"), "named_barriers": number(r"used (\d+) barriers")}
+            "spill_loads_B": number(r"(\d+) bytes spill loads"), "named_barriers": number(r"used (\d+) barriers"),
+            # e.g. "wgmma.mma_async instructions are serialized due to ...": ptxas undoing the async pipeline
+            "ptxas_warnings": [line.strip() for line in text.splitlines() if "warning" in line.lower()
+                               or "performance" in line.lower()]}
 
 
 def sass_of(cubin: bytes) -> list[tuple[int, str]]:
@@ -157,7 +160,8 @@ def summary_line(row: dict) -> str:
             f"requested {row['ttgir_requested_registers']}, wgmma {row['ptx_wgmma']} (HGMMA {row['sass_hgmma']}, waits leaving one in flight "
             f"{row['ptx_wgmma_wait_leaving_one']}), "
             f"TMA loads {row['ptx_tma_loads']} (UTMALDG {row['sass_utmaldg']}, boxes {row['tma_boxes']}), "
-            f"mbarrier waits {row['ptx_mbarrier_wait']} arrives {row['ptx_mbarrier_arrive']}, {loops}")
+            f"mbarrier waits {row['ptx_mbarrier_wait']} arrives {row['ptx_mbarrier_arrive']}, {loops}, "
+            f"ptxas warnings {row['ptxas_warnings'] or 'none'}")
 
 
 def main(argv=None) -> int:

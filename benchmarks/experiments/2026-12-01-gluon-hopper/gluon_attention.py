@@ -5,7 +5,7 @@ all bf16 and contiguous; output o (BH, N, d) bf16 and lse (BH, N) fp32, the natu
 softmax_scale * (q'_i . k'_j) with softmax_scale = 1/sqrt(d) (d, not 2d: q'.k' is PoPE's score), causal (key j visible
 to query i iff j <= i; Nq == Nk so top-left and bottom-right agree) or not.
 
-Two forms of the same consumer code (`_consume`):
+Three forms of the same consumer code (`_consume`):
 - "plain": one partition of 8 warps (two warpgroups, 128 query rows, one wgmma layout of warps [8, 1]) issues its own
   TMA loads STAGES - 1 key blocks ahead into a ring of shared-memory stages, an mbarrier per stage, and a CTA barrier
   before a stage is refilled (the shipped Triton forward's schedule, written by hand).
