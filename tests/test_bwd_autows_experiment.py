@@ -88,3 +88,16 @@ def test_automatic_warp_specialisation_engages_on_dkdv_only_at_four_warps():
     assert dkdv["setmaxnreg"] and dkdv["spill_stores_B"] == 0 and dkdv["atomics"] == 0, dkdv
     assert "error" in rows["dq", 4] or not rows["dq", 4]["warp_specialize_op"], rows["dq", 4]
     assert not rows["dq", 8]["warp_specialize_op"] and rows["dq", 8]["warps"] == 8, rows["dq", 8]
+
+
+@pytest.mark.skipif(not INTERPRETER_IN_PROCESS or ON_GPU,
+                    reason="CPU interpreter test (on a GPU: the experiment's gpu_check.py)")
+def test_gpu_check_variants_pass_on_cpu():
+    """gpu_check.py's correctness group, run on small CPU shapes through the interpreter: every variant (incl. the
+    4-warp dk/dv tiles and, at d = 128, the dk/dv key block from k' by TMA) meets the 2x rule and is deterministic."""
+    sys.path.insert(0, HERE)
+    import gpu_check
+
+    rows = gpu_check.check([(1, 2, 2, 70, 70, 64, True), (1, 2, 1, 45, 45, 128, False)], "cpu")
+    assert len(rows) == 2 * len(gpu_check.VARIANTS)
+    assert all(row["ok"] for row in rows), [row for row in rows if not row["ok"]]

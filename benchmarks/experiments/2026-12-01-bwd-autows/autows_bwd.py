@@ -34,10 +34,9 @@ def _autows_dq_kernel(
     n_q_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, row_delta_stride, CuSeqlensQ, CuSeqlensK, PackedLSE,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr, PRECISION: tl.constexpr,
-    IS_VARLEN: tl.constexpr = False, WARP_SPECIALIZE: tl.constexpr = True, DO_PER_BLOCK: tl.constexpr = False,
+    IS_VARLEN: tl.constexpr = False, WARP_SPECIALIZE: tl.constexpr = True,
 ):
-    """`bwd._pope_bwd_dq_kernel` (batched) with its two key loops (unmasked, then masked) made one masked loop.
-    DO_PER_BLOCK: dO re-read (same pointers, same values) in every key block instead of held from the prologue."""
+    """`bwd._pope_bwd_dq_kernel` (batched) with its two key loops (unmasked, then masked) made one masked loop."""
     tl.static_assert(not IS_VARLEN, "the experiment has no packed (varlen) form")
     pid_m, pid_bh, b, h, kv_bh, offs_m, offs_d, mask_d, mask_rows = _query_block(n_q_heads, group_size, seq_q,
                                                                                  BLOCK_M, BLOCK_D, HEAD_DIM)
@@ -63,9 +62,6 @@ def _autows_dq_kernel(
         if CAUSAL:
             visible = visible & (offs_n[None, :] <= (q_offset + offs_m)[:, None])
         probs = tl.where(visible, probs, 0.0)
-        if DO_PER_BLOCK:
-            do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :],
-                         mask=mask_q, other=0.0)
         dprobs = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         dscores = (probs * (dprobs - row_delta[:, None])).to(k_wide.dtype)
         dq_wide = tl.dot(dscores, k_wide, dq_wide, input_precision=PRECISION)  # dq' (BLOCK_M, 2 BLOCK_D)
@@ -151,7 +147,7 @@ def _autows_dkdv_kernel(
 
 class _WithConstexprs:
     """A kernel that a launcher runs as kernel[grid](*args, **meta), launched with extra constexprs the shipped
-    launcher does not pass (WARP_SPECIALIZE, DO_PER_BLOCK)."""
+    launcher does not pass (WARP_SPECIALIZE)."""
 
     def __init__(self, kernel, **extra):
         self.kernel, self.extra = kernel, extra

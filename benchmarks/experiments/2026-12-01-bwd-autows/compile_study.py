@@ -57,9 +57,6 @@ FULL = (
        [((64, 64, 8, 3), None, False), ((64, 64, 8, 3), None, True), ((64, 64, 4, 2), None, True),
         ((64, 64, 4, 2), True, True), ((64, 128, 4, 2), None, True), ((64, 128, 4, 2), True, True),
         ((32, 128, 4, 2), True, True), ((64, 64, 4, 3), True, True), ((32, 64, 4, 2), True, True)]])
-# dq with dO re-read in every key block (DO_PER_BLOCK): does a loop-invariant register operand stop the pass?
-EXTRA = {"DO_PER_BLOCK": True}
-FULL += [("dq", d, tile, None, "one-loop", True, EXTRA) for d, tile in ((64, (64, 64, 4, 3)), (128, (128, 64, 4, 2)))]
 
 
 def compile_one(kind: str, head_dim: int, tile: tuple, keys_from_prepass, form: str, tagged: bool,
