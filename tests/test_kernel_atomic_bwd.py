@@ -261,7 +261,7 @@ def test_atomic_kernel_compiles_for_hopper_within_an_sm_and_without_spills():
         resident = int(re.search(r"programs per SM (\d+)", line).group(1))
         assert resident >= (2 if line.startswith("d=64 varlen=False") else 1), line
         if "varlen=False" in line or line.startswith("d=64"):
-            assert "0 bytes spill stores" in line, line
+            assert " 0 bytes spill stores" in line, line
 
 
 def test_backward_buffers_peak_at_ten_q(kernels, monkeypatch):

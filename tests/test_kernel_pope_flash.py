@@ -674,13 +674,13 @@ def test_kernels_compile_for_hopper_without_spills():
     assert run.returncode == 0, run.stderr[-2000:]
     for kernel in ("dq    ", "dkdv  "):
         line = next(line for line in run.stdout.splitlines() if line.startswith(f"{kernel} d=64 "))
-        assert "0 bytes spill stores" in line and "programs per SM 2" in line, line
+        assert " 0 bytes spill stores" in line and "programs per SM 2" in line, line
     # d=128 dq: its chain-rule epilogue runs in channel quarters (bwd._chain_rule), which keeps it spill-free.
     line = next(line for line in run.stdout.splitlines() if line.startswith("dq     d=128"))
-    assert "0 bytes spill stores" in line, line
+    assert " 0 bytes spill stores" in line, line
     for head_dim in ("64 ", "128"):
         line = next(line for line in run.stdout.splitlines() if line.startswith(f"fwd    d={head_dim}"))
-        assert "0 bytes spill stores" in line and "wgmma" in line, line
+        assert " 0 bytes spill stores" in line and "wgmma" in line, line
         if head_dim == "64 ":
             # Two programs per SM (121 registers, 105 KB shared at (128, 64, 8, 3)) is what made the q' pre-pass pay.
             resident = int(re.search(r"programs per SM (\d+)", line).group(1))
