@@ -96,6 +96,7 @@ def test_gpu_check_variants_pass_on_cpu():
     """gpu_check.py's correctness group, run on small CPU shapes through the interpreter: every variant (incl. the
     4-warp dk/dv tiles and, at d = 128, the dk/dv key block from k' by TMA) meets the 2x rule and is deterministic."""
     sys.path.insert(0, HERE)
+    sys.modules.pop("gpu_check", None)  # another experiment's gpu_check.py may be imported under the same name
     import gpu_check
 
     rows = gpu_check.check([(1, 2, 2, 70, 70, 64, True), (1, 2, 1, 45, 45, 128, False)], "cpu")

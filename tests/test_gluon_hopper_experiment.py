@@ -80,6 +80,7 @@ def test_triton_autows_main_pass_within_twice_pytorch_error(split):
     import torch
 
     sys.path.insert(0, os.path.dirname(SCRIPT))
+    sys.modules.pop("gpu_check", None)  # another experiment's gpu_check.py may be imported under the same name
     import gpu_check
     import triton_autows
     from pope.testing import check_within_rule
