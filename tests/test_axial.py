@@ -71,6 +71,19 @@ def test_one_axis_equals_pope_attention():
         assert torch.allclose(ours, theirs, atol=1e-12, rtol=0)
 
 
+def test_axial_layer_takes_pope_delta_range_and_softmax_scale():
+    """AxialPoPE has pope.PoPE's options: on one axis with delta out of range, "wrap" scores as the unconstrained
+    delta and a given softmax_scale reaches the op."""
+    q, k, v = _qkv(n=9, d=8)
+    line = torch.arange(9)[:, None]
+    layer = AxialPoPE(n_heads=3, head_dim=8, n_axes=1, delta_range="wrap", softmax_scale=0.2).double()
+    free = torch.full((3, 8), 1.5, dtype=torch.float64)  # outside [-2π, 0]
+    with torch.no_grad():
+        layer.delta.copy_(free)
+    theirs = pope_attention(q, k, v, free, causal=False, softmax_scale=0.2, backend="reference")
+    assert torch.allclose(layer(q, k, v, line), theirs, atol=1e-12, rtol=0)
+
+
 def test_vit_drop_in_module_trains_and_refuses_bad_input():
     torch.manual_seed(0)
     layer = AxialPoPEAttention(32, 4, delta_init="uniform")

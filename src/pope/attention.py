@@ -54,7 +54,7 @@ def pope_attention(
     """PoPE attention.
 
     q: (B, Hq, Nq, d); k, v: (B, Hkv, Nk, d) with Hq a multiple of Hkv (grouped-query attention) and
-    Nq <= Nk; delta: (Hq, rotary_dim or d) key-phase bias (already clamped by the caller) or None.
+    Nq <= Nk; delta: (Hq, rotary_dim or d) key-phase bias (already in [-2π, 0]: pope.PoPE brings it there) or None.
     Query i sits at position q_offset + i (default Nk - Nq: the queries are the last Nq positions, as
     in a KV-cache decode), key j at position j; causal masking is by position (bottom-right aligned).
     softmax_scale defaults to 1/sqrt(d). Returns (B, Hq, Nq, d) in the dtype of q.

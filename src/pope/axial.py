@@ -130,19 +130,22 @@ class AxialPoPE(PoPE):
     (B, Hkv, N, head_dim) and positions (N, n_axes) or (B, N, n_axes) (e.g. `grid_positions((rows, cols))`),
     non-causal by default.
 
-    pope.PoPE with N-D positions: the same options, validation and delta (n_heads, sum(axis_dims)), clamped
-    to [-2π, 0]; axis_dims (default: head_dim split evenly over n_axes) are the rotated channels per axis."""
+    pope.PoPE with N-D positions: the same options, validation and delta (n_heads, sum(axis_dims)), brought
+    into [-2π, 0] as delta_range says; axis_dims (default: head_dim split evenly over n_axes) are the rotated
+    channels per axis."""
 
     def __init__(self, *, n_heads: int, head_dim: int, n_kv_heads: int | None = None, n_axes: int = 2,
                  axis_dims: Sequence[int] | None = None, base: float = 10000.0, magnitude: str = "softplus",
-                 delta_init: str = "zero", use_delta: bool = True):
+                 delta_init: str = "zero", delta_range: str = "clamp", use_delta: bool = True,
+                 softmax_scale: float | None = None):
         axis_dims = tuple(axis_dims) if axis_dims is not None else split_axis_dims(head_dim, n_axes)
         if len(axis_dims) != n_axes:
             raise ValueError(f"axis_dims {axis_dims} name {len(axis_dims)} axes but n_axes={n_axes}")
         if any(int(g) < 1 for g in axis_dims) or sum(axis_dims) > head_dim:
             raise ValueError(f"axis_dims {axis_dims} must be positive and sum to at most head_dim={head_dim}")
         super().__init__(n_heads=n_heads, n_kv_heads=n_kv_heads or n_heads, head_dim=head_dim, base=base,
-                         magnitude=magnitude, delta_init=delta_init, use_delta=use_delta, rotary_dim=sum(axis_dims))
+                         magnitude=magnitude, delta_init=delta_init, delta_range=delta_range, use_delta=use_delta,
+                         rotary_dim=sum(axis_dims), softmax_scale=softmax_scale)
         self.axis_dims, self.n_axes = axis_dims, n_axes
 
     def forward(self, q, k, v, positions: torch.Tensor, positions_k: torch.Tensor | None = None, *,
