@@ -167,10 +167,10 @@ class PoPE(PositionalEncoding):
       base           frequency base (theta_c = base^(-(c-1)/d))
       magnitude      "softplus" (paper), "relu" or "identity" (ablations)
       delta_init     "zero" (best for length extrapolation) or "uniform" (U(-2π, 0))
-      delta_range    how delta is kept in [-2π, 0]: "clamp" (the paper's clamp, in the forward pass: an entry
-                     that steps outside gets no gradient again and stays there) or "wrap" (delta modulo 2π: the
-                     same scores, cos being 2π-periodic, with the gradient never cut; equal to "clamp" while
-                     delta is inside)
+      delta_range    how delta is kept in [-2π, 0] (the paper clamps it, not saying how): "clamp" (in the
+                     forward pass: an entry that steps outside gets no gradient again and stays there) or "wrap"
+                     (delta modulo 2π: the same scores, cos being 2π-periodic, with the gradient never cut; equal
+                     to "clamp" while delta is inside)
       use_delta      False removes delta (ablation)
       rotary_dim     apply PoPE to the first rotary_dim channels only; the rest are a plain dot product
       softmax_scale  the logits' scale; None = 1/sqrt(head_dim) (d, not PoPE's 2d QK channels: the paper does
