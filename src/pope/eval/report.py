@@ -322,6 +322,17 @@ def _difference_cells(values: list[float], baseline: list[float]) -> str:
             f"{test.p_value:.4f} ({test.describe()}) |")
 
 
+def _difference_rows(preset: str, pe: str, settings: str, members: list[RunRecord], base: list[RunRecord]) -> list[str]:
+    """Table rows of members vs base (headline and best-valid value), each where both have >= 2 finished seeds."""
+    metric = next((m.metric for m in members if m.metric), "—")
+    rows = []
+    for name, get in (("headline", lambda m: m.value), ("at best valid", lambda m: m.at_best_valid)):
+        values, baseline = (finite(get(m) for m in group if m.finished) for group in (members, base))
+        if len(values) >= 2 and len(baseline) >= 2:
+            rows.append(f"| {preset} | {pe} | {settings} | {metric}, {name} | " + _difference_cells(values, baseline))
+    return rows
+
+
 def _sweeps(members: list[RunRecord]) -> str:
     """The sweep directories of a setting's runs ('—' for runs outside sweeps)."""
     return ", ".join(sorted({m.setting.split()[0] for m in members if m.setting})) or "—"
@@ -337,12 +348,7 @@ def comparison_markdown(records: list[RunRecord]) -> list[str]:
         if pe == COMPARED_PE or key not in baselines:
             continue
         base = baselines[key]
-        metric = next((m.metric for m in members if m.metric), "—")
-        for name, get in (("headline", lambda m: m.value), ("at best valid", lambda m: m.at_best_valid)):
-            values, baseline = (finite(get(m) for m in group if m.finished) for group in (members, base))
-            if len(values) >= 2 and len(baseline) >= 2:
-                rows.append(f"| {preset} | {pe} | {_sweeps(members)} vs {_sweeps(base)} | {metric}, {name} | "
-                            + _difference_cells(values, baseline))
+        rows += _difference_rows(preset, pe, f"{_sweeps(members)} vs {_sweeps(base)}", members, base)
     if not rows:
         return []
     return ["", f"## PoPE vs RoPE: each encoding against {COMPARED_PE} of the same preset and setting", "",
@@ -361,24 +367,19 @@ def against_markdown(records: list[RunRecord], against: str | Path) -> list[str]
     for recipe knobs, e.g. each sensitivity sweep against the paper's recipe. DIR must be one setting."""
     base_dir = Path(against).resolve()
     groups = setting_groups(records)
-    chosen = [key for key, members in groups.items()
-              if any(Path(m.run).resolve().is_relative_to(base_dir) for m in members)]
+    inside = {key: [Path(m.run).resolve().is_relative_to(base_dir) for m in members] for key, members in groups.items()}
+    chosen = [key for key, flags in inside.items() if any(flags)]
     if not chosen:
         raise ValueError(f"--against {against}: none of the RUN arguments is inside it; give it as one of them")
-    if len(chosen) > 1 or not all(Path(m.run).resolve().is_relative_to(base_dir) for m in groups[chosen[0]]):
+    if len(chosen) > 1 or not all(inside[chosen[0]]):
         raise ValueError(f"--against {against}: its runs are not one setting (or share it with runs outside it); "
                          "give a sweep directory of one preset, encoding and setting")
     preset = chosen[0][0]
     base = groups[chosen[0]]
     rows = []
     for key, members in sorted(groups.items()):
-        if key == chosen[0] or key[0] != preset:
-            continue
-        metric = next((m.metric for m in members if m.metric), "—")
-        for name, get in (("headline", lambda m: m.value), ("at best valid", lambda m: m.at_best_valid)):
-            values, baseline = (finite(get(m) for m in group if m.finished) for group in (members, base))
-            if len(values) >= 2 and len(baseline) >= 2:
-                rows.append(f"| {preset} | {key[1]} | {key[2]} | {metric}, {name} | " + _difference_cells(values, baseline))
+        if key != chosen[0] and key[0] == preset:
+            rows += _difference_rows(preset, key[1], key[2], members, base)
     title = f"{chosen[0][1]} ({chosen[0][2]})"
     if not rows:
         return ["", f"## Against {title}", "", f"No other setting of {preset} has >= 2 finished seeds to compare."]
