@@ -22,20 +22,17 @@
 # whose results are not there yet. The small files of every run under RUNS (metrics.jsonl, config/summary/env
 # JSON, sweep logs, eval/ outputs and plots; no checkpoints) go into ONE archive $OUT/reproduce-$STAGE.tar.gz.
 #
-# Estimated run times (H200, from the model sizes; to be replaced by the measured ones): JSB 6 x 256 (4.8M
-# parameters, batch 4 x <= 2048 tokens, dropout 0.2 so no CUDA graph) is launch-bound at ~25 ms a step:
-# 3000 steps + 30 whole-split evaluations ~ 1.5-2 min alone, ~3-4 min with 5 seeds of each encoding sharing
-# the GPU. genome-h200 (~27M parameters, 64k tokens a step, ~1e13 FLOP a step): ~0.1 s a step alone, 2000
-# steps in ~7 min with 4 runs sharing the GPU. text-256 (6 x 384, 8k tokens a step): ~40 s alone, 9 runs in
-# ~4 min; each fine-tune (batch 64 x 1024) ~2 min. maestro (6 x 384, 10.6M parameters, 16 x 2048 = 32k tokens a
-# step, ~3e12 FLOP with attention, 4.4x the ~4.6e11 of the 8 x 512 indirect-indexing step that takes 3.4 ms, and
-# no CUDA graph as dropout is on): ~20-25 ms a step, 2000 steps ~50 s alone, ~4 min for the 4 runs (~6 min with
-# MAESTRO_SEEDS=0-2). Its budget: the 318k training tokens are ~10 steps an epoch, so 2000 steps are ~200 epochs;
-# a 10.6M-parameter model on 318k tokens passes its validation minimum long before (the paper's own JSB and
-# MAESTRO budgets are ~50 epochs); checkpoints/best keeps the minimum, and summary.json's best_step shows
-# whether it lies well inside the budget (if it is near 2000, rerun with a larger MAESTRO_STEPS). A CPU check
-# with maestro-tiny (0.12M parameters, 4500 steps of 8 x 256 tokens = 28 epochs) still improved at its end
-# (best valid at step 4050): too small to overfit, so it bounds nothing for the 88x larger model.
+# Run times on one H200 (CUDA MPS on, `bash scripts/gpu_mps.sh start` first), measured 2026-12-01 at 5dd6de5:
+# jsb: 78-134 s a run (3000 steps + 30 whole-split evaluations, 6 of the 10 runs at once), 295 s for the stage;
+# maestro: 166-178 s a run (2000 steps, 40 evaluations, all 4 at once), ~200 s for the stage; its validation
+# minimum came at step 350-500 of 2000, well inside the budget (results/maestro/README.md), so more seeds
+# (MAESTRO_SEEDS=0-4) fit one command. Estimated from the model sizes, not yet measured: genome-h200 (~27M
+# parameters, 64k tokens a step, ~1e13 FLOP a step): ~0.1 s a step alone, 2000 steps in ~7 min with 4 runs
+# sharing the GPU; text-256 (6 x 384, 8k tokens a step): ~40 s alone, 9 runs in ~4 min; each fine-tune (batch
+# 64 x 1024) ~2 min. The maestro budget: the 318k training tokens are ~10 steps an epoch, so 2000 steps are ~200
+# epochs, far past the validation minimum (the paper's own JSB and MAESTRO budgets are ~50 epochs);
+# checkpoints/best keeps the minimum, and summary.json's best_step shows whether it lies well inside the budget
+# (if it is near 2000, rerun with a larger MAESTRO_STEPS).
 #
 # Settings (environment): STAGE (required: jsb, maestro, genome or text), LIMIT (training seconds per seed and
 # call; default 480 for jsb/maestro/genome, 200 for text), JOBS_PER_GPU (default 4; the jsb and maestro stages run

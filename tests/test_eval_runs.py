@@ -181,6 +181,15 @@ def _fake_run(path, preset, pe, seed, test_losses, length_ppl=None, finished=Tru
     return str(path)
 
 
+def test_format_mean_std_never_rounds_a_spread_to_zero():
+    from pope.eval.report import format_mean_std
+
+    assert format_mean_std([2.33939, 2.33941]) == "2.3394 ± 1.4e-05 (n=2)"  # not "± 0.0000"
+    assert format_mean_std([2.0, 2.0]) == "2.0000 ± 0.0000 (n=2)"  # an exact tie stays zero
+    assert format_mean_std([0.50, 0.52]) == "0.5100 ± 0.0141 (n=2)"
+    assert format_mean_std([0.5]) == "0.5000 (n=1)" and format_mean_std([]) == "—"
+
+
 def test_report_mean_std_over_seeds_and_paper_numbers(tmp_path, workspace):
     from pope.eval.report import paper_value, write_report
 
@@ -210,6 +219,8 @@ def test_report_mean_std_over_seeds_and_paper_numbers(tmp_path, workspace):
     assert ("| jsb | pope | — vs — | test_nll, at best valid | 3 / 2 | -0.0133 | -0.0638 … +0.0372 (df 2.9) | "
             "0.5000 (exact, all 10 splits) |") in markdown
     assert "| jsb-tiny | rope |" in markdown and (tmp_path / "report" / "report.png").stat().st_size > 0
+    assert (tmp_path / "report" / "loss_vs_step.png") in written  # test-NLL runs: NLL against the step
+    assert "accuracy_vs_step.png" not in {p.name for p in written}
     assert "lift-off" not in markdown  # next-token test_accuracy of a language model is no task accuracy
     assert "| jsb | rope | 2.500 ± 0.707 (n=2) | 3.000 ± 0.000 (n=2) |" in markdown  # perplexity per length
     assert (tmp_path / "report" / "report_length.png").stat().st_size > 0

@@ -27,7 +27,9 @@ setting column names the group's sweep directory and its ``--set`` overrides.
 Runs with test accuracy (indirect indexing) also get a lift-off table: n seeds, final test accuracy
 mean ± std and median, the lift-off rate — final test accuracy > ``LIFT_OFF_ACCURACY`` — with a Wilson 95 %
 interval, and the train − test accuracy gap where ``eval/task_accuracy.json`` exists; plus one plot of
-every seed's test accuracy against the step (``accuracy_vs_step.png``).
+every seed's test accuracy against the step (``accuracy_vs_step.png``). Runs scored by test NLL get one
+plot of every seed's validation and test NLL against the step, best-validation step marked
+(``loss_vs_step.png``).
 
 "PoPE vs RoPE": every encoding against RoPE of the same preset and setting (the config apart from the PE
 and the seed), over finished seeds, for the headline value and the best-valid one: the difference of
@@ -75,6 +77,7 @@ class RunRecord:
     setting: str = ""  # what distinguishes the run's group: sweep directory and overrides
     fingerprint: str = ""  # the config without seed and execution keys (grouping key)
     curve: list[tuple[int, float]] = field(default_factory=list)  # (step, test_accuracy) of every evaluation
+    loss_curve: list[tuple[int, float, float]] = field(default_factory=list)  # (step, valid_loss, test_loss)
     task_accuracy: dict[str, float] | None = None  # split -> accuracy of one checkpoint (eval/task_accuracy.json)
     at_best_valid: float | None = None  # the metric at the best-validation checkpoint (summary.json)
     best_step: int | None = None  # the step of that checkpoint, of max_steps (is the minimum inside the budget?)
@@ -195,7 +198,10 @@ def collect_run(path: str | Path) -> RunRecord:
                        setting=setting, fingerprint=fingerprint, at_best_valid=best_valid_value(summary, metric),
                        best_step=summary.get("best_step"), max_steps=(config.get("recipe") or {}).get("max_steps"),
                        curve=[(int(r["step"]), float(r["test_accuracy"])) for r in evals  # task accuracy only
-                              if metric == "test_accuracy" and isinstance(r.get("test_accuracy"), (int, float))])
+                              if metric == "test_accuracy" and isinstance(r.get("test_accuracy"), (int, float))],
+                       loss_curve=[(int(r["step"]), float(r["valid_loss"]), float(r["test_loss"])) for r in evals
+                                   if metric == "test_nll" and all(isinstance(r.get(key), (int, float))
+                                                                   for key in ("valid_loss", "test_loss"))])
     task_file = run_dir / "eval" / "task_accuracy.json"
     if task_file.is_file():
         splits = json.loads(task_file.read_text()).get("splits", {})
@@ -219,10 +225,18 @@ def mean_std(values: list[float]) -> tuple[float, float | None, int]:
 
 
 def format_mean_std(values: list[float], digits: int = 4) -> str:
+    """'mean ± std (n=N)' with `digits` decimals; a std too small for them is written in e-notation, so a
+    nonzero spread never reads as ± 0.0000."""
     if not values:
         return "—"
     mean, std, n = mean_std(values)
-    return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "") + f" (n={n})"
+    if std is None:
+        spread = ""
+    elif 0 < std < 0.5 * 10 ** -digits:
+        spread = f" ± {std:.1e}"
+    else:
+        spread = f" ± {std:.{digits}f}"
+    return f"{mean:.{digits}f}{spread} (n={n})"
 
 
 def _best_steps(members: list[RunRecord]) -> str:
@@ -472,11 +486,12 @@ def write_report(runs: list[str], out_dir: str | Path, against: str | Path | Non
     markdown = report_markdown(records, against)
     out_dir = Path(out_dir)
     written = [write_text_atomic(out_dir / "report.md", markdown)]
-    from pope.eval.report_plots import plot_accuracy_curves, plot_report, plot_report_lengths
+    from pope.eval.report_plots import plot_accuracy_curves, plot_loss_curves, plot_report, plot_report_lengths
 
     for plot in (plot_report(records, out_dir / "report.png"),
                  plot_report_lengths(records, out_dir / "report_length.png"),
-                 plot_accuracy_curves(records, out_dir / "accuracy_vs_step.png")):
+                 plot_accuracy_curves(records, out_dir / "accuracy_vs_step.png"),
+                 plot_loss_curves(records, out_dir / "loss_vs_step.png")):
         if plot is not None:
             written.append(plot)
     return markdown, written

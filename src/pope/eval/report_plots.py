@@ -10,8 +10,9 @@ from pope.files import finish_figure
 
 
 def plot_report(records: list[RunRecord], path: Path) -> Path | None:
-    """Bar per preset × PE × setting over finished runs (mean, error bar = std over seeds, dots = seeds,
-    cross = paper)."""
+    """One column per preset × PE × setting over finished runs: mean with an error bar of one std over seeds,
+    dots = seeds, cross = paper. Points, not bars from zero, so gaps of a few hundredths in an NLL stay
+    visible; the axis spans the values shown."""
     from pope.optional import pyplot
 
     finished = {key: [m for m in members if m.finished] for key, members in setting_groups(records).items()}
@@ -20,19 +21,25 @@ def plot_report(records: list[RunRecord], path: Path) -> Path | None:
         return None
     plt = pyplot()
     presets = sorted({preset for (preset, _, _), _ in groups})
-    fig, axes = plt.subplots(1, len(presets), figsize=(4.5 * len(presets), 4), squeeze=False)
+    columns = {preset: sum(p == preset for (p, _, _), _ in groups) for preset in presets}
+    fig, axes = plt.subplots(1, len(presets), figsize=(sum(max(4.5, 1.2 * n + 1.5) for n in columns.values()), 4.5),
+                             squeeze=False, width_ratios=[max(4.5, 1.2 * columns[p] + 1.5) for p in presets])
     for ax, preset in zip(axes[0], presets):
-        mine = [(pe if label == "—" else f"{pe}\n{label[:40]}", members)
+        # x label: the encoding and the setting's sweep directory (its overrides are in report.md's table)
+        mine = [(pe if label == "—" else f"{pe}\n{label.split()[0]}", members)
                 for (p, pe, label), members in groups if p == preset]
         for x, (pe, members) in enumerate(mine):
             values = finite(m.value for m in members)
             mean, std, _ = mean_std(values)
-            ax.bar(x, mean, yerr=std or 0, capsize=4, alpha=0.6)
-            ax.scatter([x] * len(values), values, color="black", s=10, zorder=3)
+            ax.errorbar([x], [mean], yerr=[std or 0], fmt="s", color=f"C{x % 10}", markersize=8, capsize=6,
+                        zorder=2)
+            ax.scatter([x + 0.12] * len(values), values, color="black", s=10, zorder=3)
             paper = paper_value(preset, members[0].pe)
             if paper is not None:
                 ax.scatter([x], [paper], marker="x", color="red", s=60, zorder=4, label="paper" if x == 0 else None)
         ax.set_xticks(range(len(mine)), [pe for pe, _ in mine], rotation=20, ha="right", fontsize=8)
+        ax.set_xlim(-0.6, len(mine) - 0.4)
+        ax.grid(True, axis="y", alpha=0.3)
         ax.set_title(preset)
         ax.set_ylabel(next((m.metric for _, ms in mine for m in ms if m.metric), "metric"))
         if any(paper_value(preset, members[0].pe) is not None for _, members in mine):
@@ -92,3 +99,40 @@ def plot_accuracy_curves(records: list[RunRecord], path: Path) -> Path | None:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     return finish_figure(fig, path, title="Test accuracy vs step, every seed (dashed: unfinished)")
+
+
+def plot_loss_curves(records: list[RunRecord], path: Path) -> Path | None:
+    """Every run's validation NLL (solid) and test NLL (dotted) against the step, one colour per setting, the
+    best-validation step of each finished run marked with a dot: where the minimum lies in the budget and how
+    far the runs overfit after it."""
+    from pope.optional import pyplot
+
+    groups = [(key, members) for key, members in sorted(setting_groups(records).items())
+              if any(m.loss_curve for m in members)]
+    if not groups:
+        return None
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    lowest, highest = float("inf"), float("-inf")
+    for index, ((preset, pe, label), members) in enumerate(groups):
+        colour = f"C{index % 10}"
+        name = f"{pe} {label.split()[0] if label != '—' else preset} (n={len(members)})"  # the sweep directory
+        for number, member in enumerate(m for m in members if m.loss_curve):
+            steps, valid, test = zip(*member.loss_curve)
+            ax.plot(steps, valid, color=colour, alpha=0.8, lw=1.2, label=f"{name}: valid" if number == 0 else None)
+            ax.plot(steps, test, color=colour, alpha=0.6, lw=1.0, linestyle=":",
+                    label=f"{name}: test" if number == 0 else None)
+            best = [(s, v) for s, v, _ in member.loss_curve if s == member.best_step]
+            if member.finished and best:
+                ax.scatter(*zip(*best), color=colour, s=18, zorder=3)
+            lowest, highest = min(lowest, *valid, *test), max(highest, min(valid), min(test))
+    # the first evaluations and an overfitting tail can lie far above the minima: show the region around the
+    # lowest validation and test NLLs
+    top = lowest + 4 * max(highest - lowest, 1e-3)
+    ax.set_ylim(lowest - 0.05 * (top - lowest), top)
+    ax.set_xlabel("step")
+    ax.set_ylabel("NLL (nats per token)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    return finish_figure(fig, path, title="Validation (solid) and test (dotted) NLL vs step, every seed; "
+                                          "dots: best-valid checkpoints")
