@@ -11,7 +11,7 @@
 # minute of curves. It returns after SECONDS (never later: its last wait is cut short; give <= 540 for a 600 s
 # command), or as soon as
 #   - every sweep's log $LOG_DIR/sweep-NAME.log shows that its sweep script has ended (the script's last step
-#     prints its fp32 re-score table): "sweeps ended", exit 0;
+#     prints its fp32 re-score table) and none of its processes is left: "sweeps ended", exit 0;
 #   - no process of the sweeps is alive any more although a log lacks that end (a crash, a killed script): it
 #     says which, exit 1; scripts/gpu_sweeps.sh resumes them;
 # and at once, exit 3, when none of the sweeps has a directory under $RUNS and none of their processes runs: a
@@ -26,9 +26,11 @@ RUNS=${RUNS:-/tmp/pope-runs}; OUT=${OUT:-/tmp/out}; LOG_DIR=${LOG_DIR:-/tmp}
 # shellcheck source=scripts/gpu_sweep_processes.sh
 . "$(dirname "$0")/gpu_sweep_processes.sh"
 mkdir -p "$OUT"
-unended() {  # the sweeps NAME... whose log is missing or lacks the end of its script
+unended() {  # the sweeps NAME... whose log is missing or lacks the end of its script, or whose script still runs
   local name
-  for name in "$@"; do grep -qs "fp32 re-score" "$LOG_DIR/sweep-$name.log" || echo "$name"; done
+  for name in "$@"; do
+    grep -qs "fp32 re-score" "$LOG_DIR/sweep-$name.log" && [ -z "$(sweep_pids "$name")" ] || echo "$name"
+  done
 }
 if [ -z "$(sweep_pids "$@")" ]; then
   present=0

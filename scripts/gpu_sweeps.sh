@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Background seed sweeps on the GPU machine, with one command line pasted into every device command of a lease:
 #
-#   bash scripts/gpu_sweeps.sh 540 scripts/sweeps/paper-recipe.plan      # command 1, 2, 3, ...: the same line
+#   bash scripts/gpu_sweeps.sh 540 scripts/sweeps/example.plan     # command 1, 2, 3, ...: the same line
 #
 # gpu_sweeps.sh SECONDS PLAN...: first brings every sweep of the plan to the state it should be in, printing one
 # line each:

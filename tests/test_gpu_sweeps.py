@@ -189,6 +189,9 @@ def test_check_prints_the_plan_and_starts_nothing(machine):
     assert result.stdout.splitlines() == ["rope: would be started (fresh machine: no runs): PE=rope SEEDS=0-3 "
                                           "JOBS_PER_GPU=default LIMIT=100000 EXTRA=--set train.autocast=none"]
     assert not (tmp_path / "runs").exists() and not (tmp_path / "logs").exists()
+    example = sweeps("--check", "scripts/sweeps/example.plan")  # the plan in the repository parses
+    assert example.returncode == 0 and [line.split(":")[0] for line in example.stdout.splitlines()] == \
+        ["pope-fresh", "pope-len32"], example.stdout + example.stderr
 
 
 def test_real_sweep_script_through_gpu_sweeps(tmp_path):
