@@ -2,7 +2,7 @@
 # Watch seed sweeps running in the background on the GPU machine, across back-to-back device commands. Start and
 # watch them with scripts/gpu_sweeps.sh (which calls this script); by hand:
 #
-#   (NAME=pope PE=pope SEEDS=4-7 LIMIT=100000 setsid nohup bash scripts/gpu_sweep_indirect.sh > /tmp/sweep-pope.log 2>&1 &)
+#   (NAME=pope SEEDS=4-7 LIMIT=100000 setsid nohup bash scripts/gpu_sweep_indirect.sh > /tmp/sweep-pope.log 2>&1 &)
 #   bash scripts/gpu_sweep_monitor.sh 540 pope          # first command; then the same line again, command after command
 #
 # gpu_sweep_monitor.sh SECONDS NAME...: about every 60 s, print each seed's step, step time and latest valid/test
@@ -21,7 +21,9 @@
 set -u
 limit=${1:?usage: gpu_sweep_monitor.sh SECONDS NAME...}; shift
 [ $# -gt 0 ] || { echo "gpu_sweep_monitor.sh: name at least one sweep (its directory under \$RUNS)" >&2; exit 2; }
-case $limit in ''|*[!0-9]*) echo "gpu_sweep_monitor.sh: SECONDS must be a whole number, not '$limit'" >&2; exit 2 ;; esac
+case $limit in
+  ''|*[!0-9]*) echo "gpu_sweep_monitor.sh: SECONDS must be a whole number, not '$limit'" >&2; exit 2 ;;
+esac
 RUNS=${RUNS:-/tmp/pope-runs}; OUT=${OUT:-/tmp/out}; LOG_DIR=${LOG_DIR:-/tmp}
 # shellcheck source=scripts/gpu_sweep_processes.sh
 . "$(dirname "$0")/gpu_sweep_processes.sh"

@@ -29,7 +29,8 @@
 # NAME (required; the run directory under $RUNS, letters, digits, . _ -), PE (required; any `pope train --pe`),
 # SEEDS (required; 0-3 or 0,3,5), JOBS_PER_GPU (default: pope's), EXTRA (more `--set` arguments for `pope train`),
 # LIMIT (training seconds, default 100000) are scripts/gpu_sweep_indirect.sh's settings. Names are unique in a plan.
-# Settings (environment): RUNS (/tmp/pope-runs), OUT (/tmp/out), LOG_DIR (/tmp), MPS (off: leave MPS alone),
+# Settings (environment): RUNS (/tmp/pope-runs), OUT (where the monitor archives: this command's $OUT; default
+# /tmp/out), SWEEP_OUT (the sweep scripts' OUT, /tmp/out), LOG_DIR (/tmp), MPS (off: leave MPS alone),
 # SWEEP_SCRIPT (scripts/gpu_sweep_indirect.sh; the tests give a stand-in).
 set -u
 usage="usage: gpu_sweeps.sh SECONDS PLAN... | gpu_sweeps.sh --check PLAN... (PLAN: a plan file or one sweep line)"
@@ -41,8 +42,11 @@ case $limit in
 esac
 here=$(dirname "$0")
 export RUNS=${RUNS:-/tmp/pope-runs} OUT=${OUT:-/tmp/out} LOG_DIR=${LOG_DIR:-/tmp}
+SWEEP_OUT=${SWEEP_OUT:-/tmp/out}  # the background scripts' own OUT: it outlives this command's $OUT
 export SWEEP_SCRIPT=${SWEEP_SCRIPT:-$here/gpu_sweep_indirect.sh}
-[ -f "$SWEEP_SCRIPT" ] || { echo "gpu_sweeps.sh: no sweep script $SWEEP_SCRIPT (run from the repository root)" >&2; exit 2; }
+if [ ! -f "$SWEEP_SCRIPT" ]; then
+  echo "gpu_sweeps.sh: no sweep script $SWEEP_SCRIPT (run from the repository root)" >&2; exit 2
+fi
 # shellcheck source=scripts/gpu_sweep_processes.sh
 . "$here/gpu_sweep_processes.sh"
 
@@ -148,7 +152,7 @@ for ((i = 0; i < ${#fields[@]}; i += 8)); do
   fi
   [ -f "$log" ] && mv "$log" "$log.previous"
   mkdir -p "$LOG_DIR"
-  pid=$(env NAME="$name" PE="$pe" SEEDS="$seeds" JOBS_PER_GPU="$jobs" LIMIT="$seconds" EXTRA="$extra" OUT="$OUT" \
+  pid=$(env NAME="$name" PE="$pe" SEEDS="$seeds" JOBS_PER_GPU="$jobs" LIMIT="$seconds" EXTRA="$extra" OUT="$SWEEP_OUT" \
         RUNS="$RUNS" setsid nohup bash "$SWEEP_SCRIPT" > "$log" 2>&1 < /dev/null & echo $!)
   echo "$name: $state; pid $pid, log $log"
 done

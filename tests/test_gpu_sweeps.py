@@ -43,7 +43,8 @@ def machine(tmp_path):
     (its process group, by the id the script printed) at the end."""
     script = tmp_path / "fake_sweep_indirect.sh"
     script.write_text(FAKE_SWEEP)
-    env = {**os.environ, "RUNS": str(tmp_path / "runs"), "OUT": str(tmp_path / "out"), "LOG_DIR": str(tmp_path / "logs"),
+    env = {**os.environ, "RUNS": str(tmp_path / "runs"), "OUT": str(tmp_path / "out"),
+           "LOG_DIR": str(tmp_path / "logs"), "SWEEP_OUT": str(tmp_path / "sweep-out"),
            "SWEEP_SCRIPT": str(script), "FAKE_STEPS": "20", "CUDA_VISIBLE_DEVICES": ""}
     started = []
 
@@ -66,8 +67,9 @@ def machine(tmp_path):
 
 
 def _lines(result):
-    return [line for line in result.stdout.splitlines() if re.match(r"^[a-z0-9-]+: (started|running|restarted|finished)",
-                                                                    line)]
+    """The script's one line per sweep."""
+    state = re.compile(r"^[a-z0-9-]+: (started|running|restarted|finished)")
+    return [line for line in result.stdout.splitlines() if state.match(line)]
 
 
 def _alive(pid):
@@ -207,6 +209,7 @@ def test_real_sweep_script_through_gpu_sweeps(tmp_path):
             "train.tensorboard=false", "train.device=cpu"]
     extra = " ".join(f"--set {item}" for item in sets)
     env = {**os.environ, "RUNS": str(tmp_path / "runs"), "OUT": str(tmp_path / "out"), "LOG_DIR": str(tmp_path),
+           "SWEEP_OUT": str(tmp_path / "sweep-out"),
            "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "MPS": "off",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     line = f"NAME=tiny PE=pope SEEDS=0 EXTRA='{extra}'"
@@ -243,8 +246,9 @@ def test_real_sweep_script_through_gpu_sweeps(tmp_path):
         assert "tiny/seed-0: step 4 finished=True" in resumed.stdout
         log = (tmp_path / "sweep-tiny.log").read_text()
         assert "sweep exit status 0" in log and "fp32 re-score" in log
-        with tarfile.open(tmp_path / "out" / "sweep-tiny.tar.gz") as archive:
-            assert "tiny/seed-0/eval/task_accuracy.json" in archive.getnames()
+        for out in ("out", "sweep-out"):  # the monitor's archive in this command's OUT, the script's in its own
+            with tarfile.open(tmp_path / out / "sweep-tiny.tar.gz") as archive:
+                assert "tiny/seed-0/eval/task_accuracy.json" in archive.getnames()
         again = sweeps("240")
         assert _lines(again) == ["tiny: finished"] and "sweeps ended" in again.stdout, again.stdout + again.stderr
     finally:
