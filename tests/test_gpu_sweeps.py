@@ -137,7 +137,7 @@ def test_killed_sweep_is_resumed_and_seconds_are_honoured(machine):
     resumed = sweeps(3, line, FAKE_STEPS="400")  # SECONDS honoured: back after ~3 s, the sweep still going
     elapsed = time.monotonic() - begin
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert 2 <= elapsed < 6, elapsed  # it waited, and not past its 3 s (bash counts whole seconds)
+    assert 2 <= elapsed < 8, elapsed  # it waited, and not past its 3 s (bash counts whole seconds)
     assert _lines(resumed)[0].startswith(f"pope: restarted (resume: seed 0 at step {step}; each seed continues")
     assert _alive(started[1]) and "sweeps ended" not in resumed.stdout
     assert (tmp_path / "logs" / "sweep-pope.log.previous").read_text().startswith("seed 0 from step 0")
