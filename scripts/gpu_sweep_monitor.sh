@@ -1,30 +1,48 @@
 #!/usr/bin/env bash
-# Watch seed sweeps started in the background on the GPU machine, across back-to-back device commands:
+# Watch seed sweeps running in the background on the GPU machine, across back-to-back device commands. Start and
+# watch them with scripts/gpu_sweeps.sh (which calls this script); by hand:
 #
-#   (PE=pope SEEDS=4-7 LIMIT=100000 setsid nohup bash scripts/gpu_sweep_indirect.sh > /tmp/sweep-pope.log 2>&1 &)
+#   (NAME=pope SEEDS=4-7 LIMIT=100000 setsid nohup bash scripts/gpu_sweep_indirect.sh > /tmp/sweep-pope.log 2>&1 &)
 #   bash scripts/gpu_sweep_monitor.sh 540 pope          # first command; then the same line again, command after command
 #
 # gpu_sweep_monitor.sh SECONDS NAME...: about every 60 s, print each seed's step, step time and latest valid/test
 # accuracy for the sweeps NAME... under $RUNS, and archive their small files (metrics.jsonl, JSON, logs; no
 # checkpoints) into $OUT/sweep-NAME.tar.gz, so a command that ends (or a machine that goes away) loses at most a
 # minute of curves. It returns after SECONDS (never later: its last wait is cut short; give <= 540 for a 600 s
-# command) or as soon as every sweep log matching $LOGS shows that its sweep script has ended (the script's last
-# step prints its fp32 re-score table). Start each concurrent sweep with its own log.
-# Settings (environment): RUNS (/tmp/pope-runs), OUT (/tmp/out), LOGS (glob of the sweep logs, /tmp/sweep*.log).
+# command), or as soon as
+#   - every sweep's log $LOG_DIR/sweep-NAME.log shows that its sweep script has ended (the script's last step
+#     prints its fp32 re-score table) and none of its processes is left: "sweeps ended", exit 0;
+#   - no process of the sweeps is alive any more although a log lacks that end (a crash, a killed script): it
+#     says which, exit 1; scripts/gpu_sweeps.sh resumes them;
+# and at once, exit 3, when none of the sweeps has a directory under $RUNS and none of their processes runs: a
+# fresh machine (the previous one was given back, and its runs with it), with nothing to watch.
+# Settings (environment): RUNS (/tmp/pope-runs), OUT (/tmp/out), LOG_DIR (the sweep logs' directory, /tmp),
+# SWEEP_SCRIPT (the sweep script whose processes count as alive, scripts/gpu_sweep_indirect.sh).
 set -u
 limit=${1:?usage: gpu_sweep_monitor.sh SECONDS NAME...}; shift
 [ $# -gt 0 ] || { echo "gpu_sweep_monitor.sh: name at least one sweep (its directory under \$RUNS)" >&2; exit 2; }
-RUNS=${RUNS:-/tmp/pope-runs}; OUT=${OUT:-/tmp/out}; LOGS=${LOGS:-/tmp/sweep*.log}
+case $limit in
+  ''|*[!0-9]*) echo "gpu_sweep_monitor.sh: SECONDS must be a whole number, not '$limit'" >&2; exit 2 ;;
+esac
+RUNS=${RUNS:-/tmp/pope-runs}; OUT=${OUT:-/tmp/out}; LOG_DIR=${LOG_DIR:-/tmp}
+# shellcheck source=scripts/gpu_sweep_processes.sh
+. "$(dirname "$0")/gpu_sweep_processes.sh"
 mkdir -p "$OUT"
-ended() {  # every sweep log exists and shows its script's end
-  local log found=0
-  for log in $LOGS; do
-    [ -f "$log" ] || return 1
-    grep -q "fp32 re-score" "$log" || return 1
-    found=1
+unended() {  # the sweeps NAME... whose log is missing or lacks the end of its script, or whose script still runs
+  local name
+  for name in "$@"; do
+    grep -qs "fp32 re-score" "$LOG_DIR/sweep-$name.log" && [ -z "$(sweep_pids "$name")" ] || echo "$name"
   done
-  [ $found = 1 ]
 }
+if [ -z "$(sweep_pids "$@")" ]; then
+  present=0
+  for name in "$@"; do [ -d "$RUNS/$name" ] && present=1; done
+  if [ $present = 0 ]; then
+    echo "gpu_sweep_monitor.sh: nothing to watch: no sweep $* under $RUNS and no sweep process (a fresh machine? the" \
+         "previous one was given back); start the sweeps again (scripts/gpu_sweeps.sh does it)"
+    exit 3
+  fi
+fi
 archive() {
   local name
   for name in "$@"; do
@@ -41,7 +59,12 @@ runs = Path(sys.argv[1])
 for name in sys.argv[2:]:
     for run in sorted((runs / name).glob("seed-*/"), key=lambda p: int(p.name.split("-")[1])):
         path = run / "metrics.jsonl"
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+        records = []
+        for line in (path.read_text().splitlines() if path.exists() else []):
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                pass  # the line being written
         evals = [r for r in records if r.get("kind") == "eval"]
         trains = [r for r in records if r.get("kind") == "train"]
         summary = run / "summary.json"
@@ -53,14 +76,29 @@ for name in sys.argv[2:]:
               f"test_acc={last.get('test_accuracy', '-')}", flush=True)
 PY
 }
+verdict=0
 while :; do
   status "$@"
   archive "$@"
-  ended && echo "sweeps ended" && break
+  [ -z "$(unended "$@")" ] && echo "sweeps ended" && break
+  if [ -z "$(sweep_pids "$@")" ]; then
+    [ -z "$(unended "$@")" ] && echo "sweeps ended" && break  # it ended between the two looks
+    echo "no sweep process alive, but $(unended "$@" | tr '\n' ' ')did not end (a crash or a kill? see the log tails" \
+         "below); scripts/gpu_sweeps.sh resumes them"
+    verdict=1; break
+  fi
   left=$((limit - SECONDS))
   [ $left -le 0 ] && break
-  for _ in $(seq 1 $((left < 60 ? left : 60))); do ended && break; sleep 1; done
+  for i in $(seq 1 $((left < 60 ? left : 60))); do
+    [ -z "$(unended "$@")" ] && break
+    [ $((i % 5)) = 0 ] && [ -z "$(sweep_pids "$@")" ] && break  # every 5 s: a crash is noticed soon, cheaply
+    sleep 1
+  done
 done
 archive "$@"
-for log in $LOGS; do [ -f "$log" ] && { cp "$log" "$OUT/"; echo "== $log"; tail -12 "$log"; }; done
+for name in "$@"; do
+  log=$LOG_DIR/sweep-$name.log
+  [ -f "$log" ] && { cp "$log" "$OUT/"; echo "== $log"; tail -12 "$log"; }
+done
 ls -la "$OUT"
+exit $verdict

@@ -189,7 +189,7 @@ def test_gpu_sweep_script_runs_scores_and_archives_small_files(splits, tmp_path)
     log.write_text(result.stdout)
     (tmp_path / "out" / "sweep-pope.tar.gz").unlink()
     watched = subprocess.run(["bash", "scripts/gpu_sweep_monitor.sh", "120", "pope"], cwd=root, capture_output=True,
-                             env={**env, "LOGS": str(tmp_path / "sweep-*.log")}, text=True, timeout=60)
+                             env={**env, "LOG_DIR": str(tmp_path)}, text=True, timeout=60)
     assert watched.returncode == 0, watched.stdout + watched.stderr
     assert "pope/seed-1: step 4 finished=True" in watched.stdout and "sweeps ended" in watched.stdout
     with tarfile.open(tmp_path / "out" / "sweep-pope.tar.gz") as archive:
