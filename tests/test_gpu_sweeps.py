@@ -194,6 +194,11 @@ def test_check_prints_the_plan_and_starts_nothing(machine):
     example = sweeps("--check", "scripts/sweeps/example.plan")  # the plan in the repository parses
     assert example.returncode == 0 and [line.split(":")[0] for line in example.stdout.splitlines()] == \
         ["pope-fresh", "pope-len32"], example.stdout + example.stderr
+    plans = sorted((Path(__file__).resolve().parents[1] / "scripts" / "sweeps").glob("*.plan"))
+    assert len(plans) >= 2
+    for plan in plans:  # every plan in the repository parses
+        checked = sweeps("--check", str(plan))
+        assert checked.returncode == 0 and "would be started" in checked.stdout, (plan, checked.stderr)
 
 
 def test_real_sweep_script_through_gpu_sweeps(tmp_path):
