@@ -563,18 +563,6 @@ def targets(rows) -> list[str]:
     return lines
 
 
-def read_rows(path: str) -> list[dict]:
-    """An attention.csv's rows with its numbers as floats (what targets() reads)."""
-    if not os.path.exists(path):
-        raise SystemExit(f"benchmarks/attention.py: {path} does not exist (no benchmark rows were written)")
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    for row in rows:
-        for key in ("fwd_ms", "fwd_bwd_ms", "peak_mb"):
-            row[key] = float(row[key])
-    return rows
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
@@ -594,9 +582,9 @@ def main(argv=None):
                         help="time CUDA-graph replays of forward and forward+backward: the GPU time without host "
                              "overhead (rows labelled so; pope-pytorch is left out)")
     parser.add_argument("--pope-pytorch-autotune", action="store_true")
-    parser.add_argument("--targets-from", default=None, metavar="CSV",
-                        help="only print the targets of an attention.csv's rows (all of them: e.g. one run's OUT); "
-                             "no GPU")
+    parser.add_argument("--summary-from", default=None, metavar="DIR",
+                        help="only print the tables and targets of DIR/attention.csv and DIR/attention_varlen.csv "
+                             "(all their rows: one run's --out); no GPU")
     parser.add_argument("--profile", action="store_true",
                         help="also write OUT/profile.txt: torch.profiler of pope triton fwd+bwd, first two shapes")
     args = parser.parse_args(argv)
@@ -612,8 +600,8 @@ def main(argv=None):
     unknown = [name for name in providers if name not in PROVIDERS]
     if unknown:
         raise SystemExit(f"benchmarks/attention.py: unknown provider(s) {unknown}; choose from {PROVIDERS}")
-    if args.targets_from is not None:
-        print("\n".join(targets(read_rows(args.targets_from))))
+    if args.summary_from is not None:
+        print("\n".join(summary_from(args.summary_from)))
         return
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/attention.py needs a CUDA GPU")
@@ -669,19 +657,78 @@ def main(argv=None):
                     f"PoPE packed variable-length attention, bf16 causal, ~{VARLEN_TOKENS} tokens per batch, "
                     f"{meta['gpu']}, commit {meta['commit']}")
     print(f"\n{meta}")
-    print(f"{'shape':>16} {'provider':>18} {'fwd ms':>8} {'f+b ms':>8} {'peak MB':>8} {'f+b TF/s':>8}")
-    for r in rows:
-        print(f"{r['shape']:>16} {r['provider']:>18} {r['fwd_ms']:8.3f} {r['fwd_bwd_ms']:8.3f} {r['peak_mb']:8.0f} "
-              f"{r['fwd_bwd_tflops']:8.0f}")
+    print("\n".join(rows_table(rows)))
     for r in decode_rows:
         print(f"decode {r['shape']:>18} {r['approach']:>46}: {r['ms']:.4f} ms (graph {r['graph_ms']:.4f}), "
               f"cache {r['cache_mb']:.0f} MB, "
               f"diff {r['max_abs_diff_vs_materialized']:.1e}")
-    for r in varlen_rows:
-        print(f"varlen {r['distribution']:>16} {r['heads']} d={r['head_dim']:<3d} {r['provider']:>24}: "
-              f"f+b {r['fwd_bwd_ms']:8.3f} ms, {r['fwd_bwd_tokens_per_s'] / 1e6:6.2f} M tokens/s")
+    print("\n".join(varlen_summary(varlen_rows)))
     print("\ntargets (issues 5 and 22; ratios in this run):")
     print("\n".join(targets(rows)))
+
+
+def rows_table(rows) -> list[str]:
+    """Lines of a fixed-width table: shape, provider, fwd / fwd+bwd ms, peak MB, fwd+bwd TFLOP/s."""
+    lines = [f"{'shape':>16} {'provider':>18} {'fwd ms':>8} {'f+b ms':>8} {'peak MB':>8} {'f+b TF/s':>8}"]
+    for r in rows:
+        lines.append(f"{r['shape']:>16} {r['provider']:>18} {r['fwd_ms']:8.3f} {r['fwd_bwd_ms']:8.3f} "
+                     f"{r['peak_mb']:8.0f} {r['fwd_bwd_tflops']:8.0f}")
+    return lines
+
+
+def varlen_summary(rows) -> list[str]:
+    """Per packed batch (distribution, heads, d): every provider's fwd+bwd tokens/s, then packed against padded
+    (issue 22: packed vs padded tokens/s) and deterministic=False against the default."""
+    lines = []
+    cases = dict.fromkeys((r["distribution"], r["heads"], r["head_dim"]) for r in rows)
+    for distribution, heads, head_dim in cases:
+        mine = {r["provider"]: r for r in rows if (r["distribution"], r["heads"], r["head_dim"]) ==
+                (distribution, heads, head_dim)}
+        for name, r in mine.items():
+            lines.append(f"varlen {distribution:>16} {heads} d={int(head_dim):<3d} {name:>26}: "
+                         f"f+b {r['fwd_bwd_ms']:8.3f} ms, {r['fwd_bwd_tokens_per_s'] / 1e6:6.2f} M tokens/s")
+        packed = mine.get("pope varlen packed")
+        if packed is None:
+            continue
+        parts = [f"{packed['fwd_bwd_tokens_per_s'] / mine[name]['fwd_bwd_tokens_per_s']:.2f}x the tokens/s of "
+                 f"{name}" for name in ("pope padded batch", "pope per-sequence calls", "sdpa padded batch")
+                 if name in mine]
+        if "pope varlen packed atomic" in mine:
+            ratio = mine["pope varlen packed atomic"]["fwd_bwd_ms"] / packed["fwd_bwd_ms"]
+            parts.append(f"deterministic=False {ratio:.2f}x its time ({'faster' if ratio < 1 else 'NOT faster'})")
+        lines.append(f"varlen {distribution} {heads} d={head_dim}: packed " + ", ".join(parts))
+    return lines
+
+
+def read_csv_rows(path: str) -> list[dict]:
+    """A benchmark CSV's rows with its numeric columns as floats (what targets() and the summaries read)."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for row in rows:
+        for key, value in row.items():
+            if key.endswith(("_ms", "_mb", "_tflops", "_per_s")) or key in ("head_dim", "tokens", "sequences"):
+                row[key] = float(value) if key not in ("head_dim", "tokens", "sequences") else int(value)
+    return rows
+
+
+def summary_from(directory: str) -> list[str]:
+    """The tables and targets of the attention.csv and attention_varlen.csv under directory (all their rows: one
+    run's --out), without a GPU; a missing file is said so."""
+    lines = []
+    for name in ("attention.csv", "attention_varlen.csv"):
+        path = os.path.join(directory, name)
+        if not os.path.exists(path):
+            lines.append(f"{path}: not written (that part did not run or measured nothing)")
+            continue
+        rows = read_csv_rows(path)
+        first = rows[0] if rows else {}
+        lines.append(f"{path}: {len(rows)} rows; {first.get('gpu')}, torch {first.get('torch')}, triton "
+                     f"{first.get('triton')}, commit {first.get('commit')}, {first.get('date')}")
+        if name == "attention.csv":
+            lines += rows_table(rows) + ["targets (issues 5 and 22; ratios in this run):"] + targets(rows)
+        else:
+            lines += varlen_summary(rows)
+    return lines
 
 
 if __name__ == "__main__":
