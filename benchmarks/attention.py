@@ -712,10 +712,10 @@ def read_csv_rows(path: str) -> list[dict]:
 
 
 def summary_from(directory: str) -> list[str]:
-    """The tables and targets of the attention.csv and attention_varlen.csv under directory (all their rows: one
-    run's --out), without a GPU; a missing file is said so."""
+    """The tables and targets of the attention_varlen.csv and attention.csv under directory (all their rows: one
+    run's --out), without a GPU, the targets last; a missing file is said so."""
     lines = []
-    for name in ("attention.csv", "attention_varlen.csv"):
+    for name in ("attention_varlen.csv", "attention.csv"):
         path = os.path.join(directory, name)
         if not os.path.exists(path):
             lines.append(f"{path}: not written (that part did not run or measured nothing)")

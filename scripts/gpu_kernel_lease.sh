@@ -4,8 +4,9 @@
 #   POPE_GIT_COMMIT=<commit> OUT=/tmp/out scripts/gpu_kernel_lease.sh        (from the repository root)
 #   scripts/gpu_kernel_lease.sh --plan                                         (the steps and budgets; no GPU)
 #
-# Steps, in order, each under its own `timeout` (budget below; a step gets less when the total is nearly spent and is
-# skipped, saying so, when under MIN_STEP_S is left), each one's output in OUT/NN-name.log and printed as it runs:
+# Steps, in order, each under its own `timeout` (budget below, or LEASE_BUDGETS="100 110 200 110 40"; a step gets less
+# when the total is nearly spent and is skipped, saying so, when under MIN_STEP_S = 15 s is left), each one's output in
+# OUT/NN-name.log and printed as it runs:
 #
 #   step          budget  what                                                   known H200 cost it is sized from
 #   correctness    100 s  scripts/gpu_kernel_check.py, 15 checks: bf16/fp16/fp32   22 checks in 3 dtypes took 160-190 s,
@@ -47,7 +48,7 @@ MIN_STEP_S=15
 export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
 
 STEP_NAMES=(correctness candidate benchmark varlen d128-tiles)
-STEP_BUDGETS=(100 110 200 110 40)
+read -r -a STEP_BUDGETS <<< "${LEASE_BUDGETS:-100 110 200 110 40}"  # seconds per step, in order
 STEP_COMMANDS=(
   "$PY scripts/gpu_kernel_check.py --checks batched,varlen,atomic --dtypes bf16,fp16,fp32 --bf16-rows 4,5 --other-rows 5 --varlen-rows 1 --atomic-rows 5 --out $OUT/kernel_check"
   "$PY benchmarks/experiments/2026-12-01-bwd-autows/gpu_check.py --groups time-4x16x4096x128,time-2x32x8x4096x128 --variants shipped,one-loop,one-loop-dkdv --limit-s 53 --out $OUT/bwd_autows"
@@ -67,6 +68,11 @@ plan() {
     "$PY benchmarks/attention.py --summary-from $OUT/bench (+ the steps' logs)"
   echo "budgets sum to ${total} s (+ summary), within the ${TOTAL_S} s bound: $([ "$total" -le "$TOTAL_S" ] && echo yes || echo NO)"
 }
+
+if [ "${#STEP_BUDGETS[@]}" -ne "${#STEP_NAMES[@]}" ] || ! [[ "${STEP_BUDGETS[*]} $TOTAL_S" =~ ^[0-9\ ]+$ ]]; then
+  echo "gpu_kernel_lease.sh: LEASE_BUDGETS must be ${#STEP_NAMES[@]} whole numbers of seconds (one per step: ${STEP_NAMES[*]}) and LEASE_TOTAL_S one; got '${STEP_BUDGETS[*]}' and '$TOTAL_S'" >&2
+  exit 2
+fi
 
 case "${1:-}" in
   --plan) plan; exit 0 ;;
@@ -103,7 +109,7 @@ for i in "${!STEP_NAMES[@]}"; do
   log=$(printf '%s/%02d-%s.log' "$OUT" $((i + 1)) "$name")
   left=$((TOTAL_S - ($(date +%s) - STARTED) - 10))  # 10 s kept for the summary
   limit=$(( STEP_BUDGETS[i] < left ? STEP_BUDGETS[i] : left ))
-  if [ "$limit" -lt "$MIN_STEP_S" ]; then
+  if [ "$limit" -lt "$(( STEP_BUDGETS[i] < MIN_STEP_S ? STEP_BUDGETS[i] : MIN_STEP_S ))" ] || [ "$limit" -lt 1 ]; then
     STATUS+=("skipped (${left} s left)"); USED+=(0)
     echo "== step $((i + 1)) $name: skipped, ${left} s left of the ${TOTAL_S} s bound" | tee "$log"
     continue
@@ -136,9 +142,12 @@ done
   done
   echo "-- correctness (kernel error / PyTorch's error in the same dtype vs float64; 2x rule):"
   sed -n '/^check .*passed \/ total/,/^correctness:/p' "$OUT/01-correctness.log" 2>/dev/null | grep -v '^PASS'
-  grep -q '^correctness:' "$OUT/01-correctness.log" 2>/dev/null || grep -E '^(PASS|FAIL) ' "$OUT/01-correctness.log" | cut -c1-160
+  grep -q '^correctness:' "$OUT/01-correctness.log" 2>/dev/null || \
+    grep -E '^(PASS|FAIL) ' "$OUT/01-correctness.log" 2>/dev/null | cut -c1-160
   echo "-- d=128 backward candidate (bwd-autows; ms, ratio to shipped):"
-  sed -n '/^| group | variant/,$p' "$OUT/02-candidate.log" 2>/dev/null | cut -c1-220
+  grep -q '^| group | variant' "$OUT/02-candidate.log" 2>/dev/null && \
+    sed -n '/^| group | variant/,$p' "$OUT/02-candidate.log" | cut -c1-220 || \
+    echo "  (no table: see 02-candidate.log and $OUT/bwd_autows/*.json for the groups that finished)"
   echo "-- d=128 tiles (scripts/kernel_variants.py; ms):"
   grep -E ' total ' "$OUT/05-d128-tiles.log" 2>/dev/null || echo "  (no rows)"
   echo "-- benchmark (OUT/bench; targets stated MET / MISSED):"
