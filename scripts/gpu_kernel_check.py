@@ -524,7 +524,7 @@ def main(argv=None):
     parser.add_argument("--varlen-rows", default=None,
                         help="VARLEN_SHAPES rows for the varlen and atomic checks, e.g. 1 (default all)")
     parser.add_argument("--atomic-rows", default=None,
-                        help="CHECK_SHAPES rows for the atomic check, e.g. 5 (default %s)" % (ATOMIC_ROWS,))
+                        help="CHECK_SHAPES rows for the atomic check, e.g. 5 (default ATOMIC_ROWS)")
     parser.add_argument("--out", default=".", help="directory for gpu_kernel_check.json")
     parser.add_argument("--dtypes", default="bf16,fp16,fp32")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter smoke test)")

@@ -198,3 +198,32 @@ def test_varlen_summary_reports_packed_against_padded():
     assert last == ("varlen uniform 64-1024 32/8 d=128: packed 2.50x the tokens/s of pope padded batch, 3.00x the "
                     "tokens/s of pope per-sequence calls, 1.25x the tokens/s of sdpa padded batch, "
                     "deterministic=False 0.90x its time (faster)"), last
+
+
+def test_correctness_step_checks_every_dtype_with_gqa_varlen_and_the_atomic_backward():
+    """The lease's first step's arguments (scripts/gpu_kernel_check.py --varlen-rows / --atomic-rows pick the subset):
+    15 checks, bf16 / fp16 / fp32 each with a GQA batch, a packed batch (empty and length-1 sequences, Nq < Nk) and the
+    atomic backward batched and packed; bf16 also d = 128 at 4096 tokens; then the determinism and decode checks."""
+    plan = _lease(["--plan"]).stdout
+    args = plan.splitlines()[1].split("scripts/gpu_kernel_check.py ")[1].split(" --out ")[0].split()
+    code = ("import sys, json; sys.path.insert(0, 'scripts'); import gpu_kernel_check as g; "
+            "p = __import__('argparse').Namespace(smoke=False, **{a.lstrip('-').replace('-', '_'): b for a, b in "
+            "zip(sys.argv[1::2], sys.argv[2::2])}); p.bf16_rows = getattr(p, 'bf16_rows', None); "
+            "print(json.dumps(g.work_items(p)))")
+    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "src"), "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    run = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    import json
+
+    items = json.loads(run.stdout)
+    groups = [(group, dtype) for group, dtype, _ in items]
+    assert len(items) == 15, items
+    for dtype in ("bf16", "fp16", "fp32"):
+        assert [g for g, d in groups if d == dtype].count("atomic") == 2 and ("varlen", dtype) in groups
+        gqa = [shape for group, d, shape in items if d == dtype and group == "batched" and shape[1] != shape[2]]
+        assert gqa, (dtype, items)
+    packed = [shape for group, _, shape in items if group == "varlen"][0]
+    assert 0 in packed[0] and 1 in packed[0] and packed[0] != packed[1]  # empty, length-1, Nq < Nk
+    assert ["batched", "bf16", [1, 2, 2, 4096, 4096, 128, True]] in items
+    assert groups[-2:] == [("determinism", "bf16"), ("decode_growing_cache", "bf16")]
