@@ -47,12 +47,15 @@ TOTAL_S=${LEASE_TOTAL_S:-575}
 MIN_STEP_S=15
 export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
 
+# The issue's eight shapes, the new targets (d = 128, GQA) first: rows are written as they are measured, so a step cut
+# short loses the ones measured before, the d = 64 shapes.
+BENCH_SHAPES=4x16x4096x128,2x32x8x4096x128,1x32x8x8192x128,2x32x4x4096x128,4x16x4096x64,2x16x8192x64,1x16x16384x64,8x12x1024x64
 STEP_NAMES=(correctness candidate benchmark varlen d128-tiles)
 read -r -a STEP_BUDGETS <<< "${LEASE_BUDGETS:-100 110 200 110 40}"  # seconds per step, in order
 STEP_COMMANDS=(
   "$PY scripts/gpu_kernel_check.py --checks batched,varlen,atomic --dtypes bf16,fp16,fp32 --bf16-rows 4,5 --other-rows 5 --varlen-rows 1 --atomic-rows 5 --out $OUT/kernel_check"
   "$PY benchmarks/experiments/2026-12-01-bwd-autows/gpu_check.py --groups time-4x16x4096x128,time-2x32x8x4096x128 --variants shipped,one-loop,one-loop-dkdv --limit-s 53 --out $OUT/bwd_autows"
-  "$PY benchmarks/attention.py --providers 'sdpa,cudnn sdpa,rope compiled+sdpa,pope triton,pope triton atomic' --out $OUT/bench"
+  "$PY benchmarks/attention.py --shapes $BENCH_SHAPES --providers 'sdpa,cudnn sdpa,rope compiled+sdpa,pope triton,pope triton atomic' --out $OUT/bench"
   "$PY benchmarks/attention.py --varlen-only --out $OUT/bench"
   "$PY scripts/kernel_variants.py --module shipped=src/pope/kernels --shapes 4x16x4096x128 --dq 128,32,8,2 --dq 64,32,4,2 --dkdv 64,64,8,2 --dkdv 32,64,8,3 --out $OUT/d128_tiles"
 )

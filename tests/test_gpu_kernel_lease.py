@@ -40,6 +40,8 @@ def test_script_parses_and_plan_lists_every_step_within_the_bound():
     budgets = [int(line.split()[2]) for line in lines if line[:1].isdigit() and "summary" not in line]
     assert sum(budgets) <= 560 and "within the 575 s bound: yes" in run.stdout, run.stdout
     assert "--out /tmp/somewhere/bench" in run.stdout and "benchmarks/results" not in run.stdout
+    shapes = run.stdout.split("--shapes ")[1].split()[0].split(",")
+    assert sorted(shapes) == sorted("x".join(map(str, shape)) for shape in _benchmark().SHAPES), shapes
     # the targets need these providers and checks
     for needed in ("'sdpa,cudnn sdpa,rope compiled+sdpa,pope triton,pope triton atomic'", "--varlen-only",
                    "--checks batched,varlen,atomic --dtypes bf16,fp16,fp32", "time-2x32x8x4096x128",
