@@ -116,20 +116,14 @@ def check(shapes=CHECK_SHAPES, device: str = "cuda") -> list[dict]:
 
 
 def median_ms(fn, device: str) -> float:
-    """triton.testing.do_bench's median on a GPU (as benchmarks/attention.py); on CPU (the interpreter: a check of
-    this script, its times mean nothing) the median of three calls."""
-    if device == "cuda":
-        import triton.testing
+    """scripts/kernel_variants.py's: triton.testing.do_bench's median on a GPU (as benchmarks/attention.py times);
+    on CPU (the interpreter: a check of this script, its times mean nothing) the median of three calls."""
+    scripts = os.path.normpath(os.path.join(HERE, os.pardir, os.pardir, os.pardir, "scripts"))
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    from kernel_variants import median_ms as kernel_variants_median_ms
 
-        return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-    import statistics
-
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+    return kernel_variants_median_ms(fn, device)
 
 
 def check_on_timing_inputs(group: str, shape, variants, device: str = "cuda", seed: int = 0):
