@@ -15,7 +15,7 @@
 #                         atomic backward (deterministic=False) batched and        x head dim x batched/packed/atomic)
 #                         packed; bf16 also 1x2x4096x128; vs float64, 2x rule;
 #                         deterministic backward bitwise over 3 runs; decode
-#   candidate      110 s  the d=128 one-loop dk/dv candidate (bwd-autows          two groups of 55 s: compiles ~10 s,
+#   candidate      110 s  the d=128 one-loop dk/dv candidate (bwd-autows          two groups of 50 s: compiles ~10 s,
 #                         gpu_check.py): each variant checked on the timing        the float64 reference of one head
 #                         inputs (2x rule vs float64, determinism, bits vs         group a few s, backward ~4.4 ms x
 #                         shipped), then timed (do_bench median) against the      3 do_bench per variant
@@ -54,7 +54,7 @@ STEP_NAMES=(correctness candidate benchmark varlen d128-tiles)
 read -r -a STEP_BUDGETS <<< "${LEASE_BUDGETS:-100 110 200 110 40}"  # seconds per step, in order
 STEP_COMMANDS=(
   "$PY scripts/gpu_kernel_check.py --checks batched,varlen,atomic --dtypes bf16,fp16,fp32 --bf16-rows 4,5 --other-rows 5 --varlen-rows 1 --atomic-rows 5 --out $OUT/kernel_check"
-  "$PY benchmarks/experiments/2026-12-01-bwd-autows/gpu_check.py --groups time-4x16x4096x128,time-2x32x8x4096x128 --variants shipped,one-loop,one-loop-dkdv --limit-s 53 --out $OUT/bwd_autows"
+  "$PY benchmarks/experiments/2026-12-01-bwd-autows/gpu_check.py --groups time-4x16x4096x128,time-2x32x8x4096x128 --variants shipped,one-loop,one-loop-dkdv --limit-s 50 --out $OUT/bwd_autows"
   "$PY benchmarks/attention.py --shapes $BENCH_SHAPES --providers 'sdpa,cudnn sdpa,rope compiled+sdpa,pope triton,pope triton atomic' --out $OUT/bench"
   "$PY benchmarks/attention.py --varlen-only --out $OUT/bench"
   "$PY scripts/kernel_variants.py --module shipped=src/pope/kernels --shapes 4x16x4096x128 --dq 128,32,8,2 --dq 64,32,4,2 --dkdv 64,64,8,2 --dkdv 32,64,8,3 --out $OUT/d128_tiles"
