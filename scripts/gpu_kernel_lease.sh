@@ -4,27 +4,27 @@
 #   POPE_GIT_COMMIT=<commit> OUT=/tmp/out scripts/gpu_kernel_lease.sh        (from the repository root)
 #   scripts/gpu_kernel_lease.sh --plan                                         (the steps and budgets; no GPU)
 #
-# Steps, in order, each under its own `timeout` (budget below, or LEASE_BUDGETS="100 110 200 110 40"; a step gets less
+# Steps, in order, each under its own `timeout` (budget below, or LEASE_BUDGETS="120 110 190 100 40"; a step gets less
 # when the total is nearly spent and is skipped, saying so, when under MIN_STEP_S = 15 s is left), each one's output in
 # OUT/NN-name.log and printed as it runs:
 #
 #   step          budget  what                                                   known H200 cost it is sized from
-#   correctness    100 s  scripts/gpu_kernel_check.py, 15 checks: bf16/fp16/fp32   22 checks in 3 dtypes took 160-190 s,
+#   correctness    120 s  scripts/gpu_kernel_check.py, 15 checks: bf16/fp16/fp32   22 checks in 3 dtypes took 160-190 s,
 #                         forward+backward at GQA 8:2 d=64, packed varlen (MQA    12 bf16 atomic checks 130 s, mostly
 #                         4:1, empty / length-1 / Nq<Nk sequences, d=128), the    Triton compiles (~5 kernels per dtype
 #                         atomic backward (deterministic=False) batched and        x head dim x batched/packed/atomic)
 #                         packed; bf16 also 1x2x4096x128; vs float64, 2x rule;
-#                         deterministic backward bitwise over 3 runs; decode
+#                         deterministic backward bitwise over 3 runs; decode       (here ~70 compiles of ~1.5 s)
 #   candidate      110 s  the d=128 one-loop dk/dv candidate (bwd-autows          two groups of 50 s: compiles ~10 s,
 #                         gpu_check.py): each variant checked on the timing        the float64 reference of one head
 #                         inputs (2x rule vs float64, determinism, bits vs         group a few s, backward ~4.4 ms x
 #                         shipped), then timed (do_bench median) against the      3 do_bench per variant
 #                         shipped backward at 4x16x4096x128 and 2x32x8x4096x128
-#   benchmark      200 s  benchmarks/attention.py at the issue's 8 shapes (d=64   40 rows of ~1-2 s (do_bench 25+100 ms
+#   benchmark      190 s  benchmarks/attention.py at the issue's 8 shapes (d=64   40 rows of ~1-2 s (do_bench 25+100 ms
 #                         and 128 at N>=4096, 1K, the three GQA shapes) with       x2) + Triton compiles (~30 s, partly
 #                         sdpa, cudnn sdpa, rope compiled+sdpa, pope triton,       cached by step 1) + torch.compile of
 #                         pope triton atomic                                        the rotation per shape (~3-8 s)
-#   varlen         110 s  benchmarks/attention.py --varlen-only: packed vs per-   30 rows (3 length distributions x
+#   varlen         100 s  benchmarks/attention.py --varlen-only: packed vs per-   30 rows (3 length distributions x
 #                         sequence vs padded, deterministic=False too              2 head dims x 5 providers) of ~1 s +
 #                                                                                  ~8 packed/batched compile sets
 #   d128-tiles      40 s  scripts/kernel_variants.py: the d=128 dq/dk-dv tiles     5 rows of one compile + fwd/bwd timing
@@ -51,7 +51,7 @@ export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
 # short loses the ones measured before, the d = 64 shapes.
 BENCH_SHAPES=4x16x4096x128,2x32x8x4096x128,1x32x8x8192x128,2x32x4x4096x128,4x16x4096x64,2x16x8192x64,1x16x16384x64,8x12x1024x64
 STEP_NAMES=(correctness candidate benchmark varlen d128-tiles)
-read -r -a STEP_BUDGETS <<< "${LEASE_BUDGETS:-100 110 200 110 40}"  # seconds per step, in order
+read -r -a STEP_BUDGETS <<< "${LEASE_BUDGETS:-120 110 190 100 40}"  # seconds per step, in order
 STEP_COMMANDS=(
   "$PY scripts/gpu_kernel_check.py --checks batched,varlen,atomic --dtypes bf16,fp16,fp32 --bf16-rows 4,5 --other-rows 5 --varlen-rows 1 --atomic-rows 5 --out $OUT/kernel_check"
   "$PY benchmarks/experiments/2026-12-01-bwd-autows/gpu_check.py --groups time-4x16x4096x128,time-2x32x8x4096x128 --variants shipped,one-loop,one-loop-dkdv --limit-s 50 --out $OUT/bwd_autows"
