@@ -134,27 +134,29 @@ for i in "${!STEP_NAMES[@]}"; do
   esac
 done
 
-# The final short table, printed last (what a device command's output tail keeps).
+# The summary, printed last (what a device command's output tail keeps, about 12,000 characters): the results, then
+# the provenance and the final short table of the steps. The full outputs are in OUT.
 {
   echo
-  echo "================ gpu_kernel_lease.sh summary ================"
-  sed 's/^/  /' "$OUT/provenance.txt"
-  printf '  %-12s %8s %6s  %s\n' step budget used status
-  for i in "${!STEP_NAMES[@]}"; do
-    printf '  %-12s %6d s %4d s  %s\n' "${STEP_NAMES[$i]}" "${STEP_BUDGETS[$i]}" "${USED[$i]}" "${STATUS[$i]}"
-  done
+  echo "================ gpu_kernel_lease.sh summary (full outputs: $OUT) ================"
   echo "-- correctness (kernel error / PyTorch's error in the same dtype vs float64; 2x rule):"
   sed -n '/^check .*passed \/ total/,/^correctness:/p' "$OUT/01-correctness.log" 2>/dev/null | grep -v '^PASS'
   grep -q '^correctness:' "$OUT/01-correctness.log" 2>/dev/null || \
     grep -E '^(PASS|FAIL) ' "$OUT/01-correctness.log" 2>/dev/null | cut -c1-160
   echo "-- d=128 backward candidate (bwd-autows; ms, ratio to shipped):"
   grep -q '^| group | variant' "$OUT/02-candidate.log" 2>/dev/null && \
-    sed -n '/^| group | variant/,$p' "$OUT/02-candidate.log" | cut -c1-220 || \
+    sed -n '/^| group | variant/,$p' "$OUT/02-candidate.log" | cut -c1-180 || \
     echo "  (no table: see 02-candidate.log and $OUT/bwd_autows/*.json for the groups that finished)"
   echo "-- d=128 tiles (scripts/kernel_variants.py; ms):"
   grep -E ' total ' "$OUT/05-d128-tiles.log" 2>/dev/null || echo "  (no rows)"
   echo "-- benchmark (OUT/bench; targets stated MET / MISSED):"
   "$PY" benchmarks/attention.py --summary-from "$OUT/bench" 2>&1
+  echo "-- provenance:"
+  sed 's/^/  /' "$OUT/provenance.txt"
+  printf '  %-12s %8s %6s  %s\n' step budget used status
+  for i in "${!STEP_NAMES[@]}"; do
+    printf '  %-12s %6d s %4d s  %s\n' "${STEP_NAMES[$i]}" "${STEP_BUDGETS[$i]}" "${USED[$i]}" "${STATUS[$i]}"
+  done
 } 2>&1 | tee "$OUT/summary.txt"
 
 for status in "${STATUS[@]}"; do
