@@ -725,7 +725,9 @@ def summary_from(directory: str) -> list[str]:
         lines.append(f"{path}: {len(rows)} rows; {first.get('gpu')}, torch {first.get('torch')}, triton "
                      f"{first.get('triton')}, commit {first.get('commit')}, {first.get('date')}")
         if name == "attention.csv":
-            lines += rows_table(rows) + ["targets (issues 5 and 22; ratios in this run):"] + targets(rows)
+            # (kept short: the device output's tail; every provider's row is in the run's output and the CSV)
+            lines += rows_table([r for r in rows if r["provider"] in ("sdpa", "pope triton", "pope triton atomic")])
+            lines += ["targets (issues 5 and 22; ratios in this run):"] + targets(rows)
         else:  # one line per packed batch here (every provider's line is in the run's own output)
             lines += [line for line in varlen_summary(rows) if ": packed " in line]
     return lines
