@@ -84,7 +84,7 @@ case "${1:-}" in
 esac
 
 if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-  echo "gpu_kernel_lease.sh: no CUDA GPU visible to $PY (torch.cuda.is_available() is False); run it on the H200 machine, or use --plan to list its steps" >&2
+  echo "gpu_kernel_lease.sh: no CUDA GPU visible to $PY (torch.cuda.is_available() is False, or torch does not import); run it on the H200 machine, or use --plan to list its steps" >&2
   exit 2
 fi
 
