@@ -1,8 +1,12 @@
 """Issue-5 attention benchmark: fused PoPE Triton kernels against the alternatives, one GPU, one run.
 
-Shapes (B, H, N, d): (8,12,1024,64), (4,16,4096,64), (2,16,8192,64), (1,16,16384,64), (4,16,4096,128);
-bf16, causal. Providers, side by side in the same process:
-    sdpa               F.scaled_dot_product_attention without positional encoding (FlashAttention-2)
+Shapes (B, H, N, d): (8,12,1024,64), (4,16,4096,64), (2,16,8192,64), (1,16,16384,64), (4,16,4096,128), and the
+GQA shapes of Llama models written B x Hq x Hkv x N x d: (2,32,8,4096,128), (1,32,8,8192,128), (2,32,4,4096,128)
+(issue 22); bf16, causal. Providers, side by side in the same process:
+    sdpa               F.scaled_dot_product_attention without positional encoding (FlashAttention-2; GQA shapes
+                       with enable_gqa=True, as every provider below that calls SDPA)
+    cudnn sdpa         the same restricted to the cuDNN backend (torch.nn.attention.sdpa_kernel); a row is left out,
+                       with the error printed, where this torch has no cuDNN attention for the shape
     rope+sdpa          rotate-half RoPE in eager PyTorch (cos/sin tables cached, as models do) + SDPA
     rope compiled+sdpa the same rotation through torch.compile (one fused kernel per tensor and direction, what a
                        torch.compile user gets) + SDPA: the stricter RoPE baseline
@@ -15,8 +19,11 @@ bf16, causal. Providers, side by side in the same process:
 Per provider: forward and forward+backward median time (triton.testing.do_bench), peak memory allocated
 above the inputs during forward+backward, and TFLOP/s with the provider's own attention FLOPs: PoPE
 forward 6*B*H*N^2*d (the QK product has 2d channels), standard 4*B*H*N^2*d, halved when causal;
-backward 2.5x forward. Targets (issue 5), as ratios in this run: pope triton fwd+bwd <= 1.5x sdpa at
-N >= 4096 and <= 1.0x rope+sdpa everywhere; peak memory <= 1.15x sdpa; >= 20x faster than pope-pytorch.
+backward 2.5x forward. Targets, as ratios in this run (targets(): each stated MET or MISSED and by how much):
+pope triton fwd+bwd <= 1.5x sdpa at d = 64 and N >= 4096 (issue 5), <= 1.6x at d > 64 and N >= 4096 and at the GQA
+shapes (issue 22), at 1K tokens no slower relative to sdpa than issue 22's baseline (BEFORE_ISSUE22), <= 1.0x
+rope+sdpa and rope compiled+sdpa; peak memory <= 1.15x sdpa; >= 20x faster than pope-pytorch; and whether
+deterministic=False (pope triton atomic) is faster than the default, per shape and overall (issue 22).
 
 With --decode: one query against a long KV cache (generation), through the split-K decode kernels over a
 raw d-channel cache and over a cache of magnitudes f(k) (what the model's KV cache holds), vs SDPA over a
@@ -51,9 +58,13 @@ import sys
 import torch
 import torch.nn.functional as F
 
-SHAPES = [(8, 12, 1024, 64), (4, 16, 4096, 64), (2, 16, 8192, 64), (1, 16, 16384, 64), (4, 16, 4096, 128)]
-PROVIDERS = ["sdpa", "rope+sdpa", "rope compiled+sdpa", "pope materialized", "pope-pytorch", "pope triton",
-             "pope triton atomic"]
+SHAPES = [(8, 12, 1024, 64), (4, 16, 4096, 64), (2, 16, 8192, 64), (1, 16, 16384, 64), (4, 16, 4096, 128),
+          (2, 32, 8, 4096, 128), (1, 32, 8, 8192, 128), (2, 32, 4, 4096, 128)]  # (B, H, N, d) or (B, Hq, Hkv, N, d)
+PROVIDERS = ["sdpa", "cudnn sdpa", "rope+sdpa", "rope compiled+sdpa", "pope materialized", "pope-pytorch",
+             "pope triton", "pope triton atomic"]
+# pope triton's fwd+bwd / sdpa's at the issue-22 baseline (31667a8, one H200), where a target is "no slower than
+# before" (the 1K-token shapes): compared as ratios to this run's sdpa, which moves less between runs than ms do.
+BEFORE_ISSUE22 = {"8x12x1024x64": (3.29, "31667a8")}
 DECODE_SHAPES = [(8, 16, 16, 1024, 64), (8, 16, 16, 4096, 64), (8, 16, 16, 16384, 64), (4, 16, 16, 65536, 64),
                  (8, 16, 16, 16384, 128), (8, 32, 8, 16384, 128), (8, 32, 4, 16384, 64)]  # (B, Hq, Hkv, Nk, d)
 BASE = 10000.0
@@ -80,16 +91,36 @@ def _rope_rotate(x, cos, sin):
 
 
 def make_provider(name, q, k, v, delta, *, autotune_pope_pytorch=False):
-    """A zero-argument callable computing the causal attention output from the given leaves."""
+    """A zero-argument callable computing the causal attention output from the given leaves: q (B, Hq, N, d),
+    k/v (B, Hkv, N, d), Hkv dividing Hq (SDPA-based providers get enable_gqa=True when Hkv < Hq)."""
     seq, head_dim = q.shape[2], q.shape[3]
+    gqa = q.shape[1] != k.shape[1]
     if name == "sdpa":
-        return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    if name == "cudnn sdpa":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        def cudnn_sdpa():  # the backward runs the backend the forward chose (its autograd node)
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        return cudnn_sdpa
     if name in ("rope+sdpa", "rope compiled+sdpa"):
         cos, sin = _rope_tables(seq, head_dim, q.device, q.dtype)
-        rotate = _rope_rotate if name == "rope+sdpa" else torch.compile(_rope_rotate, fullgraph=True, dynamic=False)
+        if name == "rope+sdpa":
+            rotate = _rope_rotate
+        else:
+            # One graph per input shape (q and k differ under GQA): more shapes than dynamo's default limit of 8,
+            # past which it would silently run the rotation eagerly; raise the limit and fail instead of that.
+            import torch._dynamo.config as dynamo_config
+
+            dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, 64)
+            if hasattr(dynamo_config, "fail_on_recompile_limit_hit"):
+                dynamo_config.fail_on_recompile_limit_hit = True
+            rotate = torch.compile(_rope_rotate, fullgraph=True, dynamic=False)
 
         def rope_sdpa():
-            return F.scaled_dot_product_attention(rotate(q, cos, sin), rotate(k, cos, sin), v, is_causal=True)
+            return F.scaled_dot_product_attention(rotate(q, cos, sin), rotate(k, cos, sin), v, is_causal=True,
+                                                  enable_gqa=gqa)
         return rope_sdpa
     if name == "pope materialized":
         from pope.attention import reference_pope_attention
@@ -97,6 +128,8 @@ def make_provider(name, q, k, v, delta, *, autotune_pope_pytorch=False):
         return lambda: reference_pope_attention(q, k, v, delta, base=BASE, causal=True, softmax_scale=head_dim ** -0.5,
                                                 q_offset=0, magnitude="softplus", rotary_dim=None)
     if name == "pope-pytorch":
+        if gqa:
+            raise ValueError("pope-pytorch 0.2.1's flash_attn takes as many key/value heads as query heads (no GQA)")
         if not autotune_pope_pytorch:
             os.environ["POPE_NO_AUTOTUNE"] = "1"
         from PoPE_pytorch.triton_pope_flash_attn import flash_attn
@@ -121,13 +154,30 @@ def make_provider(name, q, k, v, delta, *, autotune_pope_pytorch=False):
     raise ValueError(f"unknown provider {name!r}; choose from {PROVIDERS}")
 
 
+def parse_shape(text: str) -> tuple:
+    """'BxHxNxd' or 'BxHqxHkvxNxd' (GQA) -> a tuple of ints; a clear error for anything else."""
+    try:
+        shape = tuple(int(x) for x in text.strip().split("x"))
+    except ValueError:
+        shape = ()
+    if len(shape) not in (4, 5) or min(shape) < 1 or (len(shape) == 5 and shape[1] % shape[2]):
+        raise ValueError(f"a shape is BxHxNxd or BxHqxHkvxNxd with Hkv dividing Hq, e.g. 4x16x4096x128 or "
+                         f"2x32x8x4096x128; got {text!r}")
+    return shape
+
+
+def heads_of(shape) -> tuple:
+    """(B, Hq, Hkv, N, d) of a (B, H, N, d) or (B, Hq, Hkv, N, d) shape."""
+    return (shape[0], shape[1], shape[1], *shape[2:]) if len(shape) == 4 else tuple(shape)
+
+
 def bench_provider(name, shape, *, autotune_pope_pytorch=False, cuda_graph=False):
     from triton.testing import do_bench, do_bench_cudagraph
 
-    batch, heads, seq, head_dim = shape
+    batch, heads, kv_heads, seq, head_dim = heads_of(shape)
     torch.manual_seed(0)
-    q, k, v = (torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-               for _ in range(3))
+    q, k, v = (torch.randn(batch, h, seq, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for h in (heads, kv_heads, kv_heads))
     delta = (-2 * math.pi * torch.rand(heads, head_dim, device="cuda")).requires_grad_()
     provider = make_provider(name, q, k, v, delta, autotune_pope_pytorch=autotune_pope_pytorch)
     leaves = getattr(provider, "leaves", [q, k, v, delta])
@@ -331,9 +381,9 @@ def profile_provider(name, shape):
     """torch.profiler table (CPU and CUDA time per op) of 10 forward+backward calls."""
     from torch.profiler import ProfilerActivity, profile
 
-    batch, heads, seq, head_dim = shape
-    q, k, v = (torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-               for _ in range(3))
+    batch, heads, kv_heads, seq, head_dim = heads_of(shape)
+    q, k, v = (torch.randn(batch, h, seq, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for h in (heads, kv_heads, kv_heads))
     delta = (-2 * math.pi * torch.rand(heads, head_dim, device="cuda")).requires_grad_()
     provider = make_provider(name, q, k, v, delta)
     grad_out = torch.randn_like(q)
@@ -438,38 +488,78 @@ def plot_decode_csv(path_csv, path_png, commit=None):
                                   f"{first['date']}, B x Hq x Hkv x Nk x d")
 
 
+def verdict(value: float, limit: float, *, at_least: bool = False) -> str:
+    """'MET <=1.60x (0.12x under)' / 'MISSED <=1.60x by 0.93x (58%)': value against a limit (at_least: >= limit)."""
+    met = value >= limit if at_least else value <= limit
+    sign = ">=" if at_least else "<="
+    gap = abs(value - limit)
+    if met:
+        return f"MET {sign}{limit:g}x ({gap:.2f}x {'over' if at_least else 'under'})"
+    return f"MISSED {sign}{limit:g}x by {gap:.2f}x ({gap / limit:.0%})"
+
+
+def speed_target(shape_label: str):
+    """(limit, source) of pope triton's fwd+bwd / sdpa at a shape, or (None, why not): d = 64 at N >= 4096 1.5x
+    (issue 5), d > 64 at N >= 4096 and every GQA shape 1.6x (issue 22)."""
+    dims = [int(x) for x in shape_label.split(" ")[0].split("x")]
+    seq, head_dim, gqa = dims[-2], dims[-1], len(dims) == 5 and dims[1] != dims[2]
+    if gqa:
+        return 1.6, "issue 22, GQA"
+    if seq >= 4096:
+        return (1.5, "issue 5, d=64") if head_dim <= 64 else (1.6, f"issue 22, d={head_dim}")
+    return None, "no ratio target at N<4096"
+
+
 def targets(rows) -> list[str]:
-    """The issue's targets, stated plainly per shape."""
+    """The issues' targets, each stated MET or MISSED and by how much, per shape; then whether deterministic=False
+    is faster than the default overall, and a count of MET / MISSED."""
     lines = []
     by = {(r["shape"], r["provider"]): r for r in rows}
+    atomic_ratios = []
     for shape in dict.fromkeys(r["shape"] for r in rows):
         ours = by.get((shape, "pope triton"))
         if ours is None:
             continue
-        seq = int(shape.split("x")[2])
         parts = []
         if (shape, "sdpa") in by:
             ratio = ours["fwd_bwd_ms"] / by[(shape, "sdpa")]["fwd_bwd_ms"]
             mem = ours["peak_mb"] / by[(shape, "sdpa")]["peak_mb"]
-            if seq >= 4096:
-                parts.append(f"fwd+bwd {ratio:.2f}x sdpa ({'MET' if ratio <= 1.5 else 'MISSED'} <=1.5x)")
+            limit, source = speed_target(shape)
+            before = BEFORE_ISSUE22.get(shape)  # (eager rows only: a labelled row's shape is not a key)
+            if limit is not None:
+                parts.append(f"fwd+bwd {ratio:.2f}x sdpa ({verdict(ratio, limit)}, {source})")
+            elif before is not None:
+                parts.append(f"fwd+bwd {ratio:.2f}x sdpa (no slower than {before[0]:.2f}x at {before[1]}: "
+                             f"{verdict(ratio, before[0])}, issue 22)")
             else:
-                parts.append(f"fwd+bwd {ratio:.2f}x sdpa (no target at N<4096)")
-            parts.append(f"peak mem {mem:.2f}x sdpa ({'MET' if mem <= 1.15 else 'MISSED'} <=1.15x)")
+                parts.append(f"fwd+bwd {ratio:.2f}x sdpa ({source})")
+            parts.append(f"peak mem {mem:.2f}x sdpa ({verdict(mem, 1.15)})")
+        if (shape, "cudnn sdpa") in by:
+            parts.append(f"{ours['fwd_bwd_ms'] / by[(shape, 'cudnn sdpa')]['fwd_bwd_ms']:.2f}x cudnn sdpa (no target)")
         for rope in ("rope+sdpa", "rope compiled+sdpa"):
             if (shape, rope) in by:
                 ratio = ours["fwd_bwd_ms"] / by[(shape, rope)]["fwd_bwd_ms"]
-                parts.append(f"{ratio:.2f}x {rope} ({'MET' if ratio <= 1.0 else 'MISSED'} <=1.0x)")
+                parts.append(f"{ratio:.2f}x {rope} ({verdict(ratio, 1.0)})")
         if (shape, "pope-pytorch") in by:
             speedup = by[(shape, "pope-pytorch")]["fwd_bwd_ms"] / ours["fwd_bwd_ms"]
-            parts.append(f"{speedup:.1f}x faster than pope-pytorch ({'MET' if speedup >= 20 else 'MISSED'} >=20x)")
+            parts.append(f"{speedup:.1f}x faster than pope-pytorch ({verdict(speedup, 20, at_least=True)})")
         atomic = by.get((shape, "pope triton atomic"))
         if atomic is not None:  # issue 22: deterministic=False only if it is faster
             ratio = atomic["fwd_bwd_ms"] / ours["fwd_bwd_ms"]
             memory = atomic["peak_mb"] / ours["peak_mb"]
+            atomic_ratios.append(ratio)
             parts.append(f"deterministic=False fwd+bwd {ratio:.2f}x the default's "
                          f"({'faster' if ratio < 1 else 'NOT faster'}), peak mem {memory:.2f}x")
         lines.append(f"{shape}: " + "; ".join(parts))
+    if atomic_ratios:
+        mean = math.exp(sum(map(math.log, atomic_ratios)) / len(atomic_ratios))
+        faster = sum(r < 1 for r in atomic_ratios)
+        lines.append(f"deterministic=False: faster than the default at {faster} of {len(atomic_ratios)} shapes, "
+                     f"geometric mean {mean:.2f}x the default's fwd+bwd time ("
+                     + ("faster: issue 22's condition met" if mean < 1 else "NOT faster: issue 22's condition "
+                        "('if it is faster') not met") + ")")
+    text = " ".join(lines)
+    lines.append(f"targets: {text.count('MET <=') + text.count('MET >=')} MET, {text.count('MISSED')} MISSED")
     return lines
 
 
@@ -477,7 +567,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     parser.add_argument("--providers", default=",".join(PROVIDERS))
-    parser.add_argument("--shapes", default=None, help="e.g. 8x12x1024x64,4x16x4096x128 (default: the issue's five)")
+    parser.add_argument("--shapes", default=None, help="e.g. 8x12x1024x64,2x32x8x4096x128 (BxHxNxd or BxHqxHkvxNxd; default: SHAPES)")
     parser.add_argument("--decode", action="store_true", help="also run the decode benchmark")
     parser.add_argument("--decode-only", action="store_true", help="only the decode benchmark")
     parser.add_argument("--varlen", action="store_true", help="also run the packed variable-length benchmark")
@@ -492,6 +582,9 @@ def main(argv=None):
                         help="time CUDA-graph replays of forward and forward+backward: the GPU time without host "
                              "overhead (rows labelled so; pope-pytorch is left out)")
     parser.add_argument("--pope-pytorch-autotune", action="store_true")
+    parser.add_argument("--summary-from", default=None, metavar="DIR",
+                        help="only print the tables and targets of DIR/attention.csv and DIR/attention_varlen.csv "
+                             "(all their rows: one run's --out); no GPU")
     parser.add_argument("--profile", action="store_true",
                         help="also write OUT/profile.txt: torch.profiler of pope triton fwd+bwd, first two shapes")
     args = parser.parse_args(argv)
@@ -499,10 +592,20 @@ def main(argv=None):
         plot_decode_csv(os.path.join(args.out, "decode.csv"), os.path.join(args.out, "decode.png"),
                         args.plot_decode or None)
         return
+    try:
+        shapes = SHAPES if args.shapes is None else [parse_shape(s) for s in args.shapes.split(",")]
+    except ValueError as error:
+        raise SystemExit(f"benchmarks/attention.py: {error}")
+    providers = args.providers.split(",")
+    unknown = [name for name in providers if name not in PROVIDERS]
+    if unknown:
+        raise SystemExit(f"benchmarks/attention.py: unknown provider(s) {unknown}; choose from {PROVIDERS}")
+    if args.summary_from is not None:
+        print("\n".join(summary_from(args.summary_from)))
+        return
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/attention.py needs a CUDA GPU")
     os.makedirs(args.out, exist_ok=True)
-    shapes = SHAPES if args.shapes is None else [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     if args.decode_only:
         shapes, args.decode = [], True
     if args.varlen_only:
@@ -511,7 +614,6 @@ def main(argv=None):
     if args.autograd_calling_thread:
         torch.autograd.set_multithreading_enabled(False)
         label = " [autograd on calling thread]"
-    providers = args.providers.split(",")
     if args.cuda_graph:
         providers = [name for name in providers if name != "pope-pytorch"]
         label += " [CUDA graph]"
@@ -527,6 +629,7 @@ def main(argv=None):
                 continue
             row["shape"] += label
             rows.append(row)
+            append_csv(os.path.join(args.out, "attention.csv"), [row], meta)  # row by row: a run cut short keeps them
             print(f"{row['shape']:>16} {name:>18}: fwd {row['fwd_ms']:.3f} ms, fwd+bwd {row['fwd_bwd_ms']:.3f} ms, "
                   f"peak {row['peak_mb']:.0f} MB, {row['fwd_bwd_tflops']:.0f} TFLOP/s", flush=True)
             torch.cuda.empty_cache()
@@ -535,7 +638,6 @@ def main(argv=None):
             for shape in shapes[:2]:
                 f.write(f"pope triton fwd+bwd x10, shape {shape}\n{profile_provider('pope triton', shape)}\n\n")
     if rows:
-        append_csv(os.path.join(args.out, "attention.csv"), rows, meta)
         plot(rows, os.path.join(args.out, "attention.png"))
     decode_rows = []
     if args.decode:
@@ -548,24 +650,87 @@ def main(argv=None):
     if args.varlen:
         for distribution, (low, high) in VARLEN_DISTRIBUTIONS:
             for n_q_heads, n_kv_heads, head_dim in VARLEN_HEADS:
-                varlen_rows += bench_varlen(distribution, varlen_lengths(low, high), n_q_heads, n_kv_heads, head_dim)
-        append_csv(os.path.join(args.out, "attention_varlen.csv"), varlen_rows, meta)
+                case = bench_varlen(distribution, varlen_lengths(low, high), n_q_heads, n_kv_heads, head_dim)
+                append_csv(os.path.join(args.out, "attention_varlen.csv"), case, meta)  # case by case, as above
+                varlen_rows += case
         plot_varlen(varlen_rows, os.path.join(args.out, "attention_varlen.png"),
                     f"PoPE packed variable-length attention, bf16 causal, ~{VARLEN_TOKENS} tokens per batch, "
                     f"{meta['gpu']}, commit {meta['commit']}")
     print(f"\n{meta}")
-    print(f"{'shape':>16} {'provider':>18} {'fwd ms':>8} {'f+b ms':>8} {'peak MB':>8} {'f+b TF/s':>8}")
-    for r in rows:
-        print(f"{r['shape']:>16} {r['provider']:>18} {r['fwd_ms']:8.3f} {r['fwd_bwd_ms']:8.3f} {r['peak_mb']:8.0f} "
-              f"{r['fwd_bwd_tflops']:8.0f}")
+    print("\n".join(rows_table(rows)))
     for r in decode_rows:
         print(f"decode {r['shape']:>18} {r['approach']:>46}: {r['ms']:.4f} ms (graph {r['graph_ms']:.4f}), "
               f"cache {r['cache_mb']:.0f} MB, "
               f"diff {r['max_abs_diff_vs_materialized']:.1e}")
-    for r in varlen_rows:
-        print(f"varlen {r['distribution']:>16} {r['heads']} d={r['head_dim']:<3d} {r['provider']:>24}: "
-              f"f+b {r['fwd_bwd_ms']:8.3f} ms, {r['fwd_bwd_tokens_per_s'] / 1e6:6.2f} M tokens/s")
+    print("\n".join(varlen_summary(varlen_rows)))
+    print("\ntargets (issues 5 and 22; ratios in this run):")
     print("\n".join(targets(rows)))
+
+
+def rows_table(rows) -> list[str]:
+    """Lines of a fixed-width table: shape, provider, fwd / fwd+bwd ms, peak MB, fwd+bwd TFLOP/s."""
+    lines = [f"{'shape':>16} {'provider':>18} {'fwd ms':>8} {'f+b ms':>8} {'peak MB':>8} {'f+b TF/s':>8}"]
+    for r in rows:
+        lines.append(f"{r['shape']:>16} {r['provider']:>18} {r['fwd_ms']:8.3f} {r['fwd_bwd_ms']:8.3f} "
+                     f"{r['peak_mb']:8.0f} {r['fwd_bwd_tflops']:8.0f}")
+    return lines
+
+
+def varlen_summary(rows) -> list[str]:
+    """Per packed batch (distribution, heads, d): every provider's fwd+bwd tokens/s, then packed against padded
+    (issue 22: packed vs padded tokens/s) and deterministic=False against the default."""
+    lines = []
+    cases = dict.fromkeys((r["distribution"], r["heads"], r["head_dim"]) for r in rows)
+    for distribution, heads, head_dim in cases:
+        mine = {r["provider"]: r for r in rows if (r["distribution"], r["heads"], r["head_dim"]) ==
+                (distribution, heads, head_dim)}
+        for name, r in mine.items():
+            lines.append(f"varlen {distribution:>16} {heads} d={int(head_dim):<3d} {name:>26}: "
+                         f"f+b {r['fwd_bwd_ms']:8.3f} ms, {r['fwd_bwd_tokens_per_s'] / 1e6:6.2f} M tokens/s")
+        packed = mine.get("pope varlen packed")
+        if packed is None:
+            continue
+        parts = [f"{packed['fwd_bwd_tokens_per_s'] / mine[name]['fwd_bwd_tokens_per_s']:.2f}x the tokens/s of "
+                 f"{name}" for name in ("pope padded batch", "pope per-sequence calls", "sdpa padded batch")
+                 if name in mine]
+        if "pope varlen packed atomic" in mine:
+            ratio = mine["pope varlen packed atomic"]["fwd_bwd_ms"] / packed["fwd_bwd_ms"]
+            parts.append(f"deterministic=False {ratio:.2f}x its time ({'faster' if ratio < 1 else 'NOT faster'})")
+        lines.append(f"varlen {distribution} {heads} d={head_dim}: packed " + ", ".join(parts))
+    return lines
+
+
+def read_csv_rows(path: str) -> list[dict]:
+    """A benchmark CSV's rows with its numeric columns as floats (what targets() and the summaries read)."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for row in rows:
+        for key, value in row.items():
+            if key.endswith(("_ms", "_mb", "_tflops", "_per_s")) or key in ("head_dim", "tokens", "sequences"):
+                row[key] = float(value) if key not in ("head_dim", "tokens", "sequences") else int(value)
+    return rows
+
+
+def summary_from(directory: str) -> list[str]:
+    """The tables and targets of the attention_varlen.csv and attention.csv under directory (all their rows: one
+    run's --out), without a GPU, the targets last; a missing file is said so."""
+    lines = []
+    for name in ("attention_varlen.csv", "attention.csv"):
+        path = os.path.join(directory, name)
+        if not os.path.exists(path):
+            lines.append(f"{path}: not written (that part did not run or measured nothing)")
+            continue
+        rows = read_csv_rows(path)
+        first = rows[0] if rows else {}
+        lines.append(f"{path}: {len(rows)} rows; {first.get('gpu')}, torch {first.get('torch')}, triton "
+                     f"{first.get('triton')}, commit {first.get('commit')}, {first.get('date')}")
+        if name == "attention.csv":
+            # (kept short: the device output's tail; every provider's row is in the run's output and the CSV)
+            lines += rows_table([r for r in rows if r["provider"] in ("sdpa", "pope triton", "pope triton atomic")])
+            lines += ["targets (issues 5 and 22; ratios in this run):"] + targets(rows)
+        else:  # one line per packed batch here (every provider's line is in the run's own output)
+            lines += [line for line in varlen_summary(rows) if ": packed " in line]
+    return lines
 
 
 if __name__ == "__main__":

@@ -396,10 +396,13 @@ def work_items(args) -> list:
         rows = bf16_rows if dtype_name == "bf16" else other_rows
         if "batched" in args.checks:
             items += [("batched", dtype_name, CHECK_SHAPES[i]) for i in rows]
+        varlen = VARLEN_SHAPES if args.varlen_rows is None else [VARLEN_SHAPES[int(r)]
+                                                                 for r in args.varlen_rows.split(",")]
+        atomic_rows = ATOMIC_ROWS if args.atomic_rows is None else [int(r) for r in args.atomic_rows.split(",")]
         if "varlen" in args.checks:
-            items += [("varlen", dtype_name, shape) for shape in VARLEN_SHAPES]
+            items += [("varlen", dtype_name, shape) for shape in varlen]
         if "atomic" in args.checks:
-            items += [("atomic", dtype_name, shape) for shape in [CHECK_SHAPES[i] for i in ATOMIC_ROWS] + VARLEN_SHAPES]
+            items += [("atomic", dtype_name, shape) for shape in [CHECK_SHAPES[i] for i in atomic_rows] + varlen]
     items.append(("determinism", "bf16", (1, 4, 2, 97, 97, 48, True) if args.smoke else (2, 16, 4, 4096, 4096, 64, True)))
     # (smoke: lengths 47, 48, 49 cross a multiple of 16, what Triton specialises on; each is ~1 s interpreted)
     items.append(("decode_growing_cache", "bf16", (47, 50) if args.smoke else (1000, 1040)))
@@ -518,6 +521,10 @@ def main(argv=None):
     parser.add_argument("--decode-sweep", action="store_true", help="time decode kernel variants first")
     parser.add_argument("--bf16-rows", default=None, help="comma-separated CHECK_SHAPES rows for bf16 (default all)")
     parser.add_argument("--other-rows", default=None, help="rows for fp16/fp32 (default %s)" % (OTHER_DTYPE_ROWS,))
+    parser.add_argument("--varlen-rows", default=None,
+                        help="VARLEN_SHAPES rows for the varlen and atomic checks, e.g. 1 (default all)")
+    parser.add_argument("--atomic-rows", default=None,
+                        help="CHECK_SHAPES rows for the atomic check, e.g. 5 (default ATOMIC_ROWS)")
     parser.add_argument("--out", default=".", help="directory for gpu_kernel_check.json")
     parser.add_argument("--dtypes", default="bf16,fp16,fp32")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter smoke test)")

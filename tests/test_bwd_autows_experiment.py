@@ -102,3 +102,44 @@ def test_gpu_check_variants_pass_on_cpu():
     rows = gpu_check.check([(1, 2, 2, 70, 70, 64, True), (1, 2, 1, 45, 45, 128, False)], "cpu")
     assert len(rows) == 2 * len(gpu_check.VARIANTS)
     assert all(row["ok"] for row in rows), [row for row in rows if not row["ok"]]
+
+
+@pytest.mark.skipif(not INTERPRETER_IN_PROCESS or ON_GPU,
+                    reason="CPU interpreter test (on a GPU: the experiment's gpu_check.py)")
+def test_gpu_check_timing_group_checks_the_candidate_on_its_timing_inputs_first(monkeypatch):
+    """gpu_check.time_shape (what the lease's candidate step runs) at a tiny GQA d = 128 shape through the
+    interpreter: the shipped backward and the one-loop dk/dv candidate are checked on the timing inputs (2x rule
+    against float64 on the first key head's group, deterministic, bitwise the shipped kernels' here), the candidate's
+    experimental dk/dv kernel is the one launched, and then each is timed (whole backward, dq and dk/dv alone)."""
+    sys.path.insert(0, HERE)
+    sys.modules.pop("gpu_check", None)
+    import autows_bwd
+    import gpu_check
+
+    launched = []
+    launch = autows_bwd._WithConstexprs.__getitem__
+    monkeypatch.setattr(autows_bwd._WithConstexprs, "__getitem__",
+                        lambda self, grid: launched.append(self.kernel.fn.__name__) or launch(self, grid))
+    rows = gpu_check.time_shape("time-1x4x2x33x128", ["one-loop-dkdv"], device="cpu")
+    checks = [row for row in rows if "ok" in row]
+    timings = [row for row in rows if "backward_ms" in row]
+    assert [row["variant"] for row in checks] == ["shipped", "one-loop-dkdv"]
+    assert all(row["ok"] and row["deterministic"] and row["bitwise_equal_to_shipped"] for row in checks), checks
+    assert all(row[name]["reference"] > 0 for row in checks for name in ("dq", "dk", "dv", "d_delta"))
+    assert set(launched) == {"_autows_dkdv_kernel"}, launched  # the candidate ran; dq stayed the shipped kernel
+    assert [row["variant"] for row in timings] == ["shipped", "one-loop-dkdv"]
+    assert all(row[key] > 0 for row in timings for key in ("backward_ms", "dq_ms", "dkdv_ms")), timings
+    assert "0.00x" not in gpu_check.table(rows) and "one-loop-dkdv" in gpu_check.table(rows)
+
+
+def test_gpu_check_refuses_unknown_variants_and_groups():
+    sys.path.insert(0, HERE)
+    sys.modules.pop("gpu_check", None)
+    import gpu_check
+
+    with pytest.raises(SystemExit, match=r"unknown variant\(s\) \['fast'\]"):
+        gpu_check.main(["--out", "unused", "--variants", "shipped,fast"])
+    with pytest.raises(SystemExit, match="unknown group 'time-4x16'"):
+        gpu_check.main(["--out", "unused", "--groups", "time-4x16"])
+    assert gpu_check.timing_shape("time-2x32x8x4096x128") == (2, 32, 8, 4096, 128)
+    assert gpu_check.timing_shape("time-4x16x4096x128") == (4, 16, 16, 4096, 128)
