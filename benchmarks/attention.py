@@ -706,8 +706,10 @@ def read_csv_rows(path: str) -> list[dict]:
         rows = list(csv.DictReader(f))
     for row in rows:
         for key, value in row.items():
-            if key.endswith(("_ms", "_mb", "_tflops", "_per_s")) or key in ("head_dim", "tokens", "sequences"):
-                row[key] = float(value) if key not in ("head_dim", "tokens", "sequences") else int(value)
+            if key in ("head_dim", "tokens", "sequences"):
+                row[key] = int(value)
+            elif key.endswith(("_ms", "_mb", "_tflops", "_per_s")):
+                row[key] = float(value)
     return rows
 
 

@@ -31,7 +31,7 @@ mkdir -p "$OUT"
 unended() {  # the sweeps NAME... whose log is missing or lacks the end of its script, or whose script still runs
   local name
   for name in "$@"; do
-    grep -qs "fp32 re-score" "$LOG_DIR/sweep-$name.log" && [ -z "$(sweep_pids "$name")" ] || echo "$name"
+    sweep_log_ended "$name" && [ -z "$(sweep_pids "$name")" ] || echo "$name"
   done
 }
 if [ -z "$(sweep_pids "$@")" ]; then

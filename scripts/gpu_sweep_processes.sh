@@ -5,9 +5,14 @@
 #   - its `pope train --seeds` process or one of its seeds (an argument `--out $RUNS/NAME` or `$RUNS/NAME/seed-N`),
 #     so a seed left training by a killed script is never joined by a second process on the same run directory.
 # Only argv is matched, never a whole command line: a shell whose command merely mentions the script is not a sweep.
-# Settings (environment): RUNS (/tmp/pope-runs), SWEEP_SCRIPT (scripts/gpu_sweep_indirect.sh).
+# sweep_log_ended NAME: the sweep's log $LOG_DIR/sweep-NAME.log shows its script's last step (the fp32 re-score table
+# that scripts/gpu_sweep_indirect.sh prints at its end).
+# Settings (environment): RUNS (/tmp/pope-runs), SWEEP_SCRIPT (scripts/gpu_sweep_indirect.sh), LOG_DIR (/tmp).
 RUNS=${RUNS:-/tmp/pope-runs}
 SWEEP_SCRIPT=${SWEEP_SCRIPT:-scripts/gpu_sweep_indirect.sh}
+LOG_DIR=${LOG_DIR:-/tmp}
+
+sweep_log_ended() { grep -qs "fp32 re-score" "$LOG_DIR/sweep-$1.log"; }
 
 sweep_pids() {  # NAME...: the ids of the live processes of these sweeps, one a line
   local dir pid name want i out runs script=${SWEEP_SCRIPT##*/}

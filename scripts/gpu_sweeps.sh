@@ -129,7 +129,7 @@ for ((i = 0; i < ${#fields[@]}; i += 8)); do
   pids=$(sweep_pids "$name" | tr '\n' ' ')
   if [ -n "$pids" ]; then
     echo "$name: running (pid ${pids% })"; continue
-  elif [ "$finished" = 1 ] && grep -qs "fp32 re-score" "$log"; then
+  elif [ "$finished" = 1 ] && sweep_log_ended "$name"; then
     echo "$name: finished"; continue
   elif [ -d "$RUNS/$name" ]; then
     state="restarted (resume: $steps; each seed continues from its checkpoints/last)"

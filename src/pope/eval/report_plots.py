@@ -9,6 +9,12 @@ from pope.eval.report import (LIFT_OFF_ACCURACY, RunRecord, finite, finished_gro
 from pope.files import finish_figure
 
 
+def _sweep_directory(label: str) -> str:
+    """The sweep directory that opens a setting label ('pope-len32/ recipe.dataset=...'): a short name for a plot;
+    the label's overrides are in report.md's table."""
+    return label.split()[0]
+
+
 def plot_report(records: list[RunRecord], path: Path) -> Path | None:
     """One column per preset × PE × setting over finished runs: mean with an error bar of one std over seeds,
     dots = seeds, cross = paper. Points, not bars from zero, so gaps of a few hundredths in an NLL stay
@@ -21,12 +27,10 @@ def plot_report(records: list[RunRecord], path: Path) -> Path | None:
         return None
     plt = pyplot()
     presets = sorted({preset for (preset, _, _), _ in groups})
-    columns = {preset: sum(p == preset for (p, _, _), _ in groups) for preset in presets}
-    fig, axes = plt.subplots(1, len(presets), figsize=(sum(max(4.5, 1.2 * n + 1.5) for n in columns.values()), 4.5),
-                             squeeze=False, width_ratios=[max(4.5, 1.2 * columns[p] + 1.5) for p in presets])
+    widths = [max(4.5, 1.2 * sum(p == preset for (p, _, _), _ in groups) + 1.5) for preset in presets]  # inches
+    fig, axes = plt.subplots(1, len(presets), figsize=(sum(widths), 4.5), squeeze=False, width_ratios=widths)
     for ax, preset in zip(axes[0], presets):
-        # x label: the encoding and the setting's sweep directory (its overrides are in report.md's table)
-        mine = [(pe if label == "—" else f"{pe}\n{label.split()[0]}", members)
+        mine = [(pe if label == "—" else f"{pe}\n{_sweep_directory(label)}", members)
                 for (p, pe, label), members in groups if p == preset]
         for x, (pe, members) in enumerate(mine):
             values = finite(m.value for m in members)
@@ -116,7 +120,7 @@ def plot_loss_curves(records: list[RunRecord], path: Path) -> Path | None:
     lowest, highest = float("inf"), float("-inf")
     for index, ((preset, pe, label), members) in enumerate(groups):
         colour = f"C{index % 10}"
-        name = f"{pe} {label.split()[0] if label != '—' else preset} (n={len(members)})"  # the sweep directory
+        name = f"{pe} {preset if label == '—' else _sweep_directory(label)} (n={len(members)})"
         for number, member in enumerate(m for m in members if m.loss_curve):
             steps, valid, test = zip(*member.loss_curve)
             ax.plot(steps, valid, color=colour, alpha=0.8, lw=1.2, label=f"{name}: valid" if number == 0 else None)
