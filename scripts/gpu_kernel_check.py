@@ -386,19 +386,31 @@ CORRECTNESS_GROUPS = ("batched", "varlen", "atomic")
 CUDA_BROKEN = 3  # a check process's exit status when a CUDA error left its context unusable
 
 
+def table_rows(text: str, table: list, option: str) -> list[int]:
+    """The comma-separated row numbers of `option` ('4,5'), each an index of table; one clear line otherwise."""
+    try:
+        rows = [int(r) for r in text.split(",")]
+    except ValueError:
+        rows = None
+    if rows is None or not all(0 <= r < len(table) for r in rows):
+        raise SystemExit(f"gpu_kernel_check.py: {option} takes comma-separated row numbers from 0 to {len(table) - 1}"
+                         f" (rows of the table it selects from); got {text!r}")
+    return rows
+
+
 def work_items(args) -> list:
     """(group, dtype name, shape) of every check of this run, in the order they run: per dtype the --checks groups'
     rows, then the determinism check and the decode kernels' growing-cache check."""
     items = []
+    bf16_rows = range(len(CHECK_SHAPES)) if args.bf16_rows is None else table_rows(args.bf16_rows, CHECK_SHAPES, "--bf16-rows")
+    other_rows = OTHER_DTYPE_ROWS if args.other_rows is None else table_rows(args.other_rows, CHECK_SHAPES, "--other-rows")
+    varlen = VARLEN_SHAPES if args.varlen_rows is None else [
+        VARLEN_SHAPES[i] for i in table_rows(args.varlen_rows, VARLEN_SHAPES, "--varlen-rows")]
+    atomic_rows = ATOMIC_ROWS if args.atomic_rows is None else table_rows(args.atomic_rows, CHECK_SHAPES, "--atomic-rows")
     for dtype_name in args.dtypes.split(","):
-        bf16_rows = range(len(CHECK_SHAPES)) if args.bf16_rows is None else [int(r) for r in args.bf16_rows.split(",")]
-        other_rows = OTHER_DTYPE_ROWS if args.other_rows is None else [int(r) for r in args.other_rows.split(",")]
         rows = bf16_rows if dtype_name == "bf16" else other_rows
         if "batched" in args.checks:
             items += [("batched", dtype_name, CHECK_SHAPES[i]) for i in rows]
-        varlen = VARLEN_SHAPES if args.varlen_rows is None else [VARLEN_SHAPES[int(r)]
-                                                                 for r in args.varlen_rows.split(",")]
-        atomic_rows = ATOMIC_ROWS if args.atomic_rows is None else [int(r) for r in args.atomic_rows.split(",")]
         if "varlen" in args.checks:
             items += [("varlen", dtype_name, shape) for shape in varlen]
         if "atomic" in args.checks:

@@ -233,6 +233,17 @@ def test_correctness_step_checks_every_dtype_with_gqa_varlen_and_the_atomic_back
     assert groups[-2:] == [("determinism", "bf16"), ("decode_growing_cache", "bf16")]
 
 
+@pytest.mark.parametrize("option, value", [("--varlen-rows", "9"), ("--atomic-rows", "x"), ("--bf16-rows", "-1")])
+def test_kernel_check_rejects_a_bad_row_option_in_one_line(option, value, tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "src"), "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    run = subprocess.run([sys.executable, "scripts/gpu_kernel_check.py", "--smoke", option, value, "--out",
+                          str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and "Traceback" not in run.stderr
+    assert run.stderr.strip().splitlines()[-1].startswith(f"gpu_kernel_check.py: {option} takes comma-separated row "
+                                                          f"numbers from 0 to "), run.stderr
+    assert not list(tmp_path.iterdir())  # refused before any check ran or wrote
+
+
 def test_benchmark_main_appends_each_row_as_measured_and_ends_with_the_targets(tmp_path, monkeypatch, capsys):
     """benchmarks/attention.py's loop with the GPU parts stood in for: every row is in OUT/attention.csv as soon as
     it is measured (a provider that raises is left out, saying so), the plot is written, the targets come last."""
