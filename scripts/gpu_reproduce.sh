@@ -41,7 +41,9 @@
 # (0-2, RoPE and PoPE d=0), MAESTRO_STEPS (2000, with warmup 100 and an evaluation every 50 steps), FT_STEPS
 # (500), EXTRA (more arguments for every `pope train`, e.g. "--set train.device=cpu"), FT_EXTRA (more arguments
 # for `pope finetune`), EVAL_ARGS (more arguments for `pope eval length`), DATA (the carried data folder,
-# default .device-data/$STAGE), RUNS (/tmp/pope-runs), OUT (/tmp/out).
+# default .device-data/$STAGE), RUNS (/tmp/pope-runs), OUT (/tmp/out), ARCHIVE_ONLY (1: run nothing, only write the
+# archive of what RUNS holds now, as $OUT/reproduce-$ARCHIVE_NAME.tar.gz; ARCHIVE_NAME defaults to STAGE).
+# scripts/gpu_reproduce_bg.sh runs stages in the background across the device commands of one lease.
 set -u
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 STAGE=${STAGE:-}; EXTRA=${EXTRA:-}; FT_EXTRA=${FT_EXTRA:-}; EVAL_ARGS=${EVAL_ARGS:-}; JOBS_PER_GPU=${JOBS_PER_GPU:-4}
@@ -114,7 +116,9 @@ length_eval() {
   # each run keeps its copy as RUN/eval/length-DATA-test-SHORTEST-LONGEST.json, so text-long does not replace text
 }
 
+[ "${ARCHIVE_ONLY:-0}" = 1 ] && STAGE=archive-only  # only the archive below: scripts/gpu_reproduce_bg.sh's partial results
 case "$STAGE" in
+  archive-only) ;;
   jsb)
     data_ready jsb || exit 1
     sweep "$JSB_PRESET" pope "$JSB_SEEDS" jsb-pope 3 & pids+=($!)
@@ -135,8 +139,9 @@ case "$STAGE" in
     ;;
   genome)
     data_ready genome || exit 1
-    sweep "$GENOME_PRESET" pope "$GENOME_SEEDS" genome-pope
-    sweep "$GENOME_PRESET" rope "$GENOME_SEEDS" genome-rope
+    sweep "$GENOME_PRESET" pope "$GENOME_SEEDS" genome-pope & pids+=($!)
+    sweep "$GENOME_PRESET" rope "$GENOME_SEEDS" genome-rope & pids+=($!)
+    wait_all
     length_eval genome genome "$(lengths genome-rope 1 2 4 8 10)" "$RUNS"/genome-pope/seed-* "$RUNS"/genome-rope/seed-*
     pope report "$RUNS/genome-pope" "$RUNS/genome-rope" --out "$RUNS/report-genome" || status=1
     ;;
@@ -173,7 +178,7 @@ esac
 
 (cd "$RUNS" && find . -maxdepth 5 \( -name metrics.jsonl -o -name '*.json' -o -name '*.log' -o -name '*.md' \
    -o -name '*.csv' -o -name '*.png' \) -not -path '*/checkpoints/*' -not -path '*/tensorboard/*' -print0 \
-   | tar czf "$OUT/reproduce-$STAGE.tar.gz" --null -T -)
+   | tar czf "$OUT/reproduce-${ARCHIVE_NAME:-$STAGE}.tar.gz" --null -T -)
 ls -la "$OUT"
 echo "stage $STAGE exit status $status"
 exit $status
