@@ -214,15 +214,15 @@ def test_report_mean_std_over_seeds_and_paper_numbers(tmp_path, workspace):
     # PoPE vs RoPE: headline 0.50 - 0.51 = -0.01; of the C(5, 3) = 10 splits of {.49 .50 .51 | .52 .50} the ones
     # with |difference| >= 0.01 are the 5 whose PoPE sum is <= 1.50 or >= 1.53 -> p = 5/10; Welch interval
     # and df from scipy.stats.ttest_ind(equal_var=False). At best valid: -0.0133, 5 of 10 splits again.
-    assert ("| jsb | pope | — vs — | test_nll, headline | 3 / 2 | -0.0100 | -0.0698 … +0.0498 (df 1.7) | "
+    assert ("| jsb | pope | pope0/, pope1/, pope2/, pope9/ vs rope0/, rope1/ | test_nll, headline | 3 / 2 | -0.0100 | -0.0698 … +0.0498 (df 1.7) | "
             "0.5000 (exact, all 10 splits) |") in markdown
-    assert ("| jsb | pope | — vs — | test_nll, at best valid | 3 / 2 | -0.0133 | -0.0638 … +0.0372 (df 2.9) | "
+    assert ("| jsb | pope | pope0/, pope1/, pope2/, pope9/ vs rope0/, rope1/ | test_nll, at best valid | 3 / 2 | -0.0133 | -0.0638 … +0.0372 (df 2.9) | "
             "0.5000 (exact, all 10 splits) |") in markdown
     assert "| jsb-tiny | rope |" in markdown and (tmp_path / "report" / "report.png").stat().st_size > 0
     assert (tmp_path / "report" / "loss_vs_step.png") in written  # test-NLL runs: NLL against the step
     assert "accuracy_vs_step.png" not in {p.name for p in written}
     assert "lift-off" not in markdown  # next-token test_accuracy of a language model is no task accuracy
-    assert "| jsb | rope | 2.500 ± 0.707 (n=2) | 3.000 ± 0.000 (n=2) |" in markdown  # perplexity per length
+    assert "| jsb | rope | rope0/ ; rope1/ | 2.500 ± 0.707 (n=2) | 3.000 ± 0.000 (n=2) |" in markdown  # perplexity per length
     assert (tmp_path / "report" / "report_length.png").stat().st_size > 0
     assert paper_value("jsb", "pope:delta_init=uniform") == 0.4889
     assert paper_value("jsb", "pope:delta_init=zero") is None  # not the paper's setting for JSB
@@ -374,5 +374,29 @@ def test_report_keeps_length_evaluations_on_different_documents_apart(tmp_path):
     markdown, _ = write_report([run], tmp_path / "report")
     short = markdown.split("## Perplexity vs evaluation length (jsb/test, the same documents at every length to 128)")
     long = markdown.split("## Perplexity vs evaluation length (jsb/test, the same documents at every length to 256)")
-    assert len(short) == 2 and "| jsb | rope | 2.000 (n=1) | 2.500 (n=1) |" in short[1].split("##")[0]
-    assert len(long) == 2 and "| jsb | rope | 4.000 (n=1) |" in long[1].split("##")[0]
+    assert len(short) == 2 and "| jsb | rope | rope0/ | 2.000 (n=1) | 2.500 (n=1) |" in short[1].split("##")[0]
+    assert len(long) == 2 and "| jsb | rope | rope0/ | 4.000 (n=1) |" in long[1].split("##")[0]
+
+
+def test_report_keeps_a_fine_tune_apart_from_the_runs_it_started_from(tmp_path):
+    """A fine-tune (same preset and PE, a different config) has its own row in the per-length table, named by
+    its directory; the seeds' row averages the seeds alone."""
+    from pope.eval.report import write_report
+
+    runs = []
+    for name, seed, ppl, extra in (("seed0", 0, {64: 2.0, 128: 3.0}, None), ("seed1", 1, {64: 4.0, 128: 5.0}, None),
+                                   ("rope-ft128", 0, {64: 1.0, 128: 1.0}, {"context": 128})):
+        run = _fake_run(tmp_path / name, "jsb", "rope", seed, [0.5])
+        config = json.loads((tmp_path / name / "config.json").read_text())
+        config["finetune"] = extra
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+        (tmp_path / name / "eval" / "length-jsb-test.json").parent.mkdir(exist_ok=True)
+        (tmp_path / name / "eval" / "length-jsb-test.json").write_text(json.dumps({
+            "data_name": "jsb", "split": "test", "same_documents": True,
+            "results": [{"length": length, "perplexity": value} for length, value in ppl.items()]}))
+        runs.append(run)
+    markdown, _ = write_report(runs, tmp_path / "report")
+    table = markdown.split("## Perplexity vs evaluation length")[1]
+    assert "| jsb | rope | seed0/ ; seed1/ | 3.000 ± 1.414 (n=2) | 4.000 ± 1.414 (n=2) |" in table
+    assert "| jsb | rope | rope-ft128/ finetune.context=128 | 1.000 (n=1) | 1.000 (n=1) |" in table
+    assert (tmp_path / "report" / "report_length.png").is_file()

@@ -166,14 +166,15 @@ def paper_value(preset_name: str, pe: str) -> float | None:
 
 def _setting(run_dir: Path, config: dict) -> tuple[str, str]:
     """(label, fingerprint): the fingerprint is the config without seed and execution keys; the label names
-    the sweep directory (``pope train --seeds``) and its overrides, or the run's parent directory."""
+    the sweep directory (``pope train --seeds``) and its overrides, or, for a run outside a sweep (a single
+    run, a fine-tune), the run's own directory."""
     fingerprint = json.dumps(setting_of(config), sort_keys=True)
     sweep_file = run_dir.parent / "sweep.json"
     if sweep_file.is_file():
         overrides = json.loads(sweep_file.read_text()).get("overrides", [])
         kept = [o for o in overrides if o.partition("=")[0].strip() not in EXECUTION_KEYS]
         return " ".join([run_dir.parent.name + "/", *kept]), fingerprint
-    return "", fingerprint
+    return run_dir.name + "/", fingerprint
 
 
 def collect_run(path: str | Path) -> RunRecord:
@@ -249,19 +250,18 @@ def _best_steps(members: list[RunRecord]) -> str:
     return f"; best step {span}" + (f" of {budgets[0]}" if len(budgets) == 1 else "")
 
 
-def finished_groups(records: list[RunRecord]) -> dict[tuple[str, str], list[RunRecord]]:
-    """(preset, PE) -> runs; for per-length and downstream tables, over finished runs only."""
-    groups: dict[tuple[str, str], list[RunRecord]] = {}
-    for record in records:
-        if record.finished:
-            groups.setdefault((record.preset, record.pe), []).append(record)
-    return groups
+def finished_groups(records: list[RunRecord]) -> dict[tuple[str, str, str], list[RunRecord]]:
+    """(preset, PE, setting label) -> finished runs of one setting; for the per-length and downstream tables,
+    so that a fine-tune or a recipe knob is never averaged with the runs it started from."""
+    groups = {key: [m for m in members if m.finished] for key, members in setting_groups(records).items()}
+    return {key: members for key, members in groups.items() if members}
 
 
 def setting_groups(records: list[RunRecord]) -> dict[tuple[str, str, str], list[RunRecord]]:
     """(preset, PE, setting label) -> runs of one setting (one config fingerprint), finished or not. The
-    label: the sweep directory and its overrides, plus the config values in which this setting differs
-    from the other settings of the same preset and PE."""
+    label: the sweep directory and its overrides (or a lone run's directory), plus the config values in which
+    this setting differs from the other settings of the same preset and PE (those it leaves unset, null,
+    are not listed: a fine-tune's section is named on the fine-tune's row only)."""
     by_fingerprint: dict[tuple[str, str, str], list[RunRecord]] = {}
     for record in records:
         by_fingerprint.setdefault((record.preset, record.pe, record.fingerprint), []).append(record)
@@ -272,7 +272,7 @@ def setting_groups(records: list[RunRecord]) -> dict[tuple[str, str, str], list[
         differing = sorted(k for k in set().union(*siblings) if len({json.dumps(s.get(k)) for s in siblings}) > 1)
         named = " ; ".join(sorted({m.setting for m in members if m.setting}))
         extra = [f"{k}={v if isinstance(v := mine.get(k), str) else json.dumps(v)}" for k in differing
-                 if f"{k}=" not in named]
+                 if f"{k}=" not in named and mine.get(k) is not None]
         label = " ".join(filter(None, [named, *extra])) or "—"
         while (preset, pe, label) in labels:  # never merge two settings under one name
             label += " (another setting)"
@@ -447,34 +447,34 @@ def report_markdown(records: list[RunRecord], against: str | Path | None = None)
     if against is not None:
         lines += against_markdown(records, against)
     lines += lift_off_markdown(records)
-    by_pe = finished_groups(records)  # finished runs per preset x PE
+    by_setting = finished_groups(records)  # finished runs per preset x PE x setting
 
     length_keys = sorted({key for m in records for key in m.length_ppl})
     for key in length_keys:
         lengths = sorted({L for m in records for L in m.length_ppl.get(key, {})})
         lines += ["", f"## Perplexity vs evaluation length ({key})", "",
-                  "| preset | PE | " + " | ".join(f"L={L:,}" for L in lengths) + " |",
-                  "|---|---|" + "---|" * len(lengths)]
-        for (preset, pe), members in sorted(by_pe.items()):
+                  "| preset | PE | setting | " + " | ".join(f"L={L:,}" for L in lengths) + " |",
+                  "|---|---|---|" + "---|" * len(lengths)]
+        for (preset, pe, label), members in sorted(by_setting.items()):
             if not any(key in m.length_ppl for m in members):
                 continue
             cells = [format_mean_std(finite(m.length_ppl.get(key, {}).get(L) for m in members), 3) for L in lengths]
-            lines.append(f"| {preset} | {pe} | " + " | ".join(cells) + " |")
+            lines.append(f"| {preset} | {pe} | {label} | " + " | ".join(cells) + " |")
 
     if any(m.downstream for m in records):
         from pope.eval.downstream import PAPER_COLUMNS, paper_downstream
 
         columns = [c for c, _, _ in PAPER_COLUMNS] + ["Average"]
         lines += ["", "## Zero-shot downstream accuracy (%)", "",
-                  "| preset | PE | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
-        for (preset, pe), members in sorted(by_pe.items()):
+                  "| preset | PE | setting | " + " | ".join(columns) + " |", "|---|---|---|" + "---|" * len(columns)]
+        for (preset, pe, label), members in sorted(by_setting.items()):
             rows = [m.downstream for m in members if m.downstream]
             if rows:
                 cells = [format_mean_std(finite(r.get(c) for r in rows), 2) for c in columns]
-                lines.append(f"| {preset} | {pe} | " + " | ".join(cells) + " |")
+                lines.append(f"| {preset} | {pe} | {label} | " + " | ".join(cells) + " |")
                 paper = paper_downstream(preset, paper_encoding(preset, pe) or "")
                 if paper:
-                    lines.append(f"| {preset} | paper {paper_encoding(preset, pe)} | "
+                    lines.append(f"| {preset} | paper {paper_encoding(preset, pe)} | the paper | "
                                  + " | ".join(f"{paper[c]:.2f}" for c in columns) + " |")
     return "\n".join(lines) + "\n"
 

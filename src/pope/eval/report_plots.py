@@ -51,31 +51,44 @@ def plot_report(records: list[RunRecord], path: Path) -> Path | None:
     return finish_figure(fig, path)
 
 
+def _short_pe(pe: str, limit: int = 28) -> str:
+    """A PE spec short enough for a legend ('yarn:base=10000,...' -> 'yarn:…'); report.md has it in full."""
+    return pe if len(pe) <= limit else pe.split(":")[0] + ":…"
+
+
 def plot_report_lengths(records: list[RunRecord], path: Path) -> Path | None:
-    """Perplexity vs evaluation length per (preset, PE): mean over seeds, error bars = std; one panel per data."""
+    """Perplexity vs evaluation length per (preset, PE, setting): mean over seeds, error bars = std; one panel
+    per set of documents, one colour per setting in every panel, one legend under the panels."""
     from pope.optional import pyplot
 
     keys = sorted({key for record in records for key in record.length_ppl})
     if not keys:
         return None
     plt = pyplot()
+    groups = sorted(finished_groups(records).items())
+    colours = {key: f"C{i % 10}" for i, (key, _) in enumerate(groups)}
     fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 4.5), squeeze=False)
+    legend: dict[str, object] = {}
     for ax, key in zip(axes[0], keys):
-        for (preset, pe), members in sorted(finished_groups(records).items()):
+        for (preset, pe, label), members in groups:
             lengths = sorted({L for m in members for L in m.length_ppl.get(key, {})})
             if not lengths:
                 continue
             stats = [mean_std(finite(m.length_ppl.get(key, {}).get(L) for m in members)) for L in lengths]
-            ax.errorbar(lengths, [s[0] for s in stats], yerr=[s[1] or 0 for s in stats], marker="o", capsize=3,
-                        label=f"{preset} {pe} (n={max(s[2] for s in stats)})")
+            line = ax.errorbar(lengths, [s[0] for s in stats], yerr=[s[1] or 0 for s in stats], marker="o",
+                               capsize=3, color=colours[(preset, pe, label)])
+            legend.setdefault(f"{preset} {_short_pe(pe)} {_sweep_directory(label)} "
+                              f"(n={max(s[2] for s in stats)})", line)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("evaluation length (tokens)")
         ax.set_ylabel("perplexity")
-        ax.set_title(key)
+        ax.set_title(key, fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-    return finish_figure(fig, path)
+    rows = -(-len(legend) // 2)
+    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=2, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.045 * rows + 0.02, 1, 1))
+    return finish_figure(fig, path, tight_layout=False)
 
 
 def plot_accuracy_curves(records: list[RunRecord], path: Path) -> Path | None:
