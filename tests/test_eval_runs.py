@@ -400,3 +400,13 @@ def test_report_keeps_a_fine_tune_apart_from_the_runs_it_started_from(tmp_path):
     assert "| jsb | rope | seed0/ ; seed1/ | 3.000 ± 1.414 (n=2) | 4.000 ± 1.414 (n=2) |" in table
     assert "| jsb | rope | rope-ft128/ finetune.context=128 | 1.000 (n=1) | 1.000 (n=1) |" in table
     assert (tmp_path / "report" / "report_length.png").is_file()
+
+
+def test_paper_value_of_the_indirect_indexing_baselines():
+    """The paper's baseline numbers sit beside runs of the plain baseline PE only."""
+    from pope.eval.report import paper_value
+
+    assert paper_value("indirect-indexing", "rope-half") == 0.2850
+    assert paper_value("indirect-indexing", "sinusoidal-abs") == 0.0190
+    assert paper_value("indirect-indexing", "alibi-half:slopes=x") is None  # an option set: not the paper's setting
+    assert paper_value("jsb", "rope-half") is None  # the paper reports no JSB baseline

@@ -82,7 +82,8 @@ class Preset:
     pope_delta_init: str = "uniform"
     """delta init used when the PE is plain 'pope' (the paper: zero for OpenWebText, uniform elsewhere)."""
     paper: dict = field(default_factory=dict)
-    """The paper's numbers for this setup: {'metric': ..., 'rope': ..., 'pope': ...}."""
+    """The paper's numbers for this setup: {'metric': ..., 'rope': ..., 'pope': ...}, and its baselines' by PE
+    name where it reports them (e.g. 'rope-half')."""
 
     def resolve_pe(self, pe: str) -> str:
         """Add the preset's delta init to a PoPE spec that does not set one."""
@@ -115,7 +116,8 @@ _FULL_PRESETS = [
                          warmup_steps=4000, max_steps=100_000, beta2=0.99, weight_decay=0.01, grad_clip=1.0,
                          eval_interval=5000, eval_batches=157,
                          assumed="seq_len 48 (the paper's 40 cannot hold a 40-letter string plus its suffix)"),
-           paper={"metric": "test_accuracy", "rope": 0.1116, "pope": 0.9482}),
+           paper={"metric": "test_accuracy", "rope": 0.1116, "pope": 0.9482, "rope-half": 0.2850,
+                  "alibi-half": 0.2735, "learned-abs": 0.1008, "sinusoidal-abs": 0.0190}),
     Preset(name="jsb", description="JSB chorales: 6 layers, d_model 256, 8 heads, dropout 0.2",
            model=dict(vocab_size=90, n_layer=6, d_model=256, n_head=8, max_seq_len=2048, dropout=0.2),
            recipe=Recipe(dataset="jsb", batch_size=4, seq_len=2048, lr=6e-4, min_lr=6e-5, warmup_steps=10,

@@ -134,7 +134,9 @@ def best_valid_value(summary: dict, metric: str | None) -> float | None:
 
 
 def paper_encoding(preset_name: str, pe: str) -> str | None:
-    """"rope" or "pope" when ``pe`` is the paper's own setting of that encoding for this preset, else None."""
+    """"rope" or "pope" when ``pe`` is the paper's own setting of that encoding for this preset; a baseline's
+    name (e.g. "rope-half") when the preset lists the paper's number for it and ``pe`` sets no option; else
+    None."""
     from pope.encodings import parse_pe_spec
     from pope.presets import PRESETS
 
@@ -152,6 +154,8 @@ def paper_encoding(preset_name: str, pe: str) -> str | None:
             return "pope"
     if name == "rope" and not set(options) - execution_only - {"layout"}:
         return "rope"
+    if name not in ("pope", "rope") and name in preset.paper and not set(options) - execution_only:
+        return name
     return None
 
 
