@@ -249,7 +249,8 @@ def test_length_evaluation_reaches_the_region_length(tmp_path, capsys):
     capsys.readouterr()
     assert main(["eval", "length", str(run), "--data", str(dataset.path), "--lengths", "5000", "--out",
                  str(tmp_path / "too-long"), "--device", "cpu"]) != 0
-    assert "the longest has 5,000 tokens" in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert "the longest has 5,000 tokens" in error and "one whole region each" in error
 
 
 def test_hf_loader_plumbing(tmp_path, monkeypatch):
