@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gzip
 import itertools
+import json
 
 import numpy as np
 import pytest
@@ -114,12 +115,24 @@ def test_truncated_gzip_and_missing_file(tmp_path):
         genome.prepare_genome(tmp_path / "out", source=tmp_path / "missing.fa")
 
 
-def test_prepare_splits_by_region_without_overlap(tmp_path):
+# sha256 of the .bin files that the former layout (every region cut into documents of <= 1000 tokens)
+# wrote for _two_records_fasta at region_bases=10_000
+LAYOUT_1_SHA256 = {"train": "f450a40309ea376b4d249082c140e36855afc5e3c73337f3308834bcc52882ca",
+                   "valid": "842ea538aa29b9a418420cf3be6bb25de5d593c5618f7f5655cbc22b9dacc7ab",
+                   "test": "614c3dca7733c57cb68acba2afb574b13e568e85a81265e4c7f6e54cc2ec9729"}
+
+
+def _two_records_fasta(tmp_path):
+    """(FASTA path, {record: sequence}): 230 kb + 95 kb, region chr1:50000-60000 90 % N."""
     rng = np.random.default_rng(2)
     chr1 = "".join(rng.choice(list("ACGT"), size=230_000))
     chr1 = chr1[:50_000] + "N" * 9_000 + chr1[59_000:]  # region 50000-60000 is 90 % N: skipped
     chr2 = "".join(rng.choice(list("ACGTN"), p=[0.24] * 4 + [0.04], size=95_000))
-    path = _write_fasta(tmp_path / "two.fa", [("chr1", chr1), ("chr2", chr2)])
+    return _write_fasta(tmp_path / "two.fa", [("chr1", chr1), ("chr2", chr2)]), {"chr1": chr1, "chr2": chr2}
+
+
+def test_prepare_splits_by_region_without_overlap(tmp_path):
+    path, records = _two_records_fasta(tmp_path)
     dataset = genome.prepare_genome(tmp_path / "out", source=path, region_bases=10_000, progress=False)
     stats = dataset.manifest["stats"]
     assert [s["region"] for s in stats["regions_skipped_for_n"]] == ["chr1:50000-60000"]
@@ -128,7 +141,6 @@ def test_prepare_splits_by_region_without_overlap(tmp_path):
     assert {k: len(v) for k, v in regions.items()} == {"train": 28, "valid": 2, "test": 2}
     all_ids = regions["train"] + regions["valid"] + regions["test"]
     assert len(set(all_ids)) == len(all_ids) == 32  # each region in exactly one split
-    records = {"chr1": chr1, "chr2": chr2}
 
     def bases(region_id):
         name, span = region_id.split(":")
@@ -138,7 +150,15 @@ def test_prepare_splits_by_region_without_overlap(tmp_path):
     for split, ids in regions.items():
         tokens = dataset.split(split)
         assert detokenize(np.asarray(tokens.tokens)) == "".join(bases(r) for r in ids)
-        assert tokens.document_lengths().max() <= 1000  # 1000-token windows
+        # one document per region, in split order: the whole region, tokenised on its own
+        assert tokens.n_docs == len(ids)
+        for index, region_id in enumerate(ids):
+            assert np.array_equal(tokens.document(index), tokenize(bases(region_id)))
+    assert dataset.split("train").document_lengths().max() > 1000  # a 10 kb region is ~1,667 tokens
+    # The token streams are byte for byte those of the former layout (documents of <= 1000 tokens, at
+    # 664e90d): the trainer's windows and evaluations of this pad-free data read the streams only.
+    assert {split: info["sha256"][f"{split}.bin"] for split, info in dataset.manifest["splits"].items()} == \
+        LAYOUT_1_SHA256
     assert dataset.vocab_size == 4107 and dataset.pad_id is None and dataset.seq_len == 1000
     assert dataset.manifest["vocab"]["pad_token_id"] == 1
     # explicit cap: recorded, never silent
@@ -153,8 +173,84 @@ def test_offline_chrx_prepare_and_reuse(tmp_path):
     stats = dataset.manifest["stats"]
     assert stats["bases_read"] == 5_000_000
     assert {k: len(v) for k, v in stats["regions"].items()} == {"train": 3, "valid": 1, "test": 1}
+    assert {split: dataset.split(split).n_docs for split in dataset.split_names} == {"train": 3, "valid": 1, "test": 1}
+    # the token streams of the former layout (documents of <= 1000 tokens, at 664e90d), byte for byte
+    assert {split: info["sha256"][f"{split}.bin"][:16] for split, info in dataset.manifest["splits"].items()} == \
+        {"train": "f8f958c615495433", "valid": "073772fbd44f63d2", "test": "f37400a3e39ff57e"}
     again = genome.prepare_genome(tmp_path / "chrx", max_bases=5_000_000, progress=False)
     assert again.reused and again.manifest["created_utc"] == dataset.manifest["created_utc"]
+
+
+def _layout_1_copy(dataset, out_dir):
+    """``dataset`` as the former layout wrote it: every region cut into documents of <= 1000 tokens, and a
+    request without layout_version."""
+    from pope.data.writer import PreparedWriter
+
+    fields = {key: dataset.manifest[key] for key in ("name", "seq_len", "source", "train_transform", "stats")}
+    fields["vocab"] = {key: value for key, value in dataset.manifest["vocab"].items() if key != "size"}
+    fields["request"] = {key: value for key, value in dataset.manifest["request"].items() if key != "layout_version"}
+    fields["stats"] = {**fields["stats"], "documents_are": "consecutive windows of at most 1000 tokens of one region"}
+    with PreparedWriter(out_dir, dataset.vocab_size) as writer:
+        for split in dataset.split_names:
+            token_split = dataset.split(split)
+            for index in range(token_split.n_docs):
+                region = np.asarray(token_split.document(index))
+                for begin in range(0, len(region), 1000):
+                    writer.add_document(split, region[begin: begin + 1000])
+        return writer.finish(fields)
+
+
+def test_a_dataset_of_the_former_layout_is_rebuilt_with_the_same_token_streams(tmp_path, capsys):
+    path, _ = _two_records_fasta(tmp_path)
+    current = genome.prepare_genome(tmp_path / "current", source=path, region_bases=10_000, progress=False)
+    old = _layout_1_copy(current, tmp_path / "old")
+    assert old.split("train").document_lengths().max() == 1000
+    assert old.split("train").n_docs > current.split("train").n_docs
+    capsys.readouterr()
+    rebuilt = genome.prepare_genome(tmp_path / "old", source=path, region_bases=10_000, progress=False)
+    assert "prepared in an older layout (layout_version unset -> 2); rebuilding it" in capsys.readouterr().err
+    assert not rebuilt.reused and rebuilt.manifest["request"] == current.manifest["request"]
+    for split in current.split_names:
+        assert rebuilt.manifest["splits"][split]["sha256"] == current.manifest["splits"][split]["sha256"]
+        assert old.manifest["splits"][split]["sha256"][f"{split}.bin"] == \
+            rebuilt.manifest["splits"][split]["sha256"][f"{split}.bin"]  # the same token stream
+    assert genome.prepare_genome(tmp_path / "old", source=path, region_bases=10_000, progress=False).reused
+
+
+def test_length_evaluation_reaches_the_region_length(tmp_path, capsys):
+    """`pope eval length` needs documents of L + 1 tokens: whole regions allow windows far past the
+    training length (1000), up to a region's length."""
+    import torch
+
+    from pope.checkpoint import save_checkpoint
+    from pope.cli import main
+    from pope.eval.windows import plan_windows
+    from pope.model import GPT, GPTConfig
+
+    rng = np.random.default_rng(3)
+    path = _write_fasta(tmp_path / "one.fa", [("chr9", "".join(rng.choice(list("ACGT"), size=90_000)))])
+    dataset = genome.prepare_genome(tmp_path / "data", source=path, region_bases=30_000, progress=False)
+    test = dataset.split("test")
+    assert test.document_lengths().tolist() == [5_000]  # one 30 kb region = 5,000 six-mers
+    assert plan_windows(test.doc_offsets, 4_999).n_targets_scored == 4_999
+    with pytest.raises(ValueError, match="no document is long enough for windows of 5,000 tokens"):
+        plan_windows(test.doc_offsets, 5_000)
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=VOCAB_SIZE, n_layer=1, n_head=2, d_model=16, max_seq_len=1000, pe="pope")
+    run = tmp_path / "run"
+    save_checkpoint(run / "checkpoints" / "last", model_state=GPT(config).state_dict(),
+                    model_config=config.to_dict(), trainer_state={"step": 0})
+    out = tmp_path / "length"
+    assert main(["eval", "length", str(run), "--data", str(dataset.path), "--lengths", "1000,2000,4000",
+                 "--batch-size", "1", "--out", str(out), "--device", "cpu"]) == 0
+    results = json.loads((out / "length.json").read_text())["runs"][0]["results"]
+    assert [(r["length"], r["n_targets"], r["n_docs_used"]) for r in results] == \
+        [(1000, 4_999, 1), (2000, 4_999, 1), (4000, 4_999, 1)]
+    capsys.readouterr()
+    assert main(["eval", "length", str(run), "--data", str(dataset.path), "--lengths", "5000", "--out",
+                 str(tmp_path / "too-long"), "--device", "cpu"]) != 0
+    error = capsys.readouterr().err
+    assert "the longest has 5,000 tokens" in error and "one whole region each" in error
 
 
 def test_hf_loader_plumbing(tmp_path, monkeypatch):
@@ -171,7 +267,7 @@ def test_hf_loader_plumbing(tmp_path, monkeypatch):
     assert calls[0] == ("InstaDeepAI/human_reference_genome", "6kbp", "train", True)
     train = dataset.split("train")
     assert detokenize(np.asarray(train.tokens)) == "".join(rows["train"])
-    assert train.document_lengths().tolist() == [1000, 170, 8]  # 7000 bases = 1166 six-mers + 4 singles; 4 N + 4
+    assert train.document_lengths().tolist() == [1170, 8]  # one per chunk: 1166 six-mers + 4 singles; 4 N + 4
     assert detokenize(np.asarray(dataset.split("valid").tokens)) == "GGGGGGA"
 
 

@@ -127,6 +127,13 @@ def test_reuse_verifies_checksums_and_settings(tmp_path, capsys):
     with pytest.raises(ValueError, match="different settings.*--force"):
         reuse_if_prepared(tmp_path / "ds", {"dataset": "small", "option": 2})
     assert reuse_if_prepared(tmp_path / "ds", {"dataset": "small", "option": 2}, force=True) is None
+    # the same settings in an older layout (a *_version key raised, or added): rebuilt with a notice
+    assert reuse_if_prepared(tmp_path / "ds", {**request, "layout_version": 2}) is None
+    assert "prepared in an older layout (layout_version unset -> 2); rebuilding it" in capsys.readouterr().err
+    _write_small(tmp_path / "newer", request={**request, "layout_version": 2})
+    for other in ({**request, "layout_version": 1}, {**request, "layout_version": 3, "option": 2}, request):
+        with pytest.raises(ValueError, match="different settings"):  # a downgrade, or other settings too
+            reuse_if_prepared(tmp_path / "newer", other)
     # flip one byte of the tokens (same size): the checksum catches it and a rebuild is requested
     bin_path = tmp_path / "ds" / "train.bin"
     data = bytearray(bin_path.read_bytes())

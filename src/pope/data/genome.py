@@ -1,4 +1,4 @@
-"""DNA: FASTA (plain or gzip) -> Nucleotide-Transformer-style tokens, 1000-token windows, split by region.
+"""DNA: FASTA (plain or gzip) -> Nucleotide-Transformer-style tokens, one document per region, split by region.
 
 Tokenisation (non-overlapping 6-mers with single-nucleotide fallback, as in the Nucleotide
 Transformer): the sequence is read left to right; at position i, if the 6 bases i..i+5 are all A/C/G/T
@@ -14,13 +14,24 @@ Vocabulary, 4107 ids (our id layout; the specials are the Nucleotide Transformer
     11..4106  the 4096 6-mers, id = 11 + sum_k code(base_k) * 4**(5-k), code A=0 C=1 G=2 T=3
               (so "AAAAAA" = 11, "AAAAAC" = 12, ..., "TTTTTT" = 4106)
 
-Preparation: each FASTA record is cut into regions of `region_bases` (default 1 Mb), every region is
-tokenised on its own and cut into consecutive windows of at most 1000 tokens (one document each).
-Within every run of 20 consecutive regions, the sha256 of the region ids ranks them: 18 go to train,
-1 to valid, 1 to test, so whole regions (never overlapping) make up each split and valid/test are
-spread along the genome. The manifest's ``pad_id`` is None (the trainer then samples windows from the
-token stream, as the paper's genome runs do); the <pad> id is recorded as ``vocab.pad_token_id``. Regions whose N fraction exceeds `max_n_fraction` (default 0.5: telomere and
-centromere gaps) are skipped and listed in the manifest and on stderr.
+Preparation: each FASTA record is cut into regions of `region_bases` (default 1 Mb); every region is
+tokenised on its own and written as one document (1 Mb of N-free sequence is 166,670 tokens: 166,666
+six-mers and 4 single bases), so `pope eval length`, whose windows never cross a document, can score
+windows up to a region's length. Within every run of 20 consecutive regions, the sha256 of the region ids
+ranks them: 18 go to train, 1 to valid, 1 to test, so whole regions (never overlapping) make up each split
+and valid/test are spread along the genome. Regions whose N fraction exceeds `max_n_fraction` (default
+0.5: telomere and centromere gaps) are skipped and listed in the manifest and on stderr.
+
+The manifest's ``pad_id`` is None: the trainer samples random windows of seq_len + 1 tokens from each
+split's token stream and evaluates on non-overlapping windows of it (as the paper's genome runs do);
+neither reads the document boundaries, so a window may span two regions that follow each other in a split.
+The manifest's ``seq_len`` is `window_tokens` (default 1000): the paper's training length, which the genome
+presets train at, not a document size. The <pad> id is recorded as ``vocab.pad_token_id``.
+
+The request records ``layout_version`` (LAYOUT_VERSION). Layout 1 (requests without the key) cut every
+region into documents of at most `window_tokens` tokens; its split token streams (the .bin files) are the
+same bytes as layout 2's, only the document offsets differ. A prepare over a dataset of an older layout
+rebuilds it (pope.data.writer.reuse_if_prepared).
 """
 from __future__ import annotations
 
@@ -46,7 +57,8 @@ KMER = 6
 N_KMERS = 4**KMER  # 4096
 KMER_OFFSET = SINGLE_OFFSET + len(SINGLE_BASES)  # 11
 VOCAB_SIZE = KMER_OFFSET + N_KMERS  # 4107
-WINDOW_TOKENS = 1000
+WINDOW_TOKENS = 1000  # the manifest's seq_len: the training window, not a document size
+LAYOUT_VERSION = 2  # 1 (no key): documents of <= 1000 tokens; 2: one document per region / HF chunk
 DEFAULT_REGION_BASES = 1_000_000
 REGIONS_PER_BLOCK = 20  # 18 train + 1 valid + 1 test
 SPLIT_FRACTIONS = (0.9, 0.05, 0.05)
@@ -213,11 +225,6 @@ def read_fasta_regions(path: str | os.PathLike, region_bases: int = DEFAULT_REGI
         yield record, start, bytes(buffer)
 
 
-def _windows(tokens: np.ndarray, window: int) -> Iterator[np.ndarray]:
-    for begin in range(0, tokens.shape[0], window):
-        yield tokens[begin: begin + window]
-
-
 def _assign_block(region_ids: list[str]) -> dict[str, str]:
     """18/1/1 of a block of 20 regions by sha256 rank; a block of fewer than 3 regions goes to train."""
     ranked = sorted(region_ids, key=stable_order_key)
@@ -253,7 +260,8 @@ def prepare_genome(out_dir: str | os.PathLike, *, source: str | os.PathLike | No
         raise ValueError(f"max_bases must be positive (or None for the whole file), got {max_bases}")
     request = {"dataset": "genome", "path": str(fasta), "fingerprint": file_fingerprint([fasta]),
                "region_bases": region_bases, "max_bases": max_bases, "max_n_fraction": max_n_fraction,
-               "window_tokens": window_tokens, "ambiguous_as_n": ambiguous_as_n, "tokenizer_version": 1}
+               "window_tokens": window_tokens, "ambiguous_as_n": ambiguous_as_n, "tokenizer_version": 1,
+               "layout_version": LAYOUT_VERSION}
     existing = reuse_if_prepared(out_dir, request, force=force)
     if existing is not None:
         return existing
@@ -270,8 +278,7 @@ def prepare_genome(out_dir: str | os.PathLike, *, source: str | os.PathLike | No
             for region_id, tokens in block:
                 split = assignment[region_id]
                 regions_by_split[split].append(region_id)
-                for window in _windows(tokens, window_tokens):
-                    writer.add_document(split, window)
+                writer.add_document(split, tokens)  # the whole region: one document
             block.clear()
 
         for record, start, bases in read_fasta_regions(fasta, region_bases, max_bases, ambiguous_as_n, reader_counts):
@@ -314,7 +321,7 @@ def prepare_genome(out_dir: str | os.PathLike, *, source: str | os.PathLike | No
                       "regions_per_split": {k: len(v) for k, v in regions_by_split.items()},
                       "regions": regions_by_split,
                       "regions_skipped_for_n": skipped, "region_bases": region_bases,
-                      "documents_are": f"consecutive windows of at most {window_tokens} tokens of one region"},
+                      "documents_are": "one whole region each (tokenised on its own)"},
         })
 
 
@@ -322,7 +329,9 @@ def prepare_genome_hf(out_dir: str | os.PathLike, *, dataset_id: str = "InstaDee
                       config: str = "6kbp", force: bool = False, progress: bool = True,
                       max_docs: int | None = None, window_tokens: int = WINDOW_TOKENS) -> PreparedDataset:
     """Prepare from the HF human reference genome (needs internet): its train/validation/test chunks are
-    tokenised as they stream; each chunk becomes documents of at most `window_tokens` tokens."""
+    tokenised as they stream and each chunk is one document (a chunk of the 6kbp config is about 1,000
+    tokens, so `pope eval length` on this data reaches about that length; the FASTA preparation has whole
+    regions). The manifest's ``seq_len`` is `window_tokens`, as in :func:`prepare_genome`."""
     from tqdm import tqdm
 
     from pope.data.text import _require_datasets
@@ -330,7 +339,7 @@ def prepare_genome_hf(out_dir: str | os.PathLike, *, dataset_id: str = "InstaDee
     check_max_docs(max_docs)
     datasets = _require_datasets()
     request = {"dataset": "genome", "hf": dataset_id, "config": config, "max_docs": max_docs,
-               "window_tokens": window_tokens, "tokenizer_version": 1}
+               "window_tokens": window_tokens, "tokenizer_version": 1, "layout_version": LAYOUT_VERSION}
     existing = reuse_if_prepared(out_dir, request, force=force)
     if existing is not None:
         return existing
@@ -344,8 +353,7 @@ def prepare_genome_hf(out_dir: str | os.PathLike, *, dataset_id: str = "InstaDee
                     tokens = tokenize(example["sequence"])
                 except ValueError as err:
                     raise ValueError(f"{dataset_id} {hf_split} example {index}: {err}") from err
-                for window in _windows(tokens, window_tokens):
-                    writer.add_document(split, window)
+                writer.add_document(split, tokens)  # the whole chunk: one document
         return writer.finish({
             "name": "genome",
             "vocab": {"tokens": vocabulary(), "pad_id": None, "pad_token_id": PAD_TOKEN_ID},

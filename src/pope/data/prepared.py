@@ -269,7 +269,7 @@ class PreparedDataset:
 
     @property
     def seq_len(self) -> int | None:
-        """The context length the paper uses for this data (sequences/windows are at most this long)."""
+        """The context length the paper trains this data at (a training window; documents may be longer)."""
         return self.manifest.get("seq_len")
 
     @property

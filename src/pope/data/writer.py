@@ -241,6 +241,22 @@ class PreparedWriter:
 
 
 # ------------------------------------------------------------------------------------ idempotence
+def layout_upgrade(found: Any, request: dict[str, Any]) -> list[str]:
+    """The version keys (names ending in ``_version``) that ``request`` raises over ``found``, the request
+    recorded in an existing dataset, when those are the only differences between the two (a key that
+    ``found`` lacks counts as version 0); else []. Such a dataset was made with the same settings by a
+    pope whose tokenisation or layout has since changed, so a prepare rebuilds it; a lower version (an
+    older pope meeting newer data) or any other difference is not an upgrade."""
+    if not isinstance(found, dict) or found == request:
+        return []
+    differing = sorted(key for key in set(found) | set(request) if found.get(key) != request.get(key))
+    for key in differing:
+        new, old = request.get(key), found.get(key, 0)
+        if not (key.endswith("_version") and type(new) is int and type(old) is int and new > old):
+            return []
+    return differing
+
+
 def reuse_if_prepared(out_dir: str | os.PathLike, request: dict[str, Any], *, force: bool = False,
                       splits: Iterable[str] = STANDARD_SPLITS) -> PreparedDataset | None:
     """Idempotence: the existing dataset at out_dir if it was made by the same `request` and its files
@@ -248,8 +264,9 @@ def reuse_if_prepared(out_dir: str | os.PathLike, request: dict[str, Any], *, fo
 
     Checks the output before any work: a file, a path under a file, an unwritable directory, or a
     non-empty directory that a prepare did not make (without `force`) raise ValueError. A complete
-    dataset made by a *different* request is not overwritten silently: ValueError unless `force`. A
-    damaged one (checksum mismatch, truncated, incomplete) is rebuilt, with a notice.
+    dataset made by a *different* request is not overwritten silently: ValueError unless `force`. Two
+    cases are rebuilt, with a notice: a damaged dataset (checksum mismatch, truncated, incomplete), and
+    one made by the same request in an older layout (see :func:`layout_upgrade`).
     """
     out_dir = check_output_dir(out_dir)
     replacement_plan(out_dir, splits, force=force)
@@ -260,7 +277,14 @@ def reuse_if_prepared(out_dir: str | os.PathLike, request: dict[str, Any], *, fo
     except (FileNotFoundError, ValueError, KeyError) as err:
         warn(f"{out_dir} holds an unusable dataset ({err}); rebuilding it from its source now")
         return None
-    if existing.manifest.get("request") != request:
+    found = existing.manifest.get("request")
+    upgraded = layout_upgrade(found, request)
+    if upgraded:
+        changes = ", ".join(f"{key} {found.get(key, 'unset')} -> {request[key]}" for key in upgraded)
+        warn(f"dataset {existing.name!r} at {out_dir} was prepared in an older layout ({changes}); rebuilding it "
+             f"from its source now")
+        return None
+    if found != request:
         raise ValueError(f"{out_dir} already holds a dataset prepared with different settings "
                          f"({existing.manifest.get('request')}); choose another --out or pass --force to replace it")
     try:

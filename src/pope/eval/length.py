@@ -315,7 +315,11 @@ def run_length_eval(
     dataset.verify([split])
     offsets = validate_doc_offsets(token_split.doc_offsets, len(token_split))
     # Fail before loading any model when the data is too short for the longest length.
-    plan_windows(offsets, max(lengths), tail=tail)
+    try:
+        plan_windows(offsets, max(lengths), tail=tail)
+    except ValueError as err:
+        documents = (dataset.manifest.get("stats") or {}).get("documents_are")
+        raise ValueError(f"{err}{f' Documents of {dataset.path}: {documents}.' if documents else ''}") from None
     stamp = {**provenance(device), "data": str(dataset.path), "data_name": dataset.name, "split": split,
              "tail": tail, "same_documents": same_documents, "max_docs": max_docs, "n_buckets": n_buckets}
     collected: list[RunLengthResults] = []
