@@ -26,13 +26,16 @@
 # jsb: 78-134 s a run (3000 steps + 30 whole-split evaluations, 6 of the 10 runs at once), 295 s for the stage;
 # maestro: 166-178 s a run (2000 steps, 40 evaluations, all 4 at once), ~200 s for the stage; its validation
 # minimum came at step 350-500 of 2000, well inside the budget (results/maestro/README.md), so more seeds
-# (MAESTRO_SEEDS=0-4) fit one command. Estimated from the model sizes, not yet measured: genome-h200 (~27M
-# parameters, 64k tokens a step, ~1e13 FLOP a step): ~0.1 s a step alone, 2000 steps in ~7 min with 4 runs
-# sharing the GPU; text-256 (6 x 384, 8k tokens a step): ~40 s alone, 9 runs in ~4 min; each fine-tune (batch
-# 64 x 1024) ~2 min. The maestro budget: the 318k training tokens are ~10 steps an epoch, so 2000 steps are ~200
-# epochs, far past the validation minimum (the paper's own JSB and MAESTRO budgets are ~50 epochs);
-# checkpoints/best keeps the minimum, and summary.json's best_step shows whether it lies well inside the budget
-# (if it is near 2000, rerun with a larger MAESTRO_STEPS).
+# (MAESTRO_SEEDS=0-4) fit one command. genome and text, measured 2026-12-02 at 664e90d with both stages side by
+# side in the background (scripts/gpu_reproduce_bg.sh, 13 training processes at once): genome-h200 (27.3M parameters,
+# 64k tokens a step) 687 s a run (2000 steps, ~285 ms a step shared), the stage's 4 runs in ~12 min; text-256 (29.9M
+# parameters, 8k tokens a step) 300-470 s a run shared, 74 s a run two at a time, each fine-tune (batch 64 x 1024,
+# 500 steps) 96-161 s, the stage in ~15 min. GPU memory: each genome run held 14.5-17.1 GiB, each text run 7.2-8.8
+# GiB, so the two stages at once (13 processes) overfilled the H200's 139 GiB and two text seeds failed at their start
+# (CUDA out of memory; a rerun with --resume restarts them). The maestro budget: the 318k training tokens are ~10
+# steps an epoch, so 2000 steps are ~200 epochs, far past the validation minimum (the paper's own JSB and MAESTRO
+# budgets are ~50 epochs); checkpoints/best keeps the minimum, and summary.json's best_step shows whether it lies
+# well inside the budget (if it is near 2000, rerun with a larger MAESTRO_STEPS).
 #
 # Settings (environment): STAGE (required: jsb, maestro, genome or text), LIMIT (training seconds per seed and
 # call; default 480 for jsb/maestro/genome, 200 for text), JOBS_PER_GPU (default 4; the jsb and maestro stages run

@@ -16,6 +16,9 @@
 # archive: the stage's own when it has ended, else one made now of what $RUNS holds so far (partial results come
 # back even from a lease that ends mid-stage). Last, one line per stage. Exit status: 0 when every stage ended
 # with 0, 3 when a stage is still running, 1 otherwise.
+# Stages side by side share the GPU's memory: the text and genome stages together (13 training processes) overfilled
+# an H200 (gpu_reproduce.sh's header has each run's memory); the sweeps requeue a seed that fails with CUDA out of
+# memory at its start until another seed has finished, and a second call restarts whatever still failed.
 # Settings (environment): OUT (this command's $OUT; default /tmp/out), RUNS (/tmp/pope-runs), LOG_DIR (/tmp),
 # MPS (on), and anything gpu_reproduce.sh reads (GENOME_SEEDS, TEXT_SEEDS, ...), passed on to every stage.
 set -u

@@ -275,3 +275,50 @@ def test_gpu_reproduce_text_stage_on_cpu(tmp_path):
         names = set(archive.getnames())
     assert "./report-text/report.md" in names and "./length-text/length.json" in names
     assert not any("checkpoints" in n for n in names)
+
+
+def _background(tmp_path, *args, **env):
+    """Run scripts/gpu_reproduce_bg.sh with its logs, runs and $OUT under tmp_path (MPS left alone)."""
+    no_network = tmp_path / "no-network"
+    python_path = os.pathsep.join([str(no_network if no_network.exists() else _no_network(tmp_path)), str(ROOT / "src")])
+    full = {**os.environ, "PYTHONPATH": python_path, "RUNS": str(tmp_path / "runs"), "OUT": str(tmp_path / "out"),
+            "LOG_DIR": str(tmp_path / "logs"), "MPS": "off", "DATA": str(tmp_path / "no-device-data"),
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **env}
+    return subprocess.run(["bash", "scripts/gpu_reproduce_bg.sh", *args], cwd=ROOT, env=full, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_gpu_reproduce_bg_rejects_bad_arguments(tmp_path):
+    for args, message in [((), "SECONDS must be a whole number"), (("5m", "jsb"), "SECONDS must be a whole number"),
+                          (("60",), "name at least one stage"), (("60", "owt"), "unknown stage 'owt'")]:
+        result = _background(tmp_path, *args)
+        assert result.returncode == 2 and message in result.stderr, result.stderr
+        assert not (tmp_path / "logs").exists()
+
+
+@pytest.mark.slow
+def test_gpu_reproduce_bg_runs_a_stage_in_the_background_and_leaves_an_ended_one_alone(tmp_path):
+    """A stage starts in its own session, the call waits for it and copies its log and archive into $OUT; a second
+    call finds it ended and starts nothing; a call whose time runs out first returns 3 with a partial archive."""
+    data = tmp_path / "device-data"
+    _write(data / "maestro", 328, {"train": [40] * 8, "valid": [30] * 2, "test": [30] * 2}, 0)
+    env = {"MAESTRO_PRESET": "maestro-tiny", "MAESTRO_SEEDS": "0", "DATA": str(data), "OMP_NUM_THREADS": "1",
+           "POPE_CACHE": str(tmp_path / "empty-cache"),
+           "EXTRA": " ".join(f"--set {s}" for s in TINY_SETS if "eval_interval" not in s)}
+    first = _background(tmp_path, "240", "maestro", **env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "maestro: started (pid" in first.stdout and "== maestro: ended (exit status 0)" in first.stdout
+    assert {p.name for p in (tmp_path / "out").iterdir()} == {"reproduce-maestro.log", "reproduce-maestro.tar.gz"}
+    assert json.loads((tmp_path / "runs" / "maestro-pope/seed-0/summary.json").read_text())["finished"]
+    again = _background(tmp_path, "240", "maestro", **env)
+    assert again.returncode == 0 and "maestro: ended (exit status 0)" in again.stdout.splitlines()[0], again.stdout
+    assert "started" not in again.stdout
+
+    # a stage still running when SECONDS are up: exit 3, and what it has so far comes back as a partial archive
+    slow = {**env, "EXTRA": env["EXTRA"].replace("recipe.max_steps=2", "recipe.max_steps=2000")}
+    (tmp_path / "cut").mkdir()
+    cut = _background(tmp_path / "cut", "5", "maestro", **slow)
+    assert cut.returncode == 3 and "== maestro: running (pid" in cut.stdout, cut.stdout + cut.stderr
+    assert (tmp_path / "cut" / "out" / "reproduce-maestro-partial.tar.gz").is_file()
+    pid = int((tmp_path / "cut" / "logs" / "reproduce-maestro.pid").read_text())
+    os.killpg(pid, 15)  # the stage runs in its own session: end it with its children
