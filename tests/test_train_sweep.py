@@ -14,7 +14,7 @@ import torch
 from pope.checkpoint import load_checkpoint
 from pope.cli import main
 from pope.data import indirect_indexing as task
-from pope.train.sweep import parse_seeds
+from pope.train.sweep import Sweep, parse_seeds, report_lines, resolved_config
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -114,6 +114,7 @@ def test_sweep_runs_resumes_reports_failures_and_matches_single_runs(splits, tmp
     assert {s: v["status"] for s, v in record["seeds"].items()} == {"0": "finished", "1": "finished",
                                                                      "2": "failed", "3": "finished"}
     assert len(record["invocations"]) == 2 and record["invocations"][1]["resume"] is True
+    assert "restarted" not in second.stdout  # seeds with a checkpoint continue from it
     # 3. --resume skips finished seeds: no child starts, the logs do not grow.
     log_size = (out / "seed-0.log").stat().st_size
     assert main([*map(str, base), "--seeds", "0,1", "--resume"]) == 0
@@ -129,6 +130,79 @@ def test_sweep_runs_resumes_reports_failures_and_matches_single_runs(splits, tmp
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert json.loads((out / "seed-1" / "config.json").read_text()) == \
         json.loads((tmp_path / "single" / "config.json").read_text())
+
+
+# A trainer that runs out of GPU memory at its first step: it has written config.json, env.json, an empty
+# metrics.jsonl and its (released) lock, and exits 1 with torch's message. Argv: the run directory, config.json's text.
+OUT_OF_MEMORY_AT_START = (
+    "import pathlib, sys; run = pathlib.Path(sys.argv[1]); run.mkdir(parents=True, exist_ok=True); "
+    "(run / 'config.json').write_text(sys.argv[2]); (run / 'env.json').write_text('{}'); "
+    "(run / 'metrics.jsonl').write_text(''); (run / '.lock').write_text(''); "
+    "sys.exit('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+    "of 139.72 GiB of which 1.06 GiB is free.')")
+
+
+class OutOfMemoryAtStart(Sweep):
+    """A sweep whose first child for each seed in ``oom`` is the stand-in above (with the config that seed's real
+    child would write); every other child is a real `pope train`."""
+
+    def __init__(self, *args, oom=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.oom = set(oom)
+
+    def child_command(self, run):
+        if run.seed not in self.oom:
+            return super().child_command(run)
+        self.oom.remove(run.seed)
+        config = resolved_config(self.preset, self.pe, seed=run.seed, overrides=self.child_sets())
+        return [sys.executable, "-c", OUT_OF_MEMORY_AT_START, str(run.run_dir),
+                json.dumps(config, indent=2, sort_keys=True) + "\n"]
+
+
+def test_seeds_that_died_at_start_start_over_and_out_of_memory_is_requeued(splits, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    out = tmp_path / "sweep"
+    sets = _sets(splits)[1::2]
+    # 1. Seed 1 alone runs out of GPU memory at its first step: no other seed runs, so it fails (as before).
+    lines, ok = report_lines(OutOfMemoryAtStart("indirect-indexing-tiny", "pope", [1], out, oom={1},
+                                                overrides=[*sets, "train.stop_at_step=3"]).run())
+    assert not ok and lines[-1].startswith("seed 1 failed (exit 1)") and "CUDA out of memory" in lines[-1]
+    assert sorted(p.name for p in (out / "seed-1").iterdir()) == [".lock", "config.json", "env.json", "metrics.jsonl"]
+    # Seed 3 died after logging steps but before its first checkpoint: its metrics are not deleted.
+    (out / "seed-3").mkdir()
+    (out / "seed-3" / "config.json").write_text(json.dumps(resolved_config(
+        "indirect-indexing-tiny", "pope", seed=3, overrides=["train.progress=false", *sets]), indent=2, sort_keys=True))
+    (out / "seed-3" / "metrics.jsonl").write_text('{"step": 1, "kind": "train", "loss": 3.1}\n' * 2)
+    seed_3 = {p.name: p.read_bytes() for p in (out / "seed-3").iterdir()}
+    # 2. --resume, two at a time: seed 1 starts over (its config.json differed in a resume-mutable key: said so).
+    # Seed 0's first child runs out of memory while seed 1 runs: it is requeued and starts (over) when seed 1 ends.
+    # Seed 3 is not started.
+    sweep = OutOfMemoryAtStart("indirect-indexing-tiny", "pope", [0, 1, 3], out, oom={0}, overrides=sets,
+                               resume=True, jobs=2)
+    lines, ok = report_lines(sweep.run())
+    said = capsys.readouterr().err
+    assert not ok and [r.status for r in sweep.runs] == ["finished", "finished", "failed"], lines
+    assert lines[0].endswith("(requeued after CUDA out of memory; restarted from scratch)")
+    assert lines[1].endswith("(restarted from scratch; its config.json differed (train.stop_at_step: 3 -> null), "
+                             "the sweep's is used)")
+    assert lines[3] == (f"seed 3 not started: {out / 'seed-3'} has no checkpoint to resume from, and starting over "
+                        "would lose what it holds besides start-up records (metrics.jsonl with 2 record(s)); look at "
+                        f"it, then delete {out / 'seed-3'} to start seed 3 over, or leave seed 3 out of --seeds")
+    assert "seed 0 ran out of GPU memory" in said and "seed 1 starts over" in said
+    assert {p.name: p.read_bytes() for p in (out / "seed-3").iterdir()} == seed_3
+    log = (out / "seed-1.log").read_text()
+    assert log.count(" gpu=None ") == 2 and "CUDA out of memory" in log and "starting over" in log
+    record = json.loads((out / "sweep.json").read_text())["seeds"]
+    assert record["0"]["notes"] == ["requeued after CUDA out of memory", "restarted from scratch"]
+    # 3. The restarted seed equals the single run with that seed.
+    single = _pope("train", "indirect-indexing-tiny", "--pe", "pope", "--out", tmp_path / "single", *_sets(splits),
+                   "--seed", "1", "--set", "train.progress=false")
+    assert single.returncode == 0, single.stderr
+    assert _losses(out / "seed-1") == _losses(tmp_path / "single") and sorted(_losses(out / "seed-1")) == [1, 2, 3, 4]
+    a = load_checkpoint(tmp_path / "single" / "checkpoints" / "last").model_state
+    b = load_checkpoint(out / "seed-1" / "checkpoints" / "last").model_state
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert (out / "seed-1" / "config.json").read_text() == (tmp_path / "single" / "config.json").read_text()
 
 
 @pytest.mark.slow

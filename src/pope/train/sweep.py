@@ -12,8 +12,20 @@ report and analysis tool reads it unchanged. Around the children the sweep guara
 - logs: each child's stdout and stderr go to ``DIR/seed-N.log`` (appended to on resume), beside the
   run directory, never inside it.
 - resume: with ``resume``, a seed whose ``summary.json`` says finished is skipped, a seed with a
-  ``config.json`` continues (``--resume``), any other starts; without ``resume`` an existing
-  ``DIR/seed-N`` is an error raised before any child starts.
+  ``config.json`` and a ``checkpoints/`` directory continues (``--resume``), any other starts; without
+  ``resume`` an existing ``DIR/seed-N`` is an error raised before any child starts.
+- starting over: a seed whose run directory has a ``config.json`` but no ``checkpoints/`` died before its
+  first checkpoint. When it holds only what a run writes before its first logged step (``config.json``,
+  ``env.json``, an empty ``metrics.jsonl``, TensorBoard event files, the lock), nothing is lost: those are
+  removed and the seed starts from scratch with the sweep's config (config differences in resume-mutable
+  keys are named; any other difference is refused), its log appended to, and the summary says "restarted
+  from scratch". Anything else (metrics rows, other files, a lock held by a live trainer) is left alone:
+  the seed is not started and one line says what the directory holds and what to do.
+- out of memory: a seed that fails with CUDA out of memory (its log says ``CUDA out of memory`` or
+  ``CUDA error: out of memory``) while other seeds of the sweep run on its GPU is put back at the front of
+  the queue, at most ``OOM_RETRIES`` times, and that GPU then takes no more seeds than are still running
+  there: the seed starts again (starting over or resuming as above) once one of them has ended. With no
+  other seed on its GPU it fails as any other failure.
 - failures: a failing seed does not stop the others; the result names each failed seed and its log.
 - progress: one bar over all seeds' steps (tqdm on a terminal, else a status line every
   ``STATUS_SECONDS``), read from each child's ``metrics.jsonl``.
@@ -27,6 +39,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -43,6 +56,13 @@ POLL_SECONDS = 0.2
 """How soon a finished child is noticed and the next seed started; a poll reads the tail of each running seed's
 metrics.jsonl, so a short interval costs nothing, and short seeds (tiny presets) do not idle between them."""
 STOP_GRACE_SECONDS = 60.0
+OOM_RETRIES = 2
+"""How many times a seed that ran out of GPU memory next to other seeds is put back in the queue."""
+OUT_OF_MEMORY = ("CUDA out of memory", "CUDA error: out of memory")
+"""What a child's log says when the GPU had no memory left (torch.OutOfMemoryError; a failed CUDA allocation)."""
+STARTUP_RECORDS = ("config.json", "env.json", ".lock")
+"""Files a run writes before its first step (with an empty metrics.jsonl and TensorBoard event files): a run
+directory holding nothing else has nothing to lose by starting over."""
 
 
 @functools.cache
@@ -116,12 +136,25 @@ class SeedRun:
     gpu: str | None = None
     returncode: int | None = None
     step: int = 0
+    notes: list[str] = field(default_factory=list)  # for the summary: restarted from scratch, requeued
+    reason: str | None = None  # why a failed seed was not started (it has no child and no exit status)
+    oom_retries: int = 0
     process: subprocess.Popen | None = field(default=None, repr=False)
     _log_handle: object = field(default=None, repr=False)
+    _log_offset: int = field(default=0, repr=False)  # where this attempt's output starts in the log
 
     def record(self) -> dict:
         return {"status": self.status, "run_dir": self.run_dir.name, "log": self.log.name, "step": self.step,
-                "total_steps": self.total_steps, "gpu": self.gpu, "returncode": self.returncode}
+                "total_steps": self.total_steps, "gpu": self.gpu, "returncode": self.returncode,
+                "notes": self.notes, "reason": self.reason}
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+    def log_line(self, text: str) -> None:
+        with open(self.log, "a") as handle:
+            handle.write(f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {text}\n")
 
 
 def _last_step(metrics_path: Path) -> int:
@@ -140,6 +173,47 @@ def _last_step(metrics_path: Path) -> int:
         except (ValueError, KeyError, TypeError):
             continue  # a partial first line of the tail, or a line being written
     return 0
+
+
+def _out_of_memory(run: SeedRun) -> bool:
+    """Whether the seed's last attempt (its part of the log; the last 64 KiB of it) reports CUDA out of memory."""
+    try:
+        with open(run.log, "rb") as handle:
+            handle.seek(max(run._log_offset, handle.seek(0, os.SEEK_END) - 65536))
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return False
+    return any(marker in text for marker in OUT_OF_MEMORY)
+
+
+def _why_not_start_over(run_dir: Path, seed: int, config: dict) -> str | None:
+    """None when a run directory without checkpoints holds only what a run writes before its first logged step
+    (STARTUP_RECORDS, an empty metrics.jsonl, a tensorboard/ of event files) and its config.json is ``config``
+    up to resume-mutable keys; else one line saying what is there and what to do."""
+    from pope.train.config import config_differences
+
+    kept = []
+    for entry in sorted(run_dir.iterdir()):
+        if entry.name == "metrics.jsonl" and entry.is_file():
+            rows = sum(1 for line in entry.read_text(errors="replace").splitlines() if line.strip())
+            if rows:
+                kept.append(f"metrics.jsonl with {rows} record(s)")
+        elif entry.name == "tensorboard" and entry.is_dir():
+            if any(not (f.is_file() and f.name.startswith("events.out.tfevents.")) for f in entry.iterdir()):
+                kept.append("tensorboard/ with other files than event files")
+        elif not (entry.name in STARTUP_RECORDS and entry.is_file()):
+            kept.append(entry.name + ("/" if entry.is_dir() else ""))
+    what_to_do = f"look at it, then delete {run_dir} to start seed {seed} over, or leave seed {seed} out of --seeds"
+    if kept:
+        return (f"{run_dir} has no checkpoint to resume from, and starting over would lose what it holds besides "
+                f"start-up records ({', '.join(kept)}); {what_to_do}")
+    try:
+        foreign = config_differences(json.loads((run_dir / "config.json").read_text()), config)
+    except ValueError:
+        return f"{run_dir / 'config.json'} is not valid JSON; {what_to_do}"
+    if foreign:  # what a single run's --resume would refuse too
+        return f"{run_dir / 'config.json'} is not this sweep's seed {seed} ({'; '.join(foreign[:4])}); {what_to_do}"
+    return None
 
 
 def run_finished(run_dir: Path) -> bool:
@@ -185,6 +259,8 @@ class Sweep:
         self.gpus = visible_gpus(overrides)
         self.jobs_per_gpu = jobs_per_gpu or DEFAULT_JOBS_PER_GPU
         self.jobs = jobs or (len(self.gpus) * self.jobs_per_gpu if self.gpus else 1)
+        # at most this many seeds at a time on each GPU (None: the CPU); lowered where a seed ran out of memory
+        self.limits = {gpu: self.jobs_per_gpu for gpu in self.gpus} if self.gpus else {None: self.jobs}
         self.progress = sys.stderr.isatty() if progress is None else progress
         self.runs = [SeedRun(seed, self.out / f"seed-{seed}", self.out / f"seed-{seed}.log", total) for seed in seeds]
         existing = [r.run_dir for r in self.runs if r.run_dir.exists()]
@@ -197,6 +273,7 @@ class Sweep:
                 run.status, run.step = "skipped", _last_step(run.run_dir / "metrics.jsonl")
         self._signal: int | None = None
         self._killed = False
+        self._bar = None
 
     def _check_one_setting(self) -> None:
         """A sweep directory holds one setting: refuse seeds that would differ from the runs already in it
@@ -215,12 +292,14 @@ class Sweep:
                                  "a sweep directory holds one setting: choose another --out or the same --set values")
 
     # -------------------------------------------------------------------------------------- children
-    def child_command(self, run: SeedRun) -> list[str]:
+    def child_sets(self) -> list[str]:
         # no per-child bar (the sweep shows one) unless asked for; it changes no result (a resume-mutable key)
         given = {item.partition("=")[0].strip() for item in self.overrides}
-        sets = [*([] if "train.progress" in given else ["train.progress=false"]), *self.overrides]
+        return [*([] if "train.progress" in given else ["train.progress=false"]), *self.overrides]
+
+    def child_command(self, run: SeedRun) -> list[str]:
         command = [sys.executable, "-m", "pope.cli", "train", self.preset, "--pe", self.pe, "--seed", str(run.seed),
-                   "--out", str(run.run_dir), *[x for s in sets for x in ("--set", s)]]
+                   "--out", str(run.run_dir), *[x for s in self.child_sets() for x in ("--set", s)]]
         if (run.run_dir / "config.json").exists():
             command.append("--resume")
         return command
@@ -235,16 +314,58 @@ class Sweep:
             env["CUDA_VISIBLE_DEVICES"] = gpu
         return env
 
-    def _start(self, run: SeedRun, gpu: str | None) -> None:
+    def _start(self, run: SeedRun, gpu: str | None) -> bool:
+        """Start the seed's child; False when its run directory may not be touched (the seed then failed)."""
         self.out.mkdir(parents=True, exist_ok=True)
+        reason = self._start_over_if_empty(run)
+        if reason is not None:
+            run.status, run.reason = "failed", reason
+            run.log_line(f"not started: {reason}")
+            self._say(f"seed {run.seed} not started: {reason}")
+            return False
         command = self.child_command(run)
         handle = open(run.log, "a", buffering=1)
         handle.write(f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} gpu={gpu} "
                      f"{subprocess.list2cmdline(command)}\n")
+        run._log_offset = handle.tell()
         run.process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                        env=self._child_env(gpu), start_new_session=True,
                                        preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
         run._log_handle, run.gpu, run.status, run.returncode = handle, gpu, "running", None
+        return True
+
+    def _start_over_if_empty(self, run: SeedRun) -> str | None:
+        """A run directory with a config.json and no checkpoints/ died before its first checkpoint: empty it when
+        it holds only start-up records of this seed (see the module docstring), so the seed starts from scratch.
+        Returns why the seed must not start (the directory is then left as it is), or None."""
+        from pope.train.config import config_differences
+        from pope.train.rundir import RunLock
+
+        if not (run.run_dir / "config.json").is_file() or (run.run_dir / "checkpoints").exists():
+            return None  # a new seed, or one that --resume continues (the child checks its checkpoint)
+        config = resolved_config(self.preset, self.pe, seed=run.seed, overrides=self.child_sets())
+        if problem := _why_not_start_over(run.run_dir, run.seed, config):
+            return problem
+        lock = RunLock(run.run_dir)  # no trainer may write there while it is emptied
+        try:
+            lock.acquire()
+        except RuntimeError as err:
+            return str(err)
+        try:
+            if problem := _why_not_start_over(run.run_dir, run.seed, config):  # changed before the lock was taken
+                return problem
+            changed = config_differences(json.loads((run.run_dir / "config.json").read_text()), config, ignore=set())
+            for name in ("config.json", "env.json", "metrics.jsonl"):
+                (run.run_dir / name).unlink(missing_ok=True)
+            if (run.run_dir / "tensorboard").is_dir():
+                shutil.rmtree(run.run_dir / "tensorboard")
+        finally:
+            lock.release()
+        told = f"; its config.json differed ({'; '.join(changed)}), the sweep's is used" if changed else ""
+        run.note("restarted from scratch" + told)
+        run.log_line(f"starting over: {run.run_dir} held only start-up records (no checkpoint, no metrics){told}")
+        self._say(f"seed {run.seed} starts over: {run.run_dir} had no checkpoint and no metrics{told}")
+        return None
 
     def _finish(self, run: SeedRun, returncode: int) -> None:
         run._log_handle.close()
@@ -256,14 +377,29 @@ class Sweep:
             run.status = "interrupted" if self._signal is not None else "failed"
 
     def _free_slot(self, running: list[SeedRun]) -> str | None | bool:
-        """A GPU id (or None for CPU) with room for one more child, or False when all are busy."""
+        """The least-loaded GPU id (or None for CPU) with room for one more child, or False when all are busy."""
         if len(running) >= self.jobs:
             return False
-        if not self.gpus:
-            return None
-        load = {gpu: sum(r.gpu == gpu for r in running) for gpu in self.gpus}
-        gpu = min(self.gpus, key=lambda g: load[g])
-        return gpu if load[gpu] < self.jobs_per_gpu else False
+        load = {slot: sum(r.gpu == slot for r in running) for slot in self.limits}
+        free = [slot for slot in self.limits if load[slot] < self.limits[slot]]
+        return min(free, key=load.get) if free else False
+
+    def _requeue_after_out_of_memory(self, run: SeedRun) -> bool:
+        """True when a failed seed ran out of GPU memory next to other seeds of the sweep on its GPU (and has
+        retries left): its GPU's limit drops to the seeds still running there, and it is to be queued again."""
+        if run.status != "failed" or run.oom_retries >= OOM_RETRIES or not _out_of_memory(run):
+            return False
+        others = sum(r.status == "running" and r.gpu == run.gpu for r in self.runs)
+        if not others:
+            return False
+        run.oom_retries += 1
+        run.status = "pending"
+        self.limits[run.gpu] = others
+        run.note("requeued after CUDA out of memory")
+        where = "the CPU" if run.gpu is None else f"GPU {run.gpu}"
+        self._say(f"seed {run.seed} ran out of GPU memory (log {run.log}); it runs again when another seed ends "
+                  f"({where} now takes {others} seed(s) at a time)")
+        return True
 
     # ------------------------------------------------------------------------------------ signals
     def _on_signal(self, signum, frame) -> None:
@@ -288,7 +424,7 @@ class Sweep:
                       "jobs_per_gpu": self.jobs_per_gpu if self.gpus else None, "jobs": self.jobs}
         self._write_record(invocation)
         handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        bar = self._progress_bar()
+        bar = self._bar = self._progress_bar()
         queue = [r for r in self.runs if r.status != "skipped"]
         stop_deadline = None
         last_status = time.monotonic()
@@ -297,16 +433,20 @@ class Sweep:
                 running = [r for r in self.runs if r.status == "running"]
                 while queue and self._signal is None and (slot := self._free_slot(running)) is not False:
                     run = queue.pop(0)
-                    self._start(run, slot)
-                    running.append(run)
+                    if self._start(run, slot):
+                        running.append(run)
                     self._write_record(invocation)
+                ended = []
                 for run in running:
                     returncode = run.process.poll()
                     if returncode is not None:
                         self._finish(run, returncode)
-                        self._write_record(invocation)
+                        ended.append(run)
                     else:
                         run.step = _last_step(run.run_dir / "metrics.jsonl")
+                queue[:0] = [run for run in ended if self._requeue_after_out_of_memory(run)]
+                if ended:
+                    self._write_record(invocation)
                 running = [r for r in self.runs if r.status == "running"]
                 if bar is not None:
                     self._update_bar(bar)
@@ -328,6 +468,10 @@ class Sweep:
                 bar.close()
             self._write_record(invocation)
         return self.runs
+
+    def _say(self, text: str) -> None:
+        """A line on stderr while the sweep runs (above the progress bar when there is one)."""
+        (self._bar.write if self._bar is not None else print)(f"sweep: {text}", file=sys.stderr)
 
     def status_line(self) -> str:
         done = sum(min(r.step, r.total_steps) for r in self.runs)
@@ -375,9 +519,13 @@ class Sweep:
 
 def report_lines(runs: list[SeedRun]) -> tuple[list[str], bool]:
     """(lines for the terminal, whether every seed ended well: finished, skipped or stopped on purpose)."""
-    lines = [f"seed {r.seed:>4}  {r.status:<11}  step {r.step}/{r.total_steps}  {r.run_dir}" for r in runs]
+    lines = [f"seed {r.seed:>4}  {r.status:<11}  step {r.step}/{r.total_steps}  {r.run_dir}"
+             + (f"  ({'; '.join(r.notes)})" if r.notes else "") for r in runs]
     failed = [r for r in runs if r.status == "failed"]
     for run in failed:
+        if run.reason is not None:
+            lines.append(f"seed {run.seed} not started: {run.reason}")
+            continue
         tail = run.log.read_text(errors="replace").strip().splitlines()[-1:] if run.log.exists() else []
         lines.append(f"seed {run.seed} failed (exit {run.returncode}); log {run.log}"
                      + (f": {tail[0]}" if tail else ""))
