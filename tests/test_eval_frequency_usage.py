@@ -1,4 +1,5 @@
-"""Frequency-usage analysis: shapes, known answers, delta, plots."""
+"""Frequency-usage analysis: shapes, known answers, delta, the position-only score, plots."""
+import json
 import math
 
 import numpy as np
@@ -6,9 +7,12 @@ import pytest
 import torch
 
 from pope.eval.frequency_usage import (
+    FrequencyUsage,
     analyze_frequencies,
     chunk_tokens,
     frequency_magnitudes,
+    position_bias,
+    position_bias_summary,
     write_frequency_report,
 )
 from pope.encodings import build_positional_encoding
@@ -103,3 +107,56 @@ def test_chunking_keeps_every_token_and_report_files(tmp_path):
     written = write_frequency_report(usage, tmp_path, title="test")
     assert {p.name for p in written} == {"frequency_usage.json", "frequency_usage.png", "delta.npy", "delta.png"}
     assert all(p.stat().st_size > 0 for p in written)
+
+
+def _usage(delta, frequencies=(1.0, 0.1, 0.01), n_layer=2):
+    """A PoPE FrequencyUsage with magnitudes 1, 2, 3 per frequency in every layer and the given delta."""
+    frequencies = np.asarray(frequencies, dtype=np.float64)
+    magnitudes = np.tile(np.arange(1.0, len(frequencies) + 1), (n_layer, 1))
+    return FrequencyUsage(kind="pope", frequencies=frequencies, query=magnitudes, key=magnitudes,
+                          delta=None if delta is None else np.asarray(delta, dtype=np.float64), n_tokens=10)
+
+
+def test_position_bias_is_the_normalised_position_only_score():
+    rng = np.random.default_rng(0)
+    delta = rng.uniform(-2 * math.pi, 0, size=(2, 3, 3))
+    usage = _usage(delta)
+    distances = np.array([0, 1, 7, 250, 10**6])
+    bias = position_bias(usage, distances)
+    assert bias.shape == (2, 3, 5)
+    weights = np.array([1.0, 4.0, 9.0])  # |q| |k| per frequency
+    for layer, head, i in [(0, 0, 0), (1, 2, 3), (0, 1, 4)]:
+        expected = sum(w * math.cos(distances[i] * f + delta[layer, head, c])
+                       for c, (w, f) in enumerate(zip(weights, usage.frequencies))) / weights.sum()
+        assert bias[layer, head, i] == pytest.approx(expected, abs=1e-12)
+    zero = position_bias(_usage(None), np.arange(100))  # no delta: every channel in phase at distance 0
+    assert zero.shape == (2, 1, 100) and zero[..., 0] == pytest.approx(1.0) and (zero <= 1 + 1e-12).all()
+    with pytest.raises(ValueError, match="defined for PoPE, not 'rope'"):
+        position_bias(FrequencyUsage("rope", np.ones(2), np.ones((1, 2)), np.ones((1, 2)), None, 1), np.arange(3))
+
+
+def test_position_bias_summary_tells_recency_from_a_far_peak():
+    recency = position_bias_summary(_usage(np.zeros((2, 2, 3))), 10, 200)
+    assert recency == {"train_length": 10, "max_distance": 200, "n_heads": 4, "heads_peaking_at_distance_0": 4,
+                       "heads_rising_past_training": 0, "median_excess_past_training": recency["median_excess_past_training"]}
+    assert recency["median_excess_past_training"] < 0
+    # one slow frequency with delta = -pi/2: the score is sin(0.01 d), rising until d = 157, past training length 10
+    far = position_bias_summary(_usage(np.full((1, 2, 1), -math.pi / 2), frequencies=(0.01,), n_layer=1), 10, 200)
+    assert far["heads_rising_past_training"] == 2 and far["heads_peaking_at_distance_0"] == 0
+    assert far["median_excess_past_training"] == pytest.approx(1 - math.sin(0.1), abs=1e-4)
+    with pytest.raises(ValueError, match="0 < train_length < max_distance"):
+        position_bias_summary(_usage(None), 10, 10)
+
+
+def test_report_writes_position_bias_and_reads_back(tmp_path):
+    usage = _usage(np.zeros((2, 2, 3)))
+    written = write_frequency_report(usage, tmp_path, title="t", train_length=8)
+    assert (tmp_path / "position_bias.png") in written
+    data = json.loads((tmp_path / "frequency_usage.json").read_text())
+    assert data["position_bias"]["max_distance"] == 160 and data["position_bias"]["n_heads"] == 4
+    back = FrequencyUsage.from_dict(data)
+    assert np.array_equal(back.query, usage.query) and np.array_equal(back.delta, usage.delta)
+    with pytest.raises(ValueError, match="not a frequency_usage.json"):
+        FrequencyUsage.from_dict({"kind": "pope"})
+    rope = FrequencyUsage("rope", np.ones(2), np.ones((1, 2)), np.ones((1, 2)), None, 1)
+    assert not (tmp_path / "rope" / "position_bias.png") in write_frequency_report(rope, tmp_path / "rope", train_length=8)

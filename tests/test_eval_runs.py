@@ -162,6 +162,14 @@ def test_analyze_frequencies_cli(workspace, tmp_path, capsys):
     assert main(["analyze", "frequencies", str(workspace["pope"]), "--text", str(text), "--tokenizer", "bytes",
                  "--out", str(tmp_path)]) == 1
     assert "vocabulary mismatch" in capsys.readouterr().err  # 256 byte ids, 90-token model
+    # PoPE: the position-only score to 20x the run's training length (its recipe.seq_len), plot and summary
+    assert main(["analyze", "frequencies", str(workspace["pope"]), "--data", str(workspace["data"]),
+                 "--out", str(tmp_path / "pope"), "--device", "cpu"]) == 0
+    summary = json.loads((tmp_path / "pope" / "frequency_usage.json").read_text())["position_bias"]
+    seq_len = json.loads((workspace["pope"] / "config.json").read_text())["recipe"]["seq_len"]
+    assert (summary["train_length"], summary["max_distance"]) == (seq_len, 20 * seq_len)
+    assert (tmp_path / "pope" / "position_bias.png").is_file()
+    assert "position-only score (PoPE, training length" in capsys.readouterr().out
 
 
 def _fake_run(path, preset, pe, seed, test_losses, length_ppl=None, finished=True, at_best_valid=None):

@@ -216,7 +216,7 @@ def _analyze_frequencies(args: argparse.Namespace) -> int:
 
     from pope.eval.frequency_usage import analyze_frequencies, chunk_tokens, write_frequency_report
     from pope.eval.length import check_token_range, check_vocab_compatible
-    from pope.eval.runs import load_run_model, run_dir_of, run_label
+    from pope.eval.runs import load_run_model, run_config, run_dir_of, run_label
     from pope.files import check_output_dir
 
     out = check_output_dir(args.out if args.out else run_dir_of(args.run) / "eval" / "frequencies",
@@ -253,12 +253,20 @@ def _analyze_frequencies(args: argparse.Namespace) -> int:
     check_token_range(tokens, vocab, data_name=source)
     sequences = chunk_tokens(tokens, args.seq_len or model.config.max_seq_len)
     usage = analyze_frequencies(model, sequences, device=device)
-    written = write_frequency_report(usage, out, title=f"{run_label(args.run)} on {source}")
+    train_length = run_config(args.run).get("recipe", {}).get("seq_len") or model.config.max_seq_len
+    written = write_frequency_report(usage, out, title=f"{run_label(args.run)} on {source}", train_length=train_length)
     np.set_printoptions(precision=3, suppress=True, linewidth=160)
     print(f"{usage.kind}: {usage.query.shape[0]} layers x {usage.query.shape[1]} frequencies, {usage.n_tokens:,} "
           f"tokens of {source}")
     print("mean query magnitude per layer (rows) x frequency (columns, highest first):")
     print(usage.query)
+    summary = json.loads((out / "frequency_usage.json").read_text()).get("position_bias")
+    if summary:
+        print(f"position-only score (PoPE, training length {summary['train_length']:,}, distances to "
+              f"{summary['max_distance']:,}): {summary['heads_peaking_at_distance_0']} of {summary['n_heads']} heads "
+              f"peak at distance 0 within the training length; {summary['heads_rising_past_training']} rise past "
+              f"it above their maximum within it (median max past - max within: "
+              f"{summary['median_excess_past_training']:+.3f})")
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
 

@@ -11,6 +11,15 @@ and tokens, the magnitude that each frequency receives:
 
 and, for PoPE, the learned phase bias delta (in [-2π, 0], as the layer uses it) per
 layer × head × frequency. Row 0 is always the highest frequency (theta = 1).
+
+For PoPE also the *position-only score* of every head (``position_bias``): the score
+sum_c |q_c| |k_c| cos(Δ·theta_c + delta_c) of a query and a key whose magnitudes are the layer's means, as a
+function of the distance Δ = s − t, divided by sum_c |q_c| |k_c| (so it lies in [-1, 1] and is 1 where every
+channel is in phase). It is what the encoding alone adds to a score: with delta = 0 it peaks at Δ = 0 and
+falls off like a recency bias; a delta away from 0 moves the peak. Past the training length, a head whose
+position-only score rises above every value it had within the training length prefers distances it never
+saw (``position_bias_summary``). The magnitudes are averages over heads and tokens, so this describes the
+encoding's share of the score, not any one token's attention.
 """
 from __future__ import annotations
 
@@ -44,6 +53,48 @@ class FrequencyUsage:
             "key": self.key.tolist(),
             "delta": None if self.delta is None else self.delta.tolist(),
         }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "FrequencyUsage":
+        """The inverse of ``to_dict`` (a frequency_usage.json read back)."""
+        try:
+            return cls(kind=data["kind"], frequencies=np.asarray(data["frequencies"], dtype=np.float64),
+                       query=np.asarray(data["query"], dtype=np.float64), key=np.asarray(data["key"], dtype=np.float64),
+                       delta=None if data.get("delta") is None else np.asarray(data["delta"], dtype=np.float64),
+                       n_tokens=int(data["n_tokens"]))
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"not a frequency_usage.json of `pope analyze frequencies` ({err!r}); run it again") from None
+
+
+def position_bias(usage: FrequencyUsage, distances: np.ndarray) -> np.ndarray:
+    """(n_layer, n_head, len(distances)): each PoPE head's position-only score at each distance (module
+    docstring), in [-1, 1]. Heads without a delta (PoPE without phase bias) all get delta = 0."""
+    if usage.kind != "pope":
+        raise ValueError(f"the position-only score is defined for PoPE, not {usage.kind!r}")
+    weights = usage.query * usage.key  # (n_layer, F)
+    delta = usage.delta if usage.delta is not None else np.zeros((weights.shape[0], 1, weights.shape[1]))
+    distances = np.asarray(distances, dtype=np.float64)
+    phase = distances[:, None] * usage.frequencies[None, :]  # (D, F), float64: exact at any distance here
+    scores = np.einsum("lf,lhdf->lhd", weights, np.cos(phase[None, None] + delta[:, :, None, :]))
+    return scores / weights.sum(axis=1)[:, None, None]
+
+
+def position_bias_summary(usage: FrequencyUsage, train_length: int, max_distance: int) -> dict:
+    """How the heads' position-only scores behave past the training length, over every whole distance up to
+    max_distance: the number of heads whose maximum over [0, train_length] is at distance 0 (a recency bias);
+    the number whose score somewhere in (train_length, max_distance] exceeds that maximum (they prefer a
+    distance never seen in training; for a score that oscillates at random this also grows with the number of
+    distances past the training length, so read it with the next value); and the median over heads of
+    max(past) − max(within), negative when the far distances are never preferred."""
+    if not 0 < train_length < max_distance:
+        raise ValueError(f"need 0 < train_length < max_distance, got {train_length} and {max_distance}")
+    bias = position_bias(usage, np.arange(max_distance + 1))
+    within, past = bias[..., : train_length + 1], bias[..., train_length + 1:]
+    excess = past.max(-1) - within.max(-1)  # (n_layer, n_head)
+    return {"train_length": train_length, "max_distance": max_distance, "n_heads": int(excess.size),
+            "heads_peaking_at_distance_0": int((within.argmax(-1) == 0).sum()),
+            "heads_rising_past_training": int((excess > 0).sum()),
+            "median_excess_past_training": round(float(np.median(excess)), 4)}
 
 
 def frequency_magnitudes(projection: torch.Tensor, n_heads: int, pe: torch.nn.Module) -> torch.Tensor:
@@ -191,13 +242,53 @@ def plot_delta(delta: np.ndarray, path: Path, *, title: str = "") -> Path:
     return finish_figure(fig, path, title=title, tight_layout=False)  # the shared colorbar resists tight_layout
 
 
-def write_frequency_report(usage: FrequencyUsage, out_dir: Path, *, title: str = "") -> list[Path]:
-    """frequency_usage.json + frequency_usage.png (+ delta.png and delta.npy for PoPE)."""
+def plot_position_bias(usage: FrequencyUsage, path: Path, *, train_length: int, max_distance: int,
+                       title: str = "") -> Path:
+    """One panel per layer: every head's position-only score against the distance, the training length marked."""
+    from pope.optional import pyplot
+
+    plt = pyplot()
+    distances = np.unique(np.geomspace(1, max_distance, 400).round().astype(int))
+    bias = position_bias(usage, distances)
+    n_layer = bias.shape[0]
+    n_cols = min(4, n_layer)
+    n_rows = math.ceil(n_layer / n_cols)
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(3.6 * n_cols, 2.8 * n_rows + 0.6), squeeze=False, sharey=True)
+    for layer in range(n_rows * n_cols):
+        ax = axes[layer // n_cols][layer % n_cols]
+        if layer >= n_layer:
+            ax.axis("off")
+            continue
+        for head in range(bias.shape[1]):
+            ax.plot(distances, bias[layer, head], linewidth=1)
+        ax.axvline(train_length, color="black", linestyle="--", linewidth=1)
+        ax.set_xscale("log")
+        ax.set_title(f"layer {layer}", fontsize=9)
+        ax.set_xlabel("distance s − t (tokens)")
+        ax.grid(True, alpha=0.3)
+    for row in axes:
+        row[0].set_ylabel("position-only score")
+    return finish_figure(fig, path, title=(title + "\n" if title else "") +
+                         f"one line per head; dashed: training length {train_length}")
+
+
+def write_frequency_report(usage: FrequencyUsage, out_dir: Path, *, title: str = "",
+                           train_length: int | None = None, max_distance: int | None = None) -> list[Path]:
+    """frequency_usage.json + frequency_usage.png (+ delta.png and delta.npy for PoPE with delta; for PoPE with
+    ``train_length``: position_bias.png to ``max_distance``, default 20 × train_length, and the summary in the
+    JSON under "position_bias")."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = [write_json_atomic(out_dir / "frequency_usage.json", usage.to_dict())]
+    data = usage.to_dict()
+    if usage.kind == "pope" and train_length is not None:
+        max_distance = max_distance or 20 * train_length
+        data["position_bias"] = position_bias_summary(usage, train_length, max_distance)
+    written = [write_json_atomic(out_dir / "frequency_usage.json", data)]
     written.append(plot_frequency_usage(usage, out_dir / "frequency_usage.png", title=title))
     if usage.delta is not None:
         np.save(out_dir / "delta.npy", usage.delta)
         written += [out_dir / "delta.npy", plot_delta(usage.delta, out_dir / "delta.png", title=title)]
+    if "position_bias" in data:
+        written.append(plot_position_bias(usage, out_dir / "position_bias.png", train_length=train_length,
+                                          max_distance=max_distance, title=title))
     return written
