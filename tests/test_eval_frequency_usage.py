@@ -150,7 +150,7 @@ def test_position_bias_summary_tells_recency_from_a_far_peak():
 
 def test_report_writes_position_bias_and_reads_back(tmp_path):
     usage = _usage(np.zeros((2, 2, 3)))
-    written = write_frequency_report(usage, tmp_path, title="t", train_length=8)
+    written = write_frequency_report(usage, tmp_path, title="t", position_bias=position_bias_summary(usage, 8, 160))
     assert (tmp_path / "position_bias.png") in written
     data = json.loads((tmp_path / "frequency_usage.json").read_text())
     assert data["position_bias"]["max_distance"] == 160 and data["position_bias"]["n_heads"] == 4
@@ -159,4 +159,4 @@ def test_report_writes_position_bias_and_reads_back(tmp_path):
     with pytest.raises(ValueError, match="not a frequency_usage.json"):
         FrequencyUsage.from_dict({"kind": "pope"})
     rope = FrequencyUsage("rope", np.ones(2), np.ones((1, 2)), np.ones((1, 2)), None, 1)
-    assert not (tmp_path / "rope" / "position_bias.png") in write_frequency_report(rope, tmp_path / "rope", train_length=8)
+    assert not (tmp_path / "rope" / "position_bias.png") in write_frequency_report(rope, tmp_path / "rope")

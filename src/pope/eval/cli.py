@@ -214,7 +214,8 @@ def _register_analyze(subparsers) -> None:
 def _analyze_frequencies(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from pope.eval.frequency_usage import analyze_frequencies, chunk_tokens, write_frequency_report
+    from pope.eval.frequency_usage import (analyze_frequencies, chunk_tokens, position_bias_summary,
+                                           write_frequency_report)
     from pope.eval.length import check_token_range, check_vocab_compatible
     from pope.eval.runs import load_run_model, run_config, run_dir_of, run_label
     from pope.files import check_output_dir
@@ -253,14 +254,16 @@ def _analyze_frequencies(args: argparse.Namespace) -> int:
     check_token_range(tokens, vocab, data_name=source)
     sequences = chunk_tokens(tokens, args.seq_len or model.config.max_seq_len)
     usage = analyze_frequencies(model, sequences, device=device)
-    train_length = run_config(args.run).get("recipe", {}).get("seq_len") or model.config.max_seq_len
-    written = write_frequency_report(usage, out, title=f"{run_label(args.run)} on {source}", train_length=train_length)
+    summary = None
+    if usage.kind == "pope":  # the position-only score to 20x the length the run was trained at
+        train_length = run_config(args.run).get("recipe", {}).get("seq_len") or model.config.max_seq_len
+        summary = position_bias_summary(usage, train_length, 20 * train_length)
+    written = write_frequency_report(usage, out, title=f"{run_label(args.run)} on {source}", position_bias=summary)
     np.set_printoptions(precision=3, suppress=True, linewidth=160)
     print(f"{usage.kind}: {usage.query.shape[0]} layers x {usage.query.shape[1]} frequencies, {usage.n_tokens:,} "
           f"tokens of {source}")
     print("mean query magnitude per layer (rows) x frequency (columns, highest first):")
     print(usage.query)
-    summary = json.loads((out / "frequency_usage.json").read_text()).get("position_bias")
     if summary:
         print(f"position-only score (PoPE, training length {summary['train_length']:,}, distances to "
               f"{summary['max_distance']:,}): {summary['heads_peaking_at_distance_0']} of {summary['n_heads']} heads "

@@ -273,22 +273,22 @@ def plot_position_bias(usage: FrequencyUsage, path: Path, *, train_length: int, 
 
 
 def write_frequency_report(usage: FrequencyUsage, out_dir: Path, *, title: str = "",
-                           train_length: int | None = None, max_distance: int | None = None) -> list[Path]:
-    """frequency_usage.json + frequency_usage.png (+ delta.png and delta.npy for PoPE with delta; for PoPE with
-    ``train_length``: position_bias.png to ``max_distance``, default 20 × train_length, and the summary in the
-    JSON under "position_bias")."""
+                           position_bias: dict | None = None) -> list[Path]:
+    """frequency_usage.json + frequency_usage.png (+ delta.png and delta.npy for PoPE with delta; with a PoPE
+    ``position_bias`` summary (:func:`position_bias_summary`): position_bias.png over its distances, and the
+    summary in the JSON under "position_bias")."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     data = usage.to_dict()
-    if usage.kind == "pope" and train_length is not None:
-        max_distance = max_distance or 20 * train_length
-        data["position_bias"] = position_bias_summary(usage, train_length, max_distance)
+    if position_bias is not None:
+        data["position_bias"] = position_bias
     written = [write_json_atomic(out_dir / "frequency_usage.json", data)]
     written.append(plot_frequency_usage(usage, out_dir / "frequency_usage.png", title=title))
     if usage.delta is not None:
         np.save(out_dir / "delta.npy", usage.delta)
         written += [out_dir / "delta.npy", plot_delta(usage.delta, out_dir / "delta.png", title=title)]
-    if "position_bias" in data:
-        written.append(plot_position_bias(usage, out_dir / "position_bias.png", train_length=train_length,
-                                          max_distance=max_distance, title=title))
+    if position_bias is not None:
+        written.append(plot_position_bias(usage, out_dir / "position_bias.png", title=title,
+                                          train_length=position_bias["train_length"],
+                                          max_distance=position_bias["max_distance"]))
     return written
