@@ -16,8 +16,8 @@ A check that raises is a failed row saying what it raised, and the others still 
 the checks run in child processes of this script: a CUDA fault (e.g. "misaligned address") is sticky, so after a
 check that leaves the CUDA context broken the remaining checks run in a fresh process, and a check whose process
 dies is a failed row too. (A fault surfaces at the next synchronising call: CUDA_LAUNCH_BLOCKING=1 names the launch.)
-Writes DIR/gpu_kernel_check.json and prints a table (passed / total per check group, then one line per failure);
-exits 1 if any check fails.
+Writes DIR/gpu_kernel_check.json (DIR is made if missing) and prints a table (passed / total per check group, then
+one line per failure); exits 1 if any check fails.
 """
 from __future__ import annotations
 
@@ -537,7 +537,7 @@ def main(argv=None):
                         help="VARLEN_SHAPES rows for the varlen and atomic checks, e.g. 1 (default all)")
     parser.add_argument("--atomic-rows", default=None,
                         help="CHECK_SHAPES rows for the atomic check, e.g. 5 (default ATOMIC_ROWS)")
-    parser.add_argument("--out", default=".", help="directory for gpu_kernel_check.json")
+    parser.add_argument("--out", default=".", help="directory for gpu_kernel_check.json (made if missing)")
     parser.add_argument("--dtypes", default="bf16,fp16,fp32")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter smoke test)")
     parser.add_argument("--checks", default="batched,varlen",
@@ -580,6 +580,7 @@ def main(argv=None):
                 rows_file.flush()
             return 0 if run_items(items, args.first_item, args, record) == len(items) else CUDA_BROKEN
 
+    os.makedirs(args.out, exist_ok=True)  # DIR/gpu_kernel_check.json (and the sweep's configs) go in it
     started = time.time()
     sweep = None
     if args.sweep:

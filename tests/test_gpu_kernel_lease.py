@@ -1,15 +1,21 @@
 """scripts/gpu_kernel_lease.sh (issue 22's GPU evidence in one device command) and the benchmark code it relies on,
 on CPU: the script parses, --plan lists its steps within the bound, it refuses without a GPU in one line, and with a
 stand-in Python (the steps' outputs faked, the summary real) it runs every step under its own limit, reports a step
-that overran or failed, and ends with the summary table and the benchmark's targets; targets() states every target
-MET or MISSED by how much on synthetic rows."""
+that overran or failed, and ends with the summary table and the benchmark's targets; OUT holds only what a device
+command returns (at most 8 files, none below OUT/a/b/): provenance.txt, summary.txt and one archive of every log and
+output, also when the run is stopped by a signal mid-step; targets() states every target MET or MISSED by how much on
+synthetic rows; scripts/gpu_kernel_check.py makes its --out folder."""
 from __future__ import annotations
 
 import csv
 import importlib.util
+import json
 import os
+import signal
 import subprocess
 import sys
+import tarfile
+import time
 
 import pytest
 
@@ -32,14 +38,18 @@ def _lease(args, env=None, timeout=120):
 
 def test_script_parses_and_plan_lists_every_step_within_the_bound():
     assert subprocess.run(["bash", "-n", LEASE]).returncode == 0
-    run = _lease(["--plan"], {"OUT": "/tmp/somewhere"})
+    run = _lease(["--plan"], {"OUT": "/tmp/somewhere", "TMPDIR": "/tmp/scratch"})
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
     steps = [line.split()[1] for line in lines if line[:1].isdigit()]
     assert steps == ["correctness", "candidate", "benchmark", "varlen", "d128-tiles", "summary"], run.stdout
     budgets = [int(line.split()[2]) for line in lines if line[:1].isdigit() and "summary" not in line]
     assert sum(budgets) <= 560 and "within the 575 s bound: yes" in run.stdout, run.stdout
-    assert "--out /tmp/somewhere/bench" in run.stdout and "benchmarks/results" not in run.stdout
+    # the steps write under a scratch folder (TMPDIR/kernel-lease.<pid>/kernel-lease), never into OUT
+    outs = [line.split("--out ")[1].split()[0] for line in lines if " --out " in line]
+    assert len(outs) == 5 and all(path.startswith("/tmp/scratch/kernel-lease.") for path in outs), outs
+    assert outs[2].endswith("/kernel-lease/bench") and "benchmarks/results" not in run.stdout
+    assert "/tmp/somewhere gets provenance.txt, summary.txt and kernel-lease.tar.gz" in run.stdout, run.stdout
     shapes = run.stdout.split("--shapes ")[1].split()[0].split(",")
     assert sorted(shapes) == sorted("x".join(map(str, shape)) for shape in _benchmark().SHAPES), shapes
     # the issue's targets need these providers and checks
@@ -68,7 +78,8 @@ case "$1" in
   scripts/gpu_kernel_check.py)
     printf 'PASS bf16 (2, 8, 2, 1000, 1000, 64, True) out=1e-2/1e-2\ncheck                  passed / total\n'
     printf 'batched                     1 / 1\ncorrectness: 1/1 passed (...); determinism OK; 1 s\n' ;;
-  benchmarks/experiments/2026-12-01-bwd-autows/gpu_check.py) sleep 60 ;;
+  benchmarks/experiments/2026-12-01-bwd-autows/gpu_check.py)
+    echo "$$" > "$FAKE_PIDS/candidate"; echo "group time-4x16x4096x128: 1 s" > "$(out "$@")/partial.json"; sleep 60 ;;
   benchmarks/attention.py)
     case " $* " in
       *" --summary-from "*) exec "$REAL_PYTHON" "$@" ;;
@@ -93,16 +104,38 @@ def _synthetic_csv(path, rows):
                              "fwd_bwd_tflops": 1.0})
 
 
-def test_runs_every_step_under_its_limit_and_ends_with_the_summary(tmp_path):
+def _fake_lease_env(tmp_path, budgets):
+    """The environment of a lease run with FAKE_PYTHON: its scratch folder under tmp_path/tmp, its OUT tmp_path/out."""
     fake = tmp_path / "python3"
     fake.write_text(FAKE_PYTHON)
     fake.chmod(0o755)
     _synthetic_csv(tmp_path / "fake.csv", [("4x16x4096x128", "sdpa", 2.0), ("4x16x4096x128", "pope triton", 5.0),
                                            ("4x16x4096x128", "pope triton atomic", 4.0)])
+    for folder in ("tmp", "pids"):
+        (tmp_path / folder).mkdir()
+    return {"PYTHON": str(fake), "REAL_PYTHON": sys.executable, "FAKE_CSV": str(tmp_path / "fake.csv"),
+            "FAKE_PIDS": str(tmp_path / "pids"), "TMPDIR": str(tmp_path / "tmp"), "OUT": str(tmp_path / "out"),
+            "POPE_GIT_COMMIT": "abc1234", "LEASE_BUDGETS": budgets, "PYTHONPATH": os.path.join(ROOT, "src")}
+
+
+def _returned_outputs(tmp_path):
+    """What the device tool would return of OUT (at most 8 files, none deeper than OUT/a/b/file), checked to be all
+    of it: {name: bytes} of OUT's files, with the archive unpacked as {"kernel-lease/...": bytes}; the scratch
+    folder is gone."""
     out = tmp_path / "out"
-    run = _lease([], {"PYTHON": str(fake), "REAL_PYTHON": sys.executable, "FAKE_CSV": str(tmp_path / "fake.csv"),
-                      "OUT": str(out), "POPE_GIT_COMMIT": "abc1234", "LEASE_BUDGETS": "20 2 20 20 20",
-                      "PYTHONPATH": os.path.join(ROOT, "src")})
+    files = [path for path in out.rglob("*") if path.is_file()]
+    assert sorted(path.name for path in files) == ["kernel-lease.tar.gz", "provenance.txt", "summary.txt"], files
+    assert len(files) <= 8 and all(len(path.relative_to(out).parts) <= 3 for path in files)
+    assert not list((tmp_path / "tmp").iterdir())  # the scratch folder was removed once packed
+    with tarfile.open(out / "kernel-lease.tar.gz") as archive:
+        unpacked = {member.name: archive.extractfile(member).read() for member in archive.getmembers()
+                    if member.isfile()}
+    return {**{path.name: path.read_bytes() for path in files}, **unpacked}
+
+
+def test_runs_every_step_under_its_limit_and_ends_with_the_summary(tmp_path):
+    out = tmp_path / "out"
+    run = _lease([], _fake_lease_env(tmp_path, "20 2 20 20 20"))
     assert run.returncode == 1, run.stdout + run.stderr  # a step timed out and one failed
     summary = run.stdout[run.stdout.index("gpu_kernel_lease.sh summary"):]
     status = {line.split()[0]: " ".join(line.split()[5:]) for line in summary.splitlines()
@@ -118,22 +151,75 @@ def test_runs_every_step_under_its_limit_and_ends_with_the_summary(tmp_path):
     assert "targets: 1 MET, 1 MISSED\n-- provenance:" in summary, summary
     last = summary.rstrip().splitlines()[-1].split()
     assert last[:3] == ["d128-tiles", "20", "s"] and last[-1] == "ok", summary  # the step table comes last
+    assert "cuda MPS: off" in summary  # scripts/gpu_mps.sh status
+    files = _returned_outputs(tmp_path)
     for log in ("01-correctness.log", "02-candidate.log", "03-benchmark.log", "04-varlen.log", "05-d128-tiles.log"):
-        text = (out / log).read_text()
+        text = files[f"kernel-lease/{log}"].decode()
         assert text.startswith("date: ") and "commit (POPE_GIT_COMMIT): abc1234" in text, log
-    assert summary.strip() in (out / "summary.txt").read_text()
+    assert summary.strip() in files["summary.txt"].decode()
+    assert files["summary.txt"] == files["kernel-lease/summary.txt"]
+    assert files["provenance.txt"] == files["kernel-lease/provenance.txt"]
+    assert files["kernel-lease/bench/attention.csv"] == (tmp_path / "fake.csv").read_bytes()
+    # the timed-out step's partial output is kept too
+    assert files["kernel-lease/bwd_autows/partial.json"].startswith(b"group time-4x16x4096x128")
+    assert "full outputs: " + str(out / "kernel-lease.tar.gz") in summary
+
+
+def test_a_stopped_run_stops_its_step_and_still_writes_the_summary_and_the_archive(tmp_path):
+    """SIGTERM to the lease during step 2 (the device command's end, say): the step is stopped at once (its process
+    too), reported KILLED, the steps after it not run, and OUT still gets the summary and the archive."""
+    lease = subprocess.Popen(["bash", LEASE], cwd=ROOT, env={**os.environ, **_fake_lease_env(tmp_path, "20 60 20 20 20")},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    candidate = tmp_path / "pids" / "candidate"
+    for _ in range(600):
+        if candidate.exists() and candidate.read_text().strip():
+            break
+        time.sleep(0.05)
+    time.sleep(0.5)
+    started = time.time()
+    lease.send_signal(signal.SIGTERM)
+    stdout, stderr = lease.communicate(timeout=60)
+    assert time.time() - started < 30, "the step was not stopped at once"
+    assert lease.returncode == 1, stdout + stderr
+    assert "SIGTERM: stopping step 2 candidate" in stderr, stderr
+    step_pid = int(candidate.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(step_pid, 0)
+    summary = stdout[stdout.index("gpu_kernel_lease.sh summary"):]
+    table = {line.split()[0]: " ".join(line.split()[5:]) for line in summary.splitlines()[-5:]}
+    assert table["correctness"] == "ok" and table["candidate"].startswith("KILLED (SIGTERM) at "), summary
+    assert table["benchmark"] == table["varlen"] == table["d128-tiles"] == "not run", summary
+    files = _returned_outputs(tmp_path)
+    assert "correctness: 1/1 passed" in files["kernel-lease/01-correctness.log"].decode()
+    assert "step: candidate" in files["kernel-lease/02-candidate.log"].decode()
+    assert summary.strip() in files["summary.txt"].decode()
 
 
 def test_steps_are_skipped_when_the_total_is_spent(tmp_path):
     fake = tmp_path / "python3"
     fake.write_text("#!/usr/bin/env bash\nexit 0\n")
     fake.chmod(0o755)
-    run = _lease([], {"PYTHON": str(fake), "OUT": str(tmp_path / "out"), "LEASE_TOTAL_S": "12",
-                      "LEASE_BUDGETS": "5 5 5 5 5"})
+    (tmp_path / "tmp").mkdir()
+    run = _lease([], {"PYTHON": str(fake), "OUT": str(tmp_path / "out"), "TMPDIR": str(tmp_path / "tmp"),
+                      "LEASE_TOTAL_S": "12", "LEASE_BUDGETS": "5 5 5 5 5"})
     assert run.returncode == 1
     assert run.stdout.count(": skipped, ") == 5 and run.stdout.count("s left of the 12 s bound") == 5, run.stdout
     summary = run.stdout[run.stdout.index("gpu_kernel_lease.sh summary"):]
     assert summary.count("skipped (") == 5 and "(no rows)" in summary, summary
+    assert "kernel-lease/05-d128-tiles.log" in _returned_outputs(tmp_path)
+
+
+def test_kernel_check_makes_its_out_folder(tmp_path):
+    """scripts/gpu_kernel_check.py --out DIR makes DIR (the lease's first run ended in a FileNotFoundError writing
+    the JSON after every check had passed): here every check raises at once (--raise-in-items), on CPU."""
+    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "src"), "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    out = tmp_path / "out" / "kernel_check"
+    run = subprocess.run([sys.executable, "scripts/gpu_kernel_check.py", "--smoke", "--checks", "varlen", "--dtypes",
+                          "fp32", "--no-isolate", "--raise-in-items", "0,1,2", "--out", str(out)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stdout + run.stderr
+    result = json.loads((out / "gpu_kernel_check.json").read_text())
+    assert [r["passed"] for r in result["correctness"]] == [False] and "3 failed" in run.stdout
 
 
 def _row(shape, provider, ms, mb=195.0):
@@ -218,8 +304,6 @@ def test_correctness_step_checks_every_dtype_with_gqa_varlen_and_the_atomic_back
     run = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=120)
     assert run.returncode == 0, run.stderr
-    import json
-
     items = json.loads(run.stdout)
     groups = [(group, dtype) for group, dtype, _ in items]
     assert len(items) == 15, items
