@@ -1,15 +1,20 @@
-"""Durable, atomic file writes and checksums (standard library only).
+"""Durable, atomic file writes, checksums and a lock for shared caches (standard library only).
 
 Everything the project publishes — prepared datasets, checkpoints, result tables and plots — is written
 to a temporary name, flushed to disk, then renamed into place, so a crash never leaves half a file
-under the final name.
+under the final name. Temporary names are unique per process, so processes writing the same file at
+once never write into each other's temporary; :func:`exclusive_lock` serialises whole check-then-build
+steps on a shared cache entry.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
+from typing import Iterator
 
 
 def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 22) -> str:
@@ -37,6 +42,46 @@ def fsync_dir(path: str | os.PathLike) -> None:
         pass
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def exclusive_lock(target: str | os.PathLike) -> Iterator[None]:
+    """Hold an inter-process lock on ``target`` (a file or directory; it need not exist) for the block.
+
+    Wrap every check-then-build of a shared cache entry in it (generated splits, prepared datasets, fetched
+    sources), so that processes preparing the same entry at once (seed sweeps, torchrun ranks) take turns:
+    the first builds it, the others wait (saying so on stderr), then find it built and reuse it. The lock is
+    ``fcntl.flock`` on the sibling file ``.NAME.lock``, which the kernel releases when its holder exits or
+    is killed, so a lock file left behind never blocks a later run (it is kept on purpose: deleting it would
+    let two processes lock two different files). Where no lock can be taken (no ``fcntl``, a filesystem
+    without flock, a read-only parent directory) the block runs unlocked; the atomic writes above still
+    keep every file whole. Not re-entrant: never nest two locks on one target in one process.
+    """
+    target = Path(target)
+    lock_path = target.parent / f".{target.name}.lock"
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        fcntl = None
+    descriptor = None
+    if fcntl is not None:
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            descriptor = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                print(f"waiting for another process that is preparing {target} ...", file=sys.stderr, flush=True)
+                fcntl.flock(descriptor, fcntl.LOCK_EX)
+        except OSError:  # unlockable here: run unlocked (see the docstring)
+            if descriptor is not None:
+                os.close(descriptor)
+            descriptor = None
+    try:
+        yield
+    finally:
+        if descriptor is not None:
+            os.close(descriptor)  # closing the only descriptor releases the flock
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
