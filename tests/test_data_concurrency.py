@@ -69,6 +69,7 @@ def test_concurrent_indirect_indexing_preparation(tmp_path):
         assert all(outcome == outcomes[0] for outcome in outcomes)  # every process read the same files
         directory = tmp_path / f"round{round_index}" / "cache" / "data" / "indirect-indexing-seed0"
         assert {path.name for path in directory.iterdir()} == SPLIT_FILES  # no temporaries left behind
+        assert {path.name for path in directory.parent.iterdir()} == {directory.name}  # nor lock files
         manifest = json.loads((directory / "manifest.json").read_text())
         assert {name: info["sha256"] for name, info in manifest["splits"].items()} == \
             {f"{name}": outcomes[0][f"{name}.txt"] for name in SIZES}
@@ -82,7 +83,7 @@ def test_concurrent_prepared_dataset_preparation(tmp_path):
         assert not failures, f"round {round_index}: {failures}"
         assert all(outcome == outcomes[0] for outcome in outcomes)
         data = tmp_path / f"round{round_index}" / "cache" / "data"
-        assert not [path.name for path in data.iterdir() if ".partial-" in path.name]
+        assert not [path.name for path in data.iterdir() if ".partial-" in path.name or path.suffix == ".lock"]
 
 
 def test_exclusive_lock_serialises_and_survives_a_killed_holder(tmp_path):
@@ -104,7 +105,7 @@ def test_exclusive_lock_serialises_and_survives_a_killed_holder(tmp_path):
     for thread in threads:
         thread.join(timeout=10)
     assert overlaps == [0, 0, 0]
-    assert (tmp_path / "cache" / ".entry.lock").is_file() and not target.exists()
+    assert not (tmp_path / "cache" / ".entry.lock").exists() and not target.exists()  # the lock file is removed
 
     # a holder killed mid-block leaves its lock file behind; the kernel released the lock, so the next run proceeds
     context = multiprocessing.get_context("spawn")
@@ -116,8 +117,10 @@ def test_exclusive_lock_serialises_and_survives_a_killed_holder(tmp_path):
         time.sleep(0.02)
     holder.kill()
     holder.join(timeout=10)
+    assert (tmp_path / "cache" / ".entry.lock").is_file()  # left behind, but no longer locked
     with exclusive_lock(target):
         pass
+    assert not (tmp_path / "cache" / ".entry.lock").exists()
 
 
 def _hold_forever(target: str) -> None:
