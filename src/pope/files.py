@@ -1,15 +1,20 @@
-"""Durable, atomic file writes and checksums (standard library only).
+"""Durable, atomic file writes, checksums and a lock for shared caches (standard library only).
 
 Everything the project publishes — prepared datasets, checkpoints, result tables and plots — is written
 to a temporary name, flushed to disk, then renamed into place, so a crash never leaves half a file
-under the final name.
+under the final name. Temporary names are unique per process, so processes writing the same file at
+once never write into each other's temporary; :func:`exclusive_lock` serialises whole check-then-build
+steps on a shared cache entry.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
+from typing import Iterator
 
 
 def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 22) -> str:
@@ -37,6 +42,66 @@ def fsync_dir(path: str | os.PathLike) -> None:
         pass
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def exclusive_lock(target: str | os.PathLike) -> Iterator[None]:
+    """Hold an inter-process lock on ``target`` (a file or directory; it need not exist) for the block.
+
+    Wrap every check-then-build of a shared cache entry in it (generated splits, prepared datasets, fetched
+    sources), so that processes preparing the same entry at once (seed sweeps, torchrun ranks) take turns:
+    the first builds it, the others wait (saying so on stderr), then find it built and reuse it. The lock is
+    ``fcntl.flock`` on the sibling file ``.NAME.lock``, which the holder deletes on leaving the block (a
+    waiter that then holds the lock of a deleted file notices and locks the new one). The kernel releases
+    the lock when its holder exits or is killed, so the lock file a killed holder leaves behind never blocks
+    a later run, which reuses and then deletes it. Where no lock can be taken (no ``fcntl``, a filesystem
+    without flock, a read-only parent directory) the block runs unlocked; the atomic writes above still
+    keep every file whole. Not re-entrant: never nest two locks on one target in one process.
+    """
+    target = Path(target)
+    lock_path = target.parent / f".{target.name}.lock"
+    descriptor = _lock_file(lock_path, f"another process that is preparing {target}")
+    try:
+        yield
+    finally:
+        if descriptor is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(lock_path)  # while still holding it: see _lock_file
+            os.close(descriptor)  # closing the only descriptor releases the flock
+
+
+def _lock_file(path: Path, holder: str) -> int | None:
+    """A descriptor of ``path`` holding its exclusive flock (created if missing), or None when no lock can be
+    taken. Retries when the file it locked was deleted or replaced meanwhile (by the previous holder)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        return None
+    waiting = False
+    while True:
+        descriptor = None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if not waiting:
+                    print(f"waiting for {holder} ...", file=sys.stderr, flush=True)
+                    waiting = True
+                fcntl.flock(descriptor, fcntl.LOCK_EX)
+            locked = os.fstat(descriptor)
+            try:
+                current = os.stat(path)
+            except FileNotFoundError:
+                current = None
+        except OSError:  # unlockable here: run unlocked (see exclusive_lock)
+            if descriptor is not None:
+                os.close(descriptor)
+            return None
+        if current is not None and (current.st_dev, current.st_ino) == (locked.st_dev, locked.st_ino):
+            return descriptor
+        os.close(descriptor)  # we locked a file the previous holder deleted: lock the one at the path now
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:

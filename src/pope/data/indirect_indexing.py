@@ -22,6 +22,8 @@ Splits are deterministic from a seed (default 1M train / 10k valid / 10k test) a
 letter string of one split appears in another (hence no example either). They are written as
 ``{train,valid,test}.txt`` (one example per line) plus ``manifest.json`` with counts and SHA-256
 checksums, so a held-out test file can be evaluated later (``pope eval accuracy RUN --data test.txt``).
+``ensure_splits`` generates them on first use; processes that ask for one set at once (seed sweeps,
+torchrun ranks) take turns, so all of them read the same complete, verified files.
 
 Task variants (``TaskOptions``; defaults = the paper's setup above), chosen in a run through the dataset
 spec ``indirect-indexing:OPTION=VALUE,...``, e.g. ``--set recipe.dataset=indirect-indexing:fresh=true``:
@@ -45,6 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pope.files import exclusive_lock, write_json_atomic, write_text_atomic
 from pope.files import sha256_file as _sha256
 
 LETTERS = string.ascii_uppercase + string.ascii_lowercase  # 52 letters, ids 0..51
@@ -220,7 +223,13 @@ def make_splits(seed: int = 0, sizes: dict[str, int] | None = None,
 def write_splits(directory: str | os.PathLike, seed: int = 0, sizes: dict[str, int] | None = None,
                  options: TaskOptions = PAPER_TASK) -> Path:
     """Generate the splits and write ``{split}.txt`` + ``manifest.json`` atomically into ``directory``.
-    The manifest records the variant's options (``task_options``) only when they are not the paper's."""
+    The manifest records the variant's options (``task_options``) only when they are not the paper's.
+
+    Each file goes to a temporary name unique to this process and is renamed into place; the manifest
+    comes last, so a directory without one is incomplete (``ensure_splits`` regenerates it) and a
+    crash while rewriting a set leaves files that the manifest's checksums reject. The output is
+    deterministic, so two processes writing one directory at once leave the same bytes; use
+    ``ensure_splits`` to prepare a shared directory (it also makes them take turns)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     splits = make_splits(seed, sizes, options)
@@ -229,14 +238,9 @@ def write_splits(directory: str | os.PathLike, seed: int = 0, sizes: dict[str, i
     if options.split_key():
         manifest["task_options"] = options.split_options()
     for name, lines in splits.items():
-        path = directory / f"{name}.txt"
-        tmp = path.with_suffix(".txt.tmp")
-        tmp.write_text("\n".join(lines) + "\n")
-        os.replace(tmp, path)
+        path = write_text_atomic(directory / f"{name}.txt", "\n".join(lines) + "\n")
         manifest["splits"][name] = {"file": path.name, "examples": len(lines), "sha256": _sha256(path)}
-    tmp = directory / "manifest.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-    os.replace(tmp, directory / "manifest.json")  # written last: its presence means the set is complete
+    write_json_atomic(directory / "manifest.json", manifest)  # written last: its presence means the set is complete
     return directory
 
 
@@ -256,20 +260,35 @@ def ensure_splits(directory: str | os.PathLike | None = None, seed: int = 0,
                   sizes: dict[str, int] | None = None, options: TaskOptions = PAPER_TASK) -> Path:
     """The split directory for ``seed`` (and the task variant), generated on first use (a few seconds for
     1M examples). An existing directory made with another seed, other sizes or another variant is refused,
-    not silently reused."""
+    not silently reused.
+
+    Safe when several processes (seed sweeps, torchrun ranks) call it for one directory at once: they
+    take turns under ``pope.files.exclusive_lock``, so one generates the splits and the others wait, then
+    reuse them; every caller returns only once the complete set (manifest last) is on disk."""
     directory = default_data_dir(seed, options) if directory is None else Path(directory)
-    manifest_path = directory / "manifest.json"
-    if manifest_path.exists():
-        manifest = json.loads(manifest_path.read_text())
-        wanted = dict(DEFAULT_SPLIT_SIZES if sizes is None else sizes)
-        found = {name: info["examples"] for name, info in manifest["splits"].items()}
-        found_options = split_task_options(manifest).split_options()
-        if manifest.get("seed") != seed or found != wanted or found_options != options.split_options():
-            raise ValueError(f"{directory} holds indirect-indexing splits with seed {manifest.get('seed')}, sizes "
-                             f"{found} and task {found_options}, but seed {seed}, sizes {wanted} and task "
-                             f"{options.split_options()} were asked for; use another directory")
+    if _existing_splits(directory, seed, sizes, options):  # the common case: no lock, no write access needed
         return directory
-    return write_splits(directory, seed, sizes, options)
+    with exclusive_lock(directory):
+        if _existing_splits(directory, seed, sizes, options):  # another process generated it meanwhile
+            return directory
+        return write_splits(directory, seed, sizes, options)
+
+
+def _existing_splits(directory: Path, seed: int, sizes: dict[str, int] | None, options: TaskOptions) -> bool:
+    """True when ``directory`` holds a complete set (manifest present) made with these settings; False when
+    it has none; ValueError when its set was made with other settings."""
+    manifest_path = directory / "manifest.json"
+    if not manifest_path.exists():
+        return False
+    manifest = json.loads(manifest_path.read_text())
+    wanted = dict(DEFAULT_SPLIT_SIZES if sizes is None else sizes)
+    found = {name: info["examples"] for name, info in manifest["splits"].items()}
+    found_options = split_task_options(manifest).split_options()
+    if manifest.get("seed") != seed or found != wanted or found_options != options.split_options():
+        raise ValueError(f"{directory} holds indirect-indexing splits with seed {manifest.get('seed')}, sizes "
+                         f"{found} and task {found_options}, but seed {seed}, sizes {wanted} and task "
+                         f"{options.split_options()} were asked for; use another directory")
+    return True
 
 
 @dataclass

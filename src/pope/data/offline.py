@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 from pope.data.prepared import cache_root
+from pope.files import exclusive_lock
 
 # tiktoken looks up the GPT-2 files in TIKTOKEN_CACHE_DIR under the SHA-1 of their download URL.
 TIKTOKEN_VOCAB_BPE_NAME = "6d1cbeee0f20b3d9449abfede4726ed8212e3aee"
@@ -239,10 +240,18 @@ def source_path(name: str) -> Path:
 
 
 def fetch_source(name: str) -> Path:
-    """Fetch one source unless a good copy is cached; verify it; publish it atomically."""
+    """Fetch one source unless a good copy is cached; verify it; publish it atomically. Processes fetching
+    one source at once take turns (``pope.files.exclusive_lock``): the first fetches, the others reuse it."""
     source = SOURCES[name]
     if is_cached(name):
         return source.path
+    with exclusive_lock(source.path):
+        if not is_cached(name):  # else another process fetched it meanwhile
+            _fetch_into_place(name, source)
+    return source.path
+
+
+def _fetch_into_place(name: str, source: OfflineSource) -> None:
     source.path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{source.directory}.partial-", dir=source.path.parent))
     try:
@@ -257,7 +266,6 @@ def fetch_source(name: str) -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     _verified.add(name)
-    return source.path
 
 
 def fetch(names: list[str] | None = None) -> None:

@@ -57,9 +57,13 @@ def _check_option_types(**options: Any) -> None:
 
 def prepare(name: str, *, out_dir: str | os.PathLike | None = None, source: str | os.PathLike | None = None,
             force: bool = False, progress: bool = True, **options: Any):
-    """Prepare dataset `name` into out_dir (default $POPE_DATA_DIR/NAME); returns the PreparedDataset."""
+    """Prepare dataset `name` into out_dir (default $POPE_DATA_DIR/NAME); returns the PreparedDataset.
+
+    Safe when several processes prepare one directory at once (seed sweeps, torchrun ranks, two `pope data
+    prepare`): the builder's check-then-write runs under ``pope.files.exclusive_lock(out_dir)``, so one
+    builds the dataset and the others wait, then reuse it (checksums verified) instead of racing it."""
     from pope.data.prepared import data_root
-    from pope.files import check_output_dir
+    from pope.files import check_output_dir, exclusive_lock
 
     canonical = canonical_name(name)
     _check_option_types(force=force, progress=progress, **options)
@@ -70,6 +74,9 @@ def prepare(name: str, *, out_dir: str | os.PathLike | None = None, source: str 
     if canonical == "genome-hf":
         if source is not None:
             options["dataset_id"] = str(source)
-        return builder(out_dir or data_root() / "genome", force=force, progress=progress, **options)
+        target = out_dir or data_root() / "genome"
+        with exclusive_lock(target):
+            return builder(target, force=force, progress=progress, **options)
     target = out_dir or data_root() / canonical
-    return builder(target, source=source, force=force, progress=progress, **options)
+    with exclusive_lock(target):
+        return builder(target, source=source, force=force, progress=progress, **options)

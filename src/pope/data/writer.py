@@ -10,6 +10,11 @@ did not create:
 * a non-empty ``DIR`` without a marker is refused, naming what would be overwritten, unless ``force``
   (then only the files a prepare writes -- manifest.json, SPLIT.bin, SPLIT.docs.npy -- are replaced);
 * temporary ``.DIR.partial-*`` siblings are removed only when they carry the marker.
+
+The writer alone does not serialise two prepares of one ``DIR`` (a new writer removes the marked
+partials it finds); :func:`pope.data.registry.prepare`, which every ``pope data prepare`` and
+``resolve_dataset(prepare_if_missing=True)`` goes through, holds ``pope.files.exclusive_lock(DIR)``
+around the whole check-then-write, so concurrent prepares take turns and reuse the first one's result.
 """
 from __future__ import annotations
 
