@@ -167,6 +167,24 @@ def test_offline_status_calls_a_tampered_source_modified(tmp_path, monkeypatch, 
         offline.source_path("gpt2-tokenizer")
 
 
+def test_a_source_verified_under_one_cache_root_is_not_trusted_under_another(tmp_path, monkeypatch):
+    # The verified-in-this-process memo is per directory: switching $POPE_CACHE (tests, or a user pointing a
+    # second run elsewhere) must not carry one root's verdict over to another root's copy.
+    source, memo = offline.SOURCES["gpt2-tokenizer"], set()
+    monkeypatch.setattr(offline, "_verified", memo)
+    monkeypatch.setenv("POPE_CACHE", str(tmp_path / "good"))
+    good = source.path
+    good.mkdir(parents=True)
+    real_digest = offline.directory_digest
+    monkeypatch.setattr(offline, "directory_digest",  # the good root's copy matches the pin
+                        lambda d: (source.n_files, source.digest) if d == good else real_digest(d))
+    assert offline.source_state("gpt2-tokenizer")[0] == "ok" and memo == {good}
+    monkeypatch.setenv("POPE_CACHE", str(tmp_path / "bad"))
+    source.path.mkdir(parents=True)
+    (source.path / "encoder.json").write_text("{}")
+    assert offline.source_state("gpt2-tokenizer")[0] == "MODIFIED"
+
+
 def test_pope_cache_with_a_tilde_is_expanded(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("POPE_CACHE", "~/x")

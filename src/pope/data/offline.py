@@ -190,18 +190,20 @@ SOURCES: dict[str, OfflineSource] = {
 CHORALES = "chorales"  # built from the installed music21, not downloaded
 ALL_NAMES = (*SOURCES, CHORALES)
 
-_verified: set[str] = set()  # sources whose digest matched in this process
+# Source directories whose digest matched in this process. Keyed by the directory, not the name: the cache root
+# ($POPE_CACHE) can change within a process, and another root's copy of a source is not verified by this one.
+_verified: set[Path] = set()
 
 
 def is_cached(name: str) -> bool:
     source = SOURCES[name]
-    if name in _verified and source.path.is_dir():
+    if source.path in _verified and source.path.is_dir():
         return True
     if not source.path.is_dir():
         return False
     n_files, digest = directory_digest(source.path)
     if n_files == source.n_files and digest == source.digest:
-        _verified.add(name)
+        _verified.add(source.path)
         return True
     return False
 
@@ -265,7 +267,7 @@ def _fetch_into_place(name: str, source: OfflineSource) -> None:
         os.replace(staging, source.path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    _verified.add(name)
+    _verified.add(source.path)
 
 
 def fetch(names: list[str] | None = None) -> None:
