@@ -14,16 +14,14 @@ GQA shapes of Llama models written B x Hq x Hkv x N x d: (2,32,8,4096,128), (1,3
     pope-pytorch       PoPE_pytorch 0.2.1's fused Triton kernel (flash_attn, its (B, N, H, d) layout;
                        autotuning off unless --pope-pytorch-autotune, to spare device time)
     pope triton        this project's kernels via pope_attention(backend="triton")
-    pope triton atomic the same with deterministic=False: the backward sums dq with fp32 atomics in one pass
-                       (pope.kernels.backward_atomic); the targets say how its fwd+bwd compares with the default's
 Per provider: forward and forward+backward median time (triton.testing.do_bench), peak memory allocated
 above the inputs during forward+backward, and TFLOP/s with the provider's own attention FLOPs: PoPE
 forward 6*B*H*N^2*d (the QK product has 2d channels), standard 4*B*H*N^2*d, halved when causal;
 backward 2.5x forward. Targets, as ratios in this run (targets(): each stated MET or MISSED and by how much):
 pope triton fwd+bwd <= 1.5x sdpa at d = 64 and N >= 4096 (issue 5), <= 1.6x at d > 64 and N >= 4096 and at the GQA
 shapes (issue 22), at 1K tokens no slower relative to sdpa than issue 22's baseline (BEFORE_ISSUE22), <= 1.0x
-rope+sdpa and rope compiled+sdpa; peak memory <= 1.15x sdpa; >= 20x faster than pope-pytorch; and whether
-deterministic=False (pope triton atomic) is faster than the default, per shape and overall (issue 22).
+rope+sdpa and rope compiled+sdpa; peak memory <= 1.15x sdpa; >= 20x faster than pope-pytorch. Rows of providers
+since removed (REMOVED_PROVIDERS) in older CSVs are left out of the tables and targets, and the summary says so.
 
 With --decode: one query against a long KV cache (generation), through the split-K decode kernels over a
 raw d-channel cache and over a cache of magnitudes f(k) (what the model's KV cache holds), vs SDPA over a
@@ -37,8 +35,7 @@ replays (triton.testing.do_bench_cudagraph): what each provider costs the GPU, w
 
 With --varlen: packed variable-length batches (flash-attn's varlen layout; lengths drawn from a fixed seed, summing
 to about 32K tokens; GQA 32/8, d = 64 and 128; bf16 causal): pope_attention_varlen's single packed launch per kernel
-(and the same with deterministic=False) vs one pope_attention call per sequence vs pope_attention over the padded
-batch (B, H, longest, d), and SDPA over the padded batch (no positional encoding) as the reference point; forward
+vs one pope_attention call per sequence vs pope_attention over the padded batch (B, H, longest, d), and SDPA over the padded batch (no positional encoding) as the reference point; forward
 and forward+backward ms and real tokens/s, appended to OUT/attention_varlen.csv and plotted to
 OUT/attention_varlen.png. --varlen-only skips everything else.
 
@@ -61,7 +58,11 @@ import torch.nn.functional as F
 SHAPES = [(8, 12, 1024, 64), (4, 16, 4096, 64), (2, 16, 8192, 64), (1, 16, 16384, 64), (4, 16, 4096, 128),
           (2, 32, 8, 4096, 128), (1, 32, 8, 8192, 128), (2, 32, 4, 4096, 128)]  # (B, H, N, d) or (B, Hq, Hkv, N, d)
 PROVIDERS = ["sdpa", "cudnn sdpa", "rope+sdpa", "rope compiled+sdpa", "pope materialized", "pope-pytorch",
-             "pope triton", "pope triton atomic"]
+             "pope triton"]
+# Providers of earlier runs whose code is gone: the atomic backward (deterministic=False, issue 22), slower than the
+# default at every shape on an H200 and removed (docs/kernels.md, "The atomic backward that lost"). Their rows in
+# committed CSVs are history: summary_from leaves them out and says how many.
+REMOVED_PROVIDERS = ("pope triton atomic", "pope varlen packed atomic")
 # pope triton's fwd+bwd / sdpa's at the issue-22 baseline (31667a8, one H200), where a target is "no slower than
 # before" (the 1K-token shapes): compared as ratios to this run's sdpa, which moves less between runs than ms do.
 BEFORE_ISSUE22 = {"8x12x1024x64": (3.29, "31667a8")}
@@ -147,10 +148,6 @@ def make_provider(name, q, k, v, delta, *, autotune_pope_pytorch=False):
         from pope.attention import pope_attention
 
         return lambda: pope_attention(q, k, v, delta, base=BASE, causal=True, backend="triton")
-    if name == "pope triton atomic":
-        from pope.attention import pope_attention
-
-        return lambda: pope_attention(q, k, v, delta, base=BASE, causal=True, backend="triton", deterministic=False)
     raise ValueError(f"unknown provider {name!r}; choose from {PROVIDERS}")
 
 
@@ -212,8 +209,7 @@ def bench_provider(name, shape, *, autotune_pope_pytorch=False, cuda_graph=False
 VARLEN_DISTRIBUTIONS = [("uniform 128-4096", (128, 4096)), ("uniform 64-1024", (64, 1024)), ("all 2048", (2048, 2048))]
 VARLEN_HEADS = [(32, 8, 64), (32, 8, 128)]  # (Hq, Hkv, d)
 VARLEN_TOKENS = 32768
-VARLEN_PROVIDERS = ["pope varlen packed", "pope varlen packed atomic", "pope per-sequence calls", "pope padded batch",
-                    "sdpa padded batch"]
+VARLEN_PROVIDERS = ["pope varlen packed", "pope per-sequence calls", "pope padded batch", "sdpa padded batch"]
 
 
 def varlen_lengths(low: int, high: int, total: int = VARLEN_TOKENS, seed: int = 0) -> list[int]:
@@ -250,9 +246,6 @@ def bench_varlen(distribution: str, lengths: list[int], n_q_heads: int, n_kv_hea
     providers = {
         "pope varlen packed": (lambda: pope_attention_varlen(q, k, v, delta, cu_seqlens, cu_seqlens, longest, longest,
                                                              backend="triton"), packed),
-        "pope varlen packed atomic": (lambda: pope_attention_varlen(q, k, v, delta, cu_seqlens, cu_seqlens, longest,
-                                                                    longest, backend="triton", deterministic=False),
-                                      packed),
         "pope per-sequence calls": (lambda: torch.cat([
             pope_attention(*(x[start:start + n].transpose(0, 1)[None] for x in packed), delta, backend="triton")[0]
             .transpose(0, 1) for start, n in zip(starts, lengths)]), packed),
@@ -511,11 +504,10 @@ def speed_target(shape_label: str):
 
 
 def targets(rows) -> list[str]:
-    """The issues' targets, each stated MET or MISSED and by how much, per shape; then whether deterministic=False
-    is faster than the default overall, and a count of MET / MISSED."""
+    """The issues' targets, each stated MET or MISSED and by how much, per shape; then a count of MET / MISSED.
+    Rows of other providers (REMOVED_PROVIDERS in older CSVs) are not looked at."""
     lines = []
     by = {(r["shape"], r["provider"]): r for r in rows}
-    atomic_ratios = []
     for shape in dict.fromkeys(r["shape"] for r in rows):
         ours = by.get((shape, "pope triton"))
         if ours is None:
@@ -543,21 +535,7 @@ def targets(rows) -> list[str]:
         if (shape, "pope-pytorch") in by:
             speedup = by[(shape, "pope-pytorch")]["fwd_bwd_ms"] / ours["fwd_bwd_ms"]
             parts.append(f"{speedup:.1f}x faster than pope-pytorch ({verdict(speedup, 20, at_least=True)})")
-        atomic = by.get((shape, "pope triton atomic"))
-        if atomic is not None:  # issue 22: deterministic=False only if it is faster
-            ratio = atomic["fwd_bwd_ms"] / ours["fwd_bwd_ms"]
-            memory = atomic["peak_mb"] / ours["peak_mb"]
-            atomic_ratios.append(ratio)
-            parts.append(f"deterministic=False fwd+bwd {ratio:.2f}x the default's "
-                         f"({'faster' if ratio < 1 else 'NOT faster'}), peak mem {memory:.2f}x")
         lines.append(f"{shape}: " + "; ".join(parts))
-    if atomic_ratios:
-        mean = math.exp(sum(map(math.log, atomic_ratios)) / len(atomic_ratios))
-        faster = sum(r < 1 for r in atomic_ratios)
-        lines.append(f"deterministic=False: faster than the default at {faster} of {len(atomic_ratios)} shapes, "
-                     f"geometric mean {mean:.2f}x the default's fwd+bwd time ("
-                     + ("faster: issue 22's condition met" if mean < 1 else "NOT faster: issue 22's condition "
-                        "('if it is faster') not met") + ")")
     text = " ".join(lines)
     lines.append(f"targets: {text.count('MET <=') + text.count('MET >=')} MET, {text.count('MISSED')} MISSED")
     return lines
@@ -678,7 +656,7 @@ def rows_table(rows) -> list[str]:
 
 def varlen_summary(rows) -> list[str]:
     """Per packed batch (distribution, heads, d): every provider's fwd+bwd tokens/s, then packed against padded
-    (issue 22: packed vs padded tokens/s) and deterministic=False against the default."""
+    (issue 22: packed vs padded tokens/s)."""
     lines = []
     cases = dict.fromkeys((r["distribution"], r["heads"], r["head_dim"]) for r in rows)
     for distribution, heads, head_dim in cases:
@@ -693,9 +671,6 @@ def varlen_summary(rows) -> list[str]:
         parts = [f"{packed['fwd_bwd_tokens_per_s'] / mine[name]['fwd_bwd_tokens_per_s']:.2f}x the tokens/s of "
                  f"{name}" for name in ("pope padded batch", "pope per-sequence calls", "sdpa padded batch")
                  if name in mine]
-        if "pope varlen packed atomic" in mine:
-            ratio = mine["pope varlen packed atomic"]["fwd_bwd_ms"] / packed["fwd_bwd_ms"]
-            parts.append(f"deterministic=False {ratio:.2f}x its time ({'faster' if ratio < 1 else 'NOT faster'})")
         lines.append(f"varlen {distribution} {heads} d={head_dim}: packed " + ", ".join(parts))
     return lines
 
@@ -715,7 +690,8 @@ def read_csv_rows(path: str) -> list[dict]:
 
 def summary_from(directory: str) -> list[str]:
     """The tables and targets of the attention_varlen.csv and attention.csv under directory (all their rows: one
-    run's --out), without a GPU, the targets last; a missing file is said so."""
+    run's --out), without a GPU, the targets last; a missing file is said so, and so are rows of REMOVED_PROVIDERS
+    (older runs'), which are left out."""
     lines = []
     for name in ("attention_varlen.csv", "attention.csv"):
         path = os.path.join(directory, name)
@@ -726,9 +702,17 @@ def summary_from(directory: str) -> list[str]:
         first = rows[0] if rows else {}
         lines.append(f"{path}: {len(rows)} rows; {first.get('gpu')}, torch {first.get('torch')}, triton "
                      f"{first.get('triton')}, commit {first.get('commit')}, {first.get('date')}")
+        removed = {}
+        for row in rows:
+            if row["provider"] in REMOVED_PROVIDERS:
+                removed[row["provider"]] = removed.get(row["provider"], 0) + 1
+        if removed:
+            rows = [row for row in rows if row["provider"] not in REMOVED_PROVIDERS]
+            lines.append("  left out (removed providers, docs/kernels.md): "
+                         + ", ".join(f"{name!r} ({n} rows)" for name, n in removed.items()))
         if name == "attention.csv":
             # (kept short: the device output's tail; every provider's row is in the run's output and the CSV)
-            lines += rows_table([r for r in rows if r["provider"] in ("sdpa", "pope triton", "pope triton atomic")])
+            lines += rows_table([r for r in rows if r["provider"] in ("sdpa", "pope triton")])
             lines += ["targets (issues 5 and 22; ratios in this run):"] + targets(rows)
         else:  # one line per packed batch here (every provider's line is in the run's own output)
             lines += [line for line in varlen_summary(rows) if ": packed " in line]

@@ -6,12 +6,10 @@ off by at most 2x what pope.attention's pure-PyTorch reference makes in the same
 for fp32). Outputs are NaN-poisoned before each run.
 The float64 reference materialises (B, H, N, N) scores, so the long shapes run with fewer heads.
 
-    PYTHONPATH=src python scripts/gpu_kernel_check.py [--sweep] [--checks batched,varlen[,atomic]] [--out DIR]
+    PYTHONPATH=src python scripts/gpu_kernel_check.py [--sweep] [--checks batched,varlen] [--out DIR]
         [--isolate | --no-isolate]
 Packed (varlen) batches (VARLEN_SHAPES) are checked in every dtype by the same rule, plus bitwise equality with the
-launchers run on each sequence alone. --checks atomic checks the atomic backward (deterministic=False) by the same
-rule at ATOMIC_ROWS of CHECK_SHAPES and every packed batch, and reports how far its gradients are from the
-deterministic backward's and whether two of its calls gave the same bits.
+launchers run on each sequence alone.
 A check that raises is a failed row saying what it raised, and the others still run. On a GPU (or with --isolate)
 the checks run in child processes of this script: a CUDA fault (e.g. "misaligned address") is sticky, so after a
 check that leaves the CUDA context broken the remaining checks run in a fresh process, and a check whose process
@@ -72,9 +70,6 @@ VARLEN_SHAPES = [
 ]
 # fp16 and fp32 at these rows of CHECK_SHAPES (each dtype x head dim is a separate compile).
 OTHER_DTYPE_ROWS = (0, 4, 6, 8, 10, 12, 14, 16, 17)
-# The atomic backward (--checks atomic) at these rows of CHECK_SHAPES: the block kernels' (no decode rows), in every
-# dtype, plus VARLEN_SHAPES.
-ATOMIC_ROWS = (0, 1, 4, 5, 6, 7, 14, 15)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # TRITON_INTERPRET=1 python scripts/gpu_kernel_check.py --smoke runs tiny shapes on CPU (checks this script).
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -163,63 +158,6 @@ def check_varlen(shape, dtype_name, seed=0):
         result[name] = check_within_rule(ours, theirs, truth, dtype)
         result["passed"] &= result[name]["ok"]
     del exact, reference, fused
-    if DEVICE == "cuda":
-        torch.cuda.empty_cache()
-    return result
-
-
-def check_atomic(shape, dtype_name, seed=0):
-    """The atomic backward (deterministic=False) on a CHECK_SHAPES row or a VARLEN_SHAPES batch: out and every
-    gradient by the 2x rule against float64 (what passes or fails); reported beside it, each gradient's max abs
-    difference from the deterministic backward's over that gradient's max abs, and whether a second atomic call gave
-    the same bits (fp32 atomics add in arrival order: not required)."""
-    from pope.attention import pope_attention_varlen
-
-    dtype = DTYPES[dtype_name]
-    g = torch.Generator(device=DEVICE).manual_seed(seed)
-    if isinstance(shape[0], list):  # a packed batch
-        lengths_q, lengths_k, n_q_heads, n_kv_heads, head_dim, causal = shape
-        q, k, v, delta, grad_out, cu_q, cu_k = packed_inputs(lengths_q, lengths_k, n_q_heads, n_kv_heads, head_dim,
-                                                             generator=g, device=DEVICE)
-        packing = (cu_q, cu_k, max(lengths_q), max(lengths_k))
-
-        def reference(q, k, v, delta):
-            return pope_attention_varlen(q, k, v, delta, *packing, causal=causal, backend="reference")
-
-        def fused(q, k, v, delta, deterministic):
-            return triton_pope_attention_varlen(q, k, v, delta, *packing, base=10000.0, causal=causal,
-                                                softmax_scale=head_dim ** -0.5, magnitude="softplus",
-                                                deterministic=deterministic)
-    else:
-        batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim, causal, *extra = shape
-        q, k, v, delta, grad_out = attention_inputs(batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim,
-                                                    generator=g, device=DEVICE)
-        options = dict(base=10000.0, causal=causal, softmax_scale=head_dim ** -0.5,
-                       q_offset=extra[1] if len(extra) > 1 else seq_k - seq_q,
-                       magnitude=extra[0] if extra else "softplus", rotary_dim=None)
-
-        def reference(q, k, v, delta):
-            return reference_pope_attention(q, k, v, delta, **options)
-
-        def fused(q, k, v, delta, deterministic):
-            return triton_pope_attention(q, k, v, delta, **options, deterministic=deterministic)
-
-    inputs = (q, k, v, delta, grad_out)
-    exact = _grads(reference, *inputs, torch.float64, {})
-    theirs = _grads(reference, *inputs, dtype, {})
-    atomic = _grads(fused, *inputs, dtype, dict(deterministic=False))
-    again = _grads(fused, *inputs, dtype, dict(deterministic=False))
-    default = _grads(fused, *inputs, dtype, dict(deterministic=True))
-    result = {"shape": shape, "dtype": dtype_name, "atomic": True,
-              "second_call_bitwise_equal": all(torch.equal(a, b) for a, b in zip(atomic, again)),
-              "relative_difference_from_deterministic": {
-                  name: ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
-                  for name, a, b in zip(GRADIENT_NAMES, atomic, default)}}
-    result["passed"] = True
-    for name, ours, their, truth in zip(GRADIENT_NAMES, atomic, theirs, exact):
-        result[name] = check_within_rule(ours, their, truth, dtype)
-        result["passed"] &= result[name]["ok"]
-    del exact, theirs, atomic, again, default
     if DEVICE == "cuda":
         torch.cuda.empty_cache()
     return result
@@ -378,11 +316,10 @@ SMOKE_CHECK_SHAPES = [
     (1, 4, 2, 1, 50, 64, True, "softplus", 2**20 + 50), (1, 4, 4, 1, 50, 64, True, "softplus", 10**7),
     (1, 8, 2, 1, 50, 128, True, "identity", 10**7)]
 SMOKE_VARLEN_SHAPES = [([0, 1, 5, 12, 0], [3, 1, 40, 12, 0], 2, 1, 32, True)]
-SMOKE_ATOMIC_ROWS = (0, 6)
-CHECKS = {"batched": check_correctness, "varlen": check_varlen, "atomic": check_atomic,
+CHECKS = {"batched": check_correctness, "varlen": check_varlen,
           "determinism": lambda shape, dtype_name: check_determinism(shape),
           "decode_growing_cache": lambda seq_ks, dtype_name: check_decode_growing_cache(range(*seq_ks))}
-CORRECTNESS_GROUPS = ("batched", "varlen", "atomic")
+CORRECTNESS_GROUPS = ("batched", "varlen")
 CUDA_BROKEN = 3  # a check process's exit status when a CUDA error left its context unusable
 
 
@@ -402,19 +339,21 @@ def work_items(args) -> list:
     """(group, dtype name, shape) of every check of this run, in the order they run: per dtype the --checks groups'
     rows, then the determinism check and the decode kernels' growing-cache check."""
     items = []
+    checks = args.checks.split(",")
+    unknown = [c for c in checks if c not in CORRECTNESS_GROUPS]
+    if unknown:
+        raise SystemExit(f"gpu_kernel_check.py: --checks takes {', '.join(CORRECTNESS_GROUPS)} (comma-separated); "
+                         f"got {', '.join(map(repr, unknown))}")
     bf16_rows = range(len(CHECK_SHAPES)) if args.bf16_rows is None else table_rows(args.bf16_rows, CHECK_SHAPES, "--bf16-rows")
     other_rows = OTHER_DTYPE_ROWS if args.other_rows is None else table_rows(args.other_rows, CHECK_SHAPES, "--other-rows")
     varlen = VARLEN_SHAPES if args.varlen_rows is None else [
         VARLEN_SHAPES[i] for i in table_rows(args.varlen_rows, VARLEN_SHAPES, "--varlen-rows")]
-    atomic_rows = ATOMIC_ROWS if args.atomic_rows is None else table_rows(args.atomic_rows, CHECK_SHAPES, "--atomic-rows")
     for dtype_name in args.dtypes.split(","):
         rows = bf16_rows if dtype_name == "bf16" else other_rows
-        if "batched" in args.checks:
+        if "batched" in checks:
             items += [("batched", dtype_name, CHECK_SHAPES[i]) for i in rows]
-        if "varlen" in args.checks:
+        if "varlen" in checks:
             items += [("varlen", dtype_name, shape) for shape in varlen]
-        if "atomic" in args.checks:
-            items += [("atomic", dtype_name, shape) for shape in [CHECK_SHAPES[i] for i in atomic_rows] + varlen]
     items.append(("determinism", "bf16", (1, 4, 2, 97, 97, 48, True) if args.smoke else (2, 16, 4, 4096, 4096, 64, True)))
     # (smoke: lengths 47, 48, 49 cross a multiple of 16, what Triton specialises on; each is ~1 s interpreted)
     items.append(("decode_growing_cache", "bf16", (47, 50) if args.smoke else (1000, 1040)))
@@ -426,8 +365,8 @@ def describe(result: dict) -> str:
     group, dtype_name, shape = result["group"], result["dtype"], result["shape"]
     label = {"batched": f"{dtype_name} {shape}",
              "varlen": f"{dtype_name} varlen {shape[:2]} Hq={shape[2]} Hkv={shape[3]} d={shape[4]} causal={shape[5]}"
-                       if isinstance(shape, (list, tuple)) and len(shape) == 6 else f"{dtype_name} varlen {shape}",
-             "atomic": f"{dtype_name} atomic {shape}"}.get(group, f"{group} {shape}")
+                       if isinstance(shape, (list, tuple)) and len(shape) == 6 else f"{dtype_name} varlen {shape}"
+             }.get(group, f"{group} {shape}")
     if "error" in result:
         return f"FAIL {label}: {result['error']}"
     if not result["passed"]:
@@ -435,16 +374,13 @@ def describe(result: dict) -> str:
                   for name in GRADIENT_NAMES if name in result and not result[name]["ok"]]
         failed += [f"{key} False" for key in ("second_call_bitwise_equal", "per_sequence_kernels_bitwise_equal",
                                               "bitwise_identical_over_3_runs")
-                   if result.get(key) is False and not (group == "atomic" and key == "second_call_bitwise_equal")]
+                   if result.get(key) is False]
         failed += [f"mismatches {result['mismatches']}"] if result.get("mismatches") else []
         return f"FAIL {label}: " + "; ".join(failed or ["failed"])
     if group in CORRECTNESS_GROUPS:
-        extra = {"varlen": f"per-sequence bitwise {result.get('per_sequence_kernels_bitwise_equal')} ",
-                 "atomic": f"second call bitwise {result.get('second_call_bitwise_equal')} "}.get(group, "")
+        extra = f"per-sequence bitwise {result.get('per_sequence_kernels_bitwise_equal')} " if group == "varlen" else ""
         return f"PASS {label} {extra}" + " ".join(
-            f"{n}={result[n]['kernel']:.1e}/{result[n]['reference']:.1e}" + (
-                f" (vs deterministic {result['relative_difference_from_deterministic'][n]:.0e})" if group == "atomic"
-                else "") for n in GRADIENT_NAMES)
+            f"{n}={result[n]['kernel']:.1e}/{result[n]['reference']:.1e}" for n in GRADIENT_NAMES)
     if group == "determinism":
         return f"PASS {label}: bitwise identical over 3 runs"
     return f"PASS {label}: direct launches give Triton's path's bits at every cache length"
@@ -534,15 +470,13 @@ def main(argv=None):
     parser.add_argument("--bf16-rows", default=None, help="comma-separated CHECK_SHAPES rows for bf16 (default all)")
     parser.add_argument("--other-rows", default=None, help="rows for fp16/fp32 (default %s)" % (OTHER_DTYPE_ROWS,))
     parser.add_argument("--varlen-rows", default=None,
-                        help="VARLEN_SHAPES rows for the varlen and atomic checks, e.g. 1 (default all)")
-    parser.add_argument("--atomic-rows", default=None,
-                        help="CHECK_SHAPES rows for the atomic check, e.g. 5 (default ATOMIC_ROWS)")
+                        help="VARLEN_SHAPES rows for the varlen check, e.g. 1 (default all)")
     parser.add_argument("--out", default=".", help="directory for gpu_kernel_check.json (made if missing)")
     parser.add_argument("--dtypes", default="bf16,fp16,fp32")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter smoke test)")
     parser.add_argument("--checks", default="batched,varlen",
-                        help="which correctness checks: batched (CHECK_SHAPES), varlen (VARLEN_SHAPES), atomic (the "
-                             "deterministic=False backward at ATOMIC_ROWS and VARLEN_SHAPES), comma-separated")
+                        help="which correctness checks: batched (CHECK_SHAPES), varlen (VARLEN_SHAPES), "
+                             "comma-separated")
     parser.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
                         help="run the checks in child processes, a fresh one after a check that broke the CUDA "
                              "context (default: on a GPU)")
@@ -566,9 +500,9 @@ def main(argv=None):
     parser.add_argument("--die-in-items", type=lambda s: {int(i) for i in s.split(",")}, default=set(),
                         help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    global CHECK_SHAPES, VARLEN_SHAPES, ATOMIC_ROWS
+    global CHECK_SHAPES, VARLEN_SHAPES
     if args.smoke:
-        CHECK_SHAPES, VARLEN_SHAPES, ATOMIC_ROWS = SMOKE_CHECK_SHAPES, SMOKE_VARLEN_SHAPES, SMOKE_ATOMIC_ROWS
+        CHECK_SHAPES, VARLEN_SHAPES = SMOKE_CHECK_SHAPES, SMOKE_VARLEN_SHAPES
     if args.decode_lanes_max_rows is not None:
         SETTINGS.decode_lanes_max_rows = args.decode_lanes_max_rows
     items = work_items(args)

@@ -4,45 +4,38 @@
 #   POPE_GIT_COMMIT=<commit> OUT=/tmp/out scripts/gpu_kernel_lease.sh        (from the repository root)
 #   scripts/gpu_kernel_lease.sh --plan                                         (the steps and budgets; no GPU)
 #
-# Steps, in order, each under its own `timeout` (budget below, or LEASE_BUDGETS="295 60 100 85 20"; a step gets less
-# when the total is nearly spent and is skipped, saying so, when under MIN_STEP_S = 15 s is left), each one's output
-# printed as it runs and kept in NN-name.log. The budgets are the H200 run of 2026-12-02 at c6dcd5a (the first real
-# run; logs in its OUT), its time per step plus a margin:
+# Steps, in order, each under its own `timeout` (budget below, or LEASE_BUDGETS="360 100 85"; a step gets less when
+# the total is nearly spent and is skipped, saying so, when under MIN_STEP_S = 15 s is left), each one's output
+# printed as it runs and kept in NN-name.log. The budgets are sized from the H200 run of 2026-12-02 at c6dcd5a (the
+# first real run; benchmarks/experiments/2026-12-02-kernel-lease-h200), its time per step plus a margin. That run
+# also checked and timed the atomic backward (deterministic=False) and had two more steps, a d=128 backward candidate
+# (bwd-autows) and d=128 tiles: all three lost on the H200 and are removed (docs/kernels.md), their time given to
+# correctness.
 #
 #   step          budget  what                                                   H200, 2026-12-02, c6dcd5a
-#   correctness    295 s  scripts/gpu_kernel_check.py, 15 checks: bf16/fp16/fp32   ~260 s: it timed out at its 120 s
-#                         forward+backward at GQA 8:2 d=64, packed varlen (MQA    budget after 6 checks (bf16's 5,
-#                         4:1, empty / length-1 / Nq<Nk sequences, d=128), the    one fp16), and the other 9 took
-#                         atomic backward (deterministic=False) batched and        141 s in a process of their own
-#                         packed; bf16 also 1x2x4096x128; vs float64, 2x rule;     (mostly Triton compiles, ~5 per
-#                         deterministic backward bitwise over 3 runs; decode       dtype x head dim x batched/packed/
-#                                                                                  atomic)
-#   candidate       60 s  the d=128 one-loop dk/dv candidate (bwd-autows          50 s (two groups of 22-23 s under
-#                         gpu_check.py): each variant checked on the timing        its own --limit-s 50 each)
-#                         inputs (2x rule vs float64, determinism, bits vs
-#                         shipped), then timed (do_bench median) against the
-#                         shipped backward at 4x16x4096x128 and 2x32x8x4096x128
-#   benchmark      100 s  benchmarks/attention.py at the issue's 8 shapes (d=64   85 s (40 rows)
-#                         and 128 at N>=4096, 1K, the three GQA shapes) with
-#                         sdpa, cudnn sdpa, rope compiled+sdpa, pope triton,
-#                         pope triton atomic
-#   varlen          85 s  benchmarks/attention.py --varlen-only: packed vs per-   72 s
-#                         sequence vs padded, deterministic=False too
-#   d128-tiles      20 s  scripts/kernel_variants.py: the d=128 dq/dk-dv tiles     16 s (5 rows); lowest priority: it
-#                         that compile spill-free (2026-12-01-d128-registers);     gets what the steps before left
-#                         the shipped tiles first, the baseline
+#   correctness    360 s  scripts/gpu_kernel_check.py, 11 checks: bf16/fp16/fp32   ~260 s for its 15 checks then
+#                         forward+backward at GQA 8:2 d=64 and at 1x2x4096x128,    (6 of them the atomic backward's,
+#                         packed varlen (MQA 4:1, empty / length-1 / Nq<Nk         removed; fp16/fp32 at 1x2x4096x
+#                         sequences, d=128); vs float64, 2x rule; deterministic    128 added since: mostly Triton
+#                         backward bitwise over 3 runs; decode                     compiles, one per dtype x head
+#                                                                                  dim x batched/packed)
+#   benchmark      100 s  benchmarks/attention.py at the issue's 8 shapes (d=64   85 s (40 rows, 8 of them the
+#                         and 128 at N>=4096, 1K, the three GQA shapes) with       atomic provider's, removed)
+#                         sdpa, cudnn sdpa, rope compiled+sdpa, pope triton
+#   varlen          85 s  benchmarks/attention.py --varlen-only: packed vs per-   72 s (with the atomic provider,
+#                         sequence vs padded                                       removed)
 #   summary + archive     the final tables, printed last (CPU only), then the      a few s
 #                         outputs packed
-#   total          560 s  of budgets; LEASE_TOTAL_S (default 575) bounds the run, 10 s of it kept for the summary and
+#   total          545 s  of budgets; LEASE_TOTAL_S (default 575) bounds the run, 10 s of it kept for the summary and
 #                         the archive; a device command may run 600 s
 #
 # Outputs: the steps write under a scratch folder, WORK (${TMPDIR:-/tmp}/kernel-lease.<pid>/kernel-lease), never into
 # OUT: a device command returns at most 8 files of OUT, no deeper than OUT/a/b/file (the first run's ~15 files came
 # back 8 of them). OUT gets three: provenance.txt, summary.txt and kernel-lease.tar.gz, the whole of WORK (every log,
-# the provenance, the summary, kernel_check/, bwd_autows/, bench/, d128_tiles/; `tar -xzf` gives kernel-lease/),
-# packed after every step and again on exit, also when a step fails or times out and when the run itself is stopped
-# (TERM / INT / HUP stop the running step, which is reported KILLED, and the summary and the archive are still
-# written; a SIGKILL leaves the archive of the steps before). WORK is removed once packed.
+# the provenance, the summary, kernel_check/, bench/; `tar -xzf` gives kernel-lease/), packed after every step and
+# again on exit, also when a step fails or times out and when the run itself is stopped (TERM / INT / HUP stop the
+# running step, which is reported KILLED, and the summary and the archive are still written; a SIGKILL leaves the
+# archive of the steps before). WORK is removed once packed.
 #
 # Every output records its provenance (GPU, driver, torch, triton, POPE_GIT_COMMIT, date, command, and whether CUDA MPS
 # is on, as scripts/gpu_mps.sh status says: seed sweeps may have left it on, and the timings then ran under it):
@@ -64,14 +57,12 @@ export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
 # The issue's eight shapes, the new targets (d = 128, GQA) first: rows are written as they are measured, so a step cut
 # short loses the ones measured before, the d = 64 shapes.
 BENCH_SHAPES=4x16x4096x128,2x32x8x4096x128,1x32x8x8192x128,2x32x4x4096x128,4x16x4096x64,2x16x8192x64,1x16x16384x64,8x12x1024x64
-STEP_NAMES=(correctness candidate benchmark varlen d128-tiles)
-read -r -a STEP_BUDGETS <<< "${LEASE_BUDGETS:-295 60 100 85 20}"  # seconds per step, in order
+STEP_NAMES=(correctness benchmark varlen)
+read -r -a STEP_BUDGETS <<< "${LEASE_BUDGETS:-360 100 85}"  # seconds per step, in order
 STEP_COMMANDS=(
-  "$PY scripts/gpu_kernel_check.py --checks batched,varlen,atomic --dtypes bf16,fp16,fp32 --bf16-rows 4,5 --other-rows 5 --varlen-rows 1 --atomic-rows 5 --out $WORK/kernel_check"
-  "$PY benchmarks/experiments/2026-12-01-bwd-autows/gpu_check.py --groups time-4x16x4096x128,time-2x32x8x4096x128 --variants shipped,one-loop,one-loop-dkdv --limit-s 50 --out $WORK/bwd_autows"
-  "$PY benchmarks/attention.py --shapes $BENCH_SHAPES --providers 'sdpa,cudnn sdpa,rope compiled+sdpa,pope triton,pope triton atomic' --out $WORK/bench"
+  "$PY scripts/gpu_kernel_check.py --checks batched,varlen --dtypes bf16,fp16,fp32 --bf16-rows 4,5 --other-rows 4,5 --varlen-rows 1 --out $WORK/kernel_check"
+  "$PY benchmarks/attention.py --shapes $BENCH_SHAPES --providers 'sdpa,cudnn sdpa,rope compiled+sdpa,pope triton' --out $WORK/bench"
   "$PY benchmarks/attention.py --varlen-only --out $WORK/bench"
-  "$PY scripts/kernel_variants.py --module shipped=src/pope/kernels --shapes 4x16x4096x128 --dq 128,32,8,2 --dq 64,32,4,2 --dkdv 64,64,8,2 --dkdv 32,64,8,3 --out $WORK/d128_tiles"
 )
 
 plan() {
@@ -105,7 +96,7 @@ if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1
 fi
 
 mkdir -p "$OUT" || exit 2
-if ! mkdir "$WORK_ROOT" 2>/dev/null || ! mkdir -p "$WORK"/kernel_check "$WORK"/bwd_autows "$WORK"/bench "$WORK"/d128_tiles; then
+if ! mkdir "$WORK_ROOT" 2>/dev/null || ! mkdir -p "$WORK"/kernel_check "$WORK"/bench; then
   echo "gpu_kernel_lease.sh: cannot make the scratch folder $WORK_ROOT (it exists, or ${TMPDIR:-/tmp} is not writable)" >&2
   exit 2
 fi
@@ -151,12 +142,6 @@ summarize() {
     sed -n '/^check .*passed \/ total/,/^correctness:/p' "$WORK/01-correctness.log" 2>/dev/null | grep -v '^PASS'
     grep -q '^correctness:' "$WORK/01-correctness.log" 2>/dev/null || \
       grep -E '^(PASS|FAIL) ' "$WORK/01-correctness.log" 2>/dev/null | cut -c1-160
-    echo "-- d=128 backward candidate (bwd-autows; ms, ratio to shipped):"
-    grep -q '^| group | variant' "$WORK/02-candidate.log" 2>/dev/null && \
-      sed -n '/^| group | variant/,$p' "$WORK/02-candidate.log" | cut -c1-180 || \
-      echo "  (no table: see 02-candidate.log and bwd_autows/*.json in $ARCHIVE for the groups that finished)"
-    echo "-- d=128 tiles (scripts/kernel_variants.py; ms):"
-    grep -E ' total ' "$WORK/05-d128-tiles.log" 2>/dev/null || echo "  (no rows)"
     echo "-- benchmark (bench/ in $ARCHIVE; targets stated MET / MISSED):"
     "$PY" benchmarks/attention.py --summary-from "$WORK/bench" 2>&1
     echo "-- provenance:"

@@ -209,8 +209,6 @@ def constexprs_for(name: str, kernel, flags: dict, head_dim: int, block_m: int, 
         constexprs["IS_VARLEN"] = varlen
         if not varlen:
             constexprs.update({arg: None for arg in VARLEN_ARGUMENTS if arg in kernel.arg_names})
-    if "DQAcc" in kernel.arg_names:  # the deterministic backward's launch: no dq' accumulator (None compiles it out;
-        constexprs["DQAcc"] = None  # a pointer would compile bwd_atomic's kernel instead)
     if "KEYS_FROM_PREPASS" in kernel.arg_names:  # as the launcher decides; without, k'/v come as None
         constexprs["KEYS_FROM_PREPASS"] = (head_dim <= configs.DKDV_KEYS_FROM_PREPASS_MAX_BLOCK_D
                                            if keys_from_prepass is None else keys_from_prepass)

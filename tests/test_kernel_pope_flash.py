@@ -218,6 +218,147 @@ def test_descriptors_pass_tritons_checks(kernels, monkeypatch, head_dim, seq):
     assert direct_launch.UNCHECKED_DESCRIPTORS, "this Triton's TensorDescriptor changed: descriptors take the slow path"
 
 
+def test_tma_box_not_a_multiple_of_128_bytes_is_a_clear_error(kernels):
+    """direct_launch.descriptor refuses a box whose pipeline stages would sit at misaligned shared-memory addresses
+    (a 16-row fp32 statistics box: 64 bytes), and the dk/dv kernel's lse and D descriptors of 16-row query blocks
+    (fp32 at d = 128, or a tile override) are 128-byte boxes of which the kernel keeps the first 16 entries."""
+    if _delegated(kernels):
+        return
+    from pope.kernels import bwd, direct_launch
+
+    rows = torch.zeros(6, 1024)
+    with pytest.raises(ValueError, match=r"TMA box \[1, 16\] of torch.float32 is 64 bytes, not a multiple of 128"):
+        direct_launch.descriptor(rows, [1, 16])
+    for block_m, box in ((16, [1, 32]), (32, [1, 32]), (64, [1, 64])):
+        assert [d.block_shape for d in bwd.statistics_descriptors(rows, rows, block_m)] == [box, box], block_m
+
+
+# Records the backward's launches on CPU tensors (Triton in compiled mode, nothing run) with 16-row dk/dv query
+# blocks, compiles the dk/dv kernel for sm_90a as Triton would specialise it on those arguments, and prints, per
+# case, every TMA copy's shared-memory buffer (TTGIR) and every constant shared-memory offset a
+# cp.async.bulk.tensor writes to (PTX).
+_TMA_ALIGNMENT_REPORT = r"""
+import itertools, json, sys, torch
+import re
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, compile as triton_compile, make_backend
+from triton.runtime.jit import create_function_from_signature
+import pope.kernels as kernels
+from pope.kernels import direct_launch, host
+
+launches = []
+direct_launch.launch = lambda kernel, grid, site, args, **meta: launches.append((kernel, args, meta))
+target = GPUTarget("cuda", 90, 32)
+backend = make_backend(target)
+BYTES = {"f32": 4, "bf16": 2, "f16": 2, "i64": 8}
+for case, tile in json.loads(sys.argv[1]):
+    packed = None
+    if isinstance(case[0], list):  # a packed batch: lengths_q, lengths_k, Hq, Hkv, d
+        lengths_q, lengths_k, n_q_heads, n_kv_heads, head_dim = case
+        q = torch.randn(sum(lengths_q), n_q_heads, head_dim, dtype=torch.bfloat16)
+        k, v = (torch.randn(sum(lengths_k), n_kv_heads, head_dim, dtype=torch.bfloat16) for _ in range(2))
+        lse = torch.randn(n_q_heads, sum(lengths_q))
+        cu_q, cu_k = (torch.tensor([0, *itertools.accumulate(n)], dtype=torch.int32) for n in (lengths_q, lengths_k))
+        packed = host.Packed(cu_q, cu_k, max(lengths_q), max(lengths_k))
+    else:
+        batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim = case
+        q = torch.randn(batch, n_q_heads, seq_q, head_dim, dtype=torch.bfloat16)
+        k, v = (torch.randn(batch, n_kv_heads, seq_k, head_dim, dtype=torch.bfloat16) for _ in range(2))
+        lse = torch.randn(batch, n_q_heads, seq_q)
+    launches.clear()
+    kernels.backward(torch.randn_like(q), q, k, v, torch.randn(n_q_heads, head_dim), torch.randn_like(q), lse,
+                     kernels.frequencies(head_dim, 10000.0, "cpu"), causal=True, softmax_scale=0.125, q_offset=0,
+                     magnitude="softplus", packed=packed, dkdv_config=tuple(tile))
+    kernel, args, meta = next(launch for launch in launches if launch[0].__name__ == "_pope_bwd_dkdv_kernel")
+    bound, specialization, options = create_function_from_signature(kernel.signature, kernel.params, backend)(
+        *args, **meta)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, dict(meta), bound, specialization, options)
+    compiled = triton_compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
+                              options=options.__dict__)
+    ttgir, ptx = compiled.asm["ttgir"], compiled.asm["ptx"]
+    indexed = dict(re.findall(r"(%[\w.]+) = ttg\.memdesc_index (%[\w.]+)\[", ttgir))
+    buffers = []
+    for dest, shape in re.findall(r"async_tma_copy_global_to_local %\w+\[[^\]]*\] (%[\w.]+),.*?-> "
+                                  r"!ttg\.memdesc<([0-9x]+[a-z]+\d+)", ttgir):
+        *dims, dtype = shape.split("x")  # e.g. 16x128xbf16
+        size = BYTES[dtype]
+        for n in dims:
+            size *= int(n)
+        buffers.append((shape, size, dest in indexed))
+    destinations = set(re.findall(r"cp\.async\.bulk\.tensor\.\w+\.shared::cluster\.global\S* \[(%r\d+)\]", ptx))
+    offsets = [int(offset) for register, offset in re.findall(r"add\.s32\s+(%r\d+), %r\d+, (\d+);", ptx)
+               if register in destinations]
+    print(json.dumps(dict(case=case, tiles=[
+        meta["BLOCK_M"], meta["BLOCK_N"], meta["num_warps"], meta["num_stages"]], buffers=buffers,
+        offsets=offsets)))
+"""
+
+
+def test_dkdv_kernel_tma_destinations_are_128_byte_aligned_on_hopper_with_16_row_query_blocks():
+    """The dk/dv kernel with pipelined 16-row query blocks (a tile override), compiled for sm_90a as Triton
+    specialises it on the launcher's real arguments (d = 64 and 128, batched and packed): every buffer a pipelined
+    TMA copy fills is a multiple of 128 bytes and every constant shared-memory destination of a cp.async.bulk.tensor
+    is 128-byte aligned, as the hardware requires. With 16-row fp32 lse and D boxes (64 bytes) the second stage sat
+    64 bytes off: 'misaligned address' on an H200 (docs/kernels.md, "The atomic backward that lost")."""
+    import json
+
+    root = os.path.join(os.path.dirname(__file__), os.pardir)
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.path.join(root, "src")
+    cases = [[[8, 12, 12, 1024, 1024, 64], [16, 64, 4, 3]], [[1, 2, 2, 4096, 4096, 128], [16, 64, 8, 3]],
+             [[[0, 1, 7, 300, 1000, 2047, 130], [5, 1, 900, 300, 1000, 2047, 130], 8, 2, 64], [16, 64, 4, 3]]]
+    run = subprocess.run([sys.executable, "-c", _TMA_ALIGNMENT_REPORT, json.dumps(cases)], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    reports = [json.loads(line) for line in run.stdout.splitlines()]
+    assert [[r["case"], r["tiles"]] for r in reports] == cases
+    for report in reports:
+        stage_buffers = [b for b in report["buffers"] if b[2]]
+        assert any(shape.endswith("f32") for shape, _, _ in stage_buffers), report  # lse and D are among them
+        misaligned = [b for b in stage_buffers if b[1] % 128]
+        assert not misaligned, f"{report['case']}: TMA stage buffers not 128-byte multiples: {misaligned}"
+        assert report["offsets"] and all(offset % 128 == 0 for offset in report["offsets"]), report
+
+
+@pytest.mark.parametrize("head_dim,packed", [(64, False), (128, False), (64, True)])
+def test_backward_with_16_row_query_blocks_within_twice_reference_error(kernels, head_dim, packed):
+    """The dk/dv kernel at BLOCK_M = 16 (fp32's d = 128 tiles on a GPU, or a POPE_KERNEL_CONFIGS override; the
+    interpreter's own tiles are 32 rows): its lse and D come in 32-row TMA boxes and it keeps the first 16
+    (bwd._leading). Gradients by the 2x rule, batched and packed (empty and length-1 sequences)."""
+    if _delegated(kernels):
+        return
+    from pope.attention import pope_attention_varlen
+    from pope.kernels.host import Packed
+    from pope.testing import packed_inputs
+
+    generator = torch.Generator().manual_seed(head_dim + packed)
+    options = dict(causal=True, softmax_scale=head_dim ** -0.5, magnitude="softplus")
+    if packed:
+        q, k, v, delta, grad_out, cu_q, cu_k = (t.to(DEVICE) for t in packed_inputs(
+            [0, 1, 37, 3], [5, 1, 40, 33], 4, 2, head_dim, generator=generator))
+        packing = (cu_q, cu_k, 37, 40)
+        launch = dict(q_offset=0, packed=Packed(*packing))
+
+        def reference(q, k, v, delta):
+            return pope_attention_varlen(q, k, v, delta, *packing, causal=True, backend="reference")
+    else:
+        q, k, v, delta, grad_out = _inputs(1, 2, 1, 50, 70, head_dim, torch.bfloat16, True, generator)
+        launch = dict(q_offset=20)
+
+        def reference(q, k, v, delta):
+            return reference_pope_attention(q, k, v, delta, base=10000.0, q_offset=20, rotary_dim=None, **options)
+    exact = _run(reference, q, k, v, delta, grad_out, torch.float64, {})
+    theirs = _run(reference, q, k, v, delta, grad_out, torch.bfloat16, {})
+    q, k, v, grad_out = (t.to(torch.bfloat16) for t in (q, k, v, grad_out))
+    theta = kernels.frequencies(head_dim, 10000.0, q.device)
+    out, lse = kernels.forward(q, k, v, delta.float(), theta, **options, **launch)
+    grads = kernels.backward(grad_out, q, k, v, delta.float(), out, lse, theta, **options, **launch,
+                             dq_config=(16, 32, 4, 1), dkdv_config=(16, 32, 4, 1))
+    for name, ours, their, truth in zip(GRADIENT_NAMES[1:], grads, theirs[1:], exact[1:]):
+        errors = check_within_rule(ours.cpu(), their.cpu(), truth.cpu(), torch.bfloat16)
+        assert errors["ok"], f"{name}: kernel error {errors['kernel']:.3e} > 2 x reference {errors['reference']:.3e}"
+
+
 @pytest.mark.parametrize("head_dim", [32, 128])  # dk/dv kernel: key block from k' (d <= 64), or in registers
 def test_backward_buffers_stay_within_sdpas_peak(kernels, monkeypatch, head_dim):
     """Peak memory: the gradients and q'/k' pre-pass buffers that the backward allocates never hold

@@ -49,7 +49,6 @@ def pope_attention(
     rotary_dim: int | None = None,
     dropout_p: float = 0.0,
     backend: str = "auto",
-    deterministic: bool = True,
 ) -> torch.Tensor:
     """PoPE attention.
 
@@ -58,15 +57,9 @@ def pope_attention(
     Query i sits at position q_offset + i (default Nk - Nq: the queries are the last Nq positions, as
     in a KV-cache decode), key j at position j; causal masking is by position (bottom-right aligned).
     softmax_scale defaults to 1/sqrt(d). Returns (B, Hq, Nq, d) in the dtype of q.
-
-    deterministic (the fused kernels' backward; accepted and without effect on the reference backend): True
-    (default) gives bitwise-reproducible gradients, run to run, so a resumed training run is bit-exact; False sums
-    dq with fp32 atomics in one pass over the scores (FlashAttention-2's scheme): dq and d(delta) may then differ
-    in their last bits between runs, and the backward holds an fp32 dq accumulator (more memory).
     """
     _check_inputs(q, k, v, delta, base=base, causal=causal, softmax_scale=softmax_scale, q_offset=q_offset,
-                  magnitude=magnitude, rotary_dim=rotary_dim, dropout_p=dropout_p, backend=backend,
-                  deterministic=deterministic)
+                  magnitude=magnitude, rotary_dim=rotary_dim, dropout_p=dropout_p, backend=backend)
     q_offset, softmax_scale = resolve_defaults(q, k, q_offset, softmax_scale)
     if causal and q_offset + q.shape[2] < k.shape[2]:
         # Keys past the last query's position are masked from every query: not read at all (a preallocated cache
@@ -74,10 +67,10 @@ def pope_attention(
         k, v = k[:, :, :q_offset + q.shape[2]], v[:, :, :q_offset + q.shape[2]]
     options = dict(base=float(base), causal=causal, softmax_scale=softmax_scale, q_offset=q_offset,
                    magnitude=magnitude, rotary_dim=rotary_dim)
-    return _run_backend(q, k, v, delta, backend, dropout_p, options, deterministic)
+    return _run_backend(q, k, v, delta, backend, dropout_p, options)
 
 
-def _run_backend(q, k, v, delta, backend: str, dropout_p: float, options: dict, deterministic: bool = True):
+def _run_backend(q, k, v, delta, backend: str, dropout_p: float, options: dict) -> torch.Tensor:
     """The checked call on the backend it asks for: the kernels where they can run it ("triton" raises saying why
     they cannot), else the reference. options: base, causal, softmax_scale, q_offset, magnitude, rotary_dim."""
     if backend != "reference":
@@ -85,7 +78,7 @@ def _run_backend(q, k, v, delta, backend: str, dropout_p: float, options: dict, 
         if reason is None:
             from pope.ops import triton_pope_attention
 
-            return triton_pope_attention(q, k, v, delta, **options, supported=True, deterministic=deterministic)
+            return triton_pope_attention(q, k, v, delta, **options, supported=True)
         if backend == "triton":
             raise ValueError(f"backend='triton' cannot run this call: {reason}. Use backend='reference' or 'auto'.")
     return reference_pope_attention(q, k, v, delta, dropout_p=dropout_p, **options)
@@ -106,7 +99,6 @@ def pope_attention_varlen(
     base: float = 10000.0,
     magnitude: str = "softplus",
     backend: str = "auto",
-    deterministic: bool = True,
 ) -> torch.Tensor:
     """PoPE attention over packed variable-length sequences, in flash-attn's `flash_attn_varlen_func` layout.
 
@@ -128,7 +120,6 @@ def pope_attention_varlen(
     says which entry is wrong). Elsewhere
     ("reference", CPU, float64) one reference (pure PyTorch) call per non-empty sequence, the values checked on
     the host first (ValueError). "triton" on a call the kernels cannot run (device, dtype, head dim) is a ValueError saying why.
-    deterministic: as pope_attention's (False: the kernels' atomic backward, for packed batches too).
     """
     _check_tensors(q, k, v, 3, "(total_tokens, heads, head_dim)")
     (total_q, hq, d), (total_k, hkv, dk) = q.shape, k.shape
@@ -139,7 +130,7 @@ def pope_attention_varlen(
     if hkv == 0 or hq % hkv:
         raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv}) for grouped-query attention")
     _check_options(q, delta, hq=hq, d=d, base=base, causal=causal, softmax_scale=softmax_scale, magnitude=magnitude,
-                   rotary_dim=None, backend=backend, deterministic=deterministic)
+                   rotary_dim=None, backend=backend)
     for name, cu_seqlens in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         check_cu_seqlens(name, cu_seqlens, q.device)
     if cu_seqlens_q.shape != cu_seqlens_k.shape:
@@ -167,7 +158,7 @@ def pope_attention_varlen(
             from pope.ops import triton_pope_attention_varlen
 
             return triton_pope_attention_varlen(q, k, v, delta, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                                **options, deterministic=deterministic)
+                                                **options)
         if backend == "triton":
             raise ValueError(f"backend='triton' cannot run this call: {reason}. Use backend='reference' or 'auto'.")
     return _varlen_reference(q, k, v, delta, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, options)
@@ -384,7 +375,7 @@ def _is_real(x) -> bool:
 
 
 def _check_inputs(q, k, v, delta, *, base, causal, softmax_scale, q_offset, magnitude, rotary_dim, dropout_p,
-                  backend, deterministic=True):
+                  backend):
     _check_tensors(q, k, v, 4, "(batch, heads, seq, head_dim)")
     (b, hq, nq, d), (bk, hkv, nk, dk) = q.shape, k.shape
     if bk != b:
@@ -400,7 +391,7 @@ def _check_inputs(q, k, v, delta, *, base, causal, softmax_scale, q_offset, magn
     if nq > nk:
         raise ValueError(f"q has {nq} positions but k/v only {nk}: queries must be the last Nq <= Nk positions")
     _check_options(q, delta, hq=hq, d=d, base=base, causal=causal, softmax_scale=softmax_scale, magnitude=magnitude,
-                   rotary_dim=rotary_dim, backend=backend, deterministic=deterministic)
+                   rotary_dim=rotary_dim, backend=backend)
     if q_offset is not None:
         if not _is_int(q_offset):
             raise TypeError(f"q_offset must be an int (position of the first query) or None; got {q_offset!r}")
@@ -432,15 +423,11 @@ def _check_tensors(q, k, v, dims: int, layout: str) -> None:
         raise ValueError(f"k and v must have the same shape {layout}; got {tuple(k.shape)} and {tuple(v.shape)}")
 
 
-def _check_options(q, delta, *, hq, d, base, causal, softmax_scale, magnitude, rotary_dim, backend,
-                   deterministic=True) -> None:
-    """The options shared by pope_attention and pope_attention_varlen: causal, deterministic, magnitude, backend,
-    rotary_dim, delta (hq, r), base, softmax_scale."""
+def _check_options(q, delta, *, hq, d, base, causal, softmax_scale, magnitude, rotary_dim, backend) -> None:
+    """The options shared by pope_attention and pope_attention_varlen: causal, magnitude, backend, rotary_dim,
+    delta (hq, r), base, softmax_scale."""
     if type(causal) is not bool:
         raise TypeError(f"causal must be True or False; got {causal!r}")
-    if type(deterministic) is not bool:
-        raise TypeError(f"deterministic must be True (bitwise-reproducible backward) or False (atomic dq "
-                        f"accumulation); got {deterministic!r}")
     if not isinstance(magnitude, str) or magnitude not in MAGNITUDES:
         raise ValueError(f"unknown magnitude {magnitude!r}; choose one of {sorted(MAGNITUDES)}")
     if not isinstance(backend, str) or backend not in BACKENDS:

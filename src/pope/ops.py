@@ -6,10 +6,8 @@ less host time per call):
     pope::flash_attention_forward(q, k, v, delta, theta, ...) -> (out, lse)
     pope::flash_attention_backward(do, q, k, v, delta, out, lse, theta, ...) -> (dq, dk, dv, d_delta)
 wired together with `torch.library.register_autograd` (the forward saves q, k, v, delta, out, lse and the
-frequencies theta only, and for a packed batch its cu_seqlens). Both take `deterministic` last: True runs
-pope.kernels.backward (bitwise reproducible), False pope.kernels.backward_atomic (dq summed by fp32 atomics).
-theta is (2, d) int32: the frequencies as fixed-point turns (pope.frequencies.pope_turn_words), from which the
-kernels compute exactly reduced angles.
+frequencies theta only, and for a packed batch its cu_seqlens). theta is (2, d) int32: the frequencies as
+fixed-point turns (pope.frequencies.pope_turn_words), from which the kernels compute exactly reduced angles.
 
 theta is an input, not something the operators look up: in a compiled graph the frequencies are computed by the
 graph itself, so no operator call made by compiled code ever creates a tensor that outlives it (CUDA-graph
@@ -95,16 +93,12 @@ def _forward(q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude, 
     return kernels.forward(q, k, v, delta, theta, **options)
 
 
-def _backward_kernels(do, q, k, v, delta, out, lse, theta, causal, softmax_scale, q_offset, magnitude, packed=None,
-                      deterministic: bool = True):
-    """(dq, dk, dv, d_delta or None) from the kernels: the deterministic backward, or (deterministic=False) the
-    atomic one."""
+def _backward_kernels(do, q, k, v, delta, out, lse, theta, causal, softmax_scale, q_offset, magnitude, packed=None):
+    """(dq, dk, dv, d_delta or None) from the kernels."""
     q, k, v, out, do = (_last_dim_contiguous(t) for t in (q, k, v, out, do))
     delta = delta.contiguous() if delta is not None else None
-    kernels = _kernels()
-    backward = kernels.backward if deterministic else kernels.backward_atomic
-    return backward(do, q, k, v, delta, out, lse.contiguous(), theta, causal=causal, softmax_scale=softmax_scale,
-                    q_offset=q_offset, magnitude=magnitude, packed=packed)
+    return _kernels().backward(do, q, k, v, delta, out, lse.contiguous(), theta, causal=causal,
+                               softmax_scale=softmax_scale, q_offset=q_offset, magnitude=magnitude, packed=packed)
 
 
 @torch.library.custom_op("pope::flash_attention_forward", mutates_args=())
@@ -112,17 +106,16 @@ def flash_attention_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: Optional[torch.Tensor], theta: torch.Tensor,
     causal: bool, softmax_scale: float, q_offset: int, magnitude: str,
     cu_seqlens_q: Optional[torch.Tensor] = None, cu_seqlens_k: Optional[torch.Tensor] = None,
-    max_seqlen_q: int = 0, max_seqlen_k: int = 0, deterministic: bool = True,
+    max_seqlen_q: int = 0, max_seqlen_k: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Batched, or with cu_seqlens_q: a packed batch (q (total_q, Hq, d) -> out, lse (Hq, total_q)).
-    deterministic: which backward the autograd registration runs (the forward is the same)."""
+    """Batched, or with cu_seqlens_q: a packed batch (q (total_q, Hq, d) -> out, lse (Hq, total_q))."""
     return _forward(q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude,
                     packed=_packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
 
 
 @flash_attention_forward.register_fake
 def _(q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude, cu_seqlens_q=None, cu_seqlens_k=None,
-      max_seqlen_q=0, max_seqlen_k=0, deterministic=True):
+      max_seqlen_q=0, max_seqlen_k=0):
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse_shape = q.shape[:3] if cu_seqlens_q is None else (q.shape[1], q.shape[0])
     lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
@@ -135,12 +128,11 @@ def flash_attention_backward(
     out: torch.Tensor, lse: torch.Tensor, theta: torch.Tensor,
     causal: bool, softmax_scale: float, q_offset: int, magnitude: str,
     cu_seqlens_q: Optional[torch.Tensor] = None, cu_seqlens_k: Optional[torch.Tensor] = None,
-    max_seqlen_q: int = 0, max_seqlen_k: int = 0, deterministic: bool = True,
+    max_seqlen_q: int = 0, max_seqlen_k: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (dq, dk, dv, d_delta); d_delta is an empty (0,) tensor when delta is None."""
     dq, dk, dv, d_delta = _backward_kernels(do, q, k, v, delta, out, lse, theta, causal, softmax_scale, q_offset,
-                                            magnitude, _packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
-                                            deterministic)
+                                            magnitude, _packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     if d_delta is None:
         d_delta = torch.empty((0,), dtype=q.dtype, device=q.device)
     return dq, dk, dv, d_delta
@@ -148,7 +140,7 @@ def flash_attention_backward(
 
 @flash_attention_backward.register_fake
 def _(do, q, k, v, delta, out, lse, theta, causal, softmax_scale, q_offset, magnitude, cu_seqlens_q=None,
-      cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, deterministic=True):
+      cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0):
     d_delta = (torch.empty(delta.shape, dtype=delta.dtype, device=delta.device) if delta is not None
                else torch.empty((0,), dtype=q.dtype, device=q.device))
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device),
@@ -156,14 +148,12 @@ def _(do, q, k, v, delta, out, lse, theta, causal, softmax_scale, q_offset, magn
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude, *rest = inputs
-    defaults = (None, None, 0, 0, True)  # the trailing arguments a call may leave out
-    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, deterministic = (*rest, *defaults[len(rest):])
+    q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude, *varlen = inputs
+    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k = varlen or (None, None, 0, 0)
     out, lse = output
     ctx.save_for_backward(q, k, v, delta, out, lse, theta, cu_seqlens_q, cu_seqlens_k)
     ctx.options = (causal, softmax_scale, q_offset, magnitude)
     ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
-    ctx.deterministic = deterministic
     ctx.has_delta = delta is not None
 
 
@@ -171,8 +161,8 @@ def _backward(ctx, grad_out, grad_lse):
     # lse is an internal output: nothing downstream differentiates it (pope attention returns `out` only).
     q, k, v, delta, out, lse, theta, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
     dq, dk, dv, d_delta = flash_attention_backward(grad_out, q, k, v, delta, out, lse, theta, *ctx.options,
-                                                   cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlens, ctx.deterministic)
-    return dq, dk, dv, (d_delta if ctx.has_delta else None), *(None,) * 10
+                                                   cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlens)
+    return dq, dk, dv, (d_delta if ctx.has_delta else None), None, None, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd("pope::flash_attention_forward", _backward, setup_context=_setup_context)
@@ -184,27 +174,25 @@ class _EagerFlashAttention(torch.autograd.Function):
     the operators instead."""
 
     @staticmethod
-    def forward(ctx, q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude, packed=None,
-                deterministic=True):
+    def forward(ctx, q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude, packed=None):
         out, lse = _forward(q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude, eager=True,
                             packed=packed)
         ctx.save_for_backward(q, k, v, delta, out, lse, theta)
-        ctx.options = (causal, softmax_scale, q_offset, magnitude, packed, deterministic)
+        ctx.options = (causal, softmax_scale, q_offset, magnitude, packed)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, delta, out, lse, theta = ctx.saved_tensors
         dq, dk, dv, d_delta = _backward_kernels(grad_out, q, k, v, delta, out, lse, theta, *ctx.options)
-        return dq, dk, dv, d_delta, *(None,) * 7
+        return dq, dk, dv, d_delta, None, None, None, None, None, None
 
 
 def triton_pope_attention(q, k, v, delta, *, base, causal, softmax_scale, q_offset, magnitude, rotary_dim,
-                          supported: bool = False, deterministic: bool = True):
+                          supported: bool = False):
     """PoPE attention on the fused Triton kernels. Inputs already checked by pope.attention.
 
     q (B, Hq, Nq, d), k/v (B, Hkv, Nk, d), delta (Hq, d) or None. Returns (B, Hq, Nq, d) in q's dtype.
-    deterministic=False: the backward sums dq with fp32 atomics (pope.kernels.backward_atomic).
     supported=True: the caller has just had triton_unsupported_reason return None for this call (pope.attention
     does), so it is not asked again on this per-call path.
     """
@@ -213,22 +201,20 @@ def triton_pope_attention(q, k, v, delta, *, base, causal, softmax_scale, q_offs
         if reason is not None:
             raise ValueError(f"the Triton PoPE kernels cannot run this call: {reason}")
     q_offset, softmax_scale = resolve_defaults(q, k, q_offset, softmax_scale)
-    return _apply(q, k, v, delta, base, bool(causal), softmax_scale, q_offset, magnitude,
-                  deterministic=bool(deterministic))
+    return _apply(q, k, v, delta, base, bool(causal), softmax_scale, q_offset, magnitude)
 
 
 def triton_pope_attention_varlen(q, k, v, delta, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
-                                 base, causal, softmax_scale, magnitude, deterministic: bool = True):
+                                 base, causal, softmax_scale, magnitude):
     """PoPE attention over a packed batch on the fused kernels, one launch per kernel for all its sequences (no host
     read of cu_seqlens). Inputs already checked by pope.attention.pope_attention_varlen (and the kernels asked by
     triton_unsupported_reason): q (total_q, Hq, d), k/v (total_k, Hkv, d), int32 (batch + 1,) cumulative lengths on
     q's device, max_seqlen_* at least every sequence's length, softmax_scale resolved. Returns (total_q, Hq, d)."""
     return _apply(q, k, v, delta, base, bool(causal), float(softmax_scale), 0, magnitude,
-                  (cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), int(max_seqlen_q), int(max_seqlen_k)),
-                  deterministic=bool(deterministic))
+                  (cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), int(max_seqlen_q), int(max_seqlen_k)))
 
 
-def _apply(q, k, v, delta, base, causal, softmax_scale, q_offset, magnitude, varlen=(), deterministic=True):
+def _apply(q, k, v, delta, base, causal, softmax_scale, q_offset, magnitude, varlen=()):
     """The differentiable kernel call: custom operators in compiled code (or when pope.settings asks), the eager
     autograd.Function otherwise. varlen: () or (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)."""
     compiling = torch.compiler.is_compiling()
@@ -238,8 +224,8 @@ def _apply(q, k, v, delta, base, causal, softmax_scale, q_offset, magnitude, var
         theta = _theta(q.shape[-1], base, q.device)
     args = (q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude)
     if compiling or not SETTINGS.eager_autograd_function:
-        return flash_attention_forward(*args, *(varlen or (None, None, 0, 0)), deterministic)[0]
-    return _EagerFlashAttention.apply(*args, _packed(*varlen) if varlen else None, deterministic)
+        return flash_attention_forward(*args, *varlen)[0]
+    return _EagerFlashAttention.apply(*args, _packed(*varlen) if varlen else None)
 
 
 def triton_unsupported_reason(q, k, v, *, rotary_dim=None, dropout_p=0.0) -> str | None:

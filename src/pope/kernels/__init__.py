@@ -18,7 +18,6 @@ Modules, one concern each:
     prepass        x -> x' = [f(x) cos | f(x) sin] (transform, transform_queries_and_keys)
     fwd            forward kernel + launcher (forward)
     bwd            dq, dk/dv and epilogue kernels + launcher (backward)
-    bwd_atomic     one-pass backward, dq by fp32 atomics (backward_atomic: deterministic=False)
     decode         split-K decode kernels, combine + launcher (decode_forward)
     phase_tables   the tensor-core decode kernel's key-phase tables (release_phase_tables)
     configs        tile configurations (frozen tables, POPE_KERNEL_CONFIGS override), decode tiles
@@ -33,7 +32,7 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "forward": "fwd", "backward": "bwd", "backward_atomic": "bwd_atomic", "decode_forward": "decode", "decode_tile": "configs",
+    "forward": "fwd", "backward": "bwd", "decode_forward": "decode", "decode_tile": "configs",
     "transform": "prepass", "transform_queries_and_keys": "prepass", "release_phase_tables": "phase_tables",
     "frequencies": "host", "INTERPRET": "interpreter",
 }

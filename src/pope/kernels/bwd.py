@@ -4,13 +4,11 @@
      per block, iterating over key blocks;
   2. `_pope_bwd_dkdv_kernel`, one program per key block: dk and dv, iterating over the query blocks of every
      query head of its key head's GQA group; at BLOCK_D <= 64 it reads its key block from k' and writes [dk | dv]
-     over its own k' rows (after reading them). Given a dq' accumulator it is also the atomic backward's main
-     kernel (bwd_atomic), adding every visited query block's dq' into it by tl.atomic_add;
+     over its own k' rows (after reading them);
   3. `_backward_epilogue_kernel`: copies dk and dv out of those rows and sums d(delta)'s partials.
-Guarantees of `backward`: no atomics anywhere: d(delta) is summed in a fixed order, so two runs give
-bitwise-identical gradients; the buffers the backward allocates peak at 5 |q| at MHA (dq + q' + k'), as SDPA's dq,
-dk, dv and fp32 dq accumulator; every pre-pass buffer is freed before the call returns. Same inputs and layouts as
-the forward.
+Guarantees: no atomics anywhere: d(delta) is summed in a fixed order, so two runs give bitwise-identical gradients;
+the buffers the backward allocates peak at 5 |q| at MHA (dq + q' + k'), as SDPA's dq, dk, dv and fp32 dq
+accumulator; every pre-pass buffer is freed before the call returns. Same inputs and layouts as the forward.
 """
 from __future__ import annotations
 
@@ -199,15 +197,11 @@ def _leading(tile, BLOCK_M: tl.constexpr):
 
 @triton.jit
 def _bwd_dkdv_inner(
-    dk_wide, dv, k_wide, v, qp_desc, do_desc, lse_desc, rowdelta_desc, DQAcc, acc_row, bh_q, b, h,
-    offs_n, q_offset, seq_q, seq_k, start_q, stats_start, lo, hi, qk_scale,
-    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, MASK_CAUSAL: tl.constexpr, MASK_KEYS: tl.constexpr,
-    PRECISION: tl.constexpr,
+    dk_wide, dv, k_wide, v, qp_desc, do_desc, lse_desc, rowdelta_desc, bh_q, b, h,
+    offs_n, q_offset, seq_q, start_q, stats_start, lo, hi, qk_scale,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, MASK_CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """dk', dv over query blocks [lo, hi) of the queries starting at row start_q (their lse and D at stats_start).
-    With a dq' accumulator DQAcc (fp32, not None): each block's dq' = dS k' also added atomically into its rows
-    acc_row + start_q + i (int64) for the valid rows i. MASK_KEYS (packed batches, with DQAcc): the key rows past
-    seq_k are the next sequence's; their dS is zeroed, as it would reach dq' (their dk, dv are never stored)."""
+    """dk', dv over query blocks [lo, hi) of the queries starting at row start_q (their lse and D at stats_start)."""
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         q_wide = qp_desc.load([bh_q, start_q + start_m, 0]).reshape(BLOCK_M, 2 * BLOCK_D)  # q' (BLOCK_M, 2 BLOCK_D)
@@ -225,22 +219,14 @@ def _bwd_dkdv_inner(
             probs_t = tl.where(offs_n[:, None] <= (q_offset + offs_m)[None, :], probs_t, 0.0)
         dv = tl.dot(probs_t.to(do.dtype), do, dv, input_precision=PRECISION)
         dprobs_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
-        dscores_t = probs_t * (dprobs_t - row_delta[None, :])
-        if MASK_KEYS:
-            dscores_t = tl.where((offs_n < seq_k)[:, None], dscores_t, 0.0)
-        dscores_t = dscores_t.to(q_wide.dtype)
+        dscores_t = (probs_t * (dprobs_t - row_delta[None, :])).to(q_wide.dtype)
         dk_wide = tl.dot(dscores_t, q_wide, dk_wide, input_precision=PRECISION)  # dk' (BLOCK_N, 2 BLOCK_D)
-        if DQAcc is not None:
-            dq_wide = tl.dot(tl.trans(dscores_t), k_wide, input_precision=PRECISION)  # dq' (BLOCK_M, 2 BLOCK_D)
-            offs_w = tl.arange(0, 2 * BLOCK_D)
-            tl.atomic_add(DQAcc + (acc_row + start_q + offs_m)[:, None] * (2 * BLOCK_D) + offs_w[None, :], dq_wide,
-                          mask=valid_rows[:, None], sem="relaxed")
     return dk_wide, dv
 
 
 @triton.jit
 def _pope_bwd_dkdv_kernel(
-    K, V, kp_desc, v_desc, qp_desc, do_desc, lse_desc, rowdelta_desc, Theta, DK, DV, DQAcc,
+    K, V, kp_desc, v_desc, qp_desc, do_desc, lse_desc, rowdelta_desc, Theta, DK, DV,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_dkb, stride_dkh, stride_dkn,
@@ -250,14 +236,11 @@ def _pope_bwd_dkdv_kernel(
     CAUSAL: tl.constexpr, MAGNITUDE: tl.constexpr, PRECISION: tl.constexpr, KEYS_FROM_PREPASS: tl.constexpr,
     IS_VARLEN: tl.constexpr = False,
 ):
-    # DQAcc: None, or (the atomic backward, bwd_atomic) the fp32 dq' accumulator (B * Hq, Nq, 2 BLOCK_D) (packed:
-    # (Hq, total_q, 2 BLOCK_D)) into which every query block visited adds its dq' (KEYS_FROM_PREPASS only).
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // n_kv_heads
     hk = pid_bh % n_kv_heads
     kv_row = pid_bh
-    acc_rows = seq_q  # the accumulator's rows per query head (before a packed sequence's length replaces seq_q)
     if IS_VARLEN:
         # Packed sequences, seen as batch 1 (as in jit_math._query_sequence): grid row pid_bh is (sequence b, key
         # head hk); the sequence's lengths and q_offset replace the arguments.
@@ -308,25 +291,20 @@ def _pope_bwd_dkdv_kernel(
         masked_lo = 0
         masked_hi = 0
     n_q_heads = n_kv_heads * group_size
-    mask_keys: tl.constexpr = IS_VARLEN and DQAcc is not None
     for g in range(0, group_size):
         h = hk * group_size + g
         bh_q = b * n_q_heads + h
-        acc_row = bh_q.to(tl.int64) * acc_rows
         if CAUSAL:
             dk_wide, dv = _bwd_dkdv_inner(
-                dk_wide, dv, k_wide, v, qp_desc, do_desc, lse_desc, rowdelta_desc, DQAcc, acc_row, bh_q, b, h,
-                offs_n, q_offset, seq_q, seq_k, start_q, stats_start, masked_lo, masked_hi,
-                softmax_scale * 1.4426950408889634, BLOCK_M, BLOCK_D, True, mask_keys, PRECISION)
+                dk_wide, dv, k_wide, v, qp_desc, do_desc, lse_desc, rowdelta_desc, bh_q, b, h,
+                offs_n, q_offset, seq_q, start_q, stats_start, masked_lo, masked_hi, softmax_scale * 1.4426950408889634,
+                BLOCK_M, BLOCK_D, True, PRECISION)
         dk_wide, dv = _bwd_dkdv_inner(
-            dk_wide, dv, k_wide, v, qp_desc, do_desc, lse_desc, rowdelta_desc, DQAcc, acc_row, bh_q, b, h,
-            offs_n, q_offset, seq_q, seq_k, start_q, stats_start, masked_hi, seq_q, softmax_scale * 1.4426950408889634,
-            BLOCK_M, BLOCK_D, False, mask_keys, PRECISION)
+            dk_wide, dv, k_wide, v, qp_desc, do_desc, lse_desc, rowdelta_desc, bh_q, b, h,
+            offs_n, q_offset, seq_q, start_q, stats_start, masked_hi, seq_q, softmax_scale * 1.4426950408889634,
+            BLOCK_M, BLOCK_D, False, PRECISION)
 
     # dk through k' = f(k) [cos(s theta), sin(s theta)], dk' = scale * dS^T q', the phases recomputed, not kept.
-    if DQAcc is not None:  # the atomic backward: k's row pointers made here, not kept live through the loop
-        # (ptxas: d = 64 packed 0 B of spills, against 4 B; the deterministic kernel's 40 B would be 44 B)
-        k_rows = K + b * stride_kb + hk * stride_kh + rows[:, None] * stride_kn
     _chain_rule(dk_wide, k_rows, DK + b * stride_dkb + hk * stride_dkh + rows[:, None] * stride_dkn, offs_n,
                 offs_n < seq_k, Theta, Theta, softmax_scale, Theta, HEAD_DIM, BLOCK_D, False, MAGNITUDE)
     tl.store(DV + b * stride_dvb + hk * stride_dvh + rows[:, None] * stride_dvn + offs_d[None, :],
@@ -471,7 +449,7 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
                    *statistics_descriptors(lse_rows, row_delta, block_m))
     direct_launch.launch(_pope_bwd_dkdv_kernel, (host.cdiv(rows_k, block_n), n_sequences * n_kv_heads),
                          plan + ("dk dv",), (
-        k, v, *key_descriptors, *descriptors, theta, dk_out, dv_out, None,
+        k, v, *key_descriptors, *descriptors, theta, dk_out, dv_out,
         *host.strides(k), *host.strides(v), *host.strides(dk_out), *host.strides(dv_out),
         n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, *cu_seqlens),
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
