@@ -71,12 +71,12 @@ def prepare(name: str, *, out_dir: str | os.PathLike | None = None, source: str 
         out_dir = check_output_dir(out_dir)  # a file, a path under a file, unwritable: one clear error, first
     module_name, function_name = BUILDERS[canonical]
     builder = getattr(importlib.import_module(module_name), function_name)
-    if canonical == "genome-hf":
+    if canonical == "genome-hf":  # a hub dataset id instead of a source path, prepared as "genome"
         if source is not None:
             options["dataset_id"] = str(source)
         target = out_dir or data_root() / "genome"
-        with exclusive_lock(target):
-            return builder(target, force=force, progress=progress, **options)
-    target = out_dir or data_root() / canonical
+    else:
+        target = out_dir or data_root() / canonical
+        options["source"] = source
     with exclusive_lock(target):
-        return builder(target, source=source, force=force, progress=progress, **options)
+        return builder(target, force=force, progress=progress, **options)
