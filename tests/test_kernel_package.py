@@ -224,3 +224,36 @@ def test_bitwise_ab_comparison_reports_every_difference():
     assert not rows["dk"]["equal"] and not rows["dv"]["equal"]  # missing in one tree
     signed = ab.compare({"c": {"x": torch.tensor([0.0])}}, {"c": {"x": torch.tensor([-0.0])}})
     assert not signed[0]["equal"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dot_precision_follows_torchs_float32_matmul_precision(monkeypatch, dtype):
+    """fp32 inputs: exact dots ("ieee") at PyTorch's default "highest", TF32 at "high" / "medium", as torch.matmul;
+    16-bit inputs: tensor cores either way. The precision is part of each launch site's plan key, so a site
+    compiled under one setting is never reused under another."""
+    from pope.kernels import bwd, fwd, host
+
+    launches = []  # (site, PRECISION) of the attention kernels; nothing runs
+    monkeypatch.setattr(fwd.direct_launch, "launch",
+                        lambda kernel, grid, site, args, **meta: launches.append((site, meta.get("PRECISION"))))
+    q, k, v = (torch.randn(1, 2, 16, 32, dtype=dtype) for _ in range(3))
+    theta = torch.ones(32)
+    before = torch.get_float32_matmul_precision()
+    try:
+        for setting in ("highest", "high", "medium"):
+            torch.set_float32_matmul_precision(setting)
+            expected = "ieee" if dtype == torch.float32 and setting == "highest" else "tf32"
+            assert host.precision(dtype) == expected
+            launches.clear()
+            fwd.forward(q, k, v, None, theta, causal=True, softmax_scale=0.1, q_offset=0, magnitude="softplus")
+            bwd.backward(q, q, k, v, None, q, torch.zeros(1, 2, 16), theta, causal=True, softmax_scale=0.1,
+                         q_offset=0, magnitude="softplus")
+            kernel_launches = [(site, p) for site, p in launches if p is not None]
+            assert len(kernel_launches) == 3 and {p for _, p in kernel_launches} == {expected}, kernel_launches
+            if setting == "highest":
+                sites_exact = {site for site, _ in kernel_launches}
+            elif setting == "high":
+                sites_tf32 = {site for site, _ in kernel_launches}
+                assert sites_tf32.isdisjoint(sites_exact) == (dtype == torch.float32)
+    finally:
+        torch.set_float32_matmul_precision(before)

@@ -89,3 +89,26 @@ def test_run_records(splits, tmp_path):
              if r["kind"] == "train"]
     assert {"step", "loss", "lr", "tokens_per_s", "step_ms"} <= set(train[0]) and train[0]["tokens_per_s"] > 0
     assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_fp32_matmul_option_sets_torch_precision_and_is_recorded(splits, tmp_path):
+    """train.fp32_matmul=tf32 sets PyTorch's float32 matmul precision to 'high' for the run (pope's kernels follow
+    it: kernels.host.precision) and env.json records it; the default 'ieee' is 'highest' and is left out of
+    config.json, so that runs recorded before the option existed still resume."""
+    before = torch.get_float32_matmul_precision()
+    try:
+        tf32 = resolve_run_config("indirect-indexing-tiny", "pope",
+                                  overrides=_sets(splits, 4, "train.fp32_matmul=tf32"))
+        run_training(tf32, tmp_path / "tf32")
+        assert torch.get_float32_matmul_precision() == "high"
+        assert json.loads((tmp_path / "tf32" / "env.json").read_text())["fp32_matmul_precision"] == "high"
+        assert json.loads((tmp_path / "tf32" / "config.json").read_text())["train"]["fp32_matmul"] == "tf32"
+        exact = resolve_run_config("indirect-indexing-tiny", "pope", overrides=_sets(splits, 4))
+        run_training(exact, tmp_path / "ieee")
+        assert torch.get_float32_matmul_precision() == "highest"
+        assert json.loads((tmp_path / "ieee" / "env.json").read_text())["fp32_matmul_precision"] == "highest"
+        assert "fp32_matmul" not in json.loads((tmp_path / "ieee" / "config.json").read_text())["train"]
+    finally:
+        torch.set_float32_matmul_precision(before)
+    with pytest.raises(ValueError, match="fp32_matmul"):
+        resolve_run_config("indirect-indexing-tiny", "pope", overrides=_sets(splits, 4, "train.fp32_matmul=fp16"))

@@ -381,8 +381,9 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
              magnitude: str, dq_config=None, dkdv_config=None, packed: host.Packed | None = None):
     """Returns (dq, dk, dv, d_delta or None). Deterministic: no atomics anywhere. packed: a packed batch as the
     forward's (do, q, out (total_q, Hq, d), k, v (total_k, Hkv, d), lse (Hq, total_q)), one launch per kernel."""
+    precision = host.precision(q.dtype)  # a constexpr of the kernels: part of the launch sites' plan key
     plan = host.plan(do, q, k, v, delta, out, lse, theta, causal, q_offset, magnitude, dq_config, dkdv_config,
-                     *(packed or ()))
+                     precision, *(packed or ()))
     # Pre-pass buffers and gradients are made as late and freed as early as they can be, so that what the
     # backward allocates peaks at 5 |q| at MHA (dq + q' + k'), as SDPA's dq, dk, dv and fp32 dq accumulator.
     # Gradients are allocated in the inputs' own shapes (packed: (total, H, d)); the kernels see batch views.
@@ -396,7 +397,6 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
     group_size = n_q_heads // n_kv_heads
     block_d = host.block_d(head_dim)
     code = MAGNITUDES[magnitude].kernel_code
-    precision = host.precision(q.dtype)
     cu_seqlens = host.cu_seqlens(packed)
     # The grids' sequences and rows: packed, every sequence up to the longest.
     n_sequences, rows_q, rows_k = (packed.batch, packed.max_seqlen_q, packed.max_seqlen_k) if packed else (

@@ -3,8 +3,9 @@
 TILES[kind][(architecture, bucket, dtype)] -> Tiles(block_m, block_n, num_warps, num_stages) for the kernels
 "fwd", "dq" and "dkdv"; bucket 64 holds head dims up to 64 (tile width BLOCK_D <= 64), bucket 128 the rest up to 128.
 The tables are never changed: the entries were timed on an NVIDIA H200 (sm_90, docs/kernels.md), and another
-architecture takes them until it has entries of its own. fp32 inputs take exact fp32 dots (FMA units, no tensor
-cores): small one-stage tiles, or the fp32 operand tiles overflow shared memory and registers.
+architecture takes them until it has entries of its own. fp32 inputs take small one-stage tiles, or the fp32 operand
+tiles overflow shared memory and registers; their dots are exact (FMA units) unless PyTorch's float32 matmul
+precision allows TF32 (host.precision).
 
 A user override (tuning for another GPU): POPE_KERNEL_CONFIGS=FILE.json with
 {"fwd"|"dq"|"dkdv": {"64"|"128": [BLOCK_M, BLOCK_N, warps, stages]}}, as scripts/gpu_kernel_check.py --sweep

@@ -66,8 +66,12 @@ def next_power_of_2(n: int) -> int:
 
 
 def precision(dtype: torch.dtype) -> str:
-    """tl.dot's input_precision: exact fp32 dots ("ieee", FMA units) for fp32 inputs, tensor cores otherwise."""
-    return "ieee" if dtype == torch.float32 else "tf32"
+    """tl.dot's input_precision. 16-bit inputs: tensor cores. fp32 inputs follow PyTorch's float32 matmul
+    precision, as torch.matmul does: "highest" (the default) gives exact fp32 dots ("ieee", FMA units), "high" or
+    "medium" (torch.set_float32_matmul_precision) TF32 tensor cores (10-bit mantissa products, fp32 sums)."""
+    if dtype != torch.float32:
+        return "tf32"
+    return "ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32"
 
 
 def strides(t: torch.Tensor):

@@ -38,6 +38,11 @@ class TrainOptions:
     """'auto' (CUDA when available), 'cuda' or 'cpu'."""
     autocast: Literal["auto", "bf16", "none"] = "auto"
     """'bf16' (bf16 autocast; weights and optimizer stay fp32), 'none', or 'auto' = bf16 on CUDA, none on CPU."""
+    fp32_matmul: Literal["ieee", "tf32"] = "ieee"
+    """How fp32 matrix products run (all of them under autocast 'none'; those autocast keeps in fp32 otherwise):
+    'ieee' exact (torch.set_float32_matmul_precision('highest'), PyTorch's default) or 'tf32' on TF32 tensor cores
+    ('high': 10-bit mantissa products, fp32 sums; ~bf16 speed on Ampere and later, where exact fp32 products
+    run on FMA units at a fraction of it). Set process-wide by the trainer; pope's kernels follow it."""
     compile: bool | None = None
     """torch.compile the model; None = on for CUDA, off for CPU."""
     cuda_graph: bool | None = None
@@ -152,7 +157,7 @@ class RunConfig:
 
 # train.* keys added after runs were recorded: written only when they differ from this default, so the config.json
 # of an earlier run still equals its config's to_dict() and still resumes
-WRITTEN_WHEN_SET = {"pack": False}
+WRITTEN_WHEN_SET = {"pack": False, "fp32_matmul": "ieee"}
 
 RESUME_MUTABLE = {"train.device", "train.parallel", "train.compile", "train.cuda_graph", "train.log_interval",
                   "train.stop_at_step", "train.tensorboard", "train.progress", "train.checkpoint_interval",

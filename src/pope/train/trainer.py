@@ -75,6 +75,8 @@ class Trainer:
             self.model_config = self.config.model
             self.model = GPT(self.model_config).to(self.device)  # unwrapped: checkpoints and evaluation use it
             self.autocast_dtype = self._autocast_dtype()
+            # process-wide: torch.matmul, cuBLAS and pope's kernels (kernels.host.precision) read it
+            torch.set_float32_matmul_precision("highest" if self.options.fp32_matmul == "ieee" else "high")
             # packed batches change shape every step: compiled only on request, then with dynamic shapes
             self.compile = (self.options.compile if self.options.compile is not None
                             else self.device.type == "cuda" and not self.options.pack)
@@ -209,7 +211,8 @@ class Trainer:
                "command": portable_argv(), "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "resumed_from_step": self.step, "resumed_from_world_size": self.resumed_from_world_size,
                "compile": self.compile, "cuda_graph": self.use_graph, "cuda_mps": cuda_mps_active(),
-               "autocast": str(self.autocast_dtype), "model_params": self.model.num_params()}
+               "autocast": str(self.autocast_dtype), "fp32_matmul_precision": torch.get_float32_matmul_precision(),
+               "model_params": self.model.num_params()}
         name = "env.json" if self.step == 0 else f"env.resume-{self.step}.json"
         (self.run_dir / name).write_text(json.dumps(env, indent=2) + "\n")
 
