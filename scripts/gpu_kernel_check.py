@@ -1,4 +1,4 @@
-"""The fused PoPE kernels on a CUDA GPU: correctness in bf16 / fp16 / fp32 at the benchmark sizes, a
+"""The fused PoPE kernels on a CUDA GPU: correctness in bf16 / fp16 / fp32 / tf32 at the benchmark sizes, a
 determinism check, and (with --sweep) timings of candidate tile configurations.
 
 Correctness rule (pope.testing, as in the CPU tests): against float64, the kernel's output and every gradient are
@@ -70,7 +70,9 @@ VARLEN_SHAPES = [
 ]
 # fp16 and fp32 at these rows of CHECK_SHAPES (each dtype x head dim is a separate compile).
 OTHER_DTYPE_ROWS = (0, 4, 6, 8, 10, 12, 14, 16, 17)
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# "tf32": fp32 inputs under torch.set_float32_matmul_precision("high"), so the kernels' dots and the reference's fp32
+# matmuls both run on TF32 tensor cores (pope.kernels.host.precision); the other names run at "highest".
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "tf32": torch.float32}
 # TRITON_INTERPRET=1 python scripts/gpu_kernel_check.py --smoke runs tiny shapes on CPU (checks this script).
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -348,6 +350,10 @@ def work_items(args) -> list:
     other_rows = OTHER_DTYPE_ROWS if args.other_rows is None else table_rows(args.other_rows, CHECK_SHAPES, "--other-rows")
     varlen = VARLEN_SHAPES if args.varlen_rows is None else [
         VARLEN_SHAPES[i] for i in table_rows(args.varlen_rows, VARLEN_SHAPES, "--varlen-rows")]
+    unknown = [name for name in args.dtypes.split(",") if name not in DTYPES]
+    if unknown:
+        raise SystemExit(f"gpu_kernel_check.py: --dtypes takes {', '.join(DTYPES)} (comma-separated); "
+                         f"got {', '.join(map(repr, unknown))}")
     for dtype_name in args.dtypes.split(","):
         rows = bf16_rows if dtype_name == "bf16" else other_rows
         if "batched" in checks:
@@ -408,6 +414,7 @@ def run_items(items, first: int, args, record) -> int:
                 raise RuntimeError(f"simulated failure of item {index} (--raise-in-items)")
             if index in args.die_in_items:
                 os._exit(134)  # a process that dies mid-check (as a hard CUDA fault can)
+            torch.set_float32_matmul_precision("high" if dtype_name == "tf32" else "highest")
             row = CHECKS[group](shape, dtype_name)
         except Exception as error:
             message = str(error).strip().splitlines()
@@ -472,7 +479,8 @@ def main(argv=None):
     parser.add_argument("--varlen-rows", default=None,
                         help="VARLEN_SHAPES rows for the varlen check, e.g. 1 (default all)")
     parser.add_argument("--out", default=".", help="directory for gpu_kernel_check.json (made if missing)")
-    parser.add_argument("--dtypes", default="bf16,fp16,fp32")
+    parser.add_argument("--dtypes", default="bf16,fp16,fp32",
+                        help="of bf16, fp16, fp32, tf32 (fp32 inputs, TF32 products); default %(default)s")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter smoke test)")
     parser.add_argument("--checks", default="batched,varlen",
                         help="which correctness checks: batched (CHECK_SHAPES), varlen (VARLEN_SHAPES), "

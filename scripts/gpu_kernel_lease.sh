@@ -13,8 +13,9 @@
 # correctness.
 #
 #   step          budget  what                                                   H200, 2026-12-02, c6dcd5a
-#   correctness    360 s  scripts/gpu_kernel_check.py, 11 checks: bf16/fp16/fp32   ~260 s for its 15 checks then
-#                         forward+backward at GQA 8:2 d=64 and at 1x2x4096x128,    (6 of them the atomic backward's,
+#   correctness    360 s  scripts/gpu_kernel_check.py, 14 checks: bf16/fp16/fp32/  ~260 s for its 15 checks then
+#                         tf32 (fp32 under TF32 matmul precision) forward+backward (6 of them the atomic backward's,
+#                         at GQA 8:2 d=64 and at 1x2x4096x128,
 #                         packed varlen (MQA 4:1, empty / length-1 / Nq<Nk         removed; fp16/fp32 at 1x2x4096x
 #                         sequences, d=128); vs float64, 2x rule; deterministic    128 added since: mostly Triton
 #                         backward bitwise over 3 runs; decode                     compiles, one per dtype x head
@@ -60,7 +61,7 @@ BENCH_SHAPES=4x16x4096x128,2x32x8x4096x128,1x32x8x8192x128,2x32x4x4096x128,4x16x
 STEP_NAMES=(correctness benchmark varlen)
 read -r -a STEP_BUDGETS <<< "${LEASE_BUDGETS:-360 100 85}"  # seconds per step, in order
 STEP_COMMANDS=(
-  "$PY scripts/gpu_kernel_check.py --checks batched,varlen --dtypes bf16,fp16,fp32 --bf16-rows 4,5 --other-rows 4,5 --varlen-rows 1 --out $WORK/kernel_check"
+  "$PY scripts/gpu_kernel_check.py --checks batched,varlen --dtypes bf16,fp16,fp32,tf32 --bf16-rows 4,5 --other-rows 4,5 --varlen-rows 1 --out $WORK/kernel_check"
   "$PY benchmarks/attention.py --shapes $BENCH_SHAPES --providers 'sdpa,cudnn sdpa,rope compiled+sdpa,pope triton' --out $WORK/bench"
   "$PY benchmarks/attention.py --varlen-only --out $WORK/bench"
 )

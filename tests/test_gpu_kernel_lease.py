@@ -56,7 +56,7 @@ def test_script_parses_and_plan_lists_every_step_within_the_bound():
     assert sorted(shapes) == sorted("x".join(map(str, shape)) for shape in _benchmark().SHAPES), shapes
     # the issue's targets need these providers and checks
     for needed in ("'sdpa,cudnn sdpa,rope compiled+sdpa,pope triton'", "--varlen-only",
-                   "--checks batched,varlen --dtypes bf16,fp16,fp32"):
+                   "--checks batched,varlen --dtypes bf16,fp16,fp32,tf32"):
         assert needed in run.stdout, needed
     # the removed experiments (the atomic backward, bwd-autows, the d=128 tiles) are not run
     for gone in ("atomic", "autows", "kernel_variants"):
@@ -301,8 +301,8 @@ def test_summary_from_leaves_out_the_removed_providers_rows_of_older_csvs(tmp_pa
 
 def test_correctness_step_checks_every_dtype_with_gqa_varlen_and_d128():
     """The lease's first step's arguments (scripts/gpu_kernel_check.py --bf16-rows / --other-rows / --varlen-rows pick
-    the subset): 11 checks, bf16 / fp16 / fp32 each with a GQA batch, d = 128 at 4096 tokens and a packed batch (empty
-    and length-1 sequences, Nq < Nk, d = 128); then the determinism and decode checks."""
+    the subset): 14 checks, bf16 / fp16 / fp32 / tf32 each with a GQA batch, d = 128 at 4096 tokens and a packed batch
+    (empty and length-1 sequences, Nq < Nk, d = 128); then the determinism and decode checks."""
     plan = _lease(["--plan"]).stdout
     args = plan.splitlines()[1].split("scripts/gpu_kernel_check.py ")[1].split(" --out ")[0].split()
     code = ("import sys, json; sys.path.insert(0, 'scripts'); import gpu_kernel_check as g; "
@@ -315,8 +315,8 @@ def test_correctness_step_checks_every_dtype_with_gqa_varlen_and_d128():
     assert run.returncode == 0, run.stderr
     items = json.loads(run.stdout)
     groups = [(group, dtype) for group, dtype, _ in items]
-    assert len(items) == 11, items
-    for dtype in ("bf16", "fp16", "fp32"):
+    assert len(items) == 14, items
+    for dtype in ("bf16", "fp16", "fp32", "tf32"):
         assert ("varlen", dtype) in groups and ["batched", dtype, [1, 2, 2, 4096, 4096, 128, True]] in items
         gqa = [shape for group, d, shape in items if d == dtype and group == "batched" and shape[1] != shape[2]]
         assert gqa, (dtype, items)
@@ -369,6 +369,25 @@ def test_benchmark_main_appends_each_row_as_measured_and_ends_with_the_targets(t
     last = captured.out.strip().splitlines()
     assert last[-3].startswith("4x16x4096x128: fwd+bwd 1.50x sdpa (MET <=1.6x") and "issue 22, GQA" in last[-2]
     assert last[-1] == "targets: 4 MET, 0 MISSED"
+
+
+def test_kernel_check_tf32_runs_fp32_inputs_under_tf32_matmul_precision(tmp_path):
+    """--dtypes tf32: fp32 inputs with torch's float32 matmul precision "high" for the check (the kernels' dots and
+    the reference's matmuls on TF32), "highest" again for the next; an unknown dtype name is refused in one line."""
+    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "src"), "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    code = ("import sys; sys.path.insert(0, 'scripts'); import torch, gpu_kernel_check as g; seen = []; "
+            "g.CHECKS = {'batched': lambda shape, name: seen.append((name, torch.get_float32_matmul_precision())) "
+            "or {'passed': False, 'error': 'stand-in'}}; g.cuda_context_broken = lambda: False; g.run_items([('batched', 'tf32', None), ('batched', 'fp32', None)], 0, "
+            "__import__('argparse').Namespace(raise_in_items=set(), die_in_items=set()), lambda i, r: None); "
+            "print(seen)")
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().splitlines()[-1] == "[('tf32', 'high'), ('fp32', 'highest')]", run.stdout
+    run = subprocess.run([sys.executable, "scripts/gpu_kernel_check.py", "--smoke", "--dtypes", "bf16,tf16",
+                          "--out", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and "Traceback" not in run.stderr
+    assert run.stderr.strip().splitlines()[-1] == ("gpu_kernel_check.py: --dtypes takes bf16, fp16, fp32, tf32 "
+                                                   "(comma-separated); got 'tf16'"), run.stderr
 
 
 def test_kernel_check_refuses_an_unknown_check_in_one_line(tmp_path):
