@@ -5,8 +5,9 @@
 #   (NAME=pope SEEDS=4-7 LIMIT=100000 setsid nohup bash scripts/gpu_sweep_indirect.sh > /tmp/sweep-pope.log 2>&1 &)
 #   bash scripts/gpu_sweep_monitor.sh 540 pope          # first command; then the same line again, command after command
 #
-# gpu_sweep_monitor.sh SECONDS NAME...: about every 60 s, print each seed's step, step time and latest valid/test
-# accuracy for the sweeps NAME... under $RUNS, and archive their small files (metrics.jsonl, JSON, logs; no
+# gpu_sweep_monitor.sh SECONDS NAME...: about every 60 s, print each seed's step, step time, the time the rest of
+# its schedule takes at that step time (left=, evaluations not counted: whether it fits the lease) and latest
+# valid/test accuracy for the sweeps NAME... under $RUNS, and archive their small files (metrics.jsonl, JSON, logs; no
 # checkpoints) into $OUT/sweep-NAME.tar.gz, so a command that ends (or a machine that goes away) loses at most a
 # minute of curves. It returns after SECONDS (never later: its last wait is cut short; give <= 540 for a 600 s
 # command), or as soon as
@@ -70,10 +71,18 @@ for name in sys.argv[2:]:
         summary = run / "summary.json"
         finished = summary.exists() and json.loads(summary.read_text()).get("finished", False)
         last = evals[-1] if evals else {}
-        step_ms = f"{trains[-1]['step_ms']:.2f}" if trains and "step_ms" in trains[-1] else "-"
-        print(f"{name}/{run.name}: step {records[-1]['step'] if records else 0} finished={finished} "
-              f"ms/step={step_ms} valid_acc={last.get('valid_accuracy', '-')} "
-              f"test_acc={last.get('test_accuracy', '-')}", flush=True)
+        step = records[-1]["step"] if records else 0
+        step_ms = trains[-1].get("step_ms") if trains else None
+        # the time the rest of the schedule takes at the last step time (without evaluations): whether it fits
+        try:
+            total = json.loads((run / "config.json").read_text())["recipe"]["max_steps"]
+        except (OSError, ValueError, KeyError):
+            total = None
+        left = (f"{(total - step) * step_ms / 1000:.0f}s" if step_ms is not None and total is not None
+                and not finished else "-")
+        print(f"{name}/{run.name}: step {step} finished={finished} "
+              f"ms/step={'-' if step_ms is None else f'{step_ms:.2f}'} left={left} "
+              f"valid_acc={last.get('valid_accuracy', '-')} test_acc={last.get('test_accuracy', '-')}", flush=True)
 PY
 }
 verdict=0

@@ -5,6 +5,7 @@ waiting when every sweep process is gone. Most tests use a stand-in sweep script
 every 50 ms, resuming from its last step); one runs the real scripts/gpu_sweep_indirect.sh on a tiny CPU model."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -162,6 +163,23 @@ def test_monitor_on_a_fresh_machine_exits_at_once(machine):
         f"gpu_sweep_monitor.sh: nothing to watch: no sweep pope-wrap rope under {tmp_path / 'runs'} and no sweep "
         "process (a fresh machine? the previous one was given back); start the sweeps again (scripts/gpu_sweeps.sh "
         "does it)")
+
+
+def test_monitor_says_how_long_the_rest_of_each_schedule_takes(machine):
+    """Each seed's line gives left= (remaining steps x the last step time): whether the runs fit the lease is read
+    off the first command's output. A run with no step time yet, or finished, says left=-."""
+    sweeps, monitor, tmp_path, started = machine
+    sweep = tmp_path / "runs" / "pope-tf32"
+    for seed, records in ((0, [{"kind": "train", "step": 40000, "step_ms": 12.5}]), (1, [])):
+        run = sweep / f"seed-{seed}"
+        run.mkdir(parents=True)
+        (run / "config.json").write_text('{"recipe": {"max_steps": 100000}}')
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    result = monitor(0, "pope-tf32")  # no sweep process: one status pass, then exit 1
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = [line for line in result.stdout.splitlines() if line.startswith("pope-tf32/")]
+    assert lines == ["pope-tf32/seed-0: step 40000 finished=False ms/step=12.50 left=750s valid_acc=- test_acc=-",
+                     "pope-tf32/seed-1: step 0 finished=False ms/step=- left=- valid_acc=- test_acc=-"], result.stdout
 
 
 @pytest.mark.parametrize("args, message", [
