@@ -57,6 +57,9 @@ for stage in "$@"; do
   pid=$(env STAGE="$stage" LIMIT=100000 OUT="$LOG_DIR/out-$stage" setsid nohup bash "$here/gpu_reproduce.sh" \
         > "$log" 2>&1 < /dev/null & echo $!)
   echo "$pid" > "$LOG_DIR/reproduce-$stage.pid"
+  # until the child has exec'd gpu_reproduce.sh it is a copy of this shell, which alive() does not count: wait for
+  # it (at most 10 s), or a loaded machine ends the wait below at once and calls a starting stage "running"
+  for _ in $(seq 1 100); do { [ -n "$(alive "$stage")" ] || [ -n "$(ended_status "$stage")" ]; } && break; sleep 0.1; done
   echo "$stage: started (pid $pid, log $log)"
 done
 

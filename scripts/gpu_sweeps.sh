@@ -155,6 +155,9 @@ for ((i = 0; i < ${#fields[@]}; i += 8)); do
   pid=$(env NAME="$name" PE="$pe" SEEDS="$seeds" JOBS_PER_GPU="$jobs" LIMIT="$seconds" EXTRA="$extra" OUT="$SWEEP_OUT" \
         RUNS="$RUNS" setsid nohup bash "$SWEEP_SCRIPT" > "$log" 2>&1 < /dev/null & echo $!)
   echo "$name: $state; pid $pid, log $log"
+  # until the child has exec'd the sweep script it is a copy of this shell, which sweep_pids does not count: wait for
+  # it (at most 10 s), or the monitor, on a loaded machine, finds "no sweep process alive" and gives up
+  for _ in $(seq 1 100); do { [ -n "$(sweep_pids "$name")" ] || sweep_log_ended "$name"; } && break; sleep 0.1; done
 done
 [ "$limit" = --check ] && exit 0
 left=$((limit - SECONDS)); [ $left -ge 0 ] || left=0

@@ -61,6 +61,15 @@ def _two_processes(sets, out, *, resume=False, check=True, preset=PRESET):
                "train", preset, "--pe", PE, "--seed", str(SEED), *[x for s in sets for x in ("--set", s)],
                "--out", str(out), *(["--resume"] if resume else [])]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    if check and result.returncode != 0 and "terminate called" in result.stderr:
+        # A rank aborted inside the C++ runtime (std::terminate: seen once in gloo under CPU contention, in a run
+        # that passes alone); no Python code of ours can end a process that way. Run it once more, from scratch
+        # (a resume resumes again: the resume is exact either way), and say so in the test log.
+        print(f"two-process run aborted in the C++ runtime; running it again:\n{result.stderr[-1500:]}",
+              file=sys.stderr)
+        if not resume:
+            shutil.rmtree(out, ignore_errors=True)
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
     if check:
         assert result.returncode == 0, result.stderr[-3000:]
     return result
