@@ -256,6 +256,46 @@ def test_eval_accuracy_is_the_trainers_task_accuracy(tmp_path, capsys):
     assert printed == task_accuracy(str(checkpoint), str(data), device="cpu") and printed["examples"] == 20
 
 
+def test_eval_accuracy_by_shift_counts_each_example_under_its_own_shift(tmp_path, capsys, monkeypatch):
+    """by_shift holds, per signed shift, the examples with that shift and how many of them the model gets right;
+    the totals are the overall numbers; the CLI prints it. The model is a stand-in that always answers one letter,
+    so the examples it gets right are exactly those whose target is that letter."""
+    import pope.checkpoint
+    from pope.data import indirect_indexing as task
+    from pope.model import GPTConfig
+    from pope.train.evaluate import task_accuracy
+
+    lines = task.generate_examples(200, np.random.default_rng(1))
+    data = tmp_path / "examples.txt"
+    data.write_text("\n".join(lines) + "\n")
+    parsed = [task.parse_example(line) for line in lines]
+    letter = max(set(e.target for e in parsed), key=[e.target for e in parsed].count)
+    letter_id = int(task.load_file(data).targets[[e.target for e in parsed].index(letter)].max())
+
+    class AlwaysOneLetter(torch.nn.Module):
+        config = GPTConfig(vocab_size=task.VOCAB_SIZE, n_layer=1, n_head=1, d_model=8, max_seq_len=48)
+
+        def forward(self, x):  # (b, T) -> logits (b, T, vocab) with the letter on top everywhere
+            return torch.nn.functional.one_hot(torch.full_like(x, letter_id), task.VOCAB_SIZE).float(), None
+
+    monkeypatch.setattr(pope.checkpoint, "load_model", lambda run, map_location: (AlwaysOneLetter(),
+                                                                                  {"path": run, "step": 7}))
+    result = task_accuracy("stand-in", str(data), device="cpu", batch_size=7)
+    expected = {}
+    for example in parsed:
+        row = expected.setdefault(f"{example.shift:+d}", {"examples": 0, "correct": 0})
+        row["examples"] += 1
+        row["correct"] += example.target == letter
+    for row in expected.values():
+        row["accuracy"] = row["correct"] / row["examples"]
+    assert result["by_shift"] == dict(sorted(expected.items(), key=lambda item: int(item[0])))
+    assert result["correct"] == sum(e.target == letter for e in parsed) > 0
+    assert main(["eval", "accuracy", "stand-in", "--data", str(data), "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()[-1]
+    first_shift, first_row = next(iter(result["by_shift"].items()))
+    assert printed.startswith(f"by shift (%): {first_shift} {100 * first_row['accuracy']:.1f} "), printed
+
+
 def test_finetune_cli_trains_resumes_and_refuses_bad_context(workspace, tmp_path, capsys):
     out = tmp_path / "rope-ft32"
     arguments = ["finetune", str(workspace["rope"]), "--context", "32", "--steps", "2", "--batch-size", "4",

@@ -347,6 +347,16 @@ def load_file(path: str | os.PathLike) -> EncodedExamples:
     return encode_lines(path.read_bytes(), source=str(path))
 
 
+def shifts_of_file(path: str | os.PathLike) -> np.ndarray:
+    """(N,) int64: the signed shift of every example line of a file, in order (the third comma-separated field)."""
+    lines = Path(path).read_text().splitlines()
+    try:
+        return np.array([int(line.split(",")[2]) for line in lines if line], dtype=np.int64)
+    except (IndexError, ValueError) as error:
+        raise ValueError(f"{path}: a line without a '<string>,<source>,<shift>,<target>' shift ({error}); is this "
+                         "an indirect-indexing examples file?") from error
+
+
 def load_split(directory: str | os.PathLike, split: str, *, verify: bool = True) -> EncodedExamples:
     """One split of a directory written by ``write_splits``; ``verify`` checks its SHA-256."""
     directory = Path(directory)

@@ -148,6 +148,8 @@ def _eval_accuracy(args: argparse.Namespace) -> int:
     else:
         print(f"accuracy {result['accuracy']:.4f} ({result['correct']}/{result['examples']}) loss {result['loss']:.4f}"
               f"  model {result['checkpoint']} (step {result['step']})  data {result['data']}")
+        print("by shift (%): " + " ".join(f"{shift} {100 * row['accuracy']:.1f}"
+                                          for shift, row in result["by_shift"].items()))
     return 0
 
 

@@ -61,7 +61,8 @@ def task_splits_of(run: str | Path) -> Path:
 
 TASK_ACCURACY_FILE = "eval/task_accuracy.json"
 """Indirect-indexing accuracy of one checkpoint on several example files (``score_task_accuracy``):
-{"checkpoint": name, "step": N, "splits": {name: {"accuracy", "correct", "examples", "loss", "data"}}}."""
+{"checkpoint": name, "step": N, "splits": {name: {"accuracy", "correct", "examples", "loss", "by_shift", "data"}}}
+(``by_shift``: the accuracy per signed shift, pope.train.evaluate.task_accuracy)."""
 
 
 def score_task_accuracy(run: str | Path, data_files: dict[str, str | Path], *, checkpoint: str = "last",

@@ -65,7 +65,9 @@ def evaluation_batch_count(data, split: str, *, batch_size: int, max_batches: in
 @torch.no_grad()
 def task_accuracy(run: str, data_file: str, *, batch_size: int = 256, device: str = "auto") -> dict:
     """Final-token accuracy (argmax over the whole vocabulary) and loss of the model in ``run``
-    (best checkpoint if present, else last) on every example of ``data_file``."""
+    (best checkpoint if present, else last) on every example of ``data_file``; ``by_shift`` splits the accuracy
+    by the example's signed shift ({"-15": {"examples", "correct", "accuracy"}, ..., "+15": ...}, in shift order):
+    which offsets a model has learned to index."""
     from pope.checkpoint import load_model
     from pope.data import indirect_indexing as task
 
@@ -81,15 +83,24 @@ def task_accuracy(run: str, data_file: str, *, batch_size: int = 256, device: st
                          f"{model.config.max_seq_len}) "
                          f"was not trained on indirect indexing (needs vocab {task.VOCAB_SIZE}, {task.SEQ_LEN} tokens)")
     inputs, targets = torch.from_numpy(examples.inputs), torch.from_numpy(examples.targets)
-    correct, loss_sum = 0, 0.0
+    hits, loss_sum = [], 0.0  # hits: (N,) bool, whether each example's target was predicted
     for start in range(0, len(inputs), batch_size):
         x = inputs[start:start + batch_size].to(device)
         y = targets[start:start + batch_size].to(device)
-        logits, _ = model(x)
-        logits, y = logits.float().flatten(0, 1), y.flatten()
-        scored = y != -100
-        correct += int(((logits.argmax(-1) == y) & scored).sum())
-        loss_sum += float(F.cross_entropy(logits, y, ignore_index=-100, reduction="sum"))
-    n = len(inputs)
-    return {"accuracy": correct / n, "correct": correct, "examples": n, "loss": loss_sum / n,
+        logits, _ = model(x)  # (b, T, vocab)
+        scored = y != -100  # (b, T): one target per example
+        hits.append(((logits.float().argmax(-1) == y) & scored).any(dim=1).cpu())
+        loss_sum += float(F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100,
+                                          reduction="sum"))
+    hits = torch.cat(hits)
+    n, correct = len(inputs), int(hits.sum())
+    shifts = task.shifts_of_file(data_file)  # (N,) signed shifts, in file order as the examples
+    if len(shifts) != n:
+        raise ValueError(f"{data_file}: {len(shifts)} shifts read for {n} encoded examples (blank lines?)")
+    by_shift = {}
+    for shift in sorted(set(shifts.tolist())):
+        chosen = torch.from_numpy(shifts == shift)
+        count, right = int(chosen.sum()), int(hits[chosen].sum())
+        by_shift[f"{shift:+d}"] = {"examples": count, "correct": right, "accuracy": right / count}
+    return {"accuracy": correct / n, "correct": correct, "examples": n, "loss": loss_sum / n, "by_shift": by_shift,
             "checkpoint": info["path"], "step": info["step"], "data": str(data_file)}
