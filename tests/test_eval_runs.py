@@ -375,6 +375,28 @@ def test_report_lift_off_table_from_sweep_directories(tmp_path):
         write_report([str(tmp_path / "report")], tmp_path / "r2")
 
 
+def test_report_plots_test_accuracy_by_shift_when_runs_have_it(tmp_path):
+    """eval/task_accuracy.json's test by_shift is read per run; accuracy_by_shift.png is drawn from the finished
+    runs that have it, and left out when none has."""
+    from pope.eval.report import collect_run, write_report
+
+    pope = _sweep(tmp_path / "pope", "pope", [0.3, 0.1], train_accuracy=[0.4, 0.2])
+    rope = _sweep(tmp_path / "rope", "rope", [0.1, 0.1], train_accuracy=[0.2, 0.2])
+    _, written = write_report([pope, rope], tmp_path / "before")
+    assert "accuracy_by_shift.png" not in {p.name for p in written}
+    for seed, table in enumerate(({"-2": 0.1, "+1": 0.9}, {"-2": 0.3, "+1": 0.5, "+3": 0.0})):
+        path = tmp_path / "pope" / f"seed-{seed}" / "eval" / "task_accuracy.json"
+        record = json.loads(path.read_text())
+        record["splits"]["test"]["by_shift"] = {k: {"examples": 10, "correct": round(10 * v), "accuracy": v}
+                                                for k, v in table.items()}
+        path.write_text(json.dumps(record))
+    assert collect_run(tmp_path / "pope" / "seed-1").test_by_shift == {-2: 0.3, 1: 0.5, 3: 0.0}
+    assert collect_run(tmp_path / "rope" / "seed-0").test_by_shift is None
+    _, written = write_report([pope, rope], tmp_path / "after")
+    assert (tmp_path / "after" / "accuracy_by_shift.png").stat().st_size > 10_000
+    assert "accuracy_by_shift.png" in {p.name for p in written}
+
+
 def test_report_against_compares_every_other_setting_with_one_sweep(tmp_path):
     """--against DIR: recipe knobs (and other encodings) of the preset against DIR's seeds; DIR must be among
     the runs and one setting."""

@@ -79,6 +79,7 @@ class RunRecord:
     curve: list[tuple[int, float]] = field(default_factory=list)  # (step, test_accuracy) of every evaluation
     loss_curve: list[tuple[int, float, float]] = field(default_factory=list)  # (step, valid_loss, test_loss)
     task_accuracy: dict[str, float] | None = None  # split -> accuracy of one checkpoint (eval/task_accuracy.json)
+    test_by_shift: dict[int, float] | None = None  # signed shift -> test accuracy of that checkpoint (same file)
     at_best_valid: float | None = None  # the metric at the best-validation checkpoint (summary.json)
     best_step: int | None = None  # the step of that checkpoint, of max_steps (is the minimum inside the budget?)
     max_steps: int | None = None
@@ -211,6 +212,9 @@ def collect_run(path: str | Path) -> RunRecord:
     if task_file.is_file():
         splits = json.loads(task_file.read_text()).get("splits", {})
         record.task_accuracy = {name: float(info["accuracy"]) for name, info in splits.items()}
+        if "by_shift" in splits.get("test", {}):
+            record.test_by_shift = {int(shift): float(row["accuracy"])
+                                    for shift, row in splits["test"]["by_shift"].items()}
     for length_file in sorted((run_dir / "eval").glob("length-*.json")):
         data = json.loads(length_file.read_text())
         by_length = {int(r["length"]): float(r["perplexity"]) for r in data.get("results", [])}
@@ -490,11 +494,13 @@ def write_report(runs: list[str], out_dir: str | Path, against: str | Path | Non
     markdown = report_markdown(records, against)
     out_dir = Path(out_dir)
     written = [write_text_atomic(out_dir / "report.md", markdown)]
-    from pope.eval.report_plots import plot_accuracy_curves, plot_loss_curves, plot_report, plot_report_lengths
+    from pope.eval.report_plots import (plot_accuracy_by_shift, plot_accuracy_curves, plot_loss_curves, plot_report,
+                                        plot_report_lengths)
 
     for plot in (plot_report(records, out_dir / "report.png"),
                  plot_report_lengths(records, out_dir / "report_length.png"),
                  plot_accuracy_curves(records, out_dir / "accuracy_vs_step.png"),
+                 plot_accuracy_by_shift(records, out_dir / "accuracy_by_shift.png"),
                  plot_loss_curves(records, out_dir / "loss_vs_step.png")):
         if plot is not None:
             written.append(plot)

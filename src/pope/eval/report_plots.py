@@ -1,5 +1,6 @@
 """The plots of ``pope report`` (matplotlib PNGs beside report.md): the headline metric per preset × PE ×
-setting, perplexity against evaluation length, and every seed's test accuracy against the step."""
+setting, perplexity against evaluation length, every seed's test accuracy against the step, and test accuracy
+against the indirect-indexing shift."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -116,6 +117,37 @@ def plot_accuracy_curves(records: list[RunRecord], path: Path) -> Path | None:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     return finish_figure(fig, path, title="Test accuracy vs step, every seed (dashed: unfinished)")
+
+
+def plot_accuracy_by_shift(records: list[RunRecord], path: Path) -> Path | None:
+    """Test accuracy against the signed shift (eval/task_accuracy.json's by_shift), one line per setting: the mean
+    over its finished seeds that have it, a band of one std; chance (1/52) dotted. Which offsets each encoding has
+    learned to index. None when no finished run has a per-shift record."""
+    from pope.optional import pyplot
+
+    groups = [(key, [m.test_by_shift for m in members if m.finished and m.test_by_shift])
+              for key, members in sorted(setting_groups(records).items())]
+    groups = [(key, tables) for key, tables in groups if tables]
+    if not groups:
+        return None
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for index, ((preset, pe, label), tables) in enumerate(groups):
+        shifts = sorted(set().union(*tables))
+        stats = [mean_std([100 * t[s] for t in tables if s in t]) for s in shifts]  # (mean, std or None, n)
+        means = [mean for mean, _, _ in stats]
+        stds = [std or 0.0 for _, std, _ in stats]
+        colour = f"C{index % 10}"
+        ax.plot(shifts, means, color=colour, marker="o", markersize=3, lw=1.2,
+                label=f"{pe} {_sweep_directory(label) if label != '—' else preset} (n={len(tables)})")
+        ax.fill_between(shifts, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
+                        color=colour, alpha=0.15, lw=0)
+    ax.axhline(100 / 52, color="gray", lw=0.8, linestyle=":", label="chance (1/52)")
+    ax.set_xlabel("shift (target position − source position)")
+    ax.set_ylabel("test accuracy (%)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    return finish_figure(fig, path, title="Test accuracy by shift, mean ± std over finished seeds")
 
 
 def plot_loss_curves(records: list[RunRecord], path: Path) -> Path | None:
