@@ -40,9 +40,9 @@ class TrainOptions:
     """'bf16' (bf16 autocast; weights and optimizer stay fp32), 'none', or 'auto' = bf16 on CUDA, none on CPU."""
     fp32_matmul: Literal["ieee", "tf32"] = "ieee"
     """How fp32 matrix products run (all of them under autocast 'none'; those autocast keeps in fp32 otherwise):
-    'ieee' exact (torch.set_float32_matmul_precision('highest'), PyTorch's default) or 'tf32' on TF32 tensor cores
-    ('high': 10-bit mantissa products, fp32 sums; ~bf16 speed on Ampere and later, where exact fp32 products
-    run on FMA units at a fraction of it). Set process-wide by the trainer; pope's kernels follow it."""
+    'ieee' exact, on FMA units (torch.set_float32_matmul_precision('highest'), PyTorch's default) or 'tf32' on
+    tensor cores ('high': 10-bit mantissa products, fp32 sums). Set process-wide by the trainer; pope's kernels
+    follow it. docs/training.md has what each cost on the H200."""
     compile: bool | None = None
     """torch.compile the model; None = on for CUDA, off for CPU."""
     cuda_graph: bool | None = None
