@@ -390,11 +390,16 @@ def test_report_plots_test_accuracy_by_shift_when_runs_have_it(tmp_path):
         record["splits"]["test"]["by_shift"] = {k: {"examples": 10, "correct": round(10 * v), "accuracy": v}
                                                 for k, v in table.items()}
         path.write_text(json.dumps(record))
-    assert collect_run(tmp_path / "pope" / "seed-1").test_by_shift == {-2: 0.3, 1: 0.5, 3: 0.0}
+    assert collect_run(tmp_path / "pope" / "seed-1").test_by_shift == {-2: (3, 10), 1: (5, 10), 3: (0, 10)}
     assert collect_run(tmp_path / "rope" / "seed-0").test_by_shift is None
-    _, written = write_report([pope, rope], tmp_path / "after")
+    markdown, written = write_report([pope, rope], tmp_path / "after")
     assert (tmp_path / "after" / "accuracy_by_shift.png").stat().st_size > 10_000
     assert "accuracy_by_shift.png" in {p.name for p in written}
+    # the table: ranges with examples only; seed 0 has no +3 example, so +2 … +3 is seed 1's 0 % alone
+    table = markdown[markdown.index("## Test accuracy by shift"):]
+    assert "| preset | PE | n | -3 … -2 | +1 | +2 … +3 | setting |" in table, table
+    assert "| indirect-indexing | pope | 2 | 20.00 ± 14.14 | 70.00 ± 28.28 | 0.00 | pope/ |" in table, table
+    assert "| rope |" not in table
 
 
 def test_report_against_compares_every_other_setting_with_one_sweep(tmp_path):

@@ -79,7 +79,7 @@ class RunRecord:
     curve: list[tuple[int, float]] = field(default_factory=list)  # (step, test_accuracy) of every evaluation
     loss_curve: list[tuple[int, float, float]] = field(default_factory=list)  # (step, valid_loss, test_loss)
     task_accuracy: dict[str, float] | None = None  # split -> accuracy of one checkpoint (eval/task_accuracy.json)
-    test_by_shift: dict[int, float] | None = None  # signed shift -> test accuracy of that checkpoint (same file)
+    test_by_shift: dict[int, tuple[int, int]] | None = None  # signed shift -> (correct, examples) on test (same file)
     at_best_valid: float | None = None  # the metric at the best-validation checkpoint (summary.json)
     best_step: int | None = None  # the step of that checkpoint, of max_steps (is the minimum inside the budget?)
     max_steps: int | None = None
@@ -213,7 +213,7 @@ def collect_run(path: str | Path) -> RunRecord:
         splits = json.loads(task_file.read_text()).get("splits", {})
         record.task_accuracy = {name: float(info["accuracy"]) for name, info in splits.items()}
         if "by_shift" in splits.get("test", {}):
-            record.test_by_shift = {int(shift): float(row["accuracy"])
+            record.test_by_shift = {int(shift): (int(row["correct"]), int(row["examples"]))
                                     for shift, row in splits["test"]["by_shift"].items()}
     for length_file in sorted((run_dir / "eval").glob("length-*.json")):
         data = json.loads(length_file.read_text())
@@ -328,6 +328,40 @@ def lift_off_markdown(records: list[RunRecord]) -> list[str]:
     if no_gap:
         lines += ["", f"Train-example accuracy not measured for {len(no_gap)} finished run(s) (no "
                   "eval/task_accuracy.json; pope.eval.runs.score_task_accuracy writes it): " + ", ".join(no_gap)]
+    return lines
+
+
+SHIFT_BUCKETS = ((-15, -8), (-7, -4), (-3, -2), (-1, -1), (0, 0), (1, 1), (2, 3), (4, 7), (8, 15))
+"""Signed-shift ranges of the by-shift table (0 only in the zero_shift task variant)."""
+
+
+def shift_bucket_accuracy(by_shift: dict[int, tuple[int, int]], low: int, high: int) -> float | None:
+    """Accuracy over the examples whose shift lies in [low, high] (None when there are none)."""
+    correct = sum(c for shift, (c, _) in by_shift.items() if low <= shift <= high)
+    examples = sum(n for shift, (_, n) in by_shift.items() if low <= shift <= high)
+    return correct / examples if examples else None
+
+
+def by_shift_markdown(records: list[RunRecord]) -> list[str]:
+    """Test accuracy (%) per range of signed shifts, mean ± std over the finished seeds re-scored with per-shift
+    counts (eval/task_accuracy.json); empty when there are none. Beside accuracy_by_shift.png."""
+    groups = {key: [m.test_by_shift for m in members if m.finished and m.test_by_shift]
+              for key, members in setting_groups(records).items()}
+    groups = {key: tables for key, tables in groups.items() if tables}
+    if not groups:
+        return []
+    buckets = [b for b in SHIFT_BUCKETS if any(shift_bucket_accuracy(t, *b) is not None
+                                                for tables in groups.values() for t in tables)]
+    names = [f"{low:+d}" if low == high else f"{low:+d} … {high:+d}" for low, high in buckets]
+    lines = ["", "## Test accuracy by shift", "",
+             "Test accuracy (%) of the re-scored checkpoint over the examples whose signed shift (target position − "
+             "source position) lies in each range, mean ± std over finished seeds: which offsets each setting has "
+             "learned to index (accuracy_by_shift.png has every shift).", "",
+             "| preset | PE | n | " + " | ".join(names) + " | setting |", "|---|---|---|" + "---|" * len(names) + "---|"]
+    for (preset, pe, label), tables in sorted(groups.items()):
+        cells = [_percent([a for a in (shift_bucket_accuracy(t, *b) for t in tables) if a is not None])
+                 for b in buckets]
+        lines.append(f"| {preset} | {pe} | {len(tables)} | " + " | ".join(cells) + f" | {label} |")
     return lines
 
 
@@ -455,6 +489,7 @@ def report_markdown(records: list[RunRecord], against: str | Path | None = None)
     if against is not None:
         lines += against_markdown(records, against)
     lines += lift_off_markdown(records)
+    lines += by_shift_markdown(records)
     by_setting = finished_groups(records)  # finished runs per preset x PE x setting
 
     length_keys = sorted({key for m in records for key in m.length_ppl})

@@ -134,7 +134,7 @@ def plot_accuracy_by_shift(records: list[RunRecord], path: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(8, 5))
     for index, ((preset, pe, label), tables) in enumerate(groups):
         shifts = sorted(set().union(*tables))
-        stats = [mean_std([100 * t[s] for t in tables if s in t]) for s in shifts]  # (mean, std or None, n)
+        stats = [mean_std([100 * t[s][0] / t[s][1] for t in tables if s in t]) for s in shifts]  # (mean, std, n)
         means = [mean for mean, _, _ in stats]
         stds = [std or 0.0 for _, std, _ in stats]
         colour = f"C{index % 10}"
