@@ -93,7 +93,8 @@ def plot_report_lengths(records: list[RunRecord], path: Path) -> Path | None:
 
 
 def plot_accuracy_curves(records: list[RunRecord], path: Path) -> Path | None:
-    """Every run's test accuracy against the step, one colour per setting; unfinished runs dashed."""
+    """Every run's test accuracy against the step, one colour per setting (named by its sweep directory in the
+    legend under the axes); unfinished runs dashed."""
     from pope.optional import pyplot
 
     groups = [(key, members) for key, members in sorted(setting_groups(records).items())
@@ -101,11 +102,12 @@ def plot_accuracy_curves(records: list[RunRecord], path: Path) -> Path | None:
     if not groups:
         return None
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(8, 6))
     for index, ((preset, pe, label), members) in enumerate(groups):
         colour = f"C{index % 10}"
         finished = sum(m.finished for m in members)
-        name = f"{pe} {label if label != '—' else preset} ({finished} finished, {len(members) - finished} unfinished)"
+        where = preset if label == "—" else _sweep_directory(label)
+        name = f"{pe} {where} ({finished} finished, {len(members) - finished} unfinished)"
         for number, member in enumerate(m for m in members if m.curve):
             steps, accuracy = zip(*member.curve)
             ax.plot(steps, [100 * a for a in accuracy], color=colour, alpha=0.7, lw=1.2,
@@ -115,7 +117,8 @@ def plot_accuracy_curves(records: list[RunRecord], path: Path) -> Path | None:
     ax.set_xlabel("step")
     ax.set_ylabel("test accuracy (%)")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
+    # Under the axes, so that no curve is hidden; report.md's tables name each setting's overrides in full.
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False)
     return finish_figure(fig, path, title="Test accuracy vs step, every seed (dashed: unfinished)")
 
 
