@@ -318,3 +318,21 @@ def test_seeds_are_spread_over_the_visible_gpus(splits, tmp_path, monkeypatch):
     assert "--seed" in cpu.child_command(cpu.runs[1]) and "1" in cpu.child_command(cpu.runs[1])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert Sweep("indirect-indexing-tiny", "pope", [0], tmp_path / "e", overrides=gpu_sets).gpus == []
+
+
+def test_a_seed_stopped_by_its_own_signal_is_resumable_not_failed(splits, tmp_path):
+    # SIGTERM to one child (e.g. to give its GPU share to the others): it writes its checkpoint and a summary
+    # naming the signal and exits 143. The sweep reports it as stopped and resumable; a crash stays a failure.
+    sweep = Sweep("indirect-indexing-tiny", "pope", [0, 1, 2], tmp_path / "sweep", overrides=_sets(splits)[1::2])
+    summary = {"step": 3, "finished": False, "stop_reason": "SIGTERM"}
+    for run, returncode, reason in zip(sweep.runs, (143, 1, -9), ("SIGTERM", "SIGTERM", None)):
+        run.run_dir.mkdir(parents=True)
+        (run.run_dir / "summary.json").write_text(json.dumps({**summary, "stop_reason": reason}))
+        run._log_handle = open(run.log, "a")
+        sweep._finish(run, returncode)
+    assert [r.status for r in sweep.runs] == ["stopped", "failed", "failed"]
+    assert sweep.runs[0].notes == ["stopped by a SIGTERM sent to this seed alone; --resume continues it"]
+    lines, ok = report_lines(sweep.runs)
+    assert not ok and "unfinished seed(s) [0]: continue them with the same command plus --resume" in lines
+    lines, ok = report_lines(sweep.runs[:1])
+    assert ok

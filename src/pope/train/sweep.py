@@ -31,7 +31,8 @@ report and analysis tool reads it unchanged. Around the children the sweep guara
   ``STATUS_SECONDS``), read from each child's ``metrics.jsonl``.
 - signals: SIGINT/SIGTERM are forwarded to every child as SIGINT (a second signal kills them); the
   sweep waits and reports which seeds can be resumed. Checkpoints are written atomically, so a stopped
-  seed resumes from its ``checkpoints/last``.
+  seed resumes from its ``checkpoints/last``. A seed that ends cleanly on a signal sent to it alone (to free
+  its GPU share for the others) is "stopped", not failed, and resumable.
 - ``DIR/sweep.json`` records every invocation's command and each seed's latest status.
 """
 from __future__ import annotations
@@ -224,6 +225,20 @@ def run_finished(run_dir: Path) -> bool:
         return False
 
 
+def _stopped_by_own_signal(run_dir: Path, returncode: int) -> str | None:
+    """"SIGINT" / "SIGTERM" when a child ended cleanly on a signal sent to it alone (`kill`, a scheduler), not
+    to the sweep: its summary.json names the signal and its exit status is that signal's (pope.train.stopping),
+    so its last checkpoint is written and --resume continues it. None otherwise (a crash, or SIGKILL)."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    from pope.train.stopping import exit_status
+
+    reason = summary.get("stop_reason")
+    return reason if reason in ("SIGINT", "SIGTERM") and exit_status(summary) == returncode else None
+
+
 def _die_with_parent() -> None:
     """Child-side (Linux): get SIGTERM if the sweep process dies, so no orphan keeps training."""
     try:
@@ -373,8 +388,13 @@ class Sweep:
         run.step = _last_step(run.run_dir / "metrics.jsonl")
         if returncode == 0:
             run.status = "finished" if run_finished(run.run_dir) else "stopped"
+        elif self._signal is not None:
+            run.status = "interrupted"
+        elif (signal_name := _stopped_by_own_signal(run.run_dir, returncode)) is not None:
+            run.status = "stopped"
+            run.note(f"stopped by a {signal_name} sent to this seed alone; --resume continues it")
         else:
-            run.status = "interrupted" if self._signal is not None else "failed"
+            run.status = "failed"
 
     def _free_slot(self, running: list[SeedRun]) -> str | None | bool:
         """The least-loaded GPU id (or None for CPU) with room for one more child, or False when all are busy."""
