@@ -28,6 +28,7 @@ from pope.testing import kernel_test_setup  # before anything imports Triton
 ON_GPU, DEVICE, INTERPRETER_IN_PROCESS = kernel_test_setup()
 
 from pope.attention import reference_pope_attention  # noqa: E402
+from pope.kernels.jit_math import _tf32_rounded  # noqa: E402,F401  (called by a kernel defined in a test)
 from pope.settings import SETTINGS, override  # noqa: E402
 from pope.testing import (GRADIENT_NAMES, RecordingKernel, assert_passed_in_subprocess, attention_inputs,  # noqa: E402
                           check_within_rule, interpreter_subprocess_results, outputs_and_gradients)
@@ -482,6 +483,118 @@ def test_two_x_rule_at_query_offset_a_million(kernels, n_q_heads, n_kv_heads, se
     for name, a, b, c in zip(GRADIENT_NAMES, ours, theirs, exact):
         result = check_within_rule(a.cpu(), b.cpu(), c.cpu(), dtype)
         assert result["ok"], (name, result)
+
+
+def _tf32(x: torch.Tensor) -> torch.Tensor:
+    """fp32 x rounded to TF32 to nearest, ties away (what the kernels feed the tensor cores), computed in integers."""
+    return ((x.float().contiguous().view(torch.int32) + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+class _TF32GradientRounding(torch.autograd.Function):
+    """Identity forward; the incoming gradient rounded to TF32, as a TF32 matmul's backward reads it."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _tf32(grad)
+
+
+def _tf32_matmul(a, b):
+    """a @ b as PyTorch computes it under set_float32_matmul_precision("high") on a GPU (emulated on CPU): both
+    operands rounded to TF32, fp32 sums; its backward's products likewise."""
+    def rounded(x):  # TF32 values forward, the gradient passes unchanged to x
+        return x + (_tf32(x) - x).detach()
+    return _TF32GradientRounding.apply(rounded(a) @ rounded(b))
+
+
+def _tf32_sdpa(q, k, v, *, causal, softmax_scale, q_offset=None, attn_bias=None, dropout_p=0.0):
+    """pope.attention.sdpa as SDPA's math backend computes it in fp32 under TF32: scores and P V by TF32 matmuls,
+    the softmax in fp32. (The reference's q' and k' before it are computed as always.)"""
+    seq_q, seq_k = q.shape[2], k.shape[2]
+    q_offset = seq_k - seq_q if q_offset is None else q_offset
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scores = _tf32_matmul(q, k.transpose(-1, -2)) * softmax_scale
+    if causal:
+        visible = torch.arange(seq_k)[None, :] <= (torch.arange(seq_q) + q_offset)[:, None]
+        scores = scores.masked_fill(~visible, float("-inf"))
+    return _tf32_matmul(torch.softmax(scores, -1), v)
+
+
+def test_tf32_operands_are_rounded_to_nearest_ties_away(kernels):
+    """jit_math._tf32_rounded against TF32 rounding computed in float64 (ties away from zero), on halfway cases,
+    both signs, subnormals, the fp32 maximum (to inf) and non-finite values (kept)."""
+    if _delegated(kernels):
+        return
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def round_kernel(X, Y, N: tl.constexpr):
+        offsets = tl.arange(0, N)
+        tl.store(Y + offsets, _tf32_rounded(tl.load(X + offsets)))
+
+    step = 2.0 ** -10  # a TF32 mantissa step at 1
+    values = [1 + step / 2, 1 + step / 2 - 2 ** -23, 1 + 1.5 * step, 3.0e-39, -(1 + step / 2), 2.0 ** -130 * 3,
+              torch.finfo(torch.float32).max, 1.0, -0.0, 65504.5, 1 / 3, -math.pi]
+    x = torch.tensor(values + [0.0] * (32 - len(values)), dtype=torch.float32)
+    x = torch.cat([x, torch.randn(96, generator=torch.Generator().manual_seed(5)) * 10.0 ** torch.randint(
+        -30, 30, (96,), generator=torch.Generator().manual_seed(6)).float()])
+    x = torch.cat([x, torch.tensor([float("inf"), float("-inf"), float("nan")] + [0.0] * 125)])
+    y = torch.empty_like(x)
+    round_kernel[(1,)](x.to(DEVICE), y_device := y.to(DEVICE), N=x.numel())
+    y = y_device.cpu()
+
+    def expected(value):
+        if not math.isfinite(value) or value == 0:
+            return value
+        exponent = math.frexp(abs(value))[1] - 1
+        unit = 2.0 ** (max(exponent, -126) - 10)  # one TF32 step at this binade (subnormals: the fixed step)
+        rounded = math.copysign(math.floor(abs(value) / unit + 0.5) * unit, value)
+        return rounded if abs(rounded) <= torch.finfo(torch.float32).max else math.copysign(math.inf, value)
+
+    for value, got in zip(x.tolist(), y.tolist()):
+        want = expected(value)
+        assert (math.isnan(want) and math.isnan(got)) or got == want, (value, got, want)
+    assert y[0] == 1 + step and y[1] == 1.0 and y[4] == -(1 + step) and y[6] == math.inf
+
+
+@pytest.mark.parametrize("shape", [(1, 2, 2, 97, 97, 64, True), (1, 4, 1, 5, 70, 32, False)],
+                         ids=["block-causal-97-d64", "decode-noncausal-mqa-d32"])
+def test_tf32_kernels_within_twice_pytorch_tf32(kernels, monkeypatch, shape):
+    """fp32 inputs under set_float32_matmul_precision("high"): the kernels' TF32 dots against float64, within 2x
+    of PyTorch's own TF32 error (its matmuls emulated: operands rounded to TF32). The tensor cores truncate an
+    fp32 operand (the interpreter does too, pope.kernels.interpreter), so without the kernels' rounding the same
+    comparison fails, by 2-5x on these shapes."""
+    if _delegated(kernels):
+        return
+    import pope.attention
+
+    batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim, causal = shape
+    generator = torch.Generator().manual_seed(7)
+    q, k, v, delta, grad_out = _inputs(batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim, torch.float32, True,
+                                       generator)
+    options = dict(base=10000.0, causal=causal, softmax_scale=head_dim ** -0.5, q_offset=seq_k - seq_q,
+                   magnitude="softplus", rotary_dim=None)
+    exact = _run(reference_pope_attention, q, k, v, delta, grad_out, torch.float64, options)
+    full_fp32 = _run(reference_pope_attention, q, k, v, delta, grad_out, torch.float32, options)
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        fused = _run(_triton, q, k, v, delta, grad_out, torch.float32, options)
+        with monkeypatch.context() as patch:
+            patch.setattr(pope.attention, "sdpa", _tf32_sdpa)
+            reference = _run(reference_pope_attention, q, k, v, delta, grad_out, torch.float32, options)
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    for name, ours, theirs, truth, fp32 in zip(GRADIENT_NAMES, fused, reference, exact, full_fp32):
+        errors = check_within_rule(ours, theirs, truth, torch.float32)
+        assert errors["ok"], (name, errors)
+        # TF32 really ran (kernels and reference): errors far above exact fp32's
+        assert min(errors["kernel"], errors["reference"]) > 30 * (fp32.double() - truth).abs().max().item(), name
 
 
 @pytest.mark.parametrize("method,n_q_heads,seq_q", [("tensor_cores", 4, 2), ("lanes", 2, 1), ("lanes", 4, 2)])

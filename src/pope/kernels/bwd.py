@@ -20,7 +20,7 @@ from pope.magnitudes import MAGNITUDES
 
 from . import direct_launch, host, prepass
 from .configs import DKDV_KEYS_FROM_PREPASS_MAX_BLOCK_D, TRANSFORM_ROWS, pick_tiles
-from .jit_math import (_join_halves, _key_ranges, _magnitude, _magnitude_grad, _packed_sequence, _phase,
+from .jit_math import (_dot, _join_halves, _key_ranges, _magnitude, _magnitude_grad, _packed_sequence, _phase,
                        _polar_to_cartesian, _query_block, _query_sequence, _sincos, _split_halves, _stats_start)
 
 
@@ -38,16 +38,16 @@ def _bwd_dq_inner(
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k_wide = kp_desc.load([kv_bh, start_k + start_n, 0]).reshape(BLOCK_N, 2 * BLOCK_D)
         v = v_desc.load([b, hk, start_k + start_n, 0]).reshape(BLOCK_N, BLOCK_D)
-        scores = tl.dot(q_wide, tl.trans(k_wide), input_precision=PRECISION)
+        scores = _dot(q_wide, tl.trans(k_wide), None, PRECISION)
         probs = tl.math.exp2(scores * qk_scale - lse2[:, None])  # (BLOCK_M, BLOCK_N)
         if MASK_KEYS:
             visible = (offs_n < seq_k)[None, :]
             if CAUSAL:
                 visible = visible & (offs_n[None, :] <= (q_offset + offs_m)[:, None])
             probs = tl.where(visible, probs, 0.0)
-        dprobs = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        dprobs = _dot(do, tl.trans(v), None, PRECISION)
         dscores = (probs * (dprobs - row_delta[:, None])).to(k_wide.dtype)
-        dq_wide = tl.dot(dscores, k_wide, dq_wide, input_precision=PRECISION)  # dq' (BLOCK_M, 2 BLOCK_D)
+        dq_wide = _dot(dscores, k_wide, dq_wide, PRECISION)  # dq' (BLOCK_M, 2 BLOCK_D)
     return dq_wide
 
 
@@ -213,14 +213,14 @@ def _bwd_dkdv_inner(
                         float("inf")) * 1.4426950408889634
         row_delta = tl.where(valid_rows, _leading(rowdelta_desc.load([bh_q, stats_start + start_m]), BLOCK_M), 0.0)
         # Transposed scores S^T (BLOCK_N, BLOCK_M).
-        scores_t = tl.dot(k_wide, tl.trans(q_wide), input_precision=PRECISION)
+        scores_t = _dot(k_wide, tl.trans(q_wide), None, PRECISION)
         probs_t = tl.math.exp2(scores_t * qk_scale - lse2[None, :])
         if MASK_CAUSAL:
             probs_t = tl.where(offs_n[:, None] <= (q_offset + offs_m)[None, :], probs_t, 0.0)
-        dv = tl.dot(probs_t.to(do.dtype), do, dv, input_precision=PRECISION)
-        dprobs_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+        dv = _dot(probs_t.to(do.dtype), do, dv, PRECISION)
+        dprobs_t = _dot(v, tl.trans(do), None, PRECISION)
         dscores_t = (probs_t * (dprobs_t - row_delta[None, :])).to(q_wide.dtype)
-        dk_wide = tl.dot(dscores_t, q_wide, dk_wide, input_precision=PRECISION)  # dk' (BLOCK_N, 2 BLOCK_D)
+        dk_wide = _dot(dscores_t, q_wide, dk_wide, PRECISION)  # dk' (BLOCK_N, 2 BLOCK_D)
     return dk_wide, dv
 
 

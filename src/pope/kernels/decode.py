@@ -23,7 +23,7 @@ from pope.settings import SETTINGS
 from . import configs, direct_launch, host, phase_tables
 from .configs import decode_tile
 from .interpreter import INTERPRET
-from .jit_math import _angles, _magnitude, _polar_to_cartesian, _sincos, _turn_words
+from .jit_math import _angles, _dot, _magnitude, _polar_to_cartesian, _sincos, _turn_words
 
 # The combine kernel holds all of a row's splits in registers.
 MAX_DECODE_SPLITS = 128
@@ -140,8 +140,8 @@ def _pope_decode_kernel(
             magnitude_k = tl.where(kv_mask, _magnitude(k.to(tl.float32), MAGNITUDE), 0.0)
             k_cos = (magnitude_k * cos_t.to(tl.float32)).to(k.dtype)
             k_sin = (magnitude_k * sin_t.to(tl.float32)).to(k.dtype)
-        scores = tl.dot(q_cos, tl.trans(k_cos), input_precision=PRECISION)
-        scores = tl.dot(q_sin, tl.trans(k_sin), scores, input_precision=PRECISION)
+        scores = _dot(q_cos, tl.trans(k_cos), None, PRECISION)
+        scores = _dot(q_sin, tl.trans(k_sin), scores, PRECISION)
         visible = (offs_n < hi)[None, :]
         if CAUSAL:
             visible = visible & (offs_n[None, :] <= (q_offset + qi)[:, None])
@@ -152,7 +152,7 @@ def _pope_decode_kernel(
         probs = tl.math.exp2(scores - safe_max[:, None])
         rescale = tl.math.exp2(row_max - safe_max)
         row_sum = row_sum * rescale + tl.sum(probs, 1)
-        acc = tl.dot(probs.to(v.dtype), v, acc * rescale[:, None], input_precision=PRECISION)
+        acc = _dot(probs.to(v.dtype), v, acc * rescale[:, None], PRECISION)
         row_max = new_max
     offs_r = tl.arange(0, BLOCK_M)
     partial_row = (pid_split * tl.num_programs(1) + pid_bh) * BLOCK_M + offs_r  # row stride BLOCK_M

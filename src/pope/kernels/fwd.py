@@ -19,7 +19,7 @@ import triton.language as tl
 
 from . import direct_launch, host, prepass
 from .configs import pick_tiles
-from .jit_math import _key_ranges, _query_block, _query_sequence
+from .jit_math import _dot, _key_ranges, _query_block, _query_sequence
 
 
 @triton.jit
@@ -39,7 +39,7 @@ def _fwd_inner(
         if IS_VARLEN and MASK_KEYS:  # another sequence's values, even non-finite, reach nothing (0 * inf = NaN)
             v = tl.where((offs_n < seq_k)[:, None], v, 0.0)
         # S (BLOCK_M, BLOCK_N) = q' k'^T, one dot over 2d channels; qk_scale = softmax_scale * log2(e).
-        scores = tl.dot(q_wide, tl.trans(k_wide), input_precision=PRECISION)
+        scores = _dot(q_wide, tl.trans(k_wide), None, PRECISION)
         if MASK_KEYS:
             visible = (offs_n < seq_k)[None, :]
             if CAUSAL:
@@ -52,7 +52,7 @@ def _fwd_inner(
         rescale = tl.math.exp2(row_max - new_max)
         row_sum = row_sum * rescale + tl.sum(probs, 1)
         acc = acc * rescale[:, None]
-        acc = tl.dot(probs.to(v.dtype), v, acc, input_precision=PRECISION)
+        acc = _dot(probs.to(v.dtype), v, acc, PRECISION)
         row_max = new_max
     return acc, row_sum, row_max
 

@@ -15,14 +15,17 @@ INTERPRET = triton.knobs.runtime.interpret if hasattr(triton, "knobs") else Fals
 
 
 def _fix_triton_interpreter() -> None:
-    """Four gaps in Triton 3.6's CPU interpreter that these kernels hit, closed by wrapping its internals:
+    """Five gaps in Triton 3.6's CPU interpreter that these kernels hit, closed by wrapping its internals:
     * it turns a scalar tensor into an int with int(array([x])), which NumPy >= 2.4 rejects, so loop
       bounds computed from program_id fail: use the single element instead;
     * its tl.dot multiplies bfloat16 operands as their raw uint16 bit patterns: widen them to fp32 first
       (exact, as the tensor cores' bf16 products are);
     * so do its bfloat16 +, -, *, /: compute them in fp32 and round once, as the GPU's bf16x2 instructions do;
-    * its fp32 -> bf16 cast truncates, where compiled Triton rounds to nearest even: round like the GPU."""
+    * its fp32 -> bf16 cast truncates, where compiled Triton rounds to nearest even: round like the GPU;
+    * its tl.dot ignores input_precision "tf32" and multiplies fp32 operands exactly, where the tensor cores read
+      only their top 19 bits (sign, exponent, 10 mantissa bits): drop the other 13 bits like the GPU."""
     import numpy as np
+    from triton._C.libtriton import ir
     from triton.runtime import interpreter
 
     if getattr(interpreter, "_pope_fixed", False):
@@ -41,7 +44,15 @@ def _fix_triton_interpreter() -> None:
 
     original_dot = interpreter.InterpreterBuilder.create_dot
 
+    def tf32_operand(x):  # fp32 -> the TF32 value a tensor core reads (the low 13 bits dropped)
+        if x.dtype.scalar == tl.float32:
+            data = (x.data.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+            return interpreter.TensorHandle(data, tl.float32)
+        return x
+
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if input_precision == ir.INPUT_PRECISION.TF32:
+            a, b = tf32_operand(a), tf32_operand(b)
         return original_dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
 
     original_cast = interpreter.InterpreterBuilder.cast_impl

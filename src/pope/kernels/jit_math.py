@@ -56,6 +56,29 @@ def _magnitude_grad(x, MAGNITUDE: tl.constexpr):
 
 
 @triton.jit
+def _tf32_rounded(x):
+    """fp32 x rounded to TF32 (10-bit mantissa) to nearest, ties away from zero, as PTX's cvt.rna.tf32.f32; other
+    dtypes unchanged. ±inf and NaN stay what they are; a value within half a TF32 step of the fp32 maximum
+    becomes inf, as the conversion gives."""
+    if x.dtype == tl.float32:
+        bits = x.to(tl.uint32, bitcast=True)
+        x = ((bits + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+    return x
+
+
+@triton.jit
+def _dot(a, b, acc, PRECISION: tl.constexpr):
+    """tl.dot(a, b, acc) at input_precision PRECISION. Under "tf32" the fp32 operands are rounded to TF32 first:
+    the tensor cores read only an fp32 operand's top 19 bits, i.e. they truncate, and that bias toward zero takes
+    the kernels' error past the 2x rule against PyTorch's TF32 matmuls (docs/kernels.md). 16-bit operands
+    (PRECISION "tf32" too) and "ieee" dots are unchanged."""
+    if PRECISION == "tf32":
+        a = _tf32_rounded(a)
+        b = _tf32_rounded(b)
+    return tl.dot(a, b, acc, input_precision=PRECISION)
+
+
+@triton.jit
 def _turn_words(Theta, offs_d, mask_d, HEAD_DIM: tl.constexpr):
     """The frequencies as fixed-point turns, (A, B) (BLOCK_D,) uint32 each, from Theta (2, HEAD_DIM) int32
     (pope.frequencies.turn_words: frac(theta / 2 pi) = (A + B / 2^32) / 2^32)."""
