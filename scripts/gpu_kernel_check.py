@@ -34,7 +34,8 @@ from pope.kernels.configs import DECODE_LANES_MAXNREG_CANDIDATES
 from pope.attention import reference_pope_attention
 from pope.ops import triton_pope_attention, triton_pope_attention_varlen
 from pope.settings import SETTINGS, override
-from pope.testing import GRADIENT_NAMES, attention_inputs, check_within_rule, outputs_and_gradients, packed_inputs
+from pope.testing import (GRADIENT_NAMES, attention_inputs, check_within_rule, outputs_and_gradients, packed_inputs,
+                          tf32_reference)
 
 # (batch, Hq, Hkv, Nq, Nk, d, causal): the issue's benchmark sizes (fewer heads where the float64
 # reference would not fit), plus GQA, decode, odd lengths and d = 32 / 48.
@@ -73,9 +74,8 @@ VARLEN_SHAPES = [
 OTHER_DTYPE_ROWS = (0, 4, 6, 8, 10, 12, 14, 16, 17)
 # "tf32": fp32 inputs under torch.set_float32_matmul_precision("high"), so the kernels' dots and the reference's fp32
 # matmuls both run on TF32 tensor cores (pope.kernels.host.precision); the other names run at "highest". The tf32
-# reference runs SDPA's math backend: its fp32 flash / memory-efficient kernels compute in full fp32 whatever the
-# matmul precision (measured on the H200, 2026-12-02: 5.8e-7 from float64 against TF32's ~2e-3), so they are not
-# plain PyTorch "in the same precision".
+# reference is pope.testing.tf32_reference: SDPA's fp32 fused kernels compute in full fp32 whatever the matmul
+# precision (on the H200, 2026-12-02: 5.8e-7 from float64 against TF32's ~2e-3), not "in the same precision".
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "tf32": torch.float32}
 # TRITON_INTERPRET=1 python scripts/gpu_kernel_check.py --smoke runs tiny shapes on CPU (checks this script).
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -409,11 +409,9 @@ def cuda_context_broken() -> bool:
 
 
 def reference_backend(dtype_name: str):
-    """SDPA's math backend (matmuls, so TF32 under "high") for the tf32 checks; SDPA's own choice otherwise."""
-    if dtype_name != "tf32":
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    return sdpa_kernel(SDPBackend.MATH)
+    """PyTorch's TF32 attention as the reference of the tf32 checks (pope.testing.tf32_reference: SDPA's math
+    backend on CUDA, its emulation in a --smoke run on CPU); SDPA's own choice otherwise."""
+    return tf32_reference(DEVICE) if dtype_name == "tf32" else contextlib.nullcontext()
 
 
 def run_items(items, first: int, args, record) -> int:

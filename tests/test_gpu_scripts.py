@@ -36,6 +36,21 @@ def test_gpu_kernel_check_smoke(tmp_path):
     assert result["decode_growing_cache"]["passed"]
 
 
+def test_gpu_kernel_check_smoke_tf32(tmp_path):
+    """--dtypes tf32 on CPU: the kernels' TF32 dots (the interpreter truncates their operands as the GPU does)
+    within 2x of PyTorch's TF32 attention, emulated (pope.testing.tf32_reference), at every smoke row: offsets up
+    to 10^7, decode, packed batches."""
+    _run_script(["scripts/gpu_kernel_check.py", "--smoke", "--dtypes", "tf32", "--out", str(tmp_path)], tmp_path)
+    rows = json.loads((tmp_path / "gpu_kernel_check.json").read_text())["correctness"]
+    assert len(rows) == 10 and all(r["passed"] and r["dtype"] == "tf32" for r in rows)
+    # TF32-sized errors: the check compared TF32 with TF32, not with full fp32; only the lanes decode kernel (one
+    # query per key head, shape (B, H, H, 1, Nk, ...)) computes in fp32 FMAs, without tensor cores
+    assert all(r["out"]["reference"] > 1e-5 for r in rows)
+    lanes = [r for r in rows if not r.get("varlen") and r["shape"][1] == r["shape"][2] and r["shape"][3] == 1]
+    assert len(lanes) == 2 and all(r["out"]["kernel"] < 1e-6 for r in lanes)
+    assert all(r["out"]["kernel"] > 1e-5 for r in rows if r not in lanes)
+
+
 def test_gpu_kernel_check_reports_each_failure_and_runs_the_rest(tmp_path):
     """scripts/gpu_kernel_check.py --isolate: a check that raises and a check whose process dies are failed rows, each
     one line saying what failed; the checks after them still run (in a fresh process) and pass; the final table

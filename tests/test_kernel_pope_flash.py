@@ -31,7 +31,7 @@ from pope.attention import reference_pope_attention  # noqa: E402
 from pope.kernels.jit_math import _tf32_rounded  # noqa: E402,F401  (called by a kernel defined in a test)
 from pope.settings import SETTINGS, override  # noqa: E402
 from pope.testing import (GRADIENT_NAMES, RecordingKernel, assert_passed_in_subprocess, attention_inputs,  # noqa: E402
-                          check_within_rule, interpreter_subprocess_results, outputs_and_gradients)
+                          check_within_rule, interpreter_subprocess_results, outputs_and_gradients, tf32_reference)
 
 
 @pytest.fixture(scope="module")
@@ -485,45 +485,6 @@ def test_two_x_rule_at_query_offset_a_million(kernels, n_q_heads, n_kv_heads, se
         assert result["ok"], (name, result)
 
 
-def _tf32(x: torch.Tensor) -> torch.Tensor:
-    """fp32 x rounded to TF32 to nearest, ties away (what the kernels feed the tensor cores), computed in integers."""
-    return ((x.float().contiguous().view(torch.int32) + 0x1000) & ~0x1FFF).view(torch.float32)
-
-
-class _TF32GradientRounding(torch.autograd.Function):
-    """Identity forward; the incoming gradient rounded to TF32, as a TF32 matmul's backward reads it."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _tf32(grad)
-
-
-def _tf32_matmul(a, b):
-    """a @ b as PyTorch computes it under set_float32_matmul_precision("high") on a GPU (emulated on CPU): both
-    operands rounded to TF32, fp32 sums; its backward's products likewise."""
-    def rounded(x):  # TF32 values forward, the gradient passes unchanged to x
-        return x + (_tf32(x) - x).detach()
-    return _TF32GradientRounding.apply(rounded(a) @ rounded(b))
-
-
-def _tf32_sdpa(q, k, v, *, causal, softmax_scale, q_offset=None, attn_bias=None, dropout_p=0.0):
-    """pope.attention.sdpa as SDPA's math backend computes it in fp32 under TF32: scores and P V by TF32 matmuls,
-    the softmax in fp32. (The reference's q' and k' before it are computed as always.)"""
-    seq_q, seq_k = q.shape[2], k.shape[2]
-    q_offset = seq_k - seq_q if q_offset is None else q_offset
-    group = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    scores = _tf32_matmul(q, k.transpose(-1, -2)) * softmax_scale
-    if causal:
-        visible = torch.arange(seq_k)[None, :] <= (torch.arange(seq_q) + q_offset)[:, None]
-        scores = scores.masked_fill(~visible, float("-inf"))
-    return _tf32_matmul(torch.softmax(scores, -1), v)
-
-
 def test_tf32_operands_are_rounded_to_nearest_ties_away(kernels):
     """jit_math._tf32_rounded against TF32 rounding computed in float64 (ties away from zero), on halfway cases,
     both signs, subnormals, the fp32 maximum (to inf) and non-finite values (kept)."""
@@ -564,15 +525,13 @@ def test_tf32_operands_are_rounded_to_nearest_ties_away(kernels):
 
 @pytest.mark.parametrize("shape", [(1, 2, 2, 97, 97, 64, True), (1, 4, 1, 5, 70, 32, False)],
                          ids=["block-causal-97-d64", "decode-noncausal-mqa-d32"])
-def test_tf32_kernels_within_twice_pytorch_tf32(kernels, monkeypatch, shape):
+def test_tf32_kernels_within_twice_pytorch_tf32(kernels, shape):
     """fp32 inputs under set_float32_matmul_precision("high"): the kernels' TF32 dots against float64, within 2x
-    of PyTorch's own TF32 error (its matmuls emulated: operands rounded to TF32). The tensor cores truncate an
+    of PyTorch's own TF32 error (pope.testing.tf32_reference; on CPU emulated). The tensor cores truncate an
     fp32 operand (the interpreter does too, pope.kernels.interpreter), so without the kernels' rounding the same
     comparison fails, by 2-5x on these shapes."""
     if _delegated(kernels):
         return
-    import pope.attention
-
     batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim, causal = shape
     generator = torch.Generator().manual_seed(7)
     q, k, v, delta, grad_out = _inputs(batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim, torch.float32, True,
@@ -585,8 +544,7 @@ def test_tf32_kernels_within_twice_pytorch_tf32(kernels, monkeypatch, shape):
     torch.set_float32_matmul_precision("high")
     try:
         fused = _run(_triton, q, k, v, delta, grad_out, torch.float32, options)
-        with monkeypatch.context() as patch:
-            patch.setattr(pope.attention, "sdpa", _tf32_sdpa)
+        with tf32_reference(q.device.type):
             reference = _run(reference_pope_attention, q, k, v, delta, grad_out, torch.float32, options)
     finally:
         torch.set_float32_matmul_precision(previous)

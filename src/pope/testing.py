@@ -3,12 +3,14 @@
 The rule (flash-attention's): against a float64 computation, a low-precision result (the kernels' output and every
 gradient) may be off by at most 2x what plain PyTorch (pope.attention's reference, in the same dtype) is off,
 plus, for fp32, a rounding-sized floor so that 2x of almost nothing passes. `check_within_rule` applies it.
+`tf32_reference` makes that reference PyTorch's TF32 one for fp32 checks under TF32.
 Used by tests/test_kernel_*.py, tests/test_core_attention.py and scripts/gpu_kernel_check.py; also
 `load_kernels`, which loads a kernel package (or an old single-file kernel module) from any source tree, for
 scripts that compare versions. Importing this module imports torch only.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import itertools
 import math
@@ -31,6 +33,75 @@ def check_within_rule(ours: torch.Tensor, theirs: torch.Tensor, truth: torch.Ten
     floor = 1e-5 * truth.abs().max().item() if dtype == torch.float32 else 0.0
     ok = bool(torch.isfinite(ours).all()) and our_error <= 2 * reference_error + floor
     return {"kernel": our_error, "reference": reference_error, "ok": ok}
+
+
+def _tf32(x: torch.Tensor) -> torch.Tensor:
+    """fp32 x rounded to TF32 (10-bit mantissa) to nearest, ties away, in integers: a TF32 matmul's operand."""
+    return ((x.float().contiguous().view(torch.int32) + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+class _TF32GradientRounding(torch.autograd.Function):
+    """Identity forward; the incoming gradient rounded to TF32, as a TF32 matmul's backward reads it."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _tf32(grad)
+
+
+def _tf32_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b as a TF32 matmul computes it (emulated): both operands rounded to TF32, fp32 sums; its backward's
+    products likewise."""
+    def rounded(x):  # TF32 values forward; the gradient passes unchanged to x
+        return x + (_tf32(x) - x).detach()
+    return _TF32GradientRounding.apply(rounded(a) @ rounded(b))
+
+
+def _tf32_sdpa(q, k, v, *, causal: bool, softmax_scale: float, q_offset: int | None = None, attn_bias=None,
+               dropout_p: float = 0.0) -> torch.Tensor:
+    """pope.attention.sdpa as SDPA's math backend computes fp32 attention under TF32 (emulated): scores and P V by
+    TF32 matmuls, mask and softmax in fp32. q (B, Hq, Nq, e), k (B, Hkv, Nk, e), v (B, Hkv, Nk, dv)."""
+    if attn_bias is not None or dropout_p:
+        raise ValueError("the TF32 reference emulates plain causal / full attention only")
+    seq_q, seq_k = q.shape[2], k.shape[2]
+    q_offset = seq_k - seq_q if q_offset is None else q_offset
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scores = _tf32_matmul(q, k.transpose(-1, -2)) * softmax_scale  # (B, Hq, Nq, Nk)
+    if causal:
+        positions_q = torch.arange(seq_q, device=q.device) + q_offset
+        visible = torch.arange(seq_k, device=q.device)[None, :] <= positions_q[:, None]
+        scores = scores.masked_fill(~visible, float("-inf"))
+    return _tf32_matmul(torch.softmax(scores, -1), v)
+
+
+@contextlib.contextmanager
+def tf32_reference(device_type: str):
+    """While active, pope.attention's reference computes fp32 attention as PyTorch does under TF32
+    (torch.set_float32_matmul_precision("high")), the reference of a TF32 kernel check. On CUDA: SDPA's math backend,
+    whose explicit matmuls use TF32 (SDPA's fp32 flash / memory-efficient kernels compute in full fp32 whatever the
+    matmul precision). On CPU, whose matmuls ignore TF32: its emulation (`_tf32_sdpa`). Float64 calls are unchanged."""
+    if device_type == "cuda":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel(SDPBackend.MATH):
+            yield
+        return
+    import pope.attention
+
+    original = pope.attention.sdpa
+
+    def emulated(q, k, v, **options):
+        return (_tf32_sdpa if q.dtype == torch.float32 else original)(q, k, v, **options)
+
+    pope.attention.sdpa = emulated
+    try:
+        yield
+    finally:
+        pope.attention.sdpa = original
 
 
 def attention_inputs(batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim, *, with_delta=True, generator=None,
