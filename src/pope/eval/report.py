@@ -342,12 +342,18 @@ def shift_bucket_accuracy(by_shift: dict[int, tuple[int, int]], low: int, high: 
     return correct / examples if examples else None
 
 
+def by_shift_groups(records: list[RunRecord]) -> dict[tuple[str, str, str], list[dict[int, tuple[int, int]]]]:
+    """(preset, PE, setting label) -> the per-shift test counts of its finished seeds that have them (settings
+    with none left out): what the by-shift table and accuracy_by_shift.png average."""
+    groups = {key: [m.test_by_shift for m in members if m.finished and m.test_by_shift]
+              for key, members in setting_groups(records).items()}
+    return {key: tables for key, tables in groups.items() if tables}
+
+
 def by_shift_markdown(records: list[RunRecord]) -> list[str]:
     """Test accuracy (%) per range of signed shifts, mean ± std over the finished seeds re-scored with per-shift
     counts (eval/task_accuracy.json); empty when there are none. Beside accuracy_by_shift.png."""
-    groups = {key: [m.test_by_shift for m in members if m.finished and m.test_by_shift]
-              for key, members in setting_groups(records).items()}
-    groups = {key: tables for key, tables in groups.items() if tables}
+    groups = by_shift_groups(records)
     if not groups:
         return []
     buckets = [b for b in SHIFT_BUCKETS if any(shift_bucket_accuracy(t, *b) is not None

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pope.eval.report import (LIFT_OFF_ACCURACY, RunRecord, finite, finished_groups, setting_groups, mean_std,
-                              paper_value)
+from pope.eval.report import (LIFT_OFF_ACCURACY, RunRecord, by_shift_groups, finite, finished_groups, setting_groups,
+                              mean_std, paper_value)
 from pope.files import finish_figure
 
 
@@ -14,6 +14,11 @@ def _sweep_directory(label: str) -> str:
     """The sweep directory that opens a setting label ('pope-len32/ recipe.dataset=...'): a short name for a plot;
     the label's overrides are in report.md's table."""
     return label.split()[0]
+
+
+def _where(preset: str, label: str) -> str:
+    """A legend's name for a setting: its sweep directory, or the preset for a run outside a sweep (label '—')."""
+    return preset if label == "—" else _sweep_directory(label)
 
 
 def plot_report(records: list[RunRecord], path: Path) -> Path | None:
@@ -106,8 +111,7 @@ def plot_accuracy_curves(records: list[RunRecord], path: Path) -> Path | None:
     for index, ((preset, pe, label), members) in enumerate(groups):
         colour = f"C{index % 10}"
         finished = sum(m.finished for m in members)
-        where = preset if label == "—" else _sweep_directory(label)
-        name = f"{pe} {where} ({finished} finished, {len(members) - finished} unfinished)"
+        name = f"{pe} {_where(preset, label)} ({finished} finished, {len(members) - finished} unfinished)"
         for number, member in enumerate(m for m in members if m.curve):
             steps, accuracy = zip(*member.curve)
             ax.plot(steps, [100 * a for a in accuracy], color=colour, alpha=0.7, lw=1.2,
@@ -128,9 +132,7 @@ def plot_accuracy_by_shift(records: list[RunRecord], path: Path) -> Path | None:
     learned to index. None when no finished run has a per-shift record."""
     from pope.optional import pyplot
 
-    groups = [(key, [m.test_by_shift for m in members if m.finished and m.test_by_shift])
-              for key, members in sorted(setting_groups(records).items())]
-    groups = [(key, tables) for key, tables in groups if tables]
+    groups = sorted(by_shift_groups(records).items())
     if not groups:
         return None
     plt = pyplot()
@@ -142,7 +144,7 @@ def plot_accuracy_by_shift(records: list[RunRecord], path: Path) -> Path | None:
         stds = [std or 0.0 for _, std, _ in stats]
         colour = f"C{index % 10}"
         ax.plot(shifts, means, color=colour, marker="o", markersize=3, lw=1.2,
-                label=f"{pe} {_sweep_directory(label) if label != '—' else preset} (n={len(tables)})")
+                label=f"{pe} {_where(preset, label)} (n={len(tables)})")
         ax.fill_between(shifts, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
                         color=colour, alpha=0.15, lw=0)
     ax.axhline(100 / 52, color="gray", lw=0.8, linestyle=":", label="chance (1/52)")
@@ -168,7 +170,7 @@ def plot_loss_curves(records: list[RunRecord], path: Path) -> Path | None:
     lowest, highest = float("inf"), float("-inf")
     for index, ((preset, pe, label), members) in enumerate(groups):
         colour = f"C{index % 10}"
-        name = f"{pe} {preset if label == '—' else _sweep_directory(label)} (n={len(members)})"
+        name = f"{pe} {_where(preset, label)} (n={len(members)})"
         for number, member in enumerate(m for m in members if m.loss_curve):
             steps, valid, test = zip(*member.loss_curve)
             ax.plot(steps, valid, color=colour, alpha=0.8, lw=1.2, label=f"{name}: valid" if number == 0 else None)
