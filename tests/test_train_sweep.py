@@ -392,6 +392,10 @@ def test_merge_sweep_joins_seeds_of_one_setting_and_refuses_anything_else(tmp_pa
         merge_sweep(other_pe, destination)
     with pytest.raises(ValueError, match="has no sweep.json"):
         merge_sweep(tmp_path / "later", destination)
+    (destination / "seed-6.log").write_text("a log of the user's\n")
+    with pytest.raises(ValueError, match="seed-6.log exists without a seed-6 directory beside it"):
+        merge_sweep(_fake_sweep(tmp_path / "six" / "x", [6]), destination)
+    (destination / "seed-6.log").unlink()
     assert _tree(destination) == merged
 
     # An unfinished seed (stopped in one lease) is replaced by a whole rerun only when asked.

@@ -6,7 +6,8 @@ that `pope report` counts them as one setting.
 (sweep.json), of the same preset and encoding, and every source seed's config equals the destination's setting
 apart from the seed and execution keys (pope.train.sweep.setting_of). A seed present in both is refused, unless the
 destination's copy is unfinished and `replace_unfinished` is given (a seed stopped in one lease and rerun whole in
-another). Then each source seed's directory and log are copied in, and the source's invocations and seed records
+another); so is a seed whose log the destination already holds. Then each source seed's directory is copied
+in whole before it replaces anything, with its log, and the source's invocations and seed records
 are added to the destination's sweep.json (written atomically). The source is left as it was.
 """
 from __future__ import annotations
@@ -74,14 +75,21 @@ def merge_sweep(source: str | Path, destination: str | Path, *, replace_unfinish
                 raise ValueError(f"seed {seed} is in both sweeps ({target} is unfinished); pass "
                                  "--replace-unfinished to replace it with the source's copy")
             replaced.append(seed)
+        log = destination / theirs["seeds"][seed].get("log", f"seed-{seed}.log")
+        if log.exists() and seed not in replaced:
+            raise ValueError(f"{log} exists without a seed-{seed} directory beside it; move it away before merging "
+                             f"seed {seed}")
     lines = []
     for seed in seeds:
         entry = dict(theirs["seeds"][seed])
         run_dir = source / entry.get("run_dir", f"seed-{seed}")
         target = destination / run_dir.name
+        staging = destination / f".{run_dir.name}.merging"  # copied whole before the old copy goes
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(run_dir, staging)
         if target.exists():
             shutil.rmtree(target)
-        shutil.copytree(run_dir, target)
+        staging.rename(target)
         log = source / entry.get("log", f"seed-{seed}.log")
         if log.is_file():
             shutil.copy2(log, destination / log.name)
