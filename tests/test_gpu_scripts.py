@@ -38,7 +38,7 @@ def test_gpu_kernel_check_smoke(tmp_path):
 
 def test_gpu_kernel_check_smoke_tf32(tmp_path):
     """--dtypes tf32 on CPU: the kernels' TF32 dots (the interpreter truncates their operands as the GPU does)
-    within 2x of PyTorch's TF32 attention, emulated (pope.testing.tf32_reference), at every smoke row: offsets up
+    within 2x of attention in TF32 arithmetic (pope.testing.tf32_reference), at every smoke row: offsets up
     to 10^7, decode, packed batches."""
     _run_script(["scripts/gpu_kernel_check.py", "--smoke", "--dtypes", "tf32", "--out", str(tmp_path)], tmp_path)
     rows = json.loads((tmp_path / "gpu_kernel_check.json").read_text())["correctness"]

@@ -527,7 +527,7 @@ def test_tf32_operands_are_rounded_to_nearest_ties_away(kernels):
                          ids=["block-causal-97-d64", "decode-noncausal-mqa-d32"])
 def test_tf32_kernels_within_twice_pytorch_tf32(kernels, shape):
     """fp32 inputs under set_float32_matmul_precision("high"): the kernels' TF32 dots against float64, within 2x
-    of PyTorch's own TF32 error (pope.testing.tf32_reference; on CPU emulated). The tensor cores truncate an
+    of the error of attention in TF32 arithmetic (pope.testing.tf32_reference). The tensor cores truncate an
     fp32 operand (the interpreter does too, pope.kernels.interpreter), so without the kernels' rounding the same
     comparison fails, by 2-5x on these shapes."""
     if _delegated(kernels):
@@ -544,7 +544,7 @@ def test_tf32_kernels_within_twice_pytorch_tf32(kernels, shape):
     torch.set_float32_matmul_precision("high")
     try:
         fused = _run(_triton, q, k, v, delta, grad_out, torch.float32, options)
-        with tf32_reference(q.device.type):
+        with tf32_reference():
             reference = _run(reference_pope_attention, q, k, v, delta, grad_out, torch.float32, options)
     finally:
         torch.set_float32_matmul_precision(previous)
@@ -553,6 +553,32 @@ def test_tf32_kernels_within_twice_pytorch_tf32(kernels, shape):
         assert errors["ok"], (name, errors)
         # TF32 really ran (kernels and reference): errors far above exact fp32's
         assert min(errors["kernel"], errors["reference"]) > 30 * (fp32.double() - truth).abs().max().item(), name
+
+
+def _under_matmul_precision(setting, fn, *args):
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(setting)
+    try:
+        return fn(*args)
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+def test_tf32_one_key_row_gets_an_exact_zero_gradient(kernels):
+    """A causal row that sees one key has P = 1 and dS = P (dP - D) = 0 exactly, so dq = 0 in float64. Under TF32 the
+    kernels' D takes dO rounded to TF32 as the dots' dP do, so the two cancel to fp32 rounding; from the unrounded dO
+    the row's dq would carry dO's TF32 rounding error (~1e-3 here)."""
+    if _delegated(kernels):
+        return
+    q, k, v, delta, grad_out = _inputs(1, 2, 2, 24, 24, 32, torch.float32, True, torch.Generator().manual_seed(13))
+    v, grad_out = 4 * v, 4 * grad_out  # a larger dO . v: a larger rounding error for the test to see
+    options = dict(base=10000.0, causal=True, softmax_scale=32 ** -0.5, q_offset=0, magnitude="softplus",
+                   rotary_dim=None)
+    exact = _run(reference_pope_attention, q, k, v, delta, grad_out, torch.float64, options)
+    out, dq = _under_matmul_precision("high", _run, _triton, q, k, v, delta, grad_out, torch.float32, options)[:2]
+    assert exact[1][:, :, 0].abs().max().item() < 1e-12  # float64: row 0's dq is zero
+    assert (dq[:, :, 1:].double() - exact[1][:, :, 1:]).abs().max().item() > 1e-4  # TF32 ran
+    assert dq[:, :, 0].abs().max().item() < 2e-5, dq[:, :, 0].abs().max().item()
 
 
 @pytest.mark.parametrize("method,n_q_heads,seq_q", [("tensor_cores", 4, 2), ("lanes", 2, 1), ("lanes", 4, 2)])

@@ -3,7 +3,7 @@
 The rule (flash-attention's): against a float64 computation, a low-precision result (the kernels' output and every
 gradient) may be off by at most 2x what plain PyTorch (pope.attention's reference, in the same dtype) is off,
 plus, for fp32, a rounding-sized floor so that 2x of almost nothing passes. `check_within_rule` applies it.
-`tf32_reference` makes that reference PyTorch's TF32 one for fp32 checks under TF32.
+`tf32_reference` makes that reference TF32 arithmetic for fp32 checks under TF32.
 Used by tests/test_kernel_*.py, tests/test_core_attention.py and scripts/gpu_kernel_check.py; also
 `load_kernels`, which loads a kernel package (or an old single-file kernel module) from any source tree, for
 scripts that compare versions. Importing this module imports torch only.
@@ -62,8 +62,9 @@ def _tf32_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def _tf32_sdpa(q, k, v, *, causal: bool, softmax_scale: float, q_offset: int | None = None, attn_bias=None,
                dropout_p: float = 0.0) -> torch.Tensor:
-    """pope.attention.sdpa as SDPA's math backend computes fp32 attention under TF32 (emulated): scores and P V by
-    TF32 matmuls, mask and softmax in fp32. q (B, Hq, Nq, e), k (B, Hkv, Nk, e), v (B, Hkv, Nk, dv)."""
+    """pope.attention.sdpa in TF32 arithmetic, as SDPA's math backend computes fp32 attention under TF32 where cuBLAS
+    runs its matmuls in TF32: scores and P V by TF32 matmuls (operands rounded), mask and softmax in fp32.
+    q (B, Hq, Nq, e), k (B, Hkv, Nk, e), v (B, Hkv, Nk, dv)."""
     if attn_bias is not None or dropout_p:
         raise ValueError("the TF32 reference emulates plain causal / full attention only")
     seq_q, seq_k = q.shape[2], k.shape[2]
@@ -79,17 +80,13 @@ def _tf32_sdpa(q, k, v, *, causal: bool, softmax_scale: float, q_offset: int | N
 
 
 @contextlib.contextmanager
-def tf32_reference(device_type: str):
-    """While active, pope.attention's reference computes fp32 attention as PyTorch does under TF32
-    (torch.set_float32_matmul_precision("high")), the reference of a TF32 kernel check. On CUDA: SDPA's math backend,
-    whose explicit matmuls use TF32 (SDPA's fp32 flash / memory-efficient kernels compute in full fp32 whatever the
-    matmul precision). On CPU, whose matmuls ignore TF32: its emulation (`_tf32_sdpa`). Float64 calls are unchanged."""
-    if device_type == "cuda":
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        with sdpa_kernel(SDPBackend.MATH):
-            yield
-        return
+def tf32_reference():
+    """While active, pope.attention's reference computes fp32 attention in TF32 arithmetic, the reference of a TF32
+    kernel check, on any device (`_tf32_sdpa`): every matmul's operands rounded to TF32 (to nearest, ties away),
+    fp32 products and sums, mask and softmax in fp32. That is what cuBLAS's TF32 matrix products compute, but not
+    what PyTorch gives for every attention: SDPA's fused fp32 kernels ignore TF32, and cuBLAS computes a
+    matrix-vector product (one query row) in exact fp32 even under TF32 (docs/kernels.md). Float64 calls are
+    unchanged."""
     import pope.attention
 
     original = pope.attention.sdpa

@@ -44,7 +44,7 @@ def main() -> None:
         exact = outputs_and_gradients(reference_pope_attention, q, k, v, delta, grad_out, torch.float64, options)
         torch.set_float32_matmul_precision("high")
         fused = outputs_and_gradients(triton_pope_attention, q, k, v, delta, grad_out, torch.float32, options)
-        with tf32_reference("cpu"):
+        with tf32_reference():
             reference = outputs_and_gradients(reference_pope_attention, q, k, v, delta, grad_out, torch.float32,
                                               options)
         torch.set_float32_matmul_precision("highest")

@@ -21,7 +21,8 @@ from pope.magnitudes import MAGNITUDES
 from . import direct_launch, host, prepass
 from .configs import DKDV_KEYS_FROM_PREPASS_MAX_BLOCK_D, TRANSFORM_ROWS, pick_tiles
 from .jit_math import (_dot, _join_halves, _key_ranges, _magnitude, _magnitude_grad, _packed_sequence, _phase,
-                       _polar_to_cartesian, _query_block, _query_sequence, _sincos, _split_halves, _stats_start)
+                       _polar_to_cartesian, _query_block, _query_sequence, _sincos, _split_halves, _stats_start,
+                       _tf32_rounded)
 
 
 @triton.jit
@@ -84,7 +85,7 @@ def _pope_bwd_dq_kernel(
     do, row_delta = _row_statistics(
         Out, DO, LSE, RowDelta, PackedLSE, stride_ob, stride_oh, stride_on, stride_dob, stride_doh, stride_don,
         pid_bh, n_q_heads, b, h, q_row, start_q, rows, offs_m, offs_d, mask_q, mask_rows, seq_q, row_delta_stride,
-        IS_VARLEN)
+        IS_VARLEN, PRECISION)
     lse2 = tl.load(LSE + q_row * seq_q + rows, mask=mask_rows, other=float("inf")) * 1.4426950408889634
 
     hk = h // group_size
@@ -110,13 +111,18 @@ def _pope_bwd_dq_kernel(
 @triton.jit
 def _row_statistics(Out, DO, LSE, RowDelta, PackedLSE, stride_ob, stride_oh, stride_on, stride_dob, stride_doh,
                     stride_don, pid_bh, n_q_heads, b, h, q_row, start_q, rows, offs_m, offs_d, mask_q, mask_rows, seq_q,
-                    row_delta_stride, IS_VARLEN: tl.constexpr):
+                    row_delta_stride, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr):
     """A query block's dO (BLOCK_M, BLOCK_D) and D_i = dO_i . O_i (BLOCK_M,) fp32, D stored where the dk/dv kernel
     reads it by TMA: row q_row * row_delta_stride + rows; packed (IS_VARLEN), at the sequence's 16-byte aligned
     statistics rows (`_stats_start`: a TMA row offset must be 16-byte aligned, a sequence's first row is anywhere),
-    with a copy of its lse there. rows: the block's rows in the (B, Hq, Nq, d) tensors (packed: batch-1 views)."""
+    with a copy of its lse there. rows: the block's rows in the (B, Hq, Nq, d) tensors (packed: batch-1 views).
+    Under TF32 dots D_i takes dO rounded to TF32, as the dots' dP_ij = dO_i . v_j do: dS_ij = P_ij (dP_ij - D_i)
+    cancels, and a D_i from the unrounded dO would leave dO's rounding error, 2^-11 |dO_i| |O_i|, in every dS_ij
+    of the row (a row that sees one key, P = 1, whose exact dS is 0, would keep all of it)."""
     do = tl.load(DO + b * stride_dob + h * stride_doh + rows[:, None] * stride_don + offs_d[None, :], mask=mask_q,
                  other=0.0)
+    if PRECISION == "tf32":
+        do = _tf32_rounded(do)  # fp32 only: 16-bit dO (PRECISION "tf32" too) is unchanged
     out = tl.load(Out + b * stride_ob + h * stride_oh + rows[:, None] * stride_on + offs_d[None, :], mask=mask_q,
                   other=0.0)
     row_delta = tl.sum(do.to(tl.float32) * out.to(tl.float32), 1)
