@@ -14,6 +14,7 @@ subprocess started with TRITON_INTERPRET=1, and each test here asserts its own r
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -523,6 +524,17 @@ def test_tf32_operands_are_rounded_to_nearest_ties_away(kernels):
     assert y[0] == 1 + step and y[1] == 1.0 and y[4] == -(1 + step) and y[6] == math.inf
 
 
+@contextlib.contextmanager
+def _matmul_precision(setting):
+    """torch's float32 matmul precision (what the kernels' fp32 dots follow) set to setting, restored after."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(setting)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
 @pytest.mark.parametrize("shape", [(1, 2, 2, 97, 97, 64, True), (1, 4, 1, 5, 70, 32, False)],
                          ids=["block-causal-97-d64", "decode-noncausal-mqa-d32"])
 def test_tf32_kernels_within_twice_pytorch_tf32(kernels, shape):
@@ -540,28 +552,15 @@ def test_tf32_kernels_within_twice_pytorch_tf32(kernels, shape):
                    magnitude="softplus", rotary_dim=None)
     exact = _run(reference_pope_attention, q, k, v, delta, grad_out, torch.float64, options)
     full_fp32 = _run(reference_pope_attention, q, k, v, delta, grad_out, torch.float32, options)
-    previous = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high")
-    try:
+    with _matmul_precision("high"):
         fused = _run(_triton, q, k, v, delta, grad_out, torch.float32, options)
         with tf32_reference():
             reference = _run(reference_pope_attention, q, k, v, delta, grad_out, torch.float32, options)
-    finally:
-        torch.set_float32_matmul_precision(previous)
     for name, ours, theirs, truth, fp32 in zip(GRADIENT_NAMES, fused, reference, exact, full_fp32):
         errors = check_within_rule(ours, theirs, truth, torch.float32)
         assert errors["ok"], (name, errors)
         # TF32 really ran (kernels and reference): errors far above exact fp32's
         assert min(errors["kernel"], errors["reference"]) > 30 * (fp32.double() - truth).abs().max().item(), name
-
-
-def _under_matmul_precision(setting, fn, *args):
-    previous = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision(setting)
-    try:
-        return fn(*args)
-    finally:
-        torch.set_float32_matmul_precision(previous)
 
 
 def test_tf32_one_key_row_gets_an_exact_zero_gradient(kernels):
@@ -575,7 +574,8 @@ def test_tf32_one_key_row_gets_an_exact_zero_gradient(kernels):
     options = dict(base=10000.0, causal=True, softmax_scale=32 ** -0.5, q_offset=0, magnitude="softplus",
                    rotary_dim=None)
     exact = _run(reference_pope_attention, q, k, v, delta, grad_out, torch.float64, options)
-    out, dq = _under_matmul_precision("high", _run, _triton, q, k, v, delta, grad_out, torch.float32, options)[:2]
+    with _matmul_precision("high"):
+        dq = _run(_triton, q, k, v, delta, grad_out, torch.float32, options)[1]
     assert exact[1][:, :, 0].abs().max().item() < 1e-12  # float64: row 0's dq is zero
     assert (dq[:, :, 1:].double() - exact[1][:, :, 1:]).abs().max().item() > 1e-4  # TF32 ran
     assert dq[:, :, 0].abs().max().item() < 2e-5, dq[:, :, 0].abs().max().item()
