@@ -409,6 +409,28 @@ def test_merge_sweep_joins_seeds_of_one_setting_and_refuses_anything_else(tmp_pa
     assert run_finished(destination / "seed-5")
     assert json.loads((destination / "sweep.json").read_text())["seeds"]["5"]["status"] == "finished"
 
+    # A copy archived while it ran (no summary.json; sweep.json still says running at step 0) joins as unfinished at
+    # its last logged step; a copy that got less far does not replace it.
+    def archived_mid_run(name, last_step):
+        lost = _fake_sweep(tmp_path / name / "pope-tf32-s7", [7], finished=False)
+        (lost / "seed-7" / "summary.json").unlink()
+        steps = range(500, last_step + 1, 500)
+        (lost / "seed-7" / "metrics.jsonl").write_text("".join(f'{{"step": {s}}}\n' for s in steps))
+        record = json.loads((lost / "sweep.json").read_text())
+        record["seeds"]["7"].update(status="running", step=0)
+        (lost / "sweep.json").write_text(json.dumps(record))
+        return lost
+
+    assert merge_sweep(archived_mid_run("far", 1500), destination) == [
+        f"seed 7: unfinished at step 1500 -> {destination / 'seed-7'}"]
+    entry = json.loads((destination / "sweep.json").read_text())["seeds"]["7"]
+    assert entry["status"] == "unfinished" and "archived while running" in entry["notes"][-1]
+    merged = _tree(destination)
+    with pytest.raises(ValueError, match="unfinished at step 1000, short of the destination's unfinished copy at "
+                                         "step 1500"):
+        merge_sweep(archived_mid_run("near", 1000), destination, replace_unfinished=True)
+    assert _tree(destination) == merged
+
 
 def test_merge_sweep_script_errors_in_one_line(tmp_path):
     destination = _fake_sweep(tmp_path / "a", [0])

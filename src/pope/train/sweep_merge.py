@@ -6,9 +6,12 @@ that `pope report` counts them as one setting.
 (sweep.json), of the same preset and encoding, and every source seed's config equals the destination's setting
 apart from the seed and execution keys (pope.train.sweep.setting_of). A seed present in both is refused, unless the
 destination's copy is unfinished and `replace_unfinished` is given (a seed stopped in one lease and rerun whole in
-another); so is a seed whose log the destination already holds. Then each source seed's directory is copied
-in whole before it replaces anything, with its log, and the source's invocations and seed records
-are added to the destination's sweep.json (written atomically). The source is left as it was.
+another), and refused when the source's copy is itself unfinished and got less far; so is a seed whose log the
+destination already holds. A seed the source records as running but that is not finished (its directory was
+archived while it ran, and its machine or process went away) is merged as "unfinished" at its last logged step.
+Then each source seed's directory is copied in whole before it replaces anything, with its log, and the source's
+invocations and seed records are added to the destination's sweep.json (written atomically). The source is left as
+it was.
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import json
 import shutil
 from pathlib import Path
 
-from pope.train.sweep import run_finished, setting_of
+from pope.train.sweep import _last_step, run_finished, setting_of
 
 
 def _sweep_record(directory: Path, role: str) -> dict:
@@ -74,6 +77,10 @@ def merge_sweep(source: str | Path, destination: str | Path, *, replace_unfinish
             if not replace_unfinished:
                 raise ValueError(f"seed {seed} is in both sweeps ({target} is unfinished); pass "
                                  "--replace-unfinished to replace it with the source's copy")
+            theirs_step, ours_step = _last_step(run_dir / "metrics.jsonl"), _last_step(target / "metrics.jsonl")
+            if not run_finished(run_dir) and theirs_step < ours_step:
+                raise ValueError(f"seed {seed}: the source's copy is unfinished at step {theirs_step}, short of the "
+                                 f"destination's unfinished copy at step {ours_step}; keep the destination's")
             replaced.append(seed)
         log = destination / theirs["seeds"][seed].get("log", f"seed-{seed}.log")
         if log.exists() and seed not in replaced:
@@ -83,6 +90,11 @@ def merge_sweep(source: str | Path, destination: str | Path, *, replace_unfinish
     for seed in seeds:
         entry = dict(theirs["seeds"][seed])
         run_dir = source / entry.get("run_dir", f"seed-{seed}")
+        if entry.get("status") == "running" and not run_finished(run_dir):
+            # sweep.json is written as a seed starts: a copy archived mid-run still says "running", step 0
+            entry.update(status="unfinished", step=_last_step(run_dir / "metrics.jsonl"))
+            entry["notes"] = [*entry.get("notes", []), "archived while running; its process ended without a summary "
+                              "(its machine went away, or it was killed): step is the last one logged"]
         target = destination / run_dir.name
         staging = destination / f".{run_dir.name}.merging"  # copied whole before the old copy goes
         shutil.rmtree(staging, ignore_errors=True)
