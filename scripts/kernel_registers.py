@@ -6,12 +6,16 @@ GPU time. Compile-only numbers are not speed: a spill-free tile can be slower (f
 
     PYTHONPATH=src python scripts/kernel_registers.py [--kernels fwd,dq] [--head-dims 128] [--maxnreg N[,M]]
         [--tile BM,BN,WARPS,STAGES ...] [--block-m 32,64,128 --block-n 32,64 --warps 4,8 --stages 2,3]
+        [--dtype fp32 --precision ieee|tf32|tf32x3]
 Prints one line per (kernel, head dim, tile): shared memory bytes, wgmma instructions, layout conversions in the
 TTGIR (each one a trip through shared memory), how many programs an SM holds at once (registers and shared
 memory), ptxas's report, and where the spills are in the SASS: spill instructions (STL / LDL) inside the kernel's
 loops (run every key or query block: what costs time) and outside them (a program's prologue / epilogue: once per
 program). --block-m/--block-n/--warps/--stages compile every combination (a grid; the shipped value of the
 dimensions not given). The pre-pass ("prepass") takes its rows per program as BLOCK_M (no BLOCK_N).
+--dtype fp32 compiles the fp32 specialisation of fwd, dq, dk/dv and the pre-pass (their fp32 tiles unless given) with
+dots at --precision: "ieee" (exact, what torch's "highest" float32 matmul precision gives), "tf32" (what "high"
+gives) or "tf32x3" (three TF32 products per dot, not a shipped choice: for trying a tensor-core exact path).
 """
 from __future__ import annotations
 
@@ -57,22 +61,26 @@ KERNELS = {
 }
 
 
+FP32_KERNELS = {"fwd", "dq", "dkdv", "prepass"}
+FP32_PRECISIONS = ("ieee", "tf32", "tf32x3")
+
 # What only a packed (varlen) launch passes (None otherwise, constexprs).
 VARLEN_ARGUMENTS = ("CuSeqlensQ", "CuSeqlensK", "PackedLSE")
 
 
-def descriptor_types(constexprs: dict) -> dict:
+def descriptor_types(constexprs: dict, element: str = "bf16") -> dict:
     """The TMA descriptor arguments' types (element type and block shape) as the launchers build them: q' and k'
     as one (rows, 2 BLOCK_D) tile [cos | sin], v and dO as (rows, BLOCK_D)."""
     bm, bn, bd = constexprs.get("BLOCK_M", 16), constexprs.get("BLOCK_N", 16), constexprs["BLOCK_D"]
-    return {"kp_desc": f"tensordesc<bf16[1,{bn},{2 * bd}]>", "v_desc": f"tensordesc<bf16[1,1,{bn},{bd}]>",
-            "qp_desc": f"tensordesc<bf16[1,{bm},{2 * bd}]>", "do_desc": f"tensordesc<bf16[1,1,{bm},{bd}]>",
+    return {"kp_desc": f"tensordesc<{element}[1,{bn},{2 * bd}]>", "v_desc": f"tensordesc<{element}[1,1,{bn},{bd}]>",
+            "qp_desc": f"tensordesc<{element}[1,{bm},{2 * bd}]>", "do_desc": f"tensordesc<{element}[1,1,{bm},{bd}]>",
             "lse_desc": f"tensordesc<fp32[1,{bm}]>", "rowdelta_desc": f"tensordesc<fp32[1,{bm}]>"}
 
 
-def signature(kernel, constexprs: dict) -> dict:
+def signature(kernel, constexprs: dict, element: str = "bf16") -> dict:
+    """Each argument's Triton type as a launch with `element` (bf16 or fp32) inputs passes it."""
     types = {}
-    descriptors = descriptor_types(constexprs)
+    descriptors = descriptor_types(constexprs, element)
     for name in kernel.arg_names:
         if name in constexprs:
             types[name] = "constexpr"
@@ -85,7 +93,7 @@ def signature(kernel, constexprs: dict) -> dict:
         elif name == "Table":  # the decode kernel's key-phase table: fp16 for bf16 raw keys, bf16 for magnitudes
             types[name] = "*bf16" if constexprs.get("MAGNITUDE") == 2 else "*fp16"
         elif name[0].isupper():
-            types[name] = "*bf16"
+            types[name] = f"*{element}"
         elif name == "softmax_scale":
             types[name] = "fp32"
         else:
@@ -93,9 +101,10 @@ def signature(kernel, constexprs: dict) -> dict:
     return types
 
 
-def report(kernel, constexprs: dict, num_warps: int, num_stages: int, maxnreg: int | None) -> str:
+def report(kernel, constexprs: dict, num_warps: int, num_stages: int, maxnreg: int | None,
+           element: str = "bf16") -> str:
     options = {"num_warps": num_warps, "num_stages": num_stages, **({"maxnreg": maxnreg} if maxnreg else {})}
-    types = signature(kernel, constexprs)
+    types = signature(kernel, constexprs, element)
     # As a launch on real tensors specialises them: pointers and row strides divisible by 16 (vector loads).
     aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
                if types[name].startswith("*") or name.startswith("stride_")}
@@ -233,9 +242,15 @@ def main(argv=None) -> int:
     parser.add_argument("--markdown", action="store_true", help="print a markdown table instead of report lines")
     parser.add_argument("--varlen", action="store_true",
                         help="compile the packed (varlen) specialisation of the kernels that have one")
+    parser.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="the inputs' element type")
+    parser.add_argument("--precision", choices=FP32_PRECISIONS, default=None,
+                        help="fp32 dots: ieee (exact), tf32 or tf32x3; only with --dtype fp32, which needs it")
     args = parser.parse_args(argv)
     if INTERPRET:
         raise SystemExit("unset TRITON_INTERPRET: this compiles the kernels, it does not interpret them")
+    if (args.dtype == "fp32") != (args.precision is not None):
+        raise SystemExit("--precision goes with --dtype fp32 and --dtype fp32 needs it (ieee, tf32 or tf32x3): "
+                         "16-bit dots have one precision")
     head_dims = [int(d) for d in args.head_dims.split(",")]
     if args.markdown:
         print(MARKDOWN_HEADER, flush=True)
@@ -245,6 +260,13 @@ def main(argv=None) -> int:
         if name not in KERNELS:
             raise SystemExit(f"unknown kernel {name!r}; choose from {list(KERNELS)}")
         kernel, flags, tiles = KERNELS[name]
+        if args.dtype == "fp32":
+            if name not in FP32_KERNELS:
+                raise SystemExit(f"--dtype fp32 compiles {sorted(FP32_KERNELS)}, not {name!r} (the decode kernels' "
+                                 "fp32 variants are not modelled here)")
+            flags = {**flags, "PRECISION": args.precision} if "PRECISION" in flags else flags
+            if name != "prepass":
+                tiles = {d: [configs.TILES[name][(configs.MEASURED_ARCHITECTURE, d, torch.float32)]] for d in tiles}
         for head_dim, shipped in tiles.items():
             if head_dim not in head_dims:
                 continue
@@ -253,7 +275,7 @@ def main(argv=None) -> int:
                 constexprs = constexprs_for(name, kernel, flags, head_dim, block_m, block_n, num_stages, args.varlen,
                                             {"auto": None, "yes": True, "no": False}[args.keys_from_prepass])
                 try:
-                    line = report(kernel, constexprs, num_warps, num_stages, cap)
+                    line = report(kernel, constexprs, num_warps, num_stages, cap, args.dtype)
                 except Exception as error:  # a tile that does not compile (shared memory, layouts): say so, go on
                     line = f"does not compile: {type(error).__name__}: {str(error).splitlines()[0][:160]}"
                 tile = (block_m, block_n, num_warps, num_stages)

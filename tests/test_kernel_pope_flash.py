@@ -925,6 +925,29 @@ def test_kernels_compile_for_hopper_without_spills():
             assert resident >= 2, f"the d=64 forward no longer fits two programs per SM: {line}"
 
 
+def test_fp32_kernels_compile_for_hopper_at_each_dot_precision():
+    """kernel_registers.py --dtype fp32 compiles the fp32 specialisation: the TF32 forward at d=64 keeps everything
+    in registers (a change that makes the TF32 path spill fails here); --precision without --dtype fp32, and a
+    kernel it does not model, are refused in one line."""
+    script = os.path.join(os.path.dirname(__file__), os.pardir, "scripts", "kernel_registers.py")
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.path.join(os.path.dirname(__file__), os.pardir, "src")
+
+    def run(*arguments):
+        return subprocess.run([sys.executable, script, "--kernels", "fwd", "--head-dims", "64", *arguments], env=env,
+                              capture_output=True, text=True, timeout=600)
+    compiled = run("--dtype", "fp32", "--precision", "tf32")
+    assert compiled.returncode == 0, compiled.stderr[-2000:]
+    assert " 0 bytes spill stores" in compiled.stdout and "in loops 0," in compiled.stdout, compiled.stdout
+    refused = run("--precision", "ieee")
+    assert refused.returncode != 0 and refused.stderr.strip().splitlines() == [
+        "--precision goes with --dtype fp32 and --dtype fp32 needs it (ieee, tf32 or tf32x3): 16-bit dots have one "
+        "precision"]
+    refused = subprocess.run([sys.executable, script, "--kernels", "decode", "--dtype", "fp32", "--precision", "ieee"],
+                             env=env, capture_output=True, text=True, timeout=600)
+    assert refused.returncode != 0 and "not 'decode'" in refused.stderr
+
+
 def test_kernels_compute_each_registered_magnitude(kernels):
     """The pre-pass with each pope.magnitudes entry's kernel code computes that entry's torch function."""
     if _delegated(kernels):
