@@ -14,26 +14,19 @@ verdict line. The kernels' dot precision is swapped by replacing pope.kernels.ho
 compiles; nothing in the package changes.
 """
 import argparse
-import importlib.util
 import sys
 from pathlib import Path
 
 import torch
 
 import pope.kernels.host as host
+from pope.testing import load_kernels as load  # a module from its file, under a name of ours
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 SHAPES = [(1, 2, 2, 1024, 1024, 64, True), (2, 8, 2, 1000, 1000, 128, True), (4, 16, 4, 1, 3000, 128, True)]
 SMOKE_SHAPES = [(1, 2, 1, 37, 37, 32, True)]
 TIMED = ["4x16x4096x64", "2x16x4096x128"]  # B x H x N x d
-
-
-def load(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 PACKAGE_PRECISION = host.precision
@@ -51,8 +44,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="one tiny shape, no timing (the interpreter on CPU)")
     args = parser.parse_args()
-    sys.path.insert(0, str(ROOT / "scripts"))
-    kernel_check = load(ROOT / "scripts" / "gpu_kernel_check.py", "gpu_kernel_check")
+    kernel_check = load(str(ROOT / "scripts" / "gpu_kernel_check.py"), "gpu_kernel_check")
     torch.set_float32_matmul_precision("highest")
     use_fp32_dots("tf32x3")
     failed = 0
@@ -67,7 +59,7 @@ def main() -> int:
         if not torch.cuda.is_available():
             print("check.py: the timing needs a CUDA GPU (or pass --smoke)", file=sys.stderr)
             return 2
-        speed = load(ROOT / "benchmarks" / "experiments" / "2026-12-02-tf32-check" / "speed.py", "tf32_speed")
+        speed = load(str(ROOT / "benchmarks" / "experiments" / "2026-12-02-tf32-check" / "speed.py"), "tf32_speed")
         print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
         print("shape | provider | fwd+bwd ms | / sdpa fp32")
         for shape in TIMED:
