@@ -228,8 +228,8 @@ def test_bitwise_ab_comparison_reports_every_difference():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_dot_precision_follows_torchs_float32_matmul_precision(monkeypatch, dtype):
-    """fp32 inputs: exact dots ("ieee") at PyTorch's default "highest", TF32 at "high" / "medium", as torch.matmul;
-    16-bit inputs: tensor cores either way. The precision is part of each launch site's plan key, so a site
+    """fp32 inputs: fp32-accurate dots ("tf32x3", three TF32 tensor-core products) at PyTorch's default "highest",
+    TF32 at "high" / "medium", as torch.matmul; 16-bit inputs: tensor cores either way. The precision is part of each launch site's plan key, so a site
     compiled under one setting is never reused under another."""
     from pope.kernels import bwd, fwd, host
 
@@ -242,8 +242,8 @@ def test_dot_precision_follows_torchs_float32_matmul_precision(monkeypatch, dtyp
     try:
         for setting in ("highest", "high", "medium"):
             torch.set_float32_matmul_precision(setting)
-            expected = "ieee" if dtype == torch.float32 and setting == "highest" else "tf32"
-            assert host.precision(dtype) == expected
+            expected = "tf32x3" if dtype == torch.float32 and setting == "highest" else "tf32"
+            assert host.precision(dtype, q.device) == expected
             launches.clear()
             fwd.forward(q, k, v, None, theta, causal=True, softmax_scale=0.1, q_offset=0, magnitude="softplus")
             bwd.backward(q, q, k, v, None, q, torch.zeros(1, 2, 16), theta, causal=True, softmax_scale=0.1,
@@ -255,5 +255,24 @@ def test_dot_precision_follows_torchs_float32_matmul_precision(monkeypatch, dtyp
             elif setting == "high":
                 sites_tf32 = {site for site, _ in kernel_launches}
                 assert sites_tf32.isdisjoint(sites_exact) == (dtype == torch.float32)
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def test_fp32_dots_are_exact_on_gpus_without_tf32_tensor_cores(monkeypatch):
+    """A CUDA GPU before Ampere (compute capability < 8.0) has no TF32 tensor cores: fp32 inputs get exact FMA dots
+    ("ieee") at every float32 matmul precision; one with them gets tf32x3 at "highest" and TF32 at "high"."""
+    from pope.kernels import host
+
+    before = torch.get_float32_matmul_precision()
+    gpu = torch.device("cuda", 0)
+    try:
+        for has_cores, expected in ((False, {"highest": "ieee", "high": "ieee"}),
+                                    (True, {"highest": "tf32x3", "high": "tf32"})):
+            monkeypatch.setattr(host, "_tf32_tensor_cores", lambda index, has_cores=has_cores: has_cores)
+            for setting, dots in expected.items():
+                torch.set_float32_matmul_precision(setting)
+                assert host.precision(torch.float32, gpu) == dots, (has_cores, setting)
+                assert host.precision(torch.bfloat16, gpu) == "tf32"
     finally:
         torch.set_float32_matmul_precision(before)

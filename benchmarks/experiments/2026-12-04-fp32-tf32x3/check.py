@@ -34,9 +34,9 @@ PACKAGE_PRECISION = host.precision
 
 def use_fp32_dots(kind: str) -> None:
     """fp32 inputs under "highest" get `kind` dots ("ieee" or "tf32x3"); everything else as the package chooses."""
-    def precision(dtype):
-        chosen = PACKAGE_PRECISION(dtype)
-        return kind if chosen == "ieee" else chosen
+    def precision(dtype, device):
+        chosen = PACKAGE_PRECISION(dtype, device)
+        return kind if chosen in ("ieee", "tf32x3") and torch.get_float32_matmul_precision() == "highest" else chosen
     host.precision = precision
 
 

@@ -387,7 +387,7 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
              magnitude: str, dq_config=None, dkdv_config=None, packed: host.Packed | None = None):
     """Returns (dq, dk, dv, d_delta or None). Deterministic: no atomics anywhere. packed: a packed batch as the
     forward's (do, q, out (total_q, Hq, d), k, v (total_k, Hkv, d), lse (Hq, total_q)), one launch per kernel."""
-    precision = host.precision(q.dtype)  # a constexpr of the kernels: part of the launch sites' plan key
+    precision = host.precision(q.dtype, q.device)  # a constexpr of the kernels: part of the launch sites' plan key
     plan = host.plan(do, q, k, v, delta, out, lse, theta, causal, q_offset, magnitude, dq_config, dkdv_config,
                      precision, *(packed or ()))
     # Pre-pass buffers and gradients are made as late and freed as early as they can be, so that what the

@@ -337,7 +337,7 @@ def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float,
         table_dtype = q.dtype if q.dtype == torch.float32 or magnitude == "identity" else torch.float16
         table = phase_tables.phase_table(theta, head_dim, seq_k, table_dtype, keep_phase_table)
         table_args = args[:7] + (table,) + args[7:]
-        options.update(BLOCK_M=block_m, PRECISION=host.precision(q.dtype))
+        options.update(BLOCK_M=block_m, PRECISION=host.precision(q.dtype, q.device))
         site = direct_launch.specialization_site("decode tensor cores", table_args, options)
         direct_launch.launch(_pope_decode_kernel, (num_splits, batch * n_kv_heads), site, table_args, **options)
     # Combine the splits in one launch: (splits, B*Hkv, rows, d) -> (B, Hq, Nq, d) and the row LSEs.

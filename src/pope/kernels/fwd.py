@@ -2,8 +2,8 @@
 
 Supports q (B, Hq, Nq, d), k/v (B, Hkv, Nk, d), Hq % Hkv == 0 (GQA: K/V read per key head, never repeated),
 Nq <= Nk, queries at positions q_offset + i, keys at j, bottom-right causal masking (key j visible iff
-j <= q_offset + i) or none; bf16 / fp16 / fp32 (fp32 dots exact, input_precision="ieee", unless
-torch.set_float32_matmul_precision allows TF32: host.precision); d <= 128 (padded to a power of two inside); any
+j <= q_offset + i) or none; bf16 / fp16 / fp32 (fp32 dots fp32-accurate, three TF32 products
+each, unless torch.set_float32_matmul_precision allows TF32: host.precision); d <= 128 (padded to a power of two inside); any
 length (masked tails). Guarantees: softmax statistics in fp32; lse is the natural-log
 log-sum-exp (B, Hq, Nq) fp32; a key masked from a query (causal or past Nk) enters its scores through
 tl.where(..., -inf), so no value of it, finite or not, reaches that query's output; q' and k' come from one pre-pass
@@ -107,7 +107,7 @@ def forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float, q_offs
 
     packed: q (total_q, Hq, d), k/v (total_k, Hkv, d) hold the sequences of a packed batch, all run by one launch per
     kernel (q_offset unused: each sequence is bottom-right aligned); returns out (total_q, Hq, d), lse (Hq, total_q)."""
-    precision = host.precision(q.dtype)  # a constexpr of the kernel: part of the launch site's plan key
+    precision = host.precision(q.dtype, q.device)  # a constexpr of the kernel: part of the launch site's plan key
     plan = host.plan(q, k, v, delta, theta, causal, q_offset, magnitude, config, precision, *(packed or ()))
     out_shape = q.shape
     if packed is not None:  # batch-1 views of the packed tensors

@@ -71,7 +71,7 @@ def _dot(a, b, acc, PRECISION: tl.constexpr):
     """tl.dot(a, b, acc) at input_precision PRECISION. Under "tf32" the fp32 operands are rounded to TF32 first:
     the tensor cores read only an fp32 operand's top 19 bits, i.e. they truncate, and that bias toward zero takes
     the kernels' error past the 2x rule against PyTorch's TF32 matmuls (docs/kernels.md). 16-bit operands
-    (PRECISION "tf32" too) and "ieee" dots are unchanged."""
+    (PRECISION "tf32" too) and "ieee" / "tf32x3" dots (Triton splits the latter itself) are unchanged."""
     if PRECISION == "tf32":
         a = _tf32_rounded(a)
         b = _tf32_rounded(b)
