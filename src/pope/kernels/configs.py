@@ -4,8 +4,8 @@ TILES[kind][(architecture, bucket, dtype)] -> Tiles(block_m, block_n, num_warps,
 "fwd", "dq" and "dkdv"; bucket 64 holds head dims up to 64 (tile width BLOCK_D <= 64), bucket 128 the rest up to 128.
 The tables are never changed: the entries were timed on an NVIDIA H200 (sm_90, docs/kernels.md), and another
 architecture takes them until it has entries of its own. fp32 inputs take small one-stage tiles, or the fp32 operand
-tiles overflow shared memory and registers; their dots are exact (FMA units) unless PyTorch's float32 matmul
-precision allows TF32 (host.precision).
+tiles overflow shared memory and registers; their dots are fp32-accurate (tf32x3, or exact FMA dots on GPUs without
+TF32 tensor cores) unless PyTorch's float32 matmul precision allows TF32 (host.precision).
 
 A user override (tuning for another GPU): POPE_KERNEL_CONFIGS=FILE.json with
 {"fwd"|"dq"|"dkdv": {"64"|"128": [BLOCK_M, BLOCK_N, warps, stages]}}, as scripts/gpu_kernel_check.py --sweep

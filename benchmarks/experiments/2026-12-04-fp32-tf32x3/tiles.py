@@ -1,0 +1,137 @@
+"""Which fp32 tiles suit tf32x3 dots? The fp32 tiles (pope.kernels.configs._FP32) were chosen for exact FMA dots;
+compiled with tf32x3 for sm_90a they spill 200-1,150 instructions in their loops, while tiles of 16 query rows
+spill little or nothing (README.md, `scripts/kernel_registers.py --dtype fp32 --precision tf32x3`). This times each
+candidate tile of each kernel on a GPU, fp32 inputs at PyTorch's "highest" (the package's tf32x3 dots), causal:
+fwd = the forward with that tile; dq / dkdv = the whole backward with that kernel's tile changed. The first
+candidate of each list is the shipped tile, so every row's ratio is against it. A tile that beats it is then
+checked against float64 by the 2x rule (scripts/gpu_kernel_check.py's check, at this tile), as the package would
+run it.
+
+    PYTHONPATH=src python3 benchmarks/experiments/2026-12-04-fp32-tf32x3/tiles.py          # on a GPU, ~3 min
+    TRITON_INTERPRET=1 PYTHONPATH=src python3 benchmarks/experiments/2026-12-04-fp32-tf32x3/tiles.py --smoke
+
+Prints one row per (shape, kernel, tile): median ms (triton.testing.do_bench) and the ratio to the shipped tile,
+then the fastest tile per (kernel, head dim) and its 2x-rule check. --smoke: one tiny shape, two tiles each, on
+CPU through the interpreter (it checks the script, not the speed).
+"""
+import argparse
+import math
+import sys
+
+import torch
+
+import pope.kernels as kernels
+from pope.kernels.configs import _FP32
+from pope.testing import check_within_rule
+
+# Spill-light at compile time (README.md's tile grid, spill instructions in loops in the comments): 16-row tiles,
+# and the few larger ones that compile to wgmma (Hopper's warpgroup tensor-core instructions).
+CANDIDATES = {
+    64: {"fwd": [_FP32[64], (16, 32, 4, 1), (16, 64, 8, 1), (16, 16, 4, 1),  # 201, 0, 0, 0
+                 (128, 16, 8, 1), (64, 16, 4, 1)],  # 35 and 53, wgmma
+         "dq": [_FP32[64], (16, 16, 8, 1), (16, 32, 8, 1), (16, 64, 8, 1), (16, 32, 4, 1)],  # 313, 0, 5, 20, 41
+         "dkdv": [_FP32[64], (16, 16, 8, 1), (32, 16, 8, 1), (16, 16, 4, 1)]},  # 1147, 137, 203, 215
+    128: {"fwd": [_FP32[128], (16, 64, 8, 1), (16, 32, 8, 1), (128, 16, 8, 1), (64, 16, 4, 1)],  # 269, 238, 247;
+          #                                                                     510 and 526, wgmma
+          "dq": [_FP32[128], (16, 16, 8, 1), (16, 32, 8, 1), (128, 16, 8, 1)],  # 1090, 356, 436, 970 (wgmma)
+          "dkdv": [_FP32[128], (16, 16, 8, 1), (32, 16, 8, 1)]},  # 1054, 171, 278
+}
+SHAPES = [(4, 16, 4096, 64), (2, 16, 4096, 128)]  # B, H, N, d
+SMOKE_SHAPES = [(1, 2, 40, 32)]
+
+
+def inputs(batch, heads, seq, head_dim, device, dtype=torch.float32):
+    torch.manual_seed(0)
+    q, k, v, do = (torch.randn(batch, heads, seq, head_dim, device=device, dtype=dtype) for _ in range(4))
+    delta = -2 * math.pi * torch.rand(heads, head_dim, device=device, dtype=torch.float32)
+    theta = kernels.frequencies(head_dim, 10000.0, q.device)
+    return q, k, v, do, delta, theta
+
+
+def run(kind, tile, q, k, v, do, delta, theta, opts, out=None, lse=None):
+    """The launch a kind's tile changes: the forward, or the whole backward with that kernel's tile."""
+    if kind == "fwd":
+        return kernels.forward(q, k, v, delta, theta, config=tile, **opts)
+    if out is None:
+        out, lse = kernels.forward(q, k, v, delta, theta, **opts)
+    tiles = {"dq_config": tile} if kind == "dq" else {"dkdv_config": tile}
+    return kernels.backward(do, q, k, v, delta, out, lse, theta, **tiles, **opts)
+
+
+def check(kind, tile, shape, device):
+    """The 2x rule at one shape: this tile's results (out for fwd, the four gradients for dq / dkdv) against
+    float64, beside pope.attention's pure-PyTorch reference in fp32 (its error is the rule's yardstick)."""
+    from pope.attention import reference_pope_attention
+
+    q, k, v, do, delta, theta = inputs(*shape, device)
+    head_dim = shape[-1]
+    opts = dict(causal=True, softmax_scale=head_dim ** -0.5, q_offset=0, magnitude="softplus")
+    results = run(kind, tile, q, k, v, do, delta, theta, opts)
+    names = ["out"] if kind == "fwd" else ["dq", "dk", "dv", "d_delta"]
+    ours = [results[0]] if kind == "fwd" else list(results)
+
+    def reference(dtype):
+        leaves = [t.to(dtype).requires_grad_() for t in (q, k, v)] + [delta.to(dtype).requires_grad_()]
+        o = reference_pope_attention(*leaves, base=10000.0, causal=True, softmax_scale=opts["softmax_scale"],
+                                     q_offset=0, magnitude="softplus", rotary_dim=None)
+        if kind == "fwd":
+            return [o.detach()]
+        return list(torch.autograd.grad(o, leaves, do.to(dtype)))
+
+    truth, plain = reference(torch.float64), reference(torch.float32)
+    rows = [(name, check_within_rule(a, b, t, torch.float32)) for name, a, b, t in zip(names, ours, plain, truth)]
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="one tiny shape, two tiles each (the interpreter)")
+    args = parser.parse_args()
+    device = "cpu" if args.smoke else "cuda"
+    if not args.smoke and not torch.cuda.is_available():
+        print("tiles.py: needs a CUDA GPU (or pass --smoke with TRITON_INTERPRET=1)", file=sys.stderr)
+        return 2
+    torch.set_float32_matmul_precision("highest")
+    if args.smoke:
+        def bench(fn):
+            fn()
+            return float("nan")
+    else:
+        from triton.testing import do_bench
+
+        def bench(fn):
+            fn()  # compile outside the timed region
+            return do_bench(fn, warmup=25, rep=100, return_mode="median")
+        print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print("shape (B, H, N, d) | kernel | tile (BM, BN, warps, stages) | ms | / shipped")
+    best = {}
+    for shape in SMOKE_SHAPES if args.smoke else SHAPES:
+        head_dim = shape[-1]
+        q, k, v, do, delta, theta = inputs(*shape, device)
+        opts = dict(causal=True, softmax_scale=head_dim ** -0.5, q_offset=0, magnitude="softplus")
+        out, lse = kernels.forward(q, k, v, delta, theta, **opts)
+        for kind, tiles in CANDIDATES[64 if head_dim <= 64 else 128].items():
+            shipped = None
+            for tile in tiles[:2] if args.smoke else tiles:
+                try:
+                    ms = bench(lambda: run(kind, tile, q, k, v, do, delta, theta, opts, out, lse))
+                except Exception as error:  # a tile can exceed shared memory: a row saying so, the rest still run
+                    print(f"{shape} | {kind} | {tile} | {type(error).__name__}: {str(error)[:100]} | -")
+                    continue
+                shipped = ms if shipped is None else shipped
+                print(f"{shape} | {kind} | {tile} | {ms:.3f} | {ms / shipped:.2f}", flush=True)
+                if not ms > best.get((kind, shape), (math.inf,))[0]:
+                    best[(kind, shape)] = (ms, tile)
+    print("fastest tile per (kernel, shape), checked by the 2x rule against float64 at (1, 2, 1000, d):")
+    failed = 0
+    for (kind, shape), (ms, tile) in best.items():
+        rows = check(kind, tile, (1, 2, 40 if args.smoke else 1000, shape[-1]), device)
+        ok = all(row["ok"] for _, row in rows)
+        failed += not ok
+        errors = ", ".join(f"{name} {row['kernel']:.2g} vs {row['reference']:.2g}" for name, row in rows)
+        print(f"{shape} | {kind} | {tile} | {ms:.3f} ms | within 2x: {ok} ({errors})")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
