@@ -1,4 +1,4 @@
-"""Which fp32 tiles suit tf32x3 dots? The fp32 tiles (pope.kernels.configs._FP32) were chosen for exact FMA dots;
+"""Which fp32 tiles suit tf32x3 dots? The fp32 tiles (pope.kernels.configs.TILES) were chosen for exact FMA dots;
 compiled with tf32x3 for sm_90a they spill 200-1,150 instructions in their loops, while tiles of 16 query rows
 spill little or nothing (README.md, `scripts/kernel_registers.py --dtype fp32 --precision tf32x3`). This times each
 candidate tile of each kernel on a GPU, fp32 inputs at PyTorch's "highest" (the package's tf32x3 dots), causal:
@@ -21,20 +21,26 @@ import sys
 import torch
 
 import pope.kernels as kernels
-from pope.kernels.configs import _FP32
+from pope.kernels.configs import MEASURED_ARCHITECTURE, TILES
 from pope.testing import check_within_rule
 
-# Spill-light at compile time (README.md's tile grid, spill instructions in loops in the comments): 16-row tiles,
-# and the few larger ones that compile to wgmma (Hopper's warpgroup tensor-core instructions).
+def shipped(kind, bucket):
+    """The fp32 tile the package runs `kind` with (on the H200's architecture)."""
+    return tuple(TILES[kind][(MEASURED_ARCHITECTURE, bucket, torch.float32)])
+
+
+# Spill-light at compile time: 16-row tiles, and the few larger ones that compile to wgmma (Hopper's warpgroup
+# tensor-core instructions). The comments give each tile's spill instructions in loops (README.md's tile grid).
 CANDIDATES = {
-    64: {"fwd": [_FP32[64], (16, 32, 4, 1), (16, 64, 8, 1), (16, 16, 4, 1),  # 201, 0, 0, 0
+    64: {"fwd": [shipped("fwd", 64), (16, 32, 4, 1), (16, 64, 8, 1), (16, 16, 4, 1),  # 201, 0, 0, 0
                  (128, 16, 8, 1), (64, 16, 4, 1)],  # 35 and 53, wgmma
-         "dq": [_FP32[64], (16, 16, 8, 1), (16, 32, 8, 1), (16, 64, 8, 1), (16, 32, 4, 1)],  # 313, 0, 5, 20, 41
-         "dkdv": [_FP32[64], (16, 16, 8, 1), (32, 16, 8, 1), (16, 16, 4, 1)]},  # 1147, 137, 203, 215
-    128: {"fwd": [_FP32[128], (16, 64, 8, 1), (16, 32, 8, 1), (128, 16, 8, 1), (64, 16, 4, 1)],  # 269, 238, 247;
-          #                                                                     510 and 526, wgmma
-          "dq": [_FP32[128], (16, 16, 8, 1), (16, 32, 8, 1), (128, 16, 8, 1)],  # 1090, 356, 436, 970 (wgmma)
-          "dkdv": [_FP32[128], (16, 16, 8, 1), (32, 16, 8, 1)]},  # 1054, 171, 278
+         "dq": [shipped("dq", 64), (16, 16, 8, 1), (16, 32, 8, 1), (16, 64, 8, 1),  # 313, 0, 5, 20
+                (16, 32, 4, 1)],  # 41
+         "dkdv": [shipped("dkdv", 64), (16, 16, 8, 1), (32, 16, 8, 1), (16, 16, 4, 1)]},  # 1147, 137, 203, 215
+    128: {"fwd": [shipped("fwd", 128), (16, 64, 8, 1), (16, 32, 8, 1),  # 269, 238, 247
+                  (128, 16, 8, 1), (64, 16, 4, 1)],  # 510 and 526, wgmma
+          "dq": [shipped("dq", 128), (16, 16, 8, 1), (16, 32, 8, 1), (128, 16, 8, 1)],  # 1090, 356, 436, 970 wgmma
+          "dkdv": [shipped("dkdv", 128), (16, 16, 8, 1), (32, 16, 8, 1)]},  # 1054, 171, 278
 }
 SHAPES = [(4, 16, 4096, 64), (2, 16, 4096, 128)]  # B, H, N, d
 SMOKE_SHAPES = [(1, 2, 40, 32)]
