@@ -3,16 +3,17 @@ compiled with tf32x3 for sm_90a they spill 200-1,150 instructions in their loops
 spill little or nothing (README.md, `scripts/kernel_registers.py --dtype fp32 --precision tf32x3`). This times each
 candidate tile of each kernel on a GPU, fp32 inputs at PyTorch's "highest" (the package's tf32x3 dots), causal:
 fwd = the forward with that tile; dq / dkdv = the whole backward with that kernel's tile changed. The first
-candidate of each list is the shipped tile, so every row's ratio is against it. A tile that beats it is then
-checked against float64 by the 2x rule (scripts/gpu_kernel_check.py's check, at this tile), as the package would
-run it.
+candidate of each list is the shipped tile, so every row's ratio is against it. The fastest tile of each kernel
+is then checked by the 2x rule (pope.testing.check_within_rule): its results against float64, beside
+pope.attention's pure-PyTorch reference in fp32.
 
     PYTHONPATH=src python3 benchmarks/experiments/2026-12-04-fp32-tf32x3/tiles.py          # on a GPU, ~3 min
     TRITON_INTERPRET=1 PYTHONPATH=src python3 benchmarks/experiments/2026-12-04-fp32-tf32x3/tiles.py --smoke
 
 Prints one row per (shape, kernel, tile): median ms (triton.testing.do_bench) and the ratio to the shipped tile,
-then the fastest tile per (kernel, head dim) and its 2x-rule check. --smoke: one tiny shape, two tiles each, on
-CPU through the interpreter (it checks the script, not the speed).
+then the fastest tile per (kernel, head dim) and its 2x-rule check; exits 1 if a check fails or a shipped tile
+does not run. --smoke: one tiny shape, two tiles each, on CPU through the interpreter (it checks the script, not
+the speed).
 """
 import argparse
 import math
@@ -22,7 +23,9 @@ import torch
 
 import pope.kernels as kernels
 from pope.kernels.configs import MEASURED_ARCHITECTURE, TILES
-from pope.testing import check_within_rule
+from pope.attention import reference_pope_attention
+from pope.testing import GRADIENT_NAMES, attention_inputs, check_within_rule, outputs_and_gradients
+
 
 def shipped(kind, bucket):
     """The fp32 tile the package runs `kind` with (on the H200's architecture)."""
@@ -46,12 +49,10 @@ SHAPES = [(4, 16, 4096, 64), (2, 16, 4096, 128)]  # B, H, N, d
 SMOKE_SHAPES = [(1, 2, 40, 32)]
 
 
-def inputs(batch, heads, seq, head_dim, device, dtype=torch.float32):
-    torch.manual_seed(0)
-    q, k, v, do = (torch.randn(batch, heads, seq, head_dim, device=device, dtype=dtype) for _ in range(4))
-    delta = -2 * math.pi * torch.rand(heads, head_dim, device=device, dtype=torch.float32)
-    theta = kernels.frequencies(head_dim, 10000.0, q.device)
-    return q, k, v, do, delta, theta
+def inputs(batch, heads, seq, head_dim, device):
+    """float64 (q, k, v, delta, grad_out) as the kernel checks draw them (pope.testing.attention_inputs, seed 0)."""
+    generator = torch.Generator(device=device).manual_seed(0)
+    return attention_inputs(batch, heads, heads, seq, seq, head_dim, generator=generator, device=device)
 
 
 def run(kind, tile, q, k, v, do, delta, theta, opts, out=None, lse=None):
@@ -65,28 +66,21 @@ def run(kind, tile, q, k, v, do, delta, theta, opts, out=None, lse=None):
 
 
 def check(kind, tile, shape, device):
-    """The 2x rule at one shape: this tile's results (out for fwd, the four gradients for dq / dkdv) against
-    float64, beside pope.attention's pure-PyTorch reference in fp32 (its error is the rule's yardstick)."""
-    from pope.attention import reference_pope_attention
-
-    q, k, v, do, delta, theta = inputs(*shape, device)
+    """The 2x rule at one shape (B, H, N, d): this tile's results (out for fwd, the four gradients for dq / dkdv)
+    against float64, beside pope.attention's pure-PyTorch reference in fp32 (its error is the rule's yardstick)."""
+    q, k, v, delta, grad_out = inputs(*shape, device)
     head_dim = shape[-1]
-    opts = dict(causal=True, softmax_scale=head_dim ** -0.5, q_offset=0, magnitude="softplus")
-    results = run(kind, tile, q, k, v, do, delta, theta, opts)
-    names = ["out"] if kind == "fwd" else ["dq", "dk", "dv", "d_delta"]
-    ours = [results[0]] if kind == "fwd" else list(results)
-
-    def reference(dtype):
-        leaves = [t.to(dtype).requires_grad_() for t in (q, k, v)] + [delta.to(dtype).requires_grad_()]
-        o = reference_pope_attention(*leaves, base=10000.0, causal=True, softmax_scale=opts["softmax_scale"],
-                                     q_offset=0, magnitude="softplus", rotary_dim=None)
-        if kind == "fwd":
-            return [o.detach()]
-        return list(torch.autograd.grad(o, leaves, do.to(dtype)))
-
-    truth, plain = reference(torch.float64), reference(torch.float32)
-    rows = [(name, check_within_rule(a, b, t, torch.float32)) for name, a, b, t in zip(names, ours, plain, truth)]
-    return rows
+    options = dict(base=10000.0, causal=True, softmax_scale=head_dim ** -0.5, q_offset=0, magnitude="softplus",
+                   rotary_dim=None)
+    truth, plain = (outputs_and_gradients(reference_pope_attention, q, k, v, delta, grad_out, dtype, options)
+                    for dtype in (torch.float64, torch.float32))
+    theta = kernels.frequencies(head_dim, 10000.0, q.device)
+    opts = dict(causal=True, softmax_scale=options["softmax_scale"], q_offset=0, magnitude="softplus")
+    results = run(kind, tile, *(t.float() for t in (q, k, v, grad_out, delta)), theta, opts)
+    checked = slice(0, 1) if kind == "fwd" else slice(1, 5)  # out, or dq, dk, dv, d_delta
+    ours = results[:1] if kind == "fwd" else results
+    return [(name, check_within_rule(a, b, t, torch.float32))
+            for name, a, b, t in zip(GRADIENT_NAMES[checked], ours, plain[checked], truth[checked])]
 
 
 def main() -> int:
@@ -110,26 +104,27 @@ def main() -> int:
             return do_bench(fn, warmup=25, rep=100, return_mode="median")
         print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
     print("shape (B, H, N, d) | kernel | tile (BM, BN, warps, stages) | ms | / shipped")
-    best = {}
+    best, failed = {}, 0
     for shape in SMOKE_SHAPES if args.smoke else SHAPES:
         head_dim = shape[-1]
-        q, k, v, do, delta, theta = inputs(*shape, device)
+        q, k, v, delta, do = (t.float() for t in inputs(*shape, device))
+        theta = kernels.frequencies(head_dim, 10000.0, q.device)
         opts = dict(causal=True, softmax_scale=head_dim ** -0.5, q_offset=0, magnitude="softplus")
         out, lse = kernels.forward(q, k, v, delta, theta, **opts)
         for kind, tiles in CANDIDATES[64 if head_dim <= 64 else 128].items():
-            shipped = None
+            shipped_ms = None
             for tile in tiles[:2] if args.smoke else tiles:
                 try:
                     ms = bench(lambda: run(kind, tile, q, k, v, do, delta, theta, opts, out, lse))
                 except Exception as error:  # a tile can exceed shared memory: a row saying so, the rest still run
                     print(f"{shape} | {kind} | {tile} | {type(error).__name__}: {str(error)[:100]} | -")
+                    failed += tile == tiles[0]  # but the shipped tile must run
                     continue
-                shipped = ms if shipped is None else shipped
-                print(f"{shape} | {kind} | {tile} | {ms:.3f} | {ms / shipped:.2f}", flush=True)
+                shipped_ms = ms if shipped_ms is None else shipped_ms
+                print(f"{shape} | {kind} | {tile} | {ms:.3f} | {ms / shipped_ms:.2f}", flush=True)
                 if not ms > best.get((kind, shape), (math.inf,))[0]:
                     best[(kind, shape)] = (ms, tile)
     print("fastest tile per (kernel, shape), checked by the 2x rule against float64 at (1, 2, 1000, d):")
-    failed = 0
     for (kind, shape), (ms, tile) in best.items():
         rows = check(kind, tile, (1, 2, 40 if args.smoke else 1000, shape[-1]), device)
         ok = all(row["ok"] for _, row in rows)
