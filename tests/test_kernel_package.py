@@ -229,8 +229,8 @@ def test_bitwise_ab_comparison_reports_every_difference():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_dot_precision_follows_torchs_float32_matmul_precision(monkeypatch, dtype):
     """fp32 inputs: fp32-accurate dots ("tf32x3", three TF32 tensor-core products) at PyTorch's default "highest",
-    TF32 at "high" / "medium", as torch.matmul; 16-bit inputs: tensor cores either way. The precision is part of each launch site's plan key, so a site
-    compiled under one setting is never reused under another."""
+    TF32 at "high" / "medium", as torch.matmul; 16-bit inputs: tensor cores either way. The precision is part of
+    each launch site's plan key, so a site compiled under one setting is never reused under another."""
     from pope.kernels import bwd, fwd, host
 
     launches = []  # (site, PRECISION) of the attention kernels; nothing runs
@@ -267,12 +267,12 @@ def test_fp32_dots_are_exact_on_gpus_without_tf32_tensor_cores(monkeypatch):
     before = torch.get_float32_matmul_precision()
     gpu = torch.device("cuda", 0)
     try:
-        for has_cores, expected in ((False, {"highest": "ieee", "high": "ieee"}),
-                                    (True, {"highest": "tf32x3", "high": "tf32"})):
-            monkeypatch.setattr(host, "_tf32_tensor_cores", lambda index, has_cores=has_cores: has_cores)
+        for capability, expected in (((7, 5), {"highest": "ieee", "high": "ieee"}),
+                                     ((8, 0), {"highest": "tf32x3", "high": "tf32"})):
+            monkeypatch.setattr(host, "cuda_capability", lambda device, capability=capability: capability)
             for setting, dots in expected.items():
                 torch.set_float32_matmul_precision(setting)
-                assert host.precision(torch.float32, gpu) == dots, (has_cores, setting)
+                assert host.precision(torch.float32, gpu) == dots, (capability, setting)
                 assert host.precision(torch.bfloat16, gpu) == "tf32"
     finally:
         torch.set_float32_matmul_precision(before)

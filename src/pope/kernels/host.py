@@ -9,11 +9,11 @@ cost ~4 us each (argument unwrapping), a dozen times per eager forward+backward.
 """
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
 
+from pope.devices import cuda_capability
 from pope.settings import SETTINGS
 
 
@@ -68,25 +68,19 @@ def next_power_of_2(n: int) -> int:
 
 def precision(dtype: torch.dtype, device: torch.device) -> str:
     """tl.dot's input_precision. 16-bit inputs: tensor cores ("tf32" is ignored for them). fp32 inputs follow
-    PyTorch's float32 matmul precision, as torch.matmul does: at "high" or "medium" (torch.set_float32_matmul_precision)
-    TF32 tensor cores ("tf32": 10-bit mantissa products, fp32 sums); at "highest" (the default) fp32-accurate dots:
-    "tf32x3" (each operand split into a TF32 high and low part, three tensor-core products, fp32 sums; the
-    low x low product is dropped) where the GPU has TF32 tensor cores (compute capability >= 8.0, and the
-    interpreter), exact FMA dots ("ieee") on older GPUs, where "high" gives "ieee" too. Either way the results
-    meet the 2x rule against plain PyTorch fp32 (tests and scripts/gpu_kernel_check.py check it)."""
+    PyTorch's float32 matmul precision, as torch.matmul does: at "high" or "medium"
+    (torch.set_float32_matmul_precision) TF32 tensor cores ("tf32": 10-bit mantissa products, fp32 sums); at
+    "highest" (the default) fp32-accurate dots: "tf32x3" (each operand split into a TF32 high and low part, three
+    tensor-core products, fp32 sums; the low x low product is dropped) where the GPU has TF32 tensor cores (compute
+    capability >= 8.0, and the interpreter), exact FMA dots ("ieee") on older GPUs, where "high" gives "ieee" too
+    (pope.ops runs the reference there; only direct kernel calls get this far). Either way the results are held to
+    the 2x rule against plain PyTorch fp32 (the tests; scripts/gpu_kernel_check.py on a GPU)."""
     if dtype != torch.float32:
         return "tf32"
-    if device.type == "cuda" and not _tf32_tensor_cores(device.index if device.index is not None
-                                                         else torch.cuda.current_device()):
+    if device.type == "cuda" and cuda_capability(device) < (8, 0):  # no TF32 tensor cores before Ampere
         return "ieee"
     return "tf32x3" if torch.get_float32_matmul_precision() == "highest" else "tf32"
 
-
-@functools.lru_cache(maxsize=None)
-def _tf32_tensor_cores(index: int) -> bool:
-    """Whether CUDA device `index` has TF32 tensor cores (Ampere, compute capability 8.0, and later); cached: the
-    launchers ask on every fp32 call."""
-    return torch.cuda.get_device_capability(index) >= (8, 0)
 
 
 def strides(t: torch.Tensor):
