@@ -57,7 +57,7 @@ trap 'rm -f "$fields_file"' EXIT
 PYTHONPATH="$here/../src" python3 - "$RUNS" "$@" > "$fields_file" <<'PY' || exit 2
 import re, shlex, sys
 from pathlib import Path
-from pope.train.sweep import _last_step, parse_seeds, run_finished
+from pope.train.sweep import last_step, parse_seeds, run_finished
 
 KEYS = ("NAME", "PE", "SEEDS", "JOBS_PER_GPU", "EXTRA", "LIMIT")
 def fail(where, message):
@@ -104,7 +104,7 @@ for where, text in lines:
     directory = runs / sweep["NAME"]
     finished = all(run_finished(directory / f"seed-{seed}") for seed in seeds)
     steps = ", ".join(f"seed {seed} " + ("finished" if run_finished(directory / f"seed-{seed}") else
-                                         f"at step {_last_step(directory / f'seed-{seed}' / 'metrics.jsonl')}"
+                                         f"at step {last_step(directory / f'seed-{seed}' / 'metrics.jsonl')}"
                                          if (directory / f"seed-{seed}" / "config.json").exists() else "not started")
                       for seed in seeds)
     sweeps[sweep["NAME"]] = [sweep["NAME"], sweep["PE"], sweep["SEEDS"], sweep.get("JOBS_PER_GPU", ""),

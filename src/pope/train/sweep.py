@@ -158,7 +158,7 @@ class SeedRun:
             handle.write(f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {text}\n")
 
 
-def _last_step(metrics_path: Path) -> int:
+def last_step(metrics_path: Path) -> int:
     """The step of the last record in a metrics.jsonl (0 when absent); reads only the file's tail."""
     try:
         with open(metrics_path, "rb") as handle:
@@ -285,7 +285,7 @@ class Sweep:
         self._check_one_setting()
         for run in self.runs:
             if resume and run_finished(run.run_dir):
-                run.status, run.step = "skipped", _last_step(run.run_dir / "metrics.jsonl")
+                run.status, run.step = "skipped", last_step(run.run_dir / "metrics.jsonl")
         self._signal: int | None = None
         self._killed = False
         self._bar = None
@@ -385,7 +385,7 @@ class Sweep:
     def _finish(self, run: SeedRun, returncode: int) -> None:
         run._log_handle.close()
         run.process, run.returncode = None, returncode
-        run.step = _last_step(run.run_dir / "metrics.jsonl")
+        run.step = last_step(run.run_dir / "metrics.jsonl")
         if returncode == 0:
             run.status = "finished" if run_finished(run.run_dir) else "stopped"
         elif self._signal is not None:
@@ -463,7 +463,7 @@ class Sweep:
                         self._finish(run, returncode)
                         ended.append(run)
                     else:
-                        run.step = _last_step(run.run_dir / "metrics.jsonl")
+                        run.step = last_step(run.run_dir / "metrics.jsonl")
                 queue[:0] = [run for run in ended if self._requeue_after_out_of_memory(run)]
                 if ended:
                     self._write_record(invocation)

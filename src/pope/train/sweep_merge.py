@@ -19,7 +19,7 @@ import json
 import shutil
 from pathlib import Path
 
-from pope.train.sweep import _last_step, run_finished, setting_of
+from pope.train.sweep import last_step, run_finished, setting_of
 
 
 def _sweep_record(directory: Path, role: str) -> dict:
@@ -77,7 +77,7 @@ def merge_sweep(source: str | Path, destination: str | Path, *, replace_unfinish
             if not replace_unfinished:
                 raise ValueError(f"seed {seed} is in both sweeps ({target} is unfinished); pass "
                                  "--replace-unfinished to replace it with the source's copy")
-            theirs_step, ours_step = _last_step(run_dir / "metrics.jsonl"), _last_step(target / "metrics.jsonl")
+            theirs_step, ours_step = last_step(run_dir / "metrics.jsonl"), last_step(target / "metrics.jsonl")
             if not run_finished(run_dir) and theirs_step < ours_step:
                 raise ValueError(f"seed {seed}: the source's copy is unfinished at step {theirs_step}, short of the "
                                  f"destination's unfinished copy at step {ours_step}; keep the destination's")
@@ -92,7 +92,7 @@ def merge_sweep(source: str | Path, destination: str | Path, *, replace_unfinish
         run_dir = source / entry.get("run_dir", f"seed-{seed}")
         if entry.get("status") == "running" and not run_finished(run_dir):
             # sweep.json is written as a seed starts: a copy archived mid-run still says "running", step 0
-            entry.update(status="unfinished", step=_last_step(run_dir / "metrics.jsonl"))
+            entry.update(status="unfinished", step=last_step(run_dir / "metrics.jsonl"))
             entry["notes"] = [*entry.get("notes", []), "archived while running; its process ended without a summary "
                               "(its machine went away, or it was killed): step is the last one logged"]
         target = destination / run_dir.name
