@@ -14,8 +14,8 @@ loops (run every key or query block: what costs time) and outside them (a progra
 program). --block-m/--block-n/--warps/--stages compile every combination (a grid; the shipped value of the
 dimensions not given). The pre-pass ("prepass") takes its rows per program as BLOCK_M (no BLOCK_N).
 --dtype fp32 compiles the fp32 specialisation of fwd, dq, dk/dv and the pre-pass (their fp32 tiles unless given) with
-dots at --precision: "ieee" (exact, what torch's "highest" float32 matmul precision gives), "tf32" (what "high"
-gives) or "tf32x3" (three TF32 products per dot, not a shipped choice: for trying a tensor-core exact path).
+dots at --precision: "tf32x3" (three TF32 products per dot: what torch's "highest" float32 matmul precision gives
+on a GPU with TF32 tensor cores), "tf32" (what "high" gives) or "ieee" (exact FMA dots: "highest" on older GPUs).
 """
 from __future__ import annotations
 
