@@ -266,7 +266,7 @@ def main(argv=None) -> int:
                                  "fp32 variants are not modelled here)")
             flags = {**flags, "PRECISION": args.precision} if "PRECISION" in flags else flags
             if name != "prepass":
-                tiles = {d: [configs.TILES[name][(configs.MEASURED_ARCHITECTURE, d, torch.float32)]] for d in tiles}
+                tiles = {d: [configs.shipped_tiles(name, d, torch.float32, args.precision)] for d in tiles}
         for head_dim, shipped in tiles.items():
             if head_dim not in head_dims:
                 continue

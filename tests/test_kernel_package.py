@@ -87,7 +87,7 @@ def test_magnitude_registry_is_the_one_list():
         PoPE(n_heads=1, n_kv_heads=1, head_dim=4, magnitude="exp")
 
 
-def test_tile_tables_are_frozen_and_keyed_by_architecture_bucket_and_dtype(monkeypatch):
+def test_tile_tables_are_frozen_and_keyed_by_architecture_bucket_dtype_and_precision(monkeypatch):
     from pope.kernels import configs
 
     monkeypatch.setattr(configs, "INTERPRET", False)
@@ -101,12 +101,19 @@ def test_tile_tables_are_frozen_and_keyed_by_architecture_bucket_and_dtype(monke
         configs.TILES["fwd"] = {}
     for arch in ("sm_90", "sm_80", "sm_120"):  # unmeasured architectures take the measured tiles
         monkeypatch.setattr(configs, "architecture", lambda device, arch=arch: arch)
-        assert configs.pick_tiles("dq", 48, None, torch.bfloat16, "cuda") == (64, 64, 4, 3)  # d=48: bucket 64
-        assert configs.pick_tiles("dq", 96, None, torch.bfloat16, "cuda") == (128, 32, 8, 3)
-        assert configs.pick_tiles("dkdv", 128, None, torch.float32, "cuda") == (16, 32, 4, 1)
-    assert configs.pick_tiles("dq", 64, (16, 16, 4, 1), torch.bfloat16, "cuda") == (16, 16, 4, 1)  # explicit
+        assert configs.pick_tiles("dq", 48, None, torch.bfloat16, "cuda", "tf32") == (64, 64, 4, 3)  # d=48: bucket 64
+        assert configs.pick_tiles("dq", 96, None, torch.bfloat16, "cuda", "tf32") == (128, 32, 8, 3)
+        assert configs.pick_tiles("dkdv", 128, None, torch.float32, "cuda", "tf32") == (16, 32, 4, 1)
+        # fp32 with tf32x3 dots: a tile per kernel; with TF32 or exact dots, the shared fp32 tiles
+        assert configs.pick_tiles("dkdv", 128, None, torch.float32, "cuda", "tf32x3") == (32, 16, 8, 1)
+        assert configs.pick_tiles("fwd", 64, None, torch.float32, "cuda", "tf32x3") == (64, 16, 4, 1)
+        assert configs.pick_tiles("fwd", 64, None, torch.float32, "cuda", "ieee") == (32, 32, 4, 1)
+        assert configs.pick_tiles("dq", 64, None, torch.bfloat16, "cuda", "tf32x3") == (64, 64, 4, 3)  # 16-bit: TILES
+    with pytest.raises(TypeError):
+        configs.TF32X3_TILES["dq"][("sm_90", 64)] = (16, 16, 4, 1)
+    assert configs.pick_tiles("dq", 64, (16, 16, 4, 1), torch.bfloat16, "cuda", "tf32") == (16, 16, 4, 1)  # explicit
     monkeypatch.setattr(configs, "INTERPRET", True)
-    assert configs.pick_tiles("fwd", 128, None, torch.bfloat16, "cpu") == configs.INTERPRETER_TILES
+    assert configs.pick_tiles("fwd", 128, None, torch.bfloat16, "cpu", "tf32") == configs.INTERPRETER_TILES
 
 
 def test_tile_override_file_is_read_when_a_config_is_picked(monkeypatch, tmp_path):
@@ -117,22 +124,22 @@ def test_tile_override_file_is_read_when_a_config_is_picked(monkeypatch, tmp_pat
     path = tmp_path / "tiles.json"
     path.write_text(json.dumps({"dkdv": {"128": [32, 64, 4, 2]}}))
     monkeypatch.setenv("POPE_KERNEL_CONFIGS", str(path))
-    assert configs.pick_tiles("dkdv", 128, None, torch.bfloat16, "cuda") == (32, 64, 4, 2)
-    assert configs.pick_tiles("dkdv", 64, None, torch.bfloat16, "cuda") == (64, 64, 4, 3)  # not in the file
-    assert configs.pick_tiles("dkdv", 128, None, torch.float32, "cuda") == (16, 32, 4, 1)  # fp32 keeps its own
+    assert configs.pick_tiles("dkdv", 128, None, torch.bfloat16, "cuda", "tf32") == (32, 64, 4, 2)
+    assert configs.pick_tiles("dkdv", 64, None, torch.bfloat16, "cuda", "tf32") == (64, 64, 4, 3)  # not in the file
+    assert configs.pick_tiles("dkdv", 128, None, torch.float32, "cuda", "tf32") == (16, 32, 4, 1)  # fp32 keeps its own
     assert configs.TILES["dkdv"][("sm_90", 128, torch.bfloat16)] == (64, 64, 8, 3)  # the table is unchanged
     monkeypatch.delenv("POPE_KERNEL_CONFIGS")
-    assert configs.pick_tiles("dkdv", 128, None, torch.bfloat16, "cuda") == (64, 64, 8, 3)
+    assert configs.pick_tiles("dkdv", 128, None, torch.bfloat16, "cuda", "tf32") == (64, 64, 8, 3)
     for text, message in (('{"bwd": {}}', "unknown kernel"), ('{"fwd": {"32": [1, 2, 3, 4]}}', "bucket 64/128"),
                           ('{"fwd": {"64": [128, 64, 8]}}', "BLOCK_M"), ("not json", "cannot read")):
         bad = tmp_path / f"bad{len(text)}.json"
         bad.write_text(text)
         monkeypatch.setenv("POPE_KERNEL_CONFIGS", str(bad))
         with pytest.raises(ValueError, match=message):
-            configs.pick_tiles("fwd", 64, None, torch.bfloat16, "cuda")
+            configs.pick_tiles("fwd", 64, None, torch.bfloat16, "cuda", "tf32")
     monkeypatch.setenv("POPE_KERNEL_CONFIGS", str(tmp_path / "missing.json"))
     with pytest.raises(ValueError, match="missing.json"):
-        configs.pick_tiles("fwd", 64, None, torch.bfloat16, "cuda")
+        configs.pick_tiles("fwd", 64, None, torch.bfloat16, "cuda", "tf32")
 
 
 def test_decode_lanes_register_cap_variable_is_checked(monkeypatch):

@@ -361,6 +361,48 @@ def test_backward_with_16_row_query_blocks_within_twice_reference_error(kernels,
         assert errors["ok"], f"{name}: kernel error {errors['kernel']:.3e} > 2 x reference {errors['reference']:.3e}"
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_fp32_tf32x3_tiles_within_twice_reference_error_on_packed_gqa_batches(kernels, head_dim):
+    """fp32 inputs at "highest" take a tile per kernel on a GPU (configs.TF32X3_TILES: 16-row query or key
+    blocks, a 128-row dq block at d = 128), which the interpreter's own tiles never exercise: those tiles, passed
+    explicitly, on a packed GQA batch (empty, length-1 and Nq < Nk sequences). Output and gradients by the 2x rule
+    against float64, beside the fp32 reference (the interpreter multiplies tf32x3 operands exactly: this checks the
+    tiles' masking, packing and head mapping, not the dots' precision; a GPU checks that)."""
+    if _delegated(kernels):
+        return
+    from pope.attention import pope_attention_varlen
+    from pope.kernels.configs import MEASURED_ARCHITECTURE, TF32X3_TILES
+    from pope.kernels.host import Packed
+    from pope.testing import packed_inputs
+
+    tiles = {kind: tuple(table[(MEASURED_ARCHITECTURE, head_dim)]) for kind, table in TF32X3_TILES.items()}
+    generator = torch.Generator().manual_seed(head_dim)
+    q, k, v, delta, grad_out, cu_q, cu_k = (t.to(DEVICE) for t in packed_inputs(
+        [0, 1, 37, 20], [5, 1, 40, 33], 4, 2, head_dim, generator=generator))
+    packing = (cu_q, cu_k, 37, 40)
+    options = dict(causal=True, softmax_scale=head_dim ** -0.5, magnitude="softplus")
+
+    def reference(q, k, v, delta):
+        return pope_attention_varlen(q, k, v, delta, *packing, causal=True, backend="reference")
+    exact = _run(reference, q, k, v, delta, grad_out, torch.float64, {})
+    theirs = _run(reference, q, k, v, delta, grad_out, torch.float32, {})
+    q, k, v, grad_out, delta = (t.float() for t in (q, k, v, grad_out, delta))
+    theta = kernels.frequencies(head_dim, 10000.0, q.device)
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        assert kernels.host.precision(torch.float32, q.device) == "tf32x3"
+        out, lse = kernels.forward(q, k, v, delta, theta, **options, q_offset=0, packed=Packed(*packing),
+                                   config=tiles["fwd"])
+        grads = kernels.backward(grad_out, q, k, v, delta, out, lse, theta, **options, q_offset=0,
+                                 packed=Packed(*packing), dq_config=tiles["dq"], dkdv_config=tiles["dkdv"])
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    for name, ours, their, truth in zip(GRADIENT_NAMES, (out, *grads), theirs, exact):
+        errors = check_within_rule(ours.cpu(), their.cpu(), truth.cpu(), torch.float32)
+        assert errors["ok"], f"{name}: kernel error {errors['kernel']:.3e} > 2 x reference {errors['reference']:.3e}"
+
+
 @pytest.mark.parametrize("head_dim", [32, 128])  # dk/dv kernel: key block from k' (d <= 64), or in registers
 def test_backward_buffers_stay_within_sdpas_peak(kernels, monkeypatch, head_dim):
     """Peak memory: the gradients and q'/k' pre-pass buffers that the backward allocates never hold
@@ -822,12 +864,12 @@ def test_tile_configs_load_from_json(kernels, tmp_path, monkeypatch):
     path = tmp_path / "configs.json"
     path.write_text('{"fwd": {"64": [32, 32, 4, 2]}}')
     monkeypatch.setenv("POPE_KERNEL_CONFIGS", str(path))
-    assert configs.pick_tiles("fwd", 64, None, torch.bfloat16, DEVICE) == (32, 32, 4, 2)
+    assert configs.pick_tiles("fwd", 64, None, torch.bfloat16, DEVICE, "tf32") == (32, 32, 4, 2)
     bad = tmp_path / "bad.json"
     bad.write_text('{"bwd": {"64": [32, 32, 4, 2]}}')
     monkeypatch.setenv("POPE_KERNEL_CONFIGS", str(bad))
     with pytest.raises(ValueError, match="unknown kernel"):
-        configs.pick_tiles("fwd", 64, None, torch.bfloat16, DEVICE)
+        configs.pick_tiles("fwd", 64, None, torch.bfloat16, DEVICE, "tf32")
 
 
 def test_unsupported_calls_have_reasons(kernels):

@@ -3,7 +3,8 @@ compiled with tf32x3 for sm_90a they spill 200-1,150 instructions in their loops
 spill little or nothing (README.md, `scripts/kernel_registers.py --dtype fp32 --precision tf32x3`). This times each
 candidate tile of each kernel on a GPU, fp32 inputs at PyTorch's "highest" (the package's tf32x3 dots), causal:
 fwd = the forward with that tile; dq / dkdv = the whole backward with that kernel's tile changed. The first
-candidate of each list is the shipped tile, so every row's ratio is against it. The fastest tile of each kernel
+candidate of each list is the shipped tile (TILES' shared fp32 entry; tf32x3 dots have taken pope.kernels.configs.
+TF32X3_TILES since this ran), so every row's ratio is against it. The fastest tile of each kernel
 is then checked by the 2x rule (pope.testing.check_within_rule): its results against float64, beside
 pope.attention's pure-PyTorch reference in fp32.
 

@@ -415,7 +415,7 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
                                                           site=plan + ("backward q' k'",), packed=packed)
 
     # Part 1: dq, D and the d delta partials.
-    block_m, block_n, num_warps, num_stages = pick_tiles("dq", head_dim, dq_config, q.dtype, q.device)
+    block_m, block_n, num_warps, num_stages = pick_tiles("dq", head_dim, dq_config, q.dtype, q.device, precision)
     n_m_blocks = host.cdiv(rows_q, block_m)
     d_delta_partial = host.empty((n_sequences, n_q_heads, n_m_blocks, head_dim), device=q.device, dtype=torch.float32)
     q_rows = q_prime.view(batch * n_q_heads, seq_q, 2 * block_d)
@@ -433,7 +433,7 @@ def backward(do, q, k, v, delta, out, lse, theta, *, causal: bool, softmax_scale
         num_warps=num_warps, num_stages=num_stages)
     # Part 2: dk, dv, streaming the queries' q' (freed after). Part 1's descriptors serve again where the
     # tiles agree (host time).
-    block_m, block_n, num_warps, num_stages = pick_tiles("dkdv", head_dim, dkdv_config, q.dtype, q.device)
+    block_m, block_n, num_warps, num_stages = pick_tiles("dkdv", head_dim, dkdv_config, q.dtype, q.device, precision)
     keys_from_prepass = block_d <= DKDV_KEYS_FROM_PREPASS_MAX_BLOCK_D
     if keys_from_prepass:
         # Each program reads its key block from k' and writes its dk and dv over those same k' rows, [dk | dv]

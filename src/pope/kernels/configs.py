@@ -5,7 +5,8 @@ TILES[kind][(architecture, bucket, dtype)] -> Tiles(block_m, block_n, num_warps,
 The tables are never changed: the entries were timed on an NVIDIA H200 (sm_90, docs/kernels.md), and another
 architecture takes them until it has entries of its own. fp32 inputs take small one-stage tiles, or the fp32 operand
 tiles overflow shared memory and registers; their dots are fp32-accurate (tf32x3, or exact FMA dots on GPUs without
-TF32 tensor cores) unless PyTorch's float32 matmul precision allows TF32 (host.precision).
+TF32 tensor cores) unless PyTorch's float32 matmul precision allows TF32 (host.precision). fp32 launches with tf32x3
+dots take TF32X3_TILES[kind][(architecture, bucket)] instead (`shipped_tiles` picks by the launch's precision).
 
 A user override (tuning for another GPU): POPE_KERNEL_CONFIGS=FILE.json with
 {"fwd"|"dq"|"dkdv": {"64"|"128": [BLOCK_M, BLOCK_N, warps, stages]}}, as scripts/gpu_kernel_check.py --sweep
@@ -54,6 +55,17 @@ TILES = MappingProxyType({kind: MappingProxyType({
     (MEASURED_ARCHITECTURE, bucket, dtype): Tiles(*(_FP32[bucket] if dtype == torch.float32 else by_bucket[bucket]))
     for bucket in BUCKETS for dtype in (torch.bfloat16, torch.float16, torch.float32)})
     for kind, by_bucket in _SIXTEEN_BIT.items()})
+# fp32 inputs with tf32x3 dots (host.precision at "highest"): the high and low operand parts double the registers a
+# tile needs, so each kernel takes its own, mostly 16-row, tile. Under TF32 dots these tiles are slower than _FP32,
+# so "tf32" (and "ieee") keep TILES' fp32 entries. Timings: docs/kernels.md.
+_FP32_TF32X3 = {
+    "fwd": {64: (64, 16, 4, 1), 128: (16, 32, 4, 1)},
+    "dq": {64: (32, 32, 4, 1), 128: (128, 16, 8, 1)},
+    "dkdv": {64: (16, 16, 4, 1), 128: (32, 16, 8, 1)},
+}
+TF32X3_TILES = MappingProxyType({kind: MappingProxyType({
+    (MEASURED_ARCHITECTURE, bucket): Tiles(*tiles) for bucket, tiles in by_bucket.items()})
+    for kind, by_bucket in _FP32_TF32X3.items()})
 INTERPRETER_TILES = Tiles(32, 32, 4, 1)
 
 # Pre-pass rows per program (half at BLOCK_D > 64: 4K elements a program).
@@ -75,31 +87,34 @@ def bucket(head_dim: int) -> int:
     return 64 if block_d(head_dim) <= 64 else 128
 
 
-def pick_tiles(kind: str, head_dim: int, override, dtype: torch.dtype, device: torch.device):
+def pick_tiles(kind: str, head_dim: int, override, dtype: torch.dtype, device: torch.device, precision: str):
     """The (block_m, block_n, num_warps, num_stages) a launcher runs `kind` with: override when given, else the
-    interpreter's tiles, else the POPE_KERNEL_CONFIGS file's entry (16-bit inputs), else TILES (the device's
-    architecture, or the measured one). Looked up once per (kind, head dim, dtype, device, override file):
-    it is on every eager call's host path."""
+    interpreter's tiles, else the POPE_KERNEL_CONFIGS file's entry (16-bit inputs), else `shipped_tiles` (the
+    device's architecture, or the measured one). precision: the launch's dot precision (host.precision). Looked up
+    once per (kind, head dim, dtype, device, precision, override file): it is on every eager call's host path."""
     if override is not None:
         return override
     if INTERPRET:
         return INTERPRETER_TILES
     path = os.environ.get(ENVIRONMENT_VARIABLE) if dtype != torch.float32 else None
-    key = (kind, head_dim, dtype, device, path)
+    key = (kind, head_dim, dtype, device, precision, path)
     cache = SETTINGS.caches.tiles
     tiles = cache.get(key)
     if tiles is None:
-        tiles = cache[key] = _lookup_tiles(kind, bucket(head_dim), dtype, device, path)
+        from_file = tile_file(path).get(kind, {}).get(bucket(head_dim)) if path else None
+        tiles = cache[key] = from_file or shipped_tiles(kind, bucket(head_dim), dtype, precision, architecture(device))
     return tiles
 
 
-def _lookup_tiles(kind: str, head_bucket: int, dtype: torch.dtype, device: torch.device, path: str | None):
-    if path:
-        from_file = tile_file(path).get(kind, {}).get(head_bucket)
-        if from_file is not None:
-            return from_file
-    table = TILES[kind]
-    return table.get((architecture(device), head_bucket, dtype)) or table[(MEASURED_ARCHITECTURE, head_bucket, dtype)]
+def shipped_tiles(kind: str, head_bucket: int, dtype: torch.dtype, precision: str,
+                  arch: str = MEASURED_ARCHITECTURE) -> Tiles:
+    """The package's tile for `kind` at a head-dim bucket, dtype and dot precision on architecture `arch` (the
+    measured architecture's when `arch` has no entry): TF32X3_TILES for fp32 inputs with tf32x3 dots, else TILES."""
+    if dtype == torch.float32 and precision == "tf32x3":
+        table, key = TF32X3_TILES[kind], (head_bucket,)
+    else:
+        table, key = TILES[kind], (head_bucket, dtype)
+    return table.get((arch, *key)) or table[(MEASURED_ARCHITECTURE, *key)]
 
 
 def tile_file(path: str) -> dict:

@@ -120,7 +120,7 @@ def forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float, q_offs
     out_view = out if packed is None else host.batch_view(out, packed)
     batch, n_q_heads, seq_q, head_dim = q.shape
     n_kv_heads, seq_k = k.shape[1], k.shape[2]
-    block_m, block_n, num_warps, num_stages = pick_tiles("fwd", head_dim, config, q.dtype, q.device)
+    block_m, block_n, num_warps, num_stages = pick_tiles("fwd", head_dim, config, q.dtype, q.device, precision)
     block_d = host.block_d(head_dim)
     lse = host.empty((batch, n_q_heads, seq_q), device=q.device, dtype=torch.float32)
     qp_desc = direct_launch.descriptor(q_prime.view(batch * n_q_heads, seq_q, 2 * block_d), [1, block_m, 2 * block_d])
