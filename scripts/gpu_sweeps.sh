@@ -15,8 +15,10 @@
 #                                                scripts/gpu_sweep_indirect.sh always resumes
 # Each start is scripts/gpu_sweep_indirect.sh in its own session (setsid nohup), logging to $LOG_DIR/sweep-NAME.log
 # (a previous log is kept as sweep-NAME.log.previous), with LIMIT=100000 training seconds unless the plan says
-# otherwise, so it outlives the device command. Before the first start, when none of the plan's sweeps is running,
-# CUDA MPS is turned on (scripts/gpu_mps.sh start: one line; a failure leaves the sweeps time-slicing the GPU).
+# otherwise, so it outlives the device command. Before the first start, when none of the plan's sweeps is running
+# and the plan runs more than one training process at once (its sweeps together, each min(seeds, JOBS_PER_GPU)),
+# CUDA MPS is turned on (scripts/gpu_mps.sh start: one line; a failure leaves the sweeps time-slicing the GPU). One
+# process alone runs ~9 % faster without MPS (an H200, 2026-12-04), so a one-process plan leaves MPS alone.
 # Then it watches them with scripts/gpu_sweep_monitor.sh for the rest of SECONDS (never longer: give <= 540 for a
 # 600 s command) and exits with its status: 0 when the time is up or every sweep ended, 1 when no sweep process is
 # alive but one did not end (the next call resumes it). Without SECONDS, `--check PLAN...` parses the plan and prints
@@ -30,7 +32,8 @@
 # SEEDS (required; 0-3 or 0,3,5), JOBS_PER_GPU (default: pope's), EXTRA (more `--set` arguments for `pope train`),
 # LIMIT (training seconds, default 100000) are scripts/gpu_sweep_indirect.sh's settings. Names are unique in a plan.
 # Settings (environment): RUNS (/tmp/pope-runs), OUT (where the monitor archives: this command's $OUT; default
-# /tmp/out), SWEEP_OUT (the sweep scripts' OUT, /tmp/out), LOG_DIR (/tmp), MPS (off: leave MPS alone),
+# /tmp/out), SWEEP_OUT (the sweep scripts' OUT, /tmp/out), LOG_DIR (/tmp), MPS (auto: as above; on: start it even
+# for one process; off: leave MPS alone),
 # SWEEP_SCRIPT (scripts/gpu_sweep_indirect.sh; the tests give a stand-in).
 set -u
 usage="usage: gpu_sweeps.sh SECONDS PLAN... | gpu_sweeps.sh --check PLAN... (PLAN: a plan file or one sweep line)"
@@ -39,6 +42,10 @@ limit=${1:-}; shift || true
 case $limit in
   --check) ;;
   ''|*[!0-9]*) echo "gpu_sweeps.sh: SECONDS must be a whole number, not '$limit'; $usage" >&2; exit 2 ;;
+esac
+case ${MPS:-auto} in
+  auto|on|off) ;;
+  *) echo "gpu_sweeps.sh: MPS must be auto, on or off, not '$MPS'" >&2; exit 2 ;;
 esac
 here=$(dirname "$0")
 export RUNS=${RUNS:-/tmp/pope-runs} OUT=${OUT:-/tmp/out} LOG_DIR=${LOG_DIR:-/tmp}
@@ -50,14 +57,14 @@ fi
 # shellcheck source=scripts/gpu_sweep_processes.sh
 . "$here/gpu_sweep_processes.sh"
 
-# The plan, checked before anything starts, and each sweep's runs: NAME PE SEEDS JOBS LIMIT EXTRA FINISHED STEPS,
-# NUL-separated (EXTRA may hold any character but NUL) in a file: a bash variable cannot hold a NUL.
+# The plan, checked before anything starts, and each sweep's runs: NAME PE SEEDS JOBS LIMIT EXTRA FINISHED STEPS
+# PROCESSES (how many of its seeds train at once), NUL-separated (EXTRA may hold any character but NUL) in a file: a bash variable cannot hold a NUL.
 fields_file=$(mktemp)
 trap 'rm -f "$fields_file"' EXIT
 PYTHONPATH="$here/../src" python3 - "$RUNS" "$@" > "$fields_file" <<'PY' || exit 2
 import re, shlex, sys
 from pathlib import Path
-from pope.train.sweep import last_step, parse_seeds, run_finished
+from pope.train.sweep import DEFAULT_JOBS_PER_GPU, last_step, parse_seeds, run_finished
 
 KEYS = ("NAME", "PE", "SEEDS", "JOBS_PER_GPU", "EXTRA", "LIMIT")
 def fail(where, message):
@@ -107,22 +114,25 @@ for where, text in lines:
                                          f"at step {last_step(directory / f'seed-{seed}' / 'metrics.jsonl')}"
                                          if (directory / f"seed-{seed}" / "config.json").exists() else "not started")
                       for seed in seeds)
+    processes = min(len(seeds), int(sweep.get("JOBS_PER_GPU") or DEFAULT_JOBS_PER_GPU))  # at once, on one GPU
     sweeps[sweep["NAME"]] = [sweep["NAME"], sweep["PE"], sweep["SEEDS"], sweep.get("JOBS_PER_GPU", ""),
-                             sweep.get("LIMIT", "100000"), sweep.get("EXTRA", ""), str(int(finished)), steps]
+                             sweep.get("LIMIT", "100000"), sweep.get("EXTRA", ""), str(int(finished)), steps,
+                             str(processes)]
 if not sweeps:
     fail(" ".join(sys.argv[2:]), "the plan names no sweep")
 sys.stdout.write("".join(field + "\0" for sweep in sweeps.values() for field in sweep))
 PY
 mapfile -d '' -t fields < "$fields_file"
 rm -f "$fields_file"
-names=(); for ((i = 0; i < ${#fields[@]}; i += 8)); do names+=("${fields[i]}"); done
+names=(); processes=0
+for ((i = 0; i < ${#fields[@]}; i += 9)); do names+=("${fields[i]}"); processes=$((processes + fields[i + 8])); done
 
 # What each sweep needs: running, finished, or a start (fresh or a resume).
 fresh=1; busy=0
 for name in "${names[@]}"; do [ -d "$RUNS/$name" ] && fresh=0; done
 [ -n "$(sweep_pids "${names[@]}")" ] && fresh=0 busy=1
 mps_done=0
-for ((i = 0; i < ${#fields[@]}; i += 8)); do
+for ((i = 0; i < ${#fields[@]}; i += 9)); do
   name=${fields[i]} pe=${fields[i + 1]} seeds=${fields[i + 2]} jobs=${fields[i + 3]} seconds=${fields[i + 4]}
   extra=${fields[i + 5]} finished=${fields[i + 6]} steps=${fields[i + 7]}
   log=$LOG_DIR/sweep-$name.log
@@ -145,7 +155,9 @@ for ((i = 0; i < ${#fields[@]}; i += 8)); do
   fi
   if [ $mps_done = 0 ]; then  # once, before the first start
     mps_done=1
-    if [ "${MPS:-on}" = off ]; then echo "MPS: left alone (MPS=off)"
+    if [ "${MPS:-auto}" = off ]; then echo "MPS: left alone (MPS=off)"
+    elif [ "${MPS:-auto}" != on ] && [ $processes -le 1 ]; then
+      echo "MPS: left alone (the plan runs one training process at a time; MPS=on starts it anyway)"
     elif [ $busy = 1 ]; then echo "$(bash "$here/gpu_mps.sh" status) (left as it is: sweeps are running on the GPU)"
     else bash "$here/gpu_mps.sh" start
     fi
