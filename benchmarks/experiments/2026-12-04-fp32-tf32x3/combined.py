@@ -47,21 +47,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="one tiny shape (the interpreter on CPU)")
     args = parser.parse_args()
-    device = "cpu" if args.smoke else "cuda"
-    if not args.smoke and not torch.cuda.is_available():
-        print("combined.py: needs a CUDA GPU (or pass --smoke with TRITON_INTERPRET=1)", file=sys.stderr)
+    device, bench = tiles.timing("combined.py", args.smoke)
+    if bench is None:
         return 2
-    if args.smoke:
-        def bench(fn):
-            fn()
-            return float("nan")
-    else:
-        from triton.testing import do_bench
-
-        def bench(fn):
-            fn()  # compile outside the timed region
-            return do_bench(fn, warmup=25, rep=100, return_mode="median")
-        print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
     print("shape (B, H, N, d) | float32 matmul precision | provider | fwd+bwd ms | / shipped tiles")
     for shape in tiles.SMOKE_SHAPES if args.smoke else tiles.SHAPES:
         head_dim = shape[-1]
@@ -88,10 +76,8 @@ def main() -> int:
     print("proposed tiles under 'highest', 2x rule against float64 at (1, 2, 1000, d):")
     for head_dim, tile_set in PROPOSED.items():
         for kind, tile in tile_set.items():
-            rows = tiles.check(kind, tile, (1, 2, 40 if args.smoke else 1000, head_dim), device)
-            ok = all(row["ok"] for _, row in rows)
+            ok, errors = tiles.rule_check(kind, tile, head_dim, args.smoke, device)
             failed += not ok
-            errors = ", ".join(f"{name} {row['kernel']:.2g} vs {row['reference']:.2g}" for name, row in rows)
             print(f"d={head_dim} | {kind} | {tile} | within 2x: {ok} ({errors})")
     return 1 if failed else 0
 

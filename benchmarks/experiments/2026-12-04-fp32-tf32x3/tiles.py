@@ -84,26 +84,42 @@ def check(kind, tile, shape, device):
             for name, a, b, t in zip(GRADIENT_NAMES[checked], ours, plain[checked], truth[checked])]
 
 
+def rule_check(kind, tile, head_dim, smoke, device):
+    """(passed, "name error vs reference's, ..."): `check` at (1, 2, 1000, head_dim), or 40 rows with smoke."""
+    rows = check(kind, tile, (1, 2, 40 if smoke else 1000, head_dim), device)
+    errors = ", ".join(f"{name} {row['kernel']:.2g} vs {row['reference']:.2g}" for name, row in rows)
+    return all(row["ok"] for _, row in rows), errors
+
+
+def timing(script, smoke):
+    """(device, bench): bench(fn) runs fn once (compiling it), then gives its median ms by triton.testing.do_bench;
+    with smoke, the CPU and a bench that only runs fn (NaN ms). Prints the GPU's name; bench is None (and a line
+    says why) when there is no GPU and no smoke."""
+    if smoke:
+        def run_once(fn):
+            fn()
+            return float("nan")
+        return "cpu", run_once
+    if not torch.cuda.is_available():
+        print(f"{script}: needs a CUDA GPU (or pass --smoke with TRITON_INTERPRET=1)", file=sys.stderr)
+        return "cuda", None
+    from triton.testing import do_bench
+
+    def bench(fn):
+        fn()  # compile outside the timed region
+        return do_bench(fn, warmup=25, rep=100, return_mode="median")
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+    return "cuda", bench
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="one tiny shape, two tiles each (the interpreter)")
     args = parser.parse_args()
-    device = "cpu" if args.smoke else "cuda"
-    if not args.smoke and not torch.cuda.is_available():
-        print("tiles.py: needs a CUDA GPU (or pass --smoke with TRITON_INTERPRET=1)", file=sys.stderr)
+    device, bench = timing("tiles.py", args.smoke)
+    if bench is None:
         return 2
     torch.set_float32_matmul_precision("highest")
-    if args.smoke:
-        def bench(fn):
-            fn()
-            return float("nan")
-    else:
-        from triton.testing import do_bench
-
-        def bench(fn):
-            fn()  # compile outside the timed region
-            return do_bench(fn, warmup=25, rep=100, return_mode="median")
-        print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
     print("shape (B, H, N, d) | kernel | tile (BM, BN, warps, stages) | ms | / shipped")
     best, failed = {}, 0
     for shape in SMOKE_SHAPES if args.smoke else SHAPES:
@@ -127,10 +143,8 @@ def main() -> int:
                     best[(kind, shape)] = (ms, tile)
     print("fastest tile per (kernel, shape), checked by the 2x rule against float64 at (1, 2, 1000, d):")
     for (kind, shape), (ms, tile) in best.items():
-        rows = check(kind, tile, (1, 2, 40 if args.smoke else 1000, shape[-1]), device)
-        ok = all(row["ok"] for _, row in rows)
+        ok, errors = rule_check(kind, tile, shape[-1], args.smoke, device)
         failed += not ok
-        errors = ", ".join(f"{name} {row['kernel']:.2g} vs {row['reference']:.2g}" for name, row in rows)
         print(f"{shape} | {kind} | {tile} | {ms:.3f} ms | within 2x: {ok} ({errors})")
     return 1 if failed else 0
 
