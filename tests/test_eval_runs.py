@@ -368,6 +368,10 @@ def test_report_lift_off_table_from_sweep_directories(tmp_path):
     assert ("| indirect-indexing | pope | pope/ vs rope/ | test_accuracy, headline | 4 / 2 | "
             "+0.2500 |") in comparison and "| 0.7333 (exact, all 15 splits) |" in comparison
     assert "pope-fp32" not in comparison and "at best valid" not in comparison
+    # lift-off: 2/4 vs 0/2; Fisher: of the tables with 2 lift-offs in 6 runs, P(2 in PoPE's 4) = 6/15 and the
+    # only less likely one, 0 in PoPE's 4, 1/15: p = 7/15
+    assert ("| indirect-indexing | pope | pope/ vs rope/ | lift-off rate (> 20 %) | 2/4 vs 0/2 | +0.5000 | — | "
+            "0.4667 (Fisher exact) |") in comparison
     assert "Train-example accuracy not measured for 4 finished run(s)" in markdown
     assert (tmp_path / "report" / "accuracy_vs_step.png").stat().st_size > 10_000
     assert {p.name for p in written} >= {"report.md", "report.png", "accuracy_vs_step.png"}
@@ -413,12 +417,14 @@ def test_report_against_compares_every_other_setting_with_one_sweep(tmp_path):
     lone = _sweep(tmp_path / "pope-lr", "pope", [0.3], overrides=["recipe.lr=0.001"])  # 1 seed: left out
     markdown, _ = write_report([pope, rope, fp32, lone], tmp_path / "report", against=pope)
     section = markdown.split("## Against pope (pope/ ")[1].split("\n## ")[0]
-    rows = {line.split(" | ")[2]: line for line in section.splitlines() if line.startswith("| indirect-indexing")}
+    rows = {line.split(" | ")[2]: line for line in section.splitlines()
+            if line.startswith("| indirect-indexing") and "lift-off" not in line}
     # fp32: 0.85 - 0.365 = +0.485; rope: 0.115 - 0.365 = -0.25 (the PoPE vs RoPE table's +0.25, turned round)
     fp32_row = next(row for label, row in rows.items() if label.startswith("pope-fp32/ train.autocast=none"))
     assert "| test_accuracy, headline | 2 / 4 | +0.4850 |" in fp32_row
     assert "| test_accuracy, headline | 2 / 4 | -0.2500 |" in rows["rope/"]
     assert rows["rope/"].endswith("| 0.7333 (exact, all 15 splits) |") and "pope-lr" not in section
+    assert "| lift-off rate (> 20 %) | 2/2 vs 2/4 | +0.5000 | — | 0.4667 (Fisher exact) |" in section  # fp32
     assert "## Against" not in write_report([pope, rope], tmp_path / "r1")[0]
     with pytest.raises(ValueError, match="none of the RUN arguments is inside it"):
         write_report([rope, fp32], tmp_path / "r2", against=pope)
@@ -434,6 +440,17 @@ def test_wilson_interval_matches_known_values():
     assert low == pytest.approx(0.4902, abs=1e-4) and high == pytest.approx(0.9433, abs=1e-4)
     assert wilson_interval(0, 4)[0] == 0.0 and wilson_interval(0, 4)[1] == pytest.approx(0.4899, abs=1e-4)
     assert wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def test_fisher_exact_matches_known_values():
+    from pope.eval.stats import fisher_exact
+
+    # Fisher's tea-tasting table [[3, 1], [1, 3]]: two-sided p = 34/70 (e.g. scipy.stats.fisher_exact)
+    assert fisher_exact(3, 4, 1, 4) == pytest.approx(34 / 70, rel=1e-12)
+    assert fisher_exact(3, 7, 0, 8) == pytest.approx(1 / 13, rel=1e-12)  # 3/7 vs 0/8 lift-offs
+    assert fisher_exact(0, 3, 0, 5) == 1.0 and fisher_exact(2, 2, 0, 2) == pytest.approx(1 / 3, rel=1e-12)
+    with pytest.raises(ValueError, match="0 <= successes <= n"):
+        fisher_exact(3, 2, 0, 2)
 
 
 def test_report_keeps_length_evaluations_on_different_documents_apart(tmp_path):

@@ -33,7 +33,8 @@ plot of every seed's validation and test NLL against the step, best-validation s
 
 "PoPE vs RoPE": every encoding against RoPE of the same preset and setting (the config apart from the PE
 and the seed), over finished seeds, for the headline value and the best-valid one: the difference of
-means, its Welch t 95 % interval and a two-sided permutation p-value (pope.eval.stats). With
+means, its Welch t 95 % interval and a two-sided permutation p-value (pope.eval.stats); for runs scored by
+test accuracy also the lift-off rates on each side and Fisher's exact p. With
 ``against=DIR`` (``pope report ... --against DIR``) the same statistics compare every other setting of
 DIR's preset with DIR's runs: recipe knobs against the recipe they change.
 """
@@ -45,7 +46,8 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pope.eval.stats import MAX_EXACT_SPLITS, MONTE_CARLO_SPLITS, permutation_test, welch_interval, wilson_interval
+from pope.eval.stats import (MAX_EXACT_SPLITS, MONTE_CARLO_SPLITS, fisher_exact, permutation_test, welch_interval,
+                             wilson_interval)
 from pope.files import write_text_atomic
 from pope.train.sweep import EXECUTION_KEYS, setting_of
 
@@ -392,7 +394,22 @@ def _difference_rows(preset: str, pe: str, settings: str, members: list[RunRecor
         values, baseline = (finite(get(m) for m in group if m.finished) for group in (members, base))
         if len(values) >= 2 and len(baseline) >= 2:
             rows.append(f"| {preset} | {pe} | {settings} | {metric}, {name} | " + _difference_cells(values, baseline))
+            if metric == "test_accuracy" and name == "headline":
+                rows.append(f"| {preset} | {pe} | {settings} | " + _lift_off_cells(values, baseline))
     return rows
+
+
+_LIFT_OFF_NOTE = (f" Runs scored by test accuracy add a lift-off row: the seeds past {100 * LIFT_OFF_ACCURACY:g} % on "
+                  "each side, the difference of the rates, and Fisher's exact two-sided p.")
+
+
+def _lift_off_cells(values: list[float], baseline: list[float]) -> str:
+    """Lift-off rates (final test accuracy > LIFT_OFF_ACCURACY) of two groups: counts, difference, Fisher's p."""
+    lifted, lifted_base = (sum(v > LIFT_OFF_ACCURACY for v in group) for group in (values, baseline))
+    rate = lifted / len(values) - lifted_base / len(baseline)
+    p = fisher_exact(lifted, len(values), lifted_base, len(baseline))
+    return (f"lift-off rate (> {100 * LIFT_OFF_ACCURACY:g} %) | {lifted}/{len(values)} vs "
+            f"{lifted_base}/{len(baseline)} | {rate:+.4f} | — | {p:.4f} (Fisher exact) |")
 
 
 def _sweeps(members: list[RunRecord]) -> str:
@@ -419,8 +436,9 @@ def comparison_markdown(records: list[RunRecord]) -> list[str]:
             f"permutation test of equal means over the splits of the pooled seeds (exact when there are at most "
             f"{MAX_EXACT_SPLITS:,} splits, else {MONTE_CARLO_SPLITS:,} seeded random ones). With a handful of seeds only large gaps can reach "
             "p < 0.05: with 2 seeds each the smallest possible p is 1/3. Encodings with fewer than 2 finished seeds "
-            "(or a RoPE with fewer) are not compared.", "",
-            "| preset | PE | settings | value | n (PE / RoPE) | difference | 95 % interval | permutation p |",
+            "(or a RoPE with fewer) are not compared." + _LIFT_OFF_NOTE * any(" lift-off rate " in row for row in rows),
+            "",
+            "| preset | PE | settings | value | n (PE / RoPE) | difference | 95 % interval | p |",
             "|---|---|---|---|---|---|---|---|", *rows]
 
 
@@ -448,8 +466,8 @@ def against_markdown(records: list[RunRecord], against: str | Path) -> list[str]
     return ["", f"## Against {title}: every other setting of {preset}", "",
             "Finished seeds only; difference = mean(setting) − mean(the baseline named in the title), with the Welch 95 % "
             "interval and the permutation p of the PoPE vs RoPE table. Settings with fewer than 2 finished seeds are "
-            "left out.", "",
-            "| preset | PE | setting | value | n (setting / baseline) | difference | 95 % interval | permutation p |",
+            "left out." + _LIFT_OFF_NOTE * any(" lift-off rate " in row for row in rows), "",
+            "| preset | PE | setting | value | n (setting / baseline) | difference | 95 % interval | p |",
             "|---|---|---|---|---|---|---|---|", *rows]
 
 

@@ -4,6 +4,7 @@
   pooled values when there are at most ``max_exact`` splits, else a seeded Monte-Carlo estimate;
 * :func:`welch_interval` — the Welch (unequal-variance) t interval for the difference of two means;
 * :func:`wilson_interval` — the Wilson score interval of a binomial proportion;
+* :func:`fisher_exact` — Fisher's exact two-sided test of equal proportions in two samples (e.g. lift-off rates);
 * :func:`student_t_quantile` — the Student t quantile behind the Welch interval (any real df > 0).
 """
 from __future__ import annotations
@@ -29,6 +30,21 @@ def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float,
     centre = (p + z * z / (2 * n)) / denominator
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def fisher_exact(successes_a: int, n_a: int, successes_b: int, n_b: int) -> float:
+    """Two-sided p of Fisher's exact test that two samples share one success proportion: the probability, with
+    the margins fixed (hypergeometric), of every 2 x 2 table at most as likely as the observed one (the usual
+    two-sided rule, with a 1e-7 relative tolerance for ties). ValueError for counts outside 0 <= successes <= n."""
+    if not (0 <= successes_a <= n_a and 0 <= successes_b <= n_b):
+        raise ValueError(f"fisher_exact: need 0 <= successes <= n, got {successes_a}/{n_a} and {successes_b}/{n_b}")
+    successes, total = successes_a + successes_b, n_a + n_b
+
+    def probability(x: int) -> float:  # x successes in sample a
+        return math.comb(n_a, x) * math.comb(n_b, successes - x) / math.comb(total, successes)
+    observed = probability(successes_a)
+    tables = range(max(0, successes - n_b), min(successes, n_a) + 1)
+    return min(1.0, sum(p for p in map(probability, tables) if p <= observed * (1 + 1e-7)))
 
 
 def _incomplete_beta(a: float, b: float, x: float) -> float:
