@@ -58,7 +58,8 @@ fi
 . "$here/gpu_sweep_processes.sh"
 
 # The plan, checked before anything starts, and each sweep's runs: NAME PE SEEDS JOBS LIMIT EXTRA FINISHED STEPS
-# PROCESSES (how many of its seeds train at once), NUL-separated (EXTRA may hold any character but NUL) in a file: a bash variable cannot hold a NUL.
+# PROCESSES (how many of its seeds train at once), NUL-separated (EXTRA may hold any character but NUL) in a file:
+# a bash variable cannot hold a NUL.
 fields_file=$(mktemp)
 trap 'rm -f "$fields_file"' EXIT
 PYTHONPATH="$here/../src" python3 - "$RUNS" "$@" > "$fields_file" <<'PY' || exit 2

@@ -56,8 +56,8 @@ TILES = MappingProxyType({kind: MappingProxyType({
     for bucket in BUCKETS for dtype in (torch.bfloat16, torch.float16, torch.float32)})
     for kind, by_bucket in _SIXTEEN_BIT.items()})
 # fp32 inputs with tf32x3 dots (host.precision at "highest"): the high and low operand parts double the registers a
-# tile needs, so each kernel takes its own, mostly 16-row, tile. Under TF32 dots these tiles are slower than _FP32,
-# so "tf32" (and "ieee") keep TILES' fp32 entries. Timings: docs/kernels.md.
+# tile needs, so each kernel takes its own tile, most with 16-row query or key blocks. Under TF32 dots these tiles
+# are slower than _FP32, so "tf32" (and "ieee") keep TILES' fp32 entries. Timings: docs/kernels.md.
 _FP32_TF32X3 = {
     "fwd": {64: (64, 16, 4, 1), 128: (16, 32, 4, 1)},
     "dq": {64: (32, 32, 4, 1), 128: (128, 16, 8, 1)},
