@@ -16,9 +16,10 @@
 # Each start is scripts/gpu_sweep_indirect.sh in its own session (setsid nohup), logging to $LOG_DIR/sweep-NAME.log
 # (a previous log is kept as sweep-NAME.log.previous), with LIMIT=100000 training seconds unless the plan says
 # otherwise, so it outlives the device command. Before the first start, when none of the plan's sweeps is running
-# and the plan runs more than one training process at once (its sweeps together, each min(seeds, JOBS_PER_GPU)),
-# CUDA MPS is turned on (scripts/gpu_mps.sh start: one line; a failure leaves the sweeps time-slicing the GPU). One
-# process alone runs ~9 % faster without MPS (an H200, 2026-12-04), so a one-process plan leaves MPS alone.
+# and the plan runs more than one training process at once (its unfinished sweeps together, each
+# min(seeds, JOBS_PER_GPU)), CUDA MPS is turned on (scripts/gpu_mps.sh start: one line; a failure leaves the sweeps
+# time-slicing the GPU). One process alone runs ~9 % faster without MPS (an H200, 2026-12-04), so a one-process
+# plan leaves MPS alone.
 # Then it watches them with scripts/gpu_sweep_monitor.sh for the rest of SECONDS (never longer: give <= 540 for a
 # 600 s command) and exits with its status: 0 when the time is up or every sweep ended, 1 when no sweep process is
 # alive but one did not end (the next call resumes it). Without SECONDS, `--check PLAN...` parses the plan and prints
@@ -115,7 +116,8 @@ for where, text in lines:
                                          f"at step {last_step(directory / f'seed-{seed}' / 'metrics.jsonl')}"
                                          if (directory / f"seed-{seed}" / "config.json").exists() else "not started")
                       for seed in seeds)
-    processes = min(len(seeds), int(sweep.get("JOBS_PER_GPU") or DEFAULT_JOBS_PER_GPU))  # at once, on one GPU
+    # training processes at once, on one GPU (a finished sweep trains none)
+    processes = 0 if finished else min(len(seeds), int(sweep.get("JOBS_PER_GPU") or DEFAULT_JOBS_PER_GPU))
     sweeps[sweep["NAME"]] = [sweep["NAME"], sweep["PE"], sweep["SEEDS"], sweep.get("JOBS_PER_GPU", ""),
                              sweep.get("LIMIT", "100000"), sweep.get("EXTRA", ""), str(int(finished)), steps,
                              str(processes)]

@@ -75,7 +75,8 @@ def shipped_main_pass(q_prime, k_prime, v, causal):
     from pope.kernels.configs import pick_tiles
 
     heads, seq, _ = q_prime.shape
-    block_m, block_n, num_warps, num_stages = pick_tiles("fwd", HEAD_DIM, None, v.dtype, v.device, "tf32")
+    block_m, block_n, num_warps, num_stages = pick_tiles("fwd", HEAD_DIM, None, v.dtype, v.device,
+                                                          host.precision(v.dtype, v.device))
     block_d = host.block_d(HEAD_DIM)
     v4 = v.view(1, heads, seq, HEAD_DIM)
     out = torch.empty_like(v4)

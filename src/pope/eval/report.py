@@ -64,6 +64,11 @@ LIFT_OFF_ACCURACY = 0.20
 """A run has lifted off when its final test accuracy exceeds this (chance is 1/52; the paper's RoPE ~0.11)."""
 
 
+def lift_offs(finals: list[float]) -> int:
+    """How many of these final test accuracies lifted off (exceed LIFT_OFF_ACCURACY)."""
+    return sum(value > LIFT_OFF_ACCURACY for value in finals)
+
+
 @dataclass
 class RunRecord:
     run: str
@@ -316,7 +321,7 @@ def lift_off_markdown(records: list[RunRecord]) -> list[str]:
     for (preset, pe, label), members in sorted(groups.items()):
         done = [m for m in members if m.finished and m.curve]
         finals = [m.curve[-1][1] for m in done]
-        lifted = sum(value > LIFT_OFF_ACCURACY for value in finals)
+        lifted = lift_offs(finals)
         low, high = wilson_interval(lifted, len(finals))
         gaps = [m.task_accuracy["train"] - m.task_accuracy["test"] for m in done
                 if m.task_accuracy and {"train", "test"} <= set(m.task_accuracy)]
@@ -405,7 +410,7 @@ _LIFT_OFF_NOTE = (f" Runs scored by test accuracy add a lift-off row: the seeds 
 
 def _lift_off_cells(values: list[float], baseline: list[float]) -> str:
     """Lift-off rates (final test accuracy > LIFT_OFF_ACCURACY) of two groups: counts, difference, Fisher's p."""
-    lifted, lifted_base = (sum(v > LIFT_OFF_ACCURACY for v in group) for group in (values, baseline))
+    lifted, lifted_base = lift_offs(values), lift_offs(baseline)
     rate = lifted / len(values) - lifted_base / len(baseline)
     p = fisher_exact(lifted, len(values), lifted_base, len(baseline))
     return (f"lift-off rate (> {100 * LIFT_OFF_ACCURACY:g} %) | {lifted}/{len(values)} vs "

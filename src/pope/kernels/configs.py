@@ -101,8 +101,9 @@ def pick_tiles(kind: str, head_dim: int, override, dtype: torch.dtype, device: t
     cache = SETTINGS.caches.tiles
     tiles = cache.get(key)
     if tiles is None:
-        from_file = tile_file(path).get(kind, {}).get(bucket(head_dim)) if path else None
-        tiles = cache[key] = from_file or shipped_tiles(kind, bucket(head_dim), dtype, precision, architecture(device))
+        head_bucket = bucket(head_dim)
+        from_file = tile_file(path).get(kind, {}).get(head_bucket) if path else None
+        tiles = cache[key] = from_file or shipped_tiles(kind, head_bucket, dtype, precision, architecture(device))
     return tiles
 
 

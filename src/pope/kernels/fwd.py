@@ -2,12 +2,12 @@
 
 Supports q (B, Hq, Nq, d), k/v (B, Hkv, Nk, d), Hq % Hkv == 0 (GQA: K/V read per key head, never repeated),
 Nq <= Nk, queries at positions q_offset + i, keys at j, bottom-right causal masking (key j visible iff
-j <= q_offset + i) or none; bf16 / fp16 / fp32 (fp32 dots fp32-accurate, three TF32 products
-each, unless torch.set_float32_matmul_precision allows TF32: host.precision); d <= 128 (padded to a power of two inside); any
-length (masked tails). Guarantees: softmax statistics in fp32; lse is the natural-log
-log-sum-exp (B, Hq, Nq) fp32; a key masked from a query (causal or past Nk) enters its scores through
-tl.where(..., -inf), so no value of it, finite or not, reaches that query's output; q' and k' come from one pre-pass
-launch and are freed on return (the forward saves nothing beyond its inputs, out and lse).
+j <= q_offset + i) or none; bf16 / fp16 / fp32 (fp32 dots fp32-accurate — three TF32 products each, or exact
+FMA dots on GPUs without TF32 tensor cores — unless torch.set_float32_matmul_precision allows TF32:
+host.precision); d <= 128 (padded to a power of two inside); any length (masked tails). Guarantees: softmax
+statistics in fp32; lse is the natural-log log-sum-exp (B, Hq, Nq) fp32; a key masked from a query (causal or past
+Nk) enters its scores through tl.where(..., -inf), so no value of it, finite or not, reaches that query's output; q'
+and k' come from one pre-pass launch and are freed on return (the forward saves nothing beyond its inputs, out and lse).
 How: score(i, j) = scale * (q'_i . k'_j), q' and k' held as one wide (rows, 2 BLOCK_D) tile [cos | sin] read by TMA
 (one dot over 2d channels); online softmax in base 2, the scale riding in the exponent's FMA (scale > 0).
 """

@@ -82,7 +82,6 @@ def precision(dtype: torch.dtype, device: torch.device) -> str:
     return "tf32x3" if torch.get_float32_matmul_precision() == "highest" else "tf32"
 
 
-
 def strides(t: torch.Tensor):
     return t.stride()[:3]
 
