@@ -423,8 +423,18 @@ def test_report_against_compares_every_other_setting_with_one_sweep(tmp_path):
     fp32_row = next(row for label, row in rows.items() if label.startswith("pope-fp32/ train.autocast=none"))
     assert "| test_accuracy, headline | 2 / 4 | +0.4850 |" in fp32_row
     assert "| test_accuracy, headline | 2 / 4 | -0.2500 |" in rows["rope/"]
-    assert rows["rope/"].endswith("| 0.7333 (exact, all 15 splits) |") and "pope-lr" not in section
+    assert "| 0.7333 (exact, all 15 splits) |" in rows["rope/"] and "pope-lr" not in section
     assert "| lift-off rate (> 20 %) | 2/2 vs 2/4 | +0.5000 | — | 0.4667 (Fisher exact) |" in section  # fp32
+    # Holm over the two settings compared (fp32, rope) per value: the smaller p doubled, the larger not below it
+    raw = {label: float(row.split(" | ")[-2].split()[0]) for label, row in rows.items() if "headline" in row}
+    holm = {label: row.split(" | ")[-1] for label, row in rows.items() if "headline" in row}
+    assert all(cell.endswith(" (m = 2) |") for cell in holm.values())
+    holm = {label: float(cell.split()[0]) for label, cell in holm.items()}
+    small, large = sorted(raw, key=raw.get)  # p printed to 4 decimals: compare within their rounding
+    assert holm[small] == pytest.approx(min(1.0, 2 * raw[small]), abs=2e-4)
+    assert holm[large] == pytest.approx(max(holm[small], raw[large]), abs=2e-4)
+    # lift-off: rope 0/2 vs 2/4 (Fisher 7/15), fp32 2/2 vs 2/4 (7/15): both adjusted to min(1, 2 * 7/15) = 14/15
+    assert section.count("(Fisher exact) | 0.9333 (m = 2) |") == 2
     assert "## Against" not in write_report([pope, rope], tmp_path / "r1")[0]
     with pytest.raises(ValueError, match="none of the RUN arguments is inside it"):
         write_report([rope, fp32], tmp_path / "r2", against=pope)
@@ -451,6 +461,16 @@ def test_fisher_exact_matches_known_values():
     assert fisher_exact(0, 3, 0, 5) == 1.0 and fisher_exact(2, 2, 0, 2) == pytest.approx(1 / 3, rel=1e-12)
     with pytest.raises(ValueError, match="0 <= successes <= n"):
         fisher_exact(3, 2, 0, 2)
+
+
+def test_holm_adjust_matches_the_step_down_rule():
+    from pope.eval.stats import holm_adjust
+
+    # sorted 0.005, 0.01, 0.03, 0.04 -> x4, x3, x2, x1 = 0.02, 0.03, 0.06, 0.04 -> non-decreasing: 0.04 becomes 0.06
+    assert holm_adjust([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02], rel=1e-12)
+    assert holm_adjust([0.5, 0.6]) == pytest.approx([1.0, 1.0]) and holm_adjust([0.2]) == [0.2] and holm_adjust([]) == []
+    with pytest.raises(ValueError, match=r"must lie in \[0, 1\]"):
+        holm_adjust([0.1, 1.5])
 
 
 def test_report_keeps_length_evaluations_on_different_documents_apart(tmp_path):

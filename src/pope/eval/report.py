@@ -34,7 +34,8 @@ plot of every seed's validation and test NLL against the step, best-validation s
 "PoPE vs RoPE": every encoding against RoPE of the same preset and setting (the config apart from the PE
 and the seed), over finished seeds, for the headline value and the best-valid one: the difference of
 means, its Welch t 95 % interval and a two-sided permutation p-value (pope.eval.stats); for runs scored by
-test accuracy also the lift-off rates on each side and Fisher's exact p. With
+test accuracy also the lift-off rates on each side and Fisher's exact p; and each p adjusted by Holm's method
+over the settings of one preset tested in the same table (the "Holm p" column). With
 ``against=DIR`` (``pope report ... --against DIR``) the same statistics compare every other setting of
 DIR's preset with DIR's runs: recipe knobs against the recipe they change.
 """
@@ -46,8 +47,8 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pope.eval.stats import (MAX_EXACT_SPLITS, MONTE_CARLO_SPLITS, fisher_exact, permutation_test, welch_interval,
-                             wilson_interval)
+from pope.eval.stats import (MAX_EXACT_SPLITS, MONTE_CARLO_SPLITS, fisher_exact, holm_adjust, permutation_test,
+                             welch_interval, wilson_interval)
 from pope.files import write_text_atomic
 from pope.train.sweep import EXECUTION_KEYS, setting_of
 
@@ -384,37 +385,68 @@ def _comparison_key(record: RunRecord) -> tuple[str, str]:
     return record.preset, json.dumps(setting, sort_keys=True)
 
 
-def _difference_cells(values: list[float], baseline: list[float]) -> str:
+@dataclass(frozen=True)
+class ComparisonRow:
+    """One row of a comparison table before the Holm column. The rows of one preset and ``value`` (e.g.
+    "test_accuracy, headline") in one table are one family for the Holm adjustment."""
+
+    preset: str
+    value: str
+    cells: str
+    p: float
+
+
+def _difference_row(preset: str, label: str, value: str, values: list[float], baseline: list[float]) -> ComparisonRow:
     interval, test = welch_interval(values, baseline), permutation_test(values, baseline)
     ci = "— (needs ≥ 2 seeds each)" if interval is None else f"{interval[0]:+.4f} … {interval[1]:+.4f} (df {interval[2]:.1f})"
-    return (f"{len(values)} / {len(baseline)} | {statistics.fmean(values) - statistics.fmean(baseline):+.4f} | {ci} | "
-            f"{test.p_value:.4f} ({test.describe()}) |")
+    return ComparisonRow(preset, value, f"{label} | {value} | {len(values)} / {len(baseline)} | "
+                         f"{statistics.fmean(values) - statistics.fmean(baseline):+.4f} | {ci} | "
+                         f"{test.p_value:.4f} ({test.describe()}) |", test.p_value)
 
 
-def _difference_rows(preset: str, pe: str, settings: str, members: list[RunRecord], base: list[RunRecord]) -> list[str]:
-    """Table rows of members vs base (headline and best-valid value), each where both have >= 2 finished seeds."""
+def _difference_rows(preset: str, pe: str, settings: str, members: list[RunRecord],
+                     base: list[RunRecord]) -> list[ComparisonRow]:
+    """Rows of members vs base (headline and best-valid value), each where both have >= 2 finished seeds."""
     metric = next((m.metric for m in members if m.metric), "—")
+    label = f"| {preset} | {pe} | {settings}"
     rows = []
     for name, get in (("headline", lambda m: m.value), ("at best valid", lambda m: m.at_best_valid)):
         values, baseline = (finite(get(m) for m in group if m.finished) for group in (members, base))
         if len(values) >= 2 and len(baseline) >= 2:
-            rows.append(f"| {preset} | {pe} | {settings} | {metric}, {name} | " + _difference_cells(values, baseline))
+            rows.append(_difference_row(preset, label, f"{metric}, {name}", values, baseline))
             if metric == "test_accuracy" and name == "headline":
-                rows.append(f"| {preset} | {pe} | {settings} | " + _lift_off_cells(values, baseline))
+                rows.append(_lift_off_row(preset, label, values, baseline))
     return rows
 
 
 _LIFT_OFF_NOTE = (f" Runs scored by test accuracy add a lift-off row: the seeds past {100 * LIFT_OFF_ACCURACY:g} % on "
                   "each side, the difference of the rates, and Fisher's exact two-sided p.")
+_HOLM_NOTE = (" Holm p: the p-value adjusted (Holm's step-down method) over the table's rows of the same preset and "
+              "value, i.e. over the m settings tested here at once; read it when asking whether any of them differs, the raw p "
+              "when one comparison was planned before the runs. It depends on which runs the report was given.")
 
 
-def _lift_off_cells(values: list[float], baseline: list[float]) -> str:
+def _lift_off_row(preset: str, label: str, values: list[float], baseline: list[float]) -> ComparisonRow:
     """Lift-off rates (final test accuracy > LIFT_OFF_ACCURACY) of two groups: counts, difference, Fisher's p."""
     lifted, lifted_base = lift_offs(values), lift_offs(baseline)
     rate = lifted / len(values) - lifted_base / len(baseline)
     p = fisher_exact(lifted, len(values), lifted_base, len(baseline))
-    return (f"lift-off rate (> {100 * LIFT_OFF_ACCURACY:g} %) | {lifted}/{len(values)} vs "
-            f"{lifted_base}/{len(baseline)} | {rate:+.4f} | — | {p:.4f} (Fisher exact) |")
+    value = f"lift-off rate (> {100 * LIFT_OFF_ACCURACY:g} %)"
+    return ComparisonRow(preset, value, f"{label} | {value} | {lifted}/{len(values)} vs {lifted_base}/{len(baseline)} | "
+                         f"{rate:+.4f} | — | {p:.4f} (Fisher exact) |", p)
+
+
+def _with_holm(rows: list[ComparisonRow]) -> list[str]:
+    """The rows' text with a last column: each p Holm-adjusted within its family (preset and value), and the
+    family's size m."""
+    families: dict[tuple[str, str], list[int]] = {}
+    for i, row in enumerate(rows):
+        families.setdefault((row.preset, row.value), []).append(i)
+    adjusted = {}
+    for members in families.values():
+        adjusted.update(zip(members, holm_adjust([rows[i].p for i in members])))
+    return [f"{row.cells} {adjusted[i]:.4f} (m = {len(families[row.preset, row.value])}) |"
+            for i, row in enumerate(rows)]
 
 
 def _sweeps(members: list[RunRecord]) -> str:
@@ -435,16 +467,17 @@ def comparison_markdown(records: list[RunRecord]) -> list[str]:
         rows += _difference_rows(preset, pe, f"{_sweeps(members)} vs {_sweeps(base)}", members, base)
     if not rows:
         return []
+    lift_off_note = _LIFT_OFF_NOTE * any(row.value.startswith("lift-off") for row in rows)
     return ["", f"## PoPE vs RoPE: each encoding against {COMPARED_PE} of the same preset and setting", "",
             "Finished seeds only. Difference = mean(PE) − mean(RoPE) (for NLL and perplexity, negative means the PE "
             "is better; for accuracy, positive); 95 % interval: Welch t (unequal variances); p: two-sided "
             f"permutation test of equal means over the splits of the pooled seeds (exact when there are at most "
             f"{MAX_EXACT_SPLITS:,} splits, else {MONTE_CARLO_SPLITS:,} seeded random ones). With a handful of seeds only large gaps can reach "
             "p < 0.05: with 2 seeds each the smallest possible p is 1/3. Encodings with fewer than 2 finished seeds "
-            "(or a RoPE with fewer) are not compared." + _LIFT_OFF_NOTE * any(" lift-off rate " in row for row in rows),
+            "(or a RoPE with fewer) are not compared." + lift_off_note + _HOLM_NOTE,
             "",
-            "| preset | PE | settings | value | n (PE / RoPE) | difference | 95 % interval | p |",
-            "|---|---|---|---|---|---|---|---|", *rows]
+            "| preset | PE | settings | value | n (PE / RoPE) | difference | 95 % interval | p | Holm p |",
+            "|---|---|---|---|---|---|---|---|---|", *_with_holm(rows)]
 
 
 def against_markdown(records: list[RunRecord], against: str | Path) -> list[str]:
@@ -471,9 +504,9 @@ def against_markdown(records: list[RunRecord], against: str | Path) -> list[str]
     return ["", f"## Against {title}: every other setting of {preset}", "",
             "Finished seeds only; difference = mean(setting) − mean(the baseline named in the title), with the Welch 95 % "
             "interval and the permutation p of the PoPE vs RoPE table. Settings with fewer than 2 finished seeds are "
-            "left out." + _LIFT_OFF_NOTE * any(" lift-off rate " in row for row in rows), "",
-            "| preset | PE | setting | value | n (setting / baseline) | difference | 95 % interval | p |",
-            "|---|---|---|---|---|---|---|---|", *rows]
+            "left out." + _LIFT_OFF_NOTE * any(row.value.startswith("lift-off") for row in rows) + _HOLM_NOTE, "",
+            "| preset | PE | setting | value | n (setting / baseline) | difference | 95 % interval | p | Holm p |",
+            "|---|---|---|---|---|---|---|---|---|", *_with_holm(rows)]
 
 
 def expand_runs(paths: list[str]) -> list[Path]:

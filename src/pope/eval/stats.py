@@ -5,6 +5,7 @@
 * :func:`welch_interval` — the Welch (unequal-variance) t interval for the difference of two means;
 * :func:`wilson_interval` — the Wilson score interval of a binomial proportion;
 * :func:`fisher_exact` — Fisher's exact two-sided test of equal proportions in two samples (e.g. lift-off rates);
+* :func:`holm_adjust` — Holm's step-down adjustment of a family of p-values (several settings tested at once);
 * :func:`student_t_quantile` — the Student t quantile behind the Welch interval (any real df > 0).
 """
 from __future__ import annotations
@@ -45,6 +46,21 @@ def fisher_exact(successes_a: int, n_a: int, successes_b: int, n_b: int) -> floa
     observed = probability(successes_a)
     tables = range(max(0, successes - n_b), min(successes, n_a) + 1)
     return min(1.0, sum(p for p in map(probability, tables) if p <= observed * (1 + 1e-7)))
+
+
+def holm_adjust(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the input order: the i-th smallest of m p-values times (m − i + 1),
+    made non-decreasing in that order and capped at 1. Rejecting every hypothesis whose adjusted p is below α
+    keeps the chance of any false rejection in the family at most α, whatever the dependence between tests."""
+    if any(not 0.0 <= p <= 1.0 for p in p_values):
+        raise ValueError(f"p-values must lie in [0, 1], got {p_values}")
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    adjusted = [0.0] * len(p_values)
+    running = 0.0
+    for rank, index in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[index]))
+        adjusted[index] = running
+    return adjusted
 
 
 def _incomplete_beta(a: float, b: float, x: float) -> float:
