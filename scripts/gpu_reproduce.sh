@@ -4,8 +4,10 @@
 #   STAGE=jsb     bash scripts/gpu_reproduce.sh  # JSB, paper model/recipe: PoPE (delta uniform) vs RoPE, 5 seeds each
 #   STAGE=maestro bash scripts/gpu_reproduce.sh  # MAESTRO stand-in (10 offline performances), paper model with
 #                                                # best-valid checkpointing, 2000 steps: PoPE d=U vs RoPE, 2 seeds each
-#   STAGE=genome bash scripts/gpu_reproduce.sh   # genome-h200 (8 x 512, 1000 tokens): PoPE vs RoPE, 2 seeds each,
-#                                                # then zero-shot length extrapolation on the genome test split
+#   STAGE=genome bash scripts/gpu_reproduce.sh   # genome-h200 (8 x 512, 1000 tokens): PoPE d=U (the paper's init
+#                                                # for the genome) vs RoPE, and PoPE d=0 (the paper's init for length
+#                                                # extrapolation), 2 seeds each; then zero-shot length extrapolation
+#                                                # of all three at 1x..10x on the genome test split
 #   STAGE=text   bash scripts/gpu_reproduce.sh   # text-256: RoPE, PoPE d=0 (3 seeds), PoPE d=U, ALiBi, NoPE (1);
 #                                                # YaRN and PoPE+ft (fine-tune at 4x); pope eval length at 1x..20x;
 #                                                # frequency usage; pope report
@@ -32,7 +34,8 @@
 # parameters, 8k tokens a step) 300-470 s a run shared, 74 s a run two at a time, each fine-tune (batch 64 x 1024,
 # 500 steps) 96-161 s, the stage in ~15 min. GPU memory: each genome run held 14.5-17.1 GiB, each text run 7.2-8.8
 # GiB, so the two stages at once (13 processes) overfilled the H200's 139 GiB and two text seeds failed at their start
-# (CUDA out of memory; a rerun with --resume restarts them). The maestro budget: the 318k training tokens are ~10
+# (CUDA out of memory; a rerun with --resume restarts them). Since 2026-12-04 the genome stage also trains PoPE d=0
+# (6 runs, ~100 GiB together): run it alone, not beside the text stage. The maestro budget: the 318k training tokens are ~10
 # steps an epoch, so 2000 steps are ~200 epochs, far past the validation minimum (the paper's own JSB and MAESTRO
 # budgets are ~50 epochs); checkpoints/best keeps the minimum, and summary.json's best_step shows whether it lies
 # well inside the budget (if it is near 2000, rerun with a larger MAESTRO_STEPS).
@@ -144,9 +147,11 @@ case "$STAGE" in
     data_ready genome || exit 1
     sweep "$GENOME_PRESET" pope "$GENOME_SEEDS" genome-pope & pids+=($!)
     sweep "$GENOME_PRESET" rope "$GENOME_SEEDS" genome-rope & pids+=($!)
+    sweep "$GENOME_PRESET" pope:delta_init=zero "$GENOME_SEEDS" genome-pope-d0 & pids+=($!)
     wait_all
-    length_eval genome genome "$(lengths genome-rope 1 2 4 8 10)" "$RUNS"/genome-pope/seed-* "$RUNS"/genome-rope/seed-*
-    pope report "$RUNS/genome-pope" "$RUNS/genome-rope" --out "$RUNS/report-genome" || status=1
+    length_eval genome genome "$(lengths genome-rope 1 2 4 8 10)" "$RUNS"/genome-pope/seed-* "$RUNS"/genome-rope/seed-* \
+      "$RUNS"/genome-pope-d0/seed-*
+    pope report "$RUNS/genome-pope" "$RUNS/genome-rope" "$RUNS/genome-pope-d0" --out "$RUNS/report-genome" || status=1
     ;;
   text)
     data_ready text || exit 1

@@ -237,6 +237,25 @@ def test_gpu_reproduce_maestro_stage_on_cpu(tmp_path):
 
 
 @pytest.mark.slow
+def test_gpu_reproduce_genome_stage_on_cpu(tmp_path):
+    """The genome stage (genome-tiny at context 16, random 6-mer documents as the carried data): PoPE d=U, RoPE and
+    PoPE d=0, each evaluated at 1x..10x its training length on the same test documents, and one report of all three."""
+    data = tmp_path / "device-data"
+    _write(data / "genome", 4107, {"train": [300] * 4, "valid": [200], "test": [400] * 2}, None)
+    sets = [*TINY_SETS, "recipe.seq_len=16", "model.max_seq_len=16", "recipe.batch_size=4", "recipe.eval_batches=1"]
+    env = _tiny_stage(tmp_path, "genome", data, "genome-tiny", sets)
+    again = _script(tmp_path, extra_path=[tmp_path / "no-network"], **env)  # a second call: every sweep resumes
+    assert again.returncode == 0 and "sweep genome-pope-d0 exit status 0" in again.stdout
+    runs = tmp_path / "runs"
+    assert json.loads((runs / "genome-pope-d0/seed-0/config.json").read_text())["model"]["pe"] == "pope:delta_init=zero"
+    evaluated = json.loads((runs / "length-genome/length.json").read_text())["runs"]
+    assert len(evaluated) == 3 and all({r["length"] for r in run["results"]} == {16, 32, 64, 128, 160}
+                                       for run in evaluated)
+    report = (runs / "report-genome/report.md").read_text()
+    assert "pope:delta_init=zero" in report and "## Perplexity vs evaluation length (genome/test" in report
+
+
+@pytest.mark.slow
 def test_gpu_reproduce_text_stage_on_cpu(tmp_path):
     """The text stage end to end on CPU from a small carried token set (training context 16; a TEXT_VOCAB
     vocabulary, as in the test above): five sweeps, YaRN and PoPE+ft fine-tunes at 4x, length evaluation at
