@@ -19,6 +19,7 @@ def _run(tmp_path, dataset, data_dir=None, data_seed=3):
     ("indirect-indexing", task.PAPER_TASK),
     ("indirect-indexing:min_len=20,max_len=32", task.TaskOptions(min_len=20, max_len=32)),
     ("indirect-indexing:zero_shift=true,fresh=true", task.TaskOptions(zero_shift=True, fresh=True)),
+    ("indirect-indexing:query_first=true", task.TaskOptions(query_first=True)),
 ])
 def test_splits_follow_the_runs_task_variant_and_data_seed(tmp_path, monkeypatch, dataset, expected):
     calls = []

@@ -126,6 +126,39 @@ def test_task_variants_follow_their_rules(tmp_path):
     assert ((encoded.targets != -100).sum(axis=1) == 1).all()
 
 
+def test_query_first_variant_reorders_the_same_draws(tmp_path):
+    """query_first=true writes <source>,<shift>,<string>,<target>: the same draws as the paper's order (the same
+    examples, fields reordered), its own splits, parsed only as that order; shifts_of_file reads both orders."""
+    options = task.parse_task_spec("indirect-indexing:query_first=true")
+    assert options == task.TaskOptions(query_first=True)
+    paper = task.generate_examples(2000, np.random.default_rng(4))
+    query_first = task.generate_examples(2000, np.random.default_rng(4), options=options)
+    reordered = [",".join((f[1], f[2], f[0], f[3])) for f in (line.split(",") for line in paper)]
+    assert query_first == reordered
+    examples = [task.parse_example(line, options) for line in query_first]
+    assert [e.to_line() for e in examples] == paper and [e.to_line(options) for e in examples] == query_first
+    with pytest.raises(ValueError, match="query-first .* but the task asks for the paper order"):
+        task.parse_example(query_first[0])
+    with pytest.raises(ValueError, match="paper's order, but the task asks for query_first=true"):
+        task.parse_example(paper[0], options)
+    assert task.default_data_dir(0, options).name == "indirect-indexing-seed0-query-first"
+    sizes = {"train": 300, "valid": 50, "test": 50}
+    directory = task.ensure_splits(tmp_path / "q", seed=0, sizes=sizes, options=options)
+    assert task.validate_file(directory / "test.txt", options) == 50
+    assert task.split_task_options(__import__("json").loads((directory / "manifest.json").read_text())) == options
+    with pytest.raises(ValueError, match="task"):
+        task.ensure_splits(directory, seed=0, sizes=sizes)  # the paper's task asked of the variant's directory
+    lines = (directory / "test.txt").read_text().splitlines()
+    assert task.shifts_of_file(directory / "test.txt").tolist() == [int(line.split(",")[1]) for line in lines]
+    encoded = task.load_split(directory, "test")  # the target is still the last character, after the last ','
+    assert [task.CHARACTERS[int(t[t != -100][0])] for t in encoded.targets] == [line[-1] for line in lines]
+    # strings are told apart in either order: no held-out string comes back among fresh examples
+    held_out = {line.split(",")[2] for line in query_first[:100]}
+    fresh = task.fresh_examples(200, np.random.default_rng(4), options, held_out)
+    strings = {"".join(task.CHARACTERS[i] for i in row if i != task.PAD_ID).split(",")[2] for row in fresh.inputs}
+    assert len(fresh) == 200 and len(strings) == 200 and not strings & held_out
+
+
 @pytest.mark.parametrize("spec, message", [
     ("indirect-indexing:max_len=41", "max_len <= 40"), ("indirect-indexing:min_len=33,max_len=32", "min_len <= max_len"),
     ("indirect-indexing:fresh=maybe", "true or false"), ("indirect-indexing:shift0=true", "OPTION one of"),

@@ -99,16 +99,17 @@ def test_fresh_batches_are_a_function_of_seed_and_step_and_shard_alike():
     assert whole.state_dict(4)["kind"] == "fresh-examples"
 
 
-def test_fresh_task_variant_trains_and_resumes_exactly(tmp_path):
-    """recipe.dataset=indirect-indexing:fresh=true,max_len=32 end to end: its own splits, fresh batches,
-    bit-exact resume (the sampler's state is the step)."""
+@pytest.mark.parametrize("spec", ["indirect-indexing:fresh=true,max_len=32",
+                                  "indirect-indexing:fresh=true,max_len=32,query_first=true"])
+def test_fresh_task_variant_trains_and_resumes_exactly(tmp_path, spec):
+    """recipe.dataset=indirect-indexing:fresh=true,max_len=32 (and with the query first) end to end: its own
+    splits, fresh batches, bit-exact resume (the sampler's state is the step)."""
     import json
 
     from pope.data import indirect_indexing as task
     from pope.train.config import resolve_run_config
     from pope.train.trainer import run_training
 
-    spec = "indirect-indexing:fresh=true,max_len=32"
     splits = task.write_splits(tmp_path / "ii", sizes={"train": 64, "valid": 32, "test": 32},
                                options=task.parse_task_spec(spec))
     sets = ["model.n_layer=1", "model.d_model=16", "model.n_head=2", "model.vocab_size=66", f"recipe.dataset={spec}",

@@ -31,11 +31,20 @@ spec ``indirect-indexing:OPTION=VALUE,...``, e.g. ``--set recipe.dataset=indirec
 - ``min_len``, ``max_len``: the string length range (paper 20..40; e.g. 20..32 reads the paper's
   "sequence length 40" literally); within 20..40, so the model's 47 input tokens always suffice.
 - ``zero_shift``: shift 0 allowed (written ``+0``; the target is then the source letter itself).
+- ``query_first``: the query before the string, ``<source char>,<signed shift>,<string>,<target char>``
+  (e.g. ``z,-3,QEOHoUbKfeSrMVNlCzXu,N``). Not the paper's task: a diagnostic. Under the causal mask a string
+  token sees only the letters before it, so in the paper's order a target before its source (negative shift)
+  is read from what the source token gathered behind it, while a target after its source must be found as
+  the token whose letter |shift| back is the source; with the query first every string token can also see
+  which letter and shift are asked for. Comparing the two orders per shift tests whether the order is what
+  makes one direction harder.
 - ``fresh``: training examples drawn fresh for every step (never repeated; strings of the valid and test
   splits are redrawn) instead of epochs over the fixed training split.
 
-Length range and zero shift define the task, so its splits are generated with them (own cache directory);
-``fresh`` changes only how training examples are drawn.
+Length range, zero shift and query order define the task, so its splits are generated with them (own cache
+directory); ``fresh`` changes only how training examples are drawn. The two orders are told apart by the line
+itself (a query-first line starts with one letter and a signed shift), so readers that get no options
+(``shifts_of_file``) read both.
 """
 from __future__ import annotations
 
@@ -75,6 +84,7 @@ class TaskOptions:
     max_len: int = MAX_LETTERS
     zero_shift: bool = False
     fresh: bool = False
+    query_first: bool = False
 
     def __post_init__(self):
         if not (isinstance(self.min_len, int) and isinstance(self.max_len, int)
@@ -86,10 +96,17 @@ class TaskOptions:
         """'' for the paper's splits, else a suffix naming what changes them (fresh does not)."""
         parts = [f"len{self.min_len}-{self.max_len}"] if (self.min_len, self.max_len) != (MIN_LETTERS, MAX_LETTERS) \
             else []
-        return "-".join(parts + (["shift0"] if self.zero_shift else []))
+        return "-".join(parts + (["shift0"] if self.zero_shift else []) + (["query-first"] if self.query_first else []))
 
     def split_options(self) -> dict:
-        return {"min_len": self.min_len, "max_len": self.max_len, "zero_shift": self.zero_shift}
+        return {"min_len": self.min_len, "max_len": self.max_len, "zero_shift": self.zero_shift,
+                "query_first": self.query_first}
+
+    def format_line(self, letters: str, source: str, shift: int, target: str) -> str:
+        """One example line in this variant's field order."""
+        if self.query_first:
+            return f"{source},{shift:+d},{letters},{target}"
+        return f"{letters},{source},{shift:+d},{target}"
 
 
 PAPER_TASK = TaskOptions()
@@ -107,7 +124,7 @@ def parse_task_spec(spec: str) -> TaskOptions:
         key, value = key.strip(), value.strip().lower()
         if not eq or key not in valid:
             raise ValueError(f"dataset spec {spec!r}: {item!r} is not OPTION=VALUE with OPTION one of {', '.join(valid)}")
-        if key in ("zero_shift", "fresh"):
+        if key in ("zero_shift", "fresh", "query_first"):
             if value not in ("true", "false", "1", "0", "yes", "no"):
                 raise ValueError(f"dataset spec {spec!r}: {key} must be true or false, got {value!r}")
             values[key] = value in ("true", "1", "yes")
@@ -131,17 +148,32 @@ class Example:
     shift: int
     target: str
 
-    def to_line(self) -> str:
-        return f"{self.string},{self.source},{self.shift:+d},{self.target}"
+    def to_line(self, options: TaskOptions = PAPER_TASK) -> str:
+        return options.format_line(self.string, self.source, self.shift, self.target)
+
+
+def line_fields(line: str) -> tuple[str, str, str, str, bool]:
+    """(string, source, shift text, target, query_first) of one example line in either field order: a line
+    whose first field is one letter followed by a signed shift is query-first. Checks only the field count."""
+    parts = line.strip("\n").split(",")
+    if len(parts) != 4:
+        raise ValueError(f"indirect-indexing example {line!r}: expected 4 comma-separated fields "
+                         "<string>,<source>,<signed shift>,<target> (or, query first, <source>,<signed shift>,"
+                         "<string>,<target>)")
+    if len(parts[0]) == 1 and parts[1][:1] in ("+", "-"):
+        source, shift_text, letters, target = parts
+        return letters, source, shift_text, target, True
+    letters, source, shift_text, target = parts
+    return letters, source, shift_text, target, False
 
 
 def parse_example(line: str, options: TaskOptions = PAPER_TASK) -> Example:
     """Parse one line and check every rule of the task (variant); raises ValueError naming the broken rule."""
-    parts = line.strip("\n").split(",")
-    if len(parts) != 4:
-        raise ValueError(f"indirect-indexing example {line!r}: expected 4 comma-separated fields "
-                         "<string>,<source>,<signed shift>,<target>")
-    letters, source, shift_text, target = parts
+    letters, source, shift_text, target, query_first = line_fields(line)
+    if query_first != options.query_first:
+        order = "query-first (<source>,<shift>,<string>,<target>)" if query_first else "the paper's order"
+        raise ValueError(f"indirect-indexing example {line!r} is in {order}, but the task asks for "
+                         f"{'query_first=true' if options.query_first else 'the paper order'}")
     if not (options.min_len <= len(letters) <= options.max_len) or any(c not in LETTERS for c in letters):
         raise ValueError(f"indirect-indexing example {line!r}: the string must be {options.min_len}..{options.max_len} "
                          "letters from [A-Za-z]")
@@ -187,9 +219,8 @@ def generate_examples(count: int, rng: np.random.Generator, *, chunk_size: int =
         source_bytes = letter_bytes[rows, source_index]
         target_bytes = letter_bytes[rows, source_index + shift]
         for i in range(n):
-            length = lengths[i]
-            lines.append(f"{letter_bytes[i, :length].tobytes().decode()},{chr(source_bytes[i])},"
-                         f"{int(shift[i]):+d},{chr(target_bytes[i])}")
+            lines.append(options.format_line(letter_bytes[i, :lengths[i]].tobytes().decode(), chr(source_bytes[i]),
+                                             int(shift[i]), chr(target_bytes[i])))
     return lines
 
 
@@ -212,7 +243,7 @@ def make_splits(seed: int = 0, sizes: dict[str, int] | None = None,
         chosen: list[str] = []
         while len(chosen) < sizes[name]:
             for line in generate_examples(sizes[name] - len(chosen), rng, options=options):
-                letters = line.split(",", 1)[0]
+                letters = line_fields(line)[0]
                 if letters not in used_strings:
                     used_strings.add(letters)
                     chosen.append(line)
@@ -348,11 +379,11 @@ def load_file(path: str | os.PathLike) -> EncodedExamples:
 
 
 def shifts_of_file(path: str | os.PathLike) -> np.ndarray:
-    """(N,) int64: the signed shift of every example line of a file, in order (the third comma-separated field)."""
+    """(N,) int64: the signed shift of every example line of a file, in order (either field order)."""
     lines = Path(path).read_text().splitlines()
     try:
-        return np.array([int(line.split(",")[2]) for line in lines if line], dtype=np.int64)
-    except (IndexError, ValueError) as error:
+        return np.array([int(line_fields(line)[2]) for line in lines if line], dtype=np.int64)
+    except ValueError as error:
         raise ValueError(f"{path}: a line without a '<string>,<source>,<shift>,<target>' shift ({error}); is this "
                          "an indirect-indexing examples file?") from error
 
@@ -391,5 +422,5 @@ def fresh_examples(count: int, rng: np.random.Generator, options: TaskOptions,
     lines: list[str] = []
     while len(lines) < count:
         lines += [line for line in generate_examples(count - len(lines), rng, options=options)
-                  if line.split(",", 1)[0] not in held_out]
+                  if line_fields(line)[0] not in held_out]
     return encode_lines(("\n".join(lines) + "\n").encode(), source="fresh examples")

@@ -383,11 +383,13 @@ def prepare_data(recipe: dict, options) -> None:
 
 def _held_out_strings(directory: Path) -> frozenset:
     """The letter strings of the valid and test splits (fresh training examples never use them)."""
+    from pope.data import indirect_indexing as task
+
     strings = set()
     for split in ("valid", "test"):
         path = directory / f"{split}.txt"
         if path.is_file():
-            strings.update(line.split(",", 1)[0] for line in path.read_text().splitlines() if line)
+            strings.update(task.line_fields(line)[0] for line in path.read_text().splitlines() if line)
     return frozenset(strings)
 
 
