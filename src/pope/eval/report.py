@@ -421,9 +421,10 @@ def _difference_rows(preset: str, pe: str, settings: str, members: list[RunRecor
 
 _LIFT_OFF_NOTE = (f" Runs scored by test accuracy add a lift-off row: the seeds past {100 * LIFT_OFF_ACCURACY:g} % on "
                   "each side, the difference of the rates, and Fisher's exact two-sided p.")
-_HOLM_NOTE = (" Holm p: the p-value adjusted (Holm's step-down method) over the table's rows of the same preset and "
-              "value, i.e. over the m settings tested here at once; read it when asking whether any of them differs, the raw p "
-              "when one comparison was planned before the runs. It depends on which runs the report was given.")
+_HOLM_NOTE = (" Holm p: the p-value adjusted (Holm's step-down method) over the table's rows of the same preset "
+              "and value, i.e. over the m settings tested here at once; read it when asking whether any of them "
+              "differs, the raw p when one comparison was planned before the runs. It depends on which runs the "
+              "report was given.")
 
 
 def _lift_off_row(preset: str, label: str, values: list[float], baseline: list[float]) -> ComparisonRow:
@@ -432,8 +433,8 @@ def _lift_off_row(preset: str, label: str, values: list[float], baseline: list[f
     rate = lifted / len(values) - lifted_base / len(baseline)
     p = fisher_exact(lifted, len(values), lifted_base, len(baseline))
     value = f"lift-off rate (> {100 * LIFT_OFF_ACCURACY:g} %)"
-    return ComparisonRow(preset, value, f"{label} | {value} | {lifted}/{len(values)} vs {lifted_base}/{len(baseline)} | "
-                         f"{rate:+.4f} | — | {p:.4f} (Fisher exact) |", p)
+    return ComparisonRow(preset, value, f"{label} | {value} | {lifted}/{len(values)} vs "
+                         f"{lifted_base}/{len(baseline)} | {rate:+.4f} | — | {p:.4f} (Fisher exact) |", p)
 
 
 def _with_holm(rows: list[ComparisonRow]) -> list[str]:
