@@ -437,6 +437,11 @@ def _lift_off_row(preset: str, label: str, values: list[float], baseline: list[f
                          f"{lifted_base}/{len(baseline)} | {rate:+.4f} | — | {p:.4f} (Fisher exact) |", p)
 
 
+def _row_notes(rows: list[ComparisonRow]) -> str:
+    """The sentences a comparison table's intro adds for its rows: the lift-off rows (when there are any), Holm."""
+    return _LIFT_OFF_NOTE * any(row.value.startswith("lift-off") for row in rows) + _HOLM_NOTE
+
+
 def _with_holm(rows: list[ComparisonRow]) -> list[str]:
     """The rows' text with a last column: each p Holm-adjusted within its family (preset and value), and the
     family's size m."""
@@ -468,14 +473,13 @@ def comparison_markdown(records: list[RunRecord]) -> list[str]:
         rows += _difference_rows(preset, pe, f"{_sweeps(members)} vs {_sweeps(base)}", members, base)
     if not rows:
         return []
-    lift_off_note = _LIFT_OFF_NOTE * any(row.value.startswith("lift-off") for row in rows)
     return ["", f"## PoPE vs RoPE: each encoding against {COMPARED_PE} of the same preset and setting", "",
             "Finished seeds only. Difference = mean(PE) − mean(RoPE) (for NLL and perplexity, negative means the PE "
             "is better; for accuracy, positive); 95 % interval: Welch t (unequal variances); p: two-sided "
             f"permutation test of equal means over the splits of the pooled seeds (exact when there are at most "
             f"{MAX_EXACT_SPLITS:,} splits, else {MONTE_CARLO_SPLITS:,} seeded random ones). With a handful of seeds only large gaps can reach "
             "p < 0.05: with 2 seeds each the smallest possible p is 1/3. Encodings with fewer than 2 finished seeds "
-            "(or a RoPE with fewer) are not compared." + lift_off_note + _HOLM_NOTE,
+            "(or a RoPE with fewer) are not compared." + _row_notes(rows),
             "",
             "| preset | PE | settings | value | n (PE / RoPE) | difference | 95 % interval | p | Holm p |",
             "|---|---|---|---|---|---|---|---|---|", *_with_holm(rows)]
@@ -505,7 +509,7 @@ def against_markdown(records: list[RunRecord], against: str | Path) -> list[str]
     return ["", f"## Against {title}: every other setting of {preset}", "",
             "Finished seeds only; difference = mean(setting) − mean(the baseline named in the title), with the Welch 95 % "
             "interval and the permutation p of the PoPE vs RoPE table. Settings with fewer than 2 finished seeds are "
-            "left out." + _LIFT_OFF_NOTE * any(row.value.startswith("lift-off") for row in rows) + _HOLM_NOTE, "",
+            "left out." + _row_notes(rows), "",
             "| preset | PE | setting | value | n (setting / baseline) | difference | 95 % interval | p | Holm p |",
             "|---|---|---|---|---|---|---|---|---|", *_with_holm(rows)]
 
