@@ -189,6 +189,34 @@ def _fake_run(path, preset, pe, seed, test_losses, length_ppl=None, finished=Tru
     return str(path)
 
 
+def test_report_length_plot_keeps_its_legend_inside_the_figure(tmp_path, monkeypatch):
+    """One panel with three long setting names (the genome report's case): every legend entry must be drawn inside
+    the PNG, not cut off at its left and right edges."""
+    import pope.eval.report_plots as report_plots
+    from pope.eval.report import write_report
+
+    inside = []
+
+    def check_then_finish(fig, path, **kwargs):
+        fig.canvas.draw()
+        figure_box = fig.bbox
+        for legend in fig.legends:
+            box = legend.get_window_extent()
+            inside.append(box.x0 >= figure_box.x0 and box.x1 <= figure_box.x1 and box.y0 >= figure_box.y0)
+        return finish_figure(fig, path, **kwargs)
+
+    finish_figure = report_plots.finish_figure
+    monkeypatch.setattr(report_plots, "finish_figure", check_then_finish)
+    runs = [_fake_run(tmp_path / f"genome-{pe.replace(':', '-').replace('=', '-')}-two-seeds" / f"seed-{s}", "genome-h200",
+                      pe, s, [6.7], {1000: 800.0 + s, 10000: 1600.0 + s})
+            for pe in ("pope", "rope", "pope:delta_init=zero") for s in (0, 1)]
+    for run in runs:  # a sweep's runs: the legend names the sweep directory
+        (tmp_path / run).parent.joinpath("sweep.json").write_text(json.dumps({"overrides": []}))
+    write_report(runs, tmp_path / "report")
+    assert (tmp_path / "report" / "report_length.png").is_file()
+    assert inside and all(inside), inside
+
+
 def test_format_mean_std_never_rounds_a_spread_to_zero():
     from pope.eval.report import format_mean_std
 

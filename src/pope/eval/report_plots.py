@@ -91,8 +91,10 @@ def plot_report_lengths(records: list[RunRecord], path: Path) -> Path | None:
         ax.set_ylabel("perplexity")
         ax.set_title(key, fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
-    rows = -(-len(legend) // 2)
-    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=2, fontsize=8, frameon=False)
+    # one legend column per panel (at most 2): a 6-inch-wide single panel cannot hold two columns of long labels
+    columns = min(2, len(keys))
+    rows = -(-len(legend) // columns)
+    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=columns, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.045 * rows + 0.02, 1, 1))
     return finish_figure(fig, path, tight_layout=False)
 
