@@ -226,7 +226,7 @@ def main(argv=None) -> int:
             subprocess.run([sys.executable, os.path.abspath(__file__), "--out", args.out, "--child", group],
                            timeout=CHILD_TIMEOUT_S, check=False)
         except subprocess.TimeoutExpired:
-            results[group] = {"error": f"timed out after {CHILD_TIMEOUT_S} s (a hang: mbarrier protocol?)"}
+            results[group] = {"error": f"timed out after {CHILD_TIMEOUT_S} s (a kernel hang, e.g. an mbarrier protocol error, or a compile slower than that)"}
             continue
         path = os.path.join(args.out, f"group_{group}.json")
         results[group] = json.load(open(path)) if os.path.exists(path) else {"error": "child wrote no result"}
