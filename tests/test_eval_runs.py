@@ -217,6 +217,14 @@ def test_report_length_plot_keeps_its_legend_inside_the_figure(tmp_path, monkeyp
     assert inside and all(inside), inside
 
 
+def test_legends_name_the_pe_spec_whole_when_it_is_short():
+    from pope.eval.runs import short_pe_spec
+
+    assert short_pe_spec("pope:delta_init=zero") == "pope:delta_init=zero"  # the δ init tells two PoPE runs apart
+    assert short_pe_spec("yarn:base=10000,scale=4,original_max_len=256") == "yarn:…"
+    assert short_pe_spec("rope") == "rope"
+
+
 def test_format_mean_std_never_rounds_a_spread_to_zero():
     from pope.eval.report import format_mean_std
 

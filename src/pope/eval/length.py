@@ -433,14 +433,15 @@ def write_length_outputs(entries: list[RunLengthResults], out_dir, *, n_buckets:
 def plot_length_curves(entries: list[RunLengthResults], path, *, n_buckets: int = 8, title: str = ""):
     """Left: perplexity vs length (one line per run). Right: NLL per window-position bucket at the
     longest length (does the loss rise past the training length?)."""
-    from pope.optional import pyplot
+    from pope.eval.runs import short_pe_spec
     from pope.files import finish_figure
+    from pope.optional import pyplot
 
     plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     for entry in entries:
         lengths = [r.length for r in entry.results]
-        legend = f"{entry.label} ({entry.pe.split(':')[0]})"
+        legend = f"{entry.label} ({short_pe_spec(entry.pe)})"
         line, = left.plot(lengths, [r.perplexity for r in entry.results], marker="o", label=legend)
         longest = entry.results[-1]
         edges, means, _ = longest.bucket_nll(n_buckets)

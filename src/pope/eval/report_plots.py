@@ -7,6 +7,7 @@ from pathlib import Path
 
 from pope.eval.report import (LIFT_OFF_ACCURACY, RunRecord, by_shift_groups, finite, finished_groups, setting_groups,
                               mean_std, paper_value)
+from pope.eval.runs import short_pe_spec
 from pope.files import finish_figure
 
 
@@ -57,11 +58,6 @@ def plot_report(records: list[RunRecord], path: Path) -> Path | None:
     return finish_figure(fig, path)
 
 
-def _short_pe(pe: str, limit: int = 28) -> str:
-    """A PE spec short enough for a legend ('yarn:base=10000,...' -> 'yarn:…'); report.md has it in full."""
-    return pe if len(pe) <= limit else pe.split(":")[0] + ":…"
-
-
 def plot_report_lengths(records: list[RunRecord], path: Path) -> Path | None:
     """Perplexity vs evaluation length per (preset, PE, setting): mean over seeds, error bars = std; one panel
     per set of documents, one colour per setting in every panel, one legend under the panels."""
@@ -83,7 +79,7 @@ def plot_report_lengths(records: list[RunRecord], path: Path) -> Path | None:
             stats = [mean_std(finite(m.length_ppl.get(key, {}).get(L) for m in members)) for L in lengths]
             line = ax.errorbar(lengths, [s[0] for s in stats], yerr=[s[1] or 0 for s in stats], marker="o",
                                capsize=3, color=colours[(preset, pe, label)])
-            legend.setdefault(f"{preset} {_short_pe(pe)} {_sweep_directory(label)} "
+            legend.setdefault(f"{preset} {short_pe_spec(pe)} {_sweep_directory(label)} "
                               f"(n={max(s[2] for s in stats)})", line)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

@@ -35,6 +35,12 @@ def run_label(path: str | Path) -> str:
     return path.name if path.name not in ("best", "last") else f"{path.parent.parent.name}/{path.name}"
 
 
+def short_pe_spec(pe: str, limit: int = 28) -> str:
+    """A PE spec short enough for a legend: whole up to ``limit`` characters ('pope:delta_init=zero'), else its
+    name ('yarn:base=10000,...' -> 'yarn:…'); tables print it in full."""
+    return pe if len(pe) <= limit else pe.split(":")[0] + ":…"
+
+
 def run_dir_of(path: str | Path) -> Path:
     """The run directory for a run dir or one of its checkpoints/<name> directories."""
     path = Path(path)
