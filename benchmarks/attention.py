@@ -3,8 +3,11 @@
 Shapes (B, H, N, d): (8,12,1024,64), (4,16,4096,64), (2,16,8192,64), (1,16,16384,64), (4,16,4096,128), and the
 GQA shapes of Llama models written B x Hq x Hkv x N x d: (2,32,8,4096,128), (1,32,8,8192,128), (2,32,4,4096,128)
 (issue 22); bf16, causal. Providers, side by side in the same process:
-    sdpa               F.scaled_dot_product_attention without positional encoding (FlashAttention-2; GQA shapes
-                       with enable_gqa=True, as every provider below that calls SDPA)
+    sdpa               F.scaled_dot_product_attention without positional encoding, PyTorch's default backend
+                       choice (GQA shapes with enable_gqa=True, as every provider below that calls SDPA). Read as
+                       FlashAttention-2 until 2026-12-04, when SDPA forced to FLASH_ATTENTION ran the d=128 forward
+                       at 4K in twice this row's time on the H200: which kernel the default runs there is asked by
+                       benchmarks/experiments/2026-12-04-sdpa-backends/
     cudnn sdpa         the same restricted to the cuDNN backend (torch.nn.attention.sdpa_kernel); a row is left out,
                        with the error printed, where this torch has no cuDNN attention for the shape
     rope+sdpa          rotate-half RoPE in eager PyTorch (cos/sin tables cached, as models do) + SDPA
