@@ -8,6 +8,10 @@
 #                                                # for the genome) vs RoPE, and PoPE d=0 (the paper's init for length
 #                                                # extrapolation), 2 seeds each; then zero-shot length extrapolation
 #                                                # of all three at 1x..10x on the genome test split
+#   STAGE=genome-more bash scripts/gpu_reproduce.sh  # genome-h200: the rest of the extrapolation field on the
+#                                                # genome: ALiBi and NoPE (seed 0), a third seed of RoPE and PoPE d=0
+#                                                # (GENOME_MORE_SEED, 2), YaRN and PoPE+ft fine-tuned at 4x from that
+#                                                # seed; zero-shot length extrapolation of all six at 1x..10x
 #   STAGE=text   bash scripts/gpu_reproduce.sh   # text-256: RoPE, PoPE d=0 (3 seeds), PoPE d=U, ALiBi, NoPE (1);
 #                                                # YaRN and PoPE+ft (fine-tune at 4x); pope eval length at 1x..20x;
 #                                                # frequency usage; pope report
@@ -40,14 +44,20 @@
 # budgets are ~50 epochs); checkpoints/best keeps the minimum, and summary.json's best_step shows whether it lies
 # well inside the budget (if it is near 2000, rerun with a larger MAESTRO_STEPS).
 #
-# Settings (environment): STAGE (required: jsb, maestro, genome or text), LIMIT (training seconds per seed and
-# call; default 480 for jsb/maestro/genome, 200 for text), JOBS_PER_GPU (default 4; the jsb and maestro stages run
+# The genome-more stage was written on 2026-12-04 and has run only on CPU (tests): its four training runs side by side
+# should take about as long as the genome stage's six (~12.5 min), each fine-tune (batch 64 x 4000 tokens as 2
+# micro-batches of 32, 500 steps) a few minutes alone, so it needs two or three device commands of one lease
+# (scripts/gpu_reproduce_bg.sh); it carries .device-data/genome like the genome stage.
+#
+# Settings (environment): STAGE (required: jsb, maestro, genome, genome-more or text), LIMIT (training seconds per
+# seed and call; default 480 for jsb/maestro/genome/genome-more, 200 for text), JOBS_PER_GPU (default 4; the jsb and maestro stages run
 # their two sweeps side by side with 3 and 2 each), JSB_PRESET (jsb), MAESTRO_PRESET (maestro), GENOME_PRESET
 # (genome-h200), TEXT_PRESET (text-256), JSB_SEEDS (0-4), MAESTRO_SEEDS (0-1), GENOME_SEEDS (0-1), TEXT_SEEDS
-# (0-2, RoPE and PoPE d=0), MAESTRO_STEPS (2000, with warmup 100 and an evaluation every 50 steps), FT_STEPS
-# (500), EXTRA (more arguments for every `pope train`, e.g. "--set train.device=cpu"), FT_EXTRA (more arguments
-# for `pope finetune`), EVAL_ARGS (more arguments for `pope eval length`), DATA (the carried data folder,
-# default .device-data/$STAGE), RUNS (/tmp/pope-runs), OUT (/tmp/out), ARCHIVE_ONLY (1: run nothing, only write the
+# (0-2, RoPE and PoPE d=0), GENOME_MORE_SEED (2), MAESTRO_STEPS (2000, with warmup 100 and an evaluation every 50
+# steps), FT_STEPS (500), EXTRA (more arguments for every `pope train`, e.g. "--set train.device=cpu"), FT_EXTRA
+# (more arguments for `pope finetune`; default "--set recipe.grad_accum=2" in the genome-more stage, nothing
+# elsewhere), EVAL_ARGS (more arguments for `pope eval length`), DATA (the carried data folder, default
+# .device-data/$STAGE, .device-data/genome for genome-more), RUNS (/tmp/pope-runs), OUT (/tmp/out), ARCHIVE_ONLY (1: run nothing, only write the
 # archive of what RUNS holds now, as $OUT/reproduce-$ARCHIVE_NAME.tar.gz; ARCHIVE_NAME defaults to STAGE).
 # scripts/gpu_reproduce_bg.sh runs stages in the background across the device commands of one lease.
 set -u
@@ -56,14 +66,16 @@ STAGE=${STAGE:-}; EXTRA=${EXTRA:-}; FT_EXTRA=${FT_EXTRA:-}; EVAL_ARGS=${EVAL_ARG
 JSB_PRESET=${JSB_PRESET:-jsb}; GENOME_PRESET=${GENOME_PRESET:-genome-h200}; TEXT_PRESET=${TEXT_PRESET:-text-256}
 JSB_SEEDS=${JSB_SEEDS:-0-4}; GENOME_SEEDS=${GENOME_SEEDS:-0-1}; TEXT_SEEDS=${TEXT_SEEDS:-0-2}; FT_STEPS=${FT_STEPS:-500}
 MAESTRO_PRESET=${MAESTRO_PRESET:-maestro}; MAESTRO_SEEDS=${MAESTRO_SEEDS:-0-1}; MAESTRO_STEPS=${MAESTRO_STEPS:-2000}
-OUT=${OUT:-/tmp/out}; RUNS=${RUNS:-/tmp/pope-runs}; DATA=${DATA:-.device-data/$STAGE}
+GENOME_MORE_SEED=${GENOME_MORE_SEED:-2}; OUT=${OUT:-/tmp/out}; RUNS=${RUNS:-/tmp/pope-runs}
 case "$STAGE" in
-  jsb|maestro|genome) LIMIT=${LIMIT:-480} ;;
-  text) LIMIT=${LIMIT:-200} ;;
-  *) echo "gpu_reproduce.sh: STAGE must be jsb, maestro, genome or text (got '${STAGE}')" >&2; exit 2 ;;
+  jsb|maestro|genome) LIMIT=${LIMIT:-480}; DATA=${DATA:-.device-data/$STAGE} ;;
+  genome-more) LIMIT=${LIMIT:-480}; DATA=${DATA:-.device-data/genome}; FT_EXTRA=${FT_EXTRA:---set recipe.grad_accum=2} ;;
+  text) LIMIT=${LIMIT:-200}; DATA=${DATA:-.device-data/$STAGE} ;;
+  *) echo "gpu_reproduce.sh: STAGE must be jsb, maestro, genome, genome-more or text (got '${STAGE}')" >&2; exit 2 ;;
 esac
-case "$LIMIT$FT_STEPS$JOBS_PER_GPU$MAESTRO_STEPS" in
-  *[!0-9]*) echo "gpu_reproduce.sh: LIMIT, FT_STEPS, JOBS_PER_GPU and MAESTRO_STEPS must be whole numbers" >&2; exit 2 ;;
+case "$LIMIT$FT_STEPS$JOBS_PER_GPU$MAESTRO_STEPS$GENOME_MORE_SEED" in
+  *[!0-9]*) echo "gpu_reproduce.sh: LIMIT, FT_STEPS, JOBS_PER_GPU, MAESTRO_STEPS and GENOME_MORE_SEED must be whole numbers" >&2
+            exit 2 ;;
 esac
 [ "$MAESTRO_STEPS" -ge 200 ] || { echo "gpu_reproduce.sh: MAESTRO_STEPS must be at least 200 (got $MAESTRO_STEPS)" >&2; exit 2; }
 pope() { python3 -m pope.cli "$@"; }
@@ -122,6 +134,24 @@ length_eval() {
   # each run keeps its copy as RUN/eval/length-DATA-test-SHORTEST-LONGEST.json, so text-long does not replace text
 }
 
+# finetune_at CONTEXT SEED SWEEP...: `pope finetune` of each sweep's seed-SEED at CONTEXT tokens into
+# $RUNS/SWEEP-ftCONTEXT (RoPE -> YaRN, PoPE -> PoPE+ft: pope finetune picks the method), one after another (each
+# alone on the GPU: a fine-tune at 4x the context holds ~4x a training run's activations); a finished fine-tune is
+# skipped, an unfinished one resumed
+finetune_at() {
+  local context=$1 seed=$2 source run ft; shift 2
+  [ -n "$context" ] || return 0
+  for source in "$@"; do
+    run="$RUNS/$source/seed-$seed"; ft="$RUNS/$source-ft$context"
+    if [ -d "$run" ] && finished "$run" && ! { [ -d "$ft" ] && finished "$ft"; }; then
+      local resume=(); [ -d "$ft/checkpoints/last" ] && resume=(--resume)
+      # shellcheck disable=SC2086  # FT_EXTRA is a list of arguments
+      pope finetune "$run" --context "$context" --steps "$FT_STEPS" --out "$ft" "${resume[@]}" \
+        --set train.max_seconds="$LIMIT" --set train.progress=false $FT_EXTRA >"$ft.log" 2>&1 || status=1
+    fi
+  done
+}
+
 [ "${ARCHIVE_ONLY:-0}" = 1 ] && STAGE=archive-only  # only the archive below: scripts/gpu_reproduce_bg.sh's partial results
 case "$STAGE" in
   archive-only) ;;
@@ -153,6 +183,21 @@ case "$STAGE" in
       "$RUNS"/genome-pope-d0/seed-*
     pope report "$RUNS/genome-pope" "$RUNS/genome-rope" "$RUNS/genome-pope-d0" --out "$RUNS/report-genome" || status=1
     ;;
+  genome-more)  # the sweeps share the genome stage's names: merged, their seeds join that stage's
+    data_ready genome || exit 1
+    sweep "$GENOME_PRESET" rope "$GENOME_MORE_SEED" genome-rope & pids+=($!)
+    sweep "$GENOME_PRESET" pope:delta_init=zero "$GENOME_MORE_SEED" genome-pope-d0 & pids+=($!)
+    sweep "$GENOME_PRESET" alibi 0 genome-alibi & pids+=($!)
+    sweep "$GENOME_PRESET" nope 0 genome-nope & pids+=($!)
+    wait_all
+    context=$(lengths genome-rope 4)
+    finetune_at "$context" "$GENOME_MORE_SEED" genome-rope genome-pope-d0
+    length_eval genome-more genome "$(lengths genome-rope 1 2 4 8 10)" "$RUNS"/genome-rope/seed-"$GENOME_MORE_SEED" \
+      "$RUNS"/genome-pope-d0/seed-"$GENOME_MORE_SEED" "$RUNS"/genome-alibi/seed-0 "$RUNS"/genome-nope/seed-0 \
+      "$RUNS"/genome-rope-ft"$context" "$RUNS"/genome-pope-d0-ft"$context"
+    more=(); for run in "$RUNS"/genome-*/; do [ -f "$run/sweep.json" ] || [ -f "$run/config.json" ] && more+=("$run"); done
+    [ "${#more[@]}" -eq 0 ] || pope report "${more[@]}" --out "$RUNS/report-genome-more" || status=1
+    ;;
   text)
     data_ready text || exit 1
     sweep "$TEXT_PRESET" rope "$TEXT_SEEDS" text-rope & pids+=($!)
@@ -162,15 +207,7 @@ case "$STAGE" in
     sweep "$TEXT_PRESET" nope 0 text-nope & pids+=($!)
     wait_all
     context=$(lengths text-rope 4)
-    for source in text-rope text-pope-d0; do  # RoPE -> YaRN, PoPE -> PoPE+ft (pope finetune picks the method)
-      run="$RUNS/$source/seed-0"; ft="$RUNS/$source-ft$context"
-      if [ -n "$context" ] && [ -d "$run" ] && finished "$run" && ! { [ -d "$ft" ] && finished "$ft"; }; then
-        resume=(); [ -d "$ft/checkpoints/last" ] && resume=(--resume)
-        # shellcheck disable=SC2086
-        pope finetune "$run" --context "$context" --steps "$FT_STEPS" --out "$ft" "${resume[@]}" \
-          --set train.max_seconds="$LIMIT" --set train.progress=false $FT_EXTRA >"$ft.log" 2>&1 || status=1
-      fi
-    done
+    finetune_at "$context" 0 text-rope text-pope-d0
     text_runs=("$RUNS"/text-*/seed-* "$RUNS"/text-*-ft"$context")
     length_eval text text "$(lengths text-rope 1 2 4 8 10)" "${text_runs[@]}"
     length_eval text-long text "$(lengths text-rope 16 20)" "${text_runs[@]}"

@@ -133,8 +133,8 @@ def _script(tmp_path, *, extra_path=(), **env):
 
 
 def test_gpu_reproduce_rejects_bad_arguments(tmp_path):
-    for env, message in [({}, "STAGE must be jsb, maestro, genome or text (got '')"),
-                         ({"STAGE": "owt"}, "STAGE must be jsb, maestro, genome or text (got 'owt')"),
+    for env, message in [({}, "STAGE must be jsb, maestro, genome, genome-more or text (got '')"),
+                         ({"STAGE": "owt"}, "STAGE must be jsb, maestro, genome, genome-more or text (got 'owt')"),
                          ({"STAGE": "jsb", "LIMIT": "5m"}, "must be whole numbers"),
                          ({"STAGE": "maestro", "MAESTRO_STEPS": "50"}, "MAESTRO_STEPS must be at least 200")]:
         result = _script(tmp_path, **env)
@@ -253,6 +253,39 @@ def test_gpu_reproduce_genome_stage_on_cpu(tmp_path):
                                        for run in evaluated)
     report = (runs / "report-genome/report.md").read_text()
     assert "pope:delta_init=zero" in report and "## Perplexity vs evaluation length (genome/test" in report
+
+
+def test_gpu_reproduce_genome_more_stage_on_cpu(tmp_path):
+    """The genome-more stage (genome-tiny at context 16, carried random 6-mer documents): ALiBi and NoPE seed 0, RoPE
+    and PoPE d=0 seed GENOME_MORE_SEED in the genome stage's sweep directories, YaRN and PoPE+ft fine-tuned at 4x from
+    that seed, all six evaluated at 1x..10x, one report."""
+    data = tmp_path / "device-data"
+    _write(data / "genome", 4107, {"train": [300] * 4, "valid": [200], "test": [400] * 2}, None)
+    sets = [*TINY_SETS, "recipe.seq_len=16", "model.max_seq_len=16", "recipe.batch_size=4", "recipe.eval_batches=1"]
+    ft = ("--batch-size 2 --warmup 1 --set train.device=cpu --set train.tensorboard=false "
+          "--set recipe.eval_interval=2 --set recipe.eval_batches=1")
+    result = _script(tmp_path, extra_path=[_no_network(tmp_path)], STAGE="genome-more", GENOME_PRESET="genome-tiny",
+                     EXTRA=" ".join(f"--set {s}" for s in sets), FT_STEPS="2", FT_EXTRA=ft, EVAL_ARGS="--device cpu",
+                     DATA=str(data), POPE_CACHE=str(tmp_path / "empty-cache"), OMP_NUM_THREADS="1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"data: genome from the carried folder {data}/genome" in result.stdout
+    runs = tmp_path / "runs"
+    for name in ("rope", "pope-d0", "alibi", "nope"):
+        assert f"sweep genome-{name} exit status 0" in result.stdout
+    assert sorted(p.name for p in (runs / "genome-rope").glob("seed-*") if p.is_dir()) == ["seed-2"]
+    assert json.loads((runs / "genome-rope-ft64/config.json").read_text())["model"]["pe"].startswith("yarn:")
+    assert json.loads((runs / "genome-pope-d0-ft64/config.json").read_text())["model"]["pe"] == "pope:delta_init=zero"
+    evaluated = json.loads((runs / "length-genome-more/length.json").read_text())["runs"]
+    assert len(evaluated) == 6 and all({r["length"] for r in run["results"]} == {16, 32, 64, 128, 160}
+                                       for run in evaluated)
+    report = (runs / "report-genome-more/report.md").read_text()
+    assert "| genome-tiny | alibi |" in report and "genome-rope-ft64/" in report
+    import tarfile
+
+    with tarfile.open(tmp_path / "out" / "reproduce-genome-more.tar.gz") as archive:
+        names = set(archive.getnames())
+    assert "./length-genome-more/length.json" in names and "./genome-nope/seed-0/summary.json" in names
+    assert not any("checkpoints" in n for n in names)
 
 
 @pytest.mark.slow
