@@ -2,6 +2,7 @@
 import csv
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -215,6 +216,22 @@ def test_report_length_plot_keeps_its_legend_inside_the_figure(tmp_path, monkeyp
     write_report(runs, tmp_path / "report")
     assert (tmp_path / "report" / "report_length.png").is_file()
     assert inside and all(inside), inside
+
+
+def test_length_labels_of_same_named_runs_are_their_shortest_distinct_path_tails():
+    from pope.eval.length import RunLengthResults, _disambiguate_labels
+
+    def entry(run):
+        return RunLengthResults(label=Path(run).name, run=run, pe="rope", train_length=16, results=[])
+
+    entries = [entry("/tmp/runs/genome-pope/seed-0"), entry("/tmp/runs/genome-rope/seed-0"),
+               entry("/tmp/runs/genome-rope/seed-1"), entry("/x/a/genome-rope/seed-1"), entry("/y/solo")]
+    _disambiguate_labels(entries)
+    assert [e.label for e in entries] == ["genome-pope/seed-0", "genome-rope/seed-0", "runs/genome-rope/seed-1",
+                                         "a/genome-rope/seed-1", "solo"]
+    twice = [entry("/tmp/r/seed-0"), entry("/tmp/r/seed-0")]
+    _disambiguate_labels(twice)
+    assert [e.label for e in twice] == ["seed-0 [1]", "seed-0 [2]"]
 
 
 def test_legends_name_the_pe_spec_whole_when_it_is_short():

@@ -367,12 +367,23 @@ def write_beside_run(run: str, name: str, record: dict, *, saved_in=None) -> Pat
 
 
 def _disambiguate_labels(entries: list[RunLengthResults]) -> None:
-    seen: dict[str, int] = {}
+    """Runs that share a label ('seed-0' of two sweeps) are named by the shortest tail of their paths that tells
+    them apart ('genome-pope/seed-0', 'genome-rope/seed-0'); the full path stays in each entry's ``run``."""
+    groups: dict[str, list[RunLengthResults]] = {}
     for entry in entries:
-        seen[entry.label] = seen.get(entry.label, 0) + 1
-    for entry in entries:
-        if seen[entry.label] > 1:
-            entry.label = f"{entry.label} [{entry.run}]"
+        groups.setdefault(entry.label, []).append(entry)
+    for label, group in groups.items():
+        if len(group) < 2:
+            continue
+        parts = [Path(entry.run).parts for entry in group]
+        for depth in range(2, max(map(len, parts)) + 1):
+            tails = ["/".join(p[-depth:]) for p in parts]
+            if len(set(tails)) == len(tails):
+                break
+        else:  # the same path given twice: number them
+            tails = [f"{label} [{i + 1}]" for i in range(len(group))]
+        for entry, tail in zip(group, tails):
+            entry.label = tail
 
 
 def length_table_markdown(entries: list[RunLengthResults]) -> str:
