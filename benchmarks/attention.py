@@ -5,11 +5,14 @@ GQA shapes of Llama models written B x Hq x Hkv x N x d: (2,32,8,4096,128), (1,3
 (issue 22); bf16, causal. Providers, side by side in the same process:
     sdpa               F.scaled_dot_product_attention without positional encoding, PyTorch's default backend
                        choice (GQA shapes with enable_gqa=True, as every provider below that calls SDPA). Read as
-                       FlashAttention-2 until 2026-12-04, when SDPA forced to FLASH_ATTENTION ran the d=128 forward
-                       at 4K in twice this row's time on the H200: which kernel the default runs there is asked by
-                       benchmarks/experiments/2026-12-04-sdpa-backends/
+                       FlashAttention-2 until 2026-12-04; on the H200 with torch 2.11 its rows match `cudnn sdpa`
+                       within 0-4 % at every shape, while SDPA forced to FLASH_ATTENTION ran the d=128 forward at 4K
+                       in twice its time, so there it is most likely cuDNN's kernel (benchmarks/experiments/
+                       2026-12-04-sdpa-backends/ asks the profiler)
     cudnn sdpa         the same restricted to the cuDNN backend (torch.nn.attention.sdpa_kernel); a row is left out,
                        with the error printed, where this torch has no cuDNN attention for the shape
+    flash sdpa         the same restricted to the FLASH_ATTENTION backend (PyTorch's FlashAttention-2 kernels): the
+                       FlashAttention-2 baseline that "1.5x sdpa = FlashAttention-2 efficiency" assumed
     rope+sdpa          rotate-half RoPE in eager PyTorch (cos/sin tables cached, as models do) + SDPA
     rope compiled+sdpa the same rotation through torch.compile (one fused kernel per tensor and direction, what a
                        torch.compile user gets) + SDPA: the stricter RoPE baseline
@@ -60,7 +63,7 @@ import torch.nn.functional as F
 
 SHAPES = [(8, 12, 1024, 64), (4, 16, 4096, 64), (2, 16, 8192, 64), (1, 16, 16384, 64), (4, 16, 4096, 128),
           (2, 32, 8, 4096, 128), (1, 32, 8, 8192, 128), (2, 32, 4, 4096, 128)]  # (B, H, N, d) or (B, Hq, Hkv, N, d)
-PROVIDERS = ["sdpa", "cudnn sdpa", "rope+sdpa", "rope compiled+sdpa", "pope materialized", "pope-pytorch",
+PROVIDERS = ["sdpa", "cudnn sdpa", "flash sdpa", "rope+sdpa", "rope compiled+sdpa", "pope materialized", "pope-pytorch",
              "pope triton"]
 # Providers of earlier runs whose code is gone: the atomic backward (deterministic=False, issue 22), slower than the
 # default at every shape on an H200 and removed (docs/kernels.md, "The atomic backward that lost"). Their rows in
@@ -101,13 +104,15 @@ def make_provider(name, q, k, v, delta, *, autotune_pope_pytorch=False):
     gqa = q.shape[1] != k.shape[1]
     if name == "sdpa":
         return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-    if name == "cudnn sdpa":
+    if name in ("cudnn sdpa", "flash sdpa"):
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        def cudnn_sdpa():  # the backward runs the backend the forward chose (its autograd node)
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        backend = SDPBackend.CUDNN_ATTENTION if name == "cudnn sdpa" else SDPBackend.FLASH_ATTENTION
+
+        def one_backend_sdpa():  # the backward runs the backend the forward chose (its autograd node)
+            with sdpa_kernel(backend):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        return cudnn_sdpa
+        return one_backend_sdpa
     if name in ("rope+sdpa", "rope compiled+sdpa"):
         cos, sin = _rope_tables(seq, head_dim, q.device, q.dtype)
         if name == "rope+sdpa":
@@ -529,8 +534,9 @@ def targets(rows) -> list[str]:
             else:
                 parts.append(f"fwd+bwd {ratio:.2f}x sdpa ({source})")
             parts.append(f"peak mem {mem:.2f}x sdpa ({verdict(mem, 1.15)})")
-        if (shape, "cudnn sdpa") in by:
-            parts.append(f"{ours['fwd_bwd_ms'] / by[(shape, 'cudnn sdpa')]['fwd_bwd_ms']:.2f}x cudnn sdpa (no target)")
+        for forced in ("flash sdpa", "cudnn sdpa"):
+            if (shape, forced) in by:
+                parts.append(f"{ours['fwd_bwd_ms'] / by[(shape, forced)]['fwd_bwd_ms']:.2f}x {forced} (no target)")
         for rope in ("rope+sdpa", "rope compiled+sdpa"):
             if (shape, rope) in by:
                 ratio = ours["fwd_bwd_ms"] / by[(shape, rope)]["fwd_bwd_ms"]

@@ -62,7 +62,7 @@ STEP_NAMES=(correctness benchmark varlen)
 read -r -a STEP_BUDGETS <<< "${LEASE_BUDGETS:-360 100 85}"  # seconds per step, in order
 STEP_COMMANDS=(
   "$PY scripts/gpu_kernel_check.py --checks batched,varlen --dtypes bf16,fp16,fp32,tf32 --bf16-rows 4,5 --other-rows 4,5 --varlen-rows 1 --out $WORK/kernel_check"
-  "$PY benchmarks/attention.py --shapes $BENCH_SHAPES --providers 'sdpa,cudnn sdpa,rope compiled+sdpa,pope triton' --out $WORK/bench"
+  "$PY benchmarks/attention.py --shapes $BENCH_SHAPES --providers 'sdpa,cudnn sdpa,flash sdpa,rope compiled+sdpa,pope triton' --out $WORK/bench"
   "$PY benchmarks/attention.py --varlen-only --out $WORK/bench"
 )
 

@@ -55,7 +55,7 @@ def test_script_parses_and_plan_lists_every_step_within_the_bound():
     shapes = run.stdout.split("--shapes ")[1].split()[0].split(",")
     assert sorted(shapes) == sorted("x".join(map(str, shape)) for shape in _benchmark().SHAPES), shapes
     # the issue's targets need these providers and checks
-    for needed in ("'sdpa,cudnn sdpa,rope compiled+sdpa,pope triton'", "--varlen-only",
+    for needed in ("'sdpa,cudnn sdpa,flash sdpa,rope compiled+sdpa,pope triton'", "--varlen-only",
                    "--checks batched,varlen --dtypes bf16,fp16,fp32,tf32"):
         assert needed in run.stdout, needed
     # the removed experiments (the atomic backward, bwd-autows, the d=128 tiles) are not run
@@ -234,7 +234,7 @@ def test_targets_state_every_issue_target_met_or_missed_by_how_much():
             _row("4x16x4096x64", "sdpa", 1.0), _row("4x16x4096x64", "pope triton", 1.45),
             _row("4x16x4096x64", "rope compiled+sdpa", 1.2),
             _row("4x16x4096x128", "sdpa", 2.0), _row("4x16x4096x128", "pope triton", 3.0, 250.0),
-            _row("4x16x4096x128", "cudnn sdpa", 2.1),
+            _row("4x16x4096x128", "cudnn sdpa", 2.1), _row("4x16x4096x128", "flash sdpa", 3.75),
             _row("2x32x8x4096x128", "sdpa", 4.0), _row("2x32x8x4096x128", "pope triton", 6.8),
             _row("2x32x8x4096x128", "pope triton atomic", 6.0),  # a removed provider's row: not looked at
             _row("1x32x8x8192x128", "sdpa", 4.0), _row("1x32x8x8192x128", "pope triton", 6.0),
@@ -248,6 +248,7 @@ def test_targets_state_every_issue_target_met_or_missed_by_how_much():
     assert "fwd+bwd 1.50x sdpa (MET <=1.6x (0.10x under), issue 22, d=128)" in by_shape["4x16x4096x128"]
     assert "peak mem 1.28x sdpa (MISSED <=1.15x by 0.13x (11%))" in by_shape["4x16x4096x128"]
     assert "1.43x cudnn sdpa (no target)" in by_shape["4x16x4096x128"]
+    assert "0.80x flash sdpa (no target)" in by_shape["4x16x4096x128"]  # PyTorch's FlashAttention-2 kernel
     assert "fwd+bwd 1.70x sdpa (MISSED <=1.6x by 0.10x (6%), issue 22, GQA)" in by_shape["2x32x8x4096x128"]
     assert "deterministic=False" not in " ".join(lines)
     # a labelled (CUDA-graph) row has the d=128 target; the 1K baseline is for eager rows only
@@ -260,7 +261,7 @@ def test_benchmark_shapes_include_the_issue_shapes_and_bad_shapes_are_refused():
     shapes = {benchmark.heads_of(shape) for shape in benchmark.SHAPES}
     assert {(2, 32, 8, 4096, 128), (1, 32, 8, 8192, 128), (2, 32, 4, 4096, 128), (4, 16, 16, 4096, 128),
             (4, 16, 16, 4096, 64), (8, 12, 12, 1024, 64)} <= shapes
-    assert "cudnn sdpa" in benchmark.PROVIDERS and "pope triton" in benchmark.PROVIDERS
+    assert {"cudnn sdpa", "flash sdpa", "pope triton"} <= set(benchmark.PROVIDERS)
     assert not set(benchmark.REMOVED_PROVIDERS) & set(benchmark.PROVIDERS + benchmark.VARLEN_PROVIDERS)
     assert benchmark.parse_shape("2x32x8x4096x128") == (2, 32, 8, 4096, 128)
     for bad in ("2x32x5x4096x128", "4x16x4096", "4x16xNx64"):
