@@ -283,7 +283,9 @@ def test_report_mean_std_over_seeds_and_paper_numbers(tmp_path, workspace):
     assert (tmp_path / "report" / "loss_vs_step.png") in written  # test-NLL runs: NLL against the step
     assert "accuracy_vs_step.png" not in {p.name for p in written}
     assert "lift-off" not in markdown  # next-token test_accuracy of a language model is no task accuracy
-    assert "| jsb | rope | rope0/ ; rope1/ | 2.500 ± 0.707 (n=2) | 3.000 ± 0.000 (n=2) |" in markdown  # perplexity per length
+    # perplexity per length, then each seed's growth from the shortest to the longest length: 3/2 and 3/3
+    assert "| jsb | rope | rope0/ ; rope1/ | 2.500 ± 0.707 (n=2) | 3.000 ± 0.000 (n=2) | 1.25 ± 0.35 (n=2) |" in markdown
+    assert "| L=64 | L=128 | L=128 / L=64 |" in markdown
     assert (tmp_path / "report" / "report_length.png").stat().st_size > 0
     assert paper_value("jsb", "pope:delta_init=uniform") == 0.4889
     assert paper_value("jsb", "pope:delta_init=zero") is None  # not the paper's setting for JSB

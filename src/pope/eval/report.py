@@ -562,13 +562,20 @@ def report_markdown(records: list[RunRecord], against: str | Path | None = None)
     length_keys = sorted({key for m in records for key in m.length_ppl})
     for key in length_keys:
         lengths = sorted({L for m in records for L in m.length_ppl.get(key, {})})
+        # the growth column: each seed's perplexity at the longest length over its own at the shortest, then mean ±
+        # std over seeds (1.00: flat; a ratio of the means would mix seeds of different levels)
+        growth = [f"L={lengths[-1]:,} / L={lengths[0]:,}"] if len(lengths) > 1 else []
         lines += ["", f"## Perplexity vs evaluation length ({key})", "",
-                  "| preset | PE | setting | " + " | ".join(f"L={L:,}" for L in lengths) + " |",
-                  "|---|---|---|" + "---|" * len(lengths)]
+                  "| preset | PE | setting | " + " | ".join([*(f"L={L:,}" for L in lengths), *growth]) + " |",
+                  "|---|---|---|" + "---|" * (len(lengths) + len(growth))]
         for (preset, pe, label), members in sorted(by_setting.items()):
             if not any(key in m.length_ppl for m in members):
                 continue
             cells = [format_mean_std(finite(m.length_ppl.get(key, {}).get(L) for m in members), 3) for L in lengths]
+            if growth:
+                ratios = [ppl[lengths[-1]] / ppl[lengths[0]] for ppl in (m.length_ppl.get(key, {}) for m in members)
+                          if math.isfinite(ppl.get(lengths[-1], math.nan)) and math.isfinite(ppl.get(lengths[0], math.nan))]
+                cells.append(format_mean_std(ratios, 2))
             lines.append(f"| {preset} | {pe} | {label} | " + " | ".join(cells) + " |")
 
     if any(m.downstream for m in records):
