@@ -263,7 +263,7 @@ def test_gpu_reproduce_genome_more_stage_on_cpu(tmp_path):
     _write(data / "genome", 4107, {"train": [300] * 4, "valid": [200], "test": [400] * 2}, None)
     sets = [*TINY_SETS, "recipe.seq_len=16", "model.max_seq_len=16", "recipe.batch_size=4", "recipe.eval_batches=1"]
     ft = ("--batch-size 2 --warmup 1 --set train.device=cpu --set train.tensorboard=false "
-          "--set recipe.eval_interval=2 --set recipe.eval_batches=1")
+          "--set recipe.eval_interval=2 --set recipe.eval_batches=1 --set recipe.grad_accum=2")  # as the stage's default
     result = _script(tmp_path, extra_path=[_no_network(tmp_path)], STAGE="genome-more", GENOME_PRESET="genome-tiny",
                      EXTRA=" ".join(f"--set {s}" for s in sets), FT_STEPS="2", FT_EXTRA=ft, EVAL_ARGS="--device cpu",
                      DATA=str(data), POPE_CACHE=str(tmp_path / "empty-cache"), OMP_NUM_THREADS="1")
@@ -274,7 +274,8 @@ def test_gpu_reproduce_genome_more_stage_on_cpu(tmp_path):
         assert f"sweep genome-{name} exit status 0" in result.stdout
     assert sorted(p.name for p in (runs / "genome-rope").glob("seed-*") if p.is_dir()) == ["seed-2"]
     assert json.loads((runs / "genome-rope-ft64/config.json").read_text())["model"]["pe"].startswith("yarn:")
-    assert json.loads((runs / "genome-pope-d0-ft64/config.json").read_text())["model"]["pe"] == "pope:delta_init=zero"
+    ft_config = json.loads((runs / "genome-pope-d0-ft64/config.json").read_text())
+    assert ft_config["model"]["pe"] == "pope:delta_init=zero" and ft_config["recipe"]["grad_accum"] == 2
     evaluated = json.loads((runs / "length-genome-more/length.json").read_text())["runs"]
     assert len(evaluated) == 6 and all({r["length"] for r in run["results"]} == {16, 32, 64, 128, 160}
                                        for run in evaluated)
