@@ -9,9 +9,10 @@
 #                                                # extrapolation), 2 seeds each; then zero-shot length extrapolation
 #                                                # of all three at 1x..10x on the genome test split
 #   STAGE=genome-more bash scripts/gpu_reproduce.sh  # genome-h200: the rest of the extrapolation field on the
-#                                                # genome: ALiBi and NoPE (seed 0), a third seed of RoPE and PoPE d=0
-#                                                # (GENOME_MORE_SEED, 2), YaRN and PoPE+ft fine-tuned at 4x from that
-#                                                # seed; zero-shot length extrapolation of all six at 1x..10x
+#                                                # genome: ALiBi and NoPE (seed 0), a third seed of PoPE d=U, RoPE
+#                                                # and PoPE d=0 (GENOME_MORE_SEED, 2), YaRN and PoPE+ft fine-tuned at
+#                                                # 4x from that seed; zero-shot length extrapolation of all seven at
+#                                                # 1x..10x; frequency usage of the three third seeds
 #   STAGE=text   bash scripts/gpu_reproduce.sh   # text-256: RoPE, PoPE d=0 (3 seeds), PoPE d=U, ALiBi, NoPE (1);
 #                                                # YaRN and PoPE+ft (fine-tune at 4x); pope eval length at 1x..20x;
 #                                                # frequency usage; pope report
@@ -44,7 +45,7 @@
 # budgets are ~50 epochs); checkpoints/best keeps the minimum, and summary.json's best_step shows whether it lies
 # well inside the budget (if it is near 2000, rerun with a larger MAESTRO_STEPS).
 #
-# The genome-more stage was written on 2026-12-04 and has run only on CPU (tests): its four training runs side by side
+# The genome-more stage was written on 2026-12-04 and has run only on CPU (tests): its five training runs side by side
 # should take about as long as the genome stage's six (~12.5 min), each fine-tune (batch 64 x 4000 tokens as 2
 # micro-batches of 32, 500 steps) a few minutes alone, so it needs two or three device commands of one lease
 # (scripts/gpu_reproduce_bg.sh); it carries .device-data/genome like the genome stage.
@@ -152,6 +153,17 @@ finetune_at() {
   done
 }
 
+# frequencies_of DATA RUN...: `pope analyze frequencies` (magnitude per layer x frequency, learned delta) of each
+# finished run on DATA's test split, unless the run already has it
+frequencies_of() {
+  local data=$1 run; shift
+  for run in "$@"; do
+    if [ -d "$run" ] && finished "$run" && [ ! -e "$run/eval/frequencies/frequency_usage.json" ]; then
+      pope analyze frequencies "$run" --data "$data" --split test || status=1
+    fi
+  done
+}
+
 [ "${ARCHIVE_ONLY:-0}" = 1 ] && STAGE=archive-only  # only the archive below: scripts/gpu_reproduce_bg.sh's partial results
 case "$STAGE" in
   archive-only) ;;
@@ -185,6 +197,7 @@ case "$STAGE" in
     ;;
   genome-more)  # the sweeps share the genome stage's names: merged, their seeds join that stage's
     data_ready genome || exit 1
+    sweep "$GENOME_PRESET" pope "$GENOME_MORE_SEED" genome-pope & pids+=($!)
     sweep "$GENOME_PRESET" rope "$GENOME_MORE_SEED" genome-rope & pids+=($!)
     sweep "$GENOME_PRESET" pope:delta_init=zero "$GENOME_MORE_SEED" genome-pope-d0 & pids+=($!)
     sweep "$GENOME_PRESET" alibi 0 genome-alibi & pids+=($!)
@@ -192,9 +205,11 @@ case "$STAGE" in
     wait_all
     context=$(lengths genome-rope 4)
     finetune_at "$context" "$GENOME_MORE_SEED" genome-rope genome-pope-d0
-    length_eval genome-more genome "$(lengths genome-rope 1 2 4 8 10)" "$RUNS"/genome-rope/seed-"$GENOME_MORE_SEED" \
-      "$RUNS"/genome-pope-d0/seed-"$GENOME_MORE_SEED" "$RUNS"/genome-alibi/seed-0 "$RUNS"/genome-nope/seed-0 \
-      "$RUNS"/genome-rope-ft"$context" "$RUNS"/genome-pope-d0-ft"$context"
+    third=("$RUNS"/genome-pope/seed-"$GENOME_MORE_SEED" "$RUNS"/genome-rope/seed-"$GENOME_MORE_SEED"
+           "$RUNS"/genome-pope-d0/seed-"$GENOME_MORE_SEED")
+    length_eval genome-more genome "$(lengths genome-rope 1 2 4 8 10)" "${third[@]}" "$RUNS"/genome-alibi/seed-0 \
+      "$RUNS"/genome-nope/seed-0 "$RUNS"/genome-rope-ft"$context" "$RUNS"/genome-pope-d0-ft"$context"
+    frequencies_of genome "${third[@]}"
     more=(); for run in "$RUNS"/genome-*/; do [ -f "$run/sweep.json" ] || [ -f "$run/config.json" ] && more+=("$run"); done
     [ "${#more[@]}" -eq 0 ] || pope report "${more[@]}" --out "$RUNS/report-genome-more" || status=1
     ;;
@@ -211,11 +226,7 @@ case "$STAGE" in
     text_runs=("$RUNS"/text-*/seed-* "$RUNS"/text-*-ft"$context")
     length_eval text text "$(lengths text-rope 1 2 4 8 10)" "${text_runs[@]}"
     length_eval text-long text "$(lengths text-rope 16 20)" "${text_runs[@]}"
-    for run in "$RUNS"/text-rope/seed-0 "$RUNS"/text-pope-d0/seed-0 "$RUNS"/text-pope-du/seed-0; do
-      if [ -d "$run" ] && finished "$run" && [ ! -e "$run/eval/frequencies/frequency_usage.json" ]; then
-        pope analyze frequencies "$run" --data text --split test || status=1
-      fi
-    done
+    frequencies_of text "$RUNS"/text-rope/seed-0 "$RUNS"/text-pope-d0/seed-0 "$RUNS"/text-pope-du/seed-0
     reported=(); for run in "$RUNS"/text-*/; do [ -f "$run/sweep.json" ] || [ -f "$run/config.json" ] && reported+=("$run"); done
     [ "${#reported[@]}" -eq 0 ] || pope report "${reported[@]}" --out "$RUNS/report-text" || status=1
     ;;

@@ -256,9 +256,9 @@ def test_gpu_reproduce_genome_stage_on_cpu(tmp_path):
 
 
 def test_gpu_reproduce_genome_more_stage_on_cpu(tmp_path):
-    """The genome-more stage (genome-tiny at context 16, carried random 6-mer documents): ALiBi and NoPE seed 0, RoPE
-    and PoPE d=0 seed GENOME_MORE_SEED in the genome stage's sweep directories, YaRN and PoPE+ft fine-tuned at 4x from
-    that seed, all six evaluated at 1x..10x, one report."""
+    """The genome-more stage (genome-tiny at context 16, carried random 6-mer documents): ALiBi and NoPE seed 0, PoPE
+    d=U, RoPE and PoPE d=0 seed GENOME_MORE_SEED in the genome stage's sweep directories, YaRN and PoPE+ft fine-tuned
+    at 4x from that seed, all seven evaluated at 1x..10x, frequency usage of the three, one report."""
     data = tmp_path / "device-data"
     _write(data / "genome", 4107, {"train": [300] * 4, "valid": [200], "test": [400] * 2}, None)
     sets = [*TINY_SETS, "recipe.seq_len=16", "model.max_seq_len=16", "recipe.batch_size=4", "recipe.eval_batches=1"]
@@ -270,15 +270,17 @@ def test_gpu_reproduce_genome_more_stage_on_cpu(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"data: genome from the carried folder {data}/genome" in result.stdout
     runs = tmp_path / "runs"
-    for name in ("rope", "pope-d0", "alibi", "nope"):
+    for name in ("pope", "rope", "pope-d0", "alibi", "nope"):
         assert f"sweep genome-{name} exit status 0" in result.stdout
     assert sorted(p.name for p in (runs / "genome-rope").glob("seed-*") if p.is_dir()) == ["seed-2"]
     assert json.loads((runs / "genome-rope-ft64/config.json").read_text())["model"]["pe"].startswith("yarn:")
     ft_config = json.loads((runs / "genome-pope-d0-ft64/config.json").read_text())
     assert ft_config["model"]["pe"] == "pope:delta_init=zero" and ft_config["recipe"]["grad_accum"] == 2
     evaluated = json.loads((runs / "length-genome-more/length.json").read_text())["runs"]
-    assert len(evaluated) == 6 and all({r["length"] for r in run["results"]} == {16, 32, 64, 128, 160}
+    assert len(evaluated) == 7 and all({r["length"] for r in run["results"]} == {16, 32, 64, 128, 160}
                                        for run in evaluated)
+    for sweep in ("genome-pope", "genome-rope", "genome-pope-d0"):
+        assert (runs / sweep / "seed-2/eval/frequencies/frequency_usage.json").is_file()
     report = (runs / "report-genome-more/report.md").read_text()
     assert "| genome-tiny | alibi |" in report and "genome-rope-ft64/" in report
     import tarfile
