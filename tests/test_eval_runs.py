@@ -234,6 +234,41 @@ def test_length_labels_of_same_named_runs_are_their_shortest_distinct_path_tails
     assert [e.label for e in twice] == ["seed-0 [1]", "seed-0 [2]"]
 
 
+def test_length_plot_puts_its_legend_under_the_panels_inside_the_figure(tmp_path, monkeypatch):
+    """Seven runs with long names (the genome-more stage's case): the legend is drawn below both panels, not over the
+    curves, and every entry lies inside the PNG."""
+    import numpy as np
+
+    import pope.files
+    from pope.eval.length import LengthResult, RunLengthResults, plot_length_curves
+
+    seen = []
+    finish = pope.files.finish_figure
+
+    def check_then_finish(fig, path, **kwargs):
+        fig.canvas.draw()
+        axes_bottom = min(ax.get_window_extent().y0 for ax in fig.axes)
+        for legend in fig.legends:
+            box = legend.get_window_extent()
+            seen.append(box.x0 >= 0 and box.x1 <= fig.bbox.x1 and box.y0 >= 0 and box.y1 <= axes_bottom)
+        return finish(fig, path, **kwargs)
+
+    monkeypatch.setattr(pope.files, "finish_figure", check_then_finish)
+
+    def result(length, nll):
+        return LengthResult(length=length, mean_nll=nll, n_targets=length, position_nll_sum=np.full(length, nll),
+                            position_count=np.ones(length, dtype=np.int64))
+
+    entries = [RunLengthResults(label=f"genome-{name}/seed-2", run=f"/runs/genome-{name}/seed-2", pe=pe,
+                                train_length=16, results=[result(16, 6.6), result(160, 7.4)])
+               for name, pe in [("pope", "pope"), ("rope", "rope"), ("pope-d0", "pope:delta_init=zero"),
+                                ("alibi", "alibi"), ("nope", "nope"), ("rope-ft64", "yarn:base=10000,scale=4"),
+                                ("pope-d0-ft64", "pope:delta_init=zero")]]
+    plot_length_curves(entries, tmp_path / "length.png", title="genome / test")
+    assert (tmp_path / "length.png").stat().st_size > 10_000
+    assert seen == [True], seen
+
+
 def test_legends_name_the_pe_spec_whole_when_it_is_short():
     from pope.eval.runs import short_pe_spec
 

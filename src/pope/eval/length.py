@@ -449,7 +449,11 @@ def plot_length_curves(entries: list[RunLengthResults], path, *, n_buckets: int 
     from pope.optional import pyplot
 
     plt = pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    # the legend goes under both panels (inside the left one it hid the curves of six or more runs): the figure
+    # grows by one legend row per two runs
+    legend_rows = -(-len(entries) // 2)
+    height = 4.5 + 0.22 * legend_rows
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, height))
     for entry in entries:
         lengths = [r.length for r in entry.results]
         legend = f"{entry.label} ({short_pe_spec(entry.pe)})"
@@ -470,7 +474,10 @@ def plot_length_curves(entries: list[RunLengthResults], path, *, n_buckets: int 
     right.set_xlabel(f"position in the window (L = {max(r.length for e in entries for r in e.results):,})")
     right.set_ylabel("mean NLL (nats/token)")
     right.set_title("NLL by position at the longest length")
-    left.legend(fontsize=8)
+    fig.legend(*left.get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=8, frameon=False)
     left.grid(True, which="both", alpha=0.3)
     right.grid(True, alpha=0.3)
-    return finish_figure(fig, path, title=title)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout(rect=(0, (0.22 * legend_rows + 0.15) / height, 1, 1 - (0.35 / height if title else 0)))
+    return finish_figure(fig, path, tight_layout=False)
