@@ -190,24 +190,29 @@ def _fake_run(path, preset, pe, seed, test_losses, length_ppl=None, finished=Tru
     return str(path)
 
 
+def _figure_legends(monkeypatch, module) -> list:
+    """Patch ``module.finish_figure`` to draw each figure first and record, per figure legend, (legend box, figure
+    box, lowest axes bottom) in display units; returns the list it fills."""
+    seen = []
+    finish = module.finish_figure
+
+    def record_then_finish(fig, path, **kwargs):
+        fig.canvas.draw()
+        axes_bottom = min(ax.get_window_extent().y0 for ax in fig.axes)
+        seen.extend((legend.get_window_extent(), fig.bbox, axes_bottom) for legend in fig.legends)
+        return finish(fig, path, **kwargs)
+
+    monkeypatch.setattr(module, "finish_figure", record_then_finish)
+    return seen
+
+
 def test_report_length_plot_keeps_its_legend_inside_the_figure(tmp_path, monkeypatch):
     """One panel with three long setting names (the genome report's case): every legend entry must be drawn inside
     the PNG, not cut off at its left and right edges."""
     import pope.eval.report_plots as report_plots
     from pope.eval.report import write_report
 
-    inside = []
-
-    def check_then_finish(fig, path, **kwargs):
-        fig.canvas.draw()
-        figure_box = fig.bbox
-        for legend in fig.legends:
-            box = legend.get_window_extent()
-            inside.append(box.x0 >= figure_box.x0 and box.x1 <= figure_box.x1 and box.y0 >= figure_box.y0)
-        return finish_figure(fig, path, **kwargs)
-
-    finish_figure = report_plots.finish_figure
-    monkeypatch.setattr(report_plots, "finish_figure", check_then_finish)
+    legends = _figure_legends(monkeypatch, report_plots)
     runs = [_fake_run(tmp_path / f"genome-{pe.replace(':', '-').replace('=', '-')}-two-seeds" / f"seed-{s}", "genome-h200",
                       pe, s, [6.7], {1000: 800.0 + s, 10000: 1600.0 + s})
             for pe in ("pope", "rope", "pope:delta_init=zero") for s in (0, 1)]
@@ -215,7 +220,8 @@ def test_report_length_plot_keeps_its_legend_inside_the_figure(tmp_path, monkeyp
         (tmp_path / run).parent.joinpath("sweep.json").write_text(json.dumps({"overrides": []}))
     write_report(runs, tmp_path / "report")
     assert (tmp_path / "report" / "report_length.png").is_file()
-    assert inside and all(inside), inside
+    inside = [box.x0 >= figure.x0 and box.x1 <= figure.x1 and box.y0 >= figure.y0 for box, figure, _ in legends]
+    assert inside and all(inside), legends
 
 
 def test_length_labels_of_same_named_runs_are_their_shortest_distinct_path_tails():
@@ -242,18 +248,7 @@ def test_length_plot_puts_its_legend_under_the_panels_inside_the_figure(tmp_path
     import pope.files
     from pope.eval.length import LengthResult, RunLengthResults, plot_length_curves
 
-    seen = []
-    finish = pope.files.finish_figure
-
-    def check_then_finish(fig, path, **kwargs):
-        fig.canvas.draw()
-        axes_bottom = min(ax.get_window_extent().y0 for ax in fig.axes)
-        for legend in fig.legends:
-            box = legend.get_window_extent()
-            seen.append(box.x0 >= 0 and box.x1 <= fig.bbox.x1 and box.y0 >= 0 and box.y1 <= axes_bottom)
-        return finish(fig, path, **kwargs)
-
-    monkeypatch.setattr(pope.files, "finish_figure", check_then_finish)
+    legends = _figure_legends(monkeypatch, pope.files)
 
     def result(length, nll):
         return LengthResult(length=length, mean_nll=nll, n_targets=length, position_nll_sum=np.full(length, nll),
@@ -266,7 +261,9 @@ def test_length_plot_puts_its_legend_under_the_panels_inside_the_figure(tmp_path
                                 ("pope-d0-ft64", "pope:delta_init=zero")]]
     plot_length_curves(entries, tmp_path / "length.png", title="genome / test")
     assert (tmp_path / "length.png").stat().st_size > 10_000
-    assert seen == [True], seen
+    seen = [box.x0 >= 0 and box.x1 <= figure.x1 and box.y0 >= 0 and box.y1 <= axes_bottom
+            for box, figure, axes_bottom in legends]
+    assert seen == [True], legends
 
 
 def test_legends_name_the_pe_spec_whole_when_it_is_short():

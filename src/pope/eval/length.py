@@ -477,7 +477,5 @@ def plot_length_curves(entries: list[RunLengthResults], path, *, n_buckets: int 
     fig.legend(*left.get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=8, frameon=False)
     left.grid(True, which="both", alpha=0.3)
     right.grid(True, alpha=0.3)
-    if title:
-        fig.suptitle(title)
     fig.tight_layout(rect=(0, (0.22 * legend_rows + 0.15) / height, 1, 1 - (0.35 / height if title else 0)))
-    return finish_figure(fig, path, tight_layout=False)
+    return finish_figure(fig, path, title=title, tight_layout=False)
