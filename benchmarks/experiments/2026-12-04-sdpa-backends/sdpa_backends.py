@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -31,11 +32,9 @@ def inputs(batch, hq, hkv, n, d):
 
 
 def call(backend, q, k, v):
-    gqa = q.shape[1] != k.shape[1]
-    if backend is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-    with sdpa_kernel(backend):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    """Causal SDPA restricted to ``backend`` (None: PyTorch's own choice)."""
+    with sdpa_kernel(backend) if backend is not None else nullcontext():
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
 
 
 def kernels_of(backend, q, k, v, grad):
