@@ -164,6 +164,13 @@ frequencies_of() {
   done
 }
 
+# report_all NAME PREFIX: one `pope report` of every sweep and single run $RUNS/PREFIX-*/ into $RUNS/report-NAME
+report_all() {
+  local reported=() run
+  for run in "$RUNS/$2"-*/; do [ -f "$run/sweep.json" ] || [ -f "$run/config.json" ] && reported+=("$run"); done
+  [ "${#reported[@]}" -eq 0 ] || pope report "${reported[@]}" --out "$RUNS/report-$1" || status=1
+}
+
 [ "${ARCHIVE_ONLY:-0}" = 1 ] && STAGE=archive-only  # only the archive below: scripts/gpu_reproduce_bg.sh's partial results
 case "$STAGE" in
   archive-only) ;;
@@ -210,8 +217,7 @@ case "$STAGE" in
     length_eval genome-more genome "$(lengths genome-rope 1 2 4 8 10)" "${third[@]}" "$RUNS"/genome-alibi/seed-0 \
       "$RUNS"/genome-nope/seed-0 "$RUNS"/genome-rope-ft"$context" "$RUNS"/genome-pope-d0-ft"$context"
     frequencies_of genome "${third[@]}"
-    more=(); for run in "$RUNS"/genome-*/; do [ -f "$run/sweep.json" ] || [ -f "$run/config.json" ] && more+=("$run"); done
-    [ "${#more[@]}" -eq 0 ] || pope report "${more[@]}" --out "$RUNS/report-genome-more" || status=1
+    report_all genome-more genome
     ;;
   text)
     data_ready text || exit 1
@@ -227,8 +233,7 @@ case "$STAGE" in
     length_eval text text "$(lengths text-rope 1 2 4 8 10)" "${text_runs[@]}"
     length_eval text-long text "$(lengths text-rope 16 20)" "${text_runs[@]}"
     frequencies_of text "$RUNS"/text-rope/seed-0 "$RUNS"/text-pope-d0/seed-0 "$RUNS"/text-pope-du/seed-0
-    reported=(); for run in "$RUNS"/text-*/; do [ -f "$run/sweep.json" ] || [ -f "$run/config.json" ] && reported+=("$run"); done
-    [ "${#reported[@]}" -eq 0 ] || pope report "${reported[@]}" --out "$RUNS/report-text" || status=1
+    report_all text text
     ;;
 esac
 
