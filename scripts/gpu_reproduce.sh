@@ -54,7 +54,8 @@
 # seed and call; default 480 for jsb/maestro/genome/genome-more, 200 for text), JOBS_PER_GPU (default 4; the jsb and maestro stages run
 # their two sweeps side by side with 3 and 2 each), JSB_PRESET (jsb), MAESTRO_PRESET (maestro), GENOME_PRESET
 # (genome-h200), TEXT_PRESET (text-256), JSB_SEEDS (0-4), MAESTRO_SEEDS (0-1), GENOME_SEEDS (0-1), TEXT_SEEDS
-# (0-2, RoPE and PoPE d=0), GENOME_MORE_SEED (2), MAESTRO_STEPS (2000, with warmup 100 and an evaluation every 50
+# (0-2, RoPE and PoPE d=0), GENOME_MORE_SEED (2), GENOME_MORE_BASELINES (the seed-0 baselines of genome-more,
+# default "alibi nope"; any --pe specs), GENOME_MORE_FINETUNE (1; 0 skips its two fine-tunes), MAESTRO_STEPS (2000, with warmup 100 and an evaluation every 50
 # steps), FT_STEPS (500), EXTRA (more arguments for every `pope train`, e.g. "--set train.device=cpu"), FT_EXTRA
 # (more arguments for `pope finetune`; default "--set recipe.grad_accum=2" in the genome-more stage, nothing
 # elsewhere), EVAL_ARGS (more arguments for `pope eval length`), DATA (the carried data folder, default
@@ -67,15 +68,17 @@ STAGE=${STAGE:-}; EXTRA=${EXTRA:-}; FT_EXTRA=${FT_EXTRA:-}; EVAL_ARGS=${EVAL_ARG
 JSB_PRESET=${JSB_PRESET:-jsb}; GENOME_PRESET=${GENOME_PRESET:-genome-h200}; TEXT_PRESET=${TEXT_PRESET:-text-256}
 JSB_SEEDS=${JSB_SEEDS:-0-4}; GENOME_SEEDS=${GENOME_SEEDS:-0-1}; TEXT_SEEDS=${TEXT_SEEDS:-0-2}; FT_STEPS=${FT_STEPS:-500}
 MAESTRO_PRESET=${MAESTRO_PRESET:-maestro}; MAESTRO_SEEDS=${MAESTRO_SEEDS:-0-1}; MAESTRO_STEPS=${MAESTRO_STEPS:-2000}
-GENOME_MORE_SEED=${GENOME_MORE_SEED:-2}; OUT=${OUT:-/tmp/out}; RUNS=${RUNS:-/tmp/pope-runs}
+GENOME_MORE_SEED=${GENOME_MORE_SEED:-2}; GENOME_MORE_BASELINES=${GENOME_MORE_BASELINES-alibi nope}
+GENOME_MORE_FINETUNE=${GENOME_MORE_FINETUNE:-1}; OUT=${OUT:-/tmp/out}; RUNS=${RUNS:-/tmp/pope-runs}
 case "$STAGE" in
   jsb|maestro|genome) LIMIT=${LIMIT:-480}; DATA=${DATA:-.device-data/$STAGE} ;;
   genome-more) LIMIT=${LIMIT:-480}; DATA=${DATA:-.device-data/genome}; FT_EXTRA=${FT_EXTRA:---set recipe.grad_accum=2} ;;
   text) LIMIT=${LIMIT:-200}; DATA=${DATA:-.device-data/$STAGE} ;;
   *) echo "gpu_reproduce.sh: STAGE must be jsb, maestro, genome, genome-more or text (got '${STAGE}')" >&2; exit 2 ;;
 esac
-case "$LIMIT$FT_STEPS$JOBS_PER_GPU$MAESTRO_STEPS$GENOME_MORE_SEED" in
-  *[!0-9]*) echo "gpu_reproduce.sh: LIMIT, FT_STEPS, JOBS_PER_GPU, MAESTRO_STEPS and GENOME_MORE_SEED must be whole numbers" >&2
+case "$LIMIT$FT_STEPS$JOBS_PER_GPU$MAESTRO_STEPS$GENOME_MORE_SEED$GENOME_MORE_FINETUNE" in
+  *[!0-9]*) echo "gpu_reproduce.sh: LIMIT, FT_STEPS, JOBS_PER_GPU, MAESTRO_STEPS, GENOME_MORE_SEED and" \
+              "GENOME_MORE_FINETUNE must be whole numbers" >&2
             exit 2 ;;
 esac
 [ "$MAESTRO_STEPS" -ge 200 ] || { echo "gpu_reproduce.sh: MAESTRO_STEPS must be at least 200 (got $MAESTRO_STEPS)" >&2; exit 2; }
@@ -207,11 +210,10 @@ case "$STAGE" in
     sweep "$GENOME_PRESET" pope "$GENOME_MORE_SEED" genome-pope & pids+=($!)
     sweep "$GENOME_PRESET" rope "$GENOME_MORE_SEED" genome-rope & pids+=($!)
     sweep "$GENOME_PRESET" pope:delta_init=zero "$GENOME_MORE_SEED" genome-pope-d0 & pids+=($!)
-    sweep "$GENOME_PRESET" alibi 0 genome-alibi & pids+=($!)
-    sweep "$GENOME_PRESET" nope 0 genome-nope & pids+=($!)
+    for pe in $GENOME_MORE_BASELINES; do sweep "$GENOME_PRESET" "$pe" 0 genome-"$pe" & pids+=($!); done
     wait_all
     context=$(lengths genome-rope 4)
-    finetune_at "$context" "$GENOME_MORE_SEED" genome-rope genome-pope-d0
+    [ "$GENOME_MORE_FINETUNE" = 0 ] || finetune_at "$context" "$GENOME_MORE_SEED" genome-rope genome-pope-d0
     third=("$RUNS"/genome-pope/seed-"$GENOME_MORE_SEED" "$RUNS"/genome-rope/seed-"$GENOME_MORE_SEED"
            "$RUNS"/genome-pope-d0/seed-"$GENOME_MORE_SEED")
     length_eval genome-more genome "$(lengths genome-rope 1 2 4 8 10)" "${third[@]}" "$RUNS"/genome-alibi/seed-0 \
