@@ -4,11 +4,9 @@ Shapes (B, H, N, d): (8,12,1024,64), (4,16,4096,64), (2,16,8192,64), (1,16,16384
 GQA shapes of Llama models written B x Hq x Hkv x N x d: (2,32,8,4096,128), (1,32,8,8192,128), (2,32,4,4096,128)
 (issue 22); bf16, causal. Providers, side by side in the same process:
     sdpa               F.scaled_dot_product_attention without positional encoding, PyTorch's default backend
-                       choice (GQA shapes with enable_gqa=True, as every provider below that calls SDPA). Read as
-                       FlashAttention-2 until 2026-12-04; on the H200 with torch 2.11 its rows match `cudnn sdpa`
-                       within 0-4 % at every shape, while SDPA forced to FLASH_ATTENTION ran the d=128 forward at 4K
-                       in twice its time, so there it is most likely cuDNN's kernel (benchmarks/experiments/
-                       2026-12-04-sdpa-backends/ asks the profiler)
+                       choice (GQA shapes with enable_gqa=True, as every provider below that calls SDPA). Not
+                       FlashAttention-2 on a Hopper GPU with cuDNN 9: there PyTorch picks cuDNN's sm90 kernel
+                       (benchmarks/experiments/2026-12-04-sdpa-backends/ names it with the profiler)
     cudnn sdpa         the same restricted to the cuDNN backend (torch.nn.attention.sdpa_kernel); a row is left out,
                        with the error printed, where this torch has no cuDNN attention for the shape
     flash sdpa         the same restricted to the FLASH_ATTENTION backend (PyTorch's FlashAttention-2 kernels): the
