@@ -139,3 +139,27 @@ def test_length_eval_flags_take_real_booleans(workspace):
 
     with pytest.raises(TypeError, match="same_documents must be True or False, got 'no'"):
         run_length_eval([str(workspace / "run")], str(workspace / "data"), lengths=[8], same_documents="no")
+
+
+def test_length_keeps_each_finished_run_when_a_later_run_fails(workspace, tmp_path, capsys):
+    """Results are written after every run: a call that stops at its third run (here: a corrupted checkpoint;
+    on a GPU lease, the lease's end) leaves the first two in --out and beside each run, and labels that a later
+    run made ambiguous are renamed in what was written."""
+    import shutil
+
+    first, second, broken = tmp_path / "a" / "run", tmp_path / "b" / "run", tmp_path / "c" / "run"
+    for run in (first, second, broken):
+        shutil.copytree(workspace / "run", run, ignore=shutil.ignore_patterns("eval"))
+    (broken / "checkpoints" / "last" / "model.safetensors").write_bytes(b"not a checkpoint")
+    out = tmp_path / "results"
+    code = main(["eval", "length", str(first), str(second), str(broken), "--data", str(workspace / "data"),
+                 "--lengths", "8,16", "--out", str(out), "--device", "cpu"])
+    captured = capsys.readouterr()
+    assert code != 0 and "Traceback" not in captured.err
+    written = json.loads((out / "length.json").read_text())
+    assert [r["label"] for r in written["runs"]] == ["a/run", "b/run"]
+    assert written["provenance"]["runs_done"] == 2 and written["provenance"]["runs_requested"] == 3
+    assert "Partial: 2 of the 3 runs" in (out / "length.md").read_text()
+    for run in (first, second):
+        assert len(json.loads((run / "eval" / "length-toy-test-8-16.json").read_text())["results"]) == 2
+    assert not (broken / "eval").exists()

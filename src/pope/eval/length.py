@@ -294,6 +294,10 @@ def run_length_eval(
     length.png over all runs, then RUN/eval/length-DATA-SPLIT-LENGTHS.json per run (LENGTHS: the shortest and longest
     evaluated, e.g. 256-2560, so evaluations of one run over other lengths are kept side by side).
 
+    Both are written after each run, not once at the end: a call stopped part-way (a killed job, a GPU lease that
+    ends) keeps every run already evaluated, and ``out_dir``'s length.json says how many of the runs asked for it
+    holds (``provenance.runs_done`` of ``runs_requested``).
+
     ``out_dir`` is checked before any work and written first; a run directory that cannot be written
     (read-only, ``eval`` not a directory) gets a warning on stderr, not an error, since the results are
     already in ``out_dir``. The scored split is re-hashed first: a modified file is named, not scored.
@@ -323,7 +327,8 @@ def run_length_eval(
     stamp = {**provenance(device), "data": str(dataset.path), "data_name": dataset.name, "split": split,
              "tail": tail, "same_documents": same_documents, "max_docs": max_docs, "n_buckets": n_buckets}
     collected: list[RunLengthResults] = []
-    per_run: list[dict] = []  # RUN/eval records, written after out_dir
+    base_labels: list[str] = []  # run_label of each run, before _disambiguate_labels renames clashes
+    span = f"{min(lengths)}-{max(lengths)}" if min(lengths) != max(lengths) else f"{lengths[0]}"
     for run in runs:
         model, info = load_run_model(run, device)
         data_name = f"dataset {dataset.name!r} ({dataset.path})"
@@ -337,18 +342,20 @@ def run_length_eval(
             batch_size=batch_size, device=device, autocast_dtype=autocast_dtype, progress=progress, label=label)
         entry = RunLengthResults(label=label, run=str(run), pe=model.config.pe, train_length=int(train_length),
                                  results=results)
-        per_run.append({**stamp, "run": str(run), "checkpoint": info.get("path"), "step": info.get("step"),
-                        "pe": entry.pe, "train_length": entry.train_length,
-                        "results": [r.to_dict(n_buckets) for r in results]})
+        record = {**stamp, "run": str(run), "checkpoint": info.get("path"), "step": info.get("step"),
+                  "pe": entry.pe, "train_length": entry.train_length,
+                  "results": [r.to_dict(n_buckets) for r in results]}
         collected.append(entry)
+        base_labels.append(label)
         del model
-    _disambiguate_labels(collected)
-    if out_dir is not None:  # where the user asked: first
-        write_length_outputs(collected, Path(out_dir), n_buckets=n_buckets,
-                             title=f"{dataset.name} / {split}", provenance_stamp=stamp)
-    span = f"{min(lengths)}-{max(lengths)}" if min(lengths) != max(lengths) else f"{lengths[0]}"
-    for record in per_run:
-        write_beside_run(record["run"], f"length-{dataset.name}-{split}-{span}.json", record, saved_in=out_dir)
+        # Labels are re-derived over the runs so far: a later run can make an earlier label ambiguous.
+        for earlier, base in zip(collected, base_labels):
+            earlier.label = base
+        _disambiguate_labels(collected)
+        if out_dir is not None:  # where the user asked: first
+            write_length_outputs(collected, Path(out_dir), n_buckets=n_buckets, title=f"{dataset.name} / {split}",
+                                 provenance_stamp={**stamp, "runs_done": len(collected), "runs_requested": len(runs)})
+        write_beside_run(str(run), f"length-{dataset.name}-{split}-{span}.json", record, saved_in=out_dir)
     return collected
 
 
@@ -432,6 +439,10 @@ def write_length_outputs(entries: list[RunLengthResults], out_dir, *, n_buckets:
     if provenance_stamp:
         markdown += "\n" + ", ".join(f"{k}: {provenance_stamp[k]}" for k in
                                      ("git_commit", "torch", "device", "date_utc", "command")) + "\n"
+        done, requested = provenance_stamp.get("runs_done"), provenance_stamp.get("runs_requested")
+        if done is not None and requested is not None and done < requested:
+            markdown += (f"\n**Partial: {done} of the {requested} runs asked for** (the call stopped or is still "
+                         f"running; these files are rewritten after each run).\n")
     written.append(write_text_atomic(out_dir / "length.md", markdown))
     written.append(write_json_atomic(out_dir / "length.json", {
         "provenance": provenance_stamp or {},
