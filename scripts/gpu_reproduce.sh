@@ -45,10 +45,14 @@
 # budgets are ~50 epochs); checkpoints/best keeps the minimum, and summary.json's best_step shows whether it lies
 # well inside the budget (if it is near 2000, rerun with a larger MAESTRO_STEPS).
 #
-# The genome-more stage was written on 2026-12-04 and has run only on CPU (tests): its five training runs side by side
-# should take about as long as the genome stage's six (~12.5 min), each fine-tune (batch 64 x 4000 tokens as 2
-# micro-batches of 32, 500 steps) a few minutes alone, so it needs two or three device commands of one lease
-# (scripts/gpu_reproduce_bg.sh); it carries .device-data/genome like the genome stage.
+# The genome-more stage on one H200 (2026-12-04, 9ca91c5/fe1abe4, MPS on): its five training runs side by side took
+# 444 s (NoPE) and would have taken ~11 min (PoPE at ~1,600 of 2,000 steps after 545 s); four of them (PoPE d=U,
+# RoPE, PoPE d=0 seed 2 and ALiBi; GENOME_MORE_BASELINES=alibi GENOME_MORE_FINETUNE=0) took 450-496 s, and the
+# length evaluation did not finish in the 530-s command that held them. A fresh machine starts a stage from step 0
+# (checkpoints never leave the machine), so size each device command to end with results: three or four training
+# runs and their evaluation, not five plus fine-tunes, unless the next command is certain to find the machine warm
+# (it is given back 30 s after a command ends). Each fine-tune is batch 64 x 4000 tokens as 2 micro-batches of 32,
+# 500 steps (not yet timed). It carries .device-data/genome like the genome stage.
 #
 # Settings (environment): STAGE (required: jsb, maestro, genome, genome-more or text), LIMIT (training seconds per
 # seed and call; default 480 for jsb/maestro/genome/genome-more, 200 for text), JOBS_PER_GPU (default 4; the jsb and maestro stages run
