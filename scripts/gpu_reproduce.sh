@@ -58,9 +58,10 @@
 # seed and call; default 480 for jsb/maestro/genome/genome-more, 200 for text), JOBS_PER_GPU (default 4; the jsb and maestro stages run
 # their two sweeps side by side with 3 and 2 each), JSB_PRESET (jsb), MAESTRO_PRESET (maestro), GENOME_PRESET
 # (genome-h200), TEXT_PRESET (text-256), JSB_SEEDS (0-4), MAESTRO_SEEDS (0-1), GENOME_SEEDS (0-1), TEXT_SEEDS
-# (0-2, RoPE and PoPE d=0), GENOME_MORE_SEED (2), GENOME_MORE_BASELINES (the seed-0 baselines of genome-more,
-# default "alibi nope"; any --pe specs), GENOME_MORE_FINETUNE (1; 0 skips its two fine-tunes), MAESTRO_STEPS (2000, with warmup 100 and an evaluation every 50
-# steps), FT_STEPS (500), EXTRA (more arguments for every `pope train`, e.g. "--set train.device=cpu"), FT_EXTRA
+# (0-2, RoPE and PoPE d=0), GENOME_MORE_SEED (2; empty: no third seed, and then no fine-tunes),
+# GENOME_MORE_BASELINES (the seed-0 baselines of genome-more, default "alibi nope"; any --pe specs),
+# GENOME_MORE_FINETUNE (1; 0 skips its two fine-tunes), MAESTRO_STEPS (2000, with warmup 100 and an evaluation every
+# 50 steps), FT_STEPS (500), EXTRA (more arguments for every `pope train`, e.g. "--set train.device=cpu"), FT_EXTRA
 # (more arguments for `pope finetune`; default "--set recipe.grad_accum=2" in the genome-more stage, nothing
 # elsewhere), EVAL_ARGS (more arguments for `pope eval length`), DATA (the carried data folder, default
 # .device-data/$STAGE, .device-data/genome for genome-more), RUNS (/tmp/pope-runs), OUT (/tmp/out), ARCHIVE_ONLY (1: run nothing, only write the
@@ -72,7 +73,7 @@ STAGE=${STAGE:-}; EXTRA=${EXTRA:-}; FT_EXTRA=${FT_EXTRA:-}; EVAL_ARGS=${EVAL_ARG
 JSB_PRESET=${JSB_PRESET:-jsb}; GENOME_PRESET=${GENOME_PRESET:-genome-h200}; TEXT_PRESET=${TEXT_PRESET:-text-256}
 JSB_SEEDS=${JSB_SEEDS:-0-4}; GENOME_SEEDS=${GENOME_SEEDS:-0-1}; TEXT_SEEDS=${TEXT_SEEDS:-0-2}; FT_STEPS=${FT_STEPS:-500}
 MAESTRO_PRESET=${MAESTRO_PRESET:-maestro}; MAESTRO_SEEDS=${MAESTRO_SEEDS:-0-1}; MAESTRO_STEPS=${MAESTRO_STEPS:-2000}
-GENOME_MORE_SEED=${GENOME_MORE_SEED:-2}; GENOME_MORE_BASELINES=${GENOME_MORE_BASELINES-alibi nope}
+GENOME_MORE_SEED=${GENOME_MORE_SEED-2}; GENOME_MORE_BASELINES=${GENOME_MORE_BASELINES-alibi nope}
 GENOME_MORE_FINETUNE=${GENOME_MORE_FINETUNE:-1}; OUT=${OUT:-/tmp/out}; RUNS=${RUNS:-/tmp/pope-runs}
 case "$STAGE" in
   jsb|maestro|genome) LIMIT=${LIMIT:-480}; DATA=${DATA:-.device-data/$STAGE} ;;
@@ -85,6 +86,12 @@ case "$LIMIT$FT_STEPS$JOBS_PER_GPU$MAESTRO_STEPS$GENOME_MORE_SEED$GENOME_MORE_FI
               "GENOME_MORE_FINETUNE must be whole numbers" >&2
             exit 2 ;;
 esac
+if [ "$STAGE" = genome-more ] && [ -z "$GENOME_MORE_SEED" ]; then
+  [ "$GENOME_MORE_FINETUNE" = 0 ] || { echo "gpu_reproduce.sh: the genome-more fine-tunes start from the" \
+    "GENOME_MORE_SEED runs; with GENOME_MORE_SEED empty set GENOME_MORE_FINETUNE=0" >&2; exit 2; }
+  [ -n "${GENOME_MORE_BASELINES// /}" ] || { echo "gpu_reproduce.sh: GENOME_MORE_SEED and GENOME_MORE_BASELINES" \
+    "are both empty: the genome-more stage would train nothing" >&2; exit 2; }
+fi
 [ "$MAESTRO_STEPS" -ge 200 ] || { echo "gpu_reproduce.sh: MAESTRO_STEPS must be at least 200 (got $MAESTRO_STEPS)" >&2; exit 2; }
 pope() { python3 -m pope.cli "$@"; }
 mkdir -p "$OUT" "$RUNS"
@@ -211,16 +218,20 @@ case "$STAGE" in
     ;;
   genome-more)  # the sweeps share the genome stage's names: merged, their seeds join that stage's
     data_ready genome || exit 1
-    sweep "$GENOME_PRESET" pope "$GENOME_MORE_SEED" genome-pope & pids+=($!)
-    sweep "$GENOME_PRESET" rope "$GENOME_MORE_SEED" genome-rope & pids+=($!)
-    sweep "$GENOME_PRESET" pope:delta_init=zero "$GENOME_MORE_SEED" genome-pope-d0 & pids+=($!)
+    third=()  # the third seeds' runs (none when GENOME_MORE_SEED is empty)
+    if [ -n "$GENOME_MORE_SEED" ]; then
+      sweep "$GENOME_PRESET" pope "$GENOME_MORE_SEED" genome-pope & pids+=($!)
+      sweep "$GENOME_PRESET" rope "$GENOME_MORE_SEED" genome-rope & pids+=($!)
+      sweep "$GENOME_PRESET" pope:delta_init=zero "$GENOME_MORE_SEED" genome-pope-d0 & pids+=($!)
+      third=("$RUNS"/genome-pope/seed-"$GENOME_MORE_SEED" "$RUNS"/genome-rope/seed-"$GENOME_MORE_SEED"
+             "$RUNS"/genome-pope-d0/seed-"$GENOME_MORE_SEED")
+    fi
     for pe in $GENOME_MORE_BASELINES; do sweep "$GENOME_PRESET" "$pe" 0 genome-"$pe" & pids+=($!); done
     wait_all
-    context=$(lengths genome-rope 4)
+    reference=genome-rope; [ -n "$GENOME_MORE_SEED" ] || reference=genome-${GENOME_MORE_BASELINES%% *}
+    context=$(lengths "$reference" 4)
     [ "$GENOME_MORE_FINETUNE" = 0 ] || finetune_at "$context" "$GENOME_MORE_SEED" genome-rope genome-pope-d0
-    third=("$RUNS"/genome-pope/seed-"$GENOME_MORE_SEED" "$RUNS"/genome-rope/seed-"$GENOME_MORE_SEED"
-           "$RUNS"/genome-pope-d0/seed-"$GENOME_MORE_SEED")
-    length_eval genome-more genome "$(lengths genome-rope 1 2 4 8 10)" "${third[@]}" "$RUNS"/genome-alibi/seed-0 \
+    length_eval genome-more genome "$(lengths "$reference" 1 2 4 8 10)" "${third[@]}" "$RUNS"/genome-alibi/seed-0 \
       "$RUNS"/genome-nope/seed-0 "$RUNS"/genome-rope-ft"$context" "$RUNS"/genome-pope-d0-ft"$context"
     frequencies_of genome "${third[@]}"
     report_all genome-more genome
