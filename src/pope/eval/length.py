@@ -327,7 +327,6 @@ def run_length_eval(
     stamp = {**provenance(device), "data": str(dataset.path), "data_name": dataset.name, "split": split,
              "tail": tail, "same_documents": same_documents, "max_docs": max_docs, "n_buckets": n_buckets}
     collected: list[RunLengthResults] = []
-    base_labels: list[str] = []  # run_label of each run, before _disambiguate_labels renames clashes
     span = f"{min(lengths)}-{max(lengths)}" if min(lengths) != max(lengths) else f"{lengths[0]}"
     for run in runs:
         model, info = load_run_model(run, device)
@@ -346,12 +345,8 @@ def run_length_eval(
                   "pe": entry.pe, "train_length": entry.train_length,
                   "results": [r.to_dict(n_buckets) for r in results]}
         collected.append(entry)
-        base_labels.append(label)
         del model
-        # Labels are re-derived over the runs so far: a later run can make an earlier label ambiguous.
-        for earlier, base in zip(collected, base_labels):
-            earlier.label = base
-        _disambiguate_labels(collected)
+        _disambiguate_labels(collected)  # over the runs so far: a later run can make an earlier label ambiguous
         if out_dir is not None:  # where the user asked: first
             write_length_outputs(collected, Path(out_dir), n_buckets=n_buckets, title=f"{dataset.name} / {split}",
                                  provenance_stamp={**stamp, "runs_done": len(collected), "runs_requested": len(runs)})
@@ -374,10 +369,14 @@ def write_beside_run(run: str, name: str, record: dict, *, saved_in=None) -> Pat
 
 
 def _disambiguate_labels(entries: list[RunLengthResults]) -> None:
-    """Runs that share a label ('seed-0' of two sweeps) are named by the shortest tail of their paths that tells
-    them apart ('genome-pope/seed-0', 'genome-rope/seed-0'); the full path stays in each entry's ``run``."""
+    """Label each entry by its run's ``run_label``; runs that share one ('seed-0' of two sweeps) are named by the
+    shortest tail of their paths that tells them apart ('genome-pope/seed-0', 'genome-rope/seed-0'); the full path
+    stays in each entry's ``run``. Idempotent: labels are derived from the paths alone."""
+    from pope.eval.runs import run_label
+
     groups: dict[str, list[RunLengthResults]] = {}
     for entry in entries:
+        entry.label = run_label(entry.run)
         groups.setdefault(entry.label, []).append(entry)
     for label, group in groups.items():
         if len(group) < 2:
