@@ -52,7 +52,11 @@
 # (checkpoints never leave the machine), so size each device command to end with results: three or four training
 # runs and their evaluation, not five plus fine-tunes, unless the next command is certain to find the machine warm
 # (it is given back 30 s after a command ends). Each fine-tune is batch 64 x 4000 tokens as 2 micro-batches of 32,
-# 500 steps (not yet timed). It carries .device-data/genome like the genome stage.
+# 500 steps (not yet timed). Two training runs side by side with their length evaluation took 294 s (ALiBi and NoPE,
+# 2026-12-04 at 631cc68). One-command units: GENOME_MORE_SEED= GENOME_MORE_FINETUNE=0 (ALiBi and NoPE),
+# GENOME_MORE_BASELINES= GENOME_MORE_THIRD=rope (RoPE seed 2 and its YaRN fine-tune), the same with
+# GENOME_MORE_THIRD=pope-d0 (PoPE d=0 and PoPE+ft), and GENOME_MORE_THIRD=pope GENOME_MORE_FINETUNE=0 (PoPE d=U);
+# each retrains its run of the third seed. It carries .device-data/genome like the genome stage.
 #
 # Settings (environment): STAGE (required: jsb, maestro, genome, genome-more or text), LIMIT (training seconds per
 # seed and call; default 480 for jsb/maestro/genome/genome-more, 200 for text), JOBS_PER_GPU (default 4; the jsb and maestro stages run
@@ -60,7 +64,9 @@
 # (genome-h200), TEXT_PRESET (text-256), JSB_SEEDS (0-4), MAESTRO_SEEDS (0-1), GENOME_SEEDS (0-1), TEXT_SEEDS
 # (0-2, RoPE and PoPE d=0), GENOME_MORE_SEED (2; empty: no third seed, and then no fine-tunes),
 # GENOME_MORE_BASELINES (the seed-0 baselines of genome-more, default "alibi nope"; any --pe specs),
-# GENOME_MORE_FINETUNE (1; 0 skips its two fine-tunes), MAESTRO_STEPS (2000, with warmup 100 and an evaluation every
+# GENOME_MORE_THIRD (the settings of the third seed, default "pope rope pope-d0": PoPE d=U, RoPE, PoPE d=0),
+# GENOME_MORE_FINETUNE (1; 0 skips its fine-tunes: YaRN from RoPE and PoPE+ft from PoPE d=0, those of
+# GENOME_MORE_THIRD), MAESTRO_STEPS (2000, with warmup 100 and an evaluation every
 # 50 steps), FT_STEPS (500), EXTRA (more arguments for every `pope train`, e.g. "--set train.device=cpu"), FT_EXTRA
 # (more arguments for `pope finetune`; default "--set recipe.grad_accum=2" in the genome-more stage, nothing
 # elsewhere), EVAL_ARGS (more arguments for `pope eval length`), DATA (the carried data folder, default
@@ -74,6 +80,7 @@ JSB_PRESET=${JSB_PRESET:-jsb}; GENOME_PRESET=${GENOME_PRESET:-genome-h200}; TEXT
 JSB_SEEDS=${JSB_SEEDS:-0-4}; GENOME_SEEDS=${GENOME_SEEDS:-0-1}; TEXT_SEEDS=${TEXT_SEEDS:-0-2}; FT_STEPS=${FT_STEPS:-500}
 MAESTRO_PRESET=${MAESTRO_PRESET:-maestro}; MAESTRO_SEEDS=${MAESTRO_SEEDS:-0-1}; MAESTRO_STEPS=${MAESTRO_STEPS:-2000}
 GENOME_MORE_SEED=${GENOME_MORE_SEED-2}; GENOME_MORE_BASELINES=${GENOME_MORE_BASELINES-alibi nope}
+GENOME_MORE_THIRD=${GENOME_MORE_THIRD-pope rope pope-d0}
 GENOME_MORE_FINETUNE=${GENOME_MORE_FINETUNE:-1}; OUT=${OUT:-/tmp/out}; RUNS=${RUNS:-/tmp/pope-runs}
 case "$STAGE" in
   jsb|maestro|genome) LIMIT=${LIMIT:-480}; DATA=${DATA:-.device-data/$STAGE} ;;
@@ -86,11 +93,23 @@ case "$LIMIT$FT_STEPS$JOBS_PER_GPU$MAESTRO_STEPS$GENOME_MORE_SEED$GENOME_MORE_FI
               "GENOME_MORE_FINETUNE must be whole numbers" >&2
             exit 2 ;;
 esac
-if [ "$STAGE" = genome-more ] && [ -z "$GENOME_MORE_SEED" ]; then
-  [ "$GENOME_MORE_FINETUNE" = 0 ] || { echo "gpu_reproduce.sh: the genome-more fine-tunes start from the" \
-    "GENOME_MORE_SEED runs; with GENOME_MORE_SEED empty set GENOME_MORE_FINETUNE=0" >&2; exit 2; }
-  [ -n "${GENOME_MORE_BASELINES// /}" ] || { echo "gpu_reproduce.sh: GENOME_MORE_SEED and GENOME_MORE_BASELINES" \
-    "are both empty: the genome-more stage would train nothing" >&2; exit 2; }
+# the third seed's settings: name (its sweep is genome-NAME) -> --pe spec; YaRN and PoPE+ft start from rope, pope-d0
+declare -A THIRD_PE=([pope]=pope [rope]=rope [pope-d0]=pope:delta_init=zero)
+third_names=(); [ -z "$GENOME_MORE_SEED" ] || read -r -a third_names <<<"$GENOME_MORE_THIRD"
+if [ "$STAGE" = genome-more ]; then
+  for name in "${third_names[@]}"; do
+    [ -n "${THIRD_PE[$name]:-}" ] || { echo "gpu_reproduce.sh: GENOME_MORE_THIRD takes pope, rope and pope-d0," \
+      "not '$name'" >&2; exit 2; }
+  done
+  ft_sources=(); for name in "${third_names[@]}"; do
+    case $name in rope|pope-d0) ft_sources+=(genome-"$name") ;; esac
+  done
+  [ "$GENOME_MORE_FINETUNE" = 0 ] || [ "${#ft_sources[@]}" -gt 0 ] || { echo "gpu_reproduce.sh: the genome-more" \
+    "fine-tunes start from the third seed's rope or pope-d0 run; with GENOME_MORE_SEED empty or neither in" \
+    "GENOME_MORE_THIRD set GENOME_MORE_FINETUNE=0" >&2; exit 2; }
+  [ "${#third_names[@]}" -gt 0 ] || [ -n "${GENOME_MORE_BASELINES// /}" ] || { echo "gpu_reproduce.sh: no third" \
+    "seed (GENOME_MORE_SEED or GENOME_MORE_THIRD empty) and GENOME_MORE_BASELINES empty: the genome-more stage" \
+    "would train nothing" >&2; exit 2; }
 fi
 [ "$MAESTRO_STEPS" -ge 200 ] || { echo "gpu_reproduce.sh: MAESTRO_STEPS must be at least 200 (got $MAESTRO_STEPS)" >&2; exit 2; }
 pope() { python3 -m pope.cli "$@"; }
@@ -218,21 +237,23 @@ case "$STAGE" in
     ;;
   genome-more)  # the sweeps share the genome stage's names: merged, their seeds join that stage's
     data_ready genome || exit 1
-    third=()  # the third seeds' runs (none when GENOME_MORE_SEED is empty)
-    if [ -n "$GENOME_MORE_SEED" ]; then
-      sweep "$GENOME_PRESET" pope "$GENOME_MORE_SEED" genome-pope & pids+=($!)
-      sweep "$GENOME_PRESET" rope "$GENOME_MORE_SEED" genome-rope & pids+=($!)
-      sweep "$GENOME_PRESET" pope:delta_init=zero "$GENOME_MORE_SEED" genome-pope-d0 & pids+=($!)
-      third=("$RUNS"/genome-pope/seed-"$GENOME_MORE_SEED" "$RUNS"/genome-rope/seed-"$GENOME_MORE_SEED"
-             "$RUNS"/genome-pope-d0/seed-"$GENOME_MORE_SEED")
-    fi
-    for pe in $GENOME_MORE_BASELINES; do sweep "$GENOME_PRESET" "$pe" 0 genome-"$pe" & pids+=($!); done
+    third=() baselines=() tuned=() sweeps=()  # the runs of the third seed, of the baselines, the fine-tunes
+    for name in "${third_names[@]}"; do
+      sweep "$GENOME_PRESET" "${THIRD_PE[$name]}" "$GENOME_MORE_SEED" genome-"$name" & pids+=($!)
+      third+=("$RUNS"/genome-"$name"/seed-"$GENOME_MORE_SEED"); sweeps+=(genome-"$name")
+    done
+    for pe in $GENOME_MORE_BASELINES; do
+      sweep "$GENOME_PRESET" "$pe" 0 genome-"$pe" & pids+=($!)
+      baselines+=("$RUNS"/genome-"$pe"/seed-0); sweeps+=(genome-"$pe")
+    done
     wait_all
-    reference=genome-rope; [ -n "$GENOME_MORE_SEED" ] || reference=genome-${GENOME_MORE_BASELINES%% *}
-    context=$(lengths "$reference" 4)
-    [ "$GENOME_MORE_FINETUNE" = 0 ] || finetune_at "$context" "$GENOME_MORE_SEED" genome-rope genome-pope-d0
-    length_eval genome-more genome "$(lengths "$reference" 1 2 4 8 10)" "${third[@]}" "$RUNS"/genome-alibi/seed-0 \
-      "$RUNS"/genome-nope/seed-0 "$RUNS"/genome-rope-ft"$context" "$RUNS"/genome-pope-d0-ft"$context"
+    reference="" context=""  # the training length comes from the first sweep that started
+    for reference in "${sweeps[@]}"; do context=$(lengths "$reference" 4); [ -z "$context" ] || break; done
+    if [ "$GENOME_MORE_FINETUNE" != 0 ]; then
+      finetune_at "$context" "$GENOME_MORE_SEED" "${ft_sources[@]}"
+      for source in "${ft_sources[@]}"; do tuned+=("$RUNS/$source-ft$context"); done
+    fi
+    length_eval genome-more genome "$(lengths "$reference" 1 2 4 8 10)" "${third[@]}" "${baselines[@]}" "${tuned[@]}"
     frequencies_of genome "${third[@]}"
     report_all genome-more genome
     ;;

@@ -140,6 +140,11 @@ def test_gpu_reproduce_rejects_bad_arguments(tmp_path):
                          ({"STAGE": "genome-more", "GENOME_MORE_SEED": ""}, "set GENOME_MORE_FINETUNE=0"),
                          ({"STAGE": "genome-more", "GENOME_MORE_SEED": "", "GENOME_MORE_FINETUNE": "0",
                            "GENOME_MORE_BASELINES": " "}, "would train nothing"),
+                         ({"STAGE": "genome-more", "GENOME_MORE_THIRD": "rope alibi"},
+                          "GENOME_MORE_THIRD takes pope, rope and pope-d0, not 'alibi'"),
+                         ({"STAGE": "genome-more", "GENOME_MORE_THIRD": "pope"}, "set GENOME_MORE_FINETUNE=0"),
+                         ({"STAGE": "genome-more", "GENOME_MORE_THIRD": "", "GENOME_MORE_FINETUNE": "0",
+                           "GENOME_MORE_BASELINES": ""}, "would train nothing"),
                          ({"STAGE": "maestro", "MAESTRO_STEPS": "50"}, "MAESTRO_STEPS must be at least 200")]:
         result = _script(tmp_path, **env)
         assert result.returncode == 2 and message in result.stderr, result.stderr
@@ -259,13 +264,18 @@ def test_gpu_reproduce_genome_stage_on_cpu(tmp_path):
     assert "pope:delta_init=zero" in report and "## Perplexity vs evaluation length (genome/test" in report
 
 
-@pytest.mark.parametrize("short", [False, True], ids=["whole", "alibi-only"])
-def test_gpu_reproduce_genome_more_stage_on_cpu(tmp_path, short):
+UNITS = {"whole": {}, "alibi-only": {"GENOME_MORE_BASELINES": "alibi", "GENOME_MORE_SEED": "", "GENOME_MORE_FINETUNE": "0"},
+         "rope-unit": {"GENOME_MORE_BASELINES": "", "GENOME_MORE_THIRD": "rope"}}
+
+
+@pytest.mark.parametrize("unit", list(UNITS))
+def test_gpu_reproduce_genome_more_stage_on_cpu(tmp_path, unit):
     """The genome-more stage (genome-tiny at context 16, carried random 6-mer documents): ALiBi and NoPE seed 0, PoPE
     d=U, RoPE and PoPE d=0 seed GENOME_MORE_SEED in the genome stage's sweep directories, YaRN and PoPE+ft fine-tuned
-    at 4x from that seed, all seven evaluated at 1x..10x, frequency usage of the three, one report. Short: only the
-    baselines named in GENOME_MORE_BASELINES (alibi), no third seed (GENOME_MORE_SEED empty), so no fine-tunes
-    (GENOME_MORE_FINETUNE=0); the lengths come from the baseline's training length."""
+    at 4x from that seed, all seven evaluated at 1x..10x, frequency usage of the three, one report. alibi-only: only
+    the baselines named in GENOME_MORE_BASELINES (alibi), no third seed (GENOME_MORE_SEED empty), so no fine-tunes
+    (GENOME_MORE_FINETUNE=0); the lengths come from the baseline's training length. rope-unit: no baseline, the
+    third seed of RoPE alone (GENOME_MORE_THIRD=rope) and its YaRN fine-tune, nothing else."""
     data = tmp_path / "device-data"
     _write(data / "genome", 4107, {"train": [300] * 4, "valid": [200], "test": [400] * 2}, None)
     sets = [*TINY_SETS, "recipe.seq_len=16", "model.max_seq_len=16", "recipe.batch_size=4", "recipe.eval_batches=1"]
@@ -274,11 +284,19 @@ def test_gpu_reproduce_genome_more_stage_on_cpu(tmp_path, short):
     result = _script(tmp_path, extra_path=[_no_network(tmp_path)], STAGE="genome-more", GENOME_PRESET="genome-tiny",
                      EXTRA=" ".join(f"--set {s}" for s in sets), FT_STEPS="2", FT_EXTRA=ft, EVAL_ARGS="--device cpu",
                      DATA=str(data), POPE_CACHE=str(tmp_path / "empty-cache"), OMP_NUM_THREADS="1",
-                     **({"GENOME_MORE_BASELINES": "alibi", "GENOME_MORE_SEED": "", "GENOME_MORE_FINETUNE": "0"} if short else {}))
+                     **UNITS[unit])
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"data: genome from the carried folder {data}/genome" in result.stdout
     runs = tmp_path / "runs"
-    if short:
+    if unit == "rope-unit":
+        assert sorted(p.name for p in runs.iterdir() if p.is_dir()) == ["genome-rope", "genome-rope-ft64",
+                                                                         "length-genome-more", "report-genome-more"]
+        assert json.loads((runs / "genome-rope-ft64/config.json").read_text())["model"]["pe"].startswith("yarn:")
+        evaluated = json.loads((runs / "length-genome-more/length.json").read_text())["runs"]
+        assert [Path(run["run"]).parts[-1] for run in evaluated] == ["seed-2", "genome-rope-ft64"]
+        assert (runs / "genome-rope/seed-2/eval/frequencies/frequency_usage.json").is_file()
+        return
+    if unit == "alibi-only":
         assert sorted(p.name for p in runs.iterdir() if p.is_dir()) == ["genome-alibi", "length-genome-more",
                                                                          "report-genome-more"]
         evaluated = json.loads((runs / "length-genome-more/length.json").read_text())["runs"]
