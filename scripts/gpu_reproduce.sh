@@ -16,6 +16,10 @@
 #   STAGE=text   bash scripts/gpu_reproduce.sh   # text-256: RoPE, PoPE d=0 (3 seeds), PoPE d=U, ALiBi, NoPE (1);
 #                                                # YaRN and PoPE+ft (fine-tune at 4x); pope eval length at 1x..20x;
 #                                                # frequency usage; pope report
+#   STAGE=text-ablations bash scripts/gpu_reproduce.sh  # the paper's OpenWebText ablations at text-256 scale:
+#                                                # PoPE d=0 (full), identity magnitude (no softplus), ReLU magnitude,
+#                                                # no delta, ABLATION_SEEDS (0-1) each, side by side in one lease;
+#                                                # pope eval length at 1x..10x; pope report --against the full PoPE
 #
 # Data: the GPU machine reaches no network, so each stage's prepared dataset travels with the command. Build it
 # here with `bash scripts/device_data.sh STAGE` (-> .device-data/STAGE, ignored by git; sizes: jsb 0.6 MiB,
@@ -58,11 +62,15 @@
 # GENOME_MORE_THIRD=pope-d0 (PoPE d=0 and PoPE+ft), and GENOME_MORE_THIRD=pope GENOME_MORE_FINETUNE=0 (PoPE d=U);
 # each retrains its run of the third seed. It carries .device-data/genome like the genome stage.
 #
-# Settings (environment): STAGE (required: jsb, maestro, genome, genome-more or text), LIMIT (training seconds per
-# seed and call; default 480 for jsb/maestro/genome/genome-more, 200 for text), JOBS_PER_GPU (default 4; the jsb and maestro stages run
+# The text-ablations stage (not yet run): text-256 runs two at a time took 74 s each (35.6 ms a step, 2026-12-02), so
+# its eight runs side by side should end, with their length evaluation, inside one 540-s command; ABLATION_SEEDS=2
+# adds third seeds in another. It carries .device-data/text like the text stage.
+#
+# Settings (environment): STAGE (required: jsb, maestro, genome, genome-more, text or text-ablations), LIMIT
+# (training seconds per seed and call; default 480 for jsb/maestro/genome/genome-more/text-ablations, 200 for text), JOBS_PER_GPU (default 4; the jsb and maestro stages run
 # their two sweeps side by side with 3 and 2 each), JSB_PRESET (jsb), MAESTRO_PRESET (maestro), GENOME_PRESET
 # (genome-h200), TEXT_PRESET (text-256), JSB_SEEDS (0-4), MAESTRO_SEEDS (0-1), GENOME_SEEDS (0-1), TEXT_SEEDS
-# (0-2, RoPE and PoPE d=0), GENOME_MORE_SEED (2; empty: no third seed, and then no fine-tunes),
+# (0-2, RoPE and PoPE d=0), ABLATION_SEEDS (0-1), GENOME_MORE_SEED (2; empty: no third seed, and then no fine-tunes),
 # GENOME_MORE_BASELINES (the seed-0 baselines of genome-more, default "alibi nope"; any --pe specs),
 # GENOME_MORE_THIRD (the settings of the third seed, default "pope rope pope-d0": PoPE d=U, RoPE, PoPE d=0),
 # GENOME_MORE_FINETUNE (1; 0 skips its fine-tunes: YaRN from RoPE and PoPE+ft from PoPE d=0, those of
@@ -70,7 +78,7 @@
 # 50 steps), FT_STEPS (500), EXTRA (more arguments for every `pope train`, e.g. "--set train.device=cpu"), FT_EXTRA
 # (more arguments for `pope finetune`; default "--set recipe.grad_accum=2" in the genome-more stage, nothing
 # elsewhere), EVAL_ARGS (more arguments for `pope eval length`), DATA (the carried data folder, default
-# .device-data/$STAGE, .device-data/genome for genome-more), RUNS (/tmp/pope-runs), OUT (/tmp/out), ARCHIVE_ONLY (1: run nothing, only write the
+# .device-data/$STAGE, .device-data/genome for genome-more, .device-data/text for text-ablations), RUNS (/tmp/pope-runs), OUT (/tmp/out), ARCHIVE_ONLY (1: run nothing, only write the
 # archive of what RUNS holds now, as $OUT/reproduce-$ARCHIVE_NAME.tar.gz; ARCHIVE_NAME defaults to STAGE).
 # scripts/gpu_reproduce_bg.sh runs stages in the background across the device commands of one lease.
 set -u
@@ -78,6 +86,7 @@ export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 NCCL_NVLS_EN
 STAGE=${STAGE:-}; EXTRA=${EXTRA:-}; FT_EXTRA=${FT_EXTRA:-}; EVAL_ARGS=${EVAL_ARGS:-}; JOBS_PER_GPU=${JOBS_PER_GPU:-4}
 JSB_PRESET=${JSB_PRESET:-jsb}; GENOME_PRESET=${GENOME_PRESET:-genome-h200}; TEXT_PRESET=${TEXT_PRESET:-text-256}
 JSB_SEEDS=${JSB_SEEDS:-0-4}; GENOME_SEEDS=${GENOME_SEEDS:-0-1}; TEXT_SEEDS=${TEXT_SEEDS:-0-2}; FT_STEPS=${FT_STEPS:-500}
+ABLATION_SEEDS=${ABLATION_SEEDS:-0-1}
 MAESTRO_PRESET=${MAESTRO_PRESET:-maestro}; MAESTRO_SEEDS=${MAESTRO_SEEDS:-0-1}; MAESTRO_STEPS=${MAESTRO_STEPS:-2000}
 GENOME_MORE_SEED=${GENOME_MORE_SEED-2}; GENOME_MORE_BASELINES=${GENOME_MORE_BASELINES-alibi nope}
 GENOME_MORE_THIRD=${GENOME_MORE_THIRD-pope rope pope-d0}
@@ -86,7 +95,9 @@ case "$STAGE" in
   jsb|maestro|genome) LIMIT=${LIMIT:-480}; DATA=${DATA:-.device-data/$STAGE} ;;
   genome-more) LIMIT=${LIMIT:-480}; DATA=${DATA:-.device-data/genome}; FT_EXTRA=${FT_EXTRA:---set recipe.grad_accum=2} ;;
   text) LIMIT=${LIMIT:-200}; DATA=${DATA:-.device-data/$STAGE} ;;
-  *) echo "gpu_reproduce.sh: STAGE must be jsb, maestro, genome, genome-more or text (got '${STAGE}')" >&2; exit 2 ;;
+  text-ablations) LIMIT=${LIMIT:-480}; DATA=${DATA:-.device-data/text} ;;
+  *) echo "gpu_reproduce.sh: STAGE must be jsb, maestro, genome, genome-more, text or text-ablations" \
+          "(got '${STAGE}')" >&2; exit 2 ;;
 esac
 case "$LIMIT$FT_STEPS$JOBS_PER_GPU$MAESTRO_STEPS$GENOME_MORE_SEED$GENOME_MORE_FINETUNE" in
   *[!0-9]*) echo "gpu_reproduce.sh: LIMIT, FT_STEPS, JOBS_PER_GPU, MAESTRO_STEPS, GENOME_MORE_SEED and" \
@@ -272,6 +283,18 @@ case "$STAGE" in
     length_eval text-long text "$(lengths text-rope 16 20)" "${text_runs[@]}"
     frequencies_of text "$RUNS"/text-rope/seed-0 "$RUNS"/text-pope-d0/seed-0 "$RUNS"/text-pope-du/seed-0
     report_all text text
+    ;;
+  text-ablations)  # each ablation beside the full PoPE (delta zero, the paper's init for text) of the same lease
+    data_ready text || exit 1
+    sweep "$TEXT_PRESET" pope:delta_init=zero "$ABLATION_SEEDS" ablation-full & pids+=($!)
+    sweep "$TEXT_PRESET" pope:delta_init=zero,magnitude=identity "$ABLATION_SEEDS" ablation-identity & pids+=($!)
+    sweep "$TEXT_PRESET" pope:delta_init=zero,magnitude=relu "$ABLATION_SEEDS" ablation-relu & pids+=($!)
+    sweep "$TEXT_PRESET" pope:use_delta=false "$ABLATION_SEEDS" ablation-no-delta & pids+=($!)
+    wait_all
+    length_eval ablations text "$(lengths ablation-full 1 2 4 8 10)" "$RUNS"/ablation-*/seed-*
+    ablations=(); for run in "$RUNS"/ablation-*/; do [ -f "$run/sweep.json" ] && ablations+=("$run"); done
+    [ ! -f "$RUNS/ablation-full/sweep.json" ] || pope report "${ablations[@]}" --against "$RUNS/ablation-full" \
+      --out "$RUNS/report-text-ablations" || status=1
     ;;
 esac
 

@@ -22,12 +22,12 @@
 # Settings (environment): OUT (this command's $OUT; default /tmp/out), RUNS (/tmp/pope-runs), LOG_DIR (/tmp),
 # MPS (on), and anything gpu_reproduce.sh reads (GENOME_SEEDS, TEXT_SEEDS, ...), passed on to every stage.
 set -u
-usage="usage: gpu_reproduce_bg.sh SECONDS STAGE... (STAGE: jsb, maestro, genome, genome-more or text)"
+usage="usage: gpu_reproduce_bg.sh SECONDS STAGE... (STAGE: jsb, maestro, genome, genome-more, text or text-ablations)"
 limit=${1:-}; shift || true
 case $limit in ''|*[!0-9]*) echo "gpu_reproduce_bg.sh: SECONDS must be a whole number, not '$limit'; $usage" >&2; exit 2 ;; esac
 [ $# -gt 0 ] || { echo "gpu_reproduce_bg.sh: name at least one stage; $usage" >&2; exit 2; }
 for stage in "$@"; do
-  case $stage in jsb|maestro|genome|genome-more|text) ;; *) echo "gpu_reproduce_bg.sh: unknown stage '$stage'; $usage" >&2; exit 2 ;; esac
+  case $stage in jsb|maestro|genome|genome-more|text|text-ablations) ;; *) echo "gpu_reproduce_bg.sh: unknown stage '$stage'; $usage" >&2; exit 2 ;; esac
 done
 here=$(dirname "$0")
 export RUNS=${RUNS:-/tmp/pope-runs}

@@ -133,8 +133,9 @@ def _script(tmp_path, *, extra_path=(), **env):
 
 
 def test_gpu_reproduce_rejects_bad_arguments(tmp_path):
-    for env, message in [({}, "STAGE must be jsb, maestro, genome, genome-more or text (got '')"),
-                         ({"STAGE": "owt"}, "STAGE must be jsb, maestro, genome, genome-more or text (got 'owt')"),
+    for env, message in [({}, "STAGE must be jsb, maestro, genome, genome-more, text or text-ablations (got '')"),
+                         ({"STAGE": "owt"}, "STAGE must be jsb, maestro, genome, genome-more, text or text-ablations "
+                                            "(got 'owt')"),
                          ({"STAGE": "jsb", "LIMIT": "5m"}, "must be whole numbers"),
                          ({"STAGE": "genome-more", "GENOME_MORE_FINETUNE": "no"}, "must be whole numbers"),
                          ({"STAGE": "genome-more", "GENOME_MORE_SEED": ""}, "set GENOME_MORE_FINETUNE=0"),
@@ -322,6 +323,37 @@ def test_gpu_reproduce_genome_more_stage_on_cpu(tmp_path, unit):
         names = set(archive.getnames())
     assert "./length-genome-more/length.json" in names and "./genome-nope/seed-0/summary.json" in names
     assert not any("checkpoints" in n for n in names)
+
+
+def test_gpu_reproduce_text_ablations_stage_on_cpu(tmp_path):
+    """The text-ablations stage on CPU (text-256-tiny at context 16, a carried random token set): full PoPE (delta
+    zero), identity and ReLU magnitudes and no delta, two seeds each, side by side; their length evaluation at
+    1x..10x; one report with each ablation against the full PoPE."""
+    data = tmp_path / "device-data"
+    _write(data / "text", TEXT_VOCAB, {"train": [300] * 4, "valid": [200], "test": [400] * 2}, None)
+    sets = [*TINY_SETS, "recipe.seq_len=16", "model.max_seq_len=16", "recipe.batch_size=4", "recipe.eval_batches=1",
+            f"model.vocab_size={TEXT_VOCAB}"]
+    result = _script(tmp_path, extra_path=[_no_network(tmp_path)], STAGE="text-ablations",
+                     TEXT_PRESET="text-256-tiny", EXTRA=" ".join(f"--set {s}" for s in sets), EVAL_ARGS="--device cpu",
+                     DATA=str(data), POPE_CACHE=str(tmp_path / "empty-cache"), OMP_NUM_THREADS="1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    runs = tmp_path / "runs"
+    specs = {"full": "pope:delta_init=zero", "identity": "pope:delta_init=zero,magnitude=identity",
+             "relu": "pope:delta_init=zero,magnitude=relu", "no-delta": "pope:use_delta=false"}
+    for name, spec in specs.items():
+        assert f"sweep ablation-{name} exit status 0" in result.stdout
+        for seed in (0, 1):
+            config = json.loads((runs / f"ablation-{name}/seed-{seed}/config.json").read_text())
+            assert config["model"]["pe"].startswith(spec) and config["seed"] == seed
+    evaluated = json.loads((runs / "length-ablations/length.json").read_text())["runs"]
+    assert len(evaluated) == 8 and all({r["length"] for r in run["results"]} == {16, 32, 64, 128, 160}
+                                       for run in evaluated)
+    report = (runs / "report-text-ablations/report.md").read_text()
+    against = report[report.index("## Against"):]
+    assert "ablation-full/" in against.splitlines()[0]
+    for name in ("identity", "relu", "no-delta"):  # each ablation has its rows against the full PoPE
+        assert any(line.startswith("| text-256-tiny |") and f"| ablation-{name}/ " in line
+                   for line in against.splitlines()[1:])
 
 
 @pytest.mark.slow
