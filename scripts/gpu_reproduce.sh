@@ -108,11 +108,10 @@ esac
 declare -A THIRD_PE=([pope]=pope [rope]=rope [pope-d0]=pope:delta_init=zero)
 third_names=(); [ -z "$GENOME_MORE_SEED" ] || read -r -a third_names <<<"$GENOME_MORE_THIRD"
 if [ "$STAGE" = genome-more ]; then
+  ft_sources=()  # the third seed's sweeps that the fine-tunes start from
   for name in "${third_names[@]}"; do
     [ -n "${THIRD_PE[$name]:-}" ] || { echo "gpu_reproduce.sh: GENOME_MORE_THIRD takes pope, rope and pope-d0," \
       "not '$name'" >&2; exit 2; }
-  done
-  ft_sources=(); for name in "${third_names[@]}"; do
     case $name in rope|pope-d0) ft_sources+=(genome-"$name") ;; esac
   done
   [ "$GENOME_MORE_FINETUNE" = 0 ] || [ "${#ft_sources[@]}" -gt 0 ] || { echo "gpu_reproduce.sh: the genome-more" \
@@ -208,11 +207,12 @@ frequencies_of() {
   done
 }
 
-# report_all NAME PREFIX: one `pope report` of every sweep and single run $RUNS/PREFIX-*/ into $RUNS/report-NAME
+# report_all NAME PREFIX [ARG...]: one `pope report` of every sweep and single run $RUNS/PREFIX-*/ into
+# $RUNS/report-NAME, with the ARGs (e.g. --against DIR)
 report_all() {
-  local reported=() run
-  for run in "$RUNS/$2"-*/; do [ -f "$run/sweep.json" ] || [ -f "$run/config.json" ] && reported+=("$run"); done
-  [ "${#reported[@]}" -eq 0 ] || pope report "${reported[@]}" --out "$RUNS/report-$1" || status=1
+  local name=$1 prefix=$2 reported=() run; shift 2
+  for run in "$RUNS/$prefix"-*/; do [ -f "$run/sweep.json" ] || [ -f "$run/config.json" ] && reported+=("$run"); done
+  [ "${#reported[@]}" -eq 0 ] || pope report "${reported[@]}" --out "$RUNS/report-$name" "$@" || status=1
 }
 
 [ "${ARCHIVE_ONLY:-0}" = 1 ] && STAGE=archive-only  # only the archive below: scripts/gpu_reproduce_bg.sh's partial results
@@ -292,9 +292,7 @@ case "$STAGE" in
     sweep "$TEXT_PRESET" pope:use_delta=false "$ABLATION_SEEDS" ablation-no-delta & pids+=($!)
     wait_all
     length_eval ablations text "$(lengths ablation-full 1 2 4 8 10)" "$RUNS"/ablation-*/seed-*
-    ablations=(); for run in "$RUNS"/ablation-*/; do [ -f "$run/sweep.json" ] && ablations+=("$run"); done
-    [ ! -f "$RUNS/ablation-full/sweep.json" ] || pope report "${ablations[@]}" --against "$RUNS/ablation-full" \
-      --out "$RUNS/report-text-ablations" || status=1
+    [ ! -f "$RUNS/ablation-full/sweep.json" ] || report_all text-ablations ablation --against "$RUNS/ablation-full"
     ;;
 esac
 
