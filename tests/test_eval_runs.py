@@ -609,3 +609,14 @@ def test_paper_value_of_the_indirect_indexing_baselines():
     assert paper_value("indirect-indexing", "sinusoidal-abs") == 0.0190
     assert paper_value("indirect-indexing", "alibi-half:slopes=x") is None  # an option set: not the paper's setting
     assert paper_value("jsb", "rope-half") is None  # the paper reports no JSB baseline
+
+
+def test_report_plot_colours_are_distinct_for_twenty_settings():
+    # The indirect-indexing report has 12 settings: with matplotlib's 10-colour cycle two of them shared a colour.
+    from matplotlib.colors import to_rgb
+
+    from pope.eval.report_plots import setting_colour
+
+    colours = [to_rgb(setting_colour(i)) for i in range(20)]
+    assert len(set(colours)) == 20
+    assert setting_colour(20) == setting_colour(0)

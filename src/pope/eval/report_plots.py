@@ -22,6 +22,17 @@ def _where(preset: str, label: str) -> str:
     return preset if label == "—" else _sweep_directory(label)
 
 
+# Twenty distinct colours, one per setting: matplotlib's ten default ones, then ten darker hues of its tab20b map,
+# so a report of 11-20 settings (the indirect-indexing sweep has 12) never gives two settings one colour.
+_COLOURS = [f"C{i}" for i in range(10)] + ["#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173",
+                                           "#6b6ecf", "#b5cf6b", "#e7ba52", "#d6616b", "#ce6dbd"]
+
+
+def setting_colour(index: int) -> str:
+    """The colour of the index-th setting of a plot (distinct for 20 settings, then repeating)."""
+    return _COLOURS[index % len(_COLOURS)]
+
+
 def plot_report(records: list[RunRecord], path: Path) -> Path | None:
     """One column per preset × PE × setting over finished runs: mean with an error bar of one std over seeds,
     dots = seeds, cross = paper. Points, not bars from zero, so gaps of a few hundredths in an NLL stay
@@ -42,7 +53,7 @@ def plot_report(records: list[RunRecord], path: Path) -> Path | None:
         for x, (pe, members) in enumerate(mine):
             values = finite(m.value for m in members)
             mean, std, _ = mean_std(values)
-            ax.errorbar([x], [mean], yerr=[std or 0], fmt="s", color=f"C{x % 10}", markersize=8, capsize=6,
+            ax.errorbar([x], [mean], yerr=[std or 0], fmt="s", color=setting_colour(x), markersize=8, capsize=6,
                         zorder=2)
             ax.scatter([x + 0.12] * len(values), values, color="black", s=10, zorder=3)
             paper = paper_value(preset, members[0].pe)
@@ -68,7 +79,7 @@ def plot_report_lengths(records: list[RunRecord], path: Path) -> Path | None:
         return None
     plt = pyplot()
     groups = sorted(finished_groups(records).items())
-    colours = {key: f"C{i % 10}" for i, (key, _) in enumerate(groups)}
+    colours = {key: setting_colour(i) for i, (key, _) in enumerate(groups)}
     fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 4.5), squeeze=False)
     legend: dict[str, object] = {}
     for ax, key in zip(axes[0], keys):
@@ -107,7 +118,7 @@ def plot_accuracy_curves(records: list[RunRecord], path: Path) -> Path | None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 6))
     for index, ((preset, pe, label), members) in enumerate(groups):
-        colour = f"C{index % 10}"
+        colour = setting_colour(index)
         finished = sum(m.finished for m in members)
         name = f"{pe} {_where(preset, label)} ({finished} finished, {len(members) - finished} unfinished)"
         for number, member in enumerate(m for m in members if m.curve):
@@ -140,7 +151,7 @@ def plot_accuracy_by_shift(records: list[RunRecord], path: Path) -> Path | None:
         stats = [mean_std([100 * t[s][0] / t[s][1] for t in tables if s in t]) for s in shifts]  # (mean, std, n)
         means = [mean for mean, _, _ in stats]
         stds = [std or 0.0 for _, std, _ in stats]
-        colour = f"C{index % 10}"
+        colour = setting_colour(index)
         ax.plot(shifts, means, color=colour, marker="o", markersize=3, lw=1.2,
                 label=f"{pe} {_where(preset, label)} (n={len(tables)})")
         ax.fill_between(shifts, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
@@ -167,7 +178,7 @@ def plot_loss_curves(records: list[RunRecord], path: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(8, 5))
     lowest, highest = float("inf"), float("-inf")
     for index, ((preset, pe, label), members) in enumerate(groups):
-        colour = f"C{index % 10}"
+        colour = setting_colour(index)
         name = f"{pe} {_where(preset, label)} (n={len(members)})"
         for number, member in enumerate(m for m in members if m.loss_curve):
             steps, valid, test = zip(*member.loss_curve)
