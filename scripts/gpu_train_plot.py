@@ -1,9 +1,15 @@
-"""Accuracy-vs-step plot of indirect-indexing runs from their metrics JSONL files.
+"""Accuracy-vs-step plot of indirect-indexing runs from their metrics, optionally with each run's learning rate.
 
     python scripts/gpu_train_plot.py results/indirect_indexing/pope-seed0.jsonl \
         results/indirect_indexing/rope-seed0.jsonl --out results/indirect_indexing/accuracy_vs_step.png
-Prints the table of test accuracy per evaluation and writes the PNG (test accuracy solid, validation
-dashed; the paper's 3-seed means as horizontal lines).
+    python scripts/gpu_train_plot.py "wrap, 100k steps, seed 0=results/.../pope-wrap/seed-0" \
+        "wrap, 200k steps, seed 0=results/.../pope-wrap-200k/seed-0" --lr --no-valid --out schedules.png
+
+Each argument is a metrics JSONL file or a run directory holding metrics.jsonl, optionally as LABEL=PATH (the
+label defaults to the file's stem, or the run directory's name). Prints the table of test accuracy per evaluation
+and writes the PNG: test accuracy solid, validation dashed (unless --no-valid), the paper's 3-seed means as dotted
+lines for labels named pope-... or rope-... and for each --paper PE; --lr adds a panel below with each run's learning rate (the `lr` of its
+training records), so where runs part can be read against their schedules.
 """
 from __future__ import annotations
 
@@ -14,50 +20,86 @@ from pathlib import Path
 PAPER = {"pope": 0.9482, "rope": 0.1116}
 
 
-def main() -> int:
+def read_run(argument: str) -> tuple[str, list[dict]]:
+    """(label, records) of one LABEL=PATH or PATH argument; a one-line SystemExit when it cannot be read."""
+    label, _, path_text = argument.rpartition("=") if "=" in argument else ("", "", argument)
+    path = Path(path_text)
+    if path.is_dir():
+        label = label or path.name
+        path = path / "metrics.jsonl"
+    if not path.is_file():
+        raise SystemExit(f"gpu_train_plot.py: no metrics file {path} (give a metrics.jsonl or a run directory)")
+    try:
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except json.JSONDecodeError as error:
+        raise SystemExit(f"gpu_train_plot.py: {path} is not JSON lines ({error})") from None
+    if not any(r.get("kind") == "eval" for r in records):
+        raise SystemExit(f"gpu_train_plot.py: {path} has no eval records")
+    return label or path.stem, records
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("jsonl", nargs="+", help="metrics.jsonl files (named PE-seedN.jsonl)")
+    parser.add_argument("runs", nargs="+", help="metrics.jsonl files or run directories, optionally LABEL=PATH")
     parser.add_argument("--out", required=True, help="PNG path")
-    args = parser.parse_args()
+    parser.add_argument("--lr", action="store_true", help="add a panel with each run's learning rate")
+    parser.add_argument("--no-valid", action="store_true", help="plot test accuracy only")
+    parser.add_argument("--paper", action="append", choices=sorted(PAPER), default=[],
+                        help="draw the paper's 3-seed mean for this PE (also drawn for labels named PE-...)")
+    parser.add_argument("--title", default="Indirect indexing (8 layers, d_model 512)")
+    args = parser.parse_args(argv)
+    runs = [read_run(argument) for argument in args.runs]
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as err:
         raise SystemExit("plotting needs matplotlib: pip install 'pope-attention[train]'") from err
-    figure, axis = plt.subplots(figsize=(7, 4.2))
+    if args.lr:
+        figure, (axis, lr_axis) = plt.subplots(2, 1, figsize=(7, 6), sharex=True, height_ratios=(3, 1.3))
+    else:
+        figure, axis = plt.subplots(figsize=(7, 4.2))
     table = {}
-    for path in map(Path, args.jsonl):
-        label = path.stem
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for label, records in runs:
         evals = [r for r in records if r.get("kind") == "eval"]
-        if not evals:
-            raise SystemExit(f"{path} has no eval records")
         steps = [r["step"] for r in evals]
         line, = axis.plot(steps, [100 * r["test_accuracy"] for r in evals], marker="o", markersize=3,
-                          label=f"{label} test")
-        axis.plot(steps, [100 * r["valid_accuracy"] for r in evals], linestyle="--", color=line.get_color(),
-                  alpha=0.6, label=f"{label} valid")
+                          label=f"{label} test" if not args.no_valid else label)
+        if not args.no_valid:
+            axis.plot(steps, [100 * r["valid_accuracy"] for r in evals], linestyle="--", color=line.get_color(),
+                      alpha=0.6, label=f"{label} valid")
         pe = label.split("-")[0]
         if pe in PAPER:
             axis.axhline(100 * PAPER[pe], color=line.get_color(), linestyle=":", linewidth=1,
                          label=f"paper {pe} (3-seed mean)")
+        if args.lr:
+            train = [r for r in records if r.get("kind") == "train" and "lr" in r]
+            lr_axis.plot([r["step"] for r in train], [r["lr"] for r in train], color=line.get_color(), label=label)
         table[label] = {r["step"]: r["test_accuracy"] for r in evals}
+    for pe in args.paper:
+        axis.axhline(100 * PAPER[pe], color="black", linestyle=":", linewidth=1, label=f"paper {pe} (3-seed mean)")
     axis.axhline(100 / 52, color="grey", linewidth=0.8, label="chance (1/52)")
-    axis.set_xlabel("training step")
     axis.set_ylabel("accuracy on the target letter (%)")
-    axis.set_title("Indirect indexing (8 layers, d_model 512), one seed each")
+    axis.set_title(args.title)
     axis.set_ylim(0, 100)
     axis.grid(alpha=0.3)
     axis.legend(fontsize=7, loc="upper left")
+    if args.lr:
+        lr_axis.set_ylabel("learning rate")
+        lr_axis.set_ylim(bottom=0)
+        lr_axis.grid(alpha=0.3)
+        lr_axis.set_xlabel("training step")
+    else:
+        axis.set_xlabel("training step")
     figure.tight_layout()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(args.out, dpi=130)
     labels = list(table)
     steps = sorted(set().union(*(t.keys() for t in table.values())))
-    print("step".rjust(8) + "".join(f"{label:>16}" for label in labels))
+    width = max(16, *(len(label) + 2 for label in labels))
+    print("step".rjust(8) + "".join(f"{label:>{width}}" for label in labels))
     for step in steps:
-        print(f"{step:>8}" + "".join(f"{100 * table[l][step]:>15.2f}%" if step in table[l] else " " * 16
+        print(f"{step:>8}" + "".join(f"{100 * table[l][step]:>{width - 1}.2f}%" if step in table[l] else " " * width
                                       for l in labels))
     print(f"wrote {args.out}")
     return 0

@@ -1,0 +1,51 @@
+"""scripts/gpu_train_plot.py: accuracy (and learning rate) against step from run directories or metrics files."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_train_plot.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("gpu_train_plot", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_run(directory: Path, accuracies: list[float], lr: float) -> Path:
+    directory.mkdir(parents=True)
+    lines = []
+    for index, accuracy in enumerate(accuracies, start=1):
+        lines.append({"step": 500 * index, "kind": "train", "loss": 1.0, "lr": lr / index})
+        lines.append({"step": 500 * index, "kind": "eval", "test_accuracy": accuracy, "valid_accuracy": accuracy})
+    (directory / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return directory
+
+
+def test_plots_labelled_runs_with_their_learning_rate(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    short = write_run(tmp_path / "short", [0.05, 0.06], 2e-4)
+    long = write_run(tmp_path / "long", [0.05, 0.5], 2e-4)
+    out = tmp_path / "plot.png"
+    assert load_script().main([f"100k steps={short}", str(long / "metrics.jsonl"), "--lr", "--no-valid",
+                               "--paper", "pope", "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = capsys.readouterr().out.splitlines()
+    assert "100k steps" in table[0] and "metrics" in table[0]  # LABEL=PATH, else the file's stem
+    assert table[2].split() == ["1000", "6.00%", "50.00%"]
+
+
+def test_a_missing_or_broken_run_is_one_line(tmp_path):
+    script = load_script()
+    with pytest.raises(SystemExit, match="no metrics file"):
+        script.main([str(tmp_path / "absent"), "--out", str(tmp_path / "x.png")])
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "metrics.jsonl").write_text("{not json\n")
+    with pytest.raises(SystemExit, match="is not JSON lines"):
+        script.main([str(broken), "--out", str(tmp_path / "x.png")])
