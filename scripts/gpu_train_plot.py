@@ -1,14 +1,14 @@
 """Accuracy-vs-step plot of indirect-indexing runs from their metrics, optionally with each run's learning rate.
 
-    python scripts/gpu_train_plot.py results/indirect_indexing/pope-seed0.jsonl \
+    PYTHONPATH=src python scripts/gpu_train_plot.py results/indirect_indexing/pope-seed0.jsonl \
         results/indirect_indexing/rope-seed0.jsonl --out results/indirect_indexing/accuracy_vs_step.png
-    python scripts/gpu_train_plot.py "wrap, 100k steps, seed 0=results/.../pope-wrap/seed-0" \
+    PYTHONPATH=src python scripts/gpu_train_plot.py "wrap, 100k steps, seed 0=results/.../pope-wrap/seed-0" \
         "wrap, 200k steps, seed 0=results/.../pope-wrap-200k/seed-0" --lr --no-valid --out schedules.png
 
 Each argument is a metrics JSONL file or a run directory holding metrics.jsonl, optionally as LABEL=PATH (the
 label defaults to the file's stem, or the run directory's name). Prints the table of test accuracy per evaluation
 and writes the PNG: test accuracy solid, validation dashed (unless --no-valid), the paper's 3-seed means as dotted
-lines for labels named pope-... or rope-... and for each --paper PE; --lr adds a panel below with each run's learning rate (the `lr` of its
+lines for labels named pope-... or rope-... and for each --paper PE (pope.eval.report.paper_value); --lr adds a panel below with each run's learning rate (the `lr` of its
 training records), so where runs part can be read against their schedules.
 """
 from __future__ import annotations
@@ -17,12 +17,14 @@ import argparse
 import json
 from pathlib import Path
 
-PAPER = {"pope": 0.9482, "rope": 0.1116}
+from pope.eval.report import paper_value
+
+PRESET = "indirect-indexing"  # the paper's numbers drawn are this preset's (pope.presets)
 
 
 def read_run(argument: str) -> tuple[str, list[dict]]:
     """(label, records) of one LABEL=PATH or PATH argument; a one-line SystemExit when it cannot be read."""
-    label, _, path_text = argument.rpartition("=") if "=" in argument else ("", "", argument)
+    label, _, path_text = argument.rpartition("=")  # no "=": label ""
     path = Path(path_text)
     if path.is_dir():
         label = label or path.name
@@ -44,10 +46,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="PNG path")
     parser.add_argument("--lr", action="store_true", help="add a panel with each run's learning rate")
     parser.add_argument("--no-valid", action="store_true", help="plot test accuracy only")
-    parser.add_argument("--paper", action="append", choices=sorted(PAPER), default=[],
-                        help="draw the paper's 3-seed mean for this PE (also drawn for labels named PE-...)")
+    parser.add_argument("--paper", action="append", default=[], metavar="PE",
+                        help="draw the paper's 3-seed mean for this PE, e.g. pope or rope-half (also drawn for "
+                             "labels named PE-...)")
     parser.add_argument("--title", default="Indirect indexing (8 layers, d_model 512)")
     args = parser.parse_args(argv)
+    for pe in args.paper:
+        if paper_value(PRESET, pe) is None:
+            from pope.presets import PRESETS
+
+            known = ", ".join(k for k in PRESETS[PRESET].paper if k != "metric")
+            raise SystemExit(f"gpu_train_plot.py: the paper reports no {PRESET} number for --paper {pe!r}; "
+                             f"give one of {known}")
     runs = [read_run(argument) for argument in args.runs]
     try:
         import matplotlib
@@ -69,15 +79,16 @@ def main(argv: list[str] | None = None) -> int:
             axis.plot(steps, [100 * r["valid_accuracy"] for r in evals], linestyle="--", color=line.get_color(),
                       alpha=0.6, label=f"{label} valid")
         pe = label.split("-")[0]
-        if pe in PAPER:
-            axis.axhline(100 * PAPER[pe], color=line.get_color(), linestyle=":", linewidth=1,
+        paper = paper_value(PRESET, pe)
+        if paper is not None:
+            axis.axhline(100 * paper, color=line.get_color(), linestyle=":", linewidth=1,
                          label=f"paper {pe} (3-seed mean)")
         if args.lr:
             train = [r for r in records if r.get("kind") == "train" and "lr" in r]
             lr_axis.plot([r["step"] for r in train], [r["lr"] for r in train], color=line.get_color(), label=label)
         table[label] = {r["step"]: r["test_accuracy"] for r in evals}
     for pe in args.paper:
-        axis.axhline(100 * PAPER[pe], color="black", linestyle=":", linewidth=1, label=f"paper {pe} (3-seed mean)")
+        axis.axhline(100 * paper_value(PRESET, pe), color="black", linestyle=":", linewidth=1, label=f"paper {pe} (3-seed mean)")
     axis.axhline(100 / 52, color="grey", linewidth=0.8, label="chance (1/52)")
     axis.set_ylabel("accuracy on the target letter (%)")
     axis.set_title(args.title)

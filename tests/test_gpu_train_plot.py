@@ -49,3 +49,9 @@ def test_a_missing_or_broken_run_is_one_line(tmp_path):
     (broken / "metrics.jsonl").write_text("{not json\n")
     with pytest.raises(SystemExit, match="is not JSON lines"):
         script.main([str(broken), "--out", str(tmp_path / "x.png")])
+
+
+def test_a_paper_line_the_paper_does_not_report_is_refused(tmp_path):
+    run = write_run(tmp_path / "run", [0.05], 2e-4)
+    with pytest.raises(SystemExit, match="no indirect-indexing number for --paper 'wrap'; give one of rope, pope"):
+        load_script().main([str(run), "--paper", "wrap", "--out", str(tmp_path / "x.png")])
