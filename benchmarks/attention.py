@@ -23,7 +23,8 @@ above the inputs during forward+backward, and TFLOP/s with the provider's own at
 forward 6*B*H*N^2*d (the QK product has 2d channels), standard 4*B*H*N^2*d, halved when causal;
 backward 2.5x forward. Targets, as ratios in this run (targets(): each stated MET or MISSED and by how much):
 pope triton fwd+bwd <= 1.5x sdpa at d = 64 and N >= 4096 (issue 5), <= 1.6x at d > 64 and N >= 4096 and at the GQA
-shapes (issue 22), at 1K tokens no slower relative to sdpa than issue 22's baseline (BEFORE_ISSUE22), <= 1.0x
+shapes (issue 22), the same limits against flash sdpa (what the issues meant by "FlashAttention-2 efficiency"; on
+the H200 the default sdpa is cuDNN's faster kernel, so both are stated), at 1K tokens no slower relative to sdpa than issue 22's baseline (BEFORE_ISSUE22), <= 1.0x
 rope+sdpa and rope compiled+sdpa; peak memory <= 1.15x sdpa; >= 20x faster than pope-pytorch. Rows of providers
 since removed (REMOVED_PROVIDERS) in older CSVs are left out of the tables and targets, and the summary says so.
 
@@ -532,9 +533,18 @@ def targets(rows) -> list[str]:
             else:
                 parts.append(f"fwd+bwd {ratio:.2f}x sdpa ({source})")
             parts.append(f"peak mem {mem:.2f}x sdpa ({verdict(mem, 1.15)})")
-        for forced in ("flash sdpa", "cudnn sdpa"):
-            if (shape, forced) in by:
-                parts.append(f"{ours['fwd_bwd_ms'] / by[(shape, forced)]['fwd_bwd_ms']:.2f}x {forced} (no target)")
+        if (shape, "flash sdpa") in by:
+            # The issues' ratio targets were written as "FlashAttention-2 efficiency" (1.5x its time for PoPE's 1.5x
+            # FLOPs); on a GPU where PyTorch's default SDPA is another kernel, this is the comparison they meant.
+            ratio = ours["fwd_bwd_ms"] / by[(shape, "flash sdpa")]["fwd_bwd_ms"]
+            limit, source = speed_target(shape)
+            if limit is not None:
+                parts.append(f"{ratio:.2f}x flash sdpa ({verdict(ratio, limit)}, FlashAttention-2 efficiency, "
+                             f"{source})")
+            else:
+                parts.append(f"{ratio:.2f}x flash sdpa (no target)")
+        if (shape, "cudnn sdpa") in by:
+            parts.append(f"{ours['fwd_bwd_ms'] / by[(shape, 'cudnn sdpa')]['fwd_bwd_ms']:.2f}x cudnn sdpa (no target)")
         for rope in ("rope+sdpa", "rope compiled+sdpa"):
             if (shape, rope) in by:
                 ratio = ours["fwd_bwd_ms"] / by[(shape, rope)]["fwd_bwd_ms"]
