@@ -88,7 +88,11 @@ def main(argv: list[str] | None = None) -> int:
             lr_axis.plot([r["step"] for r in train], [r["lr"] for r in train], color=line.get_color(), label=label)
         table[label] = {r["step"]: r["test_accuracy"] for r in evals}
     for pe in args.paper:
-        axis.axhline(100 * paper_value(PRESET, pe), color="black", linestyle=":", linewidth=1, label=f"paper {pe} (3-seed mean)")
+        value = 100 * paper_value(PRESET, pe)
+        axis.axhline(value, color="black", linestyle=":", linewidth=1, label=f"paper {pe} (3-seed mean)")
+        # several --paper lines share one style: name each on the line itself
+        axis.annotate(f"paper {pe} {value:.1f} %", xy=(0.99, value), xycoords=("axes fraction", "data"), ha="right",
+                      va="bottom", fontsize=7)
     axis.axhline(100 / 52, color="grey", linewidth=0.8, label="chance (1/52)")
     axis.set_ylabel("accuracy on the target letter (%)")
     axis.set_title(args.title)
