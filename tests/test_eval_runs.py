@@ -455,6 +455,12 @@ def test_report_lift_off_table_from_sweep_directories(tmp_path):
     assert ("| indirect-indexing | pope | pope/ vs rope/ | test_accuracy, headline | 4 / 2 | "
             "+0.2500 |") in comparison and "| 0.7333 (exact, all 15 splits) |" in comparison
     assert "pope-fp32" not in comparison and "at best valid" not in comparison
+    # paired by seed: seeds 0 and 1 finished on both sides, differences +0.84 and -0.07, mean +0.385; all four sign
+    # patterns reach |0.77|, so p = 1 (two pairs can never give less than 2/4); its own Holm family (m = 1)
+    assert ("| indirect-indexing | pope | pope/ vs rope/ | test_accuracy, headline, paired by seed | 2 pairs (seeds 0,1; "
+            "1 above) | +0.3850 |") in comparison
+    assert "| 1.0000 (exact, all 4 sign flips) | 1.0000 (m = 1) |" in comparison
+    assert "Paired rows: the seeds finished on both sides" in comparison
     # lift-off: 2/4 vs 0/2; Fisher: of the tables with 2 lift-offs in 6 runs, P(2 in PoPE's 4) = 6/15 and the
     # only less likely one, 0 in PoPE's 4, 1/15: p = 7/15
     assert ("| indirect-indexing | pope | pope/ vs rope/ | lift-off rate (> 20 %) | 2/4 vs 0/2 | +0.5000 | — | "
@@ -505,7 +511,7 @@ def test_report_against_compares_every_other_setting_with_one_sweep(tmp_path):
     markdown, _ = write_report([pope, rope, fp32, lone], tmp_path / "report", against=pope)
     section = markdown.split("## Against pope (pope/ ")[1].split("\n## ")[0]
     rows = {line.split(" | ")[2]: line for line in section.splitlines()
-            if line.startswith("| indirect-indexing") and "lift-off" not in line}
+            if line.startswith("| indirect-indexing") and "lift-off" not in line and "paired by seed" not in line}
     # fp32: 0.85 - 0.365 = +0.485; rope: 0.115 - 0.365 = -0.25 (the PoPE vs RoPE table's +0.25, turned round)
     fp32_row = next(row for label, row in rows.items() if label.startswith("pope-fp32/ train.autocast=none"))
     assert "| test_accuracy, headline | 2 / 4 | +0.4850 |" in fp32_row
@@ -522,6 +528,11 @@ def test_report_against_compares_every_other_setting_with_one_sweep(tmp_path):
     assert holm[large] == pytest.approx(max(holm[small], raw[large]), abs=2e-4)
     # lift-off: rope 0/2 vs 2/4 (Fisher 7/15), fp32 2/2 vs 2/4 (7/15): both adjusted to min(1, 2 * 7/15) = 14/15
     assert section.count("(Fisher exact) | 0.9333 (m = 2) |") == 2
+    # paired by seed against pope's seeds 0-1: fp32 0.9, 0.8 vs 0.95, 0.05 (differences -0.05, +0.75); rope 0.11,
+    # 0.12 (-0.84, +0.07); the lone 1-seed setting has one pair only and no row
+    paired = [line for line in section.splitlines() if "paired by seed" in line]
+    assert len(paired) == 2 and all("2 pairs (seeds 0,1; 1 above)" in line for line in paired)
+    assert any("| +0.3500 |" in line for line in paired) and any("| -0.3850 |" in line for line in paired)
     assert "## Against" not in write_report([pope, rope], tmp_path / "r1")[0]
     with pytest.raises(ValueError, match="none of the RUN arguments is inside it"):
         write_report([rope, fp32], tmp_path / "r2", against=pope)

@@ -62,3 +62,32 @@ def test_welch_interval_by_hand():
     assert low == pytest.approx(-5.731711481338788, abs=1e-9) and high == pytest.approx(-1.2682885186612123, abs=1e-9)
     assert welch_interval([1.0], [2.0, 3.0]) is None  # one seed: no variance, no interval
     assert welch_interval([1.0, 1.0], [2.0, 2.0]) is None
+
+
+def test_paired_permutation_test_is_exact_over_sign_flips():
+    from pope.eval.stats import paired_interval, paired_permutation_test
+    # every difference positive: only the all-plus and all-minus patterns are as extreme
+    result = paired_permutation_test([0.1, 0.2, 0.3, 0.4])
+    assert result == PermutationResult(2 / 16, 16, True, "sign flips")
+    assert result.describe() == "exact, all 16 sign flips"
+    # one pair can never be significant; a zero difference is extreme under every pattern
+    assert paired_permutation_test([0.5]).p_value == 1.0
+    assert paired_permutation_test([0.0, 0.0]).p_value == 1.0
+    # mixed signs: the share of the 8 sign patterns whose |sum| reaches the observed 0.4, listed by hand
+    values = [0.3, -0.1, 0.2]
+    import itertools
+    sums = [abs(sum(v if s else -v for v, s in zip(values, signs)))
+            for signs in itertools.product((True, False), repeat=3)]
+    assert paired_permutation_test(values).p_value == pytest.approx(sum(x >= 0.4 - 1e-12 for x in sums) / 8)
+    # Monte-Carlo above max_exact: seeded, never below the exact p in expectation, close to it
+    many = [0.1 * (i % 3 - 0.5) + 0.05 for i in range(14)]
+    exact = paired_permutation_test(many).p_value
+    estimate = paired_permutation_test(many, max_exact=100)
+    assert not estimate.exact and estimate.splits == 20_000 and abs(estimate.p_value - exact) < 0.02
+    with pytest.raises(ValueError, match="at least one paired difference"):
+        paired_permutation_test([])
+    # the paired t interval: mean ± t(0.975, n-1) * sd / sqrt(n)
+    low, high, df = paired_interval([1.0, 2.0, 3.0])
+    assert df == 2 and (low + high) / 2 == pytest.approx(2.0)
+    assert (high - low) / 2 == pytest.approx(4.302652729911275 * 1.0 / 3 ** 0.5, rel=1e-9)
+    assert paired_interval([1.0]) is None and paired_interval([2.0, 2.0]) is None

@@ -35,7 +35,9 @@ plot of every seed's validation and test NLL against the step, best-validation s
 and the seed), over finished seeds, for the headline value and the best-valid one: the difference of
 means, its Welch t 95 % interval and a two-sided permutation p-value (pope.eval.stats); for runs scored by
 test accuracy also the lift-off rates on each side and Fisher's exact p; and each p adjusted by Holm's method
-over the settings of one preset tested in the same table (the "Holm p" column). With
+over the settings of one preset tested in the same table (the "Holm p" column); where two settings have >= 2
+seeds finished on both sides, a row paired by seed (the mean per-seed difference, its paired t interval and the
+sign-flip p, pope.eval.stats.paired_permutation_test; its own Holm family). With
 ``against=DIR`` (``pope report ... --against DIR``) the same statistics compare every other setting of
 DIR's preset with DIR's runs: recipe knobs against the recipe they change.
 """
@@ -47,8 +49,8 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pope.eval.stats import (MAX_EXACT_SPLITS, MONTE_CARLO_SPLITS, fisher_exact, holm_adjust, permutation_test,
-                             welch_interval, wilson_interval)
+from pope.eval.stats import (MAX_EXACT_SPLITS, MONTE_CARLO_SPLITS, fisher_exact, holm_adjust, paired_interval,
+                             paired_permutation_test, permutation_test, welch_interval, wilson_interval)
 from pope.files import write_text_atomic
 from pope.train.sweep import EXECUTION_KEYS, setting_of
 
@@ -404,9 +406,33 @@ def _difference_row(preset: str, label: str, value: str, values: list[float], ba
                          f"{test.p_value:.4f} ({test.describe()}) |", test.p_value)
 
 
+def _paired_row(preset: str, label: str, value: str, pairs: list[tuple[int, float, float]]) -> ComparisonRow:
+    """The headline value of the seeds finished on both sides, paired by seed: mean of the differences, the
+    paired t interval, the sign-flip p and how many seeds came out above the baseline."""
+    differences = [mine - theirs for _, mine, theirs in pairs]
+    interval, test = paired_interval(differences), paired_permutation_test(differences)
+    ci = "— (needs ≥ 2 pairs with spread)" if interval is None else f"{interval[0]:+.4f} … {interval[1]:+.4f} (df {interval[2]:.0f})"
+    above = sum(d > 0 for d in differences)
+    seeds = ",".join(str(seed) for seed, _, _ in pairs)
+    return ComparisonRow(preset, value, f"{label} | {value} | {len(pairs)} pairs (seeds {seeds}; {above} above) | "
+                         f"{statistics.fmean(differences):+.4f} | {ci} | {test.p_value:.4f} ({test.describe()}) |",
+                         test.p_value)
+
+
+def _seed_pairs(members: list[RunRecord], base: list[RunRecord]) -> list[tuple[int, float, float]]:
+    """(seed, value, baseline value) of the headline value for each seed finished on both sides."""
+    def by_seed(group):
+        return {m.seed: m.value for m in group
+                if m.finished and m.seed is not None and m.value is not None and math.isfinite(m.value)}
+    mine, theirs = by_seed(members), by_seed(base)
+    return [(seed, mine[seed], theirs[seed]) for seed in sorted(set(mine) & set(theirs))]
+
+
 def _difference_rows(preset: str, pe: str, settings: str, members: list[RunRecord],
                      base: list[RunRecord]) -> list[ComparisonRow]:
-    """Rows of members vs base (headline and best-valid value), each where both have >= 2 finished seeds."""
+    """Rows of members vs base (headline and best-valid value), each where both have >= 2 finished seeds; and the
+    headline paired by seed where >= 2 seeds finished on both sides (one seed gives both runs the same batch order
+    and random-number stream, so a per-seed difference removes what the seed alone decides)."""
     metric = next((m.metric for m in members if m.metric), "—")
     label = f"| {preset} | {pe} | {settings}"
     rows = []
@@ -416,11 +442,18 @@ def _difference_rows(preset: str, pe: str, settings: str, members: list[RunRecor
             rows.append(_difference_row(preset, label, f"{metric}, {name}", values, baseline))
             if metric == "test_accuracy" and name == "headline":
                 rows.append(_lift_off_row(preset, label, values, baseline))
+    pairs = _seed_pairs(members, base)
+    if len(pairs) >= 2:
+        rows.append(_paired_row(preset, label, f"{metric}, headline, paired by seed", pairs))
     return rows
 
 
 _LIFT_OFF_NOTE = (f" Runs scored by test accuracy add a lift-off row: the seeds past {100 * LIFT_OFF_ACCURACY:g} % on "
                   "each side, the difference of the rates, and Fisher's exact two-sided p.")
+_PAIRED_NOTE = (" Paired rows: the seeds finished on both sides, each seed's two runs compared (one seed gives both "
+                "runs the same batch order and random-number stream); the mean of the per-seed "
+                "differences, its paired t 95 % interval, and the two-sided sign-flip permutation p (exact over all "
+                "2^n sign patterns; with n pairs it cannot go below 2/2^n).")
 _HOLM_NOTE = (" Holm p: the p-value adjusted (Holm's step-down method) over the table's rows of the same preset "
               "and value, i.e. over the m settings tested here at once; read it when asking whether any of them "
               "differs, the raw p when one comparison was planned before the runs. It depends on which runs the "
@@ -439,7 +472,8 @@ def _lift_off_row(preset: str, label: str, values: list[float], baseline: list[f
 
 def _row_notes(rows: list[ComparisonRow]) -> str:
     """The sentences a comparison table's intro adds for its rows: the lift-off rows (when there are any), Holm."""
-    return _LIFT_OFF_NOTE * any(row.value.startswith("lift-off") for row in rows) + _HOLM_NOTE
+    return (_LIFT_OFF_NOTE * any(row.value.startswith("lift-off") for row in rows)
+            + _PAIRED_NOTE * any(row.value.endswith("paired by seed") for row in rows) + _HOLM_NOTE)
 
 
 def _with_holm(rows: list[ComparisonRow]) -> list[str]:

@@ -2,7 +2,10 @@
 
 * :func:`permutation_test` — two-sided test of equal means of two samples: exact over every split of the
   pooled values when there are at most ``max_exact`` splits, else a seeded Monte-Carlo estimate;
+* :func:`paired_permutation_test` — two-sided sign-flip test that paired differences (one per seed, the two
+  settings run with the same seed) have mean zero: exact over every sign pattern, or a seeded Monte-Carlo estimate;
 * :func:`welch_interval` — the Welch (unequal-variance) t interval for the difference of two means;
+* :func:`paired_interval` — the paired t interval for the mean of paired differences;
 * :func:`wilson_interval` — the Wilson score interval of a binomial proportion;
 * :func:`fisher_exact` — Fisher's exact two-sided test of equal proportions in two samples (e.g. lift-off rates);
 * :func:`holm_adjust` — Holm's step-down adjustment of a family of p-values (several settings tested at once);
@@ -143,10 +146,12 @@ class PermutationResult:
     splits: int
     """Splits evaluated: all C(n1 + n2, n1) when exact, else the Monte-Carlo sample size."""
     exact: bool
+    unit: str = "splits"
+    """What was permuted: "splits" of a pooled sample, or "sign flips" of paired differences."""
 
     def describe(self) -> str:
-        return (f"exact, all {self.splits:,} splits" if self.exact
-                else f"Monte-Carlo, {self.splits:,} random splits")
+        return (f"exact, all {self.splits:,} {self.unit}" if self.exact
+                else f"Monte-Carlo, {self.splits:,} random {self.unit}")
 
 
 def permutation_test(a: list[float], b: list[float], *, max_exact: int = MAX_EXACT_SPLITS,
@@ -174,3 +179,35 @@ def permutation_test(a: list[float], b: list[float], *, max_exact: int = MAX_EXA
     rng = random.Random(seed)
     hits = sum(difference(sum(rng.sample(pooled, n_a))) >= threshold for _ in range(samples))
     return PermutationResult((1 + hits) / (1 + samples), samples, False)
+
+
+def paired_interval(differences: list[float], confidence: float = 0.95) -> tuple[float, float, float] | None:
+    """(low, high, df) of the paired t interval for the mean of ``differences``; None for fewer than two values or
+    zero spread."""
+    if len(differences) < 2 or statistics.variance(differences) == 0:
+        return None
+    df = len(differences) - 1
+    half = student_t_quantile(0.5 + confidence / 2, df) * math.sqrt(statistics.variance(differences) / len(differences))
+    mean = statistics.fmean(differences)
+    return mean - half, mean + half, df
+
+
+def paired_permutation_test(differences: list[float], *, max_exact: int = MAX_EXACT_SPLITS,
+                            samples: int = MONTE_CARLO_SPLITS, seed: int = 0) -> PermutationResult:
+    """Two-sided sign-flip test that paired differences have mean zero: under the null each difference is as
+    likely negated, so p is the share of the 2^n sign patterns whose |mean| is at least the observed one (the
+    observed pattern included; ties count as extreme). Exact when 2^n <= ``max_exact``; else ``samples`` random
+    patterns (seeded) with p = (1 + hits) / (1 + samples). With n pairs the smallest possible p is 2 / 2^n."""
+    if not differences:
+        raise ValueError("a paired permutation test needs at least one paired difference")
+    values = [float(v) for v in differences]
+    observed = abs(sum(values))
+    threshold = observed - 1e-12 * max(1.0, observed)
+    n_patterns = 2 ** len(values)
+    if n_patterns <= max_exact:
+        hits = sum(abs(sum(v if sign else -v for v, sign in zip(values, signs))) >= threshold
+                   for signs in itertools.product((True, False), repeat=len(values)))
+        return PermutationResult(hits / n_patterns, n_patterns, True, "sign flips")
+    rng = random.Random(seed)
+    hits = sum(abs(sum(v if rng.random() < 0.5 else -v for v in values)) >= threshold for _ in range(samples))
+    return PermutationResult((1 + hits) / (1 + samples), samples, False, "sign flips")
