@@ -24,9 +24,10 @@ forward 6*B*H*N^2*d (the QK product has 2d channels), standard 4*B*H*N^2*d, halv
 backward 2.5x forward. Targets, as ratios in this run (targets(): each stated MET or MISSED and by how much):
 pope triton fwd+bwd <= 1.5x sdpa at d = 64 and N >= 4096 (issue 5), <= 1.6x at d > 64 and N >= 4096 and at the GQA
 shapes (issue 22), the same limits against flash sdpa (what the issues meant by "FlashAttention-2 efficiency"; on
-the H200 the default sdpa is cuDNN's faster kernel, so both are stated), at 1K tokens no slower relative to sdpa than issue 22's baseline (BEFORE_ISSUE22), <= 1.0x
-rope+sdpa and rope compiled+sdpa; peak memory <= 1.15x sdpa; >= 20x faster than pope-pytorch. Rows of providers
-since removed (REMOVED_PROVIDERS) in older CSVs are left out of the tables and targets, and the summary says so.
+the H200 the default sdpa is cuDNN's faster kernel, so both are stated), at 1K tokens no slower relative to sdpa
+than issue 22's baseline (BEFORE_ISSUE22), <= 1.0x rope+sdpa and rope compiled+sdpa; peak memory <= 1.15x sdpa;
+>= 20x faster than pope-pytorch. Rows of providers since removed (REMOVED_PROVIDERS) in older CSVs are left out
+of the tables and targets, and the summary says so.
 
 With --decode: one query against a long KV cache (generation), through the split-K decode kernels over a
 raw d-channel cache and over a cache of magnitudes f(k) (what the model's KV cache holds), vs SDPA over a

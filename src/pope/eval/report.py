@@ -411,7 +411,8 @@ def _paired_row(preset: str, label: str, value: str, pairs: list[tuple[int, floa
     paired t interval, the sign-flip p and how many seeds came out above the baseline."""
     differences = [mine - theirs for _, mine, theirs in pairs]
     interval, test = paired_interval(differences), paired_permutation_test(differences)
-    ci = "— (needs ≥ 2 pairs with spread)" if interval is None else f"{interval[0]:+.4f} … {interval[1]:+.4f} (df {interval[2]:.0f})"
+    ci = ("— (needs ≥ 2 pairs with spread)" if interval is None
+          else f"{interval[0]:+.4f} … {interval[1]:+.4f} (df {interval[2]:.0f})")
     above = sum(d > 0 for d in differences)
     seeds = ",".join(str(seed) for seed, _, _ in pairs)
     return ComparisonRow(preset, value, f"{label} | {value} | {len(pairs)} pairs (seeds {seeds}; {above} above) | "
@@ -471,7 +472,8 @@ def _lift_off_row(preset: str, label: str, values: list[float], baseline: list[f
 
 
 def _row_notes(rows: list[ComparisonRow]) -> str:
-    """The sentences a comparison table's intro adds for its rows: the lift-off rows (when there are any), Holm."""
+    """The sentences a comparison table's intro adds for its rows: the lift-off and paired rows (when there are
+    any), Holm."""
     return (_LIFT_OFF_NOTE * any(row.value.startswith("lift-off") for row in rows)
             + _PAIRED_NOTE * any(row.value.endswith("paired by seed") for row in rows) + _HOLM_NOTE)
 
