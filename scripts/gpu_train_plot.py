@@ -8,8 +8,9 @@
 Each argument is a metrics JSONL file or a run directory holding metrics.jsonl, optionally as LABEL=PATH (the
 label defaults to the file's stem, or the run directory's name). Prints the table of test accuracy per evaluation
 and writes the PNG: test accuracy solid, validation dashed (unless --no-valid), the paper's 3-seed means as dotted
-lines for labels named pope-... or rope-... and for each --paper PE (pope.eval.report.paper_value); --lr adds a panel below with each run's learning rate (the `lr` of its
-training records), so where runs part can be read against their schedules.
+lines for labels named pope-... or rope-... and for each --paper PE (pope.eval.report.paper_value); --lr adds a
+panel below with each run's learning rate (the `lr` of its training records), so where runs part can be read
+against their schedules.
 """
 from __future__ import annotations
 

@@ -144,7 +144,8 @@ def welch_interval(a: list[float], b: list[float], confidence: float = 0.95) -> 
 class PermutationResult:
     p_value: float
     splits: int
-    """Splits evaluated: all C(n1 + n2, n1) when exact, else the Monte-Carlo sample size."""
+    """Arrangements evaluated: all C(n1 + n2, n1) splits (or 2^n sign patterns of a paired test) when exact, else
+    the Monte-Carlo sample size."""
     exact: bool
     unit: str = "splits"
     """What was permuted: "splits" of a pooled sample, or "sign flips" of paired differences."""
@@ -184,10 +185,13 @@ def permutation_test(a: list[float], b: list[float], *, max_exact: int = MAX_EXA
 def paired_interval(differences: list[float], confidence: float = 0.95) -> tuple[float, float, float] | None:
     """(low, high, df) of the paired t interval for the mean of ``differences``; None for fewer than two values or
     zero spread."""
-    if len(differences) < 2 or statistics.variance(differences) == 0:
+    if len(differences) < 2:
+        return None
+    variance = statistics.variance(differences)
+    if variance == 0:
         return None
     df = len(differences) - 1
-    half = student_t_quantile(0.5 + confidence / 2, df) * math.sqrt(statistics.variance(differences) / len(differences))
+    half = student_t_quantile(0.5 + confidence / 2, df) * math.sqrt(variance / len(differences))
     mean = statistics.fmean(differences)
     return mean - half, mean + half, df
 
