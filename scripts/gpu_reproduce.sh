@@ -62,9 +62,10 @@
 # GENOME_MORE_THIRD=pope-d0 (PoPE d=0 and PoPE+ft), and GENOME_MORE_THIRD=pope GENOME_MORE_FINETUNE=0 (PoPE d=U);
 # each retrains its run of the third seed. It carries .device-data/genome like the genome stage.
 #
-# The text-ablations stage (not yet run): text-256 runs two at a time took 74 s each (35.6 ms a step, 2026-12-02), so
-# its eight runs side by side should end, with their length evaluation, inside one 540-s command; ABLATION_SEEDS=2
-# adds third seeds in another. It carries .device-data/text like the text stage.
+# The text-ablations stage on one H200 (2026-12-04 at db3f89c, MPS on): its eight runs side by side took 140 ms a
+# step and the stage, with its length evaluation, 359 s of one command; ABLATION_SEEDS=2 (four runs, 71 ms a step)
+# 187 s in another (give it LOG_DIR=/tmp/seed2 when the machine may be warm: the first stage's log says it ended).
+# It carries .device-data/text like the text stage.
 #
 # Settings (environment): STAGE (required: jsb, maestro, genome, genome-more, text or text-ablations), LIMIT
 # (training seconds per seed and call; default 480 for jsb/maestro/genome/genome-more/text-ablations, 200 for text), JOBS_PER_GPU (default 4; the jsb and maestro stages run
