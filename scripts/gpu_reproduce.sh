@@ -18,7 +18,7 @@
 #                                                # frequency usage; pope report
 #   STAGE=text-ablations bash scripts/gpu_reproduce.sh  # the paper's OpenWebText ablations at text-256 scale:
 #                                                # PoPE d=0 (full), identity magnitude (no softplus), ReLU magnitude,
-#                                                # no delta, ABLATION_SEEDS (0-1) each, side by side in one lease;
+#                                                # no delta (ABLATIONS), ABLATION_SEEDS (0-1) each, side by side;
 #                                                # pope eval length at 1x..10x; pope report --against the full PoPE
 #
 # Data: the GPU machine reaches no network, so each stage's prepared dataset travels with the command. Build it
@@ -71,7 +71,8 @@
 # (training seconds per seed and call; default 480 for jsb/maestro/genome/genome-more/text-ablations, 200 for text), JOBS_PER_GPU (default 4; the jsb and maestro stages run
 # their two sweeps side by side with 3 and 2 each), JSB_PRESET (jsb), MAESTRO_PRESET (maestro), GENOME_PRESET
 # (genome-h200), TEXT_PRESET (text-256), JSB_SEEDS (0-4), MAESTRO_SEEDS (0-1), GENOME_SEEDS (0-1), TEXT_SEEDS
-# (0-2, RoPE and PoPE d=0), ABLATION_SEEDS (0-1), GENOME_MORE_SEED (2; empty: no third seed, and then no fine-tunes),
+# (0-2, RoPE and PoPE d=0), ABLATION_SEEDS (0-1), ABLATIONS (the text-ablations settings trained beside the full
+# PoPE, default "identity relu no-delta"; also "wrap": delta zero-init, wrapped instead of clamped), GENOME_MORE_SEED (2; empty: no third seed, and then no fine-tunes),
 # GENOME_MORE_BASELINES (the seed-0 baselines of genome-more, default "alibi nope"; any --pe specs),
 # GENOME_MORE_THIRD (the settings of the third seed, default "pope rope pope-d0": PoPE d=U, RoPE, PoPE d=0),
 # GENOME_MORE_FINETUNE (1; 0 skips its fine-tunes: YaRN from RoPE and PoPE+ft from PoPE d=0, those of
@@ -87,7 +88,10 @@ export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 NCCL_NVLS_EN
 STAGE=${STAGE:-}; EXTRA=${EXTRA:-}; FT_EXTRA=${FT_EXTRA:-}; EVAL_ARGS=${EVAL_ARGS:-}; JOBS_PER_GPU=${JOBS_PER_GPU:-4}
 JSB_PRESET=${JSB_PRESET:-jsb}; GENOME_PRESET=${GENOME_PRESET:-genome-h200}; TEXT_PRESET=${TEXT_PRESET:-text-256}
 JSB_SEEDS=${JSB_SEEDS:-0-4}; GENOME_SEEDS=${GENOME_SEEDS:-0-1}; TEXT_SEEDS=${TEXT_SEEDS:-0-2}; FT_STEPS=${FT_STEPS:-500}
-ABLATION_SEEDS=${ABLATION_SEEDS:-0-1}
+ABLATION_SEEDS=${ABLATION_SEEDS:-0-1}; ABLATIONS=${ABLATIONS-identity relu no-delta}
+# the text-ablations settings: name (its sweep is ablation-NAME) -> --pe spec; each is trained beside ablation-full
+declare -A ABLATION_PE=([identity]=pope:delta_init=zero,magnitude=identity [relu]=pope:delta_init=zero,magnitude=relu
+                        [no-delta]=pope:use_delta=false [wrap]=pope:delta_init=zero,delta_range=wrap)
 MAESTRO_PRESET=${MAESTRO_PRESET:-maestro}; MAESTRO_SEEDS=${MAESTRO_SEEDS:-0-1}; MAESTRO_STEPS=${MAESTRO_STEPS:-2000}
 GENOME_MORE_SEED=${GENOME_MORE_SEED-2}; GENOME_MORE_BASELINES=${GENOME_MORE_BASELINES-alibi nope}
 GENOME_MORE_THIRD=${GENOME_MORE_THIRD-pope rope pope-d0}
@@ -105,6 +109,12 @@ case "$LIMIT$FT_STEPS$JOBS_PER_GPU$MAESTRO_STEPS$GENOME_MORE_SEED$GENOME_MORE_FI
               "GENOME_MORE_FINETUNE must be whole numbers" >&2
             exit 2 ;;
 esac
+if [ "$STAGE" = text-ablations ]; then
+  for name in $ABLATIONS; do
+    [ -n "${ABLATION_PE[$name]:-}" ] || { echo "gpu_reproduce.sh: ABLATIONS takes identity, relu, no-delta and" \
+      "wrap, not '$name'" >&2; exit 2; }
+  done
+fi
 # the third seed's settings: name (its sweep is genome-NAME) -> --pe spec; YaRN and PoPE+ft start from rope, pope-d0
 declare -A THIRD_PE=([pope]=pope [rope]=rope [pope-d0]=pope:delta_init=zero)
 third_names=(); [ -z "$GENOME_MORE_SEED" ] || read -r -a third_names <<<"$GENOME_MORE_THIRD"
@@ -288,9 +298,9 @@ case "$STAGE" in
   text-ablations)  # each ablation beside the full PoPE (delta zero, the paper's init for text) of the same lease
     data_ready text || exit 1
     sweep "$TEXT_PRESET" pope:delta_init=zero "$ABLATION_SEEDS" ablation-full & pids+=($!)
-    sweep "$TEXT_PRESET" pope:delta_init=zero,magnitude=identity "$ABLATION_SEEDS" ablation-identity & pids+=($!)
-    sweep "$TEXT_PRESET" pope:delta_init=zero,magnitude=relu "$ABLATION_SEEDS" ablation-relu & pids+=($!)
-    sweep "$TEXT_PRESET" pope:use_delta=false "$ABLATION_SEEDS" ablation-no-delta & pids+=($!)
+    for name in $ABLATIONS; do
+      sweep "$TEXT_PRESET" "${ABLATION_PE[$name]}" "$ABLATION_SEEDS" ablation-"$name" & pids+=($!)
+    done
     wait_all
     length_eval ablations text "$(lengths ablation-full 1 2 4 8 10)" "$RUNS"/ablation-*/seed-*
     [ ! -f "$RUNS/ablation-full/sweep.json" ] || report_all text-ablations ablation --against "$RUNS/ablation-full"

@@ -146,7 +146,9 @@ def test_gpu_reproduce_rejects_bad_arguments(tmp_path):
                          ({"STAGE": "genome-more", "GENOME_MORE_THIRD": "pope"}, "set GENOME_MORE_FINETUNE=0"),
                          ({"STAGE": "genome-more", "GENOME_MORE_THIRD": "", "GENOME_MORE_FINETUNE": "0",
                            "GENOME_MORE_BASELINES": ""}, "would train nothing"),
-                         ({"STAGE": "maestro", "MAESTRO_STEPS": "50"}, "MAESTRO_STEPS must be at least 200")]:
+                         ({"STAGE": "maestro", "MAESTRO_STEPS": "50"}, "MAESTRO_STEPS must be at least 200"),
+                         ({"STAGE": "text-ablations", "ABLATIONS": "relu softmax"},
+                          "ABLATIONS takes identity, relu, no-delta and wrap, not 'softmax'")]:
         result = _script(tmp_path, **env)
         assert result.returncode == 2 and message in result.stderr, result.stderr
         assert not (tmp_path / "runs").exists()
@@ -328,12 +330,14 @@ def test_gpu_reproduce_genome_more_stage_on_cpu(tmp_path, unit):
 def test_gpu_reproduce_text_ablations_stage_on_cpu(tmp_path):
     """The text-ablations stage on CPU (text-256-tiny at context 16, a carried random token set): full PoPE (delta
     zero), identity and ReLU magnitudes and no delta, two seeds each, side by side; their length evaluation at
-    1x..10x; one report with each ablation against the full PoPE."""
+    1x..10x; one report with each ablation against the full PoPE. Then ABLATIONS=wrap with a third seed: only the
+    full PoPE and the wrapped-delta setting train."""
     data = tmp_path / "device-data"
     _write(data / "text", TEXT_VOCAB, {"train": [300] * 4, "valid": [200], "test": [400] * 2}, None)
     sets = [*TINY_SETS, "recipe.seq_len=16", "model.max_seq_len=16", "recipe.batch_size=4", "recipe.eval_batches=1",
             f"model.vocab_size={TEXT_VOCAB}"]
-    result = _script(tmp_path, extra_path=[_no_network(tmp_path)], STAGE="text-ablations",
+    no_network = _no_network(tmp_path)
+    result = _script(tmp_path, extra_path=[no_network], STAGE="text-ablations",
                      TEXT_PRESET="text-256-tiny", EXTRA=" ".join(f"--set {s}" for s in sets), EVAL_ARGS="--device cpu",
                      DATA=str(data), POPE_CACHE=str(tmp_path / "empty-cache"), OMP_NUM_THREADS="1")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -354,6 +358,21 @@ def test_gpu_reproduce_text_ablations_stage_on_cpu(tmp_path):
     for name in ("identity", "relu", "no-delta"):  # each ablation has its rows against the full PoPE
         assert any(line.startswith("| text-256-tiny |") and f"| ablation-{name}/ " in line
                    for line in against.splitlines()[1:])
+    assert not (runs / "ablation-wrap").exists()  # not in the default ABLATIONS
+
+    # ABLATIONS picks the settings trained beside the full PoPE: "wrap" alone, one more seed, the runs above kept
+    result = _script(tmp_path, extra_path=[no_network], STAGE="text-ablations", ABLATIONS="wrap",
+                     ABLATION_SEEDS="2", TEXT_PRESET="text-256-tiny", EXTRA=" ".join(f"--set {s}" for s in sets),
+                     EVAL_ARGS="--device cpu", DATA=str(data), POPE_CACHE=str(tmp_path / "empty-cache"),
+                     OMP_NUM_THREADS="1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    started = {line.split()[1] for line in result.stdout.splitlines() if line.startswith("sweep ablation-")}
+    assert started == {"ablation-full", "ablation-wrap"}
+    config = json.loads((runs / "ablation-wrap/seed-2/config.json").read_text())
+    assert config["model"]["pe"].startswith("pope:delta_init=zero,delta_range=wrap") and config["seed"] == 2
+    assert (runs / "ablation-full/seed-2/summary.json").is_file()
+    report = (runs / "report-text-ablations/report.md").read_text()
+    assert "| ablation-wrap/" in report[report.index("## Against"):]
 
 
 @pytest.mark.slow
