@@ -72,7 +72,8 @@
 # their two sweeps side by side with 3 and 2 each), JSB_PRESET (jsb), MAESTRO_PRESET (maestro), GENOME_PRESET
 # (genome-h200), TEXT_PRESET (text-256), JSB_SEEDS (0-4), MAESTRO_SEEDS (0-1), GENOME_SEEDS (0-1), TEXT_SEEDS
 # (0-2, RoPE and PoPE d=0), ABLATION_SEEDS (0-1), ABLATIONS (the text-ablations settings trained beside the full
-# PoPE, default "identity relu no-delta"; also "wrap": delta zero-init, wrapped instead of clamped), GENOME_MORE_SEED (2; empty: no third seed, and then no fine-tunes),
+# PoPE, default "identity relu no-delta"; also "wrap": delta zero-init, wrapped instead of clamped),
+# GENOME_MORE_SEED (2; empty: no third seed, and then no fine-tunes),
 # GENOME_MORE_BASELINES (the seed-0 baselines of genome-more, default "alibi nope"; any --pe specs),
 # GENOME_MORE_THIRD (the settings of the third seed, default "pope rope pope-d0": PoPE d=U, RoPE, PoPE d=0),
 # GENOME_MORE_FINETUNE (1; 0 skips its fine-tunes: YaRN from RoPE and PoPE+ft from PoPE d=0, those of
