@@ -22,8 +22,11 @@
 # plan leaves MPS alone.
 # Then it watches them with scripts/gpu_sweep_monitor.sh for the rest of SECONDS (never longer: give <= 540 for a
 # 600 s command) and exits with its status: 0 when the time is up or every sweep ended, 1 when no sweep process is
-# alive but one did not end (the next call resumes it). Without SECONDS, `--check PLAN...` parses the plan and prints
-# each sweep's settings and state, starting nothing.
+# alive but one did not end (the next call resumes it). With CONTINUE_ONLY=1 (for a command that only continues the
+# previous one's runs, e.g. the second half of a seed too long for one command) a fresh machine starts nothing:
+# one line per sweep says so and the script exits 3 at once, leaving the device time for other work (the runs went
+# back with the previous machine, and started again they would not finish in this command). Without SECONDS,
+# `--check PLAN...` parses the plan and prints each sweep's settings and state, starting nothing.
 #
 # A PLAN is a file with one sweep a line, or one such line as an argument (it contains `=`). A line is shell-quoted
 # KEY=VALUE words (`#` starts a comment):
@@ -34,7 +37,7 @@
 # LIMIT (training seconds, default 100000) are scripts/gpu_sweep_indirect.sh's settings. Names are unique in a plan.
 # Settings (environment): RUNS (/tmp/pope-runs), OUT (where the monitor archives: this command's $OUT; default
 # /tmp/out), SWEEP_OUT (the sweep scripts' OUT, /tmp/out), LOG_DIR (/tmp), MPS (auto: as above; on: start it even
-# for one process; off: leave MPS alone),
+# for one process; off: leave MPS alone), CONTINUE_ONLY (0; 1: as above),
 # SWEEP_SCRIPT (scripts/gpu_sweep_indirect.sh; the tests give a stand-in).
 set -u
 usage="usage: gpu_sweeps.sh SECONDS PLAN... | gpu_sweeps.sh --check PLAN... (PLAN: a plan file or one sweep line)"
@@ -47,6 +50,10 @@ esac
 case ${MPS:-auto} in
   auto|on|off) ;;
   *) echo "gpu_sweeps.sh: MPS must be auto, on or off, not '$MPS'" >&2; exit 2 ;;
+esac
+case ${CONTINUE_ONLY:-0} in
+  0|1) ;;
+  *) echo "gpu_sweeps.sh: CONTINUE_ONLY must be 0 or 1, not '$CONTINUE_ONLY'" >&2; exit 2 ;;
 esac
 here=$(dirname "$0")
 export RUNS=${RUNS:-/tmp/pope-runs} OUT=${OUT:-/tmp/out} LOG_DIR=${LOG_DIR:-/tmp}
@@ -134,6 +141,15 @@ for ((i = 0; i < ${#fields[@]}; i += 9)); do names+=("${fields[i]}"); processes=
 fresh=1; busy=0
 for name in "${names[@]}"; do [ -d "$RUNS/$name" ] && fresh=0; done
 [ -n "$(sweep_pids "${names[@]}")" ] && fresh=0 busy=1
+if [ $fresh = 1 ] && [ "${CONTINUE_ONLY:-0}" = 1 ]; then
+  for name in "${names[@]}"; do
+    echo "$name: not started (fresh machine: no runs to continue, and CONTINUE_ONLY=1)"
+  done
+  [ "$limit" = --check ] && exit 0
+  echo "gpu_sweeps.sh: the previous command's runs went back with its machine; nothing started (without" \
+       "CONTINUE_ONLY=1 the plan starts again from step 0)"
+  exit 3
+fi
 mps_done=0
 for ((i = 0; i < ${#fields[@]}; i += 9)); do
   name=${fields[i]} pe=${fields[i + 1]} seeds=${fields[i + 2]} jobs=${fields[i + 3]} seconds=${fields[i + 4]}

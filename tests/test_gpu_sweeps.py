@@ -116,6 +116,33 @@ def test_fresh_start_then_running_then_finished(machine):
         [f"PE=pope SEEDS=0-1 JOBS_PER_GPU= LIMIT=100000 EXTRA={extra}"]  # EXTRA verbatim, started once
 
 
+def test_continue_only_starts_nothing_on_a_fresh_machine(machine):
+    """CONTINUE_ONLY=1, for the second command of a run too long for one: a fresh machine (the runs went back with
+    the previous one) starts nothing and exits 3 at once; a machine that holds the runs continues them as usual."""
+    sweeps, monitor, tmp_path, started = machine
+    line = "NAME=pope-200k PE=pope SEEDS=0-1"
+    check = sweeps("--check", line, CONTINUE_ONLY="1")
+    assert check.returncode == 0 and check.stdout.splitlines() == \
+        ["pope-200k: not started (fresh machine: no runs to continue, and CONTINUE_ONLY=1)"], check.stdout
+    begin = time.monotonic()
+    fresh = sweeps(30, line, CONTINUE_ONLY="1")
+    assert fresh.returncode == 3, fresh.stdout + fresh.stderr
+    assert fresh.stdout.splitlines()[0] == "pope-200k: not started (fresh machine: no runs to continue, and " \
+                                           "CONTINUE_ONLY=1)"
+    assert "nothing started" in fresh.stdout.splitlines()[1] and time.monotonic() - begin < 10
+    assert started == [] and not (tmp_path / "runs").exists() and not (tmp_path / "logs").exists()
+
+    first = sweeps(0, line)  # the first command of the pair starts the runs
+    assert first.returncode == 0 and len(started) == 1, first.stdout + first.stderr
+    second = sweeps(30, line, CONTINUE_ONLY="1")  # the same machine: continued and watched to the end
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert _lines(second) == [f"pope-200k: running (pid {started[0]})"] and "sweeps ended" in second.stdout
+    assert (tmp_path / "runs" / "pope-200k" / "seed-1" / "summary.json").is_file()
+
+    bad = sweeps(0, line, CONTINUE_ONLY="yes")
+    assert bad.returncode == 2 and bad.stdout == "" and "CONTINUE_ONLY must be 0 or 1, not 'yes'" in bad.stderr
+
+
 def test_killed_sweep_is_resumed_and_seconds_are_honoured(machine):
     sweeps, monitor, tmp_path, started = machine
     line = "NAME=pope PE=pope SEEDS=0 LIMIT=600"
