@@ -8,6 +8,9 @@ synchronize at both ends. Prints a table last; writes JSON with provenance to --
 
     PYTHONPATH=src python benchmarks/train_step.py --variants eager,compile,graph,compile+graph \
         --pe pope,pope:backend=reference,rope --out $OUT/train_step.json
+    PYTHONPATH=src python benchmarks/train_step.py --cases 'pope@compile+graph;pope@compile' --profile
+
+`--profile` adds where the step's GPU time goes: the summed kernel time per step against the step time.
 
 Target (issue 3): <= 4.8 ms/step for indirect-indexing (100k steps in <= 8 minutes).
 """
@@ -33,7 +36,26 @@ MODES = {"eager": ("false", "false"), "compile": ("true", "false"), "graph": ("f
          "compile+graph": ("true", "true")}
 
 
-def measure(preset: str, pe: str, mode: str, *, steps: int, warmup: int, check_steps: int, extra: list[str]) -> dict:
+def profile_steps(trainer, first: int, steps: int) -> dict:
+    """GPU kernel time of `steps` more training steps under torch.profiler: the kernels' summed time per step
+    (the GPU's busy time; the rest of the step is the GPU waiting) and the 25 costliest kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for step in range(first, first + steps):
+            trainer.train_step(step)
+        torch.cuda.synchronize()
+    kernels = [event for event in prof.key_averages() if event.self_device_time_total > 0]
+    kernels.sort(key=lambda event: event.self_device_time_total, reverse=True)
+    busy_ms = sum(event.self_device_time_total for event in kernels) / 1000 / steps
+    top = [{"name": event.key[:120], "calls_per_step": event.count / steps,
+            "ms_per_step": event.self_device_time_total / 1000 / steps} for event in kernels[:25]]
+    return {"kernel_ms_per_step": busy_ms, "kernels_per_step": sum(e.count for e in kernels) / steps, "top": top}
+
+
+def measure(preset: str, pe: str, mode: str, *, steps: int, warmup: int, check_steps: int, extra: list[str],
+            profile: bool = False) -> dict:
     compile_flag, graph_flag = MODES[mode]
     overrides = [f"train.compile={compile_flag}", f"train.cuda_graph={graph_flag}", "train.tensorboard=false",
                  "train.progress=false", *extra]
@@ -59,12 +81,13 @@ def measure(preset: str, pe: str, mode: str, *, steps: int, warmup: int, check_s
             torch.cuda.synchronize()
             times.append(1000 * (time.perf_counter() - begin) / steps)
         memory = torch.cuda.max_memory_allocated() / 2**20
+        profiled = profile_steps(trainer, first + 3 * steps, steps) if profile else None
         del trainer
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     return {"preset": preset, "pe": pe, "mode": mode, "ms_per_step": statistics.median(times), "ms_blocks": times,
             "warmup_and_compile_s": warmup_s, "first_losses": losses, "peak_memory_mib": memory,
-            "loss_finite": bool(torch.isfinite(accumulated))}
+            "loss_finite": bool(torch.isfinite(accumulated)), "profile": profiled}
 
 
 def main() -> int:
@@ -78,6 +101,8 @@ def main() -> int:
     parser.add_argument("--cases", default=None, help="explicit 'PE@MODE;PE@MODE' list (overrides --pe/--variants)")
     parser.add_argument("--set", dest="extra", action="append", default=[])
     parser.add_argument("--out", default=None, help="write results JSON here")
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile one more block per case: GPU kernel time per step and the costliest kernels")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("this benchmark needs a CUDA GPU", file=sys.stderr)
@@ -92,7 +117,7 @@ def main() -> int:
     results = []
     for pe, mode in cases:
         result = measure(args.preset, pe, mode, steps=args.steps, warmup=args.warmup,
-                         check_steps=args.check_steps, extra=args.extra)
+                         check_steps=args.check_steps, extra=args.extra, profile=args.profile)
         results.append(result)
         print(json.dumps(result), flush=True)
     # correctness: every variant of one encoding follows the losses of that encoding's eager run
@@ -117,6 +142,13 @@ def main() -> int:
         print(f"{r['pe']:<26}{r['mode']:<16}{r['ms_per_step']:>9.3f}{r['ms_per_step'] * 100:>11.0f}s"
               f"{r['warmup_and_compile_s']:>11.1f}{r['max_rel_loss_diff_vs_first_variant']:>11.2e}"
               f"{r['peak_memory_mib']:>8.0f}")
+    for r in results:
+        if r["profile"]:
+            p = r["profile"]
+            print(f"\n{r['pe']} {r['mode']}: kernels {p['kernel_ms_per_step']:.3f} of {r['ms_per_step']:.3f} ms/step"
+                  f" ({p['kernels_per_step']:.0f} kernels a step)")
+            for kernel in p["top"]:
+                print(f"  {kernel['ms_per_step']:8.4f} ms  x{kernel['calls_per_step']:<5.0f} {kernel['name'][:90]}")
     for problem in problems:
         print("CHECK FAILED:", problem)
     return 1 if problems else 0
