@@ -433,7 +433,8 @@ def _difference_rows(preset: str, pe: str, settings: str, members: list[RunRecor
                      base: list[RunRecord]) -> list[ComparisonRow]:
     """Rows of members vs base (headline and best-valid value), each where both have >= 2 finished seeds; and the
     headline paired by seed where >= 2 seeds finished on both sides (one seed gives both runs the same batch order
-    and random-number stream, so a per-seed difference removes what the seed alone decides)."""
+    and starts both models' initialisation from the same random state, so a per-seed difference removes what the
+    batch order decides)."""
     metric = next((m.metric for m in members if m.metric), "—")
     label = f"| {preset} | {pe} | {settings}"
     rows = []
@@ -452,7 +453,8 @@ def _difference_rows(preset: str, pe: str, settings: str, members: list[RunRecor
 _LIFT_OFF_NOTE = (f" Runs scored by test accuracy add a lift-off row: the seeds past {100 * LIFT_OFF_ACCURACY:g} % on "
                   "each side, the difference of the rates, and Fisher's exact two-sided p.")
 _PAIRED_NOTE = (" Paired rows: the seeds finished on both sides, each seed's two runs compared (one seed gives both "
-                "runs the same batch order and random-number stream); the mean of the per-seed "
+                "runs the same batch order and starts both initialisations from the same random state; weights match "
+                "only where the settings create the same parameters); the mean of the per-seed "
                 "differences, its paired t 95 % interval, and the two-sided sign-flip permutation p (exact over all "
                 "2^n sign patterns; with n pairs it cannot go below 2/2^n).")
 _HOLM_NOTE = (" Holm p: the p-value adjusted (Holm's step-down method) over the table's rows of the same preset "
