@@ -304,6 +304,9 @@ case "$STAGE" in
     done
     wait_all
     length_eval ablations text "$(lengths ablation-full 1 2 4 8 10)" "$RUNS"/ablation-*/seed-*
+    # where each setting's magnitudes and learned delta went, from its first seed of this call: the checkpoints
+    # do not come back from the GPU machine, so this is the only time they can be read
+    frequencies_of text "$RUNS"/ablation-*/seed-"${ABLATION_SEEDS%%[-,]*}"
     [ ! -f "$RUNS/ablation-full/sweep.json" ] || report_all text-ablations ablation --against "$RUNS/ablation-full"
     ;;
 esac

@@ -359,6 +359,9 @@ def test_gpu_reproduce_text_ablations_stage_on_cpu(tmp_path):
         assert any(line.startswith("| text-256-tiny |") and f"| ablation-{name}/ " in line
                    for line in against.splitlines()[1:])
     assert not (runs / "ablation-wrap").exists()  # not in the default ABLATIONS
+    for name in specs:  # the first seed's magnitudes and delta, read before the checkpoints are left behind
+        usage = json.loads((runs / f"ablation-{name}/seed-0/eval/frequencies/frequency_usage.json").read_text())
+        assert usage and not (runs / f"ablation-{name}/seed-1/eval/frequencies").exists()
 
     # ABLATIONS picks the settings trained beside the full PoPE: "wrap" alone, one more seed, the runs above kept
     result = _script(tmp_path, extra_path=[no_network], STAGE="text-ablations", ABLATIONS="wrap",
@@ -371,6 +374,7 @@ def test_gpu_reproduce_text_ablations_stage_on_cpu(tmp_path):
     config = json.loads((runs / "ablation-wrap/seed-2/config.json").read_text())
     assert config["model"]["pe"].startswith("pope:delta_init=zero,delta_range=wrap") and config["seed"] == 2
     assert (runs / "ablation-full/seed-2/summary.json").is_file()
+    assert (runs / "ablation-wrap/seed-2/eval/frequencies/frequency_usage.json").is_file()
     report = (runs / "report-text-ablations/report.md").read_text()
     assert "| ablation-wrap/" in report[report.index("## Against"):]
 
