@@ -38,7 +38,8 @@ MODES = {"eager": ("false", "false"), "compile": ("true", "false"), "graph": ("f
 
 def profile_steps(trainer, first: int, steps: int) -> dict:
     """GPU kernel time of `steps` more training steps under torch.profiler: the kernels' summed time per step
-    (the GPU's busy time; the rest of the step is the GPU waiting) and the 25 costliest kernels."""
+    (the GPU's busy time where kernels run one at a time, as in one stream; the rest of the step is the GPU
+    waiting) and the 25 costliest kernels."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
