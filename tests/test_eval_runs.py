@@ -440,11 +440,12 @@ def test_report_lift_off_table_from_sweep_directories(tmp_path):
     # PoPE: finals 95, 5, 40, 6 % -> mean 36.50, sample std 42.26, median 23.00; 2/4 lift off; seed 4 left out;
     # gaps 1, 6, 5, 4 points -> 4.00 ± 2.16
     lo, hi = wilson_interval(2, 4)
+    # first evaluation past 20 %, in seed order: seeds 0 and 2 at their second evaluation (10k), 1 and 3 never
     assert (f"| indirect-indexing | pope | 4 | 36.50 ± 42.26 | 23.00 | 2/4 | {100 * lo:.0f}–{100 * hi:.0f} % | "
-            "4.00 ± 2.16 (n=4) | 94.82 | 4 (step 5000) | pope/ train.autocast=auto |") in markdown
-    assert "| rope | 2 | 11.50 ± 0.71 | 11.50 | 0/2 | 0–66 % | not measured | 11.16 | — | rope/ |" in markdown
+            "10k, —, 10k, — | 4.00 ± 2.16 (n=4) | 94.82 | 4 (step 5000) | pope/ train.autocast=auto |") in markdown
+    assert "| rope | 2 | 11.50 ± 0.71 | 11.50 | 0/2 | 0–66 % | —, — | not measured | 11.16 | — | rope/ |" in markdown
     # another recipe (fp32) is its own row, never averaged with the bf16 seeds
-    assert "| pope | 2 | 85.00 ± 7.07 | 85.00 | 2/2 | 34–100 % | not measured | 94.82 | — | " \
+    assert "| pope | 2 | 85.00 ± 7.07 | 85.00 | 2/2 | 34–100 % | 10k, 10k | not measured | 94.82 | — | " \
            "pope-fp32/ train.autocast=none |" in markdown
     assert ("| pope | test_accuracy (last evaluation) | 0.3650 ± 0.4226 (n=4) | — | 0.9482 | 0,1,2,3 | "
             "4 (step 5000) |") in markdown  # no at_best_valid in these summaries: "—"
@@ -470,6 +471,14 @@ def test_report_lift_off_table_from_sweep_directories(tmp_path):
     assert {p.name for p in written} >= {"report.md", "report.png", "accuracy_vs_step.png"}
     with pytest.raises(FileNotFoundError, match="neither a `pope train` run directory nor a sweep"):
         write_report([str(tmp_path / "report")], tmp_path / "r2")
+
+
+def test_first_step_past_lift_off_reads_the_first_evaluation_above_the_threshold():
+    from pope.eval.report import first_step_past_lift_off
+
+    assert first_step_past_lift_off([(5000, 0.05), (10000, 0.2), (15000, 0.21), (20000, 0.9)]) == 15000  # > 20 %
+    assert first_step_past_lift_off([(5000, 0.25), (10000, 0.1)]) == 5000  # the first, even if it falls back
+    assert first_step_past_lift_off([(5000, 0.05)]) is None and first_step_past_lift_off([]) is None
 
 
 def test_report_plots_test_accuracy_by_shift_when_runs_have_it(tmp_path):

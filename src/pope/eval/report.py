@@ -26,7 +26,8 @@ setting column names the group's sweep directory and its ``--set`` overrides.
 
 Runs with test accuracy (indirect indexing) also get a lift-off table: n seeds, final test accuracy
 mean ± std and median, the lift-off rate — final test accuracy > ``LIFT_OFF_ACCURACY`` — with a Wilson 95 %
-interval, and the train − test accuracy gap where ``eval/task_accuracy.json`` exists; plus one plot of
+interval, each seed's first evaluation step above that threshold (how long it sat on the plateau), and the
+train − test accuracy gap where ``eval/task_accuracy.json`` exists; plus one plot of
 every seed's test accuracy against the step (``accuracy_vs_step.png``). Runs scored by test NLL get one
 plot of every seed's validation and test NLL against the step, best-validation step marked
 (``loss_vs_step.png``).
@@ -70,6 +71,16 @@ LIFT_OFF_ACCURACY = 0.20
 def lift_offs(finals: list[float]) -> int:
     """How many of these final test accuracies lifted off (exceed LIFT_OFF_ACCURACY)."""
     return sum(value > LIFT_OFF_ACCURACY for value in finals)
+
+
+def first_step_past_lift_off(curve: list[tuple[int, float]]) -> int | None:
+    """The step of the first evaluation whose test accuracy exceeds LIFT_OFF_ACCURACY (None: none did). When
+    seeds all lift off, this is what tells them apart: how long each sat on the plateau."""
+    return next((step for step, accuracy in curve if accuracy > LIFT_OFF_ACCURACY), None)
+
+
+def _kilo_steps(step: int | None) -> str:
+    return "—" if step is None else f"{step / 1000:g}k"
 
 
 @dataclass
@@ -316,14 +327,18 @@ def lift_off_markdown(records: list[RunRecord]) -> list[str]:
     if not groups:
         return []
     lines = ["", f"## Test accuracy and lift-off (final test accuracy > {100 * LIFT_OFF_ACCURACY:g} %)", "",
-             "Final test accuracy (%) over finished seeds; lift-off rate with a Wilson 95 % interval; gap = accuracy on "
-             "training examples − on test examples of the same checkpoint (eval/task_accuracy.json).", "",
-             "| preset | PE | n | test acc. mean ± std | median | lift-off | 95 % interval | train − test gap | paper | "
-             "unfinished (left out) | setting |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "Final test accuracy (%) over finished seeds; lift-off rate with a Wilson 95 % interval; first past "
+             f"{100 * LIFT_OFF_ACCURACY:g} %: the step of each finished seed's first evaluation above it, in seed order "
+             "(— never); gap = accuracy on training examples − on test examples of the same checkpoint "
+             "(eval/task_accuracy.json).", "",
+             "| preset | PE | n | test acc. mean ± std | median | lift-off | 95 % interval | first past "
+             f"{100 * LIFT_OFF_ACCURACY:g} % | train − test gap | paper | unfinished (left out) | setting |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     no_gap = []
     for (preset, pe, label), members in sorted(groups.items()):
-        done = [m for m in members if m.finished and m.curve]
+        done = sorted((m for m in members if m.finished and m.curve), key=lambda m: (m.seed is None, m.seed or 0))
         finals = [m.curve[-1][1] for m in done]
+        first_past = ", ".join(_kilo_steps(first_step_past_lift_off(m.curve)) for m in done) or "—"
         lifted = lift_offs(finals)
         low, high = wilson_interval(lifted, len(finals))
         gaps = [m.task_accuracy["train"] - m.task_accuracy["test"] for m in done
@@ -333,7 +348,8 @@ def lift_off_markdown(records: list[RunRecord]) -> list[str]:
         paper = paper_value(preset, pe)
         lines.append(f"| {preset} | {pe} | {len(finals)} | {_percent(finals)} | "
                      f"{f'{100 * statistics.median(finals):.2f}' if finals else '—'} | {lifted}/{len(finals)} | "
-                     f"{100 * low:.0f}–{100 * high:.0f} % | {gap} | {'—' if paper is None else f'{100 * paper:.2f}'} | "
+                     f"{100 * low:.0f}–{100 * high:.0f} % | {first_past} | {gap} | "
+                     f"{'—' if paper is None else f'{100 * paper:.2f}'} | "
                      f"{_unfinished(members)} | {label} |")
     if no_gap:
         lines += ["", f"Train-example accuracy not measured for {len(no_gap)} finished run(s) (no "
