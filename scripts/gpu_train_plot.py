@@ -10,7 +10,8 @@ label defaults to the file's stem, or the run directory's name). Prints the tabl
 and writes the PNG: test accuracy solid, validation dashed (unless --no-valid), the paper's 3-seed means as dotted
 lines for labels named pope-... or rope-... and for each --paper PE (pope.eval.report.paper_value); --lr adds a
 panel below with each run's learning rate (the `lr` of its training records), so where runs part can be read
-against their schedules.
+against their schedules. --group draws runs whose labels agree up to their last comma ("RoPE, seed 0", "RoPE,
+seed 1") in one colour, each with its own line style, so seeds of one setting read as one family.
 """
 from __future__ import annotations
 
@@ -41,6 +42,25 @@ def read_run(argument: str) -> tuple[str, list[dict]]:
     return label or path.stem, records
 
 
+SEED_LINE_STYLES = ("-", "--", "-.", ":")
+"""Line styles of a --group family's members, in the order given (then repeated)."""
+
+
+def line_styles(labels: list[str], group: bool) -> list[dict]:
+    """Plot keyword arguments per label: nothing (matplotlib's colour cycle) without grouping; with it one colour
+    per family (the label up to its last comma) and the next line style per member."""
+    if not group:
+        return [{} for _ in labels]
+    families: dict[str, list[int]] = {}
+    for index, label in enumerate(labels):
+        families.setdefault(label.rpartition(",")[0] or label, []).append(index)
+    styles = [{} for _ in labels]
+    for colour, members in enumerate(families.values()):
+        for rank, index in enumerate(members):
+            styles[index] = {"color": f"C{colour % 10}", "linestyle": SEED_LINE_STYLES[rank % len(SEED_LINE_STYLES)]}
+    return styles
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", help="metrics.jsonl files or run directories, optionally LABEL=PATH")
@@ -51,7 +71,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="draw the paper's 3-seed mean for this PE, e.g. pope or rope-half (also drawn for "
                              "labels named PE-...)")
     parser.add_argument("--title", default="Indirect indexing (8 layers, d_model 512)")
+    parser.add_argument("--group", action="store_true",
+                        help="one colour per family of labels (the text before the last comma), one line style per "
+                             "member; needs --no-valid (validation lines are dashed)")
     args = parser.parse_args(argv)
+    if args.group and not args.no_valid:
+        raise SystemExit("gpu_train_plot.py: --group gives each seed of a family its own line style, which the "
+                         "dashed validation lines would clash with; add --no-valid")
     for pe in args.paper:
         if paper_value(PRESET, pe) is None:
             from pope.presets import PRESETS
@@ -71,11 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         figure, axis = plt.subplots(figsize=(7, 4.2))
     table = {}
-    for label, records in runs:
+    for (label, records), style in zip(runs, line_styles([label for label, _ in runs], args.group)):
         evals = [r for r in records if r.get("kind") == "eval"]
         steps = [r["step"] for r in evals]
         line, = axis.plot(steps, [100 * r["test_accuracy"] for r in evals], marker="o", markersize=3,
-                          label=f"{label} test" if not args.no_valid else label)
+                          label=f"{label} test" if not args.no_valid else label, **style)
         if not args.no_valid:
             axis.plot(steps, [100 * r["valid_accuracy"] for r in evals], linestyle="--", color=line.get_color(),
                       alpha=0.6, label=f"{label} valid")
@@ -86,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
                          label=f"paper {pe} (3-seed mean)")
         if args.lr:
             train = [r for r in records if r.get("kind") == "train" and "lr" in r]
-            lr_axis.plot([r["step"] for r in train], [r["lr"] for r in train], color=line.get_color(), label=label)
+            lr_axis.plot([r["step"] for r in train], [r["lr"] for r in train], color=line.get_color(),
+                         linestyle=line.get_linestyle(), label=label)
         table[label] = {r["step"]: r["test_accuracy"] for r in evals}
     for pe in args.paper:
         value = 100 * paper_value(PRESET, pe)
@@ -99,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     axis.set_title(args.title)
     axis.set_ylim(0, 100)
     axis.grid(alpha=0.3)
-    axis.legend(fontsize=7, loc="upper left")
+    axis.legend(fontsize=7, loc="upper left", handlelength=3.5)  # long enough to show the line styles
     if args.lr:
         lr_axis.set_ylabel("learning rate")
         lr_axis.set_ylim(bottom=0)

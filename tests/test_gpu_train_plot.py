@@ -55,3 +55,16 @@ def test_a_paper_line_the_paper_does_not_report_is_refused(tmp_path):
     run = write_run(tmp_path / "run", [0.05], 2e-4)
     with pytest.raises(SystemExit, match="no indirect-indexing number for --paper 'wrap'; give one of rope, pope"):
         load_script().main([str(run), "--paper", "wrap", "--out", str(tmp_path / "x.png")])
+
+
+def test_group_gives_a_family_one_colour_and_each_member_its_own_line_style(tmp_path):
+    script = load_script()
+    styles = script.line_styles(["PoPE, clamp, seed 0", "RoPE, seed 0", "PoPE, clamp, seed 1", "RoPE, seed 1",
+                                 "ALiBi"], group=True)
+    assert styles[0] == {"color": "C0", "linestyle": "-"} and styles[2] == {"color": "C0", "linestyle": "--"}
+    assert styles[1] == {"color": "C1", "linestyle": "-"} and styles[3] == {"color": "C1", "linestyle": "--"}
+    assert styles[4] == {"color": "C2", "linestyle": "-"}  # no comma: a family of its own
+    assert script.line_styles(["a, seed 0", "a, seed 1"], group=False) == [{}, {}]
+    run = write_run(tmp_path / "run", [0.05], 2e-4)
+    with pytest.raises(SystemExit, match="add --no-valid"):
+        script.main([str(run), "--group", "--out", str(tmp_path / "x.png")])
