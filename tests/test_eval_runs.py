@@ -473,6 +473,17 @@ def test_report_lift_off_table_from_sweep_directories(tmp_path):
         write_report([str(tmp_path / "report")], tmp_path / "r2")
 
 
+def test_report_lists_a_settings_seeds_in_seed_order_whatever_the_argument_order(tmp_path):
+    from pope.eval.report import write_report
+
+    later, earlier = tmp_path / "s1" / "seed-1", tmp_path / "s0" / "seed-0"
+    _task_run(later, "pope", 1, [0.02, 0.05])  # never past 20 %
+    _task_run(earlier, "pope", 0, [0.3, 0.9])  # past it at the first evaluation
+    markdown, _ = write_report([str(later), str(earlier)], tmp_path / "report")
+    assert "| 5k, — |" in markdown  # the lift-off column, seed 0 first
+    assert "| 0,1 |" in markdown  # the runs table's seeds column
+
+
 def test_first_step_past_lift_off_reads_the_first_evaluation_above_the_threshold():
     from pope.eval.report import first_step_past_lift_off
 

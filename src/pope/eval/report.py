@@ -287,13 +287,15 @@ def finished_groups(records: list[RunRecord]) -> dict[tuple[str, str, str], list
 
 
 def setting_groups(records: list[RunRecord]) -> dict[tuple[str, str, str], list[RunRecord]]:
-    """(preset, PE, setting label) -> runs of one setting (one config fingerprint), finished or not. The
-    label: the sweep directory and its overrides (or a lone run's directory), plus the config values in which
+    """(preset, PE, setting label) -> runs of one setting (one config fingerprint), finished or not, in seed
+    order (a setting's seeds may come from several RUN arguments). The label: the sweep directory and its overrides (or a lone run's directory), plus the config values in which
     this setting differs from the other settings of the same preset and PE (those it leaves unset, null,
     are not listed: a fine-tune's section is named on the fine-tune's row only)."""
     by_fingerprint: dict[tuple[str, str, str], list[RunRecord]] = {}
     for record in records:
         by_fingerprint.setdefault((record.preset, record.pe, record.fingerprint), []).append(record)
+    for members in by_fingerprint.values():
+        members.sort(key=lambda m: (m.seed is None, m.seed or 0))
     labels: dict[tuple[str, str, str], list[RunRecord]] = {}
     for (preset, pe, fingerprint), members in sorted(by_fingerprint.items()):
         siblings = [json.loads(f) for (p, e, f) in by_fingerprint if (p, e) == (preset, pe)]
@@ -336,7 +338,7 @@ def lift_off_markdown(records: list[RunRecord]) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     no_gap = []
     for (preset, pe, label), members in sorted(groups.items()):
-        done = sorted((m for m in members if m.finished and m.curve), key=lambda m: (m.seed is None, m.seed or 0))
+        done = [m for m in members if m.finished and m.curve]
         finals = [m.curve[-1][1] for m in done]
         first_past = ", ".join(_kilo_steps(first_step_past_lift_off(m.curve)) for m in done) or "—"
         lifted = lift_offs(finals)
