@@ -2,6 +2,7 @@
 import csv
 import json
 import math
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -482,6 +483,41 @@ def test_report_lists_a_settings_seeds_in_seed_order_whatever_the_argument_order
     markdown, _ = write_report([str(later), str(earlier)], tmp_path / "report")
     assert "| 5k, — |" in markdown  # the lift-off column, seed 0 first
     assert "| 0,1 |" in markdown  # the runs table's seeds column
+
+
+def test_report_compares_lift_off_steps_of_one_schedule_by_rank_sum(tmp_path):
+    """The lift-off step row: each finished seed's first evaluation past 20 % on both sides (— never), medians and
+    the exact rank-sum p; no row where no seed lifted off, or where the sides ran different numbers of steps."""
+    from pope.eval.report import write_report
+
+    def sweep(name, pe, curves, overrides=()):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "sweep.json").write_text(json.dumps({"preset": "indirect-indexing", "pe": pe,
+                                                                 "overrides": list(overrides)}))
+        for seed, curve in enumerate(curves):
+            _task_run(tmp_path / name / f"seed-{seed}", pe, seed, curve, overrides=overrides)
+        return str(tmp_path / name)
+    early = [[0.05, 0.3, 0.9], [0.05, 0.05, 0.5], [0.25, 0.8, 0.9]]  # past 20 % at 10k, 15k, 5k
+    late = [[0.05, 0.05, 0.3], [0.05, 0.05, 0.1]]  # 15k, never
+    wrap = sweep("wrap", "pope:delta_range=wrap", early)
+    rope = sweep("rope", "rope", late)
+    with warnings.catch_warnings():  # report.png: the first setting (wrap) has no paper value, RoPE's mark is
+        warnings.simplefilter("error")  # still named in the legend (no "no artists with labels" warning)
+        section = write_report([wrap, rope], tmp_path / "r")[0].split("## PoPE vs RoPE")[1].split("\n## ")[0]
+    # mid-ranks of 10k, 15k, 5k vs 15k, never: 2, 3.5, 1 vs 3.5, 5, observed |difference of mean ranks| 2.08; of
+    # the C(5, 2) = 10 ways to pick RoPE's two, three reach it: the observed pair, its twin with the other 15k
+    # (a tie), and {5k, 10k} (2.5): p = 3/10
+    assert ("| wrap/ vs rope/ | lift-off step (first past 20 %) | 10k, 15k, 5k vs 15k, — | median 10k vs — | — | "
+            "0.3000 (rank-sum, exact, all 10 splits) |") in section, section
+    # no seed of either side lifted off: no row (the lift-off rate row is still there)
+    never = sweep("pope", "pope", [[0.05, 0.05, 0.05]] * 2)
+    never_lr = sweep("pope-lr", "pope", [[0.05, 0.05, 0.1]] * 2, overrides=["recipe.lr=0.001"])
+    against = write_report([never, never_lr], tmp_path / "r1", against=never)[0].split("## Against")[1]
+    assert "lift-off rate (> 20 %) | 0/2 vs 0/2" in against and "| lift-off step (" not in against
+    # the same seeds on a longer schedule: a "never" of the shorter one is no "never" of the longer: no row
+    longer = sweep("wrap-long", "pope:delta_range=wrap", early, overrides=["recipe.max_steps=200000"])
+    against = write_report([wrap, longer], tmp_path / "r2", against=wrap)[0].split("## Against")[1]
+    assert "lift-off rate (> 20 %)" in against and "| lift-off step (" not in against
 
 
 def test_first_step_past_lift_off_reads_the_first_evaluation_above_the_threshold():

@@ -4,8 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from pope.eval.stats import (PermutationResult, permutation_test, student_t_cdf, student_t_quantile,
-                             welch_interval)
+from pope.eval.stats import (PermutationResult, midranks, permutation_test, rank_sum_test, student_t_cdf,
+                             student_t_quantile, welch_interval)
 
 
 def test_exact_permutation_p_from_the_35_splits():
@@ -26,6 +26,22 @@ def test_permutation_small_samples_and_ties():
     assert permutation_test([0.1 + 0.2, 0.5], [0.3, 0.5]).p_value == 1.0
     with pytest.raises(ValueError, match="two non-empty samples"):
         permutation_test([], [1.0])
+
+
+def test_rank_sum_test_uses_order_only_and_allows_never():
+    assert midranks([30.0, 10.0, math.inf, 10.0, math.inf]) == [3.0, 1.5, 4.5, 1.5, 4.5]  # ties share their mean rank
+    # no overlap, 3 against 2: the observed split and its mirror are the two most extreme of C(5, 3) = 10
+    result = rank_sum_test([80e3, 90e3, 70e3], [165e3, 110e3])
+    assert result == PermutationResult(2 / 10, 10, True)
+    # only the order counts: any values in the same order give the same p
+    assert rank_sum_test([1, 2, 3], [1e9, 4]).p_value == result.p_value
+    # "never" ranks after every step: 3 lifted off vs 3 never in 3 + 3 seeds is the no-overlap 2 / C(6, 3)
+    assert rank_sum_test([5e3, 9e3, 7e3], [math.inf] * 3).p_value == pytest.approx(2 / 20)
+    assert rank_sum_test([math.inf, math.inf], [math.inf, math.inf]).p_value == 1.0  # all tied
+    # against the hand count on ranks: {1,2,3,4} vs {5,6,7} is test_exact_permutation_p_from_the_35_splits
+    assert rank_sum_test([10, 20, 30, 40], [50, 60, 70]).p_value == pytest.approx(2 / 35)
+    with pytest.raises(ValueError, match="two non-empty samples"):
+        rank_sum_test([], [1.0])
 
 
 def test_monte_carlo_permutation_is_seeded_and_close_to_exact():

@@ -35,7 +35,8 @@ plot of every seed's validation and test NLL against the step, best-validation s
 "PoPE vs RoPE": every encoding against RoPE of the same preset and setting (the config apart from the PE
 and the seed), over finished seeds, for the headline value and the best-valid one: the difference of
 means, its Welch t 95 % interval and a two-sided permutation p-value (pope.eval.stats); for runs scored by
-test accuracy also the lift-off rates on each side and Fisher's exact p; and each p adjusted by Holm's method
+test accuracy also the lift-off rates on each side and Fisher's exact p, and, where a seed lifted off and both
+sides ran the same number of steps, each seed's lift-off step compared by the exact rank-sum test; and each p adjusted by Holm's method
 over the settings of one preset tested in the same table (the "Holm p" column); where two settings have >= 2
 seeds finished on both sides, a row paired by seed (the mean per-seed difference, its paired t interval and the
 sign-flip p, pope.eval.stats.paired_permutation_test; its own Holm family). With
@@ -51,7 +52,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pope.eval.stats import (MAX_EXACT_SPLITS, MONTE_CARLO_SPLITS, fisher_exact, holm_adjust, paired_interval,
-                             paired_permutation_test, permutation_test, welch_interval, wilson_interval)
+                             paired_permutation_test, permutation_test, rank_sum_test, welch_interval,
+                             wilson_interval)
 from pope.files import write_text_atomic
 from pope.train.sweep import EXECUTION_KEYS, setting_of
 
@@ -462,6 +464,7 @@ def _difference_rows(preset: str, pe: str, settings: str, members: list[RunRecor
             rows.append(_difference_row(preset, label, f"{metric}, {name}", values, baseline))
             if metric == "test_accuracy" and name == "headline":
                 rows.append(_lift_off_row(preset, label, values, baseline))
+                rows += _lift_off_step_rows(preset, label, members, base)
     pairs = _seed_pairs(members, base)
     if len(pairs) >= 2:
         rows.append(_paired_row(preset, label, f"{metric}, headline, paired by seed", pairs))
@@ -469,7 +472,10 @@ def _difference_rows(preset: str, pe: str, settings: str, members: list[RunRecor
 
 
 _LIFT_OFF_NOTE = (f" Runs scored by test accuracy add a lift-off row: the seeds past {100 * LIFT_OFF_ACCURACY:g} % on "
-                  "each side, the difference of the rates, and Fisher's exact two-sided p.")
+                  "each side, the difference of the rates, and Fisher's exact two-sided p; and, where a seed lifted "
+                  "off and both sides ran the same number of steps, a lift-off step row: each finished seed's first "
+                  "evaluation past it (— never, ranked after every step), the medians, and the exact two-sided "
+                  "rank-sum (Mann-Whitney) p, which with no overlap is 2 / C(n1 + n2, n1).")
 _PAIRED_NOTE = (" Paired rows: the seeds finished on both sides, each seed's two runs compared (one seed gives both "
                 "runs the same batch order and starts both initialisations from the same random state; weights match "
                 "only where the settings create the same parameters); the mean of the per-seed "
@@ -489,6 +495,28 @@ def _lift_off_row(preset: str, label: str, values: list[float], baseline: list[f
     value = f"lift-off rate (> {100 * LIFT_OFF_ACCURACY:g} %)"
     return ComparisonRow(preset, value, f"{label} | {value} | {lifted}/{len(values)} vs "
                          f"{lifted_base}/{len(baseline)} | {rate:+.4f} | — | {p:.4f} (Fisher exact) |", p)
+
+
+def _lift_off_step_rows(preset: str, label: str, members: list[RunRecord], base: list[RunRecord]) -> list[ComparisonRow]:
+    """[row] comparing when the two sides' finished seeds lifted off (first evaluation past LIFT_OFF_ACCURACY; never:
+    after every step) by the exact rank-sum test; [] when no seed of either lifted off, or when the sides ran
+    schedules of different lengths (a "never" of a shorter schedule says nothing about the steps past its end)."""
+    groups = [[m for m in group if m.finished and m.value is not None and math.isfinite(m.value)]
+              for group in (members, base)]
+    steps = [[first_step_past_lift_off(m.curve) for m in group] for group in groups]
+    if len({m.max_steps for group in groups for m in group}) != 1 or all(s is None for g in steps for s in g):
+        return []
+    ordered = [[math.inf if s is None else s for s in g] for g in steps]
+    test = rank_sum_test(*ordered)
+
+    def median(values: list[float]) -> str:
+        middle = statistics.median(values)
+        return _kilo_steps(None if math.isinf(middle) else middle)
+    value = f"lift-off step (first past {100 * LIFT_OFF_ACCURACY:g} %)"
+    return [ComparisonRow(preset, value, f"{label} | {value} | {', '.join(map(_kilo_steps, steps[0]))} vs "
+                          f"{', '.join(map(_kilo_steps, steps[1]))} | median {median(ordered[0])} vs "
+                          f"{median(ordered[1])} | — | {test.p_value:.4f} (rank-sum, {test.describe()}) |",
+                          test.p_value)]
 
 
 def _row_notes(rows: list[ComparisonRow]) -> str:

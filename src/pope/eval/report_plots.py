@@ -50,6 +50,7 @@ def plot_report(records: list[RunRecord], path: Path) -> Path | None:
     for ax, preset in zip(axes[0], presets):
         mine = [(pe if label == "—" else f"{pe}\n{_sweep_directory(label)}", members)
                 for (p, pe, label), members in groups if p == preset]
+        paper_labelled = False  # the legend names the first paper mark drawn, whichever setting has it
         for x, (pe, members) in enumerate(mine):
             values = finite(m.value for m in members)
             mean, std, _ = mean_std(values)
@@ -58,7 +59,9 @@ def plot_report(records: list[RunRecord], path: Path) -> Path | None:
             ax.scatter([x + 0.12] * len(values), values, color="black", s=10, zorder=3)
             paper = paper_value(preset, members[0].pe)
             if paper is not None:
-                ax.scatter([x], [paper], marker="x", color="red", s=60, zorder=4, label="paper" if x == 0 else None)
+                ax.scatter([x], [paper], marker="x", color="red", s=60, zorder=4,
+                           label=None if paper_labelled else "paper")
+                paper_labelled = True
         ax.set_xticks(range(len(mine)), [pe for pe, _ in mine], rotation=20, ha="right", fontsize=8)
         ax.set_xlim(-0.6, len(mine) - 0.4)
         ax.grid(True, axis="y", alpha=0.3)

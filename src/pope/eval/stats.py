@@ -2,6 +2,8 @@
 
 * :func:`permutation_test` — two-sided test of equal means of two samples: exact over every split of the
   pooled values when there are at most ``max_exact`` splits, else a seeded Monte-Carlo estimate;
+* :func:`rank_sum_test` — the same test on the pooled values' ranks (the exact Wilcoxon rank-sum test), for
+  values with an open end such as "never lifted off" (``math.inf``);
 * :func:`paired_permutation_test` — two-sided sign-flip test that paired differences (one per seed, the two
   settings run with the same seed) have mean zero: exact over every sign pattern, or a seeded Monte-Carlo estimate;
 * :func:`welch_interval` — the Welch (unequal-variance) t interval for the difference of two means;
@@ -180,6 +182,30 @@ def permutation_test(a: list[float], b: list[float], *, max_exact: int = MAX_EXA
     rng = random.Random(seed)
     hits = sum(difference(sum(rng.sample(pooled, n_a))) >= threshold for _ in range(samples))
     return PermutationResult((1 + hits) / (1 + samples), samples, False)
+
+
+def midranks(values: list[float]) -> list[float]:
+    """The rank of each value among all of them, 1 for the smallest; tied values (``math.inf`` included) share
+    the mean of the ranks they span."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    start = 0
+    while start < len(order):
+        end = start
+        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
+            end += 1
+        for position in range(start, end + 1):
+            ranks[order[position]] = (start + end) / 2 + 1
+        start = end + 1
+    return ranks
+
+
+def rank_sum_test(a: list[float], b: list[float], **options) -> PermutationResult:
+    """Two-sided exact Wilcoxon rank-sum (Mann-Whitney) test: :func:`permutation_test` on the midranks of the
+    pooled values, so only their order counts and ``math.inf`` ("never") is allowed, tied with itself. With no
+    overlap between the groups p is its smallest possible value, 2 / C(len(a) + len(b), len(a))."""
+    ranks = midranks([float(v) for v in (*a, *b)])
+    return permutation_test(ranks[:len(a)], ranks[len(a):], **options)
 
 
 def paired_interval(differences: list[float], confidence: float = 0.95) -> tuple[float, float, float] | None:
