@@ -7,7 +7,8 @@
 # (finished seeds are skipped, unfinished ones continue from checkpoints/last, missing ones start), each seed
 # stopping itself after LIMIT seconds of training (train.max_seconds) with a checkpoint; $JOBS_PER_GPU seeds share
 # each visible GPU. Then, for every finished seed not scored yet, its final checkpoint is scored in fp32 on the
-# first 10k training examples and on the test split (RUN/eval/task_accuracy.json: the memorisation gap). The small
+# first 10k training examples and on the test split (RUN/eval/task_accuracy.json: the memorisation gap), and a PoPE
+# seed's delta is summarised (RUN/eval/delta_state.json, `pope analyze delta`: the entries outside [-2pi, 0]). The small
 # files of every seed (metrics.jsonl, config/summary/env JSON, eval/, logs; no checkpoints) go into ONE archive
 # $OUT/sweep-$NAME.tar.gz, and a table of each seed's step and latest valid/test accuracy is printed.
 # To run longer than one command: start it in the background (setsid nohup ... > /tmp/sweep-NAME.log) and watch it
@@ -37,6 +38,7 @@ echo "sweep exit status $?"
 python3 - "$sweep" "$RUNS" <<'PY'
 import json, sys
 from pathlib import Path
+from pope.eval.delta_state import DELTA_STATE_FILE, write_delta_state
 from pope.eval.runs import TASK_ACCURACY_FILE, score_task_accuracy, task_splits_of
 from pope.train.sweep import run_finished
 
@@ -53,6 +55,9 @@ print(f"{'seed':>6} {'step':>7} {'status':<11} {'valid_acc':>9} {'test_acc':>9} 
 for run in sorted(sweep.glob("seed-*/"), key=lambda p: int(p.name.split("-")[1])):
     if run_finished(run) and not (run / TASK_ACCURACY_FILE).exists():
         score_task_accuracy(run, {"train": train_10k, "test": splits / "test.txt"})
+    pe = json.loads((run / "config.json").read_text())["pe"] if (run / "config.json").exists() else ""
+    if run_finished(run) and pe.split(":")[0] == "pope" and not (run / DELTA_STATE_FILE).exists():
+        write_delta_state(run / "checkpoints" / "last")  # PoPE's delta at the end: how much left [-2pi, 0]
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()] \
         if (run / "metrics.jsonl").exists() else []
     evals = [r for r in records if r["kind"] == "eval"]

@@ -174,6 +174,42 @@ def test_analyze_frequencies_cli(workspace, tmp_path, capsys):
     assert "position-only score (PoPE, training length" in capsys.readouterr().out
 
 
+def test_delta_state_counts_the_entries_outside_the_interval(workspace):
+    from pope.encodings import TWO_PI
+    from pope.eval.delta_state import delta_state, delta_state_table
+    from pope.eval.runs import load_run_model
+
+    model, _ = load_run_model(workspace["pope"])
+    delta = model.blocks[0].attn.pe.delta  # (n_head, F)
+    with torch.no_grad():
+        delta.fill_(-1.0)
+        delta[0, :3] = torch.tensor([-TWO_PI - 1e-3, 0.5, 0.0])  # below, above, on the bound 0 (inside)
+        delta[1, 0] = -TWO_PI  # on the bound -2pi: inside
+    state = delta_state(model)
+    layer = state["layers"][0]
+    assert (layer["below"], layer["above"], layer["entries"]) == (1, 1, delta.numel())
+    assert state["outside"] == 2 and state["outside_share"] == pytest.approx(2 / delta.numel())
+    assert layer["min"] == pytest.approx(-TWO_PI - 1e-3) and layer["max"] == 0.5
+    assert state["delta_range"] == model.blocks[0].attn.pe.delta_range
+    assert f"2 of {delta.numel()} entries outside [-2pi, 0]" in delta_state_table(state)
+    rope, _ = load_run_model(workspace["rope"])
+    with pytest.raises(ValueError, match="no PoPE layer with a learned delta"):
+        delta_state(rope)
+
+
+def test_analyze_delta_cli(workspace, tmp_path, capsys):
+    out = tmp_path / "delta.json"
+    assert main(["analyze", "delta", str(workspace["pope"]), "--out", str(out)]) == 0
+    state = json.loads(out.read_text())
+    assert state["step"] == 4 and state["layers"][0]["layer"] == 0 and "entries outside" in capsys.readouterr().out
+    assert main(["analyze", "delta", str(workspace["rope"]), "--out", str(out)]) == 1
+    assert "no PoPE layer with a learned delta" in capsys.readouterr().err
+    assert main(["analyze", "delta", str(workspace["pope"]), "--out", str(tmp_path)]) == 1
+    assert "is a directory" in capsys.readouterr().err
+    assert main(["analyze", "delta", str(tmp_path / "missing")]) == 1
+    assert "does not exist" in capsys.readouterr().err
+
+
 def _fake_run(path, preset, pe, seed, test_losses, length_ppl=None, finished=True, at_best_valid=None):
     path.mkdir(parents=True)
     (path / "config.json").write_text(json.dumps({"preset": preset, "pe": pe, "seed": seed}))
@@ -468,6 +504,15 @@ def test_report_lift_off_table_from_sweep_directories(tmp_path):
     assert ("| indirect-indexing | pope | pope/ vs rope/ | lift-off rate (> 20 %) | 2/4 vs 0/2 | +0.5000 | — | "
             "0.4667 (Fisher exact) |") in comparison
     assert "Train-example accuracy not measured for 4 finished run(s)" in markdown
+    assert "## PoPE's delta outside" not in markdown  # no run has eval/delta_state.json
+    for seed, share in ((0, 0.25), (1, 0.05)):  # `pope analyze delta` of two finished seeds, one unfinished
+        for run in (f"pope/seed-{seed}", "pope/seed-4"):
+            (tmp_path / run / "eval").mkdir(exist_ok=True)
+            (tmp_path / run / "eval" / "delta_state.json").write_text(json.dumps({"outside_share": share}))
+    markdown, _ = write_report([pope, rope], tmp_path / "report-delta")
+    delta = markdown.split("## PoPE's delta outside [−2π, 0] at the end of training")[1]
+    assert "| indirect-indexing | pope | 2 | 15.00 ± 14.14 % | 25.0, 5.0 | pope/ |" in delta  # seed 4 unfinished
+    assert "| rope |" not in delta
     assert (tmp_path / "report" / "accuracy_vs_step.png").stat().st_size > 10_000
     assert {p.name for p in written} >= {"report.md", "report.png", "accuracy_vs_step.png"}
     with pytest.raises(FileNotFoundError, match="neither a `pope train` run directory nor a sweep"):

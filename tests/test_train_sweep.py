@@ -252,11 +252,14 @@ def test_gpu_sweep_script_runs_scores_and_archives_small_files(splits, tmp_path)
         names = set(archive.getnames())
     for seed in (0, 1):
         assert {f"pope/seed-{seed}/{name}" for name in ("metrics.jsonl", "config.json", "summary.json", "env.json",
-                                                        "eval/task_accuracy.json")} | {f"pope/seed-{seed}.log"} <= names
+                                                        "eval/task_accuracy.json", "eval/delta_state.json")} | \
+            {f"pope/seed-{seed}.log"} <= names
     assert "pope/sweep.json" in names and not any("checkpoints" in name for name in names)
     scored = json.loads((tmp_path / "runs" / "pope" / "seed-0" / "eval" / "task_accuracy.json").read_text())
     assert scored["step"] == 4 and scored["splits"]["test"]["examples"] == 64
     assert scored["splits"]["train"]["examples"] == 512  # the first 10k training examples (here all 512)
+    delta = json.loads((tmp_path / "runs" / "pope" / "seed-0" / "eval" / "delta_state.json").read_text())
+    assert delta["step"] == 4 and delta["checkpoint"].endswith("checkpoints/last") and delta["entries"] > 0
 
     # the lease monitor over the finished sweep: status lines, the archive, and an immediate end (the log is done)
     log = tmp_path / "sweep-pope.log"

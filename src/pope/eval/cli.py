@@ -1,4 +1,4 @@
-"""`pope eval length|downstream|accuracy`, `pope finetune`, `pope analyze frequencies`, `pope report`.
+"""`pope eval length|downstream|accuracy`, `pope finetune`, `pope analyze frequencies|delta`, `pope report`.
 
 Thin argument parsing over pope.eval; every heavy import happens inside the command that needs it.
 """
@@ -190,7 +190,7 @@ def _finetune(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------- analyze
 def _register_analyze(subparsers) -> None:
-    parser = subparsers.add_parser("analyze", help="analyses of trained runs (frequency usage)")
+    parser = subparsers.add_parser("analyze", help="analyses of trained runs (frequency usage, delta)")
     commands = parser.add_subparsers(dest="analyze_command", metavar="WHAT")
     parser.set_defaults(func=lambda args: _usage(parser))
     frequencies = commands.add_parser(
@@ -211,6 +211,15 @@ def _register_analyze(subparsers) -> None:
     frequencies.add_argument("--out", default=None, help="output directory (default RUN/eval/frequencies)")
     frequencies.add_argument("--device", default="auto", help="auto, cpu or cuda")
     frequencies.set_defaults(func=_analyze_frequencies)
+    delta = commands.add_parser(
+        "delta", help="where PoPE's learned delta ended up: entries outside [-2pi, 0] per layer",
+        description="Per layer, how many entries of PoPE's phase bias delta lie outside [-2pi, 0], where the score "
+                    "uses it bounded: with delta_range=clamp they get no gradient (they stopped learning), with "
+                    "wrap they are the entries the clamp would have stopped. Writes RUN/eval/delta_state.json.")
+    delta.add_argument("run", help="run or checkpoint directory (a run directory: its best checkpoint if it has "
+                                   "one, else its last; give RUN/checkpoints/last for the final weights)")
+    delta.add_argument("--out", default=None, help="JSON file to write (default RUN/eval/delta_state.json)")
+    delta.set_defaults(func=_analyze_delta)
 
 
 def _analyze_frequencies(args: argparse.Namespace) -> int:
@@ -273,6 +282,21 @@ def _analyze_frequencies(args: argparse.Namespace) -> int:
               f"it above their maximum within it (median max past - max within: "
               f"{summary['median_excess_past_training']:+.3f})")
     print("wrote " + ", ".join(str(p) for p in written))
+    return 0
+
+
+def _analyze_delta(args: argparse.Namespace) -> int:
+    from pope.eval.delta_state import DELTA_STATE_FILE, delta_state_table, write_delta_state
+    from pope.eval.runs import run_dir_of
+    from pope.files import check_output_dir
+
+    out = Path(args.out).expanduser() if args.out else run_dir_of(args.run) / DELTA_STATE_FILE
+    if out.is_dir():
+        raise ValueError(f"--out {out} is a directory; give the path of the JSON file to write")
+    check_output_dir(out.parent, what="--out's directory" if args.out else "the run's eval directory")
+    state, out = write_delta_state(args.run, out)
+    print(delta_state_table(state))
+    print(f"wrote {out}")
     return 0
 
 

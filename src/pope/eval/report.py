@@ -18,6 +18,8 @@ What is read from each run directory (made by ``pope train`` / ``pope finetune``
   from its ``test_loss``, ``test_accuracy`` from its ``test_accuracy``, ``valid_ppl`` from its ``valid_loss``.
 * ``eval/task_accuracy.json`` (``pope.eval.runs.score_task_accuracy``): accuracy of one checkpoint on
   training and test examples, for the memorisation gap.
+* ``eval/delta_state.json`` (``pope analyze delta``): the share of PoPE's phase-bias entries outside [−2π, 0],
+  tabled per setting.
 
 A RUN argument may also be a sweep directory (``pope train --seeds``): every ``seed-N`` run in it.
 Runs are grouped by preset, encoding and *setting*: everything in config.json but the seed and how the
@@ -51,6 +53,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pope.eval.delta_state import DELTA_STATE_FILE
 from pope.eval.stats import (MAX_EXACT_SPLITS, MONTE_CARLO_SPLITS, fisher_exact, holm_adjust, paired_interval,
                              paired_permutation_test, permutation_test, rank_sum_test, welch_interval,
                              wilson_interval)
@@ -103,6 +106,7 @@ class RunRecord:
     loss_curve: list[tuple[int, float, float]] = field(default_factory=list)  # (step, valid_loss, test_loss)
     task_accuracy: dict[str, float] | None = None  # split -> accuracy of one checkpoint (eval/task_accuracy.json)
     test_by_shift: dict[int, tuple[int, int]] | None = None  # signed shift -> (correct, examples) on test (same file)
+    delta_outside: float | None = None  # share of PoPE's delta entries outside [-2π, 0] (eval/delta_state.json)
     at_best_valid: float | None = None  # the metric at the best-validation checkpoint (summary.json)
     best_step: int | None = None  # the step of that checkpoint, of max_steps (is the minimum inside the budget?)
     max_steps: int | None = None
@@ -245,6 +249,9 @@ def collect_run(path: str | Path) -> RunRecord:
         if data.get("same_documents") and by_length:  # evaluations on other document sets get their own table
             key += f", the same documents at every length to {max(by_length):,}"
         record.length_ppl[key] = by_length
+    delta_file = run_dir / DELTA_STATE_FILE
+    if delta_file.is_file():
+        record.delta_outside = float(json.loads(delta_file.read_text())["outside_share"])
     downstream_file = run_dir / "eval" / "downstream.json"
     if downstream_file.is_file():
         record.downstream = json.loads(downstream_file.read_text()).get("paper_row")
@@ -358,6 +365,25 @@ def lift_off_markdown(records: list[RunRecord]) -> list[str]:
     if no_gap:
         lines += ["", f"Train-example accuracy not measured for {len(no_gap)} finished run(s) (no "
                   "eval/task_accuracy.json; pope.eval.runs.score_task_accuracy writes it): " + ", ".join(no_gap)]
+    return lines
+
+
+def delta_markdown(records: list[RunRecord]) -> list[str]:
+    """The table of PoPE's delta at the end of training, over finished runs with eval/delta_state.json (empty
+    when there are none): how much of delta lies outside [-2π, 0] (pope.eval.delta_state)."""
+    groups = {key: done for key, done in finished_groups(records).items()
+              if any(m.delta_outside is not None for m in done)}
+    if not groups:
+        return []
+    lines = ["", "## PoPE's delta outside [−2π, 0] at the end of training", "",
+             "Share of the phase-bias entries (layers × heads × frequencies) whose parameter lies outside [−2π, 0] "
+             "(eval/delta_state.json, `pope analyze delta`): with δ clamped they get no gradient, so they stopped "
+             "learning; with δ wrapped they kept learning, and are the entries the clamp would have stopped.", "",
+             "| preset | PE | n | outside: mean ± std | per seed | setting |", "|---|---|---|---|---|---|"]
+    for (preset, pe, label), done in sorted(groups.items()):
+        shares = [m.delta_outside for m in done if m.delta_outside is not None]
+        per_seed = ", ".join(f"{100 * share:.1f}" for share in shares)
+        lines.append(f"| {preset} | {pe} | {len(shares)} | {_percent(shares)} % | {per_seed} | {label} |")
     return lines
 
 
@@ -641,6 +667,7 @@ def report_markdown(records: list[RunRecord], against: str | Path | None = None)
         lines += against_markdown(records, against)
     lines += lift_off_markdown(records)
     lines += by_shift_markdown(records)
+    lines += delta_markdown(records)
     by_setting = finished_groups(records)  # finished runs per preset x PE x setting
 
     length_keys = sorted({key for m in records for key in m.length_ppl})
