@@ -38,9 +38,9 @@ plot of every seed's validation and test NLL against the step, best-validation s
 and the seed), over finished seeds, for the headline value and the best-valid one: the difference of
 means, its Welch t 95 % interval and a two-sided permutation p-value (pope.eval.stats); for runs scored by
 test accuracy also the lift-off rates on each side and Fisher's exact p, and, where a seed lifted off and both
-sides ran the same number of steps, each seed's lift-off step compared by the exact rank-sum test; and each p adjusted by Holm's method
-over the settings of one preset tested in the same table (the "Holm p" column); where two settings have >= 2
-seeds finished on both sides, a row paired by seed (the mean per-seed difference, its paired t interval and the
+sides ran the same number of steps, each seed's lift-off step compared by the exact rank-sum test; and each p
+adjusted by Holm's method over the settings of one preset tested in the same table (the "Holm p" column);
+where two settings have >= 2 seeds finished on both sides, a row paired by seed (the mean per-seed difference, its paired t interval and the
 sign-flip p, pope.eval.stats.paired_permutation_test; its own Holm family). With
 ``against=DIR`` (``pope report ... --against DIR``) the same statistics compare every other setting of
 DIR's preset with DIR's runs: recipe knobs against the recipe they change.
@@ -376,8 +376,8 @@ def delta_markdown(records: list[RunRecord]) -> list[str]:
     if not groups:
         return []
     lines = ["", "## PoPE's delta outside [−2π, 0] at the end of training", "",
-             "Share of the phase-bias entries (layers × heads × frequencies) whose parameter lies outside [−2π, 0] "
-             "(eval/delta_state.json, `pope analyze delta`): with δ clamped they get no gradient, so they stopped "
+             "Share of the phase-bias entries (layers × heads × frequencies) whose parameter lies outside "
+             "[−2π, 0] (eval/delta_state.json, `pope analyze delta`): with δ clamped they get no gradient, so they stopped "
              "learning; with δ wrapped they kept learning, and are the entries the clamp would have stopped.", "",
              "| preset | PE | n | outside: mean ± std | per seed | setting |", "|---|---|---|---|---|---|"]
     for (preset, pe, label), done in sorted(groups.items()):
@@ -523,9 +523,10 @@ def _lift_off_row(preset: str, label: str, values: list[float], baseline: list[f
                          f"{lifted_base}/{len(baseline)} | {rate:+.4f} | — | {p:.4f} (Fisher exact) |", p)
 
 
-def _lift_off_step_rows(preset: str, label: str, members: list[RunRecord], base: list[RunRecord]) -> list[ComparisonRow]:
-    """[row] comparing when the two sides' finished seeds lifted off (first evaluation past LIFT_OFF_ACCURACY; never:
-    after every step) by the exact rank-sum test; [] when no seed of either lifted off, or when the sides ran
+def _lift_off_step_rows(preset: str, label: str, members: list[RunRecord],
+                        base: list[RunRecord]) -> list[ComparisonRow]:
+    """[row] comparing when the two sides' finished seeds lifted off (first evaluation past LIFT_OFF_ACCURACY;
+    never: after every step) by the exact rank-sum test; [] when no seed of either lifted off, or when the sides ran
     schedules of different lengths (a "never" of a shorter schedule says nothing about the steps past its end)."""
     groups = [[m for m in group if m.finished and m.value is not None and math.isfinite(m.value)]
               for group in (members, base)]
