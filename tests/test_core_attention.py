@@ -156,8 +156,34 @@ def test_delta_wrap_keeps_the_scores_and_the_gradient():
     pope.pope_attention(q, k, v, free_delta, backend="reference").sum().backward()
     torch.testing.assert_close(wrap.delta.grad, free_delta.grad, rtol=0, atol=1e-12)  # the unconstrained gradient
     assert (wrap.delta.grad[:, :4] != 0).all()
-    with pytest.raises(ValueError, match="unknown PoPE delta_range 'mod'; choose 'clamp' or 'wrap'"):
+    with pytest.raises(ValueError, match="unknown PoPE delta_range 'mod'; choose one of clamp, wrap, project"):
         PoPE(n_heads=1, n_kv_heads=1, head_dim=4, delta_range="mod")
+
+
+def test_delta_project_clamps_the_parameter_in_place_and_scores_as_the_clamp():
+    """delta_range="project": the forward pass is the clamp's; project_deltas_ puts the parameter of every
+    "project" layer (and only those) back into [-2π, 0], in place."""
+    from pope.encodings import project_deltas_, projected_deltas
+
+    model = torch.nn.ModuleList([PoPE(n_heads=2, n_kv_heads=2, head_dim=8, delta_range=bound).double()
+                                 for bound in ("project", "clamp", "project", "wrap")])
+    outside = torch.tensor([[0.3, 7.0, -6.5, -20.0, 0.0, -2 * math.pi, -1.0, -3.0]] * 2, dtype=torch.float64)
+    with torch.no_grad():
+        for layer in model:
+            layer.delta.copy_(outside)
+    assert torch.equal(model[0].bounded_delta(), model[1].bounded_delta())  # the clamp's forward
+    deltas = projected_deltas(model)
+    assert len(deltas) == 2 and deltas[0] is model[0].delta and deltas[1] is model[2].delta
+    parameter = model[0].delta
+    project_deltas_(model)
+    assert model[0].delta is parameter  # in place: the same tensor (a CUDA graph replays it)
+    expected = outside.clamp(-2 * math.pi, 0.0)
+    assert torch.equal(model[0].delta, expected) and torch.equal(model[2].delta, expected)
+    assert torch.equal(model[1].delta, outside) and torch.equal(model[3].delta, outside)  # other ranges untouched
+    with torch.no_grad():
+        model[0].delta.copy_(outside)
+    project_deltas_([model[0].delta])  # or the parameters themselves
+    assert torch.equal(model[0].delta, expected)
 
 
 def test_pope_softmax_scale_option():

@@ -176,6 +176,15 @@ def test_save_and_load_round_trip(model, tmp_path):
     base = AutoModel.from_pretrained(tmp_path, torch_dtype=torch.float64)
     assert type(base).__name__ == "PoPELlamaModel"
     assert torch.equal(base.layers[1].self_attn.pe.delta, model.model.layers[1].self_attn.pe.delta)
+    assert loaded.config.pope_delta_range == "clamp" and loaded.model.layers[0].self_attn.pe.delta_range == "clamp"
+    # pope_delta_range="wrap" reaches every layer and survives save/load
+    wrapped = PoPELlamaForCausalLM(tiny_config(pope_delta_range="wrap"))
+    wrapped.save_pretrained(tmp_path / "wrap")
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "wrap")
+    assert reloaded.config.pope_delta_range == "wrap"
+    assert {layer.self_attn.pe.delta_range for layer in reloaded.model.layers} == {"wrap"}
+    assert from_llama_config(LlamaConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1),
+                             delta_range="wrap").pope_delta_range == "wrap"
 
 
 def test_from_llama_config_makes_a_pope_twin():
@@ -212,6 +221,7 @@ def test_from_llama_config_makes_a_pope_twin():
 def test_bad_options_and_inapplicable_choices_are_refused(model, tmp_path):
     for bad, message in ((dict(pope_magnitude="square"), "pope_magnitude"), (dict(pope_base=0), "pope_base"),
                          (dict(pope_delta_init="normal"), "pope_delta_init"), (dict(pope_rotary_dim=9), "rotary_dim"),
+                         (dict(pope_delta_range="project"), "pope_delta_range must be 'clamp' or 'wrap'"),
                          (dict(pope_backend="cuda"), "pope_backend")):
         with pytest.raises(ValueError, match=message):
             tiny_config(**bad)

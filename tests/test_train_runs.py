@@ -61,6 +61,27 @@ def test_gradient_accumulation_matches_full_batch(splits, tmp_path):
         assert b[step] == pytest.approx(a[step], rel=1e-5, abs=1e-6)
 
 
+def test_delta_range_project_keeps_delta_inside_after_every_step(splits, tmp_path):
+    """delta_range="project": the trainer clamps delta in place after each optimizer step, so the parameter never
+    leaves [-2π, 0]; with the forward-pass clamp, the same run (zero init, a large learning rate) leaves entries
+    outside, frozen."""
+    from pope.encodings import TWO_PI
+    from pope.eval.delta_state import delta_state
+    from pope.eval.runs import load_run_model
+
+    states = {}
+    for bound in ("clamp", "project"):
+        config = resolve_run_config("indirect-indexing-tiny", f"pope:delta_range={bound},delta_init=zero",
+                                    overrides=_sets(splits, 8, "recipe.lr=0.05"))
+        run_training(config, tmp_path / bound)
+        model, _ = load_run_model(tmp_path / bound / "checkpoints" / "last")
+        states[bound] = delta_state(model)
+        deltas = torch.cat([block.attn.pe.delta.flatten() for block in model.blocks])
+        if bound == "project":
+            assert deltas.min() >= -TWO_PI and deltas.max() <= 0 and (deltas == 0).any() and (deltas < 0).any()
+    assert states["clamp"]["outside"] > 0 and states["project"]["outside"] == 0
+
+
 @pytest.mark.data
 @pytest.mark.slow
 def test_tiny_preset_learns(tmp_path):

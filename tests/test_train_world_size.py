@@ -55,10 +55,10 @@ def _one_process(sets, out, *, resume=False):
     return run_training(config, out, resume=resume)
 
 
-def _two_processes(sets, out, *, resume=False, check=True, preset=PRESET):
+def _two_processes(sets, out, *, resume=False, check=True, preset=PRESET, pe=PE):
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "pope.cli",
-               "train", preset, "--pe", PE, "--seed", str(SEED), *[x for s in sets for x in ("--set", s)],
+               "train", preset, "--pe", pe, "--seed", str(SEED), *[x for s in sets for x in ("--set", s)],
                "--out", str(out), *(["--resume"] if resume else [])]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
     if check and result.returncode != 0 and "terminate called" in result.stderr:
@@ -170,6 +170,24 @@ def test_one_process_resumes_on_two_fsdp(splits, straight, tmp_path):
     _one_process(_sets(splits, f"train.stop_at_step={STOP}"), tmp_path / "run")
     _two_processes(_sets(splits, "train.parallel=fsdp"), tmp_path / "run", resume=True)
     _assert_same_curve(tmp_path / "run", straight, written_by=1, resumed_on=2)
+
+
+def test_fsdp_projects_sharded_deltas_after_every_step(splits, tmp_path):
+    """delta_range="project" under FSDP2: each rank clamps its shard of delta in place after the optimizer step,
+    so the gathered parameter stays in [-2π, 0] where the forward-pass clamp (same run) leaves entries outside."""
+    from pope.encodings import TWO_PI
+    from pope.eval.delta_state import delta_state
+
+    for bound in ("project", "clamp"):
+        _two_processes(_sets(splits, "train.parallel=fsdp", "recipe.lr=0.05"), tmp_path / bound,
+                       pe=f"pope:delta_range={bound},delta_init=zero")
+        model, _ = load_model(tmp_path / bound / "checkpoints" / "last")
+        state = delta_state(model)
+        if bound == "project":
+            deltas = torch.cat([block.attn.pe.delta.flatten() for block in model.blocks])
+            assert state["outside"] == 0 and deltas.min() >= -TWO_PI and deltas.max() <= 0 and (deltas < 0).any()
+        else:
+            assert state["outside"] > 0
 
 
 def test_resume_refuses_a_world_size_the_batch_does_not_divide(splits, tmp_path):

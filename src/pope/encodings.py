@@ -46,6 +46,8 @@ from pope.frequencies import (
 )
 
 TWO_PI = 2 * math.pi
+DELTA_RANGES = ("clamp", "wrap", "project")
+"""How PoPE keeps delta in [-2π, 0] (PoPE's docstring)."""
 
 
 @dataclass(frozen=True)
@@ -168,9 +170,12 @@ class PoPE(PositionalEncoding):
       magnitude      "softplus" (paper), "relu" or "identity" (ablations)
       delta_init     "zero" (best for length extrapolation) or "uniform" (U(-2π, 0))
       delta_range    how delta is kept in [-2π, 0] (the paper clamps it, not saying how): "clamp" (in the
-                     forward pass: an entry that steps outside gets no gradient again and stays there) or "wrap"
+                     forward pass: an entry that steps outside gets no gradient again and stays there), "wrap"
                      (delta modulo 2π: the same scores, cos being 2π-periodic, with the gradient never cut; equal
-                     to "clamp" while delta is inside)
+                     to "clamp" while delta is inside) or "project" (the parameter itself clamped in place after
+                     every optimizer step, by `project_deltas_`, which pope's trainer calls: an entry pushed past
+                     a bound is put back on it, inside, where it keeps its gradient and can move back; the
+                     forward pass clamps as "clamp" does, which changes nothing once delta is projected)
       use_delta      False removes delta (ablation)
       rotary_dim     apply PoPE to the first rotary_dim channels only; the rest are a plain dot product
       softmax_scale  the logits' scale; None = 1/sqrt(head_dim) (d, not PoPE's 2d QK channels: the paper does
@@ -187,8 +192,8 @@ class PoPE(PositionalEncoding):
             raise ValueError(f"unknown PoPE magnitude {magnitude!r}; choose one of {sorted(MAGNITUDES)}")
         if delta_init not in ("zero", "uniform"):
             raise ValueError(f"unknown PoPE delta_init {delta_init!r}; choose 'zero' or 'uniform'")
-        if delta_range not in ("clamp", "wrap"):
-            raise ValueError(f"unknown PoPE delta_range {delta_range!r}; choose 'clamp' or 'wrap'")
+        if delta_range not in DELTA_RANGES:
+            raise ValueError(f"unknown PoPE delta_range {delta_range!r}; choose one of {', '.join(DELTA_RANGES)}")
         if softmax_scale is not None and not (math.isfinite(softmax_scale) and softmax_scale > 0):
             raise ValueError(f"PoPE softmax_scale must be a positive number (or none for 1/sqrt(head_dim)); "
                              f"got {softmax_scale}")
@@ -221,8 +226,9 @@ class PoPE(PositionalEncoding):
         return self._softmax_scale  # a float fixed at construction: torch.compile traces it as a constant
 
     def bounded_delta(self) -> torch.Tensor | None:
-        """delta as the score uses it, in [-2π, 0]: clamped ("clamp": zero gradient outside the interval) or
-        wrapped modulo 2π ("wrap": gradient 1 everywhere; values inside the interval pass unchanged)."""
+        """delta as the score uses it, in [-2π, 0]: clamped ("clamp", "project": zero gradient outside the
+        interval, where a projected delta never is) or wrapped modulo 2π ("wrap": gradient 1 everywhere; values
+        inside the interval pass unchanged)."""
         if self.delta is None:
             return None
         if self.delta_range == "wrap":  # delta - 2π·ceil(delta / 2π): (-2π, 0] -> itself, exactly
@@ -274,6 +280,22 @@ class PoPE(PositionalEncoding):
         return (f"heads={self.n_heads}, head_dim={self.head_dim}, base={self.base}, magnitude={self.magnitude}, "
                 f"delta={'off' if self.delta is None else f'{self.delta_init}, {self.delta_range}'}, "
                 f"rotary_dim={self.rotary_dim}, softmax_scale={self.softmax_scale:.4g}")
+
+
+def projected_deltas(model: nn.Module) -> list[nn.Parameter]:
+    """The delta parameters of ``model``'s PoPE layers with ``delta_range="project"`` (those `project_deltas_`
+    clamps), in module order; empty when there are none."""
+    return [module.delta for module in model.modules()
+            if isinstance(module, PoPE) and module.delta is not None and module.delta_range == "project"]
+
+
+@torch.no_grad()
+def project_deltas_(deltas: nn.Module | list[torch.Tensor]) -> None:
+    """Clamp delta in place into [-2π, 0]: every PoPE layer with ``delta_range="project"`` of a model, or the
+    given parameters (`projected_deltas` of it). Call it after every optimizer step of such a model (pope's
+    trainer does); in-place, so it can be captured in a CUDA graph with the step."""
+    for delta in projected_deltas(deltas) if isinstance(deltas, nn.Module) else deltas:
+        delta.clamp_(-TWO_PI, 0.0)
 
 
 class RoPE(PositionalEncoding):

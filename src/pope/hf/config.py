@@ -13,6 +13,7 @@ POPE_OPTIONS = {
     "base": 10000.0,  # theta_c = base^(-(c-1)/d)
     "magnitude": "softplus",  # "softplus" (paper), "relu", "identity"
     "delta_init": "zero",  # "zero" (best for length extrapolation) or "uniform" (U(-2π, 0))
+    "delta_range": "clamp",  # how delta stays in [-2π, 0]: "clamp" (the paper's reading) or "wrap" (modulo 2π)
     "use_delta": True,  # False removes the learned phase bias delta
     "rotary_dim": None,  # PoPE on the first rotary_dim channels of each head, plain dot product on the rest
     "backend": "auto",  # pope.pope_attention backend: "auto" (Triton on CUDA), "reference", "triton"
@@ -21,18 +22,19 @@ POPE_OPTIONS = {
 
 class PoPELlamaConfig(LlamaConfig):
     """Every LlamaConfig field, plus PoPE's options as ``pope_base``, ``pope_magnitude``, ``pope_delta_init``,
-    ``pope_use_delta``, ``pope_rotary_dim`` and ``pope_backend`` (see POPE_OPTIONS). RoPE's fields
+    ``pope_delta_range``, ``pope_use_delta``, ``pope_rotary_dim`` and ``pope_backend`` (see POPE_OPTIONS). RoPE's fields
     (rope_theta / rope_scaling / rope_parameters) are kept for the record but unused: PoPE's frequencies
     come from pope_base, and a RoPE scaling other than the default is refused."""
 
     model_type = "pope_llama"
 
     def __init__(self, pope_base: float = 10000.0, pope_magnitude: str = "softplus", pope_delta_init: str = "zero",
-                 pope_use_delta: bool = True, pope_rotary_dim: int | None = None, pope_backend: str = "auto",
-                 **kwargs):
+                 pope_delta_range: str = "clamp", pope_use_delta: bool = True, pope_rotary_dim: int | None = None,
+                 pope_backend: str = "auto", **kwargs):
         self.pope_base = pope_base
         self.pope_magnitude = pope_magnitude
         self.pope_delta_init = pope_delta_init
+        self.pope_delta_range = pope_delta_range
         self.pope_use_delta = pope_use_delta
         self.pope_rotary_dim = pope_rotary_dim
         self.pope_backend = pope_backend
@@ -49,6 +51,10 @@ class PoPELlamaConfig(LlamaConfig):
         if self.pope_delta_init not in ("zero", "uniform"):
             raise ValueError(f"PoPELlamaConfig.pope_delta_init must be 'zero' or 'uniform'; "
                              f"got {self.pope_delta_init!r}")
+        if self.pope_delta_range not in ("clamp", "wrap"):  # "project" needs a clamp after every optimizer step
+            raise ValueError(f"PoPELlamaConfig.pope_delta_range must be 'clamp' or 'wrap'; got "
+                             f"{self.pope_delta_range!r} ('project' is pope's trainer's: it clamps delta after "
+                             f"every optimizer step, which a transformers training loop does not do)")
         if not isinstance(self.pope_use_delta, bool):
             raise ValueError(f"PoPELlamaConfig.pope_use_delta must be True or False; got {self.pope_use_delta!r}")
         if self.pope_backend not in BACKENDS:
@@ -88,7 +94,8 @@ def rope_scaling_of(config) -> dict | None:
 
 def from_llama_config(llama_config, **pope_options) -> PoPELlamaConfig:
     """A PoPELlamaConfig with every field of ``llama_config`` (any Llama-family config or its dict) and the
-    given PoPE options (names of POPE_OPTIONS: base, magnitude, delta_init, use_delta, rotary_dim, backend).
+    given PoPE options (names of POPE_OPTIONS: base, magnitude, delta_init, delta_range, use_delta, rotary_dim,
+    backend).
     base defaults to the config's RoPE base (rope_theta). A RoPE scaling (YaRN, llama3, ...) and a sliding
     window (Mistral) are dropped with a warning: the twin is the Llama architecture at that config's sizes.
     For training from scratch: the weights are not converted."""

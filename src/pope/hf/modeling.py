@@ -120,8 +120,8 @@ class PoPELlamaAttention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, config.hidden_size, bias=bias)
         self.pe = PoPE(n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim,
                        base=config.pope_base, magnitude=config.pope_magnitude, delta_init=config.pope_delta_init,
-                       use_delta=config.pope_use_delta, rotary_dim=config.pope_rotary_dim,
-                       backend=config.pope_backend)
+                       delta_range=config.pope_delta_range, use_delta=config.pope_use_delta,
+                       rotary_dim=config.pope_rotary_dim, backend=config.pope_backend)
 
     def forward(self, hidden_states: torch.Tensor, plan: AttentionPlan, cache: Cache | None) -> torch.Tensor:
         b, n, _ = hidden_states.shape

@@ -4,7 +4,7 @@
     for each micro-batch (recipe.grad_accum):
         loss_sum = CE(model(x), y, sum over scored tokens)           (scored: targets != -100)
         backward(loss_sum * world_size / scored tokens of the GLOBAL batch)
-    clip the global grad norm (recipe.grad_clip); AdamW step
+    clip the global grad norm (recipe.grad_clip); AdamW step; PoPE deltas with delta_range="project" clamped
 
 Dividing by the global batch's scored-token count (known on every rank, since the global batch is a
 function of the step) makes the gradient and the loss those of one process on the whole batch,
@@ -23,6 +23,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from pope.encodings import project_deltas_, projected_deltas
 from pope.train.data import IGNORE_INDEX
 
 CUDA_GRAPH_WARMUP_STEPS = 3
@@ -45,6 +46,7 @@ class EagerStep:
         self.schedule, self.batches, self.micro_steps, self.grad_clip = schedule, batches, micro_steps, grad_clip
         self.device, self.autocast_dtype, self.autocast_cache = device, autocast_dtype, autocast_cache
         self.world_size = strategy.context.world_size
+        self.projected_deltas = projected_deltas(model)  # clamped in place after each update (usually none)
 
     def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor, scale,
                          packing: dict | None = None) -> torch.Tensor:
@@ -62,6 +64,7 @@ class EagerStep:
         if self.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip, foreach=self.device.type == "cuda")
         self.optimizer.step()
+        project_deltas_(self.projected_deltas)
 
     def __call__(self, step: int) -> torch.Tensor:
         lr = self.schedule(step)
