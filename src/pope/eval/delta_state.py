@@ -6,7 +6,9 @@
 * ``delta_range="clamp"`` (the paper's reading): an entry outside gets zero gradient, and positional parameters are
   not weight-decayed (pope.train.optimizer), so it has stopped learning for good, pinned at the bound;
 * ``delta_range="wrap"``: the score uses the entry modulo 2π and it keeps learning; an entry outside is one that
-  crossed a bound, i.e. one the clamp would have stopped.
+  crossed a bound, i.e. one the clamp would have stopped;
+* ``delta_range="project"``: the trainer puts every entry back inside after each optimizer step, so none is
+  outside.
 
 So the share of entries outside the interval measures, for a clamped model, how much of δ froze during training,
 and for a wrapped one, how much the clamp would have frozen. Values exactly at a bound are inside (the clamp's
