@@ -40,8 +40,9 @@ means, its Welch t 95 % interval and a two-sided permutation p-value (pope.eval.
 test accuracy also the lift-off rates on each side and Fisher's exact p, and, where a seed lifted off and both
 sides ran the same number of steps, each seed's lift-off step compared by the exact rank-sum test; and each p
 adjusted by Holm's method over the settings of one preset tested in the same table (the "Holm p" column);
-where two settings have >= 2 seeds finished on both sides, a row paired by seed (the mean per-seed difference, its paired t interval and the
-sign-flip p, pope.eval.stats.paired_permutation_test; its own Holm family). With
+where two settings have >= 2 seeds finished on both sides, a row paired by seed (the mean per-seed
+difference, its paired t interval and the sign-flip p, pope.eval.stats.paired_permutation_test; its own Holm
+family). With
 ``against=DIR`` (``pope report ... --against DIR``) the same statistics compare every other setting of
 DIR's preset with DIR's runs: recipe knobs against the recipe they change.
 """
@@ -297,8 +298,8 @@ def finished_groups(records: list[RunRecord]) -> dict[tuple[str, str, str], list
 
 def setting_groups(records: list[RunRecord]) -> dict[tuple[str, str, str], list[RunRecord]]:
     """(preset, PE, setting label) -> runs of one setting (one config fingerprint), finished or not, in seed
-    order (a setting's seeds may come from several RUN arguments). The label: the sweep directory and its overrides (or a lone run's directory), plus the config values in which
-    this setting differs from the other settings of the same preset and PE (those it leaves unset, null,
+    order (a setting's seeds may come from several RUN arguments). The label: the sweep directory and its
+    overrides (or a lone run's directory), plus the config values in which this setting differs from the other settings of the same preset and PE (those it leaves unset, null,
     are not listed: a fine-tune's section is named on the fine-tune's row only)."""
     by_fingerprint: dict[tuple[str, str, str], list[RunRecord]] = {}
     for record in records:
@@ -339,8 +340,8 @@ def lift_off_markdown(records: list[RunRecord]) -> list[str]:
         return []
     lines = ["", f"## Test accuracy and lift-off (final test accuracy > {100 * LIFT_OFF_ACCURACY:g} %)", "",
              "Final test accuracy (%) over finished seeds; lift-off rate with a Wilson 95 % interval; first past "
-             f"{100 * LIFT_OFF_ACCURACY:g} %: the step of each finished seed's first evaluation above it, in seed order "
-             "(— never); gap = accuracy on training examples − on test examples of the same checkpoint "
+             f"{100 * LIFT_OFF_ACCURACY:g} %: the step of each finished seed's first evaluation above it, in seed "
+             "order (— never); gap = accuracy on training examples − on test examples of the same checkpoint "
              "(eval/task_accuracy.json).", "",
              "| preset | PE | n | test acc. mean ± std | median | lift-off | 95 % interval | first past "
              f"{100 * LIFT_OFF_ACCURACY:g} % | train − test gap | paper | unfinished (left out) | setting |",
@@ -377,8 +378,8 @@ def delta_markdown(records: list[RunRecord]) -> list[str]:
         return []
     lines = ["", "## PoPE's delta outside [−2π, 0] at the end of training", "",
              "Share of the phase-bias entries (layers × heads × frequencies) whose parameter lies outside "
-             "[−2π, 0] (eval/delta_state.json, `pope analyze delta`): with δ clamped they get no gradient, so they stopped "
-             "learning; with δ wrapped they kept learning, and are the entries the clamp would have stopped.", "",
+             "[−2π, 0] (eval/delta_state.json, `pope analyze delta`): with δ clamped they get no gradient, so "
+             "they stopped learning; with δ wrapped they kept learning, and are the entries the clamp would have stopped.", "",
              "| preset | PE | n | outside: mean ± std | per seed | setting |", "|---|---|---|---|---|---|"]
     for (preset, pe, label), done in sorted(groups.items()):
         shares = [m.delta_outside for m in done if m.delta_outside is not None]
