@@ -2,7 +2,7 @@
 
 Run under torchrun; the world size is the number of processes. For a preset (default owt-124m; owt-774m with
 --parallel fsdp) and each --pe, the trainer's own components (setup_distributed, make_strategy: DDP or FSDP2,
-build_optimizer, WarmupCosineSchedule, EagerStep, WindowBatches) run --warmup + --steps optimizer steps at the
+build_optimizer, WarmupDecaySchedule, EagerStep, WindowBatches) run --warmup + --steps optimizer steps at the
 preset's GLOBAL batch (recipe.batch_size x seq_len, split over grad_accum x world size, as the trainer splits
 it), so every world size computes the same steps. The --steps steps after the warm-up are timed (synchronised
 and barriered at both ends; the slowest rank's time counts). torch.compile on CUDA as the trainer does; bf16
@@ -64,7 +64,7 @@ def measure(args, pe: str, context) -> dict:
     from pope.train.distributed import all_gather_object, all_reduce_sum, barrier
     from pope.train.optimizer import build_optimizer
     from pope.train.parallel import make_strategy
-    from pope.train.schedule import WarmupCosineSchedule
+    from pope.train.schedule import WarmupDecaySchedule
     from pope.train.step import EagerStep
 
     config = resolve_run_config(args.preset, pe, seed=args.seed, overrides=args.set)
@@ -79,9 +79,10 @@ def measure(args, pe: str, context) -> dict:
     model = GPT(config.model).to(device)
     strategy = make_strategy(context, args.parallel)
     train_model = strategy.wrap(model)
-    schedule = WarmupCosineSchedule(recipe.lr, recipe.min_lr, min(recipe.warmup_steps, total_steps), total_steps)
+    schedule = WarmupDecaySchedule(recipe.lr, recipe.min_lr, min(recipe.warmup_steps, total_steps), total_steps,
+                                   recipe.lr_decay)
     optimizer = build_optimizer(model, lr=schedule(0), betas=(recipe.beta1, recipe.beta2),
-                                weight_decay=recipe.weight_decay, fused=cuda)
+                                weight_decay=recipe.weight_decay, decay_params=recipe.weight_decay_params, fused=cuda)
     compiled = cuda if args.compile is None else args.compile
     if compiled:
         train_model = torch.compile(train_model)

@@ -82,6 +82,35 @@ def test_delta_range_project_keeps_delta_inside_after_every_step(splits, tmp_pat
     assert states["clamp"]["outside"] > 0 and states["project"]["outside"] == 0
 
 
+def test_linear_decay_and_decay_of_all_parameters_reach_the_trainer(splits, tmp_path):
+    """recipe.lr_decay=linear sets the learning rate of every logged step; recipe.weight_decay_params=all
+    puts every parameter, PoPE's delta included, in the decayed group; both are recorded in config.json
+    (and left out when at their defaults, so runs recorded before them still resume and group with new ones)."""
+    from pope.train.schedule import WarmupDecaySchedule
+    from pope.train.trainer import Trainer
+
+    sets = _sets(splits, 10, "recipe.lr_decay=linear", "recipe.weight_decay_params=all")
+    config = resolve_run_config("indirect-indexing-tiny", "pope", overrides=sets)
+    trainer = Trainer(config, tmp_path / "run")
+    try:
+        assert [g["weight_decay"] for g in trainer.optimizer.param_groups] == [config.recipe.weight_decay]
+        assert any(p is trainer.model.blocks[0].attn.pe.delta for p in trainer.optimizer.param_groups[0]["params"])
+        trainer.train()
+    finally:
+        trainer.close()
+    expected = WarmupDecaySchedule(config.recipe.lr, config.recipe.min_lr, 4, 10, "linear")
+    logged = {r["step"]: r["lr"] for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+              if r["kind"] == "train"}
+    assert logged == {step: pytest.approx(expected(step - 1)) for step in range(1, 11)}
+    assert logged[6] != pytest.approx(WarmupDecaySchedule(config.recipe.lr, config.recipe.min_lr, 4, 10)(5))
+    recorded = json.loads((tmp_path / "run" / "config.json").read_text())["recipe"]
+    assert (recorded["lr_decay"], recorded["weight_decay_params"]) == ("linear", "all")
+    default = resolve_run_config("indirect-indexing-tiny", "pope", overrides=_sets(splits, 10)).to_dict()["recipe"]
+    assert "lr_decay" not in default and "weight_decay_params" not in default
+    with pytest.raises(ValueError, match="lr_decay"):
+        resolve_run_config("indirect-indexing-tiny", "pope", overrides=_sets(splits, 10, "recipe.lr_decay=step"))
+
+
 @pytest.mark.data
 @pytest.mark.slow
 def test_tiny_preset_learns(tmp_path):

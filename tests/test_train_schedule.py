@@ -3,11 +3,11 @@ import math
 
 import pytest
 
-from pope.train.schedule import WarmupCosineSchedule
+from pope.train.schedule import WarmupDecaySchedule
 
 
 def test_warmup_peak_and_end_values():
-    schedule = WarmupCosineSchedule(peak_lr=2e-4, min_lr=2e-5, warmup_steps=4000, total_steps=100_000)
+    schedule = WarmupDecaySchedule(peak_lr=2e-4, min_lr=2e-5, warmup_steps=4000, total_steps=100_000)
     assert schedule(0) == pytest.approx(2e-4 / 4000)  # first update: never lr 0
     assert schedule(1999) == pytest.approx(1e-4)  # linear half-way
     assert schedule(3999) == pytest.approx(2e-4)  # last warmup step reaches the peak
@@ -20,13 +20,28 @@ def test_warmup_peak_and_end_values():
 
 
 def test_no_warmup_and_bad_arguments():
-    schedule = WarmupCosineSchedule(peak_lr=1.0, min_lr=0.1, warmup_steps=0, total_steps=10)
+    schedule = WarmupDecaySchedule(peak_lr=1.0, min_lr=0.1, warmup_steps=0, total_steps=10)
     assert schedule(0) == 1.0
     assert schedule(5) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
     with pytest.raises(ValueError, match="min_lr"):
-        WarmupCosineSchedule(peak_lr=1.0, min_lr=2.0, warmup_steps=0, total_steps=10)
+        WarmupDecaySchedule(peak_lr=1.0, min_lr=2.0, warmup_steps=0, total_steps=10)
     with pytest.raises(ValueError, match="warmup_steps"):
-        WarmupCosineSchedule(peak_lr=1.0, min_lr=0.1, warmup_steps=11, total_steps=10)
+        WarmupDecaySchedule(peak_lr=1.0, min_lr=0.1, warmup_steps=11, total_steps=10)
+    with pytest.raises(ValueError, match="decay must be one of cosine, linear; got 'step'"):
+        WarmupDecaySchedule(peak_lr=1.0, min_lr=0.1, warmup_steps=0, total_steps=10, decay="step")
+
+
+def test_linear_decay_has_the_cosines_ends_and_mean_and_more_of_it_late():
+    linear = WarmupDecaySchedule(peak_lr=2e-4, min_lr=2e-5, warmup_steps=4000, total_steps=100_000, decay="linear")
+    cosine = WarmupDecaySchedule(peak_lr=2e-4, min_lr=2e-5, warmup_steps=4000, total_steps=100_000)
+    for step in (0, 1999, 3999, 4000, 52_000, 100_000, 150_000):  # warmup, peak, mid-point and end agree
+        assert linear(step) == pytest.approx(cosine(step))
+    assert linear(28_000) == pytest.approx(2e-4 - 0.25 * 1.8e-4)  # a straight line from peak to min
+    assert linear(80_800) == pytest.approx(2e-4 - 0.8 * 1.8e-4)
+    assert linear(28_000) < cosine(28_000) and linear(80_000) > cosine(80_000)
+    decay = range(4000, 100_000)
+    assert sum(map(linear, decay)) == pytest.approx(sum(map(cosine, decay)), rel=1e-4)
+    assert linear.state_dict()["decay"] == "linear"
 
 
 def test_weight_decay_groups():
@@ -47,3 +62,18 @@ def test_weight_decay_groups():
         optimizer = build_optimizer(model, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)
         assert sum(p.numel() for g in optimizer.param_groups for p in g["params"]) == counted
         assert [g["weight_decay"] for g in optimizer.param_groups] == [0.1, 0.0]
+
+
+def test_weight_decay_on_all_parameters_includes_delta_and_norm_gains():
+    from pope.model import GPT, GPTConfig
+    from pope.train.optimizer import build_optimizer, split_decay_groups
+
+    model = GPT(GPTConfig(vocab_size=50, n_layer=2, n_head=2, d_model=32, max_seq_len=16, pe="pope"))
+    decay, no_decay = split_decay_groups(model, "all")
+    assert no_decay == [] and decay == [name for name, _ in model.named_parameters()]
+    assert "blocks.1.attn.pe.delta" in decay and any("norm" in n for n in decay)
+    optimizer = build_optimizer(model, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, decay_params="all")
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.1]
+    assert sum(p.numel() for p in optimizer.param_groups[0]["params"]) == sum(p.numel() for p in model.parameters())
+    with pytest.raises(ValueError, match="decay_params must be one of matrices, all; got 'none'"):
+        split_decay_groups(model, "none")

@@ -9,6 +9,7 @@ enough for 2 CPU cores.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Literal
 
 from pope.config import check_fields
 from pope.encodings import parse_pe_spec
@@ -28,14 +29,21 @@ class Recipe:
     lr: float
     """Peak learning rate after warmup."""
     min_lr: float
-    """Final learning rate of the cosine decay."""
+    """Final learning rate of the decay."""
     warmup_steps: int
     """Linear warmup steps from 0 to lr."""
     max_steps: int
-    """Optimizer steps; the cosine reaches min_lr here."""
+    """Optimizer steps; the decay reaches min_lr here."""
+    lr_decay: Literal["cosine", "linear"] = "cosine"
+    """Shape of the decay from lr to min_lr after warmup (`pope.train.schedule`). The paper states the two
+    ends, not the shape; cosine is our choice."""
     beta1: float = 0.9
     beta2: float = 0.99
     weight_decay: float = 0.01
+    weight_decay_params: Literal["matrices", "all"] = "matrices"
+    """Which parameters AdamW decays: "matrices" = weight matrices and the token embedding only (not norm
+    gains, biases or positional-encoding parameters such as PoPE's delta; `pope.train.optimizer`);
+    "all" = every parameter, as ``AdamW(model.parameters())`` does. The paper does not say which."""
     grad_clip: float = 1.0
     """Max global gradient norm (0 disables)."""
     grad_accum: int = 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {"RunConfig": "config", "TrainOptions": "config", "resolve_run_config": "config",
-            "WarmupCosineSchedule": "schedule", "Trainer": "trainer", "run_training": "trainer"}
+            "WarmupDecaySchedule": "schedule", "Trainer": "trainer", "run_training": "trainer"}
 __all__ = sorted(_EXPORTS)
 
 

@@ -131,10 +131,13 @@ class RunConfig:
                              f"give a step in 1..{self.recipe.max_steps} (or none to finish the schedule)")
 
     def to_dict(self) -> dict:
-        train = {key: value for key, value in dataclasses.asdict(self.train).items()
-                 if not (key in WRITTEN_WHEN_SET and value == WRITTEN_WHEN_SET[key])}
+        def recorded(section: str, values: dict) -> dict:
+            return {key: value for key, value in values.items()
+                    if not (f"{section}.{key}" in WRITTEN_WHEN_SET and value == WRITTEN_WHEN_SET[f"{section}.{key}"])}
+
         data = {"preset": self.preset, "pe": self.pe, "seed": self.seed, "model": self.model.to_dict(),
-                "recipe": self.recipe.to_dict(), "train": train}
+                "recipe": recorded("recipe", self.recipe.to_dict()),
+                "train": recorded("train", dataclasses.asdict(self.train))}
         if self.finetune is not None:
             data["finetune"] = self.finetune
         return data
@@ -155,9 +158,10 @@ class RunConfig:
         return config if isinstance(config, cls) else cls.from_dict(config)
 
 
-# train.* keys added after runs were recorded: written only when they differ from this default, so the config.json
-# of an earlier run still equals its config's to_dict() and still resumes
-WRITTEN_WHEN_SET = {"pack": False, "fp32_matmul": "ieee"}
+# keys added after runs were recorded: written only when they differ from this default, so the config.json of an
+# earlier run still equals its config's to_dict(), still resumes and `pope report` groups it with new runs
+WRITTEN_WHEN_SET = {"train.pack": False, "train.fp32_matmul": "ieee", "recipe.lr_decay": "cosine",
+                    "recipe.weight_decay_params": "matrices"}
 
 RESUME_MUTABLE = {"train.device", "train.parallel", "train.compile", "train.cuda_graph", "train.log_interval",
                   "train.stop_at_step", "train.tensorboard", "train.progress", "train.checkpoint_interval",

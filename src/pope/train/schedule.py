@@ -1,25 +1,31 @@
-"""Learning-rate schedule: linear warmup, then cosine decay to a minimum learning rate.
+"""Learning-rate schedule: linear warmup, then a cosine or linear decay to a minimum learning rate.
 
     step < warmup:            lr = peak * (step + 1) / warmup        (never 0, reaches peak at warmup-1)
-    warmup <= step <= total:  lr = min + (peak - min) * (1 + cos(pi * progress)) / 2,
-                              progress = (step - warmup) / (total - warmup)
+    warmup <= step <= total:  lr = min + (peak - min) * f(progress),
+                              progress = (step - warmup) / (total - warmup),
+                              f = (1 + cos(pi * progress)) / 2   (decay="cosine")
+                              f = 1 - progress                   (decay="linear")
     step > total:             lr = min
 
 ``step`` is the index of the optimiser step about to be taken (0-based), so the first update uses
-``peak / warmup`` and the last (step ``total - 1``) uses a value just above ``min``.
+``peak / warmup`` and the last (step ``total - 1``) uses a value just above ``min``. Both shapes have the
+same mean learning rate over the decay; the cosine spends more of it early, the line more of it late.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
+DECAY_SHAPES = ("cosine", "linear")
+
 
 @dataclass(frozen=True)
-class WarmupCosineSchedule:
+class WarmupDecaySchedule:
     peak_lr: float
     min_lr: float
     warmup_steps: int
     total_steps: int
+    decay: str = "cosine"
 
     def __post_init__(self) -> None:
         if not (self.peak_lr > 0 and 0 <= self.min_lr <= self.peak_lr):
@@ -28,6 +34,8 @@ class WarmupCosineSchedule:
         if not (0 <= self.warmup_steps <= self.total_steps and self.total_steps >= 1):
             raise ValueError(f"need 0 <= warmup_steps <= total_steps and total_steps >= 1, got "
                              f"warmup_steps={self.warmup_steps}, total_steps={self.total_steps}")
+        if self.decay not in DECAY_SHAPES:
+            raise ValueError(f"decay must be one of {', '.join(DECAY_SHAPES)}; got {self.decay!r}")
 
     def __call__(self, step: int) -> float:
         if step < self.warmup_steps:
@@ -35,8 +43,9 @@ class WarmupCosineSchedule:
         if step >= self.total_steps:
             return self.min_lr
         progress = (step - self.warmup_steps) / (self.total_steps - self.warmup_steps)
-        return self.min_lr + (self.peak_lr - self.min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+        remaining = 0.5 * (1.0 + math.cos(math.pi * progress)) if self.decay == "cosine" else 1.0 - progress
+        return self.min_lr + (self.peak_lr - self.min_lr) * remaining
 
     def state_dict(self) -> dict:
         return {"peak_lr": self.peak_lr, "min_lr": self.min_lr, "warmup_steps": self.warmup_steps,
-                "total_steps": self.total_steps}
+                "total_steps": self.total_steps, "decay": self.decay}

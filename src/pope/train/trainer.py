@@ -40,7 +40,7 @@ from pope.train.metrics import BestTracker, MetricsLogger
 from pope.train.optimizer import build_optimizer
 from pope.train.parallel import make_strategy
 from pope.train.rundir import RunLock, check_output_dir, describe_run, holds_run
-from pope.train.schedule import WarmupCosineSchedule
+from pope.train.schedule import WarmupDecaySchedule
 from pope.train.step import EagerStep, GraphedStep
 from pope.train.stopping import StopSignals, StopVote, resume_command
 
@@ -81,8 +81,8 @@ class Trainer:
             self.compile = (self.options.compile if self.options.compile is not None
                             else self.device.type == "cuda" and not self.options.pack)
             self.use_graph = self._use_cuda_graph()
-            self.schedule = WarmupCosineSchedule(self.recipe.lr, self.recipe.min_lr, self.recipe.warmup_steps,
-                                                 self.recipe.max_steps)
+            self.schedule = WarmupDecaySchedule(self.recipe.lr, self.recipe.min_lr, self.recipe.warmup_steps,
+                                                self.recipe.max_steps, self.recipe.lr_decay)
             self.strategy = make_strategy(self.context, self.options.parallel)
             self.checkpoints = CheckpointManager(self.run_dir, self.strategy, is_main=self.is_main)
             self.step, self.resumed_from_world_size = 0, None
@@ -97,7 +97,9 @@ class Trainer:
             self.lr_tensor = torch.tensor(self.schedule(0), device=self.device) if self.use_graph else None
             self.optimizer = build_optimizer(self.model, lr=self.lr_tensor if self.use_graph else self.schedule(0),
                                              betas=(self.recipe.beta1, self.recipe.beta2),
-                                             weight_decay=self.recipe.weight_decay, fused=self.device.type == "cuda",
+                                             weight_decay=self.recipe.weight_decay,
+                                             decay_params=self.recipe.weight_decay_params,
+                                             fused=self.device.type == "cuda",
                                              capturable=self.use_graph)
             if loaded is not None:
                 self._restore(loaded.trainer_state)
