@@ -10,7 +10,9 @@ label defaults to the file's stem, or the run directory's name). Prints the tabl
 and writes the PNG: test accuracy solid, validation dashed (unless --no-valid), the paper's 3-seed means as dotted
 lines for labels named pope-... or rope-... and for each --paper PE (pope.eval.report.paper_value); --lr adds a
 panel below with each run's learning rate (the `lr` of its training records), so where runs part can be read
-against their schedules. --group draws runs whose labels agree up to their last comma ("RoPE, seed 0", "RoPE,
+against their schedules; --delta a panel with the number of PoPE delta entries outside [-2pi, 0] at each
+evaluation (`delta_below` + `delta_above`, logged by runs of code from 2026-12-04 on; the entries the forward
+clamp has frozen), so lift-off can be read against it. --group draws runs whose labels agree up to their last comma ("RoPE, seed 0", "RoPE,
 seed 1") in one colour, each with its own line style, so seeds of one setting read as one family.
 """
 from __future__ import annotations
@@ -66,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("runs", nargs="+", help="metrics.jsonl files or run directories, optionally LABEL=PATH")
     parser.add_argument("--out", required=True, help="PNG path")
     parser.add_argument("--lr", action="store_true", help="add a panel with each run's learning rate")
+    parser.add_argument("--delta", action="store_true",
+                        help="add a panel with each PoPE run's count of delta entries outside [-2pi, 0]")
     parser.add_argument("--no-valid", action="store_true", help="plot test accuracy only")
     parser.add_argument("--paper", action="append", default=[], metavar="PE",
                         help="draw the paper's 3-seed mean for this PE, e.g. pope or rope-half (also drawn for "
@@ -86,16 +90,19 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"gpu_train_plot.py: the paper reports no {PRESET} number for --paper {pe!r}; "
                              f"give one of {known}")
     runs = [read_run(argument) for argument in args.runs]
+    if args.delta and not any("delta_below" in r for _, records in runs for r in records):
+        raise SystemExit("gpu_train_plot.py: --delta: no run has delta counts in its eval records (delta_below, "
+                         "delta_above: PoPE runs of code from 2026-12-04 on); leave --delta out")
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as err:
         raise SystemExit("plotting needs matplotlib: pip install 'pope-attention[train]'") from err
-    if args.lr:
-        figure, (axis, lr_axis) = plt.subplots(2, 1, figsize=(7, 6), sharex=True, height_ratios=(3, 1.3))
-    else:
-        figure, axis = plt.subplots(figsize=(7, 4.2))
+    extra = [name for name, wanted in (("lr", args.lr), ("delta", args.delta)) if wanted]  # panels below
+    figure, axes = plt.subplots(1 + len(extra), 1, figsize=(7, 4.2 + 1.8 * len(extra)), sharex=True,
+                                height_ratios=(3, *[1.3] * len(extra)), squeeze=False)
+    axis, panels = axes[0][0], {name: row[0] for name, row in zip(extra, axes[1:])}
     table = {}
     for (label, records), style in zip(runs, line_styles([label for label, _ in runs], args.group)):
         evals = [r for r in records if r.get("kind") == "eval"]
@@ -112,8 +119,12 @@ def main(argv: list[str] | None = None) -> int:
                          label=f"paper {pe} (3-seed mean)")
         if args.lr:
             train = [r for r in records if r.get("kind") == "train" and "lr" in r]
-            lr_axis.plot([r["step"] for r in train], [r["lr"] for r in train], color=line.get_color(),
-                         linestyle=line.get_linestyle(), label=label)
+            panels["lr"].plot([r["step"] for r in train], [r["lr"] for r in train], color=line.get_color(),
+                              linestyle=line.get_linestyle(), label=label)
+        counted = [r for r in evals if "delta_below" in r]
+        if args.delta and counted:
+            panels["delta"].plot([r["step"] for r in counted], [r["delta_below"] + r["delta_above"] for r in counted],
+                                 color=line.get_color(), linestyle=line.get_linestyle(), label=label)
         table[label] = {r["step"]: r["test_accuracy"] for r in evals}
     for pe in args.paper:
         value = 100 * paper_value(PRESET, pe)
@@ -127,13 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     axis.set_ylim(0, 100)
     axis.grid(alpha=0.3)
     axis.legend(fontsize=7, loc="upper left", handlelength=3.5)  # long enough to show the line styles
-    if args.lr:
-        lr_axis.set_ylabel("learning rate")
-        lr_axis.set_ylim(bottom=0)
-        lr_axis.grid(alpha=0.3)
-        lr_axis.set_xlabel("training step")
-    else:
-        axis.set_xlabel("training step")
+    titles = {"lr": "learning rate", "delta": "delta entries\noutside [-2π, 0]"}
+    for name, panel in panels.items():
+        panel.set_ylabel(titles[name])
+        panel.set_ylim(bottom=0)
+        panel.grid(alpha=0.3)
+    (axes[-1][0]).set_xlabel("training step")
     figure.tight_layout()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(args.out, dpi=130)

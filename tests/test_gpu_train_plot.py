@@ -40,6 +40,22 @@ def test_plots_labelled_runs_with_their_learning_rate(tmp_path, capsys):
     assert table[2].split() == ["1000", "6.00%", "50.00%"]
 
 
+def test_delta_panel_plots_the_counts_and_refuses_runs_without_them(tmp_path):
+    pytest.importorskip("matplotlib")
+    script = load_script()
+    plain = write_run(tmp_path / "plain", [0.05, 0.06], 2e-4)
+    with pytest.raises(SystemExit, match="--delta: no run has delta counts"):
+        script.main([str(plain), "--delta", "--out", str(tmp_path / "x.png")])
+    counted = write_run(tmp_path / "counted", [0.05, 0.5], 2e-4)
+    records = [json.loads(line) for line in (counted / "metrics.jsonl").read_text().splitlines()]
+    for index, record in enumerate(r for r in records if r["kind"] == "eval"):
+        record.update(delta_below=3 + index, delta_above=1)
+    (counted / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "delta.png"
+    assert script.main([str(counted), str(plain), "--delta", "--lr", "--out", str(out)]) == 0  # plain: no delta line
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_a_missing_or_broken_run_is_one_line(tmp_path):
     script = load_script()
     with pytest.raises(SystemExit, match="no metrics file"):

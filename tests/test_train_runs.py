@@ -55,6 +55,8 @@ def test_gradient_accumulation_matches_full_batch(splits, tmp_path):
     two = resolve_run_config("indirect-indexing-tiny", "rope", overrides=_sets(splits, 5, "recipe.grad_accum=4"))
     run_training(one, tmp_path / "a")
     run_training(two, tmp_path / "b")
+    evaluation = json.loads((tmp_path / "a" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert evaluation["kind"] == "eval" and not any(key.startswith("delta_") for key in evaluation)  # RoPE: no delta
     a, b = _train_losses(tmp_path / "a"), _train_losses(tmp_path / "b")
     assert a.keys() == b.keys()
     for step in a:
@@ -79,6 +81,15 @@ def test_delta_range_project_keeps_delta_inside_after_every_step(splits, tmp_pat
         deltas = torch.cat([block.attn.pe.delta.flatten() for block in model.blocks])
         if bound == "project":
             assert deltas.min() >= -TWO_PI and deltas.max() <= 0 and (deltas == 0).any() and (deltas < 0).any()
+        # every evaluation logs the counts; the last one's are the final model's
+        evals = [r for r in map(json.loads, (tmp_path / bound / "metrics.jsonl").read_text().splitlines())
+                 if r["kind"] == "eval"]
+        assert [r["step"] for r in evals] == [6, 8]
+        last = evals[-1]
+        assert last["delta_below"] + last["delta_above"] == states[bound]["outside"]
+        assert (last["delta_below"], last["delta_above"]) == (
+            sum(layer["below"] for layer in states[bound]["layers"]),
+            sum(layer["above"] for layer in states[bound]["layers"]))
     assert states["clamp"]["outside"] > 0 and states["project"]["outside"] == 0
 
 

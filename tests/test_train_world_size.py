@@ -174,7 +174,8 @@ def test_one_process_resumes_on_two_fsdp(splits, straight, tmp_path):
 
 def test_fsdp_projects_sharded_deltas_after_every_step(splits, tmp_path):
     """delta_range="project" under FSDP2: each rank clamps its shard of delta in place after the optimizer step,
-    so the gathered parameter stays in [-2π, 0] where the forward-pass clamp (same run) leaves entries outside."""
+    so the gathered parameter stays in [-2π, 0] where the forward-pass clamp (same run) leaves entries outside; the
+    evaluation's delta counts gather the shards."""
     from pope.encodings import TWO_PI
     from pope.eval.delta_state import delta_state
 
@@ -183,6 +184,9 @@ def test_fsdp_projects_sharded_deltas_after_every_step(splits, tmp_path):
                        pe=f"pope:delta_range={bound},delta_init=zero")
         model, _ = load_model(tmp_path / bound / "checkpoints" / "last")
         state = delta_state(model)
+        # the final evaluation's counts, gathered from the shards, are the whole model's
+        final = [r for r in read_metrics(tmp_path / bound) if r["kind"] == "eval"][-1]
+        assert (final["step"], final["delta_below"] + final["delta_above"]) == (STEPS, state["outside"])
         if bound == "project":
             deltas = torch.cat([block.attn.pe.delta.flatten() for block in model.blocks])
             assert state["outside"] == 0 and deltas.min() >= -TWO_PI and deltas.max() <= 0 and (deltas < 0).any()

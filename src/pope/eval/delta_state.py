@@ -4,7 +4,8 @@
 (:meth:`pope.encodings.PoPE.bounded_delta`), but the parameter itself may lie outside that interval:
 
 * ``delta_range="clamp"`` (the paper's reading): an entry outside gets zero gradient, and positional parameters are
-  not weight-decayed (pope.train.optimizer), so it has stopped learning for good, pinned at the bound;
+  not weight-decayed by default (pope.train.optimizer), so it has stopped learning for good, pinned at the bound
+  (with ``recipe.weight_decay_params=all`` decay pulls an entry below −2π back inside);
 * ``delta_range="wrap"``: the score uses the entry modulo 2π and it keeps learning; an entry outside is one that
   crossed a bound, i.e. one the clamp would have stopped;
 * ``delta_range="project"``: the trainer puts every entry back inside after each optimizer step, so none is
@@ -26,18 +27,37 @@ DELTA_STATE_FILE = "eval/delta_state.json"
 """Where ``pope analyze delta`` (and scripts/gpu_sweep_indirect.sh, for finished PoPE seeds) writes the result."""
 
 
+def _learned_deltas(model: torch.nn.Module):
+    """(block index, PoPE module, δ as a whole (n_head, F) tensor on the CPU) for every PoPE layer with a learned δ.
+    Under FSDP2 δ is a sharded DTensor, gathered here: a collective, so every rank must call this."""
+    for index, block in enumerate(model.blocks):
+        pe = block.attn.pe
+        if isinstance(pe, PoPE) and pe.delta is not None:
+            raw = pe.delta.detach()
+            yield index, pe, (raw.full_tensor() if hasattr(raw, "full_tensor") else raw).cpu()
+
+
+def _below_and_above(raw: torch.Tensor) -> tuple[int, int]:
+    # compared in δ's own dtype, as the clamp compares it: -2π rounded to fp32 lies below -2π and is inside
+    return int((raw < -TWO_PI).sum()), int((raw > 0).sum())
+
+
+def delta_outside_counts(model: torch.nn.Module) -> dict:
+    """{"delta_below": entries below −2π, "delta_above": entries above 0} over every PoPE layer with a learned δ
+    (the trainer logs them at each evaluation); {} when there is none. A collective under FSDP2 (every rank)."""
+    counts = [_below_and_above(raw) for _, _, raw in _learned_deltas(model)]
+    if not counts:
+        return {}
+    return {"delta_below": sum(below for below, _ in counts), "delta_above": sum(above for _, above in counts)}
+
+
 def delta_state(model: torch.nn.Module) -> dict:
     """Per PoPE layer with a learned δ (in the order of ``model.blocks``): entries, how many lie below −2π and
     above 0, their share, and the raw values' range; plus the totals and the layers' ``delta_range`` /
     ``delta_init``. ValueError when no layer has a δ."""
     layers, ranges, inits = [], set(), set()
-    for index, block in enumerate(model.blocks):
-        pe = block.attn.pe
-        if not isinstance(pe, PoPE) or pe.delta is None:
-            continue
-        # (n_head, F), compared in its own dtype as the clamp compares it: -2π rounded to fp32 lies below -2π
-        raw = pe.delta.detach().cpu()
-        below, above = int((raw < -TWO_PI).sum()), int((raw > 0).sum())
+    for index, pe, raw in _learned_deltas(model):
+        below, above = _below_and_above(raw)
         layers.append({"layer": index, "entries": raw.numel(), "below": below, "above": above,
                        "outside_share": (below + above) / raw.numel(), "min": float(raw.min()),
                        "max": float(raw.max())})

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from pope import checkpoint as ckpt
+from pope.eval.delta_state import delta_outside_counts
 from pope.provenance import cuda_mps_active, device_name, git_commit, library_versions, portable_argv
 from pope.train.checkpointing import CheckpointManager, resume_checkpoint, seed_everything
 from pope.train.config import RunConfig
@@ -191,6 +192,9 @@ class Trainer:
                     metrics.update(self.evaluate(split, bar, whole=True))
             else:
                 metrics.update(self.evaluate(split))
+        # how many of PoPE's δ entries lie outside [-2π, 0] (stopped learning under the forward clamp): its course
+        # over training, next to the accuracy, shows when entries freeze (pope.eval.delta_state)
+        metrics.update(delta_outside_counts(self.model))
         logger.log({"step": self.step, "kind": "eval", **metrics})
         if self.best.update(self.step, metrics):
             self.save("best", metrics)
