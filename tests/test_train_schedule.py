@@ -2,6 +2,7 @@
 import math
 
 import pytest
+import torch
 
 from pope.train.schedule import WarmupDecaySchedule
 
@@ -77,3 +78,31 @@ def test_weight_decay_on_all_parameters_includes_delta_and_norm_gains():
     assert sum(p.numel() for p in optimizer.param_groups[0]["params"]) == sum(p.numel() for p in model.parameters())
     with pytest.raises(ValueError, match="decay_params must be one of matrices, all; got 'none'"):
         split_decay_groups(model, "none")
+
+
+def test_decay_of_all_parameters_brings_a_delta_entry_the_clamp_froze_back_inside():
+    """With the forward clamp an entry below -2π has no gradient; decoupled decay on δ (decay_params="all")
+    moves it towards 0, back inside, where its gradient returns. Without decay on δ it stays frozen."""
+    from pope.encodings import TWO_PI
+    from pope.model import GPT, GPTConfig
+    from pope.train.optimizer import build_optimizer
+
+    tokens = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(0))
+    for decay_params in ("matrices", "all"):
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(vocab_size=50, n_layer=1, n_head=2, d_model=32, max_seq_len=16, pe="pope"))
+        delta = model.blocks[0].attn.pe.delta
+        with torch.no_grad():
+            delta[0, 0] = -TWO_PI - 0.01
+        optimizer = build_optimizer(model, lr=0.01, betas=(0.9, 0.99), weight_decay=1.0, decay_params=decay_params)
+        gradients = []
+        for _ in range(40):  # each step multiplies the entry by 1 - lr * weight_decay = 0.99: inside after ~1
+            optimizer.zero_grad()
+            model(tokens, tokens)[1].backward()
+            gradients.append(float(delta.grad[0, 0]))
+            optimizer.step()
+        entry = float(delta.detach()[0, 0])
+        if decay_params == "matrices":
+            assert entry == pytest.approx(-TWO_PI - 0.01) and not any(gradients)
+        else:
+            assert entry > -TWO_PI and gradients[0] == 0 and gradients[-1] != 0
