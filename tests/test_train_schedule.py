@@ -70,28 +70,25 @@ def test_weight_decay_on_all_parameters_includes_delta_and_norm_gains():
     from pope.train.optimizer import build_optimizer, split_decay_groups
 
     model = GPT(GPTConfig(vocab_size=50, n_layer=2, n_head=2, d_model=32, max_seq_len=16, pe="pope"))
-    decay, no_decay = split_decay_groups(model, "2d")  # nanoGPT's rule: delta (heads x frequencies) is 2-D
-    assert "blocks.1.attn.pe.delta" in decay and "blocks.0.attn.q_proj.weight" in decay
-    assert no_decay and all("norm" in n for n in no_decay)
     decay, no_decay = split_decay_groups(model, "all")
     assert no_decay == [] and decay == [name for name, _ in model.named_parameters()]
     assert "blocks.1.attn.pe.delta" in decay and any("norm" in n for n in decay)
     optimizer = build_optimizer(model, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, decay_params="all")
     assert [g["weight_decay"] for g in optimizer.param_groups] == [0.1]
     assert sum(p.numel() for p in optimizer.param_groups[0]["params"]) == sum(p.numel() for p in model.parameters())
-    with pytest.raises(ValueError, match="decay_params must be one of matrices, 2d, all; got 'none'"):
+    with pytest.raises(ValueError, match="decay_params must be one of matrices, all; got 'none'"):
         split_decay_groups(model, "none")
 
 
-def test_decay_on_delta_brings_an_entry_the_clamp_froze_back_inside():
-    """With the forward clamp an entry below -2π has no gradient; decoupled decay on δ (decay_params "2d" or
-    "all") moves it towards 0, back inside, where its gradient returns. Without decay on δ it stays frozen."""
+def test_decay_of_all_parameters_brings_a_delta_entry_the_clamp_froze_back_inside():
+    """With the forward clamp an entry below -2π has no gradient; decoupled decay on δ (decay_params="all")
+    moves it towards 0, back inside, where its gradient returns. Without decay on δ it stays frozen."""
     from pope.encodings import TWO_PI
     from pope.model import GPT, GPTConfig
     from pope.train.optimizer import build_optimizer
 
     tokens = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(0))
-    for decay_params in ("matrices", "2d", "all"):
+    for decay_params in ("matrices", "all"):
         torch.manual_seed(0)
         model = GPT(GPTConfig(vocab_size=50, n_layer=1, n_head=2, d_model=32, max_seq_len=16, pe="pope"))
         delta = model.blocks[0].attn.pe.delta

@@ -40,11 +40,10 @@ class Recipe:
     beta1: float = 0.9
     beta2: float = 0.99
     weight_decay: float = 0.01
-    weight_decay_params: Literal["matrices", "2d", "all"] = "matrices"
-    """Which parameters AdamW decays (`pope.train.optimizer`): "matrices" = weight matrices and the token
-    embedding only (not norm gains, biases or positional-encoding parameters such as PoPE's delta); "2d" =
-    every parameter of two or more dimensions, PoPE's delta included (nanoGPT's rule); "all" = every
-    parameter, as ``AdamW(model.parameters())`` does. The paper does not say which."""
+    weight_decay_params: Literal["matrices", "all"] = "matrices"
+    """Which parameters AdamW decays: "matrices" = weight matrices and the token embedding only (not norm
+    gains, biases or positional-encoding parameters such as PoPE's delta; `pope.train.optimizer`);
+    "all" = every parameter, as ``AdamW(model.parameters())`` does. The paper does not say which."""
     grad_clip: float = 1.0
     """Max global gradient norm (0 disables)."""
     grad_accum: int = 1

@@ -5,7 +5,7 @@
 
 * ``delta_range="clamp"`` (the paper's reading): an entry outside gets zero gradient, and positional parameters are
   not weight-decayed by default (pope.train.optimizer), so it has stopped learning for good, pinned at the bound
-  (with ``recipe.weight_decay_params`` "2d" or "all" decay pulls an entry below −2π back inside);
+  (with ``recipe.weight_decay_params=all`` decay pulls an entry below −2π back inside);
 * ``delta_range="wrap"``: the score uses the entry modulo 2π and it keeps learning; an entry outside is one that
   crossed a bound, i.e. one the clamp would have stopped;
 * ``delta_range="project"``: the trainer puts every entry back inside after each optimizer step, so none is

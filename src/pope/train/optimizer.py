@@ -9,13 +9,9 @@ practice). No decay for:
   positions, not a projection). They are found by module type (``pope.encodings``), with the name
   fallbacks ``delta`` / ``pe.`` / ``pos_emb`` so a new encoding is not decayed by accident.
 
-Two other rules, for checking a paper that does not say which parameters it decays:
-- ``decay_params="2d"``: every parameter of two or more dimensions (nanoGPT's rule): the matrices, plus
-  PoPE's delta (n_head x frequencies per layer) and learned absolute position tables; not norm gains or
-  biases;
-- ``decay_params="all"``: every parameter, as ``torch.optim.AdamW(model.parameters())`` does.
-Both pull PoPE's delta towards 0, which also brings an entry that stepped below -2pi (frozen by the forward
-clamp) back into [-2pi, 0].
+``decay_params="all"`` decays every parameter, as ``torch.optim.AdamW(model.parameters())`` does: for
+checking a paper that does not say which parameters it decays. Decay then pulls PoPE's delta towards 0,
+which also brings an entry that stepped below -2pi (frozen by the forward clamp) back into [-2pi, 0].
 """
 from __future__ import annotations
 
@@ -38,30 +34,31 @@ def _positional_parameter_names(model: nn.Module) -> set[str]:
     return names
 
 
-DECAY_PARAMS = ("matrices", "2d", "all")
+DECAY_PARAMS = ("matrices", "all")
 
 
 def split_decay_groups(model: nn.Module, decay_params: str = "matrices") -> tuple[list[str], list[str]]:
     """(names with weight decay, names without), each parameter once (tied weights counted once)."""
     if decay_params not in DECAY_PARAMS:
         raise ValueError(f"decay_params must be one of {', '.join(DECAY_PARAMS)}; got {decay_params!r}")
-    positional = _positional_parameter_names(model) if decay_params == "matrices" else set()
+    if decay_params == "all":
+        return [name for name, param in model.named_parameters() if param.requires_grad], []
+    positional = _positional_parameter_names(model)
     decay, no_decay = [], []
     for name, param in model.named_parameters():  # named_parameters() yields a tied tensor once
         if not param.requires_grad:
             continue
         leaf = name.rsplit(".", 1)[-1]
-        is_positional = decay_params == "matrices" and (name in positional or leaf == "delta"
-                                                        or ".pe." in f".{name}" or "pos_emb" in name)
-        decayed = decay_params == "all" or (param.ndim >= 2 and not is_positional)
-        (decay if decayed else no_decay).append(name)
+        is_positional = (name in positional or leaf == "delta" or ".pe." in f".{name}"
+                         or "pos_emb" in name)
+        (no_decay if param.ndim < 2 or is_positional else decay).append(name)
     return decay, no_decay
 
 
 def build_optimizer(model: nn.Module, *, lr: float | torch.Tensor, betas: tuple[float, float],
                     weight_decay: float, decay_params: str = "matrices", eps: float = 1e-8, fused: bool = False,
                     capturable: bool = False) -> torch.optim.AdamW:
-    """AdamW over two groups (decay / no decay; one, decay, with ``decay_params="all"``). ``lr`` may be
+    """AdamW over two groups (decay / no decay; one group, decay, with ``decay_params="all"``). ``lr`` may be
     a 1-element tensor (with ``fused`` or ``capturable``) so a captured CUDA graph reads the current value
     from device memory."""
     decay, no_decay = split_decay_groups(model, decay_params)
