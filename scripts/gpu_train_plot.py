@@ -11,9 +11,10 @@ and writes the PNG: test accuracy solid, validation dashed (unless --no-valid), 
 lines for labels named pope-... or rope-... and for each --paper PE (pope.eval.report.paper_value); --lr adds a
 panel below with each run's learning rate (the `lr` of its training records), so where runs part can be read
 against their schedules; --delta a panel with the number of PoPE delta entries outside [-2pi, 0] at each
-evaluation (`delta_below` + `delta_above`, logged by runs of code from 2026-12-04 on; the entries the forward
-clamp has frozen), so lift-off can be read against it. --group draws runs whose labels agree up to their last comma ("RoPE, seed 0", "RoPE,
-seed 1") in one colour, each with its own line style, so seeds of one setting read as one family.
+evaluation (`delta_below` + `delta_above` of the eval records, which the trainer writes for PoPE runs; the
+entries the forward clamp has frozen), so lift-off can be read against it. --group draws runs whose labels agree
+up to their last comma ("RoPE, seed 0", "RoPE, seed 1") in one colour, each with its own line style, so seeds of
+one setting read as one family.
 """
 from __future__ import annotations
 
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = [read_run(argument) for argument in args.runs]
     if args.delta and not any("delta_below" in r for _, records in runs for r in records):
         raise SystemExit("gpu_train_plot.py: --delta: no run has delta counts in its eval records (delta_below, "
-                         "delta_above: PoPE runs of code from 2026-12-04 on); leave --delta out")
+                         "delta_above: PoPE runs trained since the trainer logs them); leave --delta out")
     try:
         import matplotlib
         matplotlib.use("Agg")
