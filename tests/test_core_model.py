@@ -1,4 +1,6 @@
 """GPT: config validation, KV-cache decoding equals a full forward pass for every encoding, training step."""
+import math
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -113,6 +115,36 @@ def test_config_round_trip_and_presets():
         pope.get_preset("gpt5")
     with pytest.raises(ValueError, match="vocab_size"):
         pope.get_preset("indirect-indexing").model_config()
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_weight_initialisations(tie):
+    """init="gpt2": weights N(0, 0.02), residual output projections 0.02 / sqrt(2 n_layer); "fan-in": every linear
+    weight N(0, sqrt(2 / (n_layer * fan_in))), embeddings N(0, 1 / sqrt(d_model)), a tied head left as the embedding.
+    Both leave PoPE's delta as its encoding drew it (the same seed gives the same delta)."""
+    shape = dict(vocab_size=4096, n_layer=4, n_head=4, d_model=256, max_seq_len=16, pe="pope:delta_init=uniform",
+                 tie_embeddings=tie)
+    stds = {}
+    for init in ("gpt2", "fan-in"):
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(**shape, init=init))
+        stds[init] = {name: float(p.detach().std()) for name, p in model.named_parameters() if p.ndim == 2}
+        stds[init]["delta"] = model.blocks[0].attn.pe.delta.detach().clone()
+        if tie:
+            assert model.lm_head.weight is model.token_embedding.weight
+    gpt2, fan_in = stds["gpt2"], stds["fan-in"]
+    assert gpt2["blocks.0.attn.q_proj.weight"] == pytest.approx(0.02, rel=0.02)
+    assert gpt2["blocks.0.attn.o_proj.weight"] == pytest.approx(0.02 / math.sqrt(8), rel=0.02)
+    assert gpt2["token_embedding.weight"] == pytest.approx(0.02, rel=0.02)
+    assert fan_in["blocks.0.attn.q_proj.weight"] == pytest.approx(math.sqrt(2 / (4 * 256)), rel=0.02)
+    assert fan_in["blocks.3.attn.o_proj.weight"] == pytest.approx(math.sqrt(2 / (4 * 256)), rel=0.02)
+    assert fan_in["blocks.0.mlp.down.weight"] == pytest.approx(math.sqrt(2 / (4 * 1024)), rel=0.02)
+    assert fan_in["token_embedding.weight"] == pytest.approx(1 / 16, rel=0.02)
+    if not tie:
+        assert fan_in["lm_head.weight"] == pytest.approx(math.sqrt(2 / (4 * 256)), rel=0.02)
+    assert torch.equal(gpt2["delta"], fan_in["delta"])
+    with pytest.raises(ValueError, match="init"):
+        GPTConfig(**shape, init="xavier")
 
 
 def test_bad_token_input():

@@ -116,8 +116,11 @@ def test_linear_decay_and_decay_of_all_parameters_reach_the_trainer(splits, tmp_
     assert logged[6] != pytest.approx(WarmupDecaySchedule(config.recipe.lr, config.recipe.min_lr, 4, 10)(5))
     recorded = json.loads((tmp_path / "run" / "config.json").read_text())["recipe"]
     assert (recorded["lr_decay"], recorded["weight_decay_params"]) == ("linear", "all")
-    default = resolve_run_config("indirect-indexing-tiny", "pope", overrides=_sets(splits, 10)).to_dict()["recipe"]
-    assert "lr_decay" not in default and "weight_decay_params" not in default
+    default = resolve_run_config("indirect-indexing-tiny", "pope", overrides=_sets(splits, 10)).to_dict()
+    assert "lr_decay" not in default["recipe"] and "weight_decay_params" not in default["recipe"]
+    assert "init" not in default["model"]  # model.init: likewise written only when set
+    fan_in = resolve_run_config("indirect-indexing-tiny", "pope", overrides=_sets(splits, 10, "model.init=fan-in"))
+    assert fan_in.to_dict()["model"]["init"] == "fan-in" and fan_in.model.init == "fan-in"
     with pytest.raises(ValueError, match="lr_decay"):
         resolve_run_config("indirect-indexing-tiny", "pope", overrides=_sets(splits, 10, "recipe.lr_decay=step"))
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Literal
 
 import torch
 import torch.nn as nn
@@ -45,6 +46,11 @@ class GPTConfig:
     """RMSNorm epsilon."""
     tie_embeddings: bool = True
     """Share the token embedding with the output projection."""
+    init: Literal["gpt2", "fan-in"] = "gpt2"
+    """Weight initialisation. "gpt2": every linear and embedding weight N(0, 0.02), the residual branches' output
+    projections N(0, 0.02 / sqrt(2 n_layer)) (GPT-2, nanoGPT). "fan-in": every linear weight
+    N(0, sqrt(2 / (n_layer * fan_in))) and every embedding N(0, 1 / sqrt(d_model)), a pre-norm scheme whose
+    scale follows each layer's input width. Encodings' own parameters (PoPE's delta) keep their init."""
 
     def __post_init__(self):
         check_fields(self)  # real types: GPTConfig(n_kv_head=2.0) or tie_embeddings="no" is a TypeError
@@ -183,15 +189,24 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.token_embedding.weight
-        self.apply(self._init_weights)
-        for name, param in self.named_parameters():  # GPT-2's scaled init of residual projections
-            if name.endswith(("o_proj.weight", "down.weight")):
-                nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+        self.apply(lambda module: self._init_module(module, config))  # children first, as nn.Module.apply
+        if config.init == "gpt2":
+            for name, param in self.named_parameters():  # GPT-2's scaled init of residual projections
+                if name.endswith(("o_proj.weight", "down.weight")):
+                    nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+    def _init_module(self, module: nn.Module, config: GPTConfig) -> None:
+        """One module's weight by ``config.init`` (GPTConfig.init); the order of the draws is nn.Module.apply's,
+        so a seed gives the same "gpt2" weights as it always has (a tied head is drawn twice, as before)."""
+        if isinstance(module, nn.Embedding):
+            std = 0.02 if config.init == "gpt2" else 1 / math.sqrt(config.d_model)
+        elif isinstance(module, nn.Linear):
+            if config.init == "fan-in" and config.tie_embeddings and module is self.lm_head:
+                return  # tied: the token embedding's init stands
+            std = 0.02 if config.init == "gpt2" else math.sqrt(2 / (config.n_layer * module.in_features))
+        else:
+            return
+        nn.init.normal_(module.weight, mean=0.0, std=std)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, kv_cache: KVCache | None = None,
                 cu_seqlens: torch.Tensor | None = None, max_seqlen: int | None = None,

@@ -135,8 +135,8 @@ class RunConfig:
             return {key: value for key, value in values.items()
                     if not (f"{section}.{key}" in WRITTEN_WHEN_SET and value == WRITTEN_WHEN_SET[f"{section}.{key}"])}
 
-        data = {"preset": self.preset, "pe": self.pe, "seed": self.seed, "model": self.model.to_dict(),
-                "recipe": recorded("recipe", self.recipe.to_dict()),
+        data = {"preset": self.preset, "pe": self.pe, "seed": self.seed,
+                "model": recorded("model", self.model.to_dict()), "recipe": recorded("recipe", self.recipe.to_dict()),
                 "train": recorded("train", dataclasses.asdict(self.train))}
         if self.finetune is not None:
             data["finetune"] = self.finetune
@@ -161,7 +161,7 @@ class RunConfig:
 # keys added after runs were recorded: written only when they differ from this default, so the config.json of an
 # earlier run still equals its config's to_dict(), still resumes and `pope report` groups it with new runs
 WRITTEN_WHEN_SET = {"train.pack": False, "train.fp32_matmul": "ieee", "recipe.lr_decay": "cosine",
-                    "recipe.weight_decay_params": "matrices"}
+                    "recipe.weight_decay_params": "matrices", "model.init": "gpt2"}
 
 RESUME_MUTABLE = {"train.device", "train.parallel", "train.compile", "train.cuda_graph", "train.log_interval",
                   "train.stop_at_step", "train.tensorboard", "train.progress", "train.checkpoint_interval",
