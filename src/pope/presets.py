@@ -14,6 +14,8 @@ from typing import Literal
 from pope.config import check_fields
 from pope.encodings import parse_pe_spec
 from pope.model import GPTConfig
+from pope.train.optimizer import DECAY_PARAMS
+from pope.train.schedule import DECAY_SHAPES
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -34,13 +36,13 @@ class Recipe:
     """Linear warmup steps from 0 to lr."""
     max_steps: int
     """Optimizer steps; the decay reaches min_lr here."""
-    lr_decay: Literal["cosine", "linear"] = "cosine"
+    lr_decay: Literal[DECAY_SHAPES] = "cosine"
     """Shape of the decay from lr to min_lr after warmup (`pope.train.schedule`). The paper states the two
     ends, not the shape; cosine is our choice."""
     beta1: float = 0.9
     beta2: float = 0.99
     weight_decay: float = 0.01
-    weight_decay_params: Literal["matrices", "all"] = "matrices"
+    weight_decay_params: Literal[DECAY_PARAMS] = "matrices"
     """Which parameters AdamW decays: "matrices" = weight matrices and the token embedding only (not norm
     gains, biases or positional-encoding parameters such as PoPE's delta; `pope.train.optimizer`);
     "all" = every parameter, as ``AdamW(model.parameters())`` does. The paper does not say which."""

@@ -299,8 +299,9 @@ def finished_groups(records: list[RunRecord]) -> dict[tuple[str, str, str], list
 def setting_groups(records: list[RunRecord]) -> dict[tuple[str, str, str], list[RunRecord]]:
     """(preset, PE, setting label) -> runs of one setting (one config fingerprint), finished or not, in seed
     order (a setting's seeds may come from several RUN arguments). The label: the sweep directory and its
-    overrides (or a lone run's directory), plus the config values in which this setting differs from the other settings of the same preset and PE (those it leaves unset, null,
-    are not listed: a fine-tune's section is named on the fine-tune's row only)."""
+    overrides (or a lone run's directory), plus the config values in which this setting differs from the other
+    settings of the same preset and PE (those it leaves unset, null, are not listed: a fine-tune's section is
+    named on the fine-tune's row only)."""
     by_fingerprint: dict[tuple[str, str, str], list[RunRecord]] = {}
     for record in records:
         by_fingerprint.setdefault((record.preset, record.pe, record.fingerprint), []).append(record)
@@ -379,7 +380,8 @@ def delta_markdown(records: list[RunRecord]) -> list[str]:
     lines = ["", "## PoPE's delta outside [−2π, 0] at the end of training", "",
              "Share of the phase-bias entries (layers × heads × frequencies) whose parameter lies outside "
              "[−2π, 0] (eval/delta_state.json, `pope analyze delta`): with δ clamped they get no gradient, so "
-             "they stopped learning; with δ wrapped they kept learning, and are the entries the clamp would have stopped.", "",
+             "they stopped learning; with δ wrapped they kept learning, and are the entries the clamp would have "
+             "stopped.", "",
              "| preset | PE | n | outside: mean ± std | per seed | setting |", "|---|---|---|---|---|---|"]
     for (preset, pe, label), done in sorted(groups.items()):
         shares = [m.delta_outside for m in done if m.delta_outside is not None]
