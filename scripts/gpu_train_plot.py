@@ -122,8 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             train = [r for r in records if r.get("kind") == "train" and "lr" in r]
             panels["lr"].plot([r["step"] for r in train], [r["lr"] for r in train], color=line.get_color(),
                               linestyle=line.get_linestyle(), label=label)
-        counted = [r for r in evals if "delta_below" in r]
-        if args.delta and counted:
+        counted = [r for r in evals if "delta_below" in r] if args.delta else []
+        if counted:
             panels["delta"].plot([r["step"] for r in counted], [r["delta_below"] + r["delta_above"] for r in counted],
                                  color=line.get_color(), linestyle=line.get_linestyle(), label=label)
         table[label] = {r["step"]: r["test_accuracy"] for r in evals}
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         panel.set_ylabel(titles[name])
         panel.set_ylim(bottom=0)
         panel.grid(alpha=0.3)
-    (axes[-1][0]).set_xlabel("training step")
+    axes[-1][0].set_xlabel("training step")
     figure.tight_layout()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(args.out, dpi=130)
