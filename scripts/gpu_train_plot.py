@@ -12,14 +12,15 @@ lines for labels named pope-... or rope-... and for each --paper PE (pope.eval.r
 panel below with each run's learning rate (the `lr` of its training records), so where runs part can be read
 against their schedules; --delta a panel with the number of PoPE delta entries outside [-2pi, 0] at each
 evaluation (`delta_below` + `delta_above` of the eval records, which the trainer writes for PoPE runs; the
-entries the forward clamp has frozen), so lift-off can be read against it. --group draws runs whose labels agree
-up to their last comma ("RoPE, seed 0", "RoPE, seed 1") in one colour, each with its own line style, so seeds of
-one setting read as one family.
+entries the forward clamp has frozen), so lift-off can be read against it; a run without them is named on
+stderr. --group draws runs whose labels agree up to their last comma ("RoPE, seed 0", "RoPE, seed 1") in one
+colour, each with its own line style, so seeds of one setting read as one family.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from pope.eval.report import paper_value
@@ -126,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
         if counted:
             panels["delta"].plot([r["step"] for r in counted], [r["delta_below"] + r["delta_above"] for r in counted],
                                  color=line.get_color(), linestyle=line.get_linestyle(), label=label)
+        elif args.delta:
+            print(f"gpu_train_plot.py: --delta: {label} has no delta counts (not a PoPE run, or trained before the "
+                  "trainer logged them): it has no line in the delta panel", file=sys.stderr)
         table[label] = {r["step"]: r["test_accuracy"] for r in evals}
     for pe in args.paper:
         value = 100 * paper_value(PRESET, pe)

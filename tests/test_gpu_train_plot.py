@@ -40,7 +40,7 @@ def test_plots_labelled_runs_with_their_learning_rate(tmp_path, capsys):
     assert table[2].split() == ["1000", "6.00%", "50.00%"]
 
 
-def test_delta_panel_plots_the_counts_and_refuses_runs_without_them(tmp_path):
+def test_delta_panel_plots_the_counts_and_refuses_runs_without_them(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     script = load_script()
     plain = write_run(tmp_path / "plain", [0.05, 0.06], 2e-4)
@@ -52,8 +52,12 @@ def test_delta_panel_plots_the_counts_and_refuses_runs_without_them(tmp_path):
         record.update(delta_below=3 + index, delta_above=1)
     (counted / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     out = tmp_path / "delta.png"
+    capsys.readouterr()
     assert script.main([str(counted), str(plain), "--delta", "--lr", "--out", str(out)]) == 0  # plain: no delta line
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["gpu_train_plot.py: --delta: plain has no delta counts (not a PoPE run, or trained before the "
+                   "trainer logged them): it has no line in the delta panel"]  # said, not silently left out
 
 
 def test_a_missing_or_broken_run_is_one_line(tmp_path):
