@@ -10,6 +10,9 @@ from pope.eval.frequency_usage import (
     FrequencyUsage,
     analyze_frequencies,
     chunk_tokens,
+    delta_movement,
+    delta_phase,
+    format_delta_movement,
     frequency_magnitudes,
     position_bias,
     position_bias_summary,
@@ -160,3 +163,48 @@ def test_report_writes_position_bias_and_reads_back(tmp_path):
         FrequencyUsage.from_dict({"kind": "pope"})
     rope = FrequencyUsage("rope", np.ones(2), np.ones((1, 2)), np.ones((1, 2)), None, 1)
     assert not (tmp_path / "rope" / "position_bias.png") in write_frequency_report(rope, tmp_path / "rope")
+
+
+def test_delta_phase_reads_a_wrapped_delta_as_the_phase_it_is():
+    two_pi = 2 * math.pi
+    delta = np.array([0.0, -0.05, -two_pi + 0.03, -math.pi, -math.pi - 0.1, -two_pi, 1.0])
+    expected = np.array([0.0, -0.05, 0.03, math.pi, math.pi - 0.1, 0.0, 1.0])
+    phase = delta_phase(delta)
+    np.testing.assert_allclose(phase, expected, atol=1e-12)
+    assert ((phase > -math.pi) & (phase <= math.pi)).all()
+    rng = np.random.default_rng(1)  # any delta: the same cosine, the phase inside (-π, π]
+    delta = rng.uniform(-20, 20, size=1000)
+    np.testing.assert_allclose(np.cos(delta_phase(delta)), np.cos(delta), atol=1e-12)
+    np.testing.assert_allclose(np.sin(delta_phase(delta)), np.sin(delta), atol=1e-12)
+
+
+def test_delta_movement_counts_phase_distance_by_frequency_quarter():
+    two_pi = 2 * math.pi
+    delta = np.zeros((1, 2, 8))  # 8 frequencies: quarters of 2, highest first
+    delta[0, 0, 0] = -two_pi + 0.2  # wrapped just above 0: moved 0.2, positive (the clamp could not do this)
+    delta[0, 1, 5] = -0.05  # moved, but less than the threshold
+    delta[0, 1, 7] = -0.3  # moved past the threshold, negative
+    summary = delta_movement(delta)
+    assert summary["entries"] == 16 and summary["moved_threshold"] == 0.1
+    assert summary["exactly_zero"] == pytest.approx(13 / 16, abs=1e-4)
+    assert summary["moved"] == pytest.approx(2 / 16, abs=1e-4)
+    assert summary["positive"] == pytest.approx(1 / 16, abs=1e-4)
+    assert summary["max_distance"] == pytest.approx(0.3, abs=1e-4) and summary["median_distance"] == 0.0
+    quarters = summary["by_frequency_quarter"]
+    assert [q["moved"] for q in quarters] == [0.25, 0.0, 0.0, 0.25]
+    assert [q["positive"] for q in quarters] == [0.25, 0.0, 0.0, 0.0]
+    assert quarters[2]["mean_distance"] == pytest.approx(0.05 / 4, abs=1e-4)
+    line = format_delta_movement(summary)
+    assert "81.2 % exactly 0" in line and "12.5 % moved more than 0.1 rad" in line and "25.0 %, 0.0 %, 0.0 %, 25.0 %" in line
+    assert len(delta_movement(np.zeros((1, 1, 3)))["by_frequency_quarter"]) == 3  # fewer frequencies than quarters
+
+
+def test_report_json_holds_the_delta_movement(tmp_path):
+    delta = np.zeros((2, 2, 3))
+    delta[1, 0, 2] = -2 * math.pi + 0.5
+    write_frequency_report(_usage(delta), tmp_path)
+    data = json.loads((tmp_path / "frequency_usage.json").read_text())
+    assert data["delta_movement"] == delta_movement(delta) and data["delta_movement"]["positive"] > 0
+    assert (tmp_path / "delta.png").stat().st_size > 0
+    write_frequency_report(_usage(None), tmp_path / "none")
+    assert "delta_movement" not in json.loads((tmp_path / "none" / "frequency_usage.json").read_text())

@@ -171,7 +171,10 @@ def test_analyze_frequencies_cli(workspace, tmp_path, capsys):
     seq_len = json.loads((workspace["pope"] / "config.json").read_text())["recipe"]["seq_len"]
     assert (summary["train_length"], summary["max_distance"]) == (seq_len, 20 * seq_len)
     assert (tmp_path / "pope" / "position_bias.png").is_file()
-    assert "position-only score (PoPE, training length" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "position-only score (PoPE, training length" in out
+    movement = json.loads((tmp_path / "pope" / "frequency_usage.json").read_text())["delta_movement"]
+    assert f"delta as a phase ({movement['entries']:,} entries)" in out and movement["entries"] > 0
 
 
 def test_delta_state_counts_the_entries_outside_the_interval(workspace):

@@ -197,7 +197,8 @@ def _register_analyze(subparsers) -> None:
         "frequencies", help="query/key magnitude per layer x frequency, and the learned delta",
         description="Mean query/key magnitude per layer x frequency (PoPE: softplus magnitudes, d rows; RoPE: "
                     "2-D chunk norms, d/2 rows), averaged over heads and tokens, as heatmaps; PoPE's learned "
-                    "delta per layer x head x frequency. Captured with forward hooks on q_proj/k_proj.")
+                    "delta per layer x head x frequency, read as a phase, and how far it moved from 0. Captured "
+                    "with forward hooks on q_proj/k_proj.")
     frequencies.add_argument("run", help="run or checkpoint directory")
     source = frequencies.add_mutually_exclusive_group(required=True)
     source.add_argument("--text", help="text file to run through the model (e.g. 10 Shakespeare sonnets)")
@@ -225,8 +226,8 @@ def _register_analyze(subparsers) -> None:
 def _analyze_frequencies(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from pope.eval.frequency_usage import (analyze_frequencies, chunk_tokens, position_bias_summary,
-                                           write_frequency_report)
+    from pope.eval.frequency_usage import (analyze_frequencies, chunk_tokens, delta_movement, format_delta_movement,
+                                           position_bias_summary, write_frequency_report)
     from pope.eval.length import check_token_range, check_vocab_compatible
     from pope.eval.runs import load_run_model, run_config, run_dir_of, run_label
     from pope.files import check_output_dir
@@ -281,6 +282,8 @@ def _analyze_frequencies(args: argparse.Namespace) -> int:
               f"peak at distance 0 within the training length; {summary['heads_rising_past_training']} rise past "
               f"it above their maximum within it (median max past - max within: "
               f"{summary['median_excess_past_training']:+.3f})")
+    if usage.delta is not None:
+        print(format_delta_movement(delta_movement(usage.delta)))
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
 

@@ -10,7 +10,8 @@ and tokens, the magnitude that each frequency receives:
   rotate-half layout, (x_{2i}, x_{2i+1}) for the interleaved one  -> r/2 rows.
 
 and, for PoPE, the learned phase bias delta (in [-2π, 0], as the layer uses it) per
-layer × head × frequency. Row 0 is always the highest frequency (theta = 1).
+layer × head × frequency, with how far it moved from 0 read as a phase (``delta_movement``). Row 0 is always
+the highest frequency (theta = 1).
 
 For PoPE also the *position-only score* of every head (``position_bias``): the score
 sum_c |q_c| |k_c| cos(Δ·theta_c + delta_c) of a query and a key whose magnitudes are the layer's means, as a
@@ -95,6 +96,47 @@ def position_bias_summary(usage: FrequencyUsage, train_length: int, max_distance
             "heads_peaking_at_distance_0": int((within.argmax(-1) == 0).sum()),
             "heads_rising_past_training": int((excess > 0).sum()),
             "median_excess_past_training": round(float(np.median(excess)), 4)}
+
+
+def delta_phase(delta: np.ndarray) -> np.ndarray:
+    """delta as the phase it is, in (-π, π]: a wrapped entry just below 0 (say -6.27) and one just above 0 (+0.01)
+    are the same phase, and only this form shows it. Same shape as ``delta``."""
+    return -np.remainder(-np.asarray(delta, dtype=np.float64) + math.pi, 2 * math.pi) + math.pi
+
+
+DELTA_MOVED = 0.1
+"""Phase distance from 0 (radians) past which ``delta_movement`` counts an entry as moved."""
+
+
+def delta_movement(delta: np.ndarray) -> dict:
+    """How far the learned delta (n_layer, n_head, F; row 0 of F the highest frequency) moved from its zero
+    initialisation, measured as a phase (``delta_phase``), so clamped and wrapped runs compare: the share of
+    entries exactly 0, moved by more than ``DELTA_MOVED`` rad, with a positive phase (only a wrapped delta can
+    have one), the median and largest distance; and the same per quarter of the frequencies, highest first
+    (a quarter holds F // 4 or one more frequency)."""
+    phase = delta_phase(delta)
+    distance = np.abs(phase)
+
+    def shares(part: np.ndarray, signed: np.ndarray) -> dict:
+        return {"exactly_zero": round(float((part == 0).mean()), 4),
+                "moved": round(float((part > DELTA_MOVED).mean()), 4),
+                "positive": round(float((signed > 0).mean()), 4),
+                "mean_distance": round(float(part.mean()), 4)}
+
+    quarters = [shares(d, p) for d, p in zip(np.array_split(distance, 4, axis=-1), np.array_split(phase, 4, axis=-1))
+                if d.size]
+    return {"entries": int(distance.size), "moved_threshold": DELTA_MOVED, **shares(distance, phase),
+            "median_distance": round(float(np.median(distance)), 4), "max_distance": round(float(distance.max()), 4),
+            "by_frequency_quarter": quarters}
+
+
+def format_delta_movement(summary: dict) -> str:
+    """One line for people: the shares of ``delta_movement`` in percent, the quarters' 'moved' shares."""
+    quarters = ", ".join(f"{100 * q['moved']:.1f} %" for q in summary["by_frequency_quarter"])
+    return (f"delta as a phase ({summary['entries']:,} entries): {100 * summary['exactly_zero']:.1f} % exactly 0, "
+            f"{100 * summary['moved']:.1f} % moved more than {summary['moved_threshold']} rad (by frequency quarter, "
+            f"highest first: {quarters}), {100 * summary['positive']:.1f} % positive; median distance from 0 "
+            f"{summary['median_distance']:.4f} rad, largest {summary['max_distance']:.4f}")
 
 
 def frequency_magnitudes(projection: torch.Tensor, n_heads: int, pe: torch.nn.Module) -> torch.Tensor:
@@ -220,26 +262,31 @@ def plot_frequency_usage(usage: FrequencyUsage, path: Path, *, title: str = "") 
 
 
 def plot_delta(delta: np.ndarray, path: Path, *, title: str = "") -> Path:
-    """One heatmap per layer: head × frequency of the clamped delta in [-2π, 0]."""
+    """One heatmap per layer: head × frequency of delta as a phase in (-π, π] (``delta_phase``), on a diverging
+    scale symmetric about 0 that reaches the largest distance, so small moves and a wrapped delta's positive
+    phases show (a clamped delta is never positive)."""
     from pope.optional import pyplot
 
     plt = pyplot()
-    n_layer, n_head, n_freq = delta.shape
+    phase = delta_phase(delta)
+    n_layer, n_head, n_freq = phase.shape
+    limit = max(float(np.abs(phase).max()), 1e-3)  # all zero: any small symmetric scale
     n_cols = min(4, n_layer)
     n_rows = math.ceil(n_layer / n_cols)
-    fig, axes = plt.subplots(n_rows, n_cols, figsize=(4 * n_cols, 0.4 * n_head * n_rows + 1.5), squeeze=False)
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(4 * n_cols, 0.4 * n_head * n_rows + 2), squeeze=False,
+                             layout="constrained")  # makes room for the shared colorbar and every label
     for layer in range(n_rows * n_cols):
         ax = axes[layer // n_cols][layer % n_cols]
         if layer >= n_layer:
             ax.axis("off")
             continue
-        image = ax.imshow(delta[layer], aspect="auto", origin="lower", cmap="magma", vmin=-2 * math.pi, vmax=0,
+        image = ax.imshow(phase[layer], aspect="auto", origin="lower", cmap="RdBu_r", vmin=-limit, vmax=limit,
                           interpolation="nearest")
         ax.set_title(f"layer {layer}")
-        ax.set_xlabel("frequency index")
+        ax.set_xlabel("frequency index (0 = highest)")
         ax.set_ylabel("head")
-    fig.colorbar(image, ax=axes.ravel().tolist(), label="delta (rad)")
-    return finish_figure(fig, path, title=title, tight_layout=False)  # the shared colorbar resists tight_layout
+    fig.colorbar(image, ax=axes.ravel().tolist(), label="delta as a phase in (-π, π] (rad)")
+    return finish_figure(fig, path, title=title, tight_layout=False)
 
 
 def plot_position_bias(usage: FrequencyUsage, path: Path, *, train_length: int, max_distance: int,
@@ -274,7 +321,8 @@ def plot_position_bias(usage: FrequencyUsage, path: Path, *, train_length: int, 
 
 def write_frequency_report(usage: FrequencyUsage, out_dir: Path, *, title: str = "",
                            position_bias: dict | None = None) -> list[Path]:
-    """frequency_usage.json + frequency_usage.png (+ delta.png and delta.npy for PoPE with delta; with a PoPE
+    """frequency_usage.json + frequency_usage.png (+ delta.png, delta.npy and the JSON's "delta_movement"
+    (:func:`delta_movement`) for PoPE with delta; with a PoPE
     ``position_bias`` summary (:func:`position_bias_summary`): position_bias.png over its distances, and the
     summary in the JSON under "position_bias")."""
     out_dir = Path(out_dir)
@@ -282,6 +330,8 @@ def write_frequency_report(usage: FrequencyUsage, out_dir: Path, *, title: str =
     data = usage.to_dict()
     if position_bias is not None:
         data["position_bias"] = position_bias
+    if usage.delta is not None:
+        data["delta_movement"] = delta_movement(usage.delta)
     written = [write_json_atomic(out_dir / "frequency_usage.json", data)]
     written.append(plot_frequency_usage(usage, out_dir / "frequency_usage.png", title=title))
     if usage.delta is not None:
