@@ -114,18 +114,17 @@ def delta_movement(delta: np.ndarray) -> dict:
     entries exactly 0, moved by more than ``DELTA_MOVED`` rad, with a positive phase (only a wrapped delta can
     have one), the median and largest distance; and the same per quarter of the frequencies, highest first
     (a quarter holds F // 4 or one more frequency)."""
+    def shares(phase: np.ndarray) -> dict:
+        distance = np.abs(phase)
+        return {"exactly_zero": round(float((distance == 0).mean()), 4),
+                "moved": round(float((distance > DELTA_MOVED).mean()), 4),
+                "positive": round(float((phase > 0).mean()), 4),
+                "mean_distance": round(float(distance.mean()), 4)}
+
     phase = delta_phase(delta)
     distance = np.abs(phase)
-
-    def shares(part: np.ndarray, signed: np.ndarray) -> dict:
-        return {"exactly_zero": round(float((part == 0).mean()), 4),
-                "moved": round(float((part > DELTA_MOVED).mean()), 4),
-                "positive": round(float((signed > 0).mean()), 4),
-                "mean_distance": round(float(part.mean()), 4)}
-
-    quarters = [shares(d, p) for d, p in zip(np.array_split(distance, 4, axis=-1), np.array_split(phase, 4, axis=-1))
-                if d.size]
-    return {"entries": int(distance.size), "moved_threshold": DELTA_MOVED, **shares(distance, phase),
+    quarters = [shares(part) for part in np.array_split(phase, 4, axis=-1) if part.size]
+    return {"entries": int(distance.size), "moved_threshold": DELTA_MOVED, **shares(phase),
             "median_distance": round(float(np.median(distance)), 4), "max_distance": round(float(distance.max()), 4),
             "by_frequency_quarter": quarters}
 
