@@ -61,6 +61,10 @@
 # GENOME_MORE_BASELINES= GENOME_MORE_THIRD=rope (RoPE seed 2 and its YaRN fine-tune), the same with
 # GENOME_MORE_THIRD=pope-d0 (PoPE d=0 and PoPE+ft), and GENOME_MORE_THIRD=pope GENOME_MORE_FINETUNE=0 (PoPE d=U);
 # each retrains its run of the third seed. It carries .device-data/genome like the genome stage.
+# On one H100 (2026-12-05, 93efff1, MPS on): GENOME_MORE_BASELINES= GENOME_MORE_THIRD="pope rope" GENOME_MORE_FINETUNE=0
+# (two runs side by side, their length evaluation and frequency analysis) took 386 s, GENOME_MORE_THIRD=pope-d0 with
+# GENOME_MORE_FINETUNE=0 alone 224 s. A second unit on the same machine needs its own LOG_DIR for
+# gpu_reproduce_bg.sh, which otherwise reads the first unit's log as the stage's end and starts nothing.
 #
 # The text-ablations stage on one H200 (2026-12-04 at db3f89c, MPS on): its eight runs side by side took 140 ms a
 # step and the stage, with its length evaluation, 359 s of one command; ABLATION_SEEDS=2 (four runs, 71 ms a step)
