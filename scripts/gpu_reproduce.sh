@@ -63,12 +63,12 @@
 # each retrains its run of the third seed. It carries .device-data/genome like the genome stage.
 # On one H100 (2026-12-05, 93efff1, MPS on): GENOME_MORE_BASELINES= GENOME_MORE_THIRD="pope rope" GENOME_MORE_FINETUNE=0
 # (two runs side by side, their length evaluation and frequency analysis) took 386 s, GENOME_MORE_THIRD=pope-d0 with
-# GENOME_MORE_FINETUNE=0 alone 224 s. A second unit on the same machine needs its own LOG_DIR for
-# gpu_reproduce_bg.sh, which otherwise reads the first unit's log as the stage's end and starts nothing.
+# GENOME_MORE_FINETUNE=0 alone 224 s (given LOG_DIR=/tmp/l2 then: gpu_reproduce_bg.sh read the first unit's log as
+# the stage's end; since 2026-12-05 it starts a stage again when the settings differ from those it ended with).
 #
 # The text-ablations stage on one H200 (2026-12-04 at db3f89c, MPS on): its eight runs side by side took 140 ms a
 # step and the stage, with its length evaluation, 359 s of one command; ABLATION_SEEDS=2 (four runs, 71 ms a step)
-# 187 s in another (give it LOG_DIR=/tmp/seed2 when the machine may be warm: the first stage's log says it ended).
+# 187 s in another (gpu_reproduce_bg.sh starts it again on a warm machine: its settings differ).
 # It carries .device-data/text like the text stage.
 #
 # Settings (environment): STAGE (required: jsb, maestro, genome, genome-more, text or text-ablations), LIMIT

@@ -5,10 +5,17 @@
 #   OUT=$OUT bash scripts/gpu_reproduce_bg.sh 560 text genome      # carry .device-data/text and .device-data/genome
 #
 # gpu_reproduce_bg.sh SECONDS STAGE... first brings each stage to the state it should be in, one line each:
-#   STAGE: ended (exit status N)   its log ends with gpu_reproduce.sh's "stage STAGE exit status N": left alone
-#   STAGE: running (pid N)         its gpu_reproduce.sh is alive: left alone
-#   STAGE: started (pid N)         neither: started in its own session (setsid nohup), resuming every run of it that
-#                                  $RUNS holds (gpu_reproduce.sh always resumes; on a fresh machine it starts anew)
+#   STAGE: ended (exit status N)   its log ends with gpu_reproduce.sh's "stage STAGE exit status N" and it ran with
+#                                  this call's settings: left alone
+#   STAGE: running (pid N)         its gpu_reproduce.sh is alive: left alone (the line names any setting of this call
+#                                  that differs from the running stage's: call again after it ends to run those)
+#   STAGE: started (pid N)         neither, or it ended with other settings (the line names them): started in its own
+#                                  session (setsid nohup), resuming every run of it that $RUNS holds
+#                                  (gpu_reproduce.sh always resumes and skips finished runs; on a fresh machine it
+#                                  starts anew). The settings are the variables gpu_reproduce.sh reads (GENOME_MORE_THIRD,
+#                                  ABLATION_SEEDS, EXTRA, ...; see settings_now below), recorded at each start in
+#                                  $LOG_DIR/reproduce-STAGE.settings, so a second unit of a stage on a warm machine runs
+#                                  without a LOG_DIR of its own.
 # CUDA MPS is turned on before the first start when no stage is running (scripts/gpu_mps.sh; MPS=off skips it).
 # Each stage runs with LIMIT=100000 training seconds per seed (it ends on its own, not at a command's end), its log
 # in $LOG_DIR/reproduce-STAGE.log and its archive in $LOG_DIR/out-STAGE. Then it waits until every stage has ended
@@ -35,6 +42,25 @@ OUT=${OUT:-/tmp/out}; LOG_DIR=${LOG_DIR:-/tmp}
 mkdir -p "$OUT" "$LOG_DIR" "$RUNS"
 
 log_of() { echo "$LOG_DIR/reproduce-$1.log"; }
+settings_now() {  # the settings gpu_reproduce.sh reads, one "NAME=VALUE" or "NAME unset" line each (empty != unset)
+  local name
+  for name in JOBS_PER_GPU JSB_PRESET JSB_SEEDS MAESTRO_PRESET MAESTRO_SEEDS MAESTRO_STEPS GENOME_PRESET GENOME_SEEDS \
+              GENOME_MORE_SEED GENOME_MORE_BASELINES GENOME_MORE_THIRD GENOME_MORE_FINETUNE TEXT_PRESET TEXT_SEEDS \
+              ABLATIONS ABLATION_SEEDS FT_STEPS EXTRA FT_EXTRA EVAL_ARGS DATA; do
+    if [ -n "${!name+set}" ]; then printf '%s=%s\n' "$name" "${!name}"; else printf '%s unset\n' "$name"; fi
+  done
+}
+settings_changed() {  # STAGE: "OLD -> NEW; ..." for each setting that differs from those it was started with, or
+  # nothing (also when none were recorded)
+  local file="$LOG_DIR/reproduce-$1.settings" line name old out=""
+  [ -f "$file" ] || return 0
+  while IFS= read -r line; do
+    name=${line%%[= ]*}
+    old=$(grep -m 1 -E "^$name[= ]" "$file")
+    [ "$old" = "$line" ] || out+="${out:+; }${old:-$name unrecorded} -> $line"
+  done < <(settings_now)
+  echo "$out"
+}
 ended_status() {  # STAGE: the exit status its log ends with, or nothing while it has not ended
   sed -n "s/^stage $1 exit status \([0-9]*\)$/\1/p" "$(log_of "$1")" 2>/dev/null | tail -n 1
 }
@@ -48,19 +74,27 @@ alive() {  # STAGE: the pid of its running gpu_reproduce.sh, or nothing
 running=0; for stage in "$@"; do [ -n "$(alive "$stage")" ] && running=1; done
 mps_done=0
 for stage in "$@"; do
-  status=$(ended_status "$stage"); pid=$(alive "$stage")
-  if [ -n "$pid" ]; then echo "$stage: running (pid $pid)"; continue; fi
-  if [ -n "$status" ]; then echo "$stage: ended (exit status $status)"; continue; fi
+  status=$(ended_status "$stage"); pid=$(alive "$stage"); changed=$(settings_changed "$stage"); why=""
+  if [ -n "$pid" ]; then
+    note=""; [ -z "$changed" ] || note="; left alone with the settings it started with, not those of this call"
+    echo "$stage: running (pid $pid)${note:+$note ($changed): call again after it ends to run them}"
+    continue
+  fi
+  if [ -n "$status" ]; then
+    [ -n "$changed" ] || { echo "$stage: ended (exit status $status)"; continue; }
+    why="; it had ended (exit status $status) with other settings: $changed"
+  fi
   if [ $mps_done = 0 ] && [ $running = 0 ] && [ "${MPS:-on}" != off ]; then bash "$here/gpu_mps.sh" start; fi
   mps_done=1
   log=$(log_of "$stage"); [ -f "$log" ] && mv "$log" "$log.previous"
   pid=$(env STAGE="$stage" LIMIT=100000 OUT="$LOG_DIR/out-$stage" setsid nohup bash "$here/gpu_reproduce.sh" \
         > "$log" 2>&1 < /dev/null & echo $!)
   echo "$pid" > "$LOG_DIR/reproduce-$stage.pid"
+  settings_now > "$LOG_DIR/reproduce-$stage.settings"
   # until the child has exec'd gpu_reproduce.sh it is a copy of this shell, which alive() does not count: wait for
   # it (at most 10 s), or a loaded machine ends the wait below at once and calls a starting stage "running"
   for _ in $(seq 1 100); do { [ -n "$(alive "$stage")" ] || [ -n "$(ended_status "$stage")" ]; } && break; sleep 0.1; done
-  echo "$stage: started (pid $pid, log $log)"
+  echo "$stage: started (pid $pid, log $log$why)"
 done
 
 while [ "$SECONDS" -lt "$limit" ]; do

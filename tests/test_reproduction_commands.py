@@ -442,7 +442,8 @@ def test_gpu_reproduce_bg_rejects_bad_arguments(tmp_path):
 @pytest.mark.slow
 def test_gpu_reproduce_bg_runs_a_stage_in_the_background_and_leaves_an_ended_one_alone(tmp_path):
     """A stage starts in its own session, the call waits for it and copies its log and archive into $OUT; a second
-    call finds it ended and starts nothing; a call whose time runs out first returns 3 with a partial archive."""
+    call finds it ended and starts nothing, a third with other settings starts it again; a call whose time runs out
+    first returns 3 with a partial archive."""
     data = tmp_path / "device-data"
     _write(data / "maestro", 328, {"train": [40] * 8, "valid": [30] * 2, "test": [30] * 2}, 0)
     env = {"MAESTRO_PRESET": "maestro-tiny", "MAESTRO_SEEDS": "0", "DATA": str(data), "OMP_NUM_THREADS": "1",
@@ -456,6 +457,16 @@ def test_gpu_reproduce_bg_runs_a_stage_in_the_background_and_leaves_an_ended_one
     again = _background(tmp_path, "240", "maestro", **env)
     assert again.returncode == 0 and "maestro: ended (exit status 0)" in again.stdout.splitlines()[0], again.stdout
     assert "started" not in again.stdout
+    # other settings (a second unit of the stage on a warm machine): it starts again, naming what changed, resumes
+    # what RUNS holds (the finished seed is skipped, not retrained) and keeps the first log beside the new one
+    trained = (tmp_path / "runs" / "maestro-pope/seed-0/metrics.jsonl").read_text()
+    other = _background(tmp_path, "240", "maestro", **{**env, "JOBS_PER_GPU": "2"})
+    assert other.returncode == 0, other.stdout + other.stderr
+    assert ("maestro: started (pid" in other.stdout and "it had ended (exit status 0) with other settings: "
+            "JOBS_PER_GPU unset -> JOBS_PER_GPU=2" in other.stdout), other.stdout
+    assert (tmp_path / "runs" / "maestro-pope/seed-0/metrics.jsonl").read_text() == trained
+    assert (tmp_path / "logs" / "reproduce-maestro.log.previous").is_file()
+    assert "JOBS_PER_GPU=2" in (tmp_path / "logs" / "reproduce-maestro.settings").read_text().splitlines()
 
     # a stage still running when SECONDS are up: exit 3, and what it has so far comes back as a partial archive
     slow = {**env, "EXTRA": env["EXTRA"].replace("recipe.max_steps=2", "recipe.max_steps=2000")}
