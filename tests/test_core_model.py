@@ -1,5 +1,6 @@
 """GPT: config validation, KV-cache decoding equals a full forward pass for every encoding, training step."""
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -162,6 +163,18 @@ def test_provenance_commit_from_environment_wins(monkeypatch):
     assert provenance.commit_label() == "abc1234"
     monkeypatch.delenv("POPE_GIT_COMMIT")
     assert provenance.git_commit()["source"] in ("git", None)
+
+
+def test_portable_path_writes_paths_below_the_working_directory_relative(tmp_path, monkeypatch):
+    """Results committed to the repository name no machine's own directories."""
+    from pope.provenance import portable_argv, portable_path
+
+    monkeypatch.chdir(tmp_path)
+    here = Path.cwd()
+    assert portable_path(here / "data" / "genome") == "data/genome"
+    assert portable_path(str(here)) == "."
+    assert portable_path("/elsewhere/genome") == "/elsewhere/genome" and portable_path("rel/x") == "rel/x"
+    assert portable_argv(["pope", str(here / "runs"), "--lr", "1e-3"]) == ["pope", "runs", "--lr", "1e-3"]
 
 
 def test_device_names_resolve_one_way():

@@ -72,6 +72,18 @@ def test_eval_length_cli_writes_tables_and_counts_tokens(workspace, capsys):
     assert "| rope | rope | 16 |" in capsys.readouterr().out
 
 
+def test_eval_length_records_the_data_path_relative_to_the_working_directory(workspace, monkeypatch):
+    """An absolute --data below the working directory (as a GPU machine's checkout gives) is stored relative."""
+    monkeypatch.chdir(workspace["root"])
+    data = Path(workspace["data"]).resolve()
+    out = workspace["root"] / "length_relative"
+    assert main(["eval", "length", str(workspace["rope"]), "--data", str(data), "--lengths", "16", "--out", str(out),
+                 "--device", "cpu"]) == 0
+    expected = data.relative_to(Path.cwd()).as_posix()
+    assert json.loads((out / "length.json").read_text())["provenance"]["data"] == expected
+    assert json.loads((workspace["rope"] / "eval" / "length-toy-test-16.json").read_text())["data"] == expected
+
+
 def test_eval_length_bad_input(workspace, capsys, tmp_path):
     data = str(workspace["data"])
     assert main(["eval", "length", str(workspace["rope"]), "--data", data, "--lengths", "128", "--out",

@@ -103,21 +103,21 @@ def provenance(device="cpu") -> dict:
     }
 
 
+def portable_path(path: str | Path) -> str:
+    """``path`` written relative to the working directory when it is an absolute path below it, else as given, so a
+    result committed to the repository names no machine's own directories."""
+    if Path(path).is_absolute():
+        try:
+            return Path(path).relative_to(Path.cwd()).as_posix()
+        except ValueError:
+            pass
+    return str(path)
+
+
 def portable_argv(argv: list[str] | None = None) -> list[str]:
-    """The command line (default sys.argv) with absolute paths below the working directory written relative to
-    it, so a result committed to the repository names no machine's own directories."""
-    cwd = Path.cwd()
-
-    def portable(arg: str) -> str:
-        path = Path(arg)
-        if path.is_absolute():
-            try:
-                return path.relative_to(cwd).as_posix()
-            except ValueError:
-                return arg
-        return arg
-
-    return [portable(arg) for arg in (sys.argv if argv is None else argv)]
+    """The command line (default sys.argv) with each absolute path below the working directory made relative
+    (:func:`portable_path`)."""
+    return [portable_path(arg) for arg in (sys.argv if argv is None else argv)]
 
 
 def command_line(argv: list[str] | None = None) -> str:

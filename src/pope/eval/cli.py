@@ -231,6 +231,7 @@ def _analyze_frequencies(args: argparse.Namespace) -> int:
     from pope.eval.length import check_token_range, check_vocab_compatible
     from pope.eval.runs import load_run_model, run_config, run_dir_of, run_label
     from pope.files import check_output_dir
+    from pope.provenance import portable_path
 
     out = check_output_dir(args.out if args.out else run_dir_of(args.run) / "eval" / "frequencies",
                            what="--out" if args.out else "the default --out (RUN/eval/frequencies)")
@@ -259,7 +260,7 @@ def _analyze_frequencies(args: argparse.Namespace) -> int:
         dataset.verify([split])  # a modified file is named here, not analysed
         check_vocab_compatible(dataset.vocab_size, vocab, data_name=f"dataset {dataset.name!r}")
         tokens = np.asarray(token_split.tokens, dtype=np.int64)
-        source = f"{dataset.path} split {split}"
+        source = f"{portable_path(dataset.path)} split {split}"
         if args.max_tokens is not None:
             source += f", first {args.max_tokens:,} of {len(tokens):,} tokens"
             tokens = tokens[: args.max_tokens]

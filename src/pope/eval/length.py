@@ -304,7 +304,7 @@ def run_length_eval(
     """
     from pope.data.prepared import resolve_dataset
     from pope.files import check_output_dir
-    from pope.provenance import provenance
+    from pope.provenance import portable_path, provenance
     from pope.eval.runs import load_run_model, run_label
 
     lengths = parse_lengths(lengths)
@@ -324,7 +324,7 @@ def run_length_eval(
     except ValueError as err:
         documents = (dataset.manifest.get("stats") or {}).get("documents_are")
         raise ValueError(f"{err}{f' Documents of {dataset.path}: {documents}.' if documents else ''}") from None
-    stamp = {**provenance(device), "data": str(dataset.path), "data_name": dataset.name, "split": split,
+    stamp = {**provenance(device), "data": portable_path(dataset.path), "data_name": dataset.name, "split": split,
              "tail": tail, "same_documents": same_documents, "max_docs": max_docs, "n_buckets": n_buckets}
     collected: list[RunLengthResults] = []
     span = f"{min(lengths)}-{max(lengths)}" if min(lengths) != max(lengths) else f"{lengths[0]}"
