@@ -439,6 +439,17 @@ def test_gpu_reproduce_bg_rejects_bad_arguments(tmp_path):
         assert not (tmp_path / "logs").exists()
 
 
+def test_gpu_reproduce_bg_records_every_setting_gpu_reproduce_reads():
+    """A setting missing from settings_now would make a second unit that changes only it a silent no-op again."""
+    read = set(re.findall(r"\$\{([A-Z_]+):?-", (ROOT / "scripts/gpu_reproduce.sh").read_text()))
+    # set by gpu_reproduce_bg.sh itself (STAGE, LIMIT, OUT), shared by every stage (RUNS, PYTHONPATH), or its own
+    # archive-only call (ARCHIVE_*)
+    read -= {"STAGE", "LIMIT", "OUT", "RUNS", "PYTHONPATH", "ARCHIVE_ONLY", "ARCHIVE_NAME"}
+    background = (ROOT / "scripts/gpu_reproduce_bg.sh").read_text()
+    loop = re.search(r"settings_now\(\) \{.*?for name in (.*?); do", background, re.S).group(1)
+    assert set(loop.replace("\\", " ").split()) == read
+
+
 @pytest.mark.slow
 def test_gpu_reproduce_bg_runs_a_stage_in_the_background_and_leaves_an_ended_one_alone(tmp_path):
     """A stage starts in its own session, the call waits for it and copies its log and archive into $OUT; a second
