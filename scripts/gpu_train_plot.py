@@ -46,8 +46,9 @@ def read_run(argument: str) -> tuple[str, list[dict]]:
     return label or path.stem, records
 
 
-SEED_LINE_STYLES = ("-", "--", "-.", ":")
-"""Line styles of a --group family's members, in the order given (then repeated)."""
+SEED_LINE_STYLES = ("-", "--", "-.", ":", (0, (6, 2, 1, 2, 1, 2)))
+"""Line styles of a --group family's members, in the order given (then repeated): solid, dashed, dash-dotted, dotted,
+dash-dot-dotted (a matplotlib dash tuple: offset, then on/off lengths in points)."""
 
 
 def line_styles(labels: list[str], group: bool) -> list[dict]:

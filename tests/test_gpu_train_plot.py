@@ -85,6 +85,9 @@ def test_group_gives_a_family_one_colour_and_each_member_its_own_line_style(tmp_
     assert styles[1] == {"color": "C1", "linestyle": "-"} and styles[3] == {"color": "C1", "linestyle": "--"}
     assert styles[4] == {"color": "C2", "linestyle": "-"}  # no comma: a family of its own
     assert script.line_styles(["a, seed 0", "a, seed 1"], group=False) == [{}, {}]
+    five = script.line_styles([f"a, seed {seed}" for seed in range(6)], group=True)
+    assert len({str(style["linestyle"]) for style in five[:5]}) == 5  # five seeds, five distinguishable lines
+    assert five[5]["linestyle"] == "-"  # then the styles repeat
     run = write_run(tmp_path / "run", [0.05], 2e-4)
     with pytest.raises(SystemExit, match="add --no-valid"):
         script.main([str(run), "--group", "--out", str(tmp_path / "x.png")])
