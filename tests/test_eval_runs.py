@@ -276,6 +276,32 @@ def test_report_length_plot_keeps_its_legend_inside_the_figure(tmp_path, monkeyp
     assert inside and all(inside), legends
 
 
+def test_report_plot_writes_off_scale_paper_values_under_the_title(tmp_path, monkeypatch):
+    """A paper number far from ours (MAESTRO v3's 1.49 against a stand-in's 2.31) would squash every seed into one
+    line: it is written in the panel, not drawn; a paper number near ours (JSB's) is drawn as a cross."""
+    import pope.eval.report_plots as report_plots
+    from pope.eval.report import write_report
+
+    assert not report_plots.paper_marks_fit([2.298, 2.339], [1.486, 1.501])  # ours: 5 % of the axis
+    assert report_plots.paper_marks_fit([0.449, 0.472], [0.4889, 0.5081])  # ours: 39 % of it
+    assert report_plots.paper_marks_fit([2.3], []) and report_plots.paper_marks_fit([1.0, 1.0], [1.0])
+    figures = []
+    finish = report_plots.finish_figure
+    monkeypatch.setattr(report_plots, "finish_figure", lambda fig, path, **kw: figures.append(fig) or finish(fig, path, **kw))
+    for preset, values in (("maestro", (2.30, 2.33)), ("jsb", (0.455, 0.467))):
+        runs = [_fake_run(tmp_path / preset / f"{pe}{s}", preset, pe, s, [value + s / 200])
+                for pe, value in zip(("pope", "rope"), values) for s in (0, 1)]
+        figures.clear()
+        write_report(runs, tmp_path / preset / "report")
+        (ax,) = figures[0].axes  # report.png: the first figure drawn
+        crosses = [c for c in ax.collections if c.get_label() == "paper"]
+        if preset == "maestro":
+            assert ax.get_title() == "maestro\npaper (off this scale): pope 1.486, rope 1.501" and not crosses
+            assert ax.get_ylim()[0] > 2.2  # the axis spans our runs only
+        else:
+            assert ax.get_title() == "jsb" and len(crosses) == 1 and ax.get_legend() is not None
+
+
 def test_length_labels_of_same_named_runs_are_their_shortest_distinct_path_tails():
     from pope.eval.length import RunLengthResults, _disambiguate_labels
 

@@ -33,10 +33,28 @@ def setting_colour(index: int) -> str:
     return _COLOURS[index % len(_COLOURS)]
 
 
+PAPER_SCALE_SHARE = 0.25
+"""The least share of a panel's value axis that our runs must keep for the paper's marks to be drawn on it."""
+
+
+def paper_marks_fit(ours: list[float], papers: list[float]) -> bool:
+    """Whether the paper's values can share an axis with ours: drawing them must leave our runs' span (means,
+    error bars and seeds) at least PAPER_SCALE_SHARE of the axis. A paper number from another scale of the same
+    task (e.g. a full dataset where we trained on a small stand-in) would otherwise squash every seed into one
+    line; such numbers are written on the panel instead."""
+    if not papers or not ours:
+        return True
+    low, high = min(ours), max(ours)
+    span = high - low
+    full = max(high, *papers) - min(low, *papers)
+    return full == 0 or span / full >= PAPER_SCALE_SHARE
+
+
 def plot_report(records: list[RunRecord], path: Path) -> Path | None:
     """One column per preset × PE × setting over finished runs: mean with an error bar of one std over seeds,
     dots = seeds, cross = paper. Points, not bars from zero, so gaps of a few hundredths in an NLL stay
-    visible; the axis spans the values shown."""
+    visible; the axis spans the values shown. Paper values that would shrink our runs to under a quarter of the
+    axis (paper_marks_fit) are written under the panel's title, not drawn."""
     from pope.optional import pyplot
 
     finished = {key: [m for m in members if m.finished] for key, members in setting_groups(records).items()}
@@ -50,25 +68,29 @@ def plot_report(records: list[RunRecord], path: Path) -> Path | None:
     for ax, preset in zip(axes[0], presets):
         mine = [(pe if label == "—" else f"{pe}\n{_sweep_directory(label)}", members)
                 for (p, pe, label), members in groups if p == preset]
-        paper_labelled = False  # the legend names the first paper mark drawn, whichever setting has it
+        papers = [(x, members[0].pe, paper_value(preset, members[0].pe)) for x, (_, members) in enumerate(mine)]
+        papers = [(x, pe, value) for x, pe, value in papers if value is not None]
+        shown: list[float] = []  # every value drawn for our runs: seeds, and means ± std
         for x, (pe, members) in enumerate(mine):
             values = finite(m.value for m in members)
             mean, std, _ = mean_std(values)
             ax.errorbar([x], [mean], yerr=[std or 0], fmt="s", color=setting_colour(x), markersize=8, capsize=6,
                         zorder=2)
             ax.scatter([x + 0.12] * len(values), values, color="black", s=10, zorder=3)
-            paper = paper_value(preset, members[0].pe)
-            if paper is not None:
-                ax.scatter([x], [paper], marker="x", color="red", s=60, zorder=4,
-                           label=None if paper_labelled else "paper")
-                paper_labelled = True
+            shown += values + [mean - (std or 0), mean + (std or 0)]
+        title = preset
+        if paper_marks_fit(shown, [value for _, _, value in papers]):
+            for index, (x, _, value) in enumerate(papers):
+                ax.scatter([x], [value], marker="x", color="red", s=60, zorder=4, label="paper" if index == 0 else None)
+            if papers:
+                ax.legend(fontsize=8)
+        else:  # under the title, where no seed's dot can hide it
+            title += "\npaper (off this scale): " + ", ".join(f"{short_pe_spec(pe)} {value:.4g}" for _, pe, value in papers)
         ax.set_xticks(range(len(mine)), [pe for pe, _ in mine], rotation=20, ha="right", fontsize=8)
         ax.set_xlim(-0.6, len(mine) - 0.4)
         ax.grid(True, axis="y", alpha=0.3)
-        ax.set_title(preset)
+        ax.set_title(title, fontsize=10)
         ax.set_ylabel(next((m.metric for _, ms in mine for m in ms if m.metric), "metric"))
-        if any(paper_value(preset, members[0].pe) is not None for _, members in mine):
-            ax.legend(fontsize=8)
     return finish_figure(fig, path)
 
 
