@@ -389,6 +389,11 @@ def test_report_mean_std_over_seeds_and_paper_numbers(tmp_path, workspace):
             "0.5000 (exact, all 10 splits) |") in markdown
     assert ("| jsb | pope | pope0/, pope1/, pope2/, pope9/ vs rope0/, rope1/ | test_nll, at best valid | 3 / 2 | -0.0133 | -0.0638 … +0.0372 (df 2.9) | "
             "0.5000 (exact, all 10 splits) |") in markdown
+    # paired by seed over seeds 0-1 (finished on both sides), each value: headline 0.49 - 0.52, 0.50 - 0.50; at best
+    # valid 0.50 - 0.53, 0.53 - 0.51 (differences -0.03, +0.02: all four sign patterns as extreme, p = 1)
+    assert "| test_nll, headline, paired by seed | 2 pairs (seeds 0,1; 0 above) | -0.0150 |" in markdown
+    assert "| test_nll, at best valid, paired by seed | 2 pairs (seeds 0,1; 1 above) | -0.0050 |" in markdown
+    assert "| 1.0000 (exact, all 4 sign flips) |" in markdown.split("at best valid, paired by seed")[1].splitlines()[0]
     assert "| jsb-tiny | rope |" in markdown and (tmp_path / "report" / "report.png").stat().st_size > 0
     assert (tmp_path / "report" / "loss_vs_step.png") in written  # test-NLL runs: NLL against the step
     assert "accuracy_vs_step.png" not in {p.name for p in written}

@@ -456,8 +456,8 @@ def _difference_row(preset: str, label: str, value: str, values: list[float], ba
 
 
 def _paired_row(preset: str, label: str, value: str, pairs: list[tuple[int, float, float]]) -> ComparisonRow:
-    """The headline value of the seeds finished on both sides, paired by seed: mean of the differences, the
-    paired t interval, the sign-flip p and how many seeds came out above the baseline."""
+    """One value of the seeds finished on both sides, paired by seed: mean of the differences, the paired t
+    interval, the sign-flip p and how many seeds came out above the baseline."""
     differences = [mine - theirs for _, mine, theirs in pairs]
     interval, test = paired_interval(differences), paired_permutation_test(differences)
     ci = ("— (needs ≥ 2 pairs with spread)" if interval is None
@@ -469,34 +469,41 @@ def _paired_row(preset: str, label: str, value: str, pairs: list[tuple[int, floa
                          test.p_value)
 
 
-def _seed_pairs(members: list[RunRecord], base: list[RunRecord]) -> list[tuple[int, float, float]]:
-    """(seed, value, baseline value) of the headline value for each seed finished on both sides."""
+def _seed_pairs(members: list[RunRecord], base: list[RunRecord],
+                get=lambda m: m.value) -> list[tuple[int, float, float]]:
+    """(seed, value, baseline value) of one value (``get``; the headline by default) for each seed finished on both
+    sides with a finite value."""
     def by_seed(group):
-        return {m.seed: m.value for m in group
-                if m.finished and m.seed is not None and m.value is not None and math.isfinite(m.value)}
+        values = {m.seed: get(m) for m in group if m.finished and m.seed is not None}
+        return {seed: value for seed, value in values.items() if value is not None and math.isfinite(value)}
     mine, theirs = by_seed(members), by_seed(base)
     return [(seed, mine[seed], theirs[seed]) for seed in sorted(set(mine) & set(theirs))]
 
 
+_COMPARED_VALUES = (("headline", lambda m: m.value), ("at best valid", lambda m: m.at_best_valid))
+"""The two values of a run that the comparison rows test: (name in the row, RunRecord -> value or None)."""
+
+
 def _difference_rows(preset: str, pe: str, settings: str, members: list[RunRecord],
                      base: list[RunRecord]) -> list[ComparisonRow]:
-    """Rows of members vs base (headline and best-valid value), each where both have >= 2 finished seeds; and the
-    headline paired by seed where >= 2 seeds finished on both sides (one seed gives both runs the same batch order
+    """Rows of members vs base (headline and best-valid value), each where both have >= 2 finished seeds; and each
+    of the two paired by seed where >= 2 seeds finished on both sides (one seed gives both runs the same batch order
     and starts both models' initialisation from the same random state, so a per-seed difference removes what the
     batch order decides)."""
     metric = next((m.metric for m in members if m.metric), "—")
     label = f"| {preset} | {pe} | {settings}"
     rows = []
-    for name, get in (("headline", lambda m: m.value), ("at best valid", lambda m: m.at_best_valid)):
+    for name, get in _COMPARED_VALUES:
         values, baseline = (finite(get(m) for m in group if m.finished) for group in (members, base))
         if len(values) >= 2 and len(baseline) >= 2:
             rows.append(_difference_row(preset, label, f"{metric}, {name}", values, baseline))
             if metric == "test_accuracy" and name == "headline":
                 rows.append(_lift_off_row(preset, label, values, baseline))
                 rows += _lift_off_step_rows(preset, label, members, base)
-    pairs = _seed_pairs(members, base)
-    if len(pairs) >= 2:
-        rows.append(_paired_row(preset, label, f"{metric}, headline, paired by seed", pairs))
+    for name, get in _COMPARED_VALUES:
+        pairs = _seed_pairs(members, base, get)
+        if len(pairs) >= 2:
+            rows.append(_paired_row(preset, label, f"{metric}, {name}, paired by seed", pairs))
     return rows
 
 
