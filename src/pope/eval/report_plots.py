@@ -41,7 +41,7 @@ def paper_marks_fit(ours: list[float], papers: list[float]) -> bool:
     """Whether the paper's values can share an axis with ours: drawing them must leave our runs' span (means,
     error bars and seeds) at least PAPER_SCALE_SHARE of the axis. A paper number from another scale of the same
     task (e.g. a full dataset where we trained on a small stand-in) would otherwise squash every seed into one
-    line; such numbers are written on the panel instead."""
+    line; plot_report names such numbers under the panel's title instead."""
     if not papers or not ours:
         return True
     low, high = min(ours), max(ours)
