@@ -469,10 +469,9 @@ def _paired_row(preset: str, label: str, value: str, pairs: list[tuple[int, floa
                          test.p_value)
 
 
-def _seed_pairs(members: list[RunRecord], base: list[RunRecord],
-                get=lambda m: m.value) -> list[tuple[int, float, float]]:
-    """(seed, value, baseline value) of one value (``get``; the headline by default) for each seed finished on both
-    sides with a finite value."""
+def _seed_pairs(members: list[RunRecord], base: list[RunRecord], get) -> list[tuple[int, float, float]]:
+    """(seed, value, baseline value) of one value (``get``: RunRecord -> value or None, see _COMPARED_VALUES) for
+    each seed finished on both sides with a finite value."""
     def by_seed(group):
         values = {m.seed: get(m) for m in group if m.finished and m.seed is not None}
         return {seed: value for seed, value in values.items() if value is not None and math.isfinite(value)}
