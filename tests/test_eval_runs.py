@@ -778,3 +778,22 @@ def test_report_plot_colours_are_distinct_for_twenty_settings():
     colours = [to_rgb(setting_colour(i)) for i in range(20)]
     assert len(set(colours)) == 20
     assert setting_colour(20) == setting_colour(0)
+
+
+def test_seed_power_script_plans_from_finished_runs_and_refuses_too_few(tmp_path, capsys):
+    import runpy
+    script = runpy.run_path(str(Path(__file__).resolve().parents[1] / "scripts" / "seed_power.py"))
+    # two settings whose finished runs never overlap: topped up to 6 seeds each, every imagined sweep separates
+    for seed, loss in enumerate([0.40, 0.41, 0.42]):
+        _fake_run(tmp_path / "a" / f"seed-{seed}", "jsb-tiny", "pope", seed, [loss])
+        _fake_run(tmp_path / "b" / f"seed-{seed}", "jsb-tiny", "rope", seed, [loss + 0.1])
+    _fake_run(tmp_path / "b" / "seed-3", "jsb-tiny", "rope", 3, [0.0], finished=False)  # not counted
+    assert script["main"]([str(tmp_path / "a"), str(tmp_path / "b"), "--sizes", "3,6", "--simulations", "20"]) == 0
+    out = capsys.readouterr().out
+    assert "3 finished seeds; B:" in out and "| 3 | 3 | 0 | 0.00 |" in out and "| 6 | 6 | 6 | 1.00 |" in out
+    # errors: one line, exit status 2
+    _fake_run(tmp_path / "c" / "seed-0", "jsb-tiny", "pope", 0, [0.4])
+    assert script["main"]([str(tmp_path / "a"), str(tmp_path / "c")]) == 2
+    assert "has 1 finished runs with a value; a resampling plan needs at least 2" in capsys.readouterr().err
+    assert script["main"]([str(tmp_path / "a"), str(tmp_path / "b"), "--sizes", "4,x"]) == 2
+    assert "--sizes takes comma-separated whole numbers" in capsys.readouterr().err

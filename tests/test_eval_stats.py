@@ -107,3 +107,23 @@ def test_paired_permutation_test_is_exact_over_sign_flips():
     assert df == 2 and (low + high) / 2 == pytest.approx(2.0)
     assert (high - low) / 2 == pytest.approx(4.302652729911275 * 1.0 / 3 ** 0.5, rel=1e-9)
     assert paired_interval([1.0]) is None and paired_interval([2.0, 2.0]) is None
+
+
+def test_resampled_power_tops_each_sample_up_from_its_own_values():
+    from pope.eval.stats import resampled_power
+    # nothing added: the observed test is the only future (p = 2/35 here, so never below 0.05, always below 0.06)
+    assert resampled_power([1, 2, 3, 4], [5, 6, 7], 4, 3) == 0.0
+    assert resampled_power([1, 2, 3, 4], [5, 6, 7], 4, 3, alpha=0.06) == 1.0
+    # separated samples: any added seeds keep them apart, so 6 + 6 seeds always reach p = 2/924 < 0.05
+    assert resampled_power([1, 2, 3], [5, 6, 7], 6, 6, simulations=50) == 1.0
+    # identical samples never separate, whatever their size
+    assert resampled_power([1, 2, 3], [1, 2, 3], 8, 8, simulations=50) == 0.0
+    # overlapping samples: power grows with the number of seeds, and the estimate is seeded
+    a, b = [99.8, 99.9, 99.9, 43.4, 91.2], [27.1, 83.5, 9.8, 83.5]
+    powers = [resampled_power(a, b, n, n, simulations=200) for n in (5, 8, 12)]
+    assert powers[0] == 0.0 and 0.2 < powers[1] < powers[2] and powers[2] > 0.7
+    assert resampled_power(a, b, 8, 8, simulations=200) == powers[1]
+    with pytest.raises(ValueError, match="at least the seeds already run"):
+        resampled_power(a, b, 4, 8)
+    with pytest.raises(ValueError, match="non-empty"):
+        resampled_power([], b, 3, 8)

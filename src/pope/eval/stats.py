@@ -11,6 +11,8 @@
 * :func:`wilson_interval` — the Wilson score interval of a binomial proportion;
 * :func:`fisher_exact` — Fisher's exact two-sided test of equal proportions in two samples (e.g. lift-off rates);
 * :func:`holm_adjust` — Holm's step-down adjustment of a family of p-values (several settings tested at once);
+* :func:`resampled_power` — how often more seeds, drawn like the ones already run, would bring the permutation
+  test below α (planning a sweep, not a result);
 * :func:`student_t_quantile` — the Student t quantile behind the Welch interval (any real df > 0).
 """
 from __future__ import annotations
@@ -241,3 +243,26 @@ def paired_permutation_test(differences: list[float], *, max_exact: int = MAX_EX
     rng = random.Random(seed)
     hits = sum(abs(sum(v if rng.random() < 0.5 else -v for v in values)) >= threshold for _ in range(samples))
     return PermutationResult((1 + hits) / (1 + samples), samples, False, "sign flips")
+
+
+def resampled_power(a: list[float], b: list[float], n_a: int, n_b: int, *, alpha: float = 0.05,
+                    simulations: int = 400, test_samples: int = 2_000, seed: int = 0) -> float:
+    """The share of ``simulations`` imagined sweeps in which :func:`permutation_test` of ``n_a`` seeds against
+    ``n_b`` seeds gives p < ``alpha``: each keeps the observed values and tops each sample up to its size with
+    values drawn, with replacement, from that sample itself (a bootstrap). It assumes future seeds look like the
+    ones already run: with few seeds it only ever draws outcomes already seen, so it is a planning estimate, not
+    evidence. Each test is exact up to :data:`MAX_EXACT_SPLITS` splits, else ``test_samples`` random splits.
+    ValueError if a sample is empty or a size is below its sample's length."""
+    if not a or not b:
+        raise ValueError(f"resampled_power needs two non-empty samples, got {len(a)} and {len(b)} values")
+    if n_a < len(a) or n_b < len(b):
+        raise ValueError(f"sizes {n_a} and {n_b} must be at least the seeds already run ({len(a)} and {len(b)})")
+    if not 0 < alpha < 1 or simulations < 1:
+        raise ValueError(f"need 0 < alpha < 1 and simulations >= 1, got alpha={alpha!r}, simulations={simulations!r}")
+    rng = random.Random(seed)
+    reached = 0
+    for _ in range(simulations):
+        sample_a = [*a, *(rng.choice(a) for _ in range(n_a - len(a)))]
+        sample_b = [*b, *(rng.choice(b) for _ in range(n_b - len(b)))]
+        reached += permutation_test(sample_a, sample_b, samples=test_samples, seed=rng.randrange(2**31)).p_value < alpha
+    return reached / simulations
