@@ -17,13 +17,16 @@ from pope.eval.report import collect_run, expand_runs
 from pope.eval.stats import resampled_power
 
 
-def finished_values(path: str) -> list[float]:
-    """The headline values of the finished runs under ``path``; ValueError when fewer than two."""
-    records = [collect_run(run) for run in expand_runs([path])]
-    values = [r.value for r in records if r.finished and r.value is not None]
-    if len(values) < 2:
-        raise ValueError(f"{path} has {len(values)} finished runs with a value; a resampling plan needs at least 2")
-    return values
+def finished_values(path: str) -> tuple[str, list[float]]:
+    """(metric, headline values) of the finished runs under ``path``; ValueError when fewer than two, or when
+    they are scored by different metrics."""
+    records = [r for r in map(collect_run, expand_runs([path])) if r.finished and r.value is not None]
+    if len(records) < 2:
+        raise ValueError(f"{path} has {len(records)} finished runs with a value; a resampling plan needs at least 2")
+    metrics = sorted({str(r.metric) for r in records})
+    if len(metrics) > 1:
+        raise ValueError(f"{path} mixes runs scored by {', '.join(metrics)}: give one setting's runs")
+    return metrics[0], [float(r.value) for r in records]
 
 
 def main(argv=None) -> int:
@@ -40,7 +43,9 @@ def main(argv=None) -> int:
             sizes = sorted({int(s) for s in args.sizes.split(",")})
         except ValueError:
             raise ValueError(f"--sizes takes comma-separated whole numbers, got {args.sizes!r}") from None
-        a, b = finished_values(args.runs_a), finished_values(args.runs_b)
+        (metric_a, a), (metric_b, b) = finished_values(args.runs_a), finished_values(args.runs_b)
+        if metric_a != metric_b:
+            raise ValueError(f"{args.runs_a} is scored by {metric_a}, {args.runs_b} by {metric_b}: compare like with like")
         rows = []
         for size in sizes:
             n_a, n_b = max(size, len(a)), max(size, len(b))
@@ -49,7 +54,7 @@ def main(argv=None) -> int:
     except (ValueError, OSError) as error:
         print(f"seed_power.py: {error}", file=sys.stderr)
         return 2
-    print(f"A: {args.runs_a}, {len(a)} finished seeds; B: {args.runs_b}, {len(b)} finished seeds.")
+    print(f"{metric_a}. A: {args.runs_a}, {len(a)} finished seeds; B: {args.runs_b}, {len(b)} finished seeds.")
     print(f"Share of {args.simulations} resampled sweeps whose permutation p < {args.alpha} "
           "(new seeds drawn from each side's own values):\n")
     print("| seeds A | seeds B | new runs | P(p < alpha) |\n|---|---|---|---|")

@@ -797,3 +797,10 @@ def test_seed_power_script_plans_from_finished_runs_and_refuses_too_few(tmp_path
     assert "has 1 finished runs with a value; a resampling plan needs at least 2" in capsys.readouterr().err
     assert script["main"]([str(tmp_path / "a"), str(tmp_path / "b"), "--sizes", "4,x"]) == 2
     assert "--sizes takes comma-separated whole numbers" in capsys.readouterr().err
+    accuracy = tmp_path / "acc"
+    for seed in (0, 1):
+        _fake_run(accuracy / f"seed-{seed}", "indirect-indexing", "pope", seed, [0.4])
+        records = [{"step": 100, "kind": "eval", "test_accuracy": 0.1 * (seed + 1)}]
+        (accuracy / f"seed-{seed}" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert script["main"]([str(tmp_path / "a"), str(accuracy)]) == 2
+    assert "compare like with like" in capsys.readouterr().err
