@@ -791,6 +791,15 @@ def test_seed_power_script_plans_from_finished_runs_and_refuses_too_few(tmp_path
     assert script["main"]([str(tmp_path / "a"), str(tmp_path / "b"), "--sizes", "3,6", "--simulations", "20"]) == 0
     out = capsys.readouterr().out
     assert "3 finished seeds; B:" in out and "| 3 | 3 | 0 | 0.00 |" in out and "| 6 | 6 | 6 | 1.00 |" in out
+    # at the best-valid checkpoint: the values recorded there, here identical on both sides, so never separated
+    for side in "ab":
+        for seed in range(3):
+            summary = tmp_path / side / f"seed-{seed}" / "summary.json"
+            summary.write_text(json.dumps({**json.loads(summary.read_text()), "at_best_valid": {"test_loss": 0.5}}))
+    assert script["main"]([str(tmp_path / "a"), str(tmp_path / "b"), "--sizes", "6", "--simulations", "20",
+                           "--at-best-valid"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("last test_loss at best-valid.") and "| 6 | 6 | 6 | 0.00 |" in out
     # errors: one line, exit status 2
     _fake_run(tmp_path / "c" / "seed-0", "jsb-tiny", "pope", 0, [0.4])
     assert script["main"]([str(tmp_path / "a"), str(tmp_path / "c")]) == 2

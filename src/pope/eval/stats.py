@@ -250,8 +250,9 @@ def resampled_power(a: list[float], b: list[float], n_a: int, n_b: int, *, alpha
     """The share of ``simulations`` imagined sweeps in which :func:`permutation_test` of ``n_a`` seeds against
     ``n_b`` seeds gives p < ``alpha``: each keeps the observed values and tops each sample up to its size with
     values drawn, with replacement, from that sample itself (a bootstrap). It assumes future seeds look like the
-    ones already run: with few seeds it only ever draws outcomes already seen, so it is a planning estimate, not
-    evidence. Each test is exact up to :data:`MAX_EXACT_SPLITS` splits, else ``test_samples`` random splits.
+    ones already run: with few seeds it only ever draws outcomes already seen, and it carries the observed
+    difference forward as if it were the true one (optimistic after a lucky first sweep), so it is a planning
+    estimate, not evidence. Each test is exact up to :data:`MAX_EXACT_SPLITS` splits, else ``test_samples`` random splits.
     ValueError if a sample is empty or a size is below its sample's length."""
     if not a or not b:
         raise ValueError(f"resampled_power needs two non-empty samples, got {len(a)} and {len(b)} values")
