@@ -813,3 +813,29 @@ def test_seed_power_script_plans_from_finished_runs_and_refuses_too_few(tmp_path
         (accuracy / f"seed-{seed}" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     assert script["main"]([str(tmp_path / "a"), str(accuracy)]) == 2
     assert "compare like with like" in capsys.readouterr().err
+
+
+def test_accuracy_plots_keep_their_legends_under_the_axes_inside_the_figure(tmp_path, monkeypatch):
+    """Sixteen settings with long encoding specs (the indirect-indexing sweep's case): the accuracy-vs-step and
+    by-shift legends are drawn under the axes, where they hide no curve, and every entry lies inside the PNG."""
+    import pope.eval.report_plots as report_plots
+    from pope.eval.report import write_report
+
+    legends = _figure_legends(monkeypatch, report_plots)
+    sweeps = []
+    for index in range(16):
+        pe = "pope:softmax_scale=0.08838834764831845" if index % 2 else "pope:delta_range=wrap"
+        sweeps.append(_sweep(tmp_path / f"setting-with-a-long-name-{index}", pe, [0.1 + index / 100, 0.2],
+                             overrides=[f"recipe.lr={index + 1}e-4"], train_accuracy=[0.3, 0.3]))
+        for seed in (0, 1):
+            path = tmp_path / f"setting-with-a-long-name-{index}" / f"seed-{seed}" / "eval" / "task_accuracy.json"
+            record = json.loads(path.read_text())
+            record["splits"]["test"]["by_shift"] = {"-1": {"examples": 10, "correct": 9, "accuracy": 0.9},
+                                                    "+1": {"examples": 10, "correct": 1, "accuracy": 0.1}}
+            path.write_text(json.dumps(record))
+    _, written = write_report(sweeps, tmp_path / "report")
+    assert {"accuracy_vs_step.png", "accuracy_by_shift.png"} <= {p.name for p in written}
+    assert len(legends) == 2  # one figure legend each: accuracy vs step, then by shift
+    for box, figure, axes_bottom in legends:
+        assert box.x0 >= figure.x0 and box.x1 <= figure.x1 and box.y0 >= figure.y0, (box, figure)
+        assert box.y1 <= axes_bottom, (box, axes_bottom)

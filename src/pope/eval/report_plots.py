@@ -33,6 +33,14 @@ def setting_colour(index: int) -> str:
     return _COLOURS[index % len(_COLOURS)]
 
 
+def legend_below(fig, handles: list, labels: list[str], columns: int) -> None:
+    """One legend for the whole figure, under its panels and inside the PNG: the panels are laid out above the
+    rows the legend needs, so no entry hides a curve or is cut off at the figure's edges."""
+    legend = fig.legend(handles, labels, loc="lower center", ncol=columns, fontsize=8, frameon=False)
+    height = legend.get_window_extent(fig.canvas.get_renderer()).height / fig.bbox.height  # share of the figure
+    fig.tight_layout(rect=(0, min(0.6, height + 0.01), 1, 1))
+
+
 PAPER_SCALE_SHARE = 0.25
 """The least share of a panel's value axis that our runs must keep for the paper's marks to be drawn on it."""
 
@@ -124,10 +132,7 @@ def plot_report_lengths(records: list[RunRecord], path: Path) -> Path | None:
         ax.set_title(key, fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
     # one legend column per panel (at most 2): a 6-inch-wide single panel cannot hold two columns of long labels
-    columns = min(2, len(keys))
-    rows = -(-len(legend) // columns)
-    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=columns, fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.045 * rows + 0.02, 1, 1))
+    legend_below(fig, list(legend.values()), list(legend), columns=min(2, len(keys)))
     return finish_figure(fig, path, tight_layout=False)
 
 
@@ -141,11 +146,11 @@ def plot_accuracy_curves(records: list[RunRecord], path: Path) -> Path | None:
     if not groups:
         return None
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8, 6))
+    fig, ax = plt.subplots(figsize=(9, 4.5 + 0.2 * -(-len(groups) // 2)))
     for index, ((preset, pe, label), members) in enumerate(groups):
         colour = setting_colour(index)
         finished = sum(m.finished for m in members)
-        name = f"{pe} {_where(preset, label)} ({finished} finished, {len(members) - finished} unfinished)"
+        name = f"{short_pe_spec(pe)} {_where(preset, label)} ({finished} finished, {len(members) - finished} unfinished)"
         for number, member in enumerate(m for m in members if m.curve):
             steps, accuracy = zip(*member.curve)
             ax.plot(steps, [100 * a for a in accuracy], color=colour, alpha=0.7, lw=1.2,
@@ -156,8 +161,9 @@ def plot_accuracy_curves(records: list[RunRecord], path: Path) -> Path | None:
     ax.set_ylabel("test accuracy (%)")
     ax.grid(True, alpha=0.3)
     # Under the axes, so that no curve is hidden; report.md's tables name each setting's overrides in full.
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False)
-    return finish_figure(fig, path, title="Test accuracy vs step, every seed (dashed: unfinished)")
+    fig.suptitle("Test accuracy vs step, every seed (dashed: unfinished)")
+    legend_below(fig, *ax.get_legend_handles_labels(), columns=2)
+    return finish_figure(fig, path, tight_layout=False)
 
 
 def plot_accuracy_by_shift(records: list[RunRecord], path: Path) -> Path | None:
@@ -170,7 +176,7 @@ def plot_accuracy_by_shift(records: list[RunRecord], path: Path) -> Path | None:
     if not groups:
         return None
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(9, 4.5 + 0.2 * -(-len(groups) // 2)))
     for index, ((preset, pe, label), tables) in enumerate(groups):
         shifts = sorted(set().union(*tables))
         stats = [mean_std([100 * t[s][0] / t[s][1] for t in tables if s in t]) for s in shifts]  # (mean, std, n)
@@ -178,15 +184,17 @@ def plot_accuracy_by_shift(records: list[RunRecord], path: Path) -> Path | None:
         stds = [std or 0.0 for _, std, _ in stats]
         colour = setting_colour(index)
         ax.plot(shifts, means, color=colour, marker="o", markersize=3, lw=1.2,
-                label=f"{pe} {_where(preset, label)} (n={len(tables)})")
-        ax.fill_between(shifts, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
-                        color=colour, alpha=0.15, lw=0)
+                label=f"{short_pe_spec(pe)} {_where(preset, label)} (n={len(tables)})")
+        # the band stops at the scale's ends: an accuracy outside 0-100 % is an artefact of mean ± std
+        ax.fill_between(shifts, [max(0.0, m - s) for m, s in zip(means, stds)],
+                        [min(100.0, m + s) for m, s in zip(means, stds)], color=colour, alpha=0.15, lw=0)
     ax.axhline(100 / 52, color="gray", lw=0.8, linestyle=":", label="chance (1/52)")
     ax.set_xlabel("shift (target position − source position)")
     ax.set_ylabel("test accuracy (%)")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
-    return finish_figure(fig, path, title="Test accuracy by shift, mean ± std over finished seeds")
+    fig.suptitle("Test accuracy by shift, mean ± std over finished seeds (band clipped to 0-100 %)")
+    legend_below(fig, *ax.get_legend_handles_labels(), columns=2)
+    return finish_figure(fig, path, tight_layout=False)
 
 
 def plot_loss_curves(records: list[RunRecord], path: Path) -> Path | None:
