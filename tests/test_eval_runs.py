@@ -839,3 +839,27 @@ def test_accuracy_plots_keep_their_legends_under_the_axes_inside_the_figure(tmp_
     for box, figure, axes_bottom in legends:
         assert box.x0 >= figure.x0 and box.x1 <= figure.x1 and box.y0 >= figure.y0, (box, figure)
         assert box.y1 <= axes_bottom, (box, axes_bottom)
+
+
+def test_plain_log_ticks_label_a_short_log_axis_with_several_round_numbers():
+    """Perplexities from 62 to 160 on a log axis: matplotlib alone labels only 10^2 (and '6 × 10^1'-style minors);
+    plain_log_ticks gives several plain round labels inside the range. Over several decades it keeps the decades."""
+    from pope.files import plain_log_ticks
+    from pope.optional import pyplot
+
+    plt = pyplot()
+    fig, (short, wide) = plt.subplots(1, 2)
+    short.plot([1, 2], [62, 160])
+    wide.plot([1, 2], [1, 50_000])
+    for ax in (short, wide):
+        ax.set_yscale("log")
+        plain_log_ticks(ax.yaxis)
+    fig.canvas.draw()
+
+    def labels(ax):
+        low, high = ax.get_ylim()
+        return [t.get_text() for t in ax.yaxis.get_majorticklabels()
+                if t.get_text() and low <= t.get_position()[1] <= high]
+    assert len(labels(short)) >= 4 and all(text.replace(",", "").isdigit() for text in labels(short)), labels(short)
+    assert {"10", "100", "1,000", "10,000"} <= set(labels(wide)), labels(wide)
+    plt.close(fig)

@@ -144,6 +144,32 @@ def finish_figure(fig, path: str | os.PathLike, *, title: str = "", tight_layout
         plt.close(fig)
 
 
+def legend_below(fig, handles: list, labels: list[str], columns: int) -> None:
+    """One legend for the whole figure, under its panels and inside the PNG: the panels (and a suptitle set
+    before) are laid out above the rows the legend needs, so no entry hides a curve or is cut off at the
+    figure's edges. Finish with ``finish_figure(..., tight_layout=False)``."""
+    legend = fig.legend(handles, labels, loc="lower center", ncol=columns, fontsize=8, frameon=False)
+    height = legend.get_window_extent(fig.canvas.get_renderer()).height / fig.bbox.height  # share of the figure
+    fig.tight_layout(rect=(0, min(0.6, height + 0.01), 1, 1))
+
+
+def plain_log_ticks(axis) -> None:
+    """Plain numbers ('80', '1,500') on a log-scaled axis instead of matplotlib's '8 × 10^1'. Call it after the
+    data are drawn: over less than a decade (a perplexity from 60 to 160) the labels are about six round values
+    spread over the range, where the decade ticks alone would label one value or none; over more, the decades."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
+
+    def plain(value: float, _position) -> str:  # whole numbers with thousands separators, others to 3 digits
+        return f"{value:,.0f}" if value >= 1 and abs(value - round(value)) <= 1e-9 * value else f"{value:.3g}"
+
+    formatter = FuncFormatter(plain)
+    low, high = sorted(axis.get_view_interval())
+    if low > 0 and high / low < 10:
+        axis.set_major_locator(MaxNLocator(nbins=6))
+        axis.set_minor_formatter(NullFormatter())
+    axis.set_major_formatter(formatter)
+
+
 def check_output_dir(path: str | os.PathLike, *, what: str = "--out") -> Path:
     """Fail fast, before any work, unless ``path`` is or can become a writable directory.
 

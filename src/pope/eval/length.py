@@ -455,15 +455,15 @@ def plot_length_curves(entries: list[RunLengthResults], path, *, n_buckets: int 
     """Left: perplexity vs length (one line per run). Right: NLL per window-position bucket at the
     longest length (does the loss rise past the training length?)."""
     from pope.eval.runs import short_pe_spec
-    from pope.files import finish_figure
+    from matplotlib.ticker import NullLocator
+
+    from pope.files import finish_figure, legend_below, plain_log_ticks
     from pope.optional import pyplot
 
     plt = pyplot()
     # the legend goes under both panels (inside the left one it hid the curves of six or more runs): the figure
     # grows by one legend row per two runs
-    legend_rows = -(-len(entries) // 2)
-    height = 4.5 + 0.22 * legend_rows
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, height))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5 + 0.22 * -(-len(entries) // 2)))
     for entry in entries:
         lengths = [r.length for r in entry.results]
         legend = f"{entry.label} ({short_pe_spec(entry.pe)})"
@@ -478,14 +478,19 @@ def plot_length_curves(entries: list[RunLengthResults], path, *, n_buckets: int 
             ax.axvline(train_length, color="grey", linestyle=":", linewidth=1)
     left.set_xscale("log", base=2)
     left.set_yscale("log")
+    plain_log_ticks(left.yaxis)
+    evaluated = sorted({r.length for e in entries for r in e.results})
+    left.set_xticks(evaluated, [f"{L:,}" for L in evaluated], fontsize=8)  # the lengths run, not powers of 2
+    left.xaxis.set_minor_locator(NullLocator())
     left.set_xlabel("evaluation length L (tokens); dotted: training length")
     left.set_ylabel("perplexity")
     left.set_title("perplexity vs window length")
     right.set_xlabel(f"position in the window (L = {max(r.length for e in entries for r in e.results):,})")
     right.set_ylabel("mean NLL (nats/token)")
     right.set_title("NLL by position at the longest length")
-    fig.legend(*left.get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=8, frameon=False)
     left.grid(True, which="both", alpha=0.3)
     right.grid(True, alpha=0.3)
-    fig.tight_layout(rect=(0, (0.22 * legend_rows + 0.15) / height, 1, 1 - (0.35 / height if title else 0)))
-    return finish_figure(fig, path, title=title, tight_layout=False)
+    if title:
+        fig.suptitle(title)
+    legend_below(fig, *left.get_legend_handles_labels(), columns=2)
+    return finish_figure(fig, path, tight_layout=False)

@@ -8,7 +8,7 @@ from pathlib import Path
 from pope.eval.report import (LIFT_OFF_ACCURACY, RunRecord, by_shift_groups, finite, finished_groups, setting_groups,
                               mean_std, paper_value)
 from pope.eval.runs import short_pe_spec
-from pope.files import finish_figure
+from pope.files import finish_figure, legend_below, plain_log_ticks
 
 
 def _sweep_directory(label: str) -> str:
@@ -31,14 +31,6 @@ _COLOURS = [f"C{i}" for i in range(10)] + ["#393b79", "#637939", "#8c6d31", "#84
 def setting_colour(index: int) -> str:
     """The colour of the index-th setting of a plot (distinct for 20 settings, then repeating)."""
     return _COLOURS[index % len(_COLOURS)]
-
-
-def legend_below(fig, handles: list, labels: list[str], columns: int) -> None:
-    """One legend for the whole figure, under its panels and inside the PNG: the panels are laid out above the
-    rows the legend needs, so no entry hides a curve or is cut off at the figure's edges."""
-    legend = fig.legend(handles, labels, loc="lower center", ncol=columns, fontsize=8, frameon=False)
-    height = legend.get_window_extent(fig.canvas.get_renderer()).height / fig.bbox.height  # share of the figure
-    fig.tight_layout(rect=(0, min(0.6, height + 0.01), 1, 1))
 
 
 PAPER_SCALE_SHARE = 0.25
@@ -116,10 +108,12 @@ def plot_report_lengths(records: list[RunRecord], path: Path) -> Path | None:
     fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 4.5), squeeze=False)
     legend: dict[str, object] = {}
     for ax, key in zip(axes[0], keys):
+        evaluated: set[int] = set()
         for (preset, pe, label), members in groups:
             lengths = sorted({L for m in members for L in m.length_ppl.get(key, {})})
             if not lengths:
                 continue
+            evaluated.update(lengths)
             stats = [mean_std(finite(m.length_ppl.get(key, {}).get(L) for m in members)) for L in lengths]
             line = ax.errorbar(lengths, [s[0] for s in stats], yerr=[s[1] or 0 for s in stats], marker="o",
                                capsize=3, color=colours[(preset, pe, label)])
@@ -127,6 +121,9 @@ def plot_report_lengths(records: list[RunRecord], path: Path) -> Path | None:
                               f"(n={max(s[2] for s in stats)})", line)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        plain_log_ticks(ax.yaxis)
+        ax.set_xticks(sorted(evaluated), [f"{L:,}" for L in sorted(evaluated)], fontsize=8)  # the lengths run
+        ax.minorticks_off()
         ax.set_xlabel("evaluation length (tokens)")
         ax.set_ylabel("perplexity")
         ax.set_title(key, fontsize=9)
