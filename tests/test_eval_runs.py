@@ -863,3 +863,29 @@ def test_plain_log_ticks_label_a_short_log_axis_with_several_round_numbers():
     assert len(labels(short)) >= 4 and all(text.replace(",", "").isdigit() for text in labels(short)), labels(short)
     assert {"10", "100", "1,000", "10,000"} <= set(labels(wide)), labels(wide)
     plt.close(fig)
+
+
+def test_lift_off_plot_counts_each_finished_seed_at_its_first_evaluation_past_the_threshold(tmp_path, monkeypatch):
+    import pope.eval.report_plots as report_plots
+    from pope.eval.report import write_report
+
+    figures = {}
+    finish = report_plots.finish_figure
+    monkeypatch.setattr(report_plots, "finish_figure",
+                        lambda fig, path, **kw: figures.setdefault(Path(path).name, fig) and finish(fig, path, **kw))
+    # PoPE: finals 95, 5, 40, 6 % (evaluations at 5k and 10k; the first is 2 %), seed 4 unfinished and left out
+    pope = _sweep(tmp_path / "pope", "pope", [0.95, 0.05, 0.40, 0.06], unfinished=[4])
+    rope = _sweep(tmp_path / "rope", "rope", [0.11, 0.12])
+    _, written = write_report([pope, rope], tmp_path / "report")
+    assert "lift_off_vs_step.png" in {p.name for p in written}
+    (ax,) = figures["lift_off_vs_step.png"].axes
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert set(lines) == {"pope pope/ (2/4)", "rope rope/ (0/2)"}
+    # two of four seeds pass 20 % at their 10k evaluation: 0 % until then, 50 % from 10k to the last step run
+    assert list(lines["pope pope/ (2/4)"].get_xdata()) == [0, 10000, 10000, 10000]
+    assert list(lines["pope pope/ (2/4)"].get_ydata()) == [0, 25, 50, 50]
+    assert list(lines["rope rope/ (0/2)"].get_ydata()) == [0, 0]
+    # no test-accuracy curve (an NLL preset): no lift-off plot
+    jsb = [_fake_run(tmp_path / "jsb" / f"seed-{s}", "jsb", "pope", s, [0.5]) for s in (0, 1)]
+    _, written = write_report(jsb, tmp_path / "report-jsb")
+    assert "lift_off_vs_step.png" not in {p.name for p in written}

@@ -724,12 +724,13 @@ def write_report(runs: list[str], out_dir: str | Path, against: str | Path | Non
     markdown = report_markdown(records, against)
     out_dir = Path(out_dir)
     written = [write_text_atomic(out_dir / "report.md", markdown)]
-    from pope.eval.report_plots import (plot_accuracy_by_shift, plot_accuracy_curves, plot_loss_curves, plot_report,
-                                        plot_report_lengths)
+    from pope.eval.report_plots import (plot_accuracy_by_shift, plot_accuracy_curves, plot_lift_off_share,
+                                        plot_loss_curves, plot_report, plot_report_lengths)
 
     for plot in (plot_report(records, out_dir / "report.png"),
                  plot_report_lengths(records, out_dir / "report_length.png"),
                  plot_accuracy_curves(records, out_dir / "accuracy_vs_step.png"),
+                 plot_lift_off_share(records, out_dir / "lift_off_vs_step.png"),
                  plot_accuracy_by_shift(records, out_dir / "accuracy_by_shift.png"),
                  plot_loss_curves(records, out_dir / "loss_vs_step.png")):
         if plot is not None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pope.eval.report import (LIFT_OFF_ACCURACY, RunRecord, by_shift_groups, finite, finished_groups, setting_groups,
-                              mean_std, paper_value)
+from pope.eval.report import (LIFT_OFF_ACCURACY, RunRecord, by_shift_groups, finite, finished_groups,
+                              first_step_past_lift_off, mean_std, paper_value, setting_groups)
 from pope.eval.runs import short_pe_spec
 from pope.files import finish_figure, legend_below, plain_log_ticks
 
@@ -159,6 +159,37 @@ def plot_accuracy_curves(records: list[RunRecord], path: Path) -> Path | None:
     ax.grid(True, alpha=0.3)
     # Under the axes, so that no curve is hidden; report.md's tables name each setting's overrides in full.
     fig.suptitle("Test accuracy vs step, every seed (dashed: unfinished)")
+    legend_below(fig, *ax.get_legend_handles_labels(), columns=2)
+    return finish_figure(fig, path, tight_layout=False)
+
+
+def plot_lift_off_share(records: list[RunRecord], path: Path) -> Path | None:
+    """The share of each setting's finished seeds whose test accuracy has passed the lift-off threshold by each
+    step (their first evaluation past it; the seeds that never pass keep the line below 1), one step line per
+    setting, drawn to the last step its seeds ran. Where the accuracy curves of dozens of seeds tangle, this shows
+    what separates settings on this task: how soon and how often their seeds leave the plateau. None when no
+    finished run has a test-accuracy curve."""
+    from pope.optional import pyplot
+
+    groups = [(key, [m for m in members if m.finished and m.curve])
+              for key, members in sorted(finished_groups(records).items())]
+    groups = [(key, members) for key, members in groups if members]
+    if not groups:
+        return None
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(9, 4.5 + 0.2 * -(-len(groups) // 2)))
+    for index, ((preset, pe, label), members) in enumerate(groups):
+        last = max(m.curve[-1][0] for m in members)
+        firsts = sorted(s for s in map(first_step_past_lift_off, (m.curve for m in members)) if s is not None)
+        steps = [0, *firsts, last]
+        shares = [0.0, *[(i + 1) / len(members) for i in range(len(firsts))], len(firsts) / len(members)]
+        ax.step(steps, [100 * s for s in shares], where="post", color=setting_colour(index), lw=1.6,
+                label=f"{short_pe_spec(pe)} {_where(preset, label)} ({len(firsts)}/{len(members)})")
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"seeds past {100 * LIFT_OFF_ACCURACY:g} % test accuracy (%)")
+    ax.set_ylim(-3, 103)
+    ax.grid(True, alpha=0.3)
+    fig.suptitle(f"Lift-off: share of finished seeds past {100 * LIFT_OFF_ACCURACY:g} % by each step")
     legend_below(fig, *ax.get_legend_handles_labels(), columns=2)
     return finish_figure(fig, path, tight_layout=False)
 
