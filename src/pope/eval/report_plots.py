@@ -1,6 +1,6 @@
 """The plots of ``pope report`` (matplotlib PNGs beside report.md): the headline metric per preset × PE ×
-setting, perplexity against evaluation length, every seed's test accuracy against the step, and test accuracy
-against the indirect-indexing shift."""
+setting, perplexity against evaluation length, every seed's test accuracy against the step, the share of seeds
+lifted off by each step, test accuracy against the indirect-indexing shift, and NLL against the step."""
 from __future__ import annotations
 
 from pathlib import Path
