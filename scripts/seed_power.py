@@ -48,9 +48,11 @@ def main(argv=None) -> int:
             sizes = sorted({int(s) for s in args.sizes.split(",")})
         except ValueError:
             raise ValueError(f"--sizes takes comma-separated whole numbers, got {args.sizes!r}") from None
-        (metric_a, a), (metric_b, b) = (finished_values(path, args.at_best_valid) for path in (args.runs_a, args.runs_b))
+        (metric_a, a), (metric_b, b) = (finished_values(path, args.at_best_valid)
+                                        for path in (args.runs_a, args.runs_b))
         if metric_a != metric_b:
-            raise ValueError(f"{args.runs_a} is scored by {metric_a}, {args.runs_b} by {metric_b}: compare like with like")
+            raise ValueError(f"{args.runs_a} is scored by {metric_a}, {args.runs_b} by {metric_b}: "
+                             "compare like with like")
         rows = []
         for size in sizes:
             n_a, n_b = max(size, len(a)), max(size, len(b))

@@ -147,7 +147,8 @@ def plot_accuracy_curves(records: list[RunRecord], path: Path) -> Path | None:
     for index, ((preset, pe, label), members) in enumerate(groups):
         colour = setting_colour(index)
         finished = sum(m.finished for m in members)
-        name = f"{short_pe_spec(pe)} {_where(preset, label)} ({finished} finished, {len(members) - finished} unfinished)"
+        name = (f"{short_pe_spec(pe)} {_where(preset, label)} "
+                f"({finished} finished, {len(members) - finished} unfinished)")
         for number, member in enumerate(m for m in members if m.curve):
             steps, accuracy = zip(*member.curve)
             ax.plot(steps, [100 * a for a in accuracy], color=colour, alpha=0.7, lw=1.2,

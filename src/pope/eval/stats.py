@@ -252,8 +252,8 @@ def resampled_power(a: list[float], b: list[float], n_a: int, n_b: int, *, alpha
     values drawn, with replacement, from that sample itself (a bootstrap). It assumes future seeds look like the
     ones already run: with few seeds it only ever draws outcomes already seen, and it carries the observed
     difference forward as if it were the true one (optimistic after a lucky first sweep), so it is a planning
-    estimate, not evidence. Each test is exact up to :data:`MAX_EXACT_SPLITS` splits, else ``test_samples`` random splits.
-    ValueError if a sample is empty or a size is below its sample's length."""
+    estimate, not evidence. Each test is exact up to :data:`MAX_EXACT_SPLITS` splits, else ``test_samples``
+    random splits. ValueError if a sample is empty or a size is below its sample's length."""
     if not a or not b:
         raise ValueError(f"resampled_power needs two non-empty samples, got {len(a)} and {len(b)} values")
     if n_a < len(a) or n_b < len(b):
