@@ -816,8 +816,9 @@ def test_seed_power_script_plans_from_finished_runs_and_refuses_too_few(tmp_path
 
 
 def test_accuracy_plots_keep_their_legends_under_the_axes_inside_the_figure(tmp_path, monkeypatch):
-    """Sixteen settings with long encoding specs (the indirect-indexing sweep's case): the accuracy-vs-step and
-    by-shift legends are drawn under the axes, where they hide no curve, and every entry lies inside the PNG."""
+    """Sixteen settings with long encoding specs (the indirect-indexing sweep's case): the accuracy-vs-step,
+    lift-off and by-shift legends are drawn under the axes, where they hide no curve, and every entry lies inside
+    the PNG."""
     import pope.eval.report_plots as report_plots
     from pope.eval.report import write_report
 
@@ -834,8 +835,8 @@ def test_accuracy_plots_keep_their_legends_under_the_axes_inside_the_figure(tmp_
                                                     "+1": {"examples": 10, "correct": 1, "accuracy": 0.1}}
             path.write_text(json.dumps(record))
     _, written = write_report(sweeps, tmp_path / "report")
-    assert {"accuracy_vs_step.png", "accuracy_by_shift.png"} <= {p.name for p in written}
-    assert len(legends) == 2  # one figure legend each: accuracy vs step, then by shift
+    assert {"accuracy_vs_step.png", "lift_off_vs_step.png", "accuracy_by_shift.png"} <= {p.name for p in written}
+    assert len(legends) == 3  # one figure legend each: accuracy vs step, lift-off share, by shift
     for box, figure, axes_bottom in legends:
         assert box.x0 >= figure.x0 and box.x1 <= figure.x1 and box.y0 >= figure.y0, (box, figure)
         assert box.y1 <= axes_bottom, (box, axes_bottom)
