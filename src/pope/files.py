@@ -144,6 +144,12 @@ def finish_figure(fig, path: str | os.PathLike, *, title: str = "", tight_layout
         plt.close(fig)
 
 
+def height_with_legend_below(entries: int, columns: int = 2, *, panel: float = 4.5, row: float = 0.2) -> float:
+    """A figure's height in inches: ``panel`` for the plot, plus ``row`` for each legend row that
+    :func:`legend_below` will need for ``entries`` entries in ``columns`` columns, so the panel keeps its size."""
+    return panel + row * -(-entries // columns)
+
+
 def legend_below(fig, handles: list, labels: list[str], columns: int) -> None:
     """One legend for the whole figure, under its panels and inside the PNG: the panels (and a suptitle set
     before) are laid out above the rows the legend needs, so no entry hides a curve or is cut off at the

@@ -457,13 +457,13 @@ def plot_length_curves(entries: list[RunLengthResults], path, *, n_buckets: int 
     from pope.eval.runs import short_pe_spec
     from matplotlib.ticker import NullLocator
 
-    from pope.files import finish_figure, legend_below, plain_log_ticks
+    from pope.files import finish_figure, height_with_legend_below, legend_below, plain_log_ticks
     from pope.optional import pyplot
 
     plt = pyplot()
     # the legend goes under both panels (inside the left one it hid the curves of six or more runs): the figure
     # grows by one legend row per two runs
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5 + 0.22 * -(-len(entries) // 2)))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, height_with_legend_below(len(entries), row=0.22)))
     for entry in entries:
         lengths = [r.length for r in entry.results]
         legend = f"{entry.label} ({short_pe_spec(entry.pe)})"

@@ -8,7 +8,7 @@ from pathlib import Path
 from pope.eval.report import (LIFT_OFF_ACCURACY, RunRecord, by_shift_groups, finite, finished_groups,
                               first_step_past_lift_off, mean_std, paper_value, setting_groups)
 from pope.eval.runs import short_pe_spec
-from pope.files import finish_figure, legend_below, plain_log_ticks
+from pope.files import finish_figure, height_with_legend_below, legend_below, plain_log_ticks
 
 
 def _sweep_directory(label: str) -> str:
@@ -85,7 +85,8 @@ def plot_report(records: list[RunRecord], path: Path) -> Path | None:
             if papers:
                 ax.legend(fontsize=8)
         else:  # under the title, where no seed's dot can hide it
-            title += "\npaper (off this scale): " + ", ".join(f"{short_pe_spec(pe)} {value:.4g}" for _, pe, value in papers)
+            title += "\npaper (off this scale): " + ", ".join(f"{short_pe_spec(pe)} {value:.4g}"
+                                                             for _, pe, value in papers)
         ax.set_xticks(range(len(mine)), [pe for pe, _ in mine], rotation=20, ha="right", fontsize=8)
         ax.set_xlim(-0.6, len(mine) - 0.4)
         ax.grid(True, axis="y", alpha=0.3)
@@ -143,7 +144,7 @@ def plot_accuracy_curves(records: list[RunRecord], path: Path) -> Path | None:
     if not groups:
         return None
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(9, 4.5 + 0.2 * -(-len(groups) // 2)))
+    fig, ax = plt.subplots(figsize=(9, height_with_legend_below(len(groups))))
     for index, ((preset, pe, label), members) in enumerate(groups):
         colour = setting_colour(index)
         finished = sum(m.finished for m in members)
@@ -172,13 +173,12 @@ def plot_lift_off_share(records: list[RunRecord], path: Path) -> Path | None:
     finished run has a test-accuracy curve."""
     from pope.optional import pyplot
 
-    groups = [(key, [m for m in members if m.finished and m.curve])
-              for key, members in sorted(finished_groups(records).items())]
+    groups = [(key, [m for m in members if m.curve]) for key, members in sorted(finished_groups(records).items())]
     groups = [(key, members) for key, members in groups if members]
     if not groups:
         return None
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(9, 4.5 + 0.2 * -(-len(groups) // 2)))
+    fig, ax = plt.subplots(figsize=(9, height_with_legend_below(len(groups))))
     for index, ((preset, pe, label), members) in enumerate(groups):
         last = max(m.curve[-1][0] for m in members)
         firsts = sorted(s for s in map(first_step_past_lift_off, (m.curve for m in members)) if s is not None)
@@ -205,7 +205,7 @@ def plot_accuracy_by_shift(records: list[RunRecord], path: Path) -> Path | None:
     if not groups:
         return None
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(9, 4.5 + 0.2 * -(-len(groups) // 2)))
+    fig, ax = plt.subplots(figsize=(9, height_with_legend_below(len(groups))))
     for index, ((preset, pe, label), tables) in enumerate(groups):
         shifts = sorted(set().union(*tables))
         stats = [mean_std([100 * t[s][0] / t[s][1] for t in tables if s in t]) for s in shifts]  # (mean, std, n)
