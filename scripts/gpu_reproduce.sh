@@ -56,15 +56,19 @@
 # (checkpoints never leave the machine), so size each device command to end with results: three or four training
 # runs and their evaluation, not five plus fine-tunes, unless the next command is certain to find the machine warm
 # (it is given back 30 s after a command ends). Each fine-tune is batch 64 x 4000 tokens as 2 micro-batches of 32,
-# 500 steps (not yet timed). Two training runs side by side with their length evaluation took 294 s (ALiBi and NoPE,
-# 2026-12-04 at 631cc68). One-command units: GENOME_MORE_SEED= GENOME_MORE_FINETUNE=0 (ALiBi and NoPE),
-# GENOME_MORE_BASELINES= GENOME_MORE_THIRD=rope (RoPE seed 2 and its YaRN fine-tune), the same with
-# GENOME_MORE_THIRD=pope-d0 (PoPE d=0 and PoPE+ft), and GENOME_MORE_THIRD=pope GENOME_MORE_FINETUNE=0 (PoPE d=U);
-# each retrains its run of the third seed. It carries .device-data/genome like the genome stage.
+# 500 steps (one H100: YaRN 167 s at 278 ms a step, PoPE+ft 216 s at 372 ms). Two training runs side by side with
+# their length evaluation took 294 s (ALiBi and NoPE, 2026-12-04 at 631cc68). One-command units: GENOME_MORE_SEED=
+# GENOME_MORE_FINETUNE=0 (ALiBi and NoPE), GENOME_MORE_BASELINES= GENOME_MORE_THIRD=rope (RoPE seed 2 and its YaRN
+# fine-tune), the same with GENOME_MORE_THIRD=pope-d0 (PoPE d=0 and PoPE+ft), and GENOME_MORE_THIRD=pope
+# GENOME_MORE_FINETUNE=0 (PoPE d=U); each retrains its run of the third seed. It carries .device-data/genome like
+# the genome stage.
 # On one H100 (2026-12-05, 93efff1, MPS on): GENOME_MORE_BASELINES= GENOME_MORE_THIRD="pope rope" GENOME_MORE_FINETUNE=0
 # (two runs side by side, their length evaluation and frequency analysis) took 386 s, GENOME_MORE_THIRD=pope-d0 with
 # GENOME_MORE_FINETUNE=0 alone 224 s (given LOG_DIR=/tmp/l2 then: gpu_reproduce_bg.sh read the first unit's log as
 # the stage's end; since 2026-12-05 it starts a stage again when the settings differ from those it ended with).
+# With their fine-tunes (one H100, 2026-12-05, MPS on): GENOME_MORE_BASELINES= GENOME_MORE_THIRD=rope took 415 s
+# (3e6d378), GENOME_MORE_BASELINES= GENOME_MORE_THIRD=pope-d0 517 s (28dacc4; 183 s of training, 216 s of PoPE+ft
+# fine-tune, then the length evaluation and frequency analysis): close to the 540-s command it ran in.
 #
 # The text-ablations stage on one H200 (2026-12-04 at db3f89c, MPS on): its eight runs side by side took 140 ms a
 # step and the stage, with its length evaluation, 359 s of one command; ABLATION_SEEDS=2 (four runs, 71 ms a step)

@@ -759,6 +759,36 @@ def test_report_keeps_a_fine_tune_apart_from_the_runs_it_started_from(tmp_path):
     assert (tmp_path / "report" / "report_length.png").is_file()
 
 
+def test_report_groups_the_fine_tunes_of_a_settings_seeds_and_refuses_a_seed_twice(tmp_path, capsys):
+    """Fine-tunes of seeds 0 and 1 (each naming its own source run) are one setting of two seeds, labelled without
+    the source paths; two runs of one setting with one seed (a rerun) stop the report with one line."""
+    from pope.cli import main
+    from pope.eval.report import write_report
+
+    runs = []
+    for seed, checkpoint in ((0, "best"), (1, "best"), (1, "last")):
+        name = f"ft-{seed}-{checkpoint}"
+        runs.append(_fake_run(tmp_path / name, "jsb", "rope", seed, [0.5 + seed]))
+        config = json.loads((tmp_path / name / "config.json").read_text())
+        config["finetune"] = {"context": 128, "from": {"run": f"/somewhere/seed-{seed}", "step": 300 + seed,
+                                                       "checkpoint": f"/somewhere/seed-{seed}/checkpoints/{checkpoint}"}}
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+    markdown, _ = write_report(runs, tmp_path / "report")
+    rows = [line for line in markdown.splitlines() if line.startswith("| jsb | rope | test_nll")]
+    assert len(rows) == 2 and "/somewhere" not in markdown
+    assert any("1.0000 ± 0.7071 (n=2)" in row and "finetune.from=best" in row for row in rows)
+    assert any("1.5000 (n=1)" in row and "finetune.from=last" in row for row in rows)
+
+    rerun = _fake_run(tmp_path / "rerun", "jsb", "rope", 0, [0.7])
+    config = json.loads((tmp_path / "ft-0-best" / "config.json").read_text())
+    (tmp_path / "rerun" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="same seed 0"):
+        write_report([runs[0], rerun], tmp_path / "report2")
+    assert main(["report", runs[0], rerun, "--out", str(tmp_path / "report3")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "same seed 0" in err[0] and "Traceback" not in err[0]
+
+
 def test_paper_value_of_the_indirect_indexing_baselines():
     """The paper's baseline numbers sit beside runs of the plain baseline PE only."""
     from pope.eval.report import paper_value

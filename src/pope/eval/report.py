@@ -197,11 +197,19 @@ def paper_value(preset_name: str, pe: str) -> float | None:
     return None if encoding is None or not preset.paper else preset.paper.get(encoding)
 
 
+FINETUNE_SOURCE_KEYS = ("finetune.from.run", "finetune.from.checkpoint", "finetune.from.step")
+"""Where a fine-tune started: a path and step of one source run, so the fine-tunes of a setting's seeds differ
+in them. A setting's fingerprint keeps only which checkpoint (``finetune.from``: "best" or "last")."""
+
+
 def _setting(run_dir: Path, config: dict) -> tuple[str, str]:
-    """(label, fingerprint): the fingerprint is the config without seed and execution keys; the label names
-    the sweep directory (``pope train --seeds``) and its overrides, or, for a run outside a sweep (a single
-    run, a fine-tune), the run's own directory."""
-    fingerprint = json.dumps(setting_of(config), sort_keys=True)
+    """(label, fingerprint): the fingerprint is the config without seed, execution keys and a fine-tune's source
+    paths; the label names the sweep directory (``pope train --seeds``) and its overrides, or, for a run
+    outside a sweep (a single run, a fine-tune), the run's own directory."""
+    setting = setting_of(config)
+    if setting.get("finetune.from.checkpoint"):
+        setting["finetune.from"] = Path(str(setting["finetune.from.checkpoint"])).name
+    fingerprint = json.dumps({k: v for k, v in setting.items() if k not in FINETUNE_SOURCE_KEYS}, sort_keys=True)
     sweep_file = run_dir.parent / "sweep.json"
     if sweep_file.is_file():
         overrides = json.loads(sweep_file.read_text()).get("overrides", [])
@@ -301,12 +309,17 @@ def setting_groups(records: list[RunRecord]) -> dict[tuple[str, str, str], list[
     order (a setting's seeds may come from several RUN arguments). The label: the sweep directory and its
     overrides (or a lone run's directory), plus the config values in which this setting differs from the other
     settings of the same preset and PE (those it leaves unset, null, are not listed: a fine-tune's section is
-    named on the fine-tune's row only)."""
+    named on the fine-tune's row only). Two runs of one setting with the same seed raise ValueError."""
     by_fingerprint: dict[tuple[str, str, str], list[RunRecord]] = {}
     for record in records:
         by_fingerprint.setdefault((record.preset, record.pe, record.fingerprint), []).append(record)
     for members in by_fingerprint.values():
         members.sort(key=lambda m: (m.seed is None, m.seed or 0))
+        for first, second in zip(members, members[1:]):
+            if first.seed is not None and first.seed == second.seed:
+                raise ValueError(f"{first.run} and {second.run} are runs of one setting with the same seed "
+                                 f"{first.seed}: the report would count it twice as if independent; pass one of them "
+                                 "(compare a rerun with its original by reading both run directories)")
     labels: dict[tuple[str, str, str], list[RunRecord]] = {}
     for (preset, pe, fingerprint), members in sorted(by_fingerprint.items()):
         siblings = [json.loads(f) for (p, e, f) in by_fingerprint if (p, e) == (preset, pe)]
