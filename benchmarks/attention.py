@@ -49,6 +49,7 @@ OUT/attention_varlen.png. --varlen-only skips everything else.
 Appends to OUT/attention.csv (and OUT/decode.csv) with GPU, versions, commit and date; plots OUT/attention.png (and
 OUT/decode.png; --plot-decode [COMMIT] re-plots a decode.csv without a GPU).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,10 +62,26 @@ import sys
 import torch
 import torch.nn.functional as F
 
-SHAPES = [(8, 12, 1024, 64), (4, 16, 4096, 64), (2, 16, 8192, 64), (1, 16, 16384, 64), (4, 16, 4096, 128),
-          (2, 32, 8, 4096, 128), (1, 32, 8, 8192, 128), (2, 32, 4, 4096, 128)]  # (B, H, N, d) or (B, Hq, Hkv, N, d)
-PROVIDERS = ["sdpa", "cudnn sdpa", "flash sdpa", "rope+sdpa", "rope compiled+sdpa", "pope materialized", "pope-pytorch",
-             "pope triton"]
+SHAPES = [
+    (8, 12, 1024, 64),
+    (4, 16, 4096, 64),
+    (2, 16, 8192, 64),
+    (1, 16, 16384, 64),
+    (4, 16, 4096, 128),
+    (2, 32, 8, 4096, 128),
+    (1, 32, 8, 8192, 128),
+    (2, 32, 4, 4096, 128),
+]  # (B, H, N, d) or (B, Hq, Hkv, N, d)
+PROVIDERS = [
+    "sdpa",
+    "cudnn sdpa",
+    "flash sdpa",
+    "rope+sdpa",
+    "rope compiled+sdpa",
+    "pope materialized",
+    "pope-pytorch",
+    "pope triton",
+]
 # Providers of earlier runs whose code is gone: the atomic backward (deterministic=False, issue 22), slower than the
 # default at every shape on an H200 and removed (docs/kernels.md, "The atomic backward that lost"). Their rows in
 # committed CSVs are history: summary_from leaves them out and says how many.
@@ -72,8 +89,15 @@ REMOVED_PROVIDERS = ("pope triton atomic", "pope varlen packed atomic")
 # pope triton's fwd+bwd / sdpa's at the issue-22 baseline (31667a8, one H200), where a target is "no slower than
 # before" (the 1K-token shapes): compared as ratios to this run's sdpa, which moves less between runs than ms do.
 BEFORE_ISSUE22 = {"8x12x1024x64": (3.29, "31667a8")}
-DECODE_SHAPES = [(8, 16, 16, 1024, 64), (8, 16, 16, 4096, 64), (8, 16, 16, 16384, 64), (4, 16, 16, 65536, 64),
-                 (8, 16, 16, 16384, 128), (8, 32, 8, 16384, 128), (8, 32, 4, 16384, 64)]  # (B, Hq, Hkv, Nk, d)
+DECODE_SHAPES = [
+    (8, 16, 16, 1024, 64),
+    (8, 16, 16, 4096, 64),
+    (8, 16, 16, 16384, 64),
+    (4, 16, 16, 65536, 64),
+    (8, 16, 16, 16384, 128),
+    (8, 32, 8, 16384, 128),
+    (8, 32, 4, 16384, 64),
+]  # (B, Hq, Hkv, Nk, d)
 BASE = 10000.0
 
 
@@ -112,6 +136,7 @@ def make_provider(name, q, k, v, delta, *, autotune_pope_pytorch=False):
         def one_backend_sdpa():  # the backward runs the backend the forward chose (its autograd node)
             with sdpa_kernel(backend):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+
         return one_backend_sdpa
     if name in ("rope+sdpa", "rope compiled+sdpa"):
         cos, sin = _rope_tables(seq, head_dim, q.device, q.dtype)
@@ -128,14 +153,26 @@ def make_provider(name, q, k, v, delta, *, autotune_pope_pytorch=False):
             rotate = torch.compile(_rope_rotate, fullgraph=True, dynamic=False)
 
         def rope_sdpa():
-            return F.scaled_dot_product_attention(rotate(q, cos, sin), rotate(k, cos, sin), v, is_causal=True,
-                                                  enable_gqa=gqa)
+            return F.scaled_dot_product_attention(
+                rotate(q, cos, sin), rotate(k, cos, sin), v, is_causal=True, enable_gqa=gqa
+            )
+
         return rope_sdpa
     if name == "pope materialized":
         from pope.attention import reference_pope_attention
 
-        return lambda: reference_pope_attention(q, k, v, delta, base=BASE, causal=True, softmax_scale=head_dim ** -0.5,
-                                                q_offset=0, magnitude="softplus", rotary_dim=None)
+        return lambda: reference_pope_attention(
+            q,
+            k,
+            v,
+            delta,
+            base=BASE,
+            causal=True,
+            softmax_scale=head_dim**-0.5,
+            q_offset=0,
+            magnitude="softplus",
+            rotary_dim=None,
+        )
     if name == "pope-pytorch":
         if gqa:
             raise ValueError("pope-pytorch 0.2.1's flash_attn takes as many key/value heads as query heads (no GQA)")
@@ -166,8 +203,10 @@ def parse_shape(text: str) -> tuple:
     except ValueError:
         shape = ()
     if len(shape) not in (4, 5) or min(shape) < 1 or (len(shape) == 5 and shape[1] % shape[2]):
-        raise ValueError(f"a shape is BxHxNxd or BxHqxHkvxNxd with Hkv dividing Hq, e.g. 4x16x4096x128 or "
-                         f"2x32x8x4096x128; got {text!r}")
+        raise ValueError(
+            f"a shape is BxHxNxd or BxHqxHkvxNxd with Hkv dividing Hq, e.g. 4x16x4096x128 or "
+            f"2x32x8x4096x128; got {text!r}"
+        )
     return shape
 
 
@@ -181,8 +220,10 @@ def bench_provider(name, shape, *, autotune_pope_pytorch=False, cuda_graph=False
 
     batch, heads, kv_heads, seq, head_dim = heads_of(shape)
     torch.manual_seed(0)
-    q, k, v = (torch.randn(batch, h, seq, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-               for h in (heads, kv_heads, kv_heads))
+    q, k, v = (
+        torch.randn(batch, h, seq, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for h in (heads, kv_heads, kv_heads)
+    )
     delta = (-2 * math.pi * torch.rand(heads, head_dim, device="cuda")).requires_grad_()
     provider = make_provider(name, q, k, v, delta, autotune_pope_pytorch=autotune_pope_pytorch)
     leaves = getattr(provider, "leaves", [q, k, v, delta])
@@ -209,8 +250,15 @@ def bench_provider(name, shape, *, autotune_pope_pytorch=False, cuda_graph=False
         fwd_bwd_ms = do_bench(forward_backward, warmup=25, rep=100, grad_to_none=leaves, return_mode="median")
     pope = name.startswith("pope")
     flops_fwd, flops_fwd_bwd = attention_flops(batch, heads, seq, head_dim, pope=pope)
-    return {"shape": "x".join(map(str, shape)), "provider": name, "fwd_ms": fwd_ms, "fwd_bwd_ms": fwd_bwd_ms,
-            "peak_mb": peak_mb, "fwd_tflops": flops_fwd / fwd_ms / 1e9, "fwd_bwd_tflops": flops_fwd_bwd / fwd_bwd_ms / 1e9}
+    return {
+        "shape": "x".join(map(str, shape)),
+        "provider": name,
+        "fwd_ms": fwd_ms,
+        "fwd_bwd_ms": fwd_bwd_ms,
+        "peak_mb": peak_mb,
+        "fwd_tflops": flops_fwd / fwd_ms / 1e9,
+        "fwd_bwd_tflops": flops_fwd_bwd / fwd_bwd_ms / 1e9,
+    }
 
 
 # (name, (low, high) of the lengths drawn uniformly, or a single length) at about VARLEN_TOKENS tokens per batch.
@@ -239,27 +287,41 @@ def bench_varlen(distribution: str, lengths: list[int], n_q_heads: int, n_kv_hea
     total, batch, longest = sum(lengths), len(lengths), max(lengths)
     starts = [sum(lengths[:i]) for i in range(batch)]
     cu_seqlens = torch.tensor([0, *[s + n for s, n in zip(starts, lengths)]], dtype=torch.int32, device="cuda")
-    packed = [torch.randn(total, heads, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-              for heads in (n_q_heads, n_kv_heads, n_kv_heads)]
+    packed = [
+        torch.randn(total, heads, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for heads in (n_q_heads, n_kv_heads, n_kv_heads)
+    ]
     delta = (-2 * math.pi * torch.rand(n_q_heads, head_dim, device="cuda")).requires_grad_()
 
     def padded(x):  # (total, H, d) -> (B, H, longest, d), zeros past each sequence (a padded batch's layout)
         out = x.new_zeros(batch, longest, x.shape[1], head_dim)
         for b, (start, n) in enumerate(zip(starts, lengths)):
-            out[b, :n] = x[start:start + n]
+            out[b, :n] = x[start : start + n]
         return out.transpose(1, 2).detach().requires_grad_()
 
     padded_leaves = [padded(x) for x in packed]
     q, k, v = packed
     providers = {
-        "pope varlen packed": (lambda: pope_attention_varlen(q, k, v, delta, cu_seqlens, cu_seqlens, longest, longest,
-                                                             backend="triton"), packed),
-        "pope per-sequence calls": (lambda: torch.cat([
-            pope_attention(*(x[start:start + n].transpose(0, 1)[None] for x in packed), delta, backend="triton")[0]
-            .transpose(0, 1) for start, n in zip(starts, lengths)]), packed),
+        "pope varlen packed": (
+            lambda: pope_attention_varlen(q, k, v, delta, cu_seqlens, cu_seqlens, longest, longest, backend="triton"),
+            packed,
+        ),
+        "pope per-sequence calls": (
+            lambda: torch.cat(
+                [
+                    pope_attention(
+                        *(x[start : start + n].transpose(0, 1)[None] for x in packed), delta, backend="triton"
+                    )[0].transpose(0, 1)
+                    for start, n in zip(starts, lengths)
+                ]
+            ),
+            packed,
+        ),
         "pope padded batch": (lambda: pope_attention(*padded_leaves, delta, backend="triton"), padded_leaves),
-        "sdpa padded batch": (lambda: F.scaled_dot_product_attention(*padded_leaves, is_causal=True, enable_gqa=True),
-                              padded_leaves),
+        "sdpa padded batch": (
+            lambda: F.scaled_dot_product_attention(*padded_leaves, is_causal=True, enable_gqa=True),
+            padded_leaves,
+        ),
     }
     rows = []
     for name, (provider, leaves) in providers.items():
@@ -272,13 +334,27 @@ def bench_varlen(distribution: str, lengths: list[int], n_q_heads: int, n_kv_hea
         forward_backward()
         fwd_ms = do_bench(provider, warmup=25, rep=100, return_mode="median")
         fwd_bwd_ms = do_bench(forward_backward, warmup=25, rep=100, grad_to_none=leaves, return_mode="median")
-        rows.append({"distribution": distribution, "sequences": batch, "tokens": total, "longest": longest,
-                     "heads": f"{n_q_heads}/{n_kv_heads}", "head_dim": head_dim, "provider": name,
-                     "fwd_ms": fwd_ms, "fwd_bwd_ms": fwd_bwd_ms, "fwd_tokens_per_s": total / fwd_ms * 1e3,
-                     "fwd_bwd_tokens_per_s": total / fwd_bwd_ms * 1e3})
-        print(f"varlen {distribution:>16} {batch:3d} seqs {n_q_heads}/{n_kv_heads} d={head_dim:<3d} {name:>24}: "
-              f"fwd {fwd_ms:.3f} ms, fwd+bwd {fwd_bwd_ms:.3f} ms, {rows[-1]['fwd_bwd_tokens_per_s'] / 1e6:.2f} M "
-              f"tokens/s", flush=True)
+        rows.append(
+            {
+                "distribution": distribution,
+                "sequences": batch,
+                "tokens": total,
+                "longest": longest,
+                "heads": f"{n_q_heads}/{n_kv_heads}",
+                "head_dim": head_dim,
+                "provider": name,
+                "fwd_ms": fwd_ms,
+                "fwd_bwd_ms": fwd_bwd_ms,
+                "fwd_tokens_per_s": total / fwd_ms * 1e3,
+                "fwd_bwd_tokens_per_s": total / fwd_bwd_ms * 1e3,
+            }
+        )
+        print(
+            f"varlen {distribution:>16} {batch:3d} seqs {n_q_heads}/{n_kv_heads} d={head_dim:<3d} {name:>24}: "
+            f"fwd {fwd_ms:.3f} ms, fwd+bwd {fwd_bwd_ms:.3f} ms, {rows[-1]['fwd_bwd_tokens_per_s'] / 1e6:.2f} M "
+            f"tokens/s",
+            flush=True,
+        )
         torch.cuda.empty_cache()
     return rows
 
@@ -294,10 +370,17 @@ def plot_varlen(rows, path, title):
     fig, ax = plt.subplots(figsize=(12, 4.5))
     width = 0.8 / len(VARLEN_PROVIDERS)
     for i, provider in enumerate(VARLEN_PROVIDERS):
-        times = {f"{r['distribution']}\n{r['heads']} d={r['head_dim']}": r["fwd_bwd_ms"] for r in rows
-                 if r["provider"] == provider}
-        ax.bar([j + i * width for j in range(len(cases))], [times.get(c, float("nan")) for c in cases], width,
-               label=provider)
+        times = {
+            f"{r['distribution']}\n{r['heads']} d={r['head_dim']}": r["fwd_bwd_ms"]
+            for r in rows
+            if r["provider"] == provider
+        }
+        ax.bar(
+            [j + i * width for j in range(len(cases))],
+            [times.get(c, float("nan")) for c in cases],
+            width,
+            label=provider,
+        )
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))], cases, fontsize=8)
     ax.set_ylabel("forward+backward (ms)")
     ax.legend(fontsize=8)
@@ -332,19 +415,22 @@ def bench_decode(shape):
     phase_q = phase_q[None] - delta[:, None, :]
     mag_q = F.softplus(q.float())
     q_prime = torch.cat([mag_q * phase_q.cos(), mag_q * phase_q.sin()], dim=-1).to(dtype)
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     enable_gqa = group > 1
     approaches = {
-        "pope triton decode (raw d-channel cache)": lambda: pope_attention(q, k_cache, v_cache, delta, base=BASE,
-                                                                           causal=True, backend="triton"),
+        "pope triton decode (raw d-channel cache)": lambda: pope_attention(
+            q, k_cache, v_cache, delta, base=BASE, causal=True, backend="triton"
+        ),
         # The cache holds f(k) (d channels, content only); phases come from positions inside the kernel.
-        "pope triton decode (magnitude cache)": lambda: pope_attention(mag_q_row, mag_cache, v_cache,
-                                                                       delta, base=BASE, causal=True,
-                                                                       magnitude="identity", backend="triton"),
+        "pope triton decode (magnitude cache)": lambda: pope_attention(
+            mag_q_row, mag_cache, v_cache, delta, base=BASE, causal=True, magnitude="identity", backend="triton"
+        ),
         "pope materialized cache (2d channels) + sdpa": lambda: F.scaled_dot_product_attention(
-            q_prime, k_prime, v_cache, scale=scale, enable_gqa=enable_gqa),
+            q_prime, k_prime, v_cache, scale=scale, enable_gqa=enable_gqa
+        ),
         "rope cache (d channels) + sdpa": lambda: F.scaled_dot_product_attention(
-            q, k_cache, v_cache, scale=scale, enable_gqa=enable_gqa),
+            q, k_cache, v_cache, scale=scale, enable_gqa=enable_gqa
+        ),
     }
     reference = approaches["pope materialized cache (2d channels) + sdpa"]()
     rows = []
@@ -355,9 +441,16 @@ def bench_decode(shape):
         graph_ms = _graph_replay_ms(fn)
         cache_channels = 3 * head_dim if "2d" in name else 2 * head_dim
         cache_mb = batch * n_kv_heads * seq_k * cache_channels * 2 / 2**20
-        rows.append({"shape": "x".join(map(str, shape)), "approach": name, "ms": ms, "graph_ms": graph_ms,
-                     "cache_mb": cache_mb,
-                     "max_abs_diff_vs_materialized": error})
+        rows.append(
+            {
+                "shape": "x".join(map(str, shape)),
+                "approach": name,
+                "ms": ms,
+                "graph_ms": graph_ms,
+                "cache_mb": cache_mb,
+                "max_abs_diff_vs_materialized": error,
+            }
+        )
     return rows
 
 
@@ -383,8 +476,10 @@ def profile_provider(name, shape):
     from torch.profiler import ProfilerActivity, profile
 
     batch, heads, kv_heads, seq, head_dim = heads_of(shape)
-    q, k, v = (torch.randn(batch, h, seq, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-               for h in (heads, kv_heads, kv_heads))
+    q, k, v = (
+        torch.randn(batch, h, seq, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for h in (heads, kv_heads, kv_heads)
+    )
     delta = (-2 * math.pi * torch.rand(heads, head_dim, device="cuda")).requires_grad_()
     provider = make_provider(name, q, k, v, delta)
     grad_out = torch.randn_like(q)
@@ -403,9 +498,13 @@ def provenance() -> dict:
     from pope.provenance import commit_label, device_name, library_versions
 
     versions = library_versions()
-    return {"gpu": device_name("cuda"), "torch": versions["torch"], "triton": versions["triton"],
-            "commit": commit_label() or "unknown",
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    return {
+        "gpu": device_name("cuda"),
+        "torch": versions["torch"],
+        "triton": versions["triton"],
+        "commit": commit_label() or "unknown",
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }
 
 
 def append_csv(path, rows, meta):
@@ -431,8 +530,10 @@ def plot(rows, path):
     width = 0.8 / len(providers)
     for i, provider in enumerate(providers):
         for ax, key in zip(axes, ["fwd_bwd_ms", "peak_mb"]):
-            values = [next((r[key] for r in rows if r["shape"] == s and r["provider"] == provider), float("nan"))
-                      for s in shapes]
+            values = [
+                next((r[key] for r in rows if r["shape"] == s and r["provider"] == provider), float("nan"))
+                for s in shapes
+            ]
             ax.bar([j + i * width for j in range(len(shapes))], values, width, label=provider)
     for ax, title in zip(axes, ["forward+backward (ms, log)", "peak memory above inputs (MB)"]):
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(shapes))], shapes, rotation=15, fontsize=8)
@@ -485,8 +586,11 @@ def plot_decode_csv(path_csv, path_png, commit=None):
     if not chosen:
         raise SystemExit(f"{path_csv} has no rows of commit {commit!r}")
     first = chosen[0]
-    plot_decode(chosen, path_png, f"PoPE decode (Nq = 1 per head), bf16, {first['gpu']}, commit {commit}, "
-                                  f"{first['date']}, B x Hq x Hkv x Nk x d")
+    plot_decode(
+        chosen,
+        path_png,
+        f"PoPE decode (Nq = 1 per head), bf16, {first['gpu']}, commit {commit}, {first['date']}, B x Hq x Hkv x Nk x d",
+    )
 
 
 def verdict(value: float, limit: float, *, at_least: bool = False) -> str:
@@ -529,8 +633,10 @@ def targets(rows) -> list[str]:
             if limit is not None:
                 parts.append(f"fwd+bwd {ratio:.2f}x sdpa ({verdict(ratio, limit)}, {source})")
             elif before is not None:
-                parts.append(f"fwd+bwd {ratio:.2f}x sdpa (no slower than {before[0]:.2f}x at {before[1]}: "
-                             f"{verdict(ratio, before[0])}, issue 22)")
+                parts.append(
+                    f"fwd+bwd {ratio:.2f}x sdpa (no slower than {before[0]:.2f}x at {before[1]}: "
+                    f"{verdict(ratio, before[0])}, issue 22)"
+                )
             else:
                 parts.append(f"fwd+bwd {ratio:.2f}x sdpa ({source})")
             parts.append(f"peak mem {mem:.2f}x sdpa ({verdict(mem, 1.15)})")
@@ -540,8 +646,9 @@ def targets(rows) -> list[str]:
             ratio = ours["fwd_bwd_ms"] / by[(shape, "flash sdpa")]["fwd_bwd_ms"]
             limit, source = speed_target(shape)
             if limit is not None:
-                parts.append(f"{ratio:.2f}x flash sdpa ({verdict(ratio, limit)}, FlashAttention-2 efficiency, "
-                             f"{source})")
+                parts.append(
+                    f"{ratio:.2f}x flash sdpa ({verdict(ratio, limit)}, FlashAttention-2 efficiency, {source})"
+                )
             else:
                 parts.append(f"{ratio:.2f}x flash sdpa (no target)")
         if (shape, "cudnn sdpa") in by:
@@ -563,30 +670,52 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     parser.add_argument("--providers", default=",".join(PROVIDERS))
-    parser.add_argument("--shapes", default=None, help="e.g. 8x12x1024x64,2x32x8x4096x128 (BxHxNxd or BxHqxHkvxNxd; default: SHAPES)")
+    parser.add_argument(
+        "--shapes", default=None, help="e.g. 8x12x1024x64,2x32x8x4096x128 (BxHxNxd or BxHqxHkvxNxd; default: SHAPES)"
+    )
     parser.add_argument("--decode", action="store_true", help="also run the decode benchmark")
     parser.add_argument("--decode-only", action="store_true", help="only the decode benchmark")
     parser.add_argument("--varlen", action="store_true", help="also run the packed variable-length benchmark")
     parser.add_argument("--varlen-only", action="store_true", help="only the packed variable-length benchmark")
-    parser.add_argument("--plot-decode", nargs="?", const="", default=None, metavar="COMMIT",
-                        help="only plot OUT/decode.csv's rows of COMMIT (default: its last) to OUT/decode.png; no GPU")
-    parser.add_argument("--autograd-calling-thread", action="store_true",
-                        help="every provider's backward on the calling thread (torch.autograd."
-                             "set_multithreading_enabled(False)), not autograd's CUDA device thread; rows are "
-                             "labelled so (docs/kernels.md: eager host overhead)")
-    parser.add_argument("--cuda-graph", action="store_true",
-                        help="time CUDA-graph replays of forward and forward+backward: the GPU time without host "
-                             "overhead (rows labelled so; pope-pytorch is left out)")
+    parser.add_argument(
+        "--plot-decode",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="COMMIT",
+        help="only plot OUT/decode.csv's rows of COMMIT (default: its last) to OUT/decode.png; no GPU",
+    )
+    parser.add_argument(
+        "--autograd-calling-thread",
+        action="store_true",
+        help="every provider's backward on the calling thread (torch.autograd."
+        "set_multithreading_enabled(False)), not autograd's CUDA device thread; rows are "
+        "labelled so (docs/kernels.md: eager host overhead)",
+    )
+    parser.add_argument(
+        "--cuda-graph",
+        action="store_true",
+        help="time CUDA-graph replays of forward and forward+backward: the GPU time without host "
+        "overhead (rows labelled so; pope-pytorch is left out)",
+    )
     parser.add_argument("--pope-pytorch-autotune", action="store_true")
-    parser.add_argument("--summary-from", default=None, metavar="DIR",
-                        help="only print the tables and targets of DIR/attention.csv and DIR/attention_varlen.csv "
-                             "(all their rows: one run's --out); no GPU")
-    parser.add_argument("--profile", action="store_true",
-                        help="also write OUT/profile.txt: torch.profiler of pope triton fwd+bwd, first two shapes")
+    parser.add_argument(
+        "--summary-from",
+        default=None,
+        metavar="DIR",
+        help="only print the tables and targets of DIR/attention.csv and DIR/attention_varlen.csv "
+        "(all their rows: one run's --out); no GPU",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also write OUT/profile.txt: torch.profiler of pope triton fwd+bwd, first two shapes",
+    )
     args = parser.parse_args(argv)
     if args.plot_decode is not None:
-        plot_decode_csv(os.path.join(args.out, "decode.csv"), os.path.join(args.out, "decode.png"),
-                        args.plot_decode or None)
+        plot_decode_csv(
+            os.path.join(args.out, "decode.csv"), os.path.join(args.out, "decode.png"), args.plot_decode or None
+        )
         return
     try:
         shapes = SHAPES if args.shapes is None else [parse_shape(s) for s in args.shapes.split(",")]
@@ -618,16 +747,20 @@ def main(argv=None):
     for shape in shapes:
         for name in providers:
             try:
-                row = bench_provider(name, shape, autotune_pope_pytorch=args.pope_pytorch_autotune,
-                                     cuda_graph=args.cuda_graph)
+                row = bench_provider(
+                    name, shape, autotune_pope_pytorch=args.pope_pytorch_autotune, cuda_graph=args.cuda_graph
+                )
             except Exception as err:  # e.g. pope-pytorch not installed: say so, keep going
                 print(f"{name} {shape}: {type(err).__name__}: {str(err)[:200]}", file=sys.stderr, flush=True)
                 continue
             row["shape"] += label
             rows.append(row)
             append_csv(os.path.join(args.out, "attention.csv"), [row], meta)  # row by row: a run cut short keeps them
-            print(f"{row['shape']:>16} {name:>18}: fwd {row['fwd_ms']:.3f} ms, fwd+bwd {row['fwd_bwd_ms']:.3f} ms, "
-                  f"peak {row['peak_mb']:.0f} MB, {row['fwd_bwd_tflops']:.0f} TFLOP/s", flush=True)
+            print(
+                f"{row['shape']:>16} {name:>18}: fwd {row['fwd_ms']:.3f} ms, fwd+bwd {row['fwd_bwd_ms']:.3f} ms, "
+                f"peak {row['peak_mb']:.0f} MB, {row['fwd_bwd_tflops']:.0f} TFLOP/s",
+                flush=True,
+            )
             torch.cuda.empty_cache()
     if args.profile:
         with open(os.path.join(args.out, "profile.txt"), "w") as f:
@@ -649,15 +782,20 @@ def main(argv=None):
                 case = bench_varlen(distribution, varlen_lengths(low, high), n_q_heads, n_kv_heads, head_dim)
                 append_csv(os.path.join(args.out, "attention_varlen.csv"), case, meta)  # case by case, as above
                 varlen_rows += case
-        plot_varlen(varlen_rows, os.path.join(args.out, "attention_varlen.png"),
-                    f"PoPE packed variable-length attention, bf16 causal, ~{VARLEN_TOKENS} tokens per batch, "
-                    f"{meta['gpu']}, commit {meta['commit']}")
+        plot_varlen(
+            varlen_rows,
+            os.path.join(args.out, "attention_varlen.png"),
+            f"PoPE packed variable-length attention, bf16 causal, ~{VARLEN_TOKENS} tokens per batch, "
+            f"{meta['gpu']}, commit {meta['commit']}",
+        )
     print(f"\n{meta}")
     print("\n".join(rows_table(rows)))
     for r in decode_rows:
-        print(f"decode {r['shape']:>18} {r['approach']:>46}: {r['ms']:.4f} ms (graph {r['graph_ms']:.4f}), "
-              f"cache {r['cache_mb']:.0f} MB, "
-              f"diff {r['max_abs_diff_vs_materialized']:.1e}")
+        print(
+            f"decode {r['shape']:>18} {r['approach']:>46}: {r['ms']:.4f} ms (graph {r['graph_ms']:.4f}), "
+            f"cache {r['cache_mb']:.0f} MB, "
+            f"diff {r['max_abs_diff_vs_materialized']:.1e}"
+        )
     print("\n".join(varlen_summary(varlen_rows)))
     print("\ntargets (issues 5 and 22; ratios in this run):")
     print("\n".join(targets(rows)))
@@ -667,8 +805,10 @@ def rows_table(rows) -> list[str]:
     """Lines of a fixed-width table: shape, provider, fwd / fwd+bwd ms, peak MB, fwd+bwd TFLOP/s."""
     lines = [f"{'shape':>16} {'provider':>18} {'fwd ms':>8} {'f+b ms':>8} {'peak MB':>8} {'f+b TF/s':>8}"]
     for r in rows:
-        lines.append(f"{r['shape']:>16} {r['provider']:>18} {r['fwd_ms']:8.3f} {r['fwd_bwd_ms']:8.3f} "
-                     f"{r['peak_mb']:8.0f} {r['fwd_bwd_tflops']:8.0f}")
+        lines.append(
+            f"{r['shape']:>16} {r['provider']:>18} {r['fwd_ms']:8.3f} {r['fwd_bwd_ms']:8.3f} "
+            f"{r['peak_mb']:8.0f} {r['fwd_bwd_tflops']:8.0f}"
+        )
     return lines
 
 
@@ -678,17 +818,24 @@ def varlen_summary(rows) -> list[str]:
     lines = []
     cases = dict.fromkeys((r["distribution"], r["heads"], r["head_dim"]) for r in rows)
     for distribution, heads, head_dim in cases:
-        mine = {r["provider"]: r for r in rows if (r["distribution"], r["heads"], r["head_dim"]) ==
-                (distribution, heads, head_dim)}
+        mine = {
+            r["provider"]: r
+            for r in rows
+            if (r["distribution"], r["heads"], r["head_dim"]) == (distribution, heads, head_dim)
+        }
         for name, r in mine.items():
-            lines.append(f"varlen {distribution:>16} {heads} d={int(head_dim):<3d} {name:>26}: "
-                         f"f+b {r['fwd_bwd_ms']:8.3f} ms, {r['fwd_bwd_tokens_per_s'] / 1e6:6.2f} M tokens/s")
+            lines.append(
+                f"varlen {distribution:>16} {heads} d={int(head_dim):<3d} {name:>26}: "
+                f"f+b {r['fwd_bwd_ms']:8.3f} ms, {r['fwd_bwd_tokens_per_s'] / 1e6:6.2f} M tokens/s"
+            )
         packed = mine.get("pope varlen packed")
         if packed is None:
             continue
-        parts = [f"{packed['fwd_bwd_tokens_per_s'] / mine[name]['fwd_bwd_tokens_per_s']:.2f}x the tokens/s of "
-                 f"{name}" for name in ("pope padded batch", "pope per-sequence calls", "sdpa padded batch")
-                 if name in mine]
+        parts = [
+            f"{packed['fwd_bwd_tokens_per_s'] / mine[name]['fwd_bwd_tokens_per_s']:.2f}x the tokens/s of {name}"
+            for name in ("pope padded batch", "pope per-sequence calls", "sdpa padded batch")
+            if name in mine
+        ]
         lines.append(f"varlen {distribution} {heads} d={head_dim}: packed " + ", ".join(parts))
     return lines
 
@@ -718,16 +865,20 @@ def summary_from(directory: str) -> list[str]:
             continue
         rows = read_csv_rows(path)
         first = rows[0] if rows else {}
-        lines.append(f"{path}: {len(rows)} rows; {first.get('gpu')}, torch {first.get('torch')}, triton "
-                     f"{first.get('triton')}, commit {first.get('commit')}, {first.get('date')}")
+        lines.append(
+            f"{path}: {len(rows)} rows; {first.get('gpu')}, torch {first.get('torch')}, triton "
+            f"{first.get('triton')}, commit {first.get('commit')}, {first.get('date')}"
+        )
         removed = {}
         for row in rows:
             if row["provider"] in REMOVED_PROVIDERS:
                 removed[row["provider"]] = removed.get(row["provider"], 0) + 1
         if removed:
             rows = [row for row in rows if row["provider"] not in REMOVED_PROVIDERS]
-            lines.append("  left out (removed providers, docs/kernels.md): "
-                         + ", ".join(f"{name!r} ({n} rows)" for name, n in removed.items()))
+            lines.append(
+                "  left out (removed providers, docs/kernels.md): "
+                + ", ".join(f"{name!r} ({n} rows)" for name, n in removed.items())
+            )
         if name == "attention.csv":
             # (kept short: the device output's tail; every provider's row is in the run's output and the CSV)
             lines += rows_table([r for r in rows if r["provider"] in ("sdpa", "pope triton")])

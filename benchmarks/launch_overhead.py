@@ -6,6 +6,7 @@ SDPA and for pope_attention(backend="triton"), then the cProfile functions where
 
     PYTHONPATH=src python benchmarks/launch_overhead.py [--calls 300]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,10 @@ def main(argv=None):
     from pope.attention import pope_attention
 
     batch, heads, seq, head_dim = (int(x) for x in args.shape.split("x"))
-    q, k, v = (torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-               for _ in range(3))
+    q, k, v = (
+        torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for _ in range(3)
+    )
     delta = (-2 * math.pi * torch.rand(heads, head_dim, device="cuda")).requires_grad_()
     grad = torch.randn_like(q)
     calls = {
@@ -59,29 +62,44 @@ def main(argv=None):
             forward = per_call_ms(fn, args.calls)
         both = per_call_ms(lambda: torch.autograd.backward(fn(), grad), args.calls)  # noqa: B023
         host = per_call_ms(lambda: torch.autograd.backward(fn(), grad), args.calls, host_only=True)  # noqa: B023
-        print(f"{name:>12}: forward {forward:.3f} ms, forward+backward {both:.3f} ms "
-              f"(host time before the final synchronize: {host:.3f} ms)")
+        print(
+            f"{name:>12}: forward {forward:.3f} ms, forward+backward {both:.3f} ms "
+            f"(host time before the final synchronize: {host:.3f} ms)"
+        )
     # The layers of a PoPE call, innermost first: one Triton launch, the launchers, the custom operators.
-    from pope import ops
     import pope.kernels as kernels
+    from pope import ops
     from pope.kernels import configs, direct_launch, prepass
     from pope.settings import SETTINGS
 
     theta = kernels.frequencies(head_dim, 10000.0, q.device)
-    opts = dict(causal=True, softmax_scale=head_dim ** -0.5, q_offset=0, magnitude="softplus")
+    opts = dict(causal=True, softmax_scale=head_dim**-0.5, q_offset=0, magnitude="softplus")
     out, lse = kernels.forward(q.detach(), k.detach(), v.detach(), delta.detach(), theta, **opts)
     layers = {
-        "one transform launch": lambda: kernels.transform(k.detach(), theta, None, position_offset=0,
-                                                             magnitude="softplus"),
-        "kernels.forward": lambda: kernels.forward(q.detach(), k.detach(), v.detach(), delta.detach(), theta,
-                                                         **opts),
-        "kernels.backward": lambda: kernels.backward(grad, q.detach(), k.detach(), v.detach(), delta.detach(),
-                                                           out, lse, theta, **opts),
-        "custom op forward": lambda: ops.flash_attention_forward(q.detach(), k.detach(), v.detach(), delta.detach(),
-                                                                 theta, True, head_dim ** -0.5, 0, "softplus"),
-        "custom op backward": lambda: ops.flash_attention_backward(grad, q.detach(), k.detach(), v.detach(),
-                                                                   delta.detach(), out, lse, theta, True,
-                                                                   head_dim ** -0.5, 0, "softplus"),
+        "one transform launch": lambda: kernels.transform(
+            k.detach(), theta, None, position_offset=0, magnitude="softplus"
+        ),
+        "kernels.forward": lambda: kernels.forward(q.detach(), k.detach(), v.detach(), delta.detach(), theta, **opts),
+        "kernels.backward": lambda: kernels.backward(
+            grad, q.detach(), k.detach(), v.detach(), delta.detach(), out, lse, theta, **opts
+        ),
+        "custom op forward": lambda: ops.flash_attention_forward(
+            q.detach(), k.detach(), v.detach(), delta.detach(), theta, True, head_dim**-0.5, 0, "softplus"
+        ),
+        "custom op backward": lambda: ops.flash_attention_backward(
+            grad,
+            q.detach(),
+            k.detach(),
+            v.detach(),
+            delta.detach(),
+            out,
+            lse,
+            theta,
+            True,
+            head_dim**-0.5,
+            0,
+            "softplus",
+        ),
     }
     for name, fn in layers.items():
         print(f"{name:>22}: {per_call_ms(fn, args.calls):.3f} ms")
@@ -95,38 +113,76 @@ def main(argv=None):
             for raw in (False, True):
                 SETTINGS.raw_launch = raw
                 SETTINGS.caches.direct_launches.clear()
-                timings[raw].append((per_call_ms(layers["custom op forward"], args.calls, host_only=True),
-                                     per_call_ms(layers["custom op backward"], args.calls, host_only=True)))
+                timings[raw].append(
+                    (
+                        per_call_ms(layers["custom op forward"], args.calls, host_only=True),
+                        per_call_ms(layers["custom op backward"], args.calls, host_only=True),
+                    )
+                )
     for raw, label in ((False, "Triton's launcher"), (True, "C launcher, kept TMA encodings")):
-        (fwd_min, fwd_median), (bwd_min, bwd_median) = ((min(t[i] for t in timings[raw]),
-                                                         statistics.median(t[i] for t in timings[raw])) for i in (0, 1))
-        print(f"custom ops, direct launches via {label}: forward {fwd_min:.3f} ms (median {fwd_median:.3f}), "
-              f"backward {bwd_min:.3f} ms (median {bwd_median:.3f}) host, min over 10 rounds")
+        (fwd_min, fwd_median), (bwd_min, bwd_median) = (
+            (min(t[i] for t in timings[raw]), statistics.median(t[i] for t in timings[raw])) for i in (0, 1)
+        )
+        print(
+            f"custom ops, direct launches via {label}: forward {fwd_min:.3f} ms (median {fwd_median:.3f}), "
+            f"backward {bwd_min:.3f} ms (median {bwd_median:.3f}) host, min over 10 rounds"
+        )
     # Triton's per-launch Python path (binder, cache key, checks) against calling the compiled kernel directly.
     x = k.detach()
     out_buffer = torch.empty(*x.shape[:3], 2 * head_dim, device=x.device, dtype=x.dtype)
     grid = (triton_cdiv(seq, configs.TRANSFORM_ROWS), batch * heads)
     # Keys unused (n_programs = every program is a query-side one): the arguments the launcher passes for them.
-    positional = (x, theta, theta, out_buffer, *x.stride()[:3], heads, seq, 0, batch * heads,
-                  x, out_buffer, *x.stride()[:3], heads, seq)
-    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=head_dim, BLOCK_R=configs.TRANSFORM_ROWS, HAS_DELTA=False,
-                      MAGNITUDE=0)
+    positional = (
+        x,
+        theta,
+        theta,
+        out_buffer,
+        *x.stride()[:3],
+        heads,
+        seq,
+        0,
+        batch * heads,
+        x,
+        out_buffer,
+        *x.stride()[:3],
+        heads,
+        seq,
+    )
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=head_dim, BLOCK_R=configs.TRANSFORM_ROWS, HAS_DELTA=False, MAGNITUDE=0)
     compiled = prepass._pope_transform_kernel[grid](*positional, **constexprs, num_warps=4)
     ordered = positional + tuple(constexprs.values())
     direct_grid = (*grid, 1)
-    print(f"{'transform via run()':>22}: {per_call_ms(lambda: prepass._pope_transform_kernel[grid](*positional, **constexprs, num_warps=4), args.calls, host_only=True):.4f} ms host")
-    print(f"{'transform compiled[]':>22}: {per_call_ms(lambda: compiled[direct_grid](*ordered), args.calls, host_only=True):.4f} ms host")
-    print(f"{'torch.empty x1':>22}: {per_call_ms(lambda: torch.empty(16, device=x.device), args.calls, host_only=True):.4f} ms host")
+    print(
+        f"{'transform via run()':>22}: {per_call_ms(lambda: prepass._pope_transform_kernel[grid](*positional, **constexprs, num_warps=4), args.calls, host_only=True):.4f} ms host"
+    )
+    print(
+        f"{'transform compiled[]':>22}: {per_call_ms(lambda: compiled[direct_grid](*ordered), args.calls, host_only=True):.4f} ms host"
+    )
+    print(
+        f"{'torch.empty x1':>22}: {per_call_ms(lambda: torch.empty(16, device=x.device), args.calls, host_only=True):.4f} ms host"
+    )
     # Eager pope_attention through the custom operators' autograd instead of the autograd.Function.
     SETTINGS.eager_autograd_function = False
     both = per_call_ms(lambda: torch.autograd.backward(calls["pope triton"](), grad), args.calls)
     SETTINGS.eager_autograd_function = True
     print(f"{'via custom-op autograd':>22}: forward+backward {both:.3f} ms")
     # Where the host time of one eager fwd+bwd goes, by wall clock (no profiler): each layer's inclusive time.
-    segments = {name: 0.0 for name in ("pope_attention (forward)", "_check_inputs", "_triton_unsupported_reason",
-                                       "ops.triton_pope_attention", "ops._forward", "kernels.forward",
-                                       "autograd.backward", "ops._backward_kernels", "kernels.backward",
-                                       "kernel launches (forward)", "kernel launches (backward)")}
+    segments = {
+        name: 0.0
+        for name in (
+            "pope_attention (forward)",
+            "_check_inputs",
+            "_triton_unsupported_reason",
+            "ops.triton_pope_attention",
+            "ops._forward",
+            "kernels.forward",
+            "autograd.backward",
+            "ops._backward_kernels",
+            "kernels.backward",
+            "kernel launches (forward)",
+            "kernel launches (backward)",
+        )
+    }
 
     def timed(owner, attribute, name):
         original = getattr(owner, attribute)
@@ -137,16 +193,21 @@ def main(argv=None):
                 return original(*a, **kw)
             finally:
                 segments[name] += time.perf_counter() - start
+
         setattr(owner, attribute, wrapper)
         return original
 
     import pope.attention as attention_module
 
-    patches = [(ops, "_forward", "ops._forward"), (ops, "_backward_kernels", "ops._backward_kernels"),
-               (kernels, "forward", "kernels.forward"), (kernels, "backward", "kernels.backward"),
-               (attention_module, "_check_inputs", "_check_inputs"),
-               (attention_module, "_triton_unsupported_reason", "_triton_unsupported_reason"),
-               (ops, "triton_pope_attention", "ops.triton_pope_attention")]
+    patches = [
+        (ops, "_forward", "ops._forward"),
+        (ops, "_backward_kernels", "ops._backward_kernels"),
+        (kernels, "forward", "kernels.forward"),
+        (kernels, "backward", "kernels.backward"),
+        (attention_module, "_check_inputs", "_check_inputs"),
+        (attention_module, "_triton_unsupported_reason", "_triton_unsupported_reason"),
+        (ops, "triton_pope_attention", "ops.triton_pope_attention"),
+    ]
     originals = [(owner, attribute, timed(owner, attribute, name)) for owner, attribute, name in patches]
     # Every kernel launch goes through direct_launch.launch: count it under the pass it is called from.
     launch = direct_launch.launch
@@ -158,7 +219,9 @@ def main(argv=None):
             return launch(*a, **kw)
         finally:
             segments["kernel launches (backward)" if in_backward[0] else "kernel launches (forward)"] += (
-                time.perf_counter() - start)
+                time.perf_counter() - start
+            )
+
     direct_launch.launch = launch_timed
     backward_layer = kernels.backward
 
@@ -168,6 +231,7 @@ def main(argv=None):
             return backward_layer(*a, **kw)
         finally:
             in_backward[0] = False
+
     kernels.backward = backward_flagged
     originals.append((direct_launch, "launch", launch))
     originals.append((kernels, "backward", originals[3][2]))

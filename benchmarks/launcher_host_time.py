@@ -6,6 +6,7 @@ without a GPU (the GPU machine's host is too noisy to see changes of tens of mic
 Prints microseconds per call at 8x12x1024x64 bf16, causal, without delta (delta's gradient adds a CPU reduction
 that a GPU does on the device).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,13 +26,16 @@ def main(argv=None) -> None:
     batch, heads, seq, head_dim = 8, 12, 1024, 64
     q, k, v, do = (torch.randn(batch, heads, seq, head_dim, dtype=torch.bfloat16) for _ in range(4))
     theta = kernels.frequencies(head_dim, 10000.0, "cpu")
-    options = dict(causal=True, softmax_scale=head_dim ** -0.5, q_offset=0, magnitude="softplus")
+    options = dict(causal=True, softmax_scale=head_dim**-0.5, q_offset=0, magnitude="softplus")
     out, lse = kernels.forward(q, k, v, None, theta, **options)
     forward_us = timeit.timeit(lambda: kernels.forward(q, k, v, None, theta, **options), number=args.calls)
-    backward_us = timeit.timeit(lambda: kernels.backward(do, q, k, v, None, out, lse, theta, **options),
-                                number=args.calls)
-    print(f"launcher host time, launches mocked: forward {forward_us / args.calls * 1e6:.1f} us, "
-          f"backward {backward_us / args.calls * 1e6:.1f} us per call")
+    backward_us = timeit.timeit(
+        lambda: kernels.backward(do, q, k, v, None, out, lse, theta, **options), number=args.calls
+    )
+    print(
+        f"launcher host time, launches mocked: forward {forward_us / args.calls * 1e6:.1f} us, "
+        f"backward {backward_us / args.calls * 1e6:.1f} us per call"
+    )
 
 
 if __name__ == "__main__":

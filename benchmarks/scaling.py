@@ -25,6 +25,7 @@ Efficiency at world size W = (tokens/s per GPU at W) / (tokens/s at world size 1
 (preset, pe, parallel, gpu, commit); the plot and table use the last row of each world size. Two world-size-1
 rows in a group (run it twice) give the table the GPU's own run-to-run loss difference to judge the others by.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -73,23 +74,46 @@ def measure(args, pe: str, context) -> dict:
     total_steps = args.warmup + args.steps
     seed_everything(config.seed)
     tokens = synthetic_tokens(config.model.vocab_size, max(4 * SYNTHETIC_PERIOD, 2 * recipe.seq_len + 2), args.seed)
-    batches = WindowBatches(tokens, recipe.seq_len, global_batch=recipe.batch_size, micro_steps=recipe.grad_accum,
-                            seed=config.seed, shard=Shard(context.rank, context.world_size), device=device,
-                            source="synthetic tokens")
+    batches = WindowBatches(
+        tokens,
+        recipe.seq_len,
+        global_batch=recipe.batch_size,
+        micro_steps=recipe.grad_accum,
+        seed=config.seed,
+        shard=Shard(context.rank, context.world_size),
+        device=device,
+        source="synthetic tokens",
+    )
     model = GPT(config.model).to(device)
     strategy = make_strategy(context, args.parallel)
     train_model = strategy.wrap(model)
-    schedule = WarmupDecaySchedule(recipe.lr, recipe.min_lr, min(recipe.warmup_steps, total_steps), total_steps,
-                                   recipe.lr_decay)
-    optimizer = build_optimizer(model, lr=schedule(0), betas=(recipe.beta1, recipe.beta2),
-                                weight_decay=recipe.weight_decay, decay_params=recipe.weight_decay_params, fused=cuda)
+    schedule = WarmupDecaySchedule(
+        recipe.lr, recipe.min_lr, min(recipe.warmup_steps, total_steps), total_steps, recipe.lr_decay
+    )
+    optimizer = build_optimizer(
+        model,
+        lr=schedule(0),
+        betas=(recipe.beta1, recipe.beta2),
+        weight_decay=recipe.weight_decay,
+        decay_params=recipe.weight_decay_params,
+        fused=cuda,
+    )
     compiled = cuda if args.compile is None else args.compile
     if compiled:
         train_model = torch.compile(train_model)
     autocast = torch.bfloat16 if cuda else None
-    step = EagerStep(model=model, train_model=train_model, strategy=strategy, optimizer=optimizer, schedule=schedule,
-                     batches=batches, micro_steps=recipe.grad_accum, grad_clip=recipe.grad_clip, device=device,
-                     autocast_dtype=autocast)
+    step = EagerStep(
+        model=model,
+        train_model=train_model,
+        strategy=strategy,
+        optimizer=optimizer,
+        schedule=schedule,
+        batches=batches,
+        micro_steps=recipe.grad_accum,
+        grad_clip=recipe.grad_clip,
+        device=device,
+        autocast_dtype=autocast,
+    )
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
     losses = [step(s) for s in range(args.warmup)]
@@ -107,14 +131,28 @@ def measure(args, pe: str, context) -> dict:
     peak_mb = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else float("nan")
     peaks = all_gather_object(peak_mb)  # every rank's
     tokens_per_s = recipe.batch_size * recipe.seq_len * args.steps / float(elapsed)
-    row = {"preset": args.preset, "pe": pe, "parallel": args.parallel, "strategy": strategy.name,
-           "world_size": context.world_size, "global_batch": recipe.batch_size, "seq_len": recipe.seq_len,
-           "grad_accum": recipe.grad_accum, "micro_batch": batches.micro_batch, "params": model.num_params(),
-           "compile": compiled, "autocast": str(autocast), "warmup": args.warmup, "steps": args.steps,
-           "ms_per_step": 1000 * float(elapsed) / args.steps, "tokens_per_s": tokens_per_s,
-           "tokens_per_s_per_gpu": tokens_per_s / context.world_size, "peak_mb_per_gpu": max(peaks),
-           "peak_mb_ranks": ";".join(f"{p:.0f}" for p in peaks),
-           "losses": " ".join(f"{x:.7g}" for x in global_losses[: args.loss_steps])}
+    row = {
+        "preset": args.preset,
+        "pe": pe,
+        "parallel": args.parallel,
+        "strategy": strategy.name,
+        "world_size": context.world_size,
+        "global_batch": recipe.batch_size,
+        "seq_len": recipe.seq_len,
+        "grad_accum": recipe.grad_accum,
+        "micro_batch": batches.micro_batch,
+        "params": model.num_params(),
+        "compile": compiled,
+        "autocast": str(autocast),
+        "warmup": args.warmup,
+        "steps": args.steps,
+        "ms_per_step": 1000 * float(elapsed) / args.steps,
+        "tokens_per_s": tokens_per_s,
+        "tokens_per_s_per_gpu": tokens_per_s / context.world_size,
+        "peak_mb_per_gpu": max(peaks),
+        "peak_mb_ranks": ";".join(f"{p:.0f}" for p in peaks),
+        "losses": " ".join(f"{x:.7g}" for x in global_losses[: args.loss_steps]),
+    }
     del step, optimizer, train_model, model
     gc.collect()
     if cuda:
@@ -155,12 +193,18 @@ def efficiency_table(rows: list[dict]) -> list[dict]:
         noise = _loss_difference(ones[-2], base) if len(ones) > 1 else float("nan")
         for size in sorted(by_size):
             row = by_size[size][-1]
-            table.append({**dict(zip(GROUP_KEYS, key)), "world_size": size,
-                          "tokens_per_s_per_gpu": float(row["tokens_per_s_per_gpu"]),
-                          "efficiency": float(row["tokens_per_s_per_gpu"]) / float(base["tokens_per_s"]),
-                          "peak_mb_per_gpu": float(row["peak_mb_per_gpu"]),
-                          "loss_max_rel_diff": _loss_difference(row, base), "loss_noise": noise,
-                          "loss_steps_compared": min(len(row["losses"].split()), len(base["losses"].split()))})
+            table.append(
+                {
+                    **dict(zip(GROUP_KEYS, key)),
+                    "world_size": size,
+                    "tokens_per_s_per_gpu": float(row["tokens_per_s_per_gpu"]),
+                    "efficiency": float(row["tokens_per_s_per_gpu"]) / float(base["tokens_per_s"]),
+                    "peak_mb_per_gpu": float(row["peak_mb_per_gpu"]),
+                    "loss_max_rel_diff": _loss_difference(row, base),
+                    "loss_noise": noise,
+                    "loss_steps_compared": min(len(row["losses"].split()), len(base["losses"].split())),
+                }
+            )
     return table
 
 
@@ -183,8 +227,13 @@ def plot(table: list[dict], path: str) -> None:
         axes[0].axhline(target, color="grey", linestyle="--", linewidth=0.8)
         axes[0].text(1, target - 0.04, label, fontsize=7, color="grey")
     gpus = sorted({row["gpu"] for row in table})
-    axes[0].set(xlabel="world size (GPUs)", ylabel="scaling efficiency vs 1 GPU", xscale="log", ylim=(0, 1.1),
-                title="tokens/s per GPU / tokens/s on 1 GPU")
+    axes[0].set(
+        xlabel="world size (GPUs)",
+        ylabel="scaling efficiency vs 1 GPU",
+        xscale="log",
+        ylim=(0, 1.1),
+        title="tokens/s per GPU / tokens/s on 1 GPU",
+    )
     axes[1].set(xlabel="world size (GPUs)", ylabel="tokens/s per GPU", xscale="log", title=", ".join(gpus))
     for ax in axes:
         sizes = sorted({row["world_size"] for row in table})
@@ -197,29 +246,43 @@ def plot(table: list[dict], path: str) -> None:
 
 
 def print_table(table: list[dict]) -> None:
-    print(f"{'preset':<12}{'pe':<22}{'parallel':<9}{'GPUs':>5}{'tok/s/GPU':>12}{'eff':>7}{'peak MiB':>10}"
-          f"{'loss rel diff':>15}{'1-GPU noise':>13}")
+    print(
+        f"{'preset':<12}{'pe':<22}{'parallel':<9}{'GPUs':>5}{'tok/s/GPU':>12}{'eff':>7}{'peak MiB':>10}"
+        f"{'loss rel diff':>15}{'1-GPU noise':>13}"
+    )
     for r in table:
-        print(f"{r['preset']:<12}{r['pe']:<22}{r['parallel']:<9}{r['world_size']:>5}{r['tokens_per_s_per_gpu']:>12.0f}"
-              f"{r['efficiency']:>7.3f}{r['peak_mb_per_gpu']:>10.0f}{r['loss_max_rel_diff']:>15.2e}"
-              f"{r['loss_noise']:>13.2e}")
+        print(
+            f"{r['preset']:<12}{r['pe']:<22}{r['parallel']:<9}{r['world_size']:>5}{r['tokens_per_s_per_gpu']:>12.0f}"
+            f"{r['efficiency']:>7.3f}{r['peak_mb_per_gpu']:>10.0f}{r['loss_max_rel_diff']:>15.2e}"
+            f"{r['loss_noise']:>13.2e}"
+        )
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="owt-124m")
     parser.add_argument("--parallel", default="ddp", choices=("ddp", "fsdp"))
-    parser.add_argument("--pe", action="append", default=None, help="positional encoding spec, repeatable "
-                        "(default: pope and rope)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="model./recipe. override, as pope train --set (e.g. recipe.grad_accum=4)")
+    parser.add_argument(
+        "--pe", action="append", default=None, help="positional encoding spec, repeatable (default: pope and rope)"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="model./recipe. override, as pope train --set (e.g. recipe.grad_accum=4)",
+    )
     parser.add_argument("--steps", type=int, default=20, help="timed steps after the warm-up")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first (compilation happens here)")
     parser.add_argument("--loss-steps", type=int, default=25, help="how many first steps' losses the row keeps")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                        help="torch.compile the model (default: on CUDA, as the trainer does)")
+    parser.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="torch.compile the model (default: on CUDA, as the trainer does)",
+    )
     parser.add_argument("--out", default=RESULTS, help="folder of scaling.csv (and scaling.png)")
     parser.add_argument("--plot", action="store_true", help="only print the efficiency table and draw OUT/scaling.png")
     args = parser.parse_args(argv)
@@ -239,16 +302,25 @@ def main(argv=None) -> int:
     context = setup_distributed(args.device)
     try:
         stamp = provenance(context.device)
-        meta = {"gpu": stamp["device"], "torch": stamp["torch"], "triton": stamp["triton"],
-                "commit": stamp["git_commit"] or "unknown", "date": stamp["date_utc"], "command": stamp["command"]}
+        meta = {
+            "gpu": stamp["device"],
+            "torch": stamp["torch"],
+            "triton": stamp["triton"],
+            "commit": stamp["git_commit"] or "unknown",
+            "date": stamp["date_utc"],
+            "command": stamp["command"],
+        }
         rows = []
         for pe in args.pe or ["pope", "rope"]:
             row = measure(args, pe, context)
             rows.append(row)
             if context.is_main:
-                print(f"{row['preset']} {pe} {row['strategy']} x{row['world_size']}: {row['ms_per_step']:.1f} ms/step, "
-                      f"{row['tokens_per_s']:.0f} tokens/s ({row['tokens_per_s_per_gpu']:.0f} per GPU), peak "
-                      f"{row['peak_mb_per_gpu']:.0f} MiB/GPU", flush=True)
+                print(
+                    f"{row['preset']} {pe} {row['strategy']} x{row['world_size']}: {row['ms_per_step']:.1f} ms/step, "
+                    f"{row['tokens_per_s']:.0f} tokens/s ({row['tokens_per_s_per_gpu']:.0f} per GPU), peak "
+                    f"{row['peak_mb_per_gpu']:.0f} MiB/GPU",
+                    flush=True,
+                )
         if context.is_main:
             os.makedirs(args.out, exist_ok=True)
             append_csv(csv_path, rows, meta)

@@ -19,6 +19,7 @@ first) to see how much running their kernels side by side buys. Each row records
 Prints a table; appends one row per K to OUT/sweep_throughput.csv with GPU, torch/triton versions, commit
 (POPE_GIT_COMMIT or git), date and command. The best K is what pope.train.sweep.DEFAULT_JOBS_PER_GPU should be.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -72,11 +73,30 @@ class StepClock:
 
 def measure(k: int, args, workdir: Path, max_steps: int) -> dict:
     out = workdir / f"k{k}"
-    command = [sys.executable, "-m", "pope.cli", "train", args.preset, "--pe", args.pe, "--seeds", f"0-{k - 1}",
-               "--jobs-per-gpu", str(k), "--jobs", str(k), "--out", str(out)]
+    command = [
+        sys.executable,
+        "-m",
+        "pope.cli",
+        "train",
+        args.preset,
+        "--pe",
+        args.pe,
+        "--seeds",
+        f"0-{k - 1}",
+        "--jobs-per-gpu",
+        str(k),
+        "--jobs",
+        str(k),
+        "--out",
+        str(out),
+    ]
     given = {item.partition("=")[0].strip() for item in args.set}
-    own = [f"train.log_interval={args.log_interval}", "recipe.eval_interval=100000000",
-           "train.checkpoint_interval=100000000", "train.tensorboard=false"]
+    own = [
+        f"train.log_interval={args.log_interval}",
+        "recipe.eval_interval=100000000",
+        "train.checkpoint_interval=100000000",
+        "train.tensorboard=false",
+    ]
     for item in [*(o for o in own if o.partition("=")[0] not in given), *args.set]:  # a key may be given once
         command += ["--set", item]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
@@ -110,9 +130,14 @@ def measure(k: int, args, workdir: Path, max_steps: int) -> dict:
     steps = [clock.step_at(window_end) - clock.step_at(window_start) for clock in clocks]
     seconds = window_end - window_start
     throughput = sum(steps) / seconds
-    return {"processes": k, "window_s": round(seconds, 2), "startup_s": round(window_start - started, 1),
-            "ms_per_step_per_process": round(1000 * seconds * k / sum(steps), 3),
-            "steps_per_s": round(throughput, 1), "seed_runs_per_hour": round(throughput * 3600 / max_steps, 2)}
+    return {
+        "processes": k,
+        "window_s": round(seconds, 2),
+        "startup_s": round(window_start - started, 1),
+        "ms_per_step_per_process": round(1000 * seconds * k / sum(steps), 3),
+        "steps_per_s": round(throughput, 1),
+        "seed_runs_per_hour": round(throughput * 3600 / max_steps, 2),
+    }
 
 
 def main() -> int:
@@ -129,9 +154,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from pope.provenance import cuda_mps_active, provenance
-    from pope.train.sweep import resolved_config
-
-    from pope.train.sweep import visible_gpus
+    from pope.train.sweep import resolved_config, visible_gpus
 
     gpus = visible_gpus(args.set)
     args.gpu = gpus[0] if gpus else None
@@ -146,19 +169,34 @@ def main() -> int:
             rows.append(row)
             print(json.dumps(row), flush=True)
     base = rows[0]["steps_per_s"]
-    print(f"\n{args.preset} --pe {args.pe} on {stamp['device']} (commit {stamp['git_commit']}), "
-          f"seed-runs of {max_steps:,} steps, CUDA MPS {'on' if mps else 'off'}")
-    print(f"{'processes':>9} {'ms/step each':>12} {'steps/s':>9} {'seed-runs/h':>11} {'vs first':>8} {'start-up s':>10}")
+    print(
+        f"\n{args.preset} --pe {args.pe} on {stamp['device']} (commit {stamp['git_commit']}), "
+        f"seed-runs of {max_steps:,} steps, CUDA MPS {'on' if mps else 'off'}"
+    )
+    print(
+        f"{'processes':>9} {'ms/step each':>12} {'steps/s':>9} {'seed-runs/h':>11} {'vs first':>8} {'start-up s':>10}"
+    )
     for row in rows:
-        print(f"{row['processes']:>9} {row['ms_per_step_per_process']:>12.2f} {row['steps_per_s']:>9.1f} "
-              f"{row['seed_runs_per_hour']:>11.2f} {row['steps_per_s'] / base:>7.2f}x {row['startup_s']:>10.1f}")
+        print(
+            f"{row['processes']:>9} {row['ms_per_step_per_process']:>12.2f} {row['steps_per_s']:>9.1f} "
+            f"{row['seed_runs_per_hour']:>11.2f} {row['steps_per_s'] / base:>7.2f}x {row['startup_s']:>10.1f}"
+        )
     best = max(rows, key=lambda r: r["steps_per_s"])
     print(f"best: {best['processes']} processes per GPU")
     path = Path(args.out) / "sweep_throughput.csv"
     path.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"gpu": stamp["device"], "torch": stamp["torch"], "triton": stamp["triton"],
-            "commit": stamp["git_commit"] or "unknown", "date": stamp["date_utc"], "command": stamp["command"],
-            "preset": args.preset, "pe": args.pe, "max_steps": max_steps, "cuda_mps": mps}
+    meta = {
+        "gpu": stamp["device"],
+        "torch": stamp["torch"],
+        "triton": stamp["triton"],
+        "commit": stamp["git_commit"] or "unknown",
+        "date": stamp["date_utc"],
+        "command": stamp["command"],
+        "preset": args.preset,
+        "pe": args.pe,
+        "max_steps": max_steps,
+        "cuda_mps": mps,
+    }
     new_file = not path.exists()
     with open(path, "a", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=[*meta, *rows[0]])

@@ -14,6 +14,7 @@ synchronize at both ends. Prints a table last; writes JSON with provenance to --
 
 Target (issue 3): <= 4.8 ms/step for indirect-indexing (100k steps in <= 8 minutes).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,12 +29,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from pope.train.config import resolve_run_config  # noqa: E402
 from pope.provenance import git_commit, library_versions  # noqa: E402
+from pope.train.config import resolve_run_config  # noqa: E402
 from pope.train.trainer import Trainer  # noqa: E402
 
-MODES = {"eager": ("false", "false"), "compile": ("true", "false"), "graph": ("false", "true"),
-         "compile+graph": ("true", "true")}
+MODES = {
+    "eager": ("false", "false"),
+    "compile": ("true", "false"),
+    "graph": ("false", "true"),
+    "compile+graph": ("true", "true"),
+}
 
 
 def profile_steps(trainer, first: int, steps: int) -> dict:
@@ -50,16 +55,36 @@ def profile_steps(trainer, first: int, steps: int) -> dict:
     kernels = [event for event in prof.key_averages() if event.self_device_time_total > 0]
     kernels.sort(key=lambda event: event.self_device_time_total, reverse=True)
     busy_ms = sum(event.self_device_time_total for event in kernels) / 1000 / steps
-    top = [{"name": event.key[:120], "calls_per_step": event.count / steps,
-            "ms_per_step": event.self_device_time_total / 1000 / steps} for event in kernels[:25]]
+    top = [
+        {
+            "name": event.key[:120],
+            "calls_per_step": event.count / steps,
+            "ms_per_step": event.self_device_time_total / 1000 / steps,
+        }
+        for event in kernels[:25]
+    ]
     return {"kernel_ms_per_step": busy_ms, "kernels_per_step": sum(e.count for e in kernels) / steps, "top": top}
 
 
-def measure(preset: str, pe: str, mode: str, *, steps: int, warmup: int, check_steps: int, extra: list[str],
-            profile: bool = False) -> dict:
+def measure(
+    preset: str,
+    pe: str,
+    mode: str,
+    *,
+    steps: int,
+    warmup: int,
+    check_steps: int,
+    extra: list[str],
+    profile: bool = False,
+) -> dict:
     compile_flag, graph_flag = MODES[mode]
-    overrides = [f"train.compile={compile_flag}", f"train.cuda_graph={graph_flag}", "train.tensorboard=false",
-                 "train.progress=false", *extra]
+    overrides = [
+        f"train.compile={compile_flag}",
+        f"train.cuda_graph={graph_flag}",
+        "train.tensorboard=false",
+        "train.progress=false",
+        *extra,
+    ]
     config = resolve_run_config(preset, pe, seed=0, overrides=overrides)
     with tempfile.TemporaryDirectory() as run_dir:
         trainer = Trainer(config, run_dir)
@@ -86,9 +111,18 @@ def measure(preset: str, pe: str, mode: str, *, steps: int, warmup: int, check_s
         del trainer
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    return {"preset": preset, "pe": pe, "mode": mode, "ms_per_step": statistics.median(times), "ms_blocks": times,
-            "warmup_and_compile_s": warmup_s, "first_losses": losses, "peak_memory_mib": memory,
-            "loss_finite": bool(torch.isfinite(accumulated)), "profile": profiled}
+    return {
+        "preset": preset,
+        "pe": pe,
+        "mode": mode,
+        "ms_per_step": statistics.median(times),
+        "ms_blocks": times,
+        "warmup_and_compile_s": warmup_s,
+        "first_losses": losses,
+        "peak_memory_mib": memory,
+        "loss_finite": bool(torch.isfinite(accumulated)),
+        "profile": profiled,
+    }
 
 
 def main() -> int:
@@ -102,8 +136,11 @@ def main() -> int:
     parser.add_argument("--cases", default=None, help="explicit 'PE@MODE;PE@MODE' list (overrides --pe/--variants)")
     parser.add_argument("--set", dest="extra", action="append", default=[])
     parser.add_argument("--out", default=None, help="write results JSON here")
-    parser.add_argument("--profile", action="store_true",
-                        help="also profile one more block per case: GPU kernel time per step and the costliest kernels")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also profile one more block per case: GPU kernel time per step and the costliest kernels",
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("this benchmark needs a CUDA GPU", file=sys.stderr)
@@ -117,8 +154,16 @@ def main() -> int:
             parser.error(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
     results = []
     for pe, mode in cases:
-        result = measure(args.preset, pe, mode, steps=args.steps, warmup=args.warmup,
-                         check_steps=args.check_steps, extra=args.extra, profile=args.profile)
+        result = measure(
+            args.preset,
+            pe,
+            mode,
+            steps=args.steps,
+            warmup=args.warmup,
+            check_steps=args.check_steps,
+            extra=args.extra,
+            profile=args.profile,
+        )
         results.append(result)
         print(json.dumps(result), flush=True)
     # correctness: every variant of one encoding follows the losses of that encoding's eager run
@@ -131,23 +176,34 @@ def main() -> int:
         result["max_rel_loss_diff_vs_first_variant"] = worst
         if worst > 0.02 or not result["loss_finite"]:
             problems.append(f"{result['pe']} {result['mode']}: losses differ by {worst:.3g} or non-finite")
-    provenance = {"gpu": torch.cuda.get_device_name(), "versions": library_versions(), "git": git_commit(),
-                  "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": sys.argv}
+    provenance = {
+        "gpu": torch.cuda.get_device_name(),
+        "versions": library_versions(),
+        "git": git_commit(),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": sys.argv,
+    }
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"provenance": provenance, "results": results}, indent=2) + "\n")
-    print(f"\n{provenance['gpu']}  torch {provenance['versions']['torch']}  triton {provenance['versions']['triton']}"
-          f"  commit {provenance['git']['commit']}")
+    print(
+        f"\n{provenance['gpu']}  torch {provenance['versions']['torch']}  triton {provenance['versions']['triton']}"
+        f"  commit {provenance['git']['commit']}"
+    )
     print(f"{'pe':<26}{'mode':<16}{'ms/step':>9}{'100k steps':>12}{'compile s':>11}{'loss diff':>11}{'MiB':>8}")
     for r in results:
-        print(f"{r['pe']:<26}{r['mode']:<16}{r['ms_per_step']:>9.3f}{r['ms_per_step'] * 100:>11.0f}s"
-              f"{r['warmup_and_compile_s']:>11.1f}{r['max_rel_loss_diff_vs_first_variant']:>11.2e}"
-              f"{r['peak_memory_mib']:>8.0f}")
+        print(
+            f"{r['pe']:<26}{r['mode']:<16}{r['ms_per_step']:>9.3f}{r['ms_per_step'] * 100:>11.0f}s"
+            f"{r['warmup_and_compile_s']:>11.1f}{r['max_rel_loss_diff_vs_first_variant']:>11.2e}"
+            f"{r['peak_memory_mib']:>8.0f}"
+        )
     for r in results:
         if r["profile"]:
             p = r["profile"]
-            print(f"\n{r['pe']} {r['mode']}: kernels {p['kernel_ms_per_step']:.3f} of {r['ms_per_step']:.3f} ms/step"
-                  f" ({p['kernels_per_step']:.0f} kernels a step)")
+            print(
+                f"\n{r['pe']} {r['mode']}: kernels {p['kernel_ms_per_step']:.3f} of {r['ms_per_step']:.3f} ms/step"
+                f" ({p['kernels_per_step']:.0f} kernels a step)"
+            )
             for kernel in p["top"]:
                 print(f"  {kernel['ms_per_step']:8.4f} ms  x{kernel['calls_per_step']:<5.0f} {kernel['name'][:90]}")
     for problem in problems:

@@ -13,6 +13,7 @@ RoPE whose compiled rotation recomputed its cos/sin per element (--profile shows
     PYTHONPATH=src python benchmarks/train_step_owt.py [--steps 20] [--out benchmarks/results]
 Appends to OUT/train_step_owt.csv with GPU, versions, commit and date.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,8 +77,16 @@ def time_steps(train_step, steps: int):
     return start.elapsed_time(end) / steps, loss
 
 
-def step_time(pe: str, *, batch: int, seq_len: int, steps: int, warmup: int, compile_mode: str = "default",
-              profile_path: str | None = None) -> dict:
+def step_time(
+    pe: str,
+    *,
+    batch: int,
+    seq_len: int,
+    steps: int,
+    warmup: int,
+    compile_mode: str = "default",
+    profile_path: str | None = None,
+) -> dict:
     from torch._dynamo.utils import counters
 
     train_step, cleanup = build_train_step(pe, batch=batch, seq_len=seq_len, compile_mode=compile_mode)
@@ -88,8 +97,13 @@ def step_time(pe: str, *, batch: int, seq_len: int, steps: int, warmup: int, com
         write_profile(train_step, profile_path)
     graph_breaks = sum(counters["graph_break"].values())
     cleanup()
-    return {"pe": pe, "ms_per_step": ms, "tokens_per_s": batch * seq_len / ms * 1e3, "loss": float(loss.detach()),
-            "graph_breaks": graph_breaks}
+    return {
+        "pe": pe,
+        "ms_per_step": ms,
+        "tokens_per_s": batch * seq_len / ms * 1e3,
+        "loss": float(loss.detach()),
+        "graph_breaks": graph_breaks,
+    }
 
 
 def write_profile(train_step, path: str, steps: int = 3, rows: int = 30) -> None:
@@ -113,11 +127,18 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
-    parser.add_argument("--compile-mode", default="default", choices=["default", "reduce-overhead"],
-                        help="torch.compile mode; reduce-overhead replays CUDA graphs (CUDA-graph trees), taking the "
-                             "host (PoPE's Python autograd backward, launch overhead) out of the step time")
-    parser.add_argument("--profile", action="store_true",
-                        help="also write each model's top GPU kernels over 3 steps to OUT/train_step_profile_<pe>.txt")
+    parser.add_argument(
+        "--compile-mode",
+        default="default",
+        choices=["default", "reduce-overhead"],
+        help="torch.compile mode; reduce-overhead replays CUDA graphs (CUDA-graph trees), taking the "
+        "host (PoPE's Python autograd backward, launch overhead) out of the step time",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also write each model's top GPU kernels over 3 steps to OUT/train_step_profile_<pe>.txt",
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/train_step_owt.py needs a CUDA GPU")
@@ -126,13 +147,26 @@ def main(argv=None):
     for label, pe in SPECS.items():
         if args.compile_mode != "default":
             label = f"{label} [{args.compile_mode}]"
-        row = {"model": label, **step_time(pe, batch=args.batch, seq_len=args.seq_len, steps=args.steps,
-                                           warmup=args.warmup, compile_mode=args.compile_mode,
-                                           profile_path=os.path.join(args.out, f"train_step_profile_{pe.split(':')[0]}.txt")
-                                           if args.profile else None)}
+        row = {
+            "model": label,
+            **step_time(
+                pe,
+                batch=args.batch,
+                seq_len=args.seq_len,
+                steps=args.steps,
+                warmup=args.warmup,
+                compile_mode=args.compile_mode,
+                profile_path=os.path.join(args.out, f"train_step_profile_{pe.split(':')[0]}.txt")
+                if args.profile
+                else None,
+            ),
+        }
         rows.append(row)
-        print(f"{label:>26}: {row['ms_per_step']:.2f} ms/step, {row['tokens_per_s']:.0f} tokens/s, "
-              f"graph breaks {row['graph_breaks']}, loss {row['loss']:.3f}", flush=True)
+        print(
+            f"{label:>26}: {row['ms_per_step']:.2f} ms/step, {row['tokens_per_s']:.0f} tokens/s, "
+            f"graph breaks {row['graph_breaks']}, loss {row['loss']:.3f}",
+            flush=True,
+        )
     ratio = rows[1]["tokens_per_s"] / rows[0]["tokens_per_s"]
     for row in rows:
         row["pope_over_rope"] = ratio

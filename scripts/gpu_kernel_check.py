@@ -17,6 +17,7 @@ dies is a failed row too. (A fault surfaces at the next synchronising call: CUDA
 Writes DIR/gpu_kernel_check.json (DIR is made if missing) and prints a table (passed / total per check group, then
 one line per failure); exits 1 if any check fails.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,12 +31,18 @@ import time
 import torch
 
 import pope.kernels as kernels
-from pope.kernels.configs import DECODE_LANES_MAXNREG_CANDIDATES
 from pope.attention import reference_pope_attention
+from pope.kernels.configs import DECODE_LANES_MAXNREG_CANDIDATES
 from pope.ops import triton_pope_attention, triton_pope_attention_varlen
 from pope.settings import SETTINGS, override
-from pope.testing import (GRADIENT_NAMES, attention_inputs, check_within_rule, outputs_and_gradients, packed_inputs,
-                          tf32_reference)
+from pope.testing import (
+    GRADIENT_NAMES,
+    attention_inputs,
+    check_within_rule,
+    outputs_and_gradients,
+    packed_inputs,
+    tf32_reference,
+)
 
 # (batch, Hq, Hkv, Nq, Nk, d, causal): the issue's benchmark sizes (fewer heads where the float64
 # reference would not fit), plus GQA, decode, odd lengths and d = 32 / 48.
@@ -93,17 +100,27 @@ def check_correctness(shape, dtype_name, seed=0):
     q_offset = extra[1] if len(extra) > 1 else seq_k - seq_q
     dtype = DTYPES[dtype_name]
     g = torch.Generator(device=DEVICE).manual_seed(seed)
-    q, k, v, delta, grad_out = attention_inputs(batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim, generator=g,
-                                                device=DEVICE)
-    options = dict(base=10000.0, causal=causal, softmax_scale=head_dim ** -0.5, q_offset=q_offset,
-                   magnitude=magnitude, rotary_dim=None)
+    q, k, v, delta, grad_out = attention_inputs(
+        batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim, generator=g, device=DEVICE
+    )
+    options = dict(
+        base=10000.0,
+        causal=causal,
+        softmax_scale=head_dim**-0.5,
+        q_offset=q_offset,
+        magnitude=magnitude,
+        rotary_dim=None,
+    )
     exact = _grads(reference_pope_attention, q, k, v, delta, grad_out, torch.float64, options)
     reference = _grads(reference_pope_attention, q, k, v, delta, grad_out, dtype, options)
     fused = _grads(triton_pope_attention, q, k, v, delta, grad_out, dtype, options)
     # A second call takes the compiled kernels directly (pope.kernels.direct_launch): it must give the same bits.
     again = _grads(triton_pope_attention, q, k, v, delta, grad_out, dtype, options)
-    result = {"shape": shape, "dtype": dtype_name,
-              "second_call_bitwise_equal": all(torch.equal(a, b) for a, b in zip(fused, again))}
+    result = {
+        "shape": shape,
+        "dtype": dtype_name,
+        "second_call_bitwise_equal": all(torch.equal(a, b) for a, b in zip(fused, again)),
+    }
     result["passed"] = result["second_call_bitwise_equal"]
     del again
     for name, ours, theirs, truth in zip(GRADIENT_NAMES, fused, reference, exact):
@@ -119,28 +136,41 @@ def check_varlen(shape, dtype_name, seed=0):
     runs one call per sequence), a second call bitwise equal, and out, dq, dk, dv bitwise equal to the launchers run
     on each sequence alone (the same block kernels; d(delta) is summed in another order, so it is not compared)."""
     from pope.attention import pope_attention_varlen
-    from pope.kernels.host import Packed
 
     lengths_q, lengths_k, n_q_heads, n_kv_heads, head_dim, causal = shape
     dtype = DTYPES[dtype_name]
     g = torch.Generator(device=DEVICE).manual_seed(seed)
-    q, k, v, delta, grad_out, cu_q, cu_k = packed_inputs(lengths_q, lengths_k, n_q_heads, n_kv_heads, head_dim,
-                                                         generator=g, device=DEVICE)
+    q, k, v, delta, grad_out, cu_q, cu_k = packed_inputs(
+        lengths_q, lengths_k, n_q_heads, n_kv_heads, head_dim, generator=g, device=DEVICE
+    )
     packing = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lengths_q), max_seqlen_k=max(lengths_k))
 
     def varlen(q, k, v, delta, backend):
         if backend == "reference":
             return pope_attention_varlen(q, k, v, delta, **packing, causal=causal, backend=backend)
         # (the kernels' entry point: pope_attention_varlen sends CPU tensors, the --smoke run's, to the reference)
-        return triton_pope_attention_varlen(q, k, v, delta, *packing.values(), base=10000.0, causal=causal,
-                                            softmax_scale=head_dim ** -0.5, magnitude="softplus")
+        return triton_pope_attention_varlen(
+            q,
+            k,
+            v,
+            delta,
+            *packing.values(),
+            base=10000.0,
+            causal=causal,
+            softmax_scale=head_dim**-0.5,
+            magnitude="softplus",
+        )
 
     exact = _grads(varlen, q, k, v, delta, grad_out, torch.float64, dict(backend="reference"))
     reference = _grads(varlen, q, k, v, delta, grad_out, dtype, dict(backend="reference"))
     fused = _grads(varlen, q, k, v, delta, grad_out, dtype, dict(backend="triton"))
     again = _grads(varlen, q, k, v, delta, grad_out, dtype, dict(backend="triton"))
-    result = {"shape": shape, "dtype": dtype_name, "varlen": True,
-              "second_call_bitwise_equal": all(torch.equal(a, b) for a, b in zip(fused, again))}
+    result = {
+        "shape": shape,
+        "dtype": dtype_name,
+        "varlen": True,
+        "second_call_bitwise_equal": all(torch.equal(a, b) for a, b in zip(fused, again)),
+    }
     del again
     # The launchers on each sequence alone (batch of one), against the packed call's rows.
     theta = kernels.frequencies(head_dim, 10000.0, q.device)
@@ -150,14 +180,20 @@ def check_varlen(shape, dtype_name, seed=0):
     for b, (nq, nk) in enumerate(zip(lengths_q, lengths_k)):
         if nq == 0:
             continue
-        rows_q, rows_k = slice(sum(lengths_q[:b]), sum(lengths_q[:b + 1])), slice(sum(lengths_k[:b]),
-                                                                                     sum(lengths_k[:b + 1]))
+        rows_q, rows_k = (
+            slice(sum(lengths_q[:b]), sum(lengths_q[: b + 1])),
+            slice(sum(lengths_k[:b]), sum(lengths_k[: b + 1])),
+        )
         one = [x[rows].transpose(0, 1)[None] for x, rows in zip(low, (rows_q, rows_k, rows_k, rows_q))]
-        options = dict(causal=causal, softmax_scale=head_dim ** -0.5, q_offset=nk - nq, magnitude="softplus")
+        options = dict(causal=causal, softmax_scale=head_dim**-0.5, q_offset=nk - nq, magnitude="softplus")
         out, lse = kernels.forward(*one[:3], delta32, theta, **options)
         dq, dk, dv, _ = kernels.backward(one[3], *one[:3], delta32, out, lse, theta, **options)
-        for ours, theirs, rows in ((fused[0], out, rows_q), (fused[1], dq, rows_q), (fused[2], dk, rows_k),
-                                   (fused[3], dv, rows_k)):
+        for ours, theirs, rows in (
+            (fused[0], out, rows_q),
+            (fused[1], dq, rows_q),
+            (fused[2], dk, rows_k),
+            (fused[3], dv, rows_k),
+        ):
             per_sequence_equal &= torch.equal(ours[rows], theirs[0].transpose(0, 1))
     result["per_sequence_kernels_bitwise_equal"] = bool(per_sequence_equal)
     result["passed"] = result["second_call_bitwise_equal"] and result["per_sequence_kernels_bitwise_equal"]
@@ -177,7 +213,9 @@ def check_determinism(shape=(2, 16, 4, 4096, 4096, 64, True)):
     k, v = (torch.randn(batch, n_kv_heads, seq_k, head_dim, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
     delta = -2 * math.pi * torch.rand(n_q_heads, head_dim, device=DEVICE)
     grad_out = torch.randn_like(q)
-    options = dict(base=10000.0, causal=causal, softmax_scale=None, q_offset=None, magnitude="softplus", rotary_dim=None)
+    options = dict(
+        base=10000.0, causal=causal, softmax_scale=None, q_offset=None, magnitude="softplus", rotary_dim=None
+    )
     runs = [_grads(triton_pope_attention, q, k, v, delta, grad_out, torch.bfloat16, options) for _ in range(3)]
     identical = all(torch.equal(a, b) for run in runs[1:] for a, b in zip(runs[0], run))
     return {"shape": shape, "bitwise_identical_over_3_runs": identical, "passed": identical}
@@ -197,28 +235,37 @@ def check_decode_growing_cache(seq_ks=range(1000, 1040), head_dim=64):
         theta = kernels.frequencies(head_dim, 10000.0, q.device)
         for seq_k in seq_ks:
             k, v = cache_k[:, :, :seq_k], cache_v[:, :, :seq_k]
-            options = dict(causal=True, softmax_scale=head_dim ** -0.5, q_offset=seq_k - 1, magnitude="identity",
-                           method=method, keep_phase_table=True)
+            options = dict(
+                causal=True,
+                softmax_scale=head_dim**-0.5,
+                q_offset=seq_k - 1,
+                magnitude="identity",
+                method=method,
+                keep_phase_table=True,
+            )
             outputs = []
             for direct in (True, False):
                 with override(direct_launch=direct):
                     outputs.append(kernels.decode_forward(q, k, v, delta, theta, **options))
             if not all(torch.equal(a, b) for a, b in zip(*outputs)):
                 mismatches.append((method, seq_k))
-    return {"seq_ks": [seq_ks[0], seq_ks[-1]], "head_dim": head_dim, "mismatches": mismatches,
-            "passed": not mismatches}
+    return {"seq_ks": [seq_ks[0], seq_ks[-1]], "head_dim": head_dim, "mismatches": mismatches, "passed": not mismatches}
 
 
 # The first entry of each list is the shipped config (pope.kernels.configs.TILES), so a sweep compares against it.
 SWEEP_CANDIDATES = {
-    64: {"fwd": [(128, 128, 8, 3), (64, 64, 4, 3), (128, 64, 4, 3)],
-         "dq": [(64, 64, 4, 3), (64, 64, 4, 2), (128, 64, 8, 2)],
-         "dkdv": [(64, 128, 8, 3), (64, 64, 4, 3), (32, 64, 4, 4)]},
+    64: {
+        "fwd": [(128, 128, 8, 3), (64, 64, 4, 3), (128, 64, 4, 3)],
+        "dq": [(64, 64, 4, 3), (64, 64, 4, 2), (128, 64, 8, 2)],
+        "dkdv": [(64, 128, 8, 3), (64, 64, 4, 3), (32, 64, 4, 4)],
+    },
     # d=128 dq / dk-dv: the tiles that compile spill-free (or nearly) since the chain rule runs in channel quarters
     # (benchmarks/experiments/2026-12-01-d128-registers): dq (64, 32, 4, 2) is the one with two programs per SM.
-    128: {"fwd": [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 2)],
-          "dq": [(128, 32, 8, 3), (128, 32, 8, 2), (128, 64, 8, 2), (64, 32, 4, 2)],
-          "dkdv": [(64, 64, 8, 3), (64, 64, 8, 2), (32, 64, 8, 3), (32, 64, 8, 2)]},
+    128: {
+        "fwd": [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 2)],
+        "dq": [(128, 32, 8, 3), (128, 32, 8, 2), (128, 64, 8, 2), (64, 32, 4, 2)],
+        "dkdv": [(64, 64, 8, 3), (64, 64, 8, 2), (32, 64, 8, 3), (32, 64, 8, 2)],
+    },
 }
 
 
@@ -234,7 +281,7 @@ def sweep_configs(shapes=((4, 16, 4096, 64), (4, 16, 4096, 128)), kinds=None):
         q, k, v, do = (torch.randn(batch, heads, seq, head_dim, device=DEVICE, dtype=torch.bfloat16) for _ in range(4))
         delta = -2 * math.pi * torch.rand(heads, head_dim, device=DEVICE)
         theta = kernels.frequencies(head_dim, 10000.0, q.device)
-        opts = dict(causal=True, softmax_scale=head_dim ** -0.5, q_offset=0, magnitude="softplus")
+        opts = dict(causal=True, softmax_scale=head_dim**-0.5, q_offset=0, magnitude="softplus")
         out, lse = kernels.forward(q, k, v, delta, theta, **opts)
         for kind, configs in SWEEP_CANDIDATES[head_dim].items():
             if kinds is not None and kind not in kinds:
@@ -261,12 +308,17 @@ def sweep_configs(shapes=((4, 16, 4096, 64), (4, 16, 4096, 128)), kinds=None):
     return rows, best
 
 
-DECODE_SWEEP_SHAPES = ((8, 16, 16, 16384, 64), (8, 16, 16, 16384, 128), (8, 32, 8, 16384, 128),
-                       (8, 32, 4, 16384, 64))  # (B, Hq, Hkv, Nk, d)
+DECODE_SWEEP_SHAPES = (
+    (8, 16, 16, 16384, 64),
+    (8, 16, 16, 16384, 128),
+    (8, 32, 8, 16384, 128),
+    (8, 32, 4, 16384, 64),
+)  # (B, Hq, Hkv, Nk, d)
 
 
-def sweep_decode(shapes=DECODE_SWEEP_SHAPES, tensor_cores_only=False, dtype_name="bf16", methods=None,
-                 cuda_graph=False):
+def sweep_decode(
+    shapes=DECODE_SWEEP_SHAPES, tensor_cores_only=False, dtype_name="bf16", methods=None, cuda_graph=False
+):
     """Time decode_forward's kernels, key tiles, warps and register caps on one query per head, for a raw cache
     (softplus in the kernel) and a magnitude cache (f(k) cached, magnitude "identity"). methods: a subset of
     ("tensor_cores", "lanes"); cuda_graph: time CUDA-graph replays (GPU time, no host launch cost)."""
@@ -286,46 +338,89 @@ def sweep_decode(shapes=DECODE_SWEEP_SHAPES, tensor_cores_only=False, dtype_name
         tiles = [("tensor_cores", tc_block_n, tc_warps, stages, None) for stages in (2, 3)]
         # A register cap: more programs resident per SM.
         tiles += [("tensor_cores", tc_block_n, tc_warps, 2, cap) for cap in (168, 128)]
-        tiles += [("tensor_cores", block_n, warps, stages, None) for block_n, warps, stages in
-                  ([(32, 4, 2), (128, 4, 2), (64, 8, 2), (64, 4, 1)] if head_dim <= 64 else
-                   [(16, 4, 2), (64, 4, 2), (32, 8, 2), (32, 4, 1)])]
+        tiles += [
+            ("tensor_cores", block_n, warps, stages, None)
+            for block_n, warps, stages in (
+                [(32, 4, 2), (128, 4, 2), (64, 8, 2), (64, 4, 1)]
+                if head_dim <= 64
+                else [(16, 4, 2), (64, 4, 2), (32, 8, 2), (32, 4, 1)]
+            )
+        ]
         if not tensor_cores_only:
-            tiles += [("lanes", block_n, warps, stages, None) for block_n, warps, stages in
-                      ([(64, 4, 3), (32, 4, 3), (32, 4, 4), (64, 8, 3)] if head_dim <= 64 else
-                       [(32, 4, 3), (16, 4, 3), (16, 4, 4), (32, 8, 3)])]
+            tiles += [
+                ("lanes", block_n, warps, stages, None)
+                for block_n, warps, stages in (
+                    [(64, 4, 3), (32, 4, 3), (32, 4, 4), (64, 8, 3)]
+                    if head_dim <= 64
+                    else [(32, 4, 3), (16, 4, 3), (16, 4, 4), (32, 8, 3)]
+                )
+            ]
             # The lanes kernel's shipped tile uncapped (0) and under the register caps to decide on.
             lanes_tile = kernels.decode_tile(head_dim, dtype, "lanes")
             tiles += [("lanes", *lanes_tile, cap) for cap in (0, *DECODE_LANES_MAXNREG_CANDIDATES[head_dim])]
         tiles = [tile for tile in tiles if methods is None or tile[0] in methods]
         for magnitude, (method, block_n, warps, stages, maxnreg) in itertools.product(("softplus", "identity"), tiles):
-            opts = dict(causal=True, softmax_scale=head_dim ** -0.5, q_offset=seq_k - 1, magnitude=magnitude,
-                        method=method, block_n=block_n, num_warps=warps, stages=stages, maxnreg=maxnreg)
+            opts = dict(
+                causal=True,
+                softmax_scale=head_dim**-0.5,
+                q_offset=seq_k - 1,
+                magnitude=magnitude,
+                method=method,
+                block_n=block_n,
+                num_warps=warps,
+                stages=stages,
+                maxnreg=maxnreg,
+            )
             try:
                 call = lambda: kernels.decode_forward(q, k, v, delta, theta, **opts)  # noqa: B023, E731
-                ms = (do_bench_cudagraph(call, rep=100, return_mode="median") if cuda_graph else
-                      do_bench(call, warmup=25, rep=100, return_mode="median"))
+                ms = (
+                    do_bench_cudagraph(call, rep=100, return_mode="median")
+                    if cuda_graph
+                    else do_bench(call, warmup=25, rep=100, return_mode="median")
+                )
             except Exception as err:
                 ms = float("nan")
                 print(f"  decode {opts}: {type(err).__name__}: {str(err)[:120]}", file=sys.stderr)
-            rows.append({"shape": (batch, n_q_heads, n_kv_heads, seq_k, head_dim), "dtype": dtype_name, **opts, "ms": ms})
-            print(f"  decode sweep {rows[-1]['shape']} {dtype_name} {magnitude:8s} {method:12s} block_n={block_n:3d} warps={warps} "
-                  f"stages={stages} maxnreg={maxnreg}: "
-                  f"{ms:.4f} ms", flush=True)
+            rows.append(
+                {"shape": (batch, n_q_heads, n_kv_heads, seq_k, head_dim), "dtype": dtype_name, **opts, "ms": ms}
+            )
+            print(
+                f"  decode sweep {rows[-1]['shape']} {dtype_name} {magnitude:8s} {method:12s} block_n={block_n:3d} warps={warps} "
+                f"stages={stages} maxnreg={maxnreg}: "
+                f"{ms:.4f} ms",
+                flush=True,
+            )
     return rows
 
 
 SMOKE_CHECK_SHAPES = [
-    (1, 2, 1, 37, 37, 32, True), (1, 2, 2, 5, 40, 48, False), (1, 2, 2, 40, 40, 64, True), (1, 2, 2, 40, 40, 64, True),
-    (1, 4, 2, 1, 50, 64, True), (1, 2, 2, 3, 33, 64, True), (1, 2, 2, 20, 40, 48, False), (1, 2, 2, 20, 40, 48, False),
-    (1, 4, 2, 1, 50, 64, True), (1, 2, 2, 7, 40, 64, True), (1, 2, 2, 1, 50, 64, True), (1, 2, 2, 1, 40, 128, True),
-    (1, 8, 2, 1, 50, 128, True, "identity"), (1, 4, 2, 2, 45, 64, True, "identity"),
-    (1, 4, 2, 24, 40, 64, True, "softplus", 10**6), (1, 2, 2, 20, 40, 128, True, "softplus", 10**7),
-    (1, 4, 2, 1, 50, 64, True, "softplus", 2**20 + 50), (1, 4, 4, 1, 50, 64, True, "softplus", 10**7),
-    (1, 8, 2, 1, 50, 128, True, "identity", 10**7)]
+    (1, 2, 1, 37, 37, 32, True),
+    (1, 2, 2, 5, 40, 48, False),
+    (1, 2, 2, 40, 40, 64, True),
+    (1, 2, 2, 40, 40, 64, True),
+    (1, 4, 2, 1, 50, 64, True),
+    (1, 2, 2, 3, 33, 64, True),
+    (1, 2, 2, 20, 40, 48, False),
+    (1, 2, 2, 20, 40, 48, False),
+    (1, 4, 2, 1, 50, 64, True),
+    (1, 2, 2, 7, 40, 64, True),
+    (1, 2, 2, 1, 50, 64, True),
+    (1, 2, 2, 1, 40, 128, True),
+    (1, 8, 2, 1, 50, 128, True, "identity"),
+    (1, 4, 2, 2, 45, 64, True, "identity"),
+    (1, 4, 2, 24, 40, 64, True, "softplus", 10**6),
+    (1, 2, 2, 20, 40, 128, True, "softplus", 10**7),
+    (1, 4, 2, 1, 50, 64, True, "softplus", 2**20 + 50),
+    (1, 4, 4, 1, 50, 64, True, "softplus", 10**7),
+    (1, 8, 2, 1, 50, 128, True, "identity", 10**7),
+]
 SMOKE_VARLEN_SHAPES = [([0, 1, 5, 12, 0], [3, 1, 40, 12, 0], 2, 1, 32, True)]
-CHECKS = {"batched": check_correctness, "varlen": check_varlen,
-          "determinism": lambda shape, dtype_name: check_determinism(shape),
-          "decode_growing_cache": lambda seq_ks, dtype_name: check_decode_growing_cache(range(*seq_ks))}
+CHECKS = {
+    "batched": check_correctness,
+    "varlen": check_varlen,
+    "determinism": lambda shape, dtype_name: check_determinism(shape),
+    "decode_growing_cache": lambda seq_ks, dtype_name: check_decode_growing_cache(range(*seq_ks)),
+}
 CORRECTNESS_GROUPS = ("batched", "varlen")
 CUDA_BROKEN = 3  # a check process's exit status when a CUDA error left its context unusable
 
@@ -337,8 +432,10 @@ def table_rows(text: str, table: list, option: str) -> list[int]:
     except ValueError:
         rows = None
     if rows is None or not all(0 <= r < len(table) for r in rows):
-        raise SystemExit(f"gpu_kernel_check.py: {option} takes comma-separated row numbers from 0 to {len(table) - 1}"
-                         f" (rows of the table it selects from); got {text!r}")
+        raise SystemExit(
+            f"gpu_kernel_check.py: {option} takes comma-separated row numbers from 0 to {len(table) - 1}"
+            f" (rows of the table it selects from); got {text!r}"
+        )
     return rows
 
 
@@ -349,23 +446,36 @@ def work_items(args) -> list:
     checks = args.checks.split(",")
     unknown = [c for c in checks if c not in CORRECTNESS_GROUPS]
     if unknown:
-        raise SystemExit(f"gpu_kernel_check.py: --checks takes {', '.join(CORRECTNESS_GROUPS)} (comma-separated); "
-                         f"got {', '.join(map(repr, unknown))}")
-    bf16_rows = range(len(CHECK_SHAPES)) if args.bf16_rows is None else table_rows(args.bf16_rows, CHECK_SHAPES, "--bf16-rows")
-    other_rows = OTHER_DTYPE_ROWS if args.other_rows is None else table_rows(args.other_rows, CHECK_SHAPES, "--other-rows")
-    varlen = VARLEN_SHAPES if args.varlen_rows is None else [
-        VARLEN_SHAPES[i] for i in table_rows(args.varlen_rows, VARLEN_SHAPES, "--varlen-rows")]
+        raise SystemExit(
+            f"gpu_kernel_check.py: --checks takes {', '.join(CORRECTNESS_GROUPS)} (comma-separated); "
+            f"got {', '.join(map(repr, unknown))}"
+        )
+    bf16_rows = (
+        range(len(CHECK_SHAPES)) if args.bf16_rows is None else table_rows(args.bf16_rows, CHECK_SHAPES, "--bf16-rows")
+    )
+    other_rows = (
+        OTHER_DTYPE_ROWS if args.other_rows is None else table_rows(args.other_rows, CHECK_SHAPES, "--other-rows")
+    )
+    varlen = (
+        VARLEN_SHAPES
+        if args.varlen_rows is None
+        else [VARLEN_SHAPES[i] for i in table_rows(args.varlen_rows, VARLEN_SHAPES, "--varlen-rows")]
+    )
     unknown = [name for name in args.dtypes.split(",") if name not in DTYPES]
     if unknown:
-        raise SystemExit(f"gpu_kernel_check.py: --dtypes takes {', '.join(DTYPES)} (comma-separated); "
-                         f"got {', '.join(map(repr, unknown))}")
+        raise SystemExit(
+            f"gpu_kernel_check.py: --dtypes takes {', '.join(DTYPES)} (comma-separated); "
+            f"got {', '.join(map(repr, unknown))}"
+        )
     for dtype_name in args.dtypes.split(","):
         rows = bf16_rows if dtype_name == "bf16" else other_rows
         if "batched" in checks:
             items += [("batched", dtype_name, CHECK_SHAPES[i]) for i in rows]
         if "varlen" in checks:
             items += [("varlen", dtype_name, shape) for shape in varlen]
-    items.append(("determinism", "bf16", (1, 4, 2, 97, 97, 48, True) if args.smoke else (2, 16, 4, 4096, 4096, 64, True)))
+    items.append(
+        ("determinism", "bf16", (1, 4, 2, 97, 97, 48, True) if args.smoke else (2, 16, 4, 4096, 4096, 64, True))
+    )
     # (smoke: lengths 47, 48, 49 cross a multiple of 16, what Triton specialises on; each is ~1 s interpreted)
     items.append(("decode_growing_cache", "bf16", (47, 50) if args.smoke else (1000, 1040)))
     return items
@@ -374,24 +484,36 @@ def work_items(args) -> list:
 def describe(result: dict) -> str:
     """One line: PASS / FAIL, what was checked and, for a failure, what failed."""
     group, dtype_name, shape = result["group"], result["dtype"], result["shape"]
-    label = {"batched": f"{dtype_name} {shape}",
-             "varlen": f"{dtype_name} varlen {shape[:2]} Hq={shape[2]} Hkv={shape[3]} d={shape[4]} causal={shape[5]}"
-                       if isinstance(shape, (list, tuple)) and len(shape) == 6 else f"{dtype_name} varlen {shape}"
-             }.get(group, f"{group} {shape}")
+    label = {
+        "batched": f"{dtype_name} {shape}",
+        "varlen": f"{dtype_name} varlen {shape[:2]} Hq={shape[2]} Hkv={shape[3]} d={shape[4]} causal={shape[5]}"
+        if isinstance(shape, (list, tuple)) and len(shape) == 6
+        else f"{dtype_name} varlen {shape}",
+    }.get(group, f"{group} {shape}")
     if "error" in result:
         return f"FAIL {label}: {result['error']}"
     if not result["passed"]:
-        failed = [f"{name} {result[name]['kernel']:.1e} > 2 x reference {result[name]['reference']:.1e}"
-                  for name in GRADIENT_NAMES if name in result and not result[name]["ok"]]
-        failed += [f"{key} False" for key in ("second_call_bitwise_equal", "per_sequence_kernels_bitwise_equal",
-                                              "bitwise_identical_over_3_runs")
-                   if result.get(key) is False]
+        failed = [
+            f"{name} {result[name]['kernel']:.1e} > 2 x reference {result[name]['reference']:.1e}"
+            for name in GRADIENT_NAMES
+            if name in result and not result[name]["ok"]
+        ]
+        failed += [
+            f"{key} False"
+            for key in (
+                "second_call_bitwise_equal",
+                "per_sequence_kernels_bitwise_equal",
+                "bitwise_identical_over_3_runs",
+            )
+            if result.get(key) is False
+        ]
         failed += [f"mismatches {result['mismatches']}"] if result.get("mismatches") else []
         return f"FAIL {label}: " + "; ".join(failed or ["failed"])
     if group in CORRECTNESS_GROUPS:
         extra = f"per-sequence bitwise {result.get('per_sequence_kernels_bitwise_equal')} " if group == "varlen" else ""
         return f"PASS {label} {extra}" + " ".join(
-            f"{n}={result[n]['kernel']:.1e}/{result[n]['reference']:.1e}" for n in GRADIENT_NAMES)
+            f"{n}={result[n]['kernel']:.1e}/{result[n]['reference']:.1e}" for n in GRADIENT_NAMES
+        )
     if group == "determinism":
         return f"PASS {label}: bitwise identical over 3 runs"
     return f"PASS {label}: direct launches give Triton's path's bits at every cache length"
@@ -430,14 +552,20 @@ def run_items(items, first: int, args, record) -> int:
                 row = CHECKS[group](shape, dtype_name)
         except Exception as error:
             message = str(error).strip().splitlines()
-            row = {"shape": shape, "dtype": dtype_name, "passed": False,
-                   "error": f"raised {type(error).__name__}: {message[-1] if message else ''}"}
+            row = {
+                "shape": shape,
+                "dtype": dtype_name,
+                "passed": False,
+                "error": f"raised {type(error).__name__}: {message[-1] if message else ''}",
+            }
         row.update(group=group, dtype=dtype_name, shape=shape)
         print(describe(row), flush=True)
         record(index, row)
         if "error" in row and cuda_context_broken():
-            print(f"  the CUDA context is broken after item {index}: the remaining checks run in a fresh process",
-                  flush=True)
+            print(
+                f"  the CUDA context is broken after item {index}: the remaining checks run in a fresh process",
+                flush=True,
+            )
             return index + 1
     return len(items)
 
@@ -454,8 +582,10 @@ def run_isolated(items, argv: list) -> dict:
         while first < len(items):
             path = os.path.join(scratch, f"rows-{first}.jsonl")
             with open(os.path.join(scratch, "stderr"), "w+") as stderr:
-                run = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--first-item", str(first),
-                                      "--rows-file", path], stderr=stderr)
+                run = subprocess.run(
+                    [sys.executable, os.path.abspath(__file__), *argv, "--first-item", str(first), "--rows-file", path],
+                    stderr=stderr,
+                )
                 stderr.seek(0)
                 errors = stderr.read()
             sys.stderr.write(errors)
@@ -468,8 +598,13 @@ def run_isolated(items, argv: list) -> dict:
             if done < len(items) and run.returncode != CUDA_BROKEN:  # died during item `done`
                 group, dtype_name, shape = items[done]
                 last = errors.strip().splitlines()[-1:] or [""]
-                rows[done] = {"group": group, "dtype": dtype_name, "shape": shape, "passed": False,
-                              "error": f"the check process died (exit status {run.returncode}): {last[0][:300]}"}
+                rows[done] = {
+                    "group": group,
+                    "dtype": dtype_name,
+                    "shape": shape,
+                    "passed": False,
+                    "error": f"the check process died (exit status {run.returncode}): {last[0][:300]}",
+                }
                 print(describe(rows[done]), flush=True)
                 done += 1
             first = done
@@ -479,46 +614,78 @@ def run_isolated(items, argv: list) -> dict:
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sweep", action="store_true",
-                        help="first time candidate tile configs, install the fastest, write OUT/kernel_configs.json")
-    parser.add_argument("--sweep-shapes", default=None, help="e.g. 8x12x1024x64,4x16x4096x64 (default 4x16x4096x{64,128})")
-    parser.add_argument("--sweep-install", action="store_true",
-                        help="install the fastest configs for the checks below also when --sweep-shapes is given")
+    parser.add_argument(
+        "--sweep",
+        action="store_true",
+        help="first time candidate tile configs, install the fastest, write OUT/kernel_configs.json",
+    )
+    parser.add_argument(
+        "--sweep-shapes", default=None, help="e.g. 8x12x1024x64,4x16x4096x64 (default 4x16x4096x{64,128})"
+    )
+    parser.add_argument(
+        "--sweep-install",
+        action="store_true",
+        help="install the fastest configs for the checks below also when --sweep-shapes is given",
+    )
     parser.add_argument("--sweep-kinds", default=None, help="e.g. fwd,fused (default all)")
     parser.add_argument("--decode-sweep", action="store_true", help="time decode kernel variants first")
     parser.add_argument("--bf16-rows", default=None, help="comma-separated CHECK_SHAPES rows for bf16 (default all)")
     parser.add_argument("--other-rows", default=None, help="rows for fp16/fp32 (default %s)" % (OTHER_DTYPE_ROWS,))
-    parser.add_argument("--varlen-rows", default=None,
-                        help="VARLEN_SHAPES rows for the varlen check, e.g. 1 (default all)")
+    parser.add_argument(
+        "--varlen-rows", default=None, help="VARLEN_SHAPES rows for the varlen check, e.g. 1 (default all)"
+    )
     parser.add_argument("--out", default=".", help="directory for gpu_kernel_check.json (made if missing)")
-    parser.add_argument("--dtypes", default="bf16,fp16,fp32",
-                        help="of bf16, fp16, fp32, tf32 (fp32 inputs, TF32 products); default %(default)s")
+    parser.add_argument(
+        "--dtypes",
+        default="bf16,fp16,fp32",
+        help="of bf16, fp16, fp32, tf32 (fp32 inputs, TF32 products); default %(default)s",
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter smoke test)")
-    parser.add_argument("--checks", default="batched,varlen",
-                        help="which correctness checks: batched (CHECK_SHAPES), varlen (VARLEN_SHAPES), "
-                             "comma-separated")
-    parser.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
-                        help="run the checks in child processes, a fresh one after a check that broke the CUDA "
-                             "context (default: on a GPU)")
-    parser.add_argument("--decode-lanes-max-rows", type=int, default=None,
-                        help="route decode calls with up to this many rows per key head to the lanes kernel")
-    parser.add_argument("--decode-sweep-tensor-cores-only", action="store_true",
-                        help="sweep only the tensor-core decode kernel's tiles")
-    parser.add_argument("--decode-sweep-methods", default=None,
-                        help="decode kernels to sweep: tensor_cores, lanes or both (default both)")
-    parser.add_argument("--decode-sweep-cuda-graph", action="store_true",
-                        help="time the decode sweep as CUDA-graph replays (GPU time without host launch cost)")
+    parser.add_argument(
+        "--checks",
+        default="batched,varlen",
+        help="which correctness checks: batched (CHECK_SHAPES), varlen (VARLEN_SHAPES), comma-separated",
+    )
+    parser.add_argument(
+        "--isolate",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run the checks in child processes, a fresh one after a check that broke the CUDA "
+        "context (default: on a GPU)",
+    )
+    parser.add_argument(
+        "--decode-lanes-max-rows",
+        type=int,
+        default=None,
+        help="route decode calls with up to this many rows per key head to the lanes kernel",
+    )
+    parser.add_argument(
+        "--decode-sweep-tensor-cores-only", action="store_true", help="sweep only the tensor-core decode kernel's tiles"
+    )
+    parser.add_argument(
+        "--decode-sweep-methods",
+        default=None,
+        help="decode kernels to sweep: tensor_cores, lanes or both (default both)",
+    )
+    parser.add_argument(
+        "--decode-sweep-cuda-graph",
+        action="store_true",
+        help="time the decode sweep as CUDA-graph replays (GPU time without host launch cost)",
+    )
     parser.add_argument("--decode-sweep-dtypes", default="bf16", help="dtypes of the decode sweep, e.g. bf16,fp32")
-    parser.add_argument("--decode-sweep-shapes", default=None,
-                        help="rows of DECODE_SWEEP_SHAPES to sweep, e.g. 2,3 (default all)")
+    parser.add_argument(
+        "--decode-sweep-shapes", default=None, help="rows of DECODE_SWEEP_SHAPES to sweep, e.g. 2,3 (default all)"
+    )
     # A child process of --isolate: run the items from this one on, each row appended to the rows file.
     parser.add_argument("--first-item", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--rows-file", default=None, help=argparse.SUPPRESS)
     # Tests of the failure reporting: these items raise / kill their process instead of running.
-    parser.add_argument("--raise-in-items", type=lambda s: {int(i) for i in s.split(",")}, default=set(),
-                        help=argparse.SUPPRESS)
-    parser.add_argument("--die-in-items", type=lambda s: {int(i) for i in s.split(",")}, default=set(),
-                        help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--raise-in-items", type=lambda s: {int(i) for i in s.split(",")}, default=set(), help=argparse.SUPPRESS
+    )
+    parser.add_argument(
+        "--die-in-items", type=lambda s: {int(i) for i in s.split(",")}, default=set(), help=argparse.SUPPRESS
+    )
     args = parser.parse_args(argv)
     global CHECK_SHAPES, VARLEN_SHAPES
     if args.smoke:
@@ -529,17 +696,22 @@ def main(argv=None):
     if args.first_item is not None:  # a child process: the checks only
         SETTINGS.poison_outputs = True
         with open(args.rows_file, "a") as rows_file:
+
             def record(index, row):
                 rows_file.write(json.dumps([index, row], default=str) + "\n")
                 rows_file.flush()
+
             return 0 if run_items(items, args.first_item, args, record) == len(items) else CUDA_BROKEN
 
     os.makedirs(args.out, exist_ok=True)  # DIR/gpu_kernel_check.json (and the sweep's configs) go in it
     started = time.time()
     sweep = None
     if args.sweep:
-        shapes = ((4, 16, 4096, 64), (4, 16, 4096, 128)) if args.sweep_shapes is None else [
-            tuple(int(x) for x in s.split("x")) for s in args.sweep_shapes.split(",")]
+        shapes = (
+            ((4, 16, 4096, 64), (4, 16, 4096, 128))
+            if args.sweep_shapes is None
+            else [tuple(int(x) for x in s.split("x")) for s in args.sweep_shapes.split(",")]
+        )
         sweep, best = sweep_configs(shapes, kinds=None if args.sweep_kinds is None else args.sweep_kinds.split(","))
         path = os.path.abspath(f"{args.out}/kernel_configs.json")
         with open(path, "w") as f:
@@ -547,15 +719,30 @@ def main(argv=None):
         if args.sweep_shapes is None or args.sweep_install:  # the default shapes: check the fastest tiles below
             os.environ["POPE_KERNEL_CONFIGS"] = path
             print(f"fastest configs installed (POPE_KERNEL_CONFIGS={path}): {best}", flush=True)
-    sweep_shapes = DECODE_SWEEP_SHAPES if args.decode_sweep_shapes is None else [
-        DECODE_SWEEP_SHAPES[int(i)] for i in args.decode_sweep_shapes.split(",")]
-    decode_sweep = [row for dtype_name in args.decode_sweep_dtypes.split(",")
-                    for row in sweep_decode(sweep_shapes, args.decode_sweep_tensor_cores_only, dtype_name,
-                                           None if args.decode_sweep_methods is None else
-                                           args.decode_sweep_methods.split(","), args.decode_sweep_cuda_graph)
-                    ] if args.decode_sweep else None
-    results = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (interpreter)",
-               "torch": torch.__version__}
+    sweep_shapes = (
+        DECODE_SWEEP_SHAPES
+        if args.decode_sweep_shapes is None
+        else [DECODE_SWEEP_SHAPES[int(i)] for i in args.decode_sweep_shapes.split(",")]
+    )
+    decode_sweep = (
+        [
+            row
+            for dtype_name in args.decode_sweep_dtypes.split(",")
+            for row in sweep_decode(
+                sweep_shapes,
+                args.decode_sweep_tensor_cores_only,
+                dtype_name,
+                None if args.decode_sweep_methods is None else args.decode_sweep_methods.split(","),
+                args.decode_sweep_cuda_graph,
+            )
+        ]
+        if args.decode_sweep
+        else None
+    )
+    results = {
+        "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (interpreter)",
+        "torch": torch.__version__,
+    }
     import triton
 
     results["triton"] = triton.__version__
@@ -574,13 +761,19 @@ def main(argv=None):
         SETTINGS.poison_outputs = False
         for index in range(broken_at, len(items)):  # this process cannot run them (--isolate can)
             group, dtype_name, shape = items[index]
-            rows[index] = {"group": group, "dtype": dtype_name, "shape": shape, "passed": False,
-                           "error": "not run: an earlier check broke this process's CUDA context (use --isolate)"}
+            rows[index] = {
+                "group": group,
+                "dtype": dtype_name,
+                "shape": shape,
+                "passed": False,
+                "error": "not run: an earlier check broke this process's CUDA context (use --isolate)",
+            }
             print(describe(rows[index]), flush=True)
     ordered = [rows[i] for i in range(len(items))]
     results["correctness"] = [r for r in ordered if r["group"] in CORRECTNESS_GROUPS]
     results["determinism"], results["decode_growing_cache"] = (
-        next(r for r in ordered if r["group"] == group) for group in ("determinism", "decode_growing_cache"))
+        next(r for r in ordered if r["group"] == group) for group in ("determinism", "decode_growing_cache")
+    )
     if sweep is not None:
         results["sweep"] = sweep
     if decode_sweep is not None:
@@ -604,10 +797,12 @@ def print_summary(rows: list, seconds: float) -> None:
         print(describe(row))
     correctness = [r for r in rows if r["group"] in CORRECTNESS_GROUPS]
     determinism = next((r for r in rows if r["group"] == "determinism"), {})
-    print(f"correctness: {sum(r['passed'] for r in correctness)}/{len(correctness)} passed "
-          f"(kernel error / reference error vs float64, max abs); determinism "
-          f"{'OK' if determinism.get('bitwise_identical_over_3_runs') else 'FAILED'}; {len(failed)} failed; "
-          f"{seconds:.0f} s")
+    print(
+        f"correctness: {sum(r['passed'] for r in correctness)}/{len(correctness)} passed "
+        f"(kernel error / reference error vs float64, max abs); determinism "
+        f"{'OK' if determinism.get('bitwise_identical_over_3_runs') else 'FAILED'}; {len(failed)} failed; "
+        f"{seconds:.0f} s"
+    )
 
 
 if __name__ == "__main__":

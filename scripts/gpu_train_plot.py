@@ -16,6 +16,7 @@ entries the forward clamp has frozen), so lift-off can be read against it; a run
 stderr. --group draws runs whose labels agree up to their last comma ("RoPE, seed 0", "RoPE, seed 1") in one
 colour, each with its own line style, so seeds of one setting read as one family.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,73 +72,125 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("runs", nargs="+", help="metrics.jsonl files or run directories, optionally LABEL=PATH")
     parser.add_argument("--out", required=True, help="PNG path")
     parser.add_argument("--lr", action="store_true", help="add a panel with each run's learning rate")
-    parser.add_argument("--delta", action="store_true",
-                        help="add a panel with each PoPE run's count of delta entries outside [-2pi, 0]")
+    parser.add_argument(
+        "--delta", action="store_true", help="add a panel with each PoPE run's count of delta entries outside [-2pi, 0]"
+    )
     parser.add_argument("--no-valid", action="store_true", help="plot test accuracy only")
-    parser.add_argument("--paper", action="append", default=[], metavar="PE",
-                        help="draw the paper's 3-seed mean for this PE, e.g. pope or rope-half (also drawn for "
-                             "labels named PE-...)")
+    parser.add_argument(
+        "--paper",
+        action="append",
+        default=[],
+        metavar="PE",
+        help="draw the paper's 3-seed mean for this PE, e.g. pope or rope-half (also drawn for labels named PE-...)",
+    )
     parser.add_argument("--title", default="Indirect indexing (8 layers, d_model 512)")
-    parser.add_argument("--group", action="store_true",
-                        help="one colour per family of labels (the text before the last comma), one line style per "
-                             "member; needs --no-valid (validation lines are dashed)")
+    parser.add_argument(
+        "--group",
+        action="store_true",
+        help="one colour per family of labels (the text before the last comma), one line style per "
+        "member; needs --no-valid (validation lines are dashed)",
+    )
     args = parser.parse_args(argv)
     if args.group and not args.no_valid:
-        raise SystemExit("gpu_train_plot.py: --group gives each seed of a family its own line style, which the "
-                         "dashed validation lines would clash with; add --no-valid")
+        raise SystemExit(
+            "gpu_train_plot.py: --group gives each seed of a family its own line style, which the "
+            "dashed validation lines would clash with; add --no-valid"
+        )
     for pe in args.paper:
         if paper_value(PRESET, pe) is None:
             from pope.presets import PRESETS
 
             known = ", ".join(k for k in PRESETS[PRESET].paper if k != "metric")
-            raise SystemExit(f"gpu_train_plot.py: the paper reports no {PRESET} number for --paper {pe!r}; "
-                             f"give one of {known}")
+            raise SystemExit(
+                f"gpu_train_plot.py: the paper reports no {PRESET} number for --paper {pe!r}; give one of {known}"
+            )
     runs = [read_run(argument) for argument in args.runs]
     if args.delta and not any("delta_below" in r for _, records in runs for r in records):
-        raise SystemExit("gpu_train_plot.py: --delta: no run has delta counts in its eval records (delta_below, "
-                         "delta_above: PoPE runs trained since the trainer logs them); leave --delta out")
+        raise SystemExit(
+            "gpu_train_plot.py: --delta: no run has delta counts in its eval records (delta_below, "
+            "delta_above: PoPE runs trained since the trainer logs them); leave --delta out"
+        )
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as err:
         raise SystemExit("plotting needs matplotlib: pip install 'pope-attention[train]'") from err
     extra = [name for name, wanted in (("lr", args.lr), ("delta", args.delta)) if wanted]  # panels below
-    figure, axes = plt.subplots(1 + len(extra), 1, figsize=(7, 4.2 + 1.8 * len(extra)), sharex=True,
-                                height_ratios=(3, *[1.3] * len(extra)), squeeze=False)
+    figure, axes = plt.subplots(
+        1 + len(extra),
+        1,
+        figsize=(7, 4.2 + 1.8 * len(extra)),
+        sharex=True,
+        height_ratios=(3, *[1.3] * len(extra)),
+        squeeze=False,
+    )
     axis, panels = axes[0][0], {name: row[0] for name, row in zip(extra, axes[1:])}
     table = {}
     for (label, records), style in zip(runs, line_styles([label for label, _ in runs], args.group)):
         evals = [r for r in records if r.get("kind") == "eval"]
         steps = [r["step"] for r in evals]
-        line, = axis.plot(steps, [100 * r["test_accuracy"] for r in evals], marker="o", markersize=3,
-                          label=f"{label} test" if not args.no_valid else label, **style)
+        (line,) = axis.plot(
+            steps,
+            [100 * r["test_accuracy"] for r in evals],
+            marker="o",
+            markersize=3,
+            label=f"{label} test" if not args.no_valid else label,
+            **style,
+        )
         if not args.no_valid:
-            axis.plot(steps, [100 * r["valid_accuracy"] for r in evals], linestyle="--", color=line.get_color(),
-                      alpha=0.6, label=f"{label} valid")
+            axis.plot(
+                steps,
+                [100 * r["valid_accuracy"] for r in evals],
+                linestyle="--",
+                color=line.get_color(),
+                alpha=0.6,
+                label=f"{label} valid",
+            )
         pe = label.split("-")[0]
         paper = paper_value(PRESET, pe)
         if paper is not None:
-            axis.axhline(100 * paper, color=line.get_color(), linestyle=":", linewidth=1,
-                         label=f"paper {pe} (3-seed mean)")
+            axis.axhline(
+                100 * paper, color=line.get_color(), linestyle=":", linewidth=1, label=f"paper {pe} (3-seed mean)"
+            )
         if args.lr:
             train = [r for r in records if r.get("kind") == "train" and "lr" in r]
-            panels["lr"].plot([r["step"] for r in train], [r["lr"] for r in train], color=line.get_color(),
-                              linestyle=line.get_linestyle(), label=label)
+            panels["lr"].plot(
+                [r["step"] for r in train],
+                [r["lr"] for r in train],
+                color=line.get_color(),
+                linestyle=line.get_linestyle(),
+                label=label,
+            )
         counted = [r for r in evals if "delta_below" in r] if args.delta else []
         if counted:
-            panels["delta"].plot([r["step"] for r in counted], [r["delta_below"] + r["delta_above"] for r in counted],
-                                 color=line.get_color(), linestyle=line.get_linestyle(), label=label)
+            panels["delta"].plot(
+                [r["step"] for r in counted],
+                [r["delta_below"] + r["delta_above"] for r in counted],
+                color=line.get_color(),
+                linestyle=line.get_linestyle(),
+                label=label,
+            )
         elif args.delta:
-            print(f"gpu_train_plot.py: --delta: {label} has no delta counts (not a PoPE run, or trained before the "
-                  "trainer logged them): it has no line in the delta panel", file=sys.stderr)
+            print(
+                f"gpu_train_plot.py: --delta: {label} has no delta counts (not a PoPE run, or trained before the "
+                "trainer logged them): it has no line in the delta panel",
+                file=sys.stderr,
+            )
         table[label] = {r["step"]: r["test_accuracy"] for r in evals}
     for pe in args.paper:
         value = 100 * paper_value(PRESET, pe)
         axis.axhline(value, color="black", linestyle=":", linewidth=1, label=f"paper {pe} (3-seed mean)")
         # several --paper lines share one style: name each on the line itself
-        axis.annotate(f"paper {pe} {value:.1f} %", xy=(0.99, value), xycoords=("axes fraction", "data"), ha="right",
-                      va="bottom", fontsize=7)
+        axis.annotate(
+            f"paper {pe} {value:.1f} %",
+            xy=(0.99, value),
+            xycoords=("axes fraction", "data"),
+            ha="right",
+            va="bottom",
+            fontsize=7,
+        )
     axis.axhline(100 / 52, color="grey", linewidth=0.8, label="chance (1/52)")
     axis.set_ylabel("accuracy on the target letter (%)")
     axis.set_title(args.title)
@@ -158,8 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     width = max(16, *(len(label) + 2 for label in labels))
     print("step".rjust(8) + "".join(f"{label:>{width}}" for label in labels))
     for step in steps:
-        print(f"{step:>8}" + "".join(f"{100 * table[l][step]:>{width - 1}.2f}%" if step in table[l] else " " * width
-                                      for l in labels))
+        print(
+            f"{step:>8}"
+            + "".join(f"{100 * table[l][step]:>{width - 1}.2f}%" if step in table[l] else " " * width for l in labels)
+        )
     print(f"wrote {args.out}")
     return 0
 

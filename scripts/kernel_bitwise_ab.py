@@ -13,6 +13,7 @@ runs small shapes of the same kinds (plus fp16 / fp32 and an explicit q_offset) 
 Prints one line per case and tensor, saves DIR/kernel_bitwise_ab.json; exits 1 on any mismatch (or a missing
 tensor), 0 when every tensor is bitwise equal.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,7 +60,8 @@ def worker(save: str, small: bool, device: str) -> None:
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     results = {}
     for index, (name, batch, hq, hkv, nq, nk, d, dtype_name, magnitude, causal, q_offset) in enumerate(
-            SMALL_CASES if small else CASES):
+        SMALL_CASES if small else CASES
+    ):
         dtype = dtypes[dtype_name]
         g = torch.Generator().manual_seed(1000 + index)
         q = torch.randn(batch, hq, nq, d, generator=g)
@@ -72,15 +74,22 @@ def worker(save: str, small: bool, device: str) -> None:
         q, k, v, grad_out = (t.to(device=device, dtype=dtype) for t in (q, k, v, grad_out))
         delta = delta.to(device)
         q_offset = nk - nq if q_offset is None else q_offset
-        scale = d ** -0.5
+        scale = d**-0.5
         theta = kernel_theta(d, 10000.0, device)
         tensors = {}
         for call in ("", "@2"):
             out, lse = flash_attention_forward(q, k, v, delta, theta, causal, scale, q_offset, magnitude)
             tensors["forward out" + call], tensors["lse" + call] = out.cpu(), lse.cpu()
             leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, delta)]
-            out = triton_pope_attention(*leaves, base=10000.0, causal=causal, softmax_scale=scale, q_offset=q_offset,
-                                        magnitude=magnitude, rotary_dim=None)
+            out = triton_pope_attention(
+                *leaves,
+                base=10000.0,
+                causal=causal,
+                softmax_scale=scale,
+                q_offset=q_offset,
+                magnitude=magnitude,
+                rotary_dim=None,
+            )
             tensors["out" + call] = out.detach().cpu()
             if nq > 16:  # the decode kernels have no backward of their own (training calls take the block kernels)
                 for grad_name, grad in zip(("dq", "dk", "dv", "d_delta"), torch.autograd.grad(out, leaves, grad_out)):
@@ -99,7 +108,8 @@ def run_tree(tree: str, save: str, small: bool, device: str) -> None:
         env["TRITON_INTERPRET"] = "1"
         env["CUDA_VISIBLE_DEVICES"] = ""
     command = [sys.executable, os.path.abspath(__file__), "--worker", save, "--device", device] + (
-        ["--small"] if small else [])
+        ["--small"] if small else []
+    )
     run = subprocess.run(command, env=env, cwd=tempfile.gettempdir(), capture_output=True, text=True)
     if run.returncode != 0:
         raise SystemExit(f"the run of {tree} failed:\n{run.stdout[-3000:]}{run.stderr[-3000:]}")
@@ -116,11 +126,22 @@ def compare(old: dict, new: dict) -> list[dict]:
             if a is None or b is None:
                 rows.append({"case": case, "tensor": name, "equal": False, "note": "missing in one tree"})
                 continue
-            equal = a.dtype == b.dtype and a.shape == b.shape and torch.equal(
-                a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8))
+            equal = (
+                a.dtype == b.dtype
+                and a.shape == b.shape
+                and torch.equal(a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8))
+            )
             diff = (a.double() - b.double()).abs().max().item() if a.shape == b.shape else float("nan")
-            rows.append({"case": case, "tensor": name, "equal": bool(equal), "max_abs_diff": diff,
-                         "shape": list(a.shape), "dtype": str(a.dtype)})
+            rows.append(
+                {
+                    "case": case,
+                    "tensor": name,
+                    "equal": bool(equal),
+                    "max_abs_diff": diff,
+                    "shape": list(a.shape),
+                    "dtype": str(a.dtype),
+                }
+            )
     return rows
 
 
@@ -129,8 +150,9 @@ def main(argv=None) -> int:
     parser.add_argument("--old", help="source tree of the old version (the directory holding pope/)")
     parser.add_argument("--new", help="source tree of the new version")
     parser.add_argument("--small", action="store_true", help="small shapes (the CPU interpreter)")
-    parser.add_argument("--device", default=None, choices=["cuda", "cpu"],
-                        help="default: cuda, or cpu when TRITON_INTERPRET=1")
+    parser.add_argument(
+        "--device", default=None, choices=["cuda", "cpu"], help="default: cuda, or cpu when TRITON_INTERPRET=1"
+    )
     parser.add_argument("--out", default=".", help="directory for kernel_bitwise_ab.json")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -159,9 +181,16 @@ def main(argv=None) -> int:
         note = r.get("note") or f"max |old - new| = {r['max_abs_diff']:.3g}"
         print(f"{r['case']:<{width}}  {r['tensor']:<16} {'equal' if r['equal'] else 'DIFFERS'}  {note}")
     mismatches = [r for r in rows if not r["equal"]]
-    summary = {"old": os.path.abspath(args.old), "new": os.path.abspath(args.new), "device": device,
-               "small": args.small, "tensors": len(rows), "mismatches": len(mismatches),
-               "seconds": round(time.time() - started, 1), "rows": rows}
+    summary = {
+        "old": os.path.abspath(args.old),
+        "new": os.path.abspath(args.new),
+        "device": device,
+        "small": args.small,
+        "tensors": len(rows),
+        "mismatches": len(mismatches),
+        "seconds": round(time.time() - started, 1),
+        "rows": rows,
+    }
     if device == "cuda":
         summary["gpu"] = torch.cuda.get_device_name()
     os.makedirs(args.out, exist_ok=True)

@@ -15,6 +15,7 @@ given are the module's defaults. Prints a table; writes JSON.
 `TRITON_INTERPRET=1 ... --device cpu --shapes 1x2x40x32` runs it on CPU through Triton's interpreter (a check of
 this script: its timings mean nothing there).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,9 @@ def tile(text: str) -> tuple:
 def inputs(shape, device, seed=0):
     batch, heads, seq, head_dim = shape
     g = torch.Generator(device=device).manual_seed(seed)
-    q, k, v, do = (torch.randn(batch, heads, seq, head_dim, device=device, dtype=torch.bfloat16, generator=g)
-                   for _ in range(4))
+    q, k, v, do = (
+        torch.randn(batch, heads, seq, head_dim, device=device, dtype=torch.bfloat16, generator=g) for _ in range(4)
+    )
     delta = -6.28 * torch.rand(heads, head_dim, device=device, generator=g)
     return q, k, v, do, delta
 
@@ -68,23 +70,37 @@ def run(module, shape, device, fwd=None, dq=None, dkdv=None, cuda_graph=False):
     out, lse = module.forward(q, k, v, delta, theta, config=fwd, **options)
     grads = module.backward(do, q, k, v, delta, out, lse, theta, dq_config=dq, dkdv_config=dkdv, **options)
     fwd_ms = median_ms(lambda: module.forward(q, k, v, delta, theta, config=fwd, **options), device, cuda_graph)
-    bwd_ms = median_ms(lambda: module.backward(do, q, k, v, delta, out, lse, theta, dq_config=dq, dkdv_config=dkdv,
-                                               **options), device, cuda_graph)
+    bwd_ms = median_ms(
+        lambda: module.backward(do, q, k, v, delta, out, lse, theta, dq_config=dq, dkdv_config=dkdv, **options),
+        device,
+        cuda_graph,
+    )
     return [out, *grads], fwd_ms, bwd_ms
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--module", action="append", required=True, help="NAME=PATH of a kernel version (package directory or module file)")
+    parser.add_argument(
+        "--module",
+        action="append",
+        required=True,
+        help="NAME=PATH of a kernel version (package directory or module file)",
+    )
     parser.add_argument("--shapes", default="4x16x4096x64", help="comma-separated BxHxNxd")
     parser.add_argument("--fwd", action="append", type=tile, default=[], help="forward tile (repeatable)")
     parser.add_argument("--dq", action="append", type=tile, default=[], help="dq tile (repeatable)")
     parser.add_argument("--dkdv", action="append", type=tile, default=[], help="dk/dv tile (repeatable)")
-    parser.add_argument("--variant-tiles-only", default=None,
-                        help="apply the tile options only to this module (others run their defaults)")
+    parser.add_argument(
+        "--variant-tiles-only",
+        default=None,
+        help="apply the tile options only to this module (others run their defaults)",
+    )
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    parser.add_argument("--cuda-graph", action="store_true",
-                        help="time CUDA-graph replays (GPU time without host overhead: short sequences)")
+    parser.add_argument(
+        "--cuda-graph",
+        action="store_true",
+        help="time CUDA-graph replays (GPU time without host overhead: short sequences)",
+    )
     parser.add_argument("--out", default=".")
     args = parser.parse_args(argv)
     modules = [(spec.split("=", 1)[0], load_module(*spec.split("=", 1))) for spec in args.module]
@@ -95,7 +111,9 @@ def main(argv=None) -> None:
         for name, module in modules:
             plans = [dict()]
             if args.variant_tiles_only in (None, name):
-                plans += [dict(fwd=t) for t in args.fwd] + [dict(dq=t) for t in args.dq] + [dict(dkdv=t) for t in args.dkdv]
+                plans += (
+                    [dict(fwd=t) for t in args.fwd] + [dict(dq=t) for t in args.dq] + [dict(dkdv=t) for t in args.dkdv]
+                )
             for plan in plans:
                 try:
                     tensors, fwd_ms, bwd_ms = run(module, shape, args.device, cuda_graph=args.cuda_graph, **plan)
@@ -106,15 +124,35 @@ def main(argv=None) -> None:
                 if baseline is None:
                     baseline = tensors
                 # Same function: every output within a few bf16 roundings of the first module's default run.
-                agree = all(torch.allclose(a.float(), b.float(), rtol=2e-2, atol=2e-2 * b.float().abs().max().item())
-                            for a, b in zip(tensors, baseline) if a is not None)
-                rows.append({"shape": shape, "module": name, "plan": {k: list(v) for k, v in plan.items()},
-                             "fwd_ms": fwd_ms, "bwd_ms": bwd_ms, "agrees_with_first": agree})
-                print(f"{'x'.join(map(str, shape)):>16} {name:>8} {str(plan):<34} fwd {fwd_ms:7.3f}  bwd {bwd_ms:7.3f}"
-                      f"  total {fwd_ms + bwd_ms:7.3f}  {'ok' if agree else 'DIFFERS'}", flush=True)
-    result = {"gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu (interpreter)", "torch": torch.__version__, "triton": triton.__version__,
-              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "modules": args.module,
-              "timing": "cuda graph replay" if args.cuda_graph else "triton.testing.do_bench", "rows": rows}
+                agree = all(
+                    torch.allclose(a.float(), b.float(), rtol=2e-2, atol=2e-2 * b.float().abs().max().item())
+                    for a, b in zip(tensors, baseline)
+                    if a is not None
+                )
+                rows.append(
+                    {
+                        "shape": shape,
+                        "module": name,
+                        "plan": {k: list(v) for k, v in plan.items()},
+                        "fwd_ms": fwd_ms,
+                        "bwd_ms": bwd_ms,
+                        "agrees_with_first": agree,
+                    }
+                )
+                print(
+                    f"{'x'.join(map(str, shape)):>16} {name:>8} {str(plan):<34} fwd {fwd_ms:7.3f}  bwd {bwd_ms:7.3f}"
+                    f"  total {fwd_ms + bwd_ms:7.3f}  {'ok' if agree else 'DIFFERS'}",
+                    flush=True,
+                )
+    result = {
+        "gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu (interpreter)",
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "modules": args.module,
+        "timing": "cuda graph replay" if args.cuda_graph else "triton.testing.do_bench",
+        "rows": rows,
+    }
     with open(f"{args.out}/kernel_variants.json", "w") as f:
         json.dump(result, f, indent=1, default=str)
 

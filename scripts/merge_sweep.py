@@ -6,6 +6,7 @@ e.g. a seed rerun in a later GPU lease (`/tmp/x/pope-tf32-s2`) into the sweep it
 (`results/indirect_indexing/sweep-2026-12-01/pope-tf32`), so that `pope report` sees one setting. Nothing is
 changed unless every check passes; an error is one line on stderr and exit status 2.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,8 +19,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("source", help="the sweep directory whose seeds are copied (left unchanged)")
     parser.add_argument("destination", help="the sweep directory they join")
-    parser.add_argument("--replace-unfinished", action="store_true",
-                        help="a seed in both: replace the destination's copy if it is unfinished")
+    parser.add_argument(
+        "--replace-unfinished",
+        action="store_true",
+        help="a seed in both: replace the destination's copy if it is unfinished",
+    )
     args = parser.parse_args(argv)
     try:
         lines = merge_sweep(args.source, args.destination, replace_unfinished=args.replace_unfinished)

@@ -11,6 +11,7 @@ and dk/dv kernel (the first iteration compiles: skip its launches). With --decod
 step instead: one query per head against a cache of N keys (magnitudes f(k), as the model caches them), i.e. a
 decode kernel and the combine kernel per iteration.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,14 +38,15 @@ def main(argv=None) -> None:
         delta = -6.28 * torch.rand(n_q_heads, head_dim, device="cuda")
         theta = kernels.frequencies(head_dim, 10000.0, "cuda")
         for _ in range(args.iters):
-            kernels.decode_forward(q, k, v, delta, theta, causal=True, softmax_scale=head_dim ** -0.5,
-                                   q_offset=seq - 1, magnitude="identity")
+            kernels.decode_forward(
+                q, k, v, delta, theta, causal=True, softmax_scale=head_dim**-0.5, q_offset=seq - 1, magnitude="identity"
+            )
         torch.cuda.synchronize()
         return
     q, k, v, do = (torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=dtype) for _ in range(4))
     delta = -6.28 * torch.rand(heads, head_dim, device="cuda")
     theta = kernels.frequencies(head_dim, 10000.0, "cuda")
-    options = dict(causal=True, softmax_scale=head_dim ** -0.5, q_offset=0, magnitude="softplus")
+    options = dict(causal=True, softmax_scale=head_dim**-0.5, q_offset=0, magnitude="softplus")
     for _ in range(args.iters):
         out, lse = kernels.forward(q, k, v, delta, theta, **options)
         kernels.backward(do, q, k, v, delta, out, lse, theta, **options)

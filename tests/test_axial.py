@@ -1,12 +1,19 @@
 """Axial (N-D) PoPE: per-axis relative-position invariance, the 1-D case equals pope_attention, the ViT module."""
+
 import math
 
 import pytest
 import torch
 
 from pope.attention import pope_attention
-from pope.axial import (AxialPoPE, AxialPoPEAttention, axial_phases, axial_pope_attention, grid_positions,
-                        split_axis_dims)
+from pope.axial import (
+    AxialPoPE,
+    AxialPoPEAttention,
+    axial_phases,
+    axial_pope_attention,
+    grid_positions,
+    split_axis_dims,
+)
 
 
 def _qkv(b=2, h=3, n=12, d=8, seed=0):
@@ -23,8 +30,8 @@ def _scores(q, k, positions_q, positions_k, axis_dims, delta):
     for axis, g in enumerate(axis_dims):
         theta = 10000.0 ** (-torch.arange(g, dtype=torch.float64) / g)
         rel = (positions_k[None, :, axis] - positions_q[:, None, axis]).double()  # (Nq, Nk): s_a - t_a
-        angle = rel[..., None] * theta + delta[:, None, None, start:start + g]  # (H, Nq, Nk, g)
-        mags = f(q[..., start:start + g])[:, :, :, None, :] * f(k[..., start:start + g])[:, :, None, :, :]
+        angle = rel[..., None] * theta + delta[:, None, None, start : start + g]  # (H, Nq, Nk, g)
+        mags = f(q[..., start : start + g])[:, :, :, None, :] * f(k[..., start : start + g])[:, :, None, :, :]
         total += (mags * angle.cos()[None]).sum(-1)
         start += g
     return total / math.sqrt(d)

@@ -1,5 +1,6 @@
 """The top-level CLI: one error line per user-facing fault (traceback only with --debug), Ctrl-C -> 130,
 and listings people can discover (presets, positional encodings)."""
+
 from __future__ import annotations
 
 import os
@@ -13,11 +14,18 @@ from pope.cli import main, preset_rows
 from pope.data import registry
 
 
-@pytest.mark.parametrize("error", [
-    ValueError("bad value; do X"), TypeError("wrong type; pass an int"),
-    FileNotFoundError("no such file /x; create it"),
-    PermissionError(13, "Permission denied", "/ro"), IsADirectoryError(21, "Is a directory", "/d"),
-    NotADirectoryError(20, "Not a directory", "/f/x"), RuntimeError("the device failed; retry")])
+@pytest.mark.parametrize(
+    "error",
+    [
+        ValueError("bad value; do X"),
+        TypeError("wrong type; pass an int"),
+        FileNotFoundError("no such file /x; create it"),
+        PermissionError(13, "Permission denied", "/ro"),
+        IsADirectoryError(21, "Is a directory", "/d"),
+        NotADirectoryError(20, "Not a directory", "/f/x"),
+        RuntimeError("the device failed; retry"),
+    ],
+)
 def test_user_errors_are_one_line_without_traceback(monkeypatch, capsys, error):
     def fail(*args, **kwargs):
         raise error
@@ -59,7 +67,7 @@ def test_presets_lists_every_preset_with_size_dataset_and_description(capsys):
     assert main(["presets"]) == 0
     out = capsys.readouterr().out
     for name, preset in PRESETS.items():
-        line = next(l for l in out.splitlines() if l.split()[:1] == [name])
+        line = next(row for row in out.splitlines() if row.split()[:1] == [name])
         assert f"{preset.model['n_layer']} x {preset.model['d_model']}" in line
         assert preset.recipe.dataset in line and preset.description in line
     rows = {row["name"]: row for row in preset_rows()}
@@ -70,8 +78,10 @@ def test_presets_lists_every_preset_with_size_dataset_and_description(capsys):
 
     tiny = PRESETS["jsb-tiny"]
     assert rows["jsb-tiny"]["params"] == GPT(tiny.model_config(pe="pope", **tiny.model)).num_params()
-    assert rows["indirect-indexing-tiny"]["params"] == GPT(PRESETS["indirect-indexing-tiny"].model_config(
-        pe="pope", vocab_size=VOCAB_SIZE)).num_params()
+    assert (
+        rows["indirect-indexing-tiny"]["params"]
+        == GPT(PRESETS["indirect-indexing-tiny"].model_config(pe="pope", vocab_size=VOCAB_SIZE)).num_params()
+    )
     assert main(["presets", "jsb"]) == 0 and '"dataset": "jsb"' in capsys.readouterr().out
     assert main(["presets", "nope-preset"]) == 1
     assert "unknown preset 'nope-preset'; valid presets:" in capsys.readouterr().err
@@ -96,13 +106,24 @@ def test_data_commands_start_without_torch(tmp_path):
     with PreparedWriter(tmp_path / "tokens", 50) as writer:
         for split in ("train", "valid", "test"):
             writer.add_document(split, list(range(1, 40)))
-        writer.finish({"name": "tokens", "vocab": {"pad_id": None}, "seq_len": 16, "request": {"dataset": "tokens"},
-                       "source": {"description": "test"}, "train_transform": None})
-    code = ("import sys; from pope.cli import main; code = main(['data', 'info', sys.argv[1], '--verify']); "
-            "print('exit', code, 'torch', 'torch' in sys.modules)")
+        writer.finish(
+            {
+                "name": "tokens",
+                "vocab": {"pad_id": None},
+                "seq_len": 16,
+                "request": {"dataset": "tokens"},
+                "source": {"description": "test"},
+                "train_transform": None,
+            }
+        )
+    code = (
+        "import sys; from pope.cli import main; code = main(['data', 'info', sys.argv[1], '--verify']); "
+        "print('exit', code, 'torch', 'torch' in sys.modules)"
+    )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
-    result = subprocess.run([sys.executable, "-c", code, str(tmp_path / "tokens")], env=env, capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "tokens")], env=env, capture_output=True, text=True, timeout=60
+    )
     assert result.stdout.split()[-4:] == ["exit", "0", "torch", "False"], result.stdout + result.stderr
 
 

@@ -1,4 +1,5 @@
 """pope_attention against the paper's formula, computed directly in float64."""
+
 import math
 import random
 
@@ -11,7 +12,6 @@ from pope.attention import reference_pope_attention
 from pope.encodings import PoPE, RoPE, build_positional_encoding
 from pope.frequencies import angles, pope_frequencies
 from pope.testing import formula_attention
-
 
 direct_pope_attention = formula_attention  # the paper's score in float64 (pope.testing)
 
@@ -79,13 +79,16 @@ def test_what_where_confound_numerically():
     (the score per channel divided by its magnitudes) is the same for every content."""
     g = torch.Generator().manual_seed(3)
     d, n = 8, 16
-    q, k = torch.randn(1, 1, n, d, generator=g, dtype=torch.float64), torch.randn(1, 1, n, d, generator=g, dtype=torch.float64)
+    q, k = (
+        torch.randn(1, 1, n, d, generator=g, dtype=torch.float64),
+        torch.randn(1, 1, n, d, generator=g, dtype=torch.float64),
+    )
     # RoPE (rotate-half pairs channel i with i + d/2): rotate every pair of the query by a content angle.
     rope = RoPE(n_heads=1, n_kv_heads=1, head_dim=d)
     angle = torch.rand(d // 2, generator=g, dtype=torch.float64) * 2 + 0.5
-    x1, x2 = q[..., : d // 2], q[..., d // 2:]
+    x1, x2 = q[..., : d // 2], q[..., d // 2 :]
     q_rot = torch.cat([x1 * angle.cos() - x2 * angle.sin(), x1 * angle.sin() + x2 * angle.cos()], dim=-1)
-    pair_norm = lambda x: (x[..., : d // 2] ** 2 + x[..., d // 2:] ** 2).sqrt()
+    pair_norm = lambda x: (x[..., : d // 2] ** 2 + x[..., d // 2 :] ** 2).sqrt()
     torch.testing.assert_close(pair_norm(q_rot), pair_norm(q))  # same magnitudes
     assert (_rope_scores(rope, q_rot, k) - _rope_scores(rope, q, k)).abs().max() > 0.1  # scores moved
 
@@ -165,8 +168,12 @@ def test_delta_project_clamps_the_parameter_in_place_and_scores_as_the_clamp():
     "project" layer (and only those) back into [-2π, 0], in place."""
     from pope.encodings import project_deltas_, projected_deltas
 
-    model = torch.nn.ModuleList([PoPE(n_heads=2, n_kv_heads=2, head_dim=8, delta_range=bound).double()
-                                 for bound in ("project", "clamp", "project", "wrap")])
+    model = torch.nn.ModuleList(
+        [
+            PoPE(n_heads=2, n_kv_heads=2, head_dim=8, delta_range=bound).double()
+            for bound in ("project", "clamp", "project", "wrap")
+        ]
+    )
     outside = torch.tensor([[0.3, 7.0, -6.5, -20.0, 0.0, -2 * math.pi, -1.0, -3.0]] * 2, dtype=torch.float64)
     with torch.no_grad():
         for layer in model:
@@ -195,8 +202,12 @@ def test_pope_softmax_scale_option():
     assert torch.equal(default(q, k, v), pope.pope_attention(q, k, v, default.bounded_delta(), backend="reference"))
     wide = build_positional_encoding("pope:softmax_scale=0.25", n_heads=2, head_dim=8)
     wide.load_state_dict(default.state_dict())
-    torch.testing.assert_close(wide(q, k, v), pope.pope_attention(q, k, v, default.bounded_delta(), softmax_scale=0.25,
-                                                                  backend="reference"), rtol=0, atol=0)
+    torch.testing.assert_close(
+        wide(q, k, v),
+        pope.pope_attention(q, k, v, default.bounded_delta(), softmax_scale=0.25, backend="reference"),
+        rtol=0,
+        atol=0,
+    )
     assert not torch.allclose(wide(q, k, v), default(q, k, v))
     for bad in (0.0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="PoPE softmax_scale must be a positive number"):
@@ -217,39 +228,51 @@ def test_triton_backend_refuses_cpu_and_auto_falls_back():
     q = k = v = torch.randn(1, 1, 4, 8)
     with pytest.raises(ValueError, match="CUDA"):
         pope.pope_attention(q, k, v, None, backend="triton")
-    torch.testing.assert_close(pope.pope_attention(q, k, v, None), pope.pope_attention(q, k, v, None, backend="reference"))
+    torch.testing.assert_close(
+        pope.pope_attention(q, k, v, None), pope.pope_attention(q, k, v, None, backend="reference")
+    )
 
 
 def _qkv(b=1, hq=2, hkv=2, nq=4, nk=4, d=8, dtype=torch.float32):
-    return torch.randn(b, hq, nq, d, dtype=dtype), torch.randn(b, hkv, nk, d, dtype=dtype), torch.randn(b, hkv, nk, d, dtype=dtype)
+    return (
+        torch.randn(b, hq, nq, d, dtype=dtype),
+        torch.randn(b, hkv, nk, d, dtype=dtype),
+        torch.randn(b, hkv, nk, d, dtype=dtype),
+    )
 
 
-@pytest.mark.parametrize("make, error, message", [
-    (lambda: (*_qkv(nq=5, nk=4), None), ValueError, "only 4"),
-    (lambda: (*_qkv(hq=3, hkv=2), None), ValueError, "multiple of key/value heads"),
-    (lambda: (_qkv()[0], _qkv(b=2)[1], _qkv(b=2)[2], None), ValueError, "batch"),
-    (lambda: (_qkv()[0], _qkv(d=6)[1], _qkv(d=6)[2], None), ValueError, "head_dim"),
-    (lambda: (_qkv()[0].long(), _qkv()[1], _qkv()[2], None), TypeError, "float16, bfloat16"),
-    (lambda: (_qkv()[0], _qkv()[1].double(), _qkv()[2], None), TypeError, "share one dtype"),
-    (lambda: (_qkv()[0][0], _qkv()[1], _qkv()[2], None), ValueError, "4 dims"),
-    (lambda: (*_qkv(), torch.zeros(3, 8)), ValueError, r"delta must have shape"),
-    (lambda: (*_qkv(), torch.zeros(2, 8, dtype=torch.long)), TypeError, "delta must be a floating"),
-    (lambda: (_qkv()[0], _qkv()[1], _qkv(nk=5)[2], None), ValueError, "same shape"),
-    (lambda: ([1.0], _qkv()[1], _qkv()[2], None), TypeError, "torch.Tensor"),
-])
+@pytest.mark.parametrize(
+    "make, error, message",
+    [
+        (lambda: (*_qkv(nq=5, nk=4), None), ValueError, "only 4"),
+        (lambda: (*_qkv(hq=3, hkv=2), None), ValueError, "multiple of key/value heads"),
+        (lambda: (_qkv()[0], _qkv(b=2)[1], _qkv(b=2)[2], None), ValueError, "batch"),
+        (lambda: (_qkv()[0], _qkv(d=6)[1], _qkv(d=6)[2], None), ValueError, "head_dim"),
+        (lambda: (_qkv()[0].long(), _qkv()[1], _qkv()[2], None), TypeError, "float16, bfloat16"),
+        (lambda: (_qkv()[0], _qkv()[1].double(), _qkv()[2], None), TypeError, "share one dtype"),
+        (lambda: (_qkv()[0][0], _qkv()[1], _qkv()[2], None), ValueError, "4 dims"),
+        (lambda: (*_qkv(), torch.zeros(3, 8)), ValueError, r"delta must have shape"),
+        (lambda: (*_qkv(), torch.zeros(2, 8, dtype=torch.long)), TypeError, "delta must be a floating"),
+        (lambda: (_qkv()[0], _qkv()[1], _qkv(nk=5)[2], None), ValueError, "same shape"),
+        (lambda: ([1.0], _qkv()[1], _qkv()[2], None), TypeError, "torch.Tensor"),
+    ],
+)
 def test_bad_input(make, error, message):
     with pytest.raises(error, match=message):
         pope.pope_attention(*make())
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(magnitude="sigmoid"), "unknown magnitude"),
-    (dict(backend="cuda"), "unknown backend"),
-    (dict(rotary_dim=9), "rotary_dim"),
-    (dict(q_offset=-1), "q_offset"),
-    (dict(softmax_scale=0.0), "softmax_scale"),
-    (dict(base=-1.0), "base"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(magnitude="sigmoid"), "unknown magnitude"),
+        (dict(backend="cuda"), "unknown backend"),
+        (dict(rotary_dim=9), "rotary_dim"),
+        (dict(q_offset=-1), "q_offset"),
+        (dict(softmax_scale=0.0), "softmax_scale"),
+        (dict(base=-1.0), "base"),
+    ],
+)
 def test_bad_options(kwargs, message):
     with pytest.raises(ValueError, match=message):
         pope.pope_attention(*_qkv(), None, **kwargs)
@@ -261,20 +284,23 @@ def test_tensors_on_different_devices():
         pope.pope_attention(q, k.to("meta"), v, None)
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    (dict(causal="no"), TypeError, "causal must be True or False"),
-    (dict(causal=1), TypeError, "causal must be True or False"),
-    (dict(q_offset=True), TypeError, "q_offset must be an int"),
-    (dict(q_offset=1.0), TypeError, "q_offset must be an int"),
-    (dict(q_offset=10**30), ValueError, "positions must stay below"),
-    (dict(softmax_scale="0.1"), TypeError, "softmax_scale must be a number"),
-    (dict(softmax_scale=float("nan")), ValueError, "softmax_scale"),
-    (dict(base=True), TypeError, "base must be a number"),
-    (dict(base=float("inf")), ValueError, "base must be a positive finite"),
-    (dict(magnitude=["relu"]), ValueError, "unknown magnitude"),
-    (dict(rotary_dim=True), ValueError, "rotary_dim"),
-    (dict(dropout_p="0"), TypeError, "dropout_p must be a number"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (dict(causal="no"), TypeError, "causal must be True or False"),
+        (dict(causal=1), TypeError, "causal must be True or False"),
+        (dict(q_offset=True), TypeError, "q_offset must be an int"),
+        (dict(q_offset=1.0), TypeError, "q_offset must be an int"),
+        (dict(q_offset=10**30), ValueError, "positions must stay below"),
+        (dict(softmax_scale="0.1"), TypeError, "softmax_scale must be a number"),
+        (dict(softmax_scale=float("nan")), ValueError, "softmax_scale"),
+        (dict(base=True), TypeError, "base must be a number"),
+        (dict(base=float("inf")), ValueError, "base must be a positive finite"),
+        (dict(magnitude=["relu"]), ValueError, "unknown magnitude"),
+        (dict(rotary_dim=True), ValueError, "rotary_dim"),
+        (dict(dropout_p="0"), TypeError, "dropout_p must be a number"),
+    ],
+)
 def test_bad_option_types(kwargs, error, message):
     with pytest.raises(error, match=message):
         pope.pope_attention(*_qkv(), None, **kwargs)
@@ -332,9 +358,15 @@ def _property_case(rng: random.Random, g: torch.Generator):
 
     q, k, v = make(hq, nq), make(hkv, nk), make(hkv, nk)
     delta = None if rng.random() < 0.3 else -6.28 * torch.rand(hq, r, generator=g, dtype=torch.float64)
-    kwargs = dict(causal=causal, q_offset=q_offset, rotary_dim=rotary_dim, backend=rng.choice(["auto", "reference"]),
-                  magnitude=rng.choice(list(pope.attention.MAGNITUDES)), base=rng.choice([10000.0, 500, 1e6]),
-                  softmax_scale=rng.choice([None, 0.3, 1.7]))
+    kwargs = dict(
+        causal=causal,
+        q_offset=q_offset,
+        rotary_dim=rotary_dim,
+        backend=rng.choice(["auto", "reference"]),
+        magnitude=rng.choice(list(pope.attention.MAGNITUDES)),
+        base=rng.choice([10000.0, 500, 1e6]),
+        softmax_scale=rng.choice([None, 0.3, 1.7]),
+    )
     clean = (q.clone(), k.clone(), v.clone())
     offset = nk - nq if q_offset is None else q_offset
     unseen = nq  # query rows whose output must match the formula
@@ -347,19 +379,47 @@ def _property_case(rng: random.Random, g: torch.Generator):
         unseen = min(position - offset, nq)
     bad = None
     if rng.random() < 0.3:
-        bad = rng.choice([
-            ("causal", "no"), ("causal", None), ("q_offset", True), ("q_offset", -1), ("q_offset", 10**30),
-            ("q_offset", 2.0), ("softmax_scale", 0.0), ("softmax_scale", "1"), ("softmax_scale", float("inf")),
-            ("base", 0), ("base", "1e4"), ("base", float("nan")), ("magnitude", "exp"), ("magnitude", None),
-            ("backend", "cuda"), ("backend", "triton"), ("rotary_dim", 0), ("rotary_dim", d + 1), ("rotary_dim", 2.0),
-            ("dropout_p", 1.5), ("dropout_p", "0"), ("delta", torch.zeros(hq + 1, r)), ("delta", [0.0]),
-            ("delta", torch.zeros(hq, r, dtype=torch.int64)), ("q", q.long()), ("q", q.tolist()),
-            ("k", k.double() if dtype != torch.float64 else k.float()), ("k", k[:, :, :0]), ("v", v[..., :0]),
-            ("q", q[..., :0]), ("q", make(hq, nk + 1)), ("q", q[0]), ("k", make(hkv + 1, nk) if hq % (hkv + 1) else
-                                                                          make(hkv, nk)[:1].expand(b + 1, -1, -1, -1))])
+        bad = rng.choice(
+            [
+                ("causal", "no"),
+                ("causal", None),
+                ("q_offset", True),
+                ("q_offset", -1),
+                ("q_offset", 10**30),
+                ("q_offset", 2.0),
+                ("softmax_scale", 0.0),
+                ("softmax_scale", "1"),
+                ("softmax_scale", float("inf")),
+                ("base", 0),
+                ("base", "1e4"),
+                ("base", float("nan")),
+                ("magnitude", "exp"),
+                ("magnitude", None),
+                ("backend", "cuda"),
+                ("backend", "triton"),
+                ("rotary_dim", 0),
+                ("rotary_dim", d + 1),
+                ("rotary_dim", 2.0),
+                ("dropout_p", 1.5),
+                ("dropout_p", "0"),
+                ("delta", torch.zeros(hq + 1, r)),
+                ("delta", [0.0]),
+                ("delta", torch.zeros(hq, r, dtype=torch.int64)),
+                ("q", q.long()),
+                ("q", q.tolist()),
+                ("k", k.double() if dtype != torch.float64 else k.float()),
+                ("k", k[:, :, :0]),
+                ("v", v[..., :0]),
+                ("q", q[..., :0]),
+                ("q", make(hq, nk + 1)),
+                ("q", q[0]),
+                ("k", make(hkv + 1, nk) if hq % (hkv + 1) else make(hkv, nk)[:1].expand(b + 1, -1, -1, -1)),
+            ]
+        )
         if bad[0] in ("q", "k", "v", "delta"):
-            q, k, v, delta = (bad[1] if bad[0] == name else value
-                              for name, value in zip(("q", "k", "v", "delta"), (q, k, v, delta)))
+            q, k, v, delta = (
+                bad[1] if bad[0] == name else value for name, value in zip(("q", "k", "v", "delta"), (q, k, v, delta))
+            )
         else:
             kwargs[bad[0]] = bad[1]
     return (q, k, v, delta), kwargs, clean, unseen, bad
@@ -384,8 +444,9 @@ def test_property_every_call_matches_the_formula_or_raises_a_clear_error():
         assert bad is None, f"trial {trial}: bad argument {bad[0]}={bad[1]!r} was accepted"
         q, k, v = clean
         options = {key: kwargs[key] for key in ("causal", "q_offset", "rotary_dim", "base", "softmax_scale")}
-        expected = formula_attention(q, k, v, args[3], magnitude=pope.attention.MAGNITUDES[kwargs["magnitude"]],
-                                     **options)
+        expected = formula_attention(
+            q, k, v, args[3], magnitude=pope.attention.MAGNITUDES[kwargs["magnitude"]], **options
+        )
         assert out.dtype == q.dtype and out.shape == q.shape, trial
         error = (out[:, :, :unseen].double() - expected[:, :, :unseen]).abs().max().item()
         assert error <= tolerance[q.dtype], f"trial {trial}: error {error:.2e} ({q.dtype}, {kwargs})"

@@ -1,4 +1,5 @@
 """Frequencies of every rotary variant on worked values, the registry, and encoding-level checks."""
+
 import math
 
 import pytest
@@ -26,8 +27,9 @@ def test_pope_frequencies_and_relation_to_rope():
 
 def test_rope_linear_ntk_worked_values():
     torch.testing.assert_close(rope_frequencies(8, 10000.0), torch.tensor([1.0, 0.1, 0.01, 0.001]))
-    torch.testing.assert_close(linear_interpolation_frequencies(8, 10000.0, 4.0),
-                               torch.tensor([0.25, 0.025, 0.0025, 0.00025]))
+    torch.testing.assert_close(
+        linear_interpolation_frequencies(8, 10000.0, 4.0), torch.tensor([0.25, 0.025, 0.0025, 0.00025])
+    )
     ntk = ntk_frequencies(8, 10000.0, 4.0)
     new_base = 10000.0 * 4.0 ** (8 / 6)  # 63496.04...
     torch.testing.assert_close(ntk, torch.tensor([new_base ** (-2 * i / 8) for i in range(4)], dtype=torch.float32))
@@ -50,11 +52,18 @@ def test_yarn_worked_values():
     assert freqs[0] == 1.0 and math.isclose(freqs[-1].item(), 0.00025, rel_tol=1e-6)
     assert math.isclose(factor, 0.1 * math.log(4) + 1)
     yarn = build_positional_encoding("yarn:scale=4,original_max_len=1024", n_heads=2, head_dim=8)
-    assert math.isclose(yarn.softmax_scale, factor ** 2 / math.sqrt(8))
+    assert math.isclose(yarn.softmax_scale, factor**2 / math.sqrt(8))
 
 
-@pytest.mark.parametrize("bad", [lambda: rope_frequencies(7), lambda: ntk_frequencies(8, 1e4, 0.5),
-                                 lambda: yarn_frequencies(8, 1e4, 2, 0), lambda: pope_frequencies(0)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda: rope_frequencies(7),
+        lambda: ntk_frequencies(8, 1e4, 0.5),
+        lambda: yarn_frequencies(8, 1e4, 2, 0),
+        lambda: pope_frequencies(0),
+    ],
+)
 def test_frequency_bad_input(bad):
     with pytest.raises(ValueError):
         bad()
@@ -98,9 +107,13 @@ def test_rope_table_is_one_operator_in_compiled_graphs():
     torch._dynamo.reset()
     compiled = torch.compile(lambda q, k, v: rope(q, k, v), backend=record, fullgraph=True)
     torch.testing.assert_close(compiled(q, k, v), rope(q, k, v))
-    targets = [str(node.target) for graph in graphs for node in graph.nodes if node.op in ("call_function", "call_method")]
+    targets = [
+        str(node.target) for graph in graphs for node in graph.nodes if node.op in ("call_function", "call_method")
+    ]
     assert any("cos_sin_table" in t for t in targets), targets
-    assert not any(t in ("cos", "sin") or t.endswith((".cos", ".sin", "torch.cos", "torch.sin")) for t in targets), targets
+    assert not any(t in ("cos", "sin") or t.endswith((".cos", ".sin", "torch.cos", "torch.sin")) for t in targets), (
+        targets
+    )
 
 
 def test_rope_half_rotates_only_half_the_channels():
@@ -119,11 +132,24 @@ def test_alibi_slopes_and_half_heads():
 
 def test_registry_names_options_and_errors():
     names = pope.list_positional_encodings()
-    for required in ("pope", "rope", "rope-half", "yarn", "pi", "ntk", "alibi", "alibi-half", "learned-abs",
-                     "sinusoidal-abs", "nope"):
+    for required in (
+        "pope",
+        "rope",
+        "rope-half",
+        "yarn",
+        "pi",
+        "ntk",
+        "alibi",
+        "alibi-half",
+        "learned-abs",
+        "sinusoidal-abs",
+        "nope",
+    ):
         assert required in names
     assert parse_pe_spec("pope:delta_init=zero,magnitude=relu,use_delta=false") == (
-        "pope", {"delta_init": "zero", "magnitude": "relu", "use_delta": False})
+        "pope",
+        {"delta_init": "zero", "magnitude": "relu", "use_delta": False},
+    )
     assert parse_pe_spec("rope:base=500000") == ("rope", {"base": 500000})
     with pytest.raises(ValueError, match="valid names: .*pope"):
         parse_pe_spec("popey")
@@ -141,8 +167,18 @@ def test_registry_names_options_and_errors():
     assert "magnitude" in pope.describe_positional_encoding("pope")
 
 
-@pytest.mark.parametrize("spec", ["pope", "pope:magnitude=relu,rotary_dim=6", "pope:magnitude=identity", "rope",
-                                  "yarn:scale=4,original_max_len=8", "rope:layout=interleaved,rotary_dim=4", "alibi"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "pope",
+        "pope:magnitude=relu,rotary_dim=6",
+        "pope:magnitude=identity",
+        "rope",
+        "yarn:scale=4,original_max_len=8",
+        "rope:layout=interleaved,rotary_dim=4",
+        "alibi",
+    ],
+)
 def test_cached_keys_give_the_same_attention(spec):
     """What a KV cache stores (cache_keys) and attention over it (attend_cached) equal attention over raw keys;
     PoPE's cache holds the key magnitudes f(k) in RoPE's d channels per key."""
@@ -157,7 +193,9 @@ def test_cached_keys_give_the_same_attention(spec):
     torch.testing.assert_close(pe.attend_cached(q, cached, v), pe(q, k, v), atol=1e-6, rtol=1e-5)
     # A cache filled in pieces (a prompt, then one key at a time) holds the same keys (up to the last bit:
     # elementwise kernels may vectorise a long tensor differently from a short one).
-    pieces = torch.cat([pe.cache_keys(k[:, :, :7], 0)] + [pe.cache_keys(k[:, :, i:i + 1], i) for i in range(7, 11)], 2)
+    pieces = torch.cat(
+        [pe.cache_keys(k[:, :, :7], 0)] + [pe.cache_keys(k[:, :, i : i + 1], i) for i in range(7, 11)], 2
+    )
     torch.testing.assert_close(pieces, cached, rtol=1e-6, atol=1e-7)
     if spec == "pope":
         torch.testing.assert_close(cached, torch.nn.functional.softplus(k))

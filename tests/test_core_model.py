@@ -1,4 +1,5 @@
 """GPT: config validation, KV-cache decoding equals a full forward pass for every encoding, training step."""
+
 import math
 from pathlib import Path
 
@@ -29,7 +30,7 @@ def test_incremental_decoding_matches_full_forward(pe):
     cache = model.new_kv_cache(3, 23)
     pieces = [model(idx[:, :9], kv_cache=cache)[0]]  # a prompt, then one token at a time
     for i in range(9, 23):
-        pieces.append(model(idx[:, i:i + 1], kv_cache=cache)[0])
+        pieces.append(model(idx[:, i : i + 1], kv_cache=cache)[0])
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=0)
 
 
@@ -89,13 +90,16 @@ def test_param_and_flop_counts():
     assert 123e6 < gpt2.num_params() < 125e6  # GPT-2 small with tied embeddings
 
 
-@pytest.mark.parametrize("bad, message", [
-    (dict(d_model=30), "divisible by n_head"),
-    (dict(n_kv_head=3), "multiple of n_kv_head"),
-    (dict(dropout=1.5), "dropout"),
-    (dict(pe="ropez"), "unknown positional encoding"),
-    (dict(n_layer=0), "n_layer"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(d_model=30), "divisible by n_head"),
+        (dict(n_kv_head=3), "multiple of n_kv_head"),
+        (dict(dropout=1.5), "dropout"),
+        (dict(pe="ropez"), "unknown positional encoding"),
+        (dict(n_layer=0), "n_layer"),
+    ],
+)
 def test_config_validation(bad, message):
     with pytest.raises(ValueError, match=message):
         small_config(**{"pe": "pope", **bad})
@@ -123,8 +127,15 @@ def test_weight_initialisations(tie):
     """init="gpt2": weights N(0, 0.02), residual output projections 0.02 / sqrt(2 n_layer); "fan-in": every linear
     weight N(0, sqrt(2 / (n_layer * fan_in))), embeddings N(0, 1 / sqrt(d_model)), a tied head left as the embedding.
     Both leave PoPE's delta as its encoding drew it (the same seed gives the same delta)."""
-    shape = dict(vocab_size=4096, n_layer=4, n_head=4, d_model=256, max_seq_len=16, pe="pope:delta_init=uniform",
-                 tie_embeddings=tie)
+    shape = dict(
+        vocab_size=4096,
+        n_layer=4,
+        n_head=4,
+        d_model=256,
+        max_seq_len=16,
+        pe="pope:delta_init=uniform",
+        tie_embeddings=tie,
+    )
     stds = {}
     for init in ("gpt2", "fan-in"):
         torch.manual_seed(0)
@@ -268,8 +279,9 @@ def test_packed_forward_equals_each_document_alone(pe):
     packed_grads = torch.autograd.grad(loss, list(model.parameters()))
 
     alone = [model(d[None])[0][0] for d in docs]
-    loss_sum = sum(torch.nn.functional.cross_entropy(a, t, ignore_index=-100, reduction="sum")
-                   for a, t in zip(alone, targets))
+    loss_sum = sum(
+        torch.nn.functional.cross_entropy(a, t, ignore_index=-100, reduction="sum") for a, t in zip(alone, targets)
+    )
     reference = loss_sum / sum(int((t != -100).sum()) for t in targets)
     reference_grads = torch.autograd.grad(reference, list(model.parameters()))
     torch.testing.assert_close(logits, torch.cat(alone), rtol=0, atol=1e-12)

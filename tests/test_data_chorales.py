@@ -1,4 +1,5 @@
 """JSB chorales: the 90-token raster serialisation, the canonical JSON loader, the music21 builder."""
+
 from __future__ import annotations
 
 import json
@@ -8,8 +9,16 @@ import numpy as np
 import pytest
 
 from pope.data import chorales
-from pope.data.chorales import (PAD_ID, REST, SILENCE_ID, VOCAB_SIZE, decode_tokens, encode_grid, load_jsb_json,
-                                vocabulary)
+from pope.data.chorales import (
+    PAD_ID,
+    REST,
+    SILENCE_ID,
+    VOCAB_SIZE,
+    decode_tokens,
+    encode_grid,
+    load_jsb_json,
+    vocabulary,
+)
 
 
 def test_vocabulary_layout():
@@ -45,8 +54,7 @@ def _canonical_json(path, train, valid, test):
 def test_canonical_json_loader(tmp_path):
     # Canonical layout: {"train"|"valid"|"test": [chorale]}, chorale = [[S, A, T, B], ...] as floats,
     # silence written as NaN (Python's json reads it), null or -1.
-    train = [[[74.0, 70.0, 65.0, 58.0], [74.0, 70.0, 65.0, 58.0], [75.0, "NaN", 67.0, None]],
-             [[60, 55, 52, 36]]]
+    train = [[[74.0, 70.0, 65.0, 58.0], [74.0, 70.0, 65.0, 58.0], [75.0, "NaN", 67.0, None]], [[60, 55, 52, 36]]]
     valid = [[[81, 72, 64, 45], [81, 72, 64, -1]]]
     test = [[[62.0, 57.0, 53.0, 38.0]]]
     path = _canonical_json(tmp_path / "Jsb16thSeparated.json", train, valid, test)
@@ -66,18 +74,27 @@ def test_canonical_json_loader(tmp_path):
     assert dataset.manifest["source"]["split"].startswith("the file's own")
 
 
-@pytest.mark.parametrize("payload, message", [
-    ({"train": [], "valid": []}, r"expected an object with keys \['train', 'valid', 'test'\]"),
-    ([1, 2, 3], "expected an object with keys"),
-    ({"train": [[[60, 60, 60]]], "valid": [], "test": []}, r"\['train'\]\[0\]\[0\] must be a list of 4 pitches"),
-    ({"train": [[[60, 60, "C4", 60]]], "valid": [], "test": []}, r"\['train'\]\[0\]\[0\]\[2\]: a pitch must be"),
-    ({"train": [], "valid": [[[60, 60, 60.5, 60]]], "test": []}, r"\['valid'\]\[0\]\[0\]\[2\]: pitch 60.5 is not a whole"),
-    ({"train": [], "valid": [], "test": [[[60, 60, 60, 12]]]}, r"\['test'\]\[0\]\[0\]\[3\]: pitch 12 is outside"),
-    ({"train": {"a": 1}, "valid": [], "test": []}, r"\['train'\] must be a list of chorales"),
-    ({"train": [[]], "valid": [], "test": []}, r"\['train'\]\[0\] must be a non-empty list"),
-    ({"train": [[[60, 60, 60, 60]]], "valid": [], "test": []}, r"split 'valid' and 'test' are empty \(0 chorales\)"),
-    ({"train": [[[60, 60, 60, 60]]], "valid": [[[60, 60, 60, 60]]], "test": []}, r"split 'test' is empty"),
-])
+@pytest.mark.parametrize(
+    "payload, message",
+    [
+        ({"train": [], "valid": []}, r"expected an object with keys \['train', 'valid', 'test'\]"),
+        ([1, 2, 3], "expected an object with keys"),
+        ({"train": [[[60, 60, 60]]], "valid": [], "test": []}, r"\['train'\]\[0\]\[0\] must be a list of 4 pitches"),
+        ({"train": [[[60, 60, "C4", 60]]], "valid": [], "test": []}, r"\['train'\]\[0\]\[0\]\[2\]: a pitch must be"),
+        (
+            {"train": [], "valid": [[[60, 60, 60.5, 60]]], "test": []},
+            r"\['valid'\]\[0\]\[0\]\[2\]: pitch 60.5 is not a whole",
+        ),
+        ({"train": [], "valid": [], "test": [[[60, 60, 60, 12]]]}, r"\['test'\]\[0\]\[0\]\[3\]: pitch 12 is outside"),
+        ({"train": {"a": 1}, "valid": [], "test": []}, r"\['train'\] must be a list of chorales"),
+        ({"train": [[]], "valid": [], "test": []}, r"\['train'\]\[0\] must be a non-empty list"),
+        (
+            {"train": [[[60, 60, 60, 60]]], "valid": [], "test": []},
+            r"split 'valid' and 'test' are empty \(0 chorales\)",
+        ),
+        ({"train": [[[60, 60, 60, 60]]], "valid": [[[60, 60, 60, 60]]], "test": []}, r"split 'test' is empty"),
+    ],
+)
 def test_json_with_wrong_structure_is_a_clear_error(tmp_path, payload, message):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(payload))
@@ -135,8 +152,9 @@ def test_music21_builder_gives_300_four_voice_chorales(tmp_path):
     assert math.isclose(sizes[1] / sum(sizes), 76 / 382, abs_tol=0.01)
     assert math.isclose(sizes[2] / sum(sizes), 77 / 382, abs_tol=0.01)
     again = chorales.split_music21_chorales(reversed(chorale_list))  # deterministic, order-independent
-    assert {s: [c.chorale_id for c in v] for s, v in splits.items()} == \
-        {s: [c.chorale_id for c in v] for s, v in again.items()}
+    assert {s: [c.chorale_id for c in v] for s, v in splits.items()} == {
+        s: [c.chorale_id for c in v] for s, v in again.items()
+    }
 
     dataset = chorales.prepare_jsb(tmp_path / "jsb", progress=False)
     lengths = np.concatenate([dataset.split(s).document_lengths() for s in ("train", "valid", "test")])

@@ -1,5 +1,6 @@
 """Several processes preparing one cached dataset at once (seed sweeps, torchrun ranks) all succeed and
 read the same complete, verified files (pope.files.exclusive_lock around every check-then-build)."""
+
 import json
 import multiprocessing
 import os
@@ -41,8 +42,9 @@ def _prepare_jsb_json() -> dict:
     from pope.data import registry
 
     cache = Path(os.environ["POPE_CACHE"])
-    dataset = registry.prepare("jsb", out_dir=cache / "data" / "jsb", source=cache.parent.parent / "chorales.json",
-                               progress=False)
+    dataset = registry.prepare(
+        "jsb", out_dir=cache / "data" / "jsb", source=cache.parent.parent / "chorales.json", progress=False
+    )
     dataset.verify()
     # every file the prepare wrote (another process's transient .pope-write-probe-* is not one)
     names = json.loads((dataset.path / ".pope-dataset").read_text())["files"] + [".pope-dataset"]
@@ -71,8 +73,9 @@ def test_concurrent_indirect_indexing_preparation(tmp_path):
         assert {path.name for path in directory.iterdir()} == SPLIT_FILES  # no temporaries left behind
         assert {path.name for path in directory.parent.iterdir()} == {directory.name}  # nor lock files
         manifest = json.loads((directory / "manifest.json").read_text())
-        assert {name: info["sha256"] for name, info in manifest["splits"].items()} == \
-            {f"{name}": outcomes[0][f"{name}.txt"] for name in SIZES}
+        assert {name: info["sha256"] for name, info in manifest["splits"].items()} == {
+            f"{name}": outcomes[0][f"{name}.txt"] for name in SIZES
+        }
 
 
 def test_concurrent_prepared_dataset_preparation(tmp_path):

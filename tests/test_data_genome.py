@@ -1,4 +1,5 @@
 """DNA: 6-mer tokenisation with single-nucleotide fallback, FASTA validation, region splits."""
+
 from __future__ import annotations
 
 import gzip
@@ -9,8 +10,15 @@ import numpy as np
 import pytest
 
 from pope.data import genome
-from pope.data.genome import (KMER_OFFSET, SINGLE_OFFSET, VOCAB_SIZE, detokenize, read_fasta_regions, tokenize,
-                              vocabulary)
+from pope.data.genome import (
+    KMER_OFFSET,
+    SINGLE_OFFSET,
+    VOCAB_SIZE,
+    detokenize,
+    read_fasta_regions,
+    tokenize,
+    vocabulary,
+)
 
 
 def reference_tokenize(sequence: str) -> list[int]:
@@ -18,7 +26,7 @@ def reference_tokenize(sequence: str) -> list[int]:
     ids = {token: index for index, token in enumerate(vocabulary())}
     out, i = [], 0
     while i < len(sequence):
-        window = sequence[i:i + 6]
+        window = sequence[i : i + 6]
         if len(window) == 6 and "N" not in window:
             out.append(ids[window])
             i += 6
@@ -41,7 +49,15 @@ def test_fallback_rules():
     ids = {token: index for index, token in enumerate(vocabulary())}
     # 8 bases then N: one 6-mer, two singles, N; then a 6-mer; a tail of fewer than 6 bases is single
     assert tokenize("ACGTACGTNAAAAAATTG").tolist() == [
-        ids["ACGTAC"], ids["G"], ids["T"], ids["N"], ids["AAAAAA"], ids["T"], ids["T"], ids["G"]]
+        ids["ACGTAC"],
+        ids["G"],
+        ids["T"],
+        ids["N"],
+        ids["AAAAAA"],
+        ids["T"],
+        ids["T"],
+        ids["G"],
+    ]
     assert tokenize("NNN").tolist() == [ids["N"]] * 3
     assert tokenize("").tolist() == []
     assert tokenize("acgtacgt").tolist() == tokenize("ACGTACGT").tolist()  # soft-masked = upper case
@@ -75,8 +91,10 @@ def test_real_chrx_region_roundtrips_exactly():
 
 
 def _write_fasta(path, records, gz=False, line=60):
-    text = "".join(f">{name} test record\n" + "".join(seq[i:i + line] + "\n" for i in range(0, len(seq), line))
-                   for name, seq in records)
+    text = "".join(
+        f">{name} test record\n" + "".join(seq[i : i + line] + "\n" for i in range(0, len(seq), line))
+        for name, seq in records
+    )
     if gz:
         path.write_bytes(gzip.compress(text.encode()))
     else:
@@ -84,14 +102,17 @@ def _write_fasta(path, records, gz=False, line=60):
     return path
 
 
-@pytest.mark.parametrize("content, message", [
-    (">\nACGT\n", r"line 1: FASTA header b'>' has no sequence name"),
-    (">   \nACGT\n", r"line 1: FASTA header .* has no sequence name"),
-    ("ACGT\n>chr1\nACGT\n", r"line 1: sequence data before the first '>' header"),
-    (">chr1\nACGTACGT\nACGTRCGT\n", r"line 3, column 5: letter 'R' in record 'chr1' is not A, C, G, T or N"),
-    (">chr1\nACGT\n>chr1\nACGT\n", r"line 3: record name 'chr1' appears twice"),
-    ("", r"no FASTA record found"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (">\nACGT\n", r"line 1: FASTA header b'>' has no sequence name"),
+        (">   \nACGT\n", r"line 1: FASTA header .* has no sequence name"),
+        ("ACGT\n>chr1\nACGT\n", r"line 1: sequence data before the first '>' header"),
+        (">chr1\nACGTACGT\nACGTRCGT\n", r"line 3, column 5: letter 'R' in record 'chr1' is not A, C, G, T or N"),
+        (">chr1\nACGT\n>chr1\nACGT\n", r"line 3: record name 'chr1' appears twice"),
+        ("", r"no FASTA record found"),
+    ],
+)
 def test_bad_fasta_is_a_clear_error(tmp_path, content, message):
     path = tmp_path / "bad.fa"
     path.write_text(content)
@@ -117,9 +138,11 @@ def test_truncated_gzip_and_missing_file(tmp_path):
 
 # sha256 of the .bin files that the former layout (every region cut into documents of <= 1000 tokens)
 # wrote for _two_records_fasta at region_bases=10_000
-LAYOUT_1_SHA256 = {"train": "f450a40309ea376b4d249082c140e36855afc5e3c73337f3308834bcc52882ca",
-                   "valid": "842ea538aa29b9a418420cf3be6bb25de5d593c5618f7f5655cbc22b9dacc7ab",
-                   "test": "614c3dca7733c57cb68acba2afb574b13e568e85a81265e4c7f6e54cc2ec9729"}
+LAYOUT_1_SHA256 = {
+    "train": "f450a40309ea376b4d249082c140e36855afc5e3c73337f3308834bcc52882ca",
+    "valid": "842ea538aa29b9a418420cf3be6bb25de5d593c5618f7f5655cbc22b9dacc7ab",
+    "test": "614c3dca7733c57cb68acba2afb574b13e568e85a81265e4c7f6e54cc2ec9729",
+}
 
 
 def _two_records_fasta(tmp_path):
@@ -157,13 +180,15 @@ def test_prepare_splits_by_region_without_overlap(tmp_path):
     assert dataset.split("train").document_lengths().max() > 1000  # a 10 kb region is ~1,667 tokens
     # The token streams are byte for byte those of the former layout (documents of <= 1000 tokens, at
     # 664e90d): the trainer's windows and evaluations of this pad-free data read the streams only.
-    assert {split: info["sha256"][f"{split}.bin"] for split, info in dataset.manifest["splits"].items()} == \
-        LAYOUT_1_SHA256
+    assert {
+        split: info["sha256"][f"{split}.bin"] for split, info in dataset.manifest["splits"].items()
+    } == LAYOUT_1_SHA256
     assert dataset.vocab_size == 4107 and dataset.pad_id is None and dataset.seq_len == 1000
     assert dataset.manifest["vocab"]["pad_token_id"] == 1
     # explicit cap: recorded, never silent
-    capped = genome.prepare_genome(tmp_path / "capped", source=path, region_bases=10_000, max_bases=200_000,
-                                   progress=False)
+    capped = genome.prepare_genome(
+        tmp_path / "capped", source=path, region_bases=10_000, max_bases=200_000, progress=False
+    )
     assert capped.manifest["stats"]["bases_read"] == 200_000 == capped.manifest["stats"]["max_bases_cap"]
 
 
@@ -175,8 +200,11 @@ def test_offline_chrx_prepare_and_reuse(tmp_path):
     assert {k: len(v) for k, v in stats["regions"].items()} == {"train": 3, "valid": 1, "test": 1}
     assert {split: dataset.split(split).n_docs for split in dataset.split_names} == {"train": 3, "valid": 1, "test": 1}
     # the token streams of the former layout (documents of <= 1000 tokens, at 664e90d), byte for byte
-    assert {split: info["sha256"][f"{split}.bin"][:16] for split, info in dataset.manifest["splits"].items()} == \
-        {"train": "f8f958c615495433", "valid": "073772fbd44f63d2", "test": "f37400a3e39ff57e"}
+    assert {split: info["sha256"][f"{split}.bin"][:16] for split, info in dataset.manifest["splits"].items()} == {
+        "train": "f8f958c615495433",
+        "valid": "073772fbd44f63d2",
+        "test": "f37400a3e39ff57e",
+    }
     again = genome.prepare_genome(tmp_path / "chrx", max_bases=5_000_000, progress=False)
     assert again.reused and again.manifest["created_utc"] == dataset.manifest["created_utc"]
 
@@ -196,7 +224,7 @@ def _layout_1_copy(dataset, out_dir):
             for index in range(token_split.n_docs):
                 region = np.asarray(token_split.document(index))
                 for begin in range(0, len(region), 1000):
-                    writer.add_document(split, region[begin: begin + 1000])
+                    writer.add_document(split, region[begin : begin + 1000])
         return writer.finish(fields)
 
 
@@ -212,8 +240,10 @@ def test_a_dataset_of_the_former_layout_is_rebuilt_with_the_same_token_streams(t
     assert not rebuilt.reused and rebuilt.manifest["request"] == current.manifest["request"]
     for split in current.split_names:
         assert rebuilt.manifest["splits"][split]["sha256"] == current.manifest["splits"][split]["sha256"]
-        assert old.manifest["splits"][split]["sha256"][f"{split}.bin"] == \
-            rebuilt.manifest["splits"][split]["sha256"][f"{split}.bin"]  # the same token stream
+        assert (
+            old.manifest["splits"][split]["sha256"][f"{split}.bin"]
+            == rebuilt.manifest["splits"][split]["sha256"][f"{split}.bin"]
+        )  # the same token stream
     assert genome.prepare_genome(tmp_path / "old", source=path, region_bases=10_000, progress=False).reused
 
 
@@ -238,17 +268,58 @@ def test_length_evaluation_reaches_the_region_length(tmp_path, capsys):
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=VOCAB_SIZE, n_layer=1, n_head=2, d_model=16, max_seq_len=1000, pe="pope")
     run = tmp_path / "run"
-    save_checkpoint(run / "checkpoints" / "last", model_state=GPT(config).state_dict(),
-                    model_config=config.to_dict(), trainer_state={"step": 0})
+    save_checkpoint(
+        run / "checkpoints" / "last",
+        model_state=GPT(config).state_dict(),
+        model_config=config.to_dict(),
+        trainer_state={"step": 0},
+    )
     out = tmp_path / "length"
-    assert main(["eval", "length", str(run), "--data", str(dataset.path), "--lengths", "1000,2000,4000",
-                 "--batch-size", "1", "--out", str(out), "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "length",
+                str(run),
+                "--data",
+                str(dataset.path),
+                "--lengths",
+                "1000,2000,4000",
+                "--batch-size",
+                "1",
+                "--out",
+                str(out),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     results = json.loads((out / "length.json").read_text())["runs"][0]["results"]
-    assert [(r["length"], r["n_targets"], r["n_docs_used"]) for r in results] == \
-        [(1000, 4_999, 1), (2000, 4_999, 1), (4000, 4_999, 1)]
+    assert [(r["length"], r["n_targets"], r["n_docs_used"]) for r in results] == [
+        (1000, 4_999, 1),
+        (2000, 4_999, 1),
+        (4000, 4_999, 1),
+    ]
     capsys.readouterr()
-    assert main(["eval", "length", str(run), "--data", str(dataset.path), "--lengths", "5000", "--out",
-                 str(tmp_path / "too-long"), "--device", "cpu"]) != 0
+    assert (
+        main(
+            [
+                "eval",
+                "length",
+                str(run),
+                "--data",
+                str(dataset.path),
+                "--lengths",
+                "5000",
+                "--out",
+                str(tmp_path / "too-long"),
+                "--device",
+                "cpu",
+            ]
+        )
+        != 0
+    )
     error = capsys.readouterr().err
     assert "the longest has 5,000 tokens" in error and "one whole region each" in error
 

@@ -1,4 +1,5 @@
 """MAESTRO: REMI with the paper's 328-token vocabulary, round trips, chunking, transposition, bad MIDI."""
+
 from __future__ import annotations
 
 import shutil
@@ -30,8 +31,21 @@ def test_vocabulary_is_328_with_specials(tokenizer):
     kinds = {}
     for name in tokenizer.vocab:
         kinds[name.split("_")[0]] = kinds.get(name.split("_")[0], 0) + 1
-    assert kinds == {"PAD": 1, "BOS": 1, "EOS": 1, "MASK": 1, "Bar": 1, "Position": 96, "Pitch": 88,
-                     "Velocity": 32, "Duration": 64, "TimeSig": 9, "Tempo": 32, "Pedal": 1, "PedalOff": 1}
+    assert kinds == {
+        "PAD": 1,
+        "BOS": 1,
+        "EOS": 1,
+        "MASK": 1,
+        "Bar": 1,
+        "Position": 96,
+        "Pitch": 88,
+        "Velocity": 32,
+        "Duration": 64,
+        "TimeSig": 9,
+        "Tempo": 32,
+        "Pedal": 1,
+        "PedalOff": 1,
+    }
     low, high = maestro.pitch_token_range(tokenizer)
     assert (tokenizer[low], tokenizer[high]) == ("Pitch_21", "Pitch_108") and high - low == 87
 

@@ -1,4 +1,5 @@
 """`pope data prepare` never deletes what it did not create; damaged data and sources are named as such."""
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,19 @@ def _jsb_json(path: Path) -> Path:
 
 
 def _prepare(tmp_path, out, *extra) -> int:
-    return main(["data", "prepare", "jsb", "--source", str(_jsb_json(tmp_path / "jsb.json")), "--out", str(out),
-                 "--no-progress", *extra])
+    return main(
+        [
+            "data",
+            "prepare",
+            "jsb",
+            "--source",
+            str(_jsb_json(tmp_path / "jsb.json")),
+            "--out",
+            str(out),
+            "--no-progress",
+            *extra,
+        ]
+    )
 
 
 def _user_files(directory: Path) -> dict[str, bytes]:
@@ -100,8 +112,9 @@ def test_stale_partials_are_removed_only_when_marked(tmp_path):
 @pytest.mark.parametrize("where", ["file", "under_file", "unwritable"])
 def test_bad_out_is_one_line_before_any_work(tmp_path, capsys, monkeypatch, where):
     (tmp_path / "afile").write_text("x")
-    out = {"file": tmp_path / "afile", "under_file": tmp_path / "afile" / "ds",
-           "unwritable": tmp_path / "ro" / "ds"}[where]
+    out = {"file": tmp_path / "afile", "under_file": tmp_path / "afile" / "ds", "unwritable": tmp_path / "ro" / "ds"}[
+        where
+    ]
     if where == "unwritable":  # tests run as root, where chmod does not stop writes: refuse the probe file
         import tempfile
 
@@ -117,8 +130,11 @@ def test_bad_out_is_one_line_before_any_work(tmp_path, capsys, monkeypatch, wher
     assert _prepare(tmp_path, out) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
-    expected = {"file": "is an existing file, not a directory", "under_file": "lies under",
-                "unwritable": "cannot be written"}
+    expected = {
+        "file": "is an existing file, not a directory",
+        "under_file": "lies under",
+        "unwritable": "cannot be written",
+    }
     assert f"--out {out}" in err and expected[where] in err
     assert (tmp_path / "afile").read_text() == "x"
 
@@ -160,7 +176,7 @@ def test_offline_status_calls_a_tampered_source_modified(tmp_path, monkeypatch, 
     assert offline.source_state("maestro")[0] == "MISSING"
     assert main(["data", "offline", "status"]) == 1
     out = capsys.readouterr().out
-    line = next(l for l in out.splitlines() if l.startswith("gpt2-tokenizer"))
+    line = next(row for row in out.splitlines() if row.startswith("gpt2-tokenizer"))
     assert "MODIFIED" in line and "MISSING" not in line
     assert "1 files, the pin has 2" in out and "pope data offline fetch --only gpt2-tokenizer" in out
     with pytest.raises(ValueError, match="was modified or corrupted.*fetch it again"):
@@ -176,8 +192,11 @@ def test_a_source_verified_under_one_cache_root_is_not_trusted_under_another(tmp
     good = source.path
     good.mkdir(parents=True)
     real_digest = offline.directory_digest
-    monkeypatch.setattr(offline, "directory_digest",  # the good root's copy matches the pin
-                        lambda d: (source.n_files, source.digest) if d == good else real_digest(d))
+    monkeypatch.setattr(
+        offline,
+        "directory_digest",  # the good root's copy matches the pin
+        lambda d: (source.n_files, source.digest) if d == good else real_digest(d),
+    )
     assert offline.source_state("gpt2-tokenizer")[0] == "ok" and memo == {good}
     monkeypatch.setenv("POPE_CACHE", str(tmp_path / "bad"))
     source.path.mkdir(parents=True)
@@ -193,12 +212,15 @@ def test_pope_cache_with_a_tilde_is_expanded(monkeypatch, tmp_path):
     assert offline.sources_root() == tmp_path / "x" / "sources"
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda m: m.pop("dtype"), "dtype is missing"),
-    (lambda m: m["splits"]["test"].pop("sha256"), "splits.test.sha256 is missing"),
-    (lambda m: m["vocab"].update(size="90"), "vocab.size is missing or not a int"),
-    (lambda m: m.update(dtype="float32"), "dtype 'float32' is not uint16 or uint32"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda m: m.pop("dtype"), "dtype is missing"),
+        (lambda m: m["splits"]["test"].pop("sha256"), "splits.test.sha256 is missing"),
+        (lambda m: m["vocab"].update(size="90"), "vocab.size is missing or not a int"),
+        (lambda m: m.update(dtype="float32"), "dtype 'float32' is not uint16 or uint32"),
+    ],
+)
 def test_a_damaged_manifest_is_named_field_by_field(tmp_path, capsys, damage, message):
     out = tmp_path / "ds"
     assert _prepare(tmp_path, out) == 0
@@ -211,10 +233,13 @@ def test_a_damaged_manifest_is_named_field_by_field(tmp_path, capsys, damage, me
     assert err.count("\n") == 1 and "manifest.json is damaged: " + message in err and "--force" in err
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--max-docs", "0"], "argument --max-docs: must be an integer >= 1, got 0"),
-    (["--max-bases", "-5"], "argument --max-bases: must be an integer >= 1, got -5"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--max-docs", "0"], "argument --max-docs: must be an integer >= 1, got 0"),
+        (["--max-bases", "-5"], "argument --max-bases: must be an integer >= 1, got -5"),
+    ],
+)
 def test_integer_options_below_one_are_refused(capsys, args, message):
     with pytest.raises(SystemExit) as info:
         main(["data", "prepare", "pg19", *args])
@@ -230,11 +255,14 @@ def test_sources_of_the_wrong_kind_are_named(tmp_path, capsys):
     assert "is a file, not a prepared dataset directory" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"force": "no"}, "force must be a bool, got 'no'"),
-    ({"max_bases": "5"}, "max_bases must be a int, got '5'"),
-    ({"ambiguous_as_n": 1}, "ambiguous_as_n must be a bool"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"force": "no"}, "force must be a bool, got 'no'"),
+        ({"max_bases": "5"}, "max_bases must be a int, got '5'"),
+        ({"ambiguous_as_n": 1}, "ambiguous_as_n must be a bool"),
+    ],
+)
 def test_prepare_options_take_real_types(tmp_path, options, message):
     from pope.data.registry import prepare
 

@@ -1,4 +1,5 @@
 """The prepared-data format: writer, reader, idempotence, interrupted prepares, transforms, CLI."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,17 @@ import numpy as np
 import pytest
 
 from pope.data import prepared
-from pope.data.prepared import (MANIFEST_NAME, PreparedDataset, PreparedWriter, TokenRangeShift, assign_splits,
-                                resolve_dataset, reuse_if_prepared, split_counts, token_dtype_for)
+from pope.data.prepared import (
+    MANIFEST_NAME,
+    PreparedDataset,
+    PreparedWriter,
+    TokenRangeShift,
+    assign_splits,
+    resolve_dataset,
+    reuse_if_prepared,
+    split_counts,
+    token_dtype_for,
+)
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -24,9 +34,16 @@ def _write_small(out_dir: Path, vocab_size: int = 50, request: dict | None = Non
         writer.add_document("train", np.array([1, 2, 3]))
         writer.add_document("valid", np.array([4, 5]))
         writer.add_document("test", np.array([vocab_size - 1]))
-        return writer.finish({"name": "small", "vocab": {"pad_id": 0}, "seq_len": 16,
-                              "request": request or {"dataset": "small"}, "source": {"description": "test"},
-                              "train_transform": None})
+        return writer.finish(
+            {
+                "name": "small",
+                "vocab": {"pad_id": 0},
+                "seq_len": 16,
+                "request": request or {"dataset": "small"},
+                "source": {"description": "test"},
+                "train_transform": None,
+            }
+        )
 
 
 def test_writer_reader_roundtrip(tmp_path):
@@ -44,8 +61,9 @@ def test_writer_reader_roundtrip(tmp_path):
     assert set(manifest["splits"]["train"]["sha256"]) == {"train.bin", "train.docs.npy"}
     dataset.verify()
     assert sorted(p.name for p in (tmp_path / "small").iterdir()) == sorted(
-        [MANIFEST_NAME, ".pope-dataset"] + [f"{s}{ext}" for s in ("train", "valid", "test")
-                                            for ext in (".bin", ".docs.npy")])
+        [MANIFEST_NAME, ".pope-dataset"]
+        + [f"{s}{ext}" for s in ("train", "valid", "test") for ext in (".bin", ".docs.npy")]
+    )
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary leftovers
     with pytest.raises(ValueError, match="no split 'dev'.*train, valid, test"):
         dataset.split("dev")
@@ -79,7 +97,7 @@ def test_killed_prepare_never_claims_completeness_and_is_cleaned_up(tmp_path):
     script = textwrap.dedent(f"""
         import os, numpy as np
         from pope.data.prepared import PreparedWriter
-        writer = PreparedWriter({str(tmp_path / 'ds')!r}, 50)
+        writer = PreparedWriter({str(tmp_path / "ds")!r}, 50)
         writer.add_document("train", np.arange(5))
         os._exit(9)  # killed before finish()
     """)
@@ -91,8 +109,10 @@ def test_killed_prepare_never_claims_completeness_and_is_cleaned_up(tmp_path):
     assert (tmp_path / "ds" / MANIFEST_NAME).read_text() == good_manifest
     PreparedDataset(tmp_path / "ds").verify()
     # a killed first prepare leaves no dataset directory at all
-    fresh = subprocess.run([sys.executable, "-c", script.replace(str(tmp_path / "ds"), str(tmp_path / "fresh"))],
-                           env={**os.environ, "PYTHONPATH": SRC})
+    fresh = subprocess.run(
+        [sys.executable, "-c", script.replace(str(tmp_path / "ds"), str(tmp_path / "fresh"))],
+        env={**os.environ, "PYTHONPATH": SRC},
+    )
     assert fresh.returncode == 9 and [p for p in tmp_path.iterdir() if p.name.startswith(".fresh.partial-")]
     assert not (tmp_path / "fresh").exists()
     with pytest.raises(FileNotFoundError, match="does not exist"):
@@ -139,8 +159,11 @@ def test_reuse_verifies_checksums_and_settings(tmp_path, capsys):
     data = bytearray(bin_path.read_bytes())
     data[0] ^= 1
     bin_path.write_bytes(bytes(data))
-    with pytest.raises(ValueError, match=r"train.bin was modified or corrupted: checksum mismatch.*rebuild the "
-                                         r"dataset with `pope data prepare small --out .*ds --force`"):
+    with pytest.raises(
+        ValueError,
+        match=r"train.bin was modified or corrupted: checksum mismatch.*rebuild the "
+        r"dataset with `pope data prepare small --out .*ds --force`",
+    ):
         PreparedDataset(tmp_path / "ds").verify()
     assert reuse_if_prepared(tmp_path / "ds", request) is None
     notice = capsys.readouterr().err  # one statement: what is wrong, with the dataset's name, and what happens

@@ -1,4 +1,5 @@
 """GPT-2 text pipeline (offline tokenizer files, local .txt, streamed HF loaders) and the offline cache."""
+
 from __future__ import annotations
 
 import shutil
@@ -15,8 +16,18 @@ def test_gpt2_ids_offline(monkeypatch):
     encoding = text.gpt2_encoding()
     assert encoding.encode("Hello world") == [15496, 995]
     # ids from GPT-2's encoder.json: The, Ġquick, Ġbrown, Ġfox, Ġjumps, Ġover, Ġthe, Ġlazy, Ġdog, .
-    assert encoding.encode("The quick brown fox jumps over the lazy dog.") == \
-        [464, 2068, 7586, 21831, 18045, 625, 262, 16931, 3290, 13]
+    assert encoding.encode("The quick brown fox jumps over the lazy dog.") == [
+        464,
+        2068,
+        7586,
+        21831,
+        18045,
+        625,
+        262,
+        16931,
+        3290,
+        13,
+    ]
     documents = text.encode_documents(encoding, ["Hello world", "<|endoftext|>"])
     assert documents[0].tolist() == [15496, 995, text.EOT_ID]
     assert text.EOT_ID not in documents[1][:-1].tolist()  # special-token text in data stays plain text

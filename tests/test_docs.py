@@ -6,6 +6,7 @@
     (no "shared/..." paths, nothing under /work/);
 (c) every relative link in README.md and docs/*.md points to a file or directory that exists.
 """
+
 import importlib
 import pathlib
 import re

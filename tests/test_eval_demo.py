@@ -1,4 +1,5 @@
 """The demo end to end on the real chorales, with a 3-step schedule (the real one is 1200 steps)."""
+
 import csv
 
 import pytest

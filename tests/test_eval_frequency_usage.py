@@ -1,4 +1,5 @@
 """Frequency-usage analysis: shapes, known answers, delta, the position-only score, plots."""
+
 import json
 import math
 
@@ -6,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from pope.encodings import build_positional_encoding
 from pope.eval.frequency_usage import (
     FrequencyUsage,
     analyze_frequencies,
@@ -18,7 +20,6 @@ from pope.eval.frequency_usage import (
     position_bias_summary,
     write_frequency_report,
 )
-from pope.encodings import build_positional_encoding
 from pope.model import GPT, GPTConfig
 
 
@@ -27,14 +28,19 @@ def _model(pe, n_layer=3, n_head=2, d_model=16, vocab=13):
     return GPT(GPTConfig(vocab_size=vocab, n_layer=n_layer, n_head=n_head, d_model=d_model, max_seq_len=32, pe=pe))
 
 
-@pytest.mark.parametrize("pe, rows", [("pope", 8), ("rope", 4), ("rope-half", 2), ("yarn:scale=4,original_max_len=16", 4)])
+@pytest.mark.parametrize(
+    "pe, rows", [("pope", 8), ("rope", 4), ("rope-half", 2), ("yarn:scale=4,original_max_len=16", 4)]
+)
 def test_shapes(pe, rows):
     model = _model(pe)
     usage = analyze_frequencies(model, chunk_tokens(np.arange(40) % 13, 32), progress=False)
     assert usage.query.shape == usage.key.shape == (3, rows)
     assert usage.frequencies.shape == (rows,)
-    expected = (model.blocks[0].attn.pe.frequencies()[0].numpy() if usage.kind == "rope"
-                else 10000.0 ** -(np.arange(rows) / rows))  # PoPE: theta_c = base^(-(c-1)/d)
+    expected = (
+        model.blocks[0].attn.pe.frequencies()[0].numpy()
+        if usage.kind == "rope"
+        else 10000.0 ** -(np.arange(rows) / rows)
+    )  # PoPE: theta_c = base^(-(c-1)/d)
     np.testing.assert_allclose(usage.frequencies, expected, rtol=1e-6)
     assert usage.n_tokens == 40
     assert np.isfinite(usage.query).all() and (usage.query > 0).all()
@@ -50,8 +56,9 @@ def test_known_answer_on_hand_made_projection():
     rope = build_positional_encoding("rope", n_heads=2, head_dim=4)
     assert frequency_magnitudes(x, 2, rope)[0, 0].tolist() == [[5.0, 1.0], [0.0, 10.0]]
     interleaved = build_positional_encoding("rope:layout=interleaved", n_heads=2, head_dim=4)
-    torch.testing.assert_close(frequency_magnitudes(x, 2, interleaved)[0, 0],
-                               torch.tensor([[3.0, math.sqrt(17.0)], [6.0, 8.0]]))
+    torch.testing.assert_close(
+        frequency_magnitudes(x, 2, interleaved)[0, 0], torch.tensor([[3.0, math.sqrt(17.0)], [6.0, 8.0]])
+    )
     pope = build_positional_encoding("pope", n_heads=2, head_dim=4)
     expected = torch.nn.functional.softplus(x.view(1, 1, 2, 4))
     torch.testing.assert_close(frequency_magnitudes(x, 2, pope), expected)
@@ -116,8 +123,14 @@ def _usage(delta, frequencies=(1.0, 0.1, 0.01), n_layer=2):
     """A PoPE FrequencyUsage with magnitudes 1, 2, 3 per frequency in every layer and the given delta."""
     frequencies = np.asarray(frequencies, dtype=np.float64)
     magnitudes = np.tile(np.arange(1.0, len(frequencies) + 1), (n_layer, 1))
-    return FrequencyUsage(kind="pope", frequencies=frequencies, query=magnitudes, key=magnitudes,
-                          delta=None if delta is None else np.asarray(delta, dtype=np.float64), n_tokens=10)
+    return FrequencyUsage(
+        kind="pope",
+        frequencies=frequencies,
+        query=magnitudes,
+        key=magnitudes,
+        delta=None if delta is None else np.asarray(delta, dtype=np.float64),
+        n_tokens=10,
+    )
 
 
 def test_position_bias_is_the_normalised_position_only_score():
@@ -129,8 +142,13 @@ def test_position_bias_is_the_normalised_position_only_score():
     assert bias.shape == (2, 3, 5)
     weights = np.array([1.0, 4.0, 9.0])  # |q| |k| per frequency
     for layer, head, i in [(0, 0, 0), (1, 2, 3), (0, 1, 4)]:
-        expected = sum(w * math.cos(distances[i] * f + delta[layer, head, c])
-                       for c, (w, f) in enumerate(zip(weights, usage.frequencies))) / weights.sum()
+        expected = (
+            sum(
+                w * math.cos(distances[i] * f + delta[layer, head, c])
+                for c, (w, f) in enumerate(zip(weights, usage.frequencies))
+            )
+            / weights.sum()
+        )
         assert bias[layer, head, i] == pytest.approx(expected, abs=1e-12)
     zero = position_bias(_usage(None), np.arange(100))  # no delta: every channel in phase at distance 0
     assert zero.shape == (2, 1, 100) and zero[..., 0] == pytest.approx(1.0) and (zero <= 1 + 1e-12).all()
@@ -140,8 +158,14 @@ def test_position_bias_is_the_normalised_position_only_score():
 
 def test_position_bias_summary_tells_recency_from_a_far_peak():
     recency = position_bias_summary(_usage(np.zeros((2, 2, 3))), 10, 200)
-    assert recency == {"train_length": 10, "max_distance": 200, "n_heads": 4, "heads_peaking_at_distance_0": 4,
-                       "heads_rising_past_training": 0, "median_excess_past_training": recency["median_excess_past_training"]}
+    assert recency == {
+        "train_length": 10,
+        "max_distance": 200,
+        "n_heads": 4,
+        "heads_peaking_at_distance_0": 4,
+        "heads_rising_past_training": 0,
+        "median_excess_past_training": recency["median_excess_past_training"],
+    }
     assert recency["median_excess_past_training"] < 0
     # one slow frequency with delta = -pi/2: the score is sin(0.01 d), rising until d = 157, past training length 10
     far = position_bias_summary(_usage(np.full((1, 2, 1), -math.pi / 2), frequencies=(0.01,), n_layer=1), 10, 200)
@@ -162,7 +186,7 @@ def test_report_writes_position_bias_and_reads_back(tmp_path):
     with pytest.raises(ValueError, match="not a frequency_usage.json"):
         FrequencyUsage.from_dict({"kind": "pope"})
     rope = FrequencyUsage("rope", np.ones(2), np.ones((1, 2)), np.ones((1, 2)), None, 1)
-    assert not (tmp_path / "rope" / "position_bias.png") in write_frequency_report(rope, tmp_path / "rope")
+    assert (tmp_path / "rope" / "position_bias.png") not in write_frequency_report(rope, tmp_path / "rope")
 
 
 def test_delta_phase_reads_a_wrapped_delta_as_the_phase_it_is():
@@ -195,7 +219,11 @@ def test_delta_movement_counts_phase_distance_by_frequency_quarter():
     assert [q["positive"] for q in quarters] == [0.25, 0.0, 0.0, 0.0]
     assert quarters[2]["mean_distance"] == pytest.approx(0.05 / 4, abs=1e-4)
     line = format_delta_movement(summary)
-    assert "81.2 % exactly 0" in line and "12.5 % moved more than 0.1 rad" in line and "25.0 %, 0.0 %, 0.0 %, 25.0 %" in line
+    assert (
+        "81.2 % exactly 0" in line
+        and "12.5 % moved more than 0.1 rad" in line
+        and "25.0 %, 0.0 %, 0.0 %, 25.0 %" in line
+    )
     assert len(delta_movement(np.zeros((1, 1, 3)))["by_frequency_quarter"]) == 3  # fewer frequencies than quarters
 
 

@@ -1,4 +1,5 @@
 """The lm-eval model: lm-eval's own interface on local tasks, and log-likelihoods checked directly."""
+
 import json
 import math
 
@@ -52,8 +53,8 @@ def test_loglikelihood_equals_direct_sum_of_token_logprobs(byte_model):
             ctx, cont = [0], list(continuation.encode())
         else:  # trailing spaces move to the continuation
             stripped = context.rstrip()
-            ctx, cont = list(stripped.encode()), list((context[len(stripped):] + continuation).encode())
-        whole = (ctx + cont)[-(24 + 1):]  # the model's window: max_length inputs + 1
+            ctx, cont = list(stripped.encode()), list((context[len(stripped) :] + continuation).encode())
+        whole = (ctx + cont)[-(24 + 1) :]  # the model's window: max_length inputs + 1
         expected = _direct_logprob(byte_model, whole[: len(whole) - len(cont)], cont)
         assert logprob == pytest.approx(expected, abs=1e-4)
         assert isinstance(greedy, bool)
@@ -66,7 +67,7 @@ def test_rolling_scores_every_token_once(byte_model):
     ids = [0] + list(text.encode())
     expected = 0.0
     for start, stop in ((0, 8), (8, 16)):  # disjoint windows: inputs ids[start:stop], targets ids[start+1:stop+1]
-        expected += _direct_logprob(byte_model, ids[start:start + 1], ids[start + 1:stop + 1])
+        expected += _direct_logprob(byte_model, ids[start : start + 1], ids[start + 1 : stop + 1])
     # Last window: the final 8 inputs, scoring only the 5 tokens not yet predicted.
     last_inputs = ids[-9:-1]
     with torch.no_grad():
@@ -148,8 +149,13 @@ def test_simple_evaluate_on_local_tasks(byte_model, task_manager):
     from lm_eval import simple_evaluate
 
     lm = PoPELM(model=byte_model, tokenizer=get_tokenizer("bytes"), batch_size=4)
-    out = simple_evaluate(model=lm, tasks=["pope_local_choice", "pope_local_ppl"],
-                          task_manager=task_manager, bootstrap_iters=0, log_samples=False)
+    out = simple_evaluate(
+        model=lm,
+        tasks=["pope_local_choice", "pope_local_ppl"],
+        task_manager=task_manager,
+        bootstrap_iters=0,
+        log_samples=False,
+    )
     accuracy = out["results"]["pope_local_choice"]["acc,none"]
     # The same accuracy computed directly: argmax over choices of log p(" " + choice | question).
     correct = 0
@@ -170,25 +176,50 @@ def test_registered_under_the_name_pope():
 def test_simple_evaluate_by_name_with_a_checkpoint_path(byte_model, tmp_path, task_manager):
     """`lm_eval --model pope --model_args path=...` route: the registry name and model_args string."""
     from lm_eval import simple_evaluate
+
     from pope.checkpoint import save_checkpoint
 
-    checkpoint = save_checkpoint(tmp_path / "ckpt", model_state=byte_model.state_dict(),
-                                 model_config=byte_model.config.to_dict())
-    out = simple_evaluate(model="pope", model_args=f"path={checkpoint},tokenizer=bytes", tasks=["pope_local_choice"],
-                          task_manager=task_manager, bootstrap_iters=0, log_samples=False, batch_size=2)
-    in_process = simple_evaluate(model=PoPELM(model=byte_model, tokenizer=get_tokenizer("bytes")),
-                                 tasks=["pope_local_choice"], task_manager=task_manager,
-                                 bootstrap_iters=0, log_samples=False)
+    checkpoint = save_checkpoint(
+        tmp_path / "ckpt", model_state=byte_model.state_dict(), model_config=byte_model.config.to_dict()
+    )
+    out = simple_evaluate(
+        model="pope",
+        model_args=f"path={checkpoint},tokenizer=bytes",
+        tasks=["pope_local_choice"],
+        task_manager=task_manager,
+        bootstrap_iters=0,
+        log_samples=False,
+        batch_size=2,
+    )
+    in_process = simple_evaluate(
+        model=PoPELM(model=byte_model, tokenizer=get_tokenizer("bytes")),
+        tasks=["pope_local_choice"],
+        task_manager=task_manager,
+        bootstrap_iters=0,
+        log_samples=False,
+    )
     assert out["results"]["pope_local_choice"]["acc,none"] == in_process["results"]["pope_local_choice"]["acc,none"]
 
 
 CBT_DOCS = [
-    {"sentences": ["Tom had a red ball .", "He gave it to Ann ."], "question": "Ann threw the XXXXX back .",
-     "options": ["ball", "cat", "tree"], "answer": "ball"},
-    {"sentences": ["The dog ran home ."], "question": "XXXXX was happy to be home .",
-     "options": ["Tom", "The dog", "Ann"], "answer": "The dog"},
-    {"sentences": ["It rained all day ."], "question": "Everyone stayed XXXXX", "options": ["inside", "wet"],
-     "answer": "inside"},
+    {
+        "sentences": ["Tom had a red ball .", "He gave it to Ann ."],
+        "question": "Ann threw the XXXXX back .",
+        "options": ["ball", "cat", "tree"],
+        "answer": "ball",
+    },
+    {
+        "sentences": ["The dog ran home ."],
+        "question": "XXXXX was happy to be home .",
+        "options": ["Tom", "The dog", "Ann"],
+        "answer": "The dog",
+    },
+    {
+        "sentences": ["It rained all day ."],
+        "question": "Everyone stayed XXXXX",
+        "options": ["inside", "wet"],
+        "answer": "inside",
+    },
 ]
 
 
@@ -198,7 +229,9 @@ def test_cbt_task_scores_candidate_plus_rest_of_question(byte_model, tmp_path, t
 
     assert cbt_context(CBT_DOCS[0]) == "Tom had a red ball . He gave it to Ann . Ann threw the"
     assert cbt_choices(CBT_DOCS[0]) == ["ball back .", "cat back .", "tree back ."]
-    assert cbt_context(CBT_DOCS[1]) == "The dog ran home ." and cbt_choices(CBT_DOCS[1])[0] == "Tom was happy to be home ."
+    assert (
+        cbt_context(CBT_DOCS[1]) == "The dog ran home ." and cbt_choices(CBT_DOCS[1])[0] == "Tom was happy to be home ."
+    )
     data = tmp_path / "cbt.jsonl"
     data.write_text("".join(json.dumps(d) + "\n" for d in CBT_DOCS))
     config = cbt_task_config("cn", dataset_path="json", dataset_kwargs={"data_files": {"test": str(data)}})
@@ -206,8 +239,10 @@ def test_cbt_task_scores_candidate_plus_rest_of_question(byte_model, tmp_path, t
     out = run_downstream(None, tasks=[config], lm=lm, task_manager=task_manager)
     correct = 0
     for doc in CBT_DOCS:
-        scores = [_direct_logprob(byte_model, list(cbt_context(doc).encode()), list((" " + c).encode()))
-                  for c in cbt_choices(doc)]
+        scores = [
+            _direct_logprob(byte_model, list(cbt_context(doc).encode()), list((" " + c).encode()))
+            for c in cbt_choices(doc)
+        ]
         correct += int(max(range(len(scores)), key=scores.__getitem__) == doc["options"].index(doc["answer"]))
     assert out["results"]["pope_cbt_cn"]["acc,none"] == pytest.approx(correct / len(CBT_DOCS))
 
@@ -215,12 +250,19 @@ def test_cbt_task_scores_candidate_plus_rest_of_question(byte_model, tmp_path, t
 def test_paper_table_layout():
     from pope.eval.downstream import downstream_table, paper_row
 
-    results = {"lambada_openai": {"acc,none": 0.2767}, "blimp": {"acc,none": 0.7775},
-               "pope_cbt_cn": {"acc,none": 0.45}, "pope_cbt_ne": {"acc,none": 0.4386},
-               "hellaswag": {"acc,none": 0.2918}, "piqa": {"acc,none": 0.5958}, "arc_easy": {"acc,none": 0.3852}}
+    results = {
+        "lambada_openai": {"acc,none": 0.2767},
+        "blimp": {"acc,none": 0.7775},
+        "pope_cbt_cn": {"acc,none": 0.45},
+        "pope_cbt_ne": {"acc,none": 0.4386},
+        "hellaswag": {"acc,none": 0.2918},
+        "piqa": {"acc,none": 0.5958},
+        "arc_easy": {"acc,none": 0.3852},
+    }
     row = paper_row(results)
     assert row["CBT"] == pytest.approx(44.43) and row["Average"] == pytest.approx(
-        (27.67 + 77.75 + 44.43 + 29.18 + 59.58 + 38.52) / 6)
+        (27.67 + 77.75 + 44.43 + 29.18 + 59.58 + 38.52) / 6
+    )
     table = downstream_table({"pope-124m": row})
     assert table.splitlines()[0] == "| model | LAMBADA | BLiMP | CBT | HellaSwag | PIQA | ARC-E | Average |"
     assert "| pope-124m | 27.67 | 77.75 | 44.43 | 29.18 | 59.58 | 38.52 | 46.19 |" in table
@@ -237,7 +279,9 @@ def test_gpt2_tokenizer_offline_and_word_boundary_split():
     model = GPT(GPTConfig(vocab_size=50257, n_layer=1, n_head=1, d_model=8, max_seq_len=32, pe="pope")).eval()
     lm = PoPELM(model=model, tokenizer=tokenizer)
     context_ids, continuation_ids = lm._encode_pair("The capital of France is ", "Paris")
-    assert tokenizer.decode(continuation_ids) == " Paris" and tokenizer.decode(context_ids) == "The capital of France is"
+    assert (
+        tokenizer.decode(continuation_ids) == " Paris" and tokenizer.decode(context_ids) == "The capital of France is"
+    )
     ((logprob, _),) = lm.loglikelihood([_instance("loglikelihood", ("The capital of France is ", "Paris"))])
     assert logprob == pytest.approx(_direct_logprob(model, context_ids, continuation_ids), abs=1e-4)
 
@@ -256,12 +300,31 @@ def test_eval_downstream_cli_on_a_local_task(byte_model, tmp_path, capsys):
     from pope.checkpoint import save_checkpoint
     from pope.cli import main
 
-    checkpoint = save_checkpoint(tmp_path / "run" / "checkpoints" / "last", model_state=byte_model.state_dict(),
-                                 model_config=byte_model.config.to_dict())
+    checkpoint = save_checkpoint(
+        tmp_path / "run" / "checkpoints" / "last",
+        model_state=byte_model.state_dict(),
+        model_config=byte_model.config.to_dict(),
+    )
     (tmp_path / "tasks").mkdir()
     _write_tasks(tmp_path / "tasks")
-    assert main(["eval", "downstream", str(tmp_path / "run"), "--tasks", "pope_local_choice", "--include-path",
-                 str(tmp_path / "tasks"), "--tokenizer", "bytes", "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "downstream",
+                str(tmp_path / "run"),
+                "--tasks",
+                "pope_local_choice",
+                "--include-path",
+                str(tmp_path / "tasks"),
+                "--tokenizer",
+                "bytes",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "| model | LAMBADA | BLiMP | CBT | HellaSwag | PIQA | ARC-E | Average |" in printed
     saved = json.loads((tmp_path / "run" / "eval" / "downstream.json").read_text())
@@ -303,22 +366,38 @@ def test_downstream_indexes_lm_evals_own_tasks_only_when_a_task_needs_them():
 def hf_model_dir(tmp_path_factory):
     """A tiny PoPELlama (byte vocabulary) saved with save_pretrained, and a WordLevel tokenizer beside it."""
     pytest.importorskip("transformers", reason="transformers is part of the [hf] extra")
-    import pope.hf
-    from tokenizers import Tokenizer as RawTokenizer, models, pre_tokenizers
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers import models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
+    import pope.hf
+
     torch.manual_seed(0)
-    config = pope.hf.PoPELlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                     pope_delta_init="uniform", bos_token_id=1, eos_token_id=2)
+    config = pope.hf.PoPELlamaConfig(
+        vocab_size=256,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pope_delta_init="uniform",
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     model = pope.hf.PoPELlamaForCausalLM(config).eval()
     directory = tmp_path_factory.mktemp("hf_model")
     model.save_pretrained(directory)
     words = sorted({w for q, c, _ in QUESTIONS for w in (q.split() + c)})
-    raw = RawTokenizer(models.WordLevel({"<unk>": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(words)}},
-                                        unk_token="<unk>"))
+    raw = RawTokenizer(
+        models.WordLevel(
+            {"<unk>": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(words)}}, unk_token="<unk>"
+        )
+    )
     raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="<s>", eos_token="</s>", unk_token="<unk>").save_pretrained(directory)
+    PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="<s>", eos_token="</s>", unk_token="<unk>").save_pretrained(
+        directory
+    )
     return directory, model
 
 
@@ -326,6 +405,7 @@ def test_hf_model_directory_scores_like_the_model(hf_model_dir, task_manager):
     """PoPELM(path=<save_pretrained dir>): loglikelihoods equal direct sums with the HF model; generate_until is
     greedy through the transformers cache."""
     from lm_eval import simple_evaluate
+
     from pope.eval.lm_eval_model import HFCausalLM
 
     directory, model = hf_model_dir
@@ -340,8 +420,9 @@ def test_hf_model_directory_scores_like_the_model(hf_model_dir, task_manager):
         for _ in range(5):
             ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
     assert text == bytes(ids[5:]).decode("utf-8", errors="replace").split("\n\n")[0]
-    out = simple_evaluate(model=lm, tasks=["pope_local_choice"], task_manager=task_manager, bootstrap_iters=0,
-                          log_samples=False)
+    out = simple_evaluate(
+        model=lm, tasks=["pope_local_choice"], task_manager=task_manager, bootstrap_iters=0, log_samples=False
+    )
     correct = 0
     for question, choices, answer in QUESTIONS:
         scores = [_direct_logprob(adapter, list(question.encode()), list((" " + c).encode())) for c in choices]
@@ -357,8 +438,9 @@ def test_hf_directory_tokenizer_and_downstream_output_path(hf_model_dir, tmp_pat
     assert lm.tokenizer.prefix_token_id == 1 and lm.tokenizer.stop_token_id == 2
     context, continuation = lm._encode_pair("The cat sat on the", " mat")
     assert len(context) == 5 and len(continuation) == 1 and 0 not in context + continuation  # all known words
-    out = run_downstream(str(directory), tasks=["pope_local_choice"], tokenizer="hf", batch_size=2,
-                         task_manager=task_manager)
+    out = run_downstream(
+        str(directory), tasks=["pope_local_choice"], tokenizer="hf", batch_size=2, task_manager=task_manager
+    )
     assert 0.0 <= out["results"]["pope_local_choice"]["acc,none"] <= 1.0
     written = write_downstream(str(directory), out, "tiny", output=tmp_path / "sub" / "downstream.json")
     assert json.loads(written.read_text())["label"] == "tiny"

@@ -1,5 +1,6 @@
 """Evaluation results land where the user asked, even when the run directory cannot be written; bad --out
 paths and modified data files are one clear line before any work."""
+
 from __future__ import annotations
 
 import json
@@ -26,14 +27,31 @@ def workspace(tmp_path_factory):
         writer.finish({"name": "toy", "vocab": {"pad_id": None}})
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=90, n_layer=1, n_head=2, d_model=16, max_seq_len=16, pe="pope")
-    save_checkpoint(root / "run" / "checkpoints" / "last", model_state=GPT(config).state_dict(),
-                    model_config=config.to_dict(), trainer_state={"step": 0})
+    save_checkpoint(
+        root / "run" / "checkpoints" / "last",
+        model_state=GPT(config).state_dict(),
+        model_config=config.to_dict(),
+        trainer_state={"step": 0},
+    )
     return root
 
 
 def _length(workspace, run, out, data=None) -> int:
-    return main(["eval", "length", str(run), "--data", str(data or workspace / "data"), "--lengths", "8,16",
-                 "--out", str(out), "--device", "cpu"])
+    return main(
+        [
+            "eval",
+            "length",
+            str(run),
+            "--data",
+            str(data or workspace / "data"),
+            "--lengths",
+            "8,16",
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+        ]
+    )
 
 
 def test_length_writes_out_first_and_warns_when_the_run_dir_cannot_be_written(workspace, tmp_path, capsys):
@@ -71,8 +89,10 @@ def test_bad_out_fails_before_any_model_is_loaded(workspace, tmp_path, capsys, m
     assert ("is an existing file" if where == "file" else "lies under") in err
     assert main(["report", str(workspace / "run"), "--out", str(out)]) == 1
     assert "pope report: error: --out" in capsys.readouterr().err
-    assert main(["analyze", "frequencies", str(workspace / "run"), "--data", str(workspace / "data"),
-                 "--out", str(out)]) == 1
+    assert (
+        main(["analyze", "frequencies", str(workspace / "run"), "--data", str(workspace / "data"), "--out", str(out)])
+        == 1
+    )
     assert "pope analyze frequencies: error: --out" in capsys.readouterr().err
 
 
@@ -92,16 +112,21 @@ def test_a_tampered_bin_is_reported_as_modified_not_as_another_tokenisation(work
     # a change that keeps every id inside the vocabulary is caught too (it would silently change the scores)
     raw[0:2] = (5).to_bytes(2, "little")
     (data / "test.bin").write_bytes(bytes(raw))
-    assert main(["analyze", "frequencies", str(workspace / "run"), "--data", str(data), "--out",
-                 str(tmp_path / "freq")]) == 1
+    assert (
+        main(["analyze", "frequencies", str(workspace / "run"), "--data", str(data), "--out", str(tmp_path / "freq")])
+        == 1
+    )
     assert "test.bin was modified or corrupted" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--data", "DATA", "--tokenizer", "bytes"], "--tokenizer applies to --text only"),
-    (["--text", "DATA/manifest.json", "--split", "valid"], "--split applies to --data only"),
-    (["--text", "DATA/manifest.json", "--max-tokens", "5"], "--max-tokens applies to --data only"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--data", "DATA", "--tokenizer", "bytes"], "--tokenizer applies to --text only"),
+        (["--text", "DATA/manifest.json", "--split", "valid"], "--split applies to --data only"),
+        (["--text", "DATA/manifest.json", "--max-tokens", "5"], "--max-tokens applies to --data only"),
+    ],
+)
 def test_analyze_options_that_would_be_ignored_are_errors(workspace, tmp_path, capsys, args, message):
     args = [a.replace("DATA", str(workspace / "data")) for a in args]
     assert main(["analyze", "frequencies", str(workspace / "run"), *args, "--out", str(tmp_path / "f")]) == 1
@@ -152,8 +177,23 @@ def test_length_keeps_each_finished_run_when_a_later_run_fails(workspace, tmp_pa
         shutil.copytree(workspace / "run", run, ignore=shutil.ignore_patterns("eval"))
     (broken / "checkpoints" / "last" / "model.safetensors").write_bytes(b"not a checkpoint")
     out = tmp_path / "results"
-    code = main(["eval", "length", str(first), str(second), str(broken), "--data", str(workspace / "data"),
-                 "--lengths", "8,16", "--out", str(out), "--device", "cpu"])
+    code = main(
+        [
+            "eval",
+            "length",
+            str(first),
+            str(second),
+            str(broken),
+            "--data",
+            str(workspace / "data"),
+            "--lengths",
+            "8,16",
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+        ]
+    )
     captured = capsys.readouterr()
     assert code != 0 and "Traceback" not in captured.err
     written = json.loads((out / "length.json").read_text())

@@ -1,4 +1,5 @@
 """End-to-end over real (tiny) runs made by pope.train: the eval CLI, YaRN / PoPE+ft fine-tuning, reports."""
+
 import csv
 import json
 import math
@@ -44,11 +45,26 @@ def workspace(tmp_path_factory):
     data = _write_dataset(root / "data")
     runs = {}
     for pe in ("rope", "pope"):
-        config = resolve_run_config("jsb-tiny", pe, seed=0, overrides=[
-            "model.n_layer=1", "model.d_model=32", "model.max_seq_len=16", "recipe.seq_len=16",
-            "recipe.max_steps=4", "recipe.warmup_steps=1", "recipe.batch_size=4", "recipe.eval_interval=2",
-            "recipe.eval_batches=2", f"train.data_dir={data}", "train.tensorboard=false", "train.progress=false",
-            "train.device=cpu"])
+        config = resolve_run_config(
+            "jsb-tiny",
+            pe,
+            seed=0,
+            overrides=[
+                "model.n_layer=1",
+                "model.d_model=32",
+                "model.max_seq_len=16",
+                "recipe.seq_len=16",
+                "recipe.max_steps=4",
+                "recipe.warmup_steps=1",
+                "recipe.batch_size=4",
+                "recipe.eval_interval=2",
+                "recipe.eval_batches=2",
+                f"train.data_dir={data}",
+                "train.tensorboard=false",
+                "train.progress=false",
+                "train.device=cpu",
+            ],
+        )
         run_training(config, root / pe)
         runs[pe] = root / pe
     return {"root": root, "data": data, **runs}
@@ -56,8 +72,22 @@ def workspace(tmp_path_factory):
 
 def test_eval_length_cli_writes_tables_and_counts_tokens(workspace, capsys):
     out = workspace["root"] / "length_out"
-    code = main(["eval", "length", str(workspace["rope"]), str(workspace["pope"]), "--data", str(workspace["data"]),
-                 "--lengths", "16,32,64", "--out", str(out), "--device", "cpu"])
+    code = main(
+        [
+            "eval",
+            "length",
+            str(workspace["rope"]),
+            str(workspace["pope"]),
+            "--data",
+            str(workspace["data"]),
+            "--lengths",
+            "16,32,64",
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+        ]
+    )
     assert code == 0
     assert {p.name for p in out.iterdir()} >= {"length.csv", "length.md", "length.json", "length.png"}
     rows = list(csv.DictReader((out / "length.csv").open()))
@@ -77,8 +107,24 @@ def test_eval_length_records_the_data_path_relative_to_the_working_directory(wor
     monkeypatch.chdir(workspace["root"])
     data = Path(workspace["data"]).resolve()
     out = workspace["root"] / "length_relative"
-    assert main(["eval", "length", str(workspace["rope"]), "--data", str(data), "--lengths", "16", "--out", str(out),
-                 "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "length",
+                str(workspace["rope"]),
+                "--data",
+                str(data),
+                "--lengths",
+                "16",
+                "--out",
+                str(out),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     expected = data.relative_to(Path.cwd()).as_posix()
     assert json.loads((out / "length.json").read_text())["provenance"]["data"] == expected
     assert json.loads((workspace["rope"] / "eval" / "length-toy-test-16.json").read_text())["data"] == expected
@@ -86,16 +132,46 @@ def test_eval_length_records_the_data_path_relative_to_the_working_directory(wor
 
 def test_eval_length_bad_input(workspace, capsys, tmp_path):
     data = str(workspace["data"])
-    assert main(["eval", "length", str(workspace["rope"]), "--data", data, "--lengths", "128", "--out",
-                 str(tmp_path)]) == 1
+    assert (
+        main(["eval", "length", str(workspace["rope"]), "--data", data, "--lengths", "128", "--out", str(tmp_path)])
+        == 1
+    )
     assert "the longest has 100 tokens" in capsys.readouterr().err
     (tmp_path / "no_checkpoint").mkdir()
-    assert main(["eval", "length", str(tmp_path / "no_checkpoint"), "--data", data, "--lengths", "16",
-                 "--out", str(tmp_path)]) == 1
+    assert (
+        main(
+            [
+                "eval",
+                "length",
+                str(tmp_path / "no_checkpoint"),
+                "--data",
+                data,
+                "--lengths",
+                "16",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 1
+    )
     assert "no checkpoint in" in capsys.readouterr().err
     big_vocab = _write_dataset(tmp_path / "big_vocab", vocab=300, name="big")
-    assert main(["eval", "length", str(workspace["rope"]), "--data", str(big_vocab), "--lengths", "16",
-                 "--out", str(tmp_path)]) == 1
+    assert (
+        main(
+            [
+                "eval",
+                "length",
+                str(workspace["rope"]),
+                "--data",
+                str(big_vocab),
+                "--lengths",
+                "16",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 1
+    )
     assert "vocabulary mismatch" in capsys.readouterr().err
 
 
@@ -132,7 +208,9 @@ def test_yarn_finetune_changes_frequencies_exactly_as_the_formula(workspace, tmp
     assert summary["step"] == 2
     tuned, info = load_model(tmp_path / "yarn")
     assert tuned.config.pe == config.model.pe and tuned.config.max_seq_len == 64
-    assert json.loads((tmp_path / "yarn" / "config.json").read_text())["finetune"]["from"]["run"] == str(workspace["rope"])
+    assert json.loads((tmp_path / "yarn" / "config.json").read_text())["finetune"]["from"]["run"] == str(
+        workspace["rope"]
+    )
 
 
 def test_pope_finetune_does_not_interpolate(workspace, tmp_path):
@@ -145,8 +223,13 @@ def test_pope_finetune_does_not_interpolate(workspace, tmp_path):
     # The paper's recipe for 500 steps: batch 64, lr 6e-5, 20 warmup, no decay.
     run_config = json.loads((workspace["pope"] / "config.json").read_text())
     recipe = finetune_config(run_config, context=64, steps=500)["recipe"]
-    assert (recipe["batch_size"], recipe["lr"], recipe["min_lr"], recipe["warmup_steps"], recipe["max_steps"]) == \
-        (64, 6e-5, 6e-5, 20, 500)
+    assert (recipe["batch_size"], recipe["lr"], recipe["min_lr"], recipe["warmup_steps"], recipe["max_steps"]) == (
+        64,
+        6e-5,
+        6e-5,
+        20,
+        500,
+    )
     with pytest.raises(ValueError, match="not longer than"):
         finetune_config(run_config, context=16, steps=10)
     with pytest.raises(ValueError, match="model's shape"):
@@ -161,24 +244,67 @@ def test_finetune_refuses_extended_and_absolute_encodings():
     with pytest.raises(ValueError, match="cannot be context-extended"):
         extended_pe("learned-abs", head_dim=16, n_heads=2, scale=2, original_max_len=16)
     assert extended_pe("rope-half", head_dim=16, n_heads=2, scale=2, original_max_len=16).startswith(
-        "yarn:base=10000,layout=half,rotary_dim=8,scale=2,")
+        "yarn:base=10000,layout=half,rotary_dim=8,scale=2,"
+    )
     assert extended_pe("alibi", head_dim=16, n_heads=2, scale=2, original_max_len=16) == "alibi"
 
 
 def test_analyze_frequencies_cli(workspace, tmp_path, capsys):
-    assert main(["analyze", "frequencies", str(workspace["rope"]), "--data", str(workspace["data"]),
-                 "--out", str(tmp_path), "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "analyze",
+                "frequencies",
+                str(workspace["rope"]),
+                "--data",
+                str(workspace["data"]),
+                "--out",
+                str(tmp_path),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     usage = json.loads((tmp_path / "frequency_usage.json").read_text())
     assert usage["kind"] == "rope" and np.array(usage["query"]).shape == (1, 4)
     assert usage["n_tokens"] == sum(TEST_DOC_LENGTHS)
     text = tmp_path / "sonnet.txt"
     text.write_text("Shall I compare thee to a summer's day?")
-    assert main(["analyze", "frequencies", str(workspace["pope"]), "--text", str(text), "--tokenizer", "bytes",
-                 "--out", str(tmp_path)]) == 1
+    assert (
+        main(
+            [
+                "analyze",
+                "frequencies",
+                str(workspace["pope"]),
+                "--text",
+                str(text),
+                "--tokenizer",
+                "bytes",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 1
+    )
     assert "vocabulary mismatch" in capsys.readouterr().err  # 256 byte ids, 90-token model
     # PoPE: the position-only score to 20x the run's training length (its recipe.seq_len), plot and summary
-    assert main(["analyze", "frequencies", str(workspace["pope"]), "--data", str(workspace["data"]),
-                 "--out", str(tmp_path / "pope"), "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "analyze",
+                "frequencies",
+                str(workspace["pope"]),
+                "--data",
+                str(workspace["data"]),
+                "--out",
+                str(tmp_path / "pope"),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     summary = json.loads((tmp_path / "pope" / "frequency_usage.json").read_text())["position_bias"]
     seq_len = json.loads((workspace["pope"] / "config.json").read_text())["recipe"]["seq_len"]
     assert (summary["train_length"], summary["max_distance"]) == (seq_len, 20 * seq_len)
@@ -228,17 +354,29 @@ def test_analyze_delta_cli(workspace, tmp_path, capsys):
 def _fake_run(path, preset, pe, seed, test_losses, length_ppl=None, finished=True, at_best_valid=None):
     path.mkdir(parents=True)
     (path / "config.json").write_text(json.dumps({"preset": preset, "pe": pe, "seed": seed}))
-    records = [{"step": 100 * (i + 1), "kind": "eval", "test_loss": v, "valid_loss": v} for i, v in enumerate(test_losses)]
+    records = [
+        {"step": 100 * (i + 1), "kind": "eval", "test_loss": v, "valid_loss": v} for i, v in enumerate(test_losses)
+    ]
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     summary = {"step": 100 * len(test_losses), "finished": finished}
     if at_best_valid is not None:  # the test loss of the evaluation checkpoints/best holds
-        summary.update(best_metric="valid_loss", best_step=100 + 100 * seed,
-                       at_best_valid={"valid_loss": 0.4, "test_loss": at_best_valid})
+        summary.update(
+            best_metric="valid_loss",
+            best_step=100 + 100 * seed,
+            at_best_valid={"valid_loss": 0.4, "test_loss": at_best_valid},
+        )
     (path / "summary.json").write_text(json.dumps(summary))
     if length_ppl:
         (path / "eval").mkdir()
-        (path / "eval" / "length-jsb-test.json").write_text(json.dumps({"data_name": "jsb", "split": "test", "results": [
-            {"length": length, "perplexity": ppl} for length, ppl in length_ppl.items()]}))
+        (path / "eval" / "length-jsb-test.json").write_text(
+            json.dumps(
+                {
+                    "data_name": "jsb",
+                    "split": "test",
+                    "results": [{"length": length, "perplexity": ppl} for length, ppl in length_ppl.items()],
+                }
+            )
+        )
     return str(path)
 
 
@@ -265,9 +403,18 @@ def test_report_length_plot_keeps_its_legend_inside_the_figure(tmp_path, monkeyp
     from pope.eval.report import write_report
 
     legends = _figure_legends(monkeypatch, report_plots)
-    runs = [_fake_run(tmp_path / f"genome-{pe.replace(':', '-').replace('=', '-')}-two-seeds" / f"seed-{s}", "genome-h200",
-                      pe, s, [6.7], {1000: 800.0 + s, 10000: 1600.0 + s})
-            for pe in ("pope", "rope", "pope:delta_init=zero") for s in (0, 1)]
+    runs = [
+        _fake_run(
+            tmp_path / f"genome-{pe.replace(':', '-').replace('=', '-')}-two-seeds" / f"seed-{s}",
+            "genome-h200",
+            pe,
+            s,
+            [6.7],
+            {1000: 800.0 + s, 10000: 1600.0 + s},
+        )
+        for pe in ("pope", "rope", "pope:delta_init=zero")
+        for s in (0, 1)
+    ]
     for run in runs:  # a sweep's runs: the legend names the sweep directory
         (tmp_path / run).parent.joinpath("sweep.json").write_text(json.dumps({"overrides": []}))
     write_report(runs, tmp_path / "report")
@@ -287,10 +434,15 @@ def test_report_plot_writes_off_scale_paper_values_under_the_title(tmp_path, mon
     assert report_plots.paper_marks_fit([2.3], []) and report_plots.paper_marks_fit([1.0, 1.0], [1.0])
     figures = []
     finish = report_plots.finish_figure
-    monkeypatch.setattr(report_plots, "finish_figure", lambda fig, path, **kw: figures.append(fig) or finish(fig, path, **kw))
+    monkeypatch.setattr(
+        report_plots, "finish_figure", lambda fig, path, **kw: figures.append(fig) or finish(fig, path, **kw)
+    )
     for preset, values in (("maestro", (2.30, 2.33)), ("jsb", (0.455, 0.467))):
-        runs = [_fake_run(tmp_path / preset / f"{pe}{s}", preset, pe, s, [value + s / 200])
-                for pe, value in zip(("pope", "rope"), values) for s in (0, 1)]
+        runs = [
+            _fake_run(tmp_path / preset / f"{pe}{s}", preset, pe, s, [value + s / 200])
+            for pe, value in zip(("pope", "rope"), values)
+            for s in (0, 1)
+        ]
         figures.clear()
         write_report(runs, tmp_path / preset / "report")
         (ax,) = figures[0].axes  # report.png: the first figure drawn
@@ -308,11 +460,21 @@ def test_length_labels_of_same_named_runs_are_their_shortest_distinct_path_tails
     def entry(run):
         return RunLengthResults(label=Path(run).name, run=run, pe="rope", train_length=16, results=[])
 
-    entries = [entry("/tmp/runs/genome-pope/seed-0"), entry("/tmp/runs/genome-rope/seed-0"),
-               entry("/tmp/runs/genome-rope/seed-1"), entry("/x/a/genome-rope/seed-1"), entry("/y/solo")]
+    entries = [
+        entry("/tmp/runs/genome-pope/seed-0"),
+        entry("/tmp/runs/genome-rope/seed-0"),
+        entry("/tmp/runs/genome-rope/seed-1"),
+        entry("/x/a/genome-rope/seed-1"),
+        entry("/y/solo"),
+    ]
     _disambiguate_labels(entries)
-    assert [e.label for e in entries] == ["genome-pope/seed-0", "genome-rope/seed-0", "runs/genome-rope/seed-1",
-                                         "a/genome-rope/seed-1", "solo"]
+    assert [e.label for e in entries] == [
+        "genome-pope/seed-0",
+        "genome-rope/seed-0",
+        "runs/genome-rope/seed-1",
+        "a/genome-rope/seed-1",
+        "solo",
+    ]
     twice = [entry("/tmp/r/seed-0"), entry("/tmp/r/seed-0")]
     _disambiguate_labels(twice)
     assert [e.label for e in twice] == ["seed-0 [1]", "seed-0 [2]"]
@@ -329,18 +491,38 @@ def test_length_plot_puts_its_legend_under_the_panels_inside_the_figure(tmp_path
     legends = _figure_legends(monkeypatch, pope.files)
 
     def result(length, nll):
-        return LengthResult(length=length, mean_nll=nll, n_targets=length, position_nll_sum=np.full(length, nll),
-                            position_count=np.ones(length, dtype=np.int64))
+        return LengthResult(
+            length=length,
+            mean_nll=nll,
+            n_targets=length,
+            position_nll_sum=np.full(length, nll),
+            position_count=np.ones(length, dtype=np.int64),
+        )
 
-    entries = [RunLengthResults(label=f"genome-{name}/seed-2", run=f"/runs/genome-{name}/seed-2", pe=pe,
-                                train_length=16, results=[result(16, 6.6), result(160, 7.4)])
-               for name, pe in [("pope", "pope"), ("rope", "rope"), ("pope-d0", "pope:delta_init=zero"),
-                                ("alibi", "alibi"), ("nope", "nope"), ("rope-ft64", "yarn:base=10000,scale=4"),
-                                ("pope-d0-ft64", "pope:delta_init=zero")]]
+    entries = [
+        RunLengthResults(
+            label=f"genome-{name}/seed-2",
+            run=f"/runs/genome-{name}/seed-2",
+            pe=pe,
+            train_length=16,
+            results=[result(16, 6.6), result(160, 7.4)],
+        )
+        for name, pe in [
+            ("pope", "pope"),
+            ("rope", "rope"),
+            ("pope-d0", "pope:delta_init=zero"),
+            ("alibi", "alibi"),
+            ("nope", "nope"),
+            ("rope-ft64", "yarn:base=10000,scale=4"),
+            ("pope-d0-ft64", "pope:delta_init=zero"),
+        ]
+    ]
     plot_length_curves(entries, tmp_path / "length.png", title="genome / test")
     assert (tmp_path / "length.png").stat().st_size > 10_000
-    seen = [box.x0 >= 0 and box.x1 <= figure.x1 and box.y0 >= 0 and box.y1 <= axes_bottom
-            for box, figure, axes_bottom in legends]
+    seen = [
+        box.x0 >= 0 and box.x1 <= figure.x1 and box.y0 >= 0 and box.y1 <= axes_bottom
+        for box, figure, axes_bottom in legends
+    ]
     assert seen == [True], legends
 
 
@@ -364,20 +546,32 @@ def test_format_mean_std_never_rounds_a_spread_to_zero():
 def test_report_mean_std_over_seeds_and_paper_numbers(tmp_path, workspace):
     from pope.eval.report import paper_value, write_report
 
-    runs = [_fake_run(tmp_path / f"rope{s}", "jsb", "rope", s, [0.7, loss, 0.6], {64: 2.0 + s, 128: 3.0},
-                      at_best_valid=best) for s, (loss, best) in enumerate([(0.52, 0.53), (0.50, 0.51)])]
-    runs += [_fake_run(tmp_path / f"pope{s}", "jsb", "pope", s, [0.49 + s / 100, 0.55], at_best_valid=best)
-             for s, best in enumerate([0.50, 0.53, 0.49])]
+    runs = [
+        _fake_run(
+            tmp_path / f"rope{s}", "jsb", "rope", s, [0.7, loss, 0.6], {64: 2.0 + s, 128: 3.0}, at_best_valid=best
+        )
+        for s, (loss, best) in enumerate([(0.52, 0.53), (0.50, 0.51)])
+    ]
+    runs += [
+        _fake_run(tmp_path / f"pope{s}", "jsb", "pope", s, [0.49 + s / 100, 0.55], at_best_valid=best)
+        for s, best in enumerate([0.50, 0.53, 0.49])
+    ]
     runs.append(_fake_run(tmp_path / "pope9", "jsb", "pope", 9, [0.1], finished=False))  # never averaged in
     markdown, written = write_report(runs + [str(workspace["rope"])], tmp_path / "report")
     assert "| 0,1,2 | 9 (step 100) |" in markdown
-    assert "| metric (headline rule) | ours, headline: mean ± std (n seeds) | ours at best-valid checkpoint |" in markdown
+    assert (
+        "| metric (headline rule) | ours, headline: mean ± std (n seeds) | ours at best-valid checkpoint |" in markdown
+    )
     # min test NLL per seed: rope 0.52, 0.50 -> 0.51 ± 0.014142; pope 0.49, 0.50, 0.51 -> 0.50 ± 0.01;
     # at the best-valid checkpoint: rope 0.53, 0.51 -> 0.52 ± 0.0141; pope 0.50, 0.53, 0.49 -> 0.5067 ± 0.0208
-    assert ("| jsb | rope | test_nll (min over evaluations) | 0.5100 ± 0.0141 (n=2) | 0.5200 ± 0.0141 (n=2); "
-            "best step 100–200 | 0.5081 |") in markdown
-    assert ("| jsb | pope | test_nll (min over evaluations) | 0.5000 ± 0.0100 (n=3) | 0.5067 ± 0.0208 (n=3); "
-            "best step 100–300 | 0.4889 |") in markdown
+    assert (
+        "| jsb | rope | test_nll (min over evaluations) | 0.5100 ± 0.0141 (n=2) | 0.5200 ± 0.0141 (n=2); "
+        "best step 100–200 | 0.5081 |"
+    ) in markdown
+    assert (
+        "| jsb | pope | test_nll (min over evaluations) | 0.5000 ± 0.0100 (n=3) | 0.5067 ± 0.0208 (n=3); "
+        "best step 100–300 | 0.4889 |"
+    ) in markdown
     # a real run's summary.json (pope.train) gives its at-best-valid test loss and step, of recipe.max_steps
     summary = json.loads((workspace["rope"] / "summary.json").read_text())
     assert "| jsb-tiny | rope | last test_loss |" in markdown
@@ -385,10 +579,16 @@ def test_report_mean_std_over_seeds_and_paper_numbers(tmp_path, workspace):
     # PoPE vs RoPE: headline 0.50 - 0.51 = -0.01; of the C(5, 3) = 10 splits of {.49 .50 .51 | .52 .50} the ones
     # with |difference| >= 0.01 are the 5 whose PoPE sum is <= 1.50 or >= 1.53 -> p = 5/10; Welch interval
     # and df from scipy.stats.ttest_ind(equal_var=False). At best valid: -0.0133, 5 of 10 splits again.
-    assert ("| jsb | pope | pope0/, pope1/, pope2/, pope9/ vs rope0/, rope1/ | test_nll, headline | 3 / 2 | -0.0100 | -0.0698 … +0.0498 (df 1.7) | "
-            "0.5000 (exact, all 10 splits) |") in markdown
-    assert ("| jsb | pope | pope0/, pope1/, pope2/, pope9/ vs rope0/, rope1/ | test_nll, at best valid | 3 / 2 | -0.0133 | -0.0638 … +0.0372 (df 2.9) | "
-            "0.5000 (exact, all 10 splits) |") in markdown
+    assert (
+        "| jsb | pope | pope0/, pope1/, pope2/, pope9/ vs rope0/, rope1/ | test_nll, headline | 3 / 2 | -0.0100 | "
+        "-0.0698 … +0.0498 (df 1.7) | "
+        "0.5000 (exact, all 10 splits) |"
+    ) in markdown
+    assert (
+        "| jsb | pope | pope0/, pope1/, pope2/, pope9/ vs rope0/, rope1/ | test_nll, at best valid | 3 / 2 | -0.0133 | "
+        "-0.0638 … +0.0372 (df 2.9) | "
+        "0.5000 (exact, all 10 splits) |"
+    ) in markdown
     # paired by seed over seeds 0-1 (finished on both sides), each value: headline 0.49 - 0.52, 0.50 - 0.50; at best
     # valid 0.50 - 0.53, 0.53 - 0.51 (differences -0.03, +0.02: all four sign patterns as extreme, p = 1)
     assert "| test_nll, headline, paired by seed | 2 pairs (seeds 0,1; 0 above) | -0.0150 |" in markdown
@@ -399,7 +599,9 @@ def test_report_mean_std_over_seeds_and_paper_numbers(tmp_path, workspace):
     assert "accuracy_vs_step.png" not in {p.name for p in written}
     assert "lift-off" not in markdown  # next-token test_accuracy of a language model is no task accuracy
     # perplexity per length, then each seed's growth from the shortest to the longest length: 3/2 and 3/3
-    assert "| jsb | rope | rope0/ ; rope1/ | 2.500 ± 0.707 (n=2) | 3.000 ± 0.000 (n=2) | 1.25 ± 0.35 (n=2) |" in markdown
+    assert (
+        "| jsb | rope | rope0/ ; rope1/ | 2.500 ± 0.707 (n=2) | 3.000 ± 0.000 (n=2) | 1.25 ± 0.35 (n=2) |" in markdown
+    )
     assert "| L=64 | L=128 | L=128 / L=64 |" in markdown
     assert (tmp_path / "report" / "report_length.png").stat().st_size > 0
     assert paper_value("jsb", "pope:delta_init=uniform") == 0.4889
@@ -448,8 +650,9 @@ def test_eval_accuracy_by_shift_counts_each_example_under_its_own_shift(tmp_path
         def forward(self, x):  # (b, T) -> logits (b, T, vocab) with the letter on top everywhere
             return torch.nn.functional.one_hot(torch.full_like(x, letter_id), task.VOCAB_SIZE).float(), None
 
-    monkeypatch.setattr(pope.checkpoint, "load_model", lambda run, map_location: (AlwaysOneLetter(),
-                                                                                  {"path": run, "step": 7}))
+    monkeypatch.setattr(
+        pope.checkpoint, "load_model", lambda run, map_location: (AlwaysOneLetter(), {"path": run, "step": 7})
+    )
     result = task_accuracy("stand-in", str(data), device="cpu", batch_size=7)
     expected = {}
     for example in parsed:
@@ -468,8 +671,22 @@ def test_eval_accuracy_by_shift_counts_each_example_under_its_own_shift(tmp_path
 
 def test_finetune_cli_trains_resumes_and_refuses_bad_context(workspace, tmp_path, capsys):
     out = tmp_path / "rope-ft32"
-    arguments = ["finetune", str(workspace["rope"]), "--context", "32", "--steps", "2", "--batch-size", "4",
-                 "--out", str(out), "--set", "train.progress=false", "--set", "train.device=cpu"]
+    arguments = [
+        "finetune",
+        str(workspace["rope"]),
+        "--context",
+        "32",
+        "--steps",
+        "2",
+        "--batch-size",
+        "4",
+        "--out",
+        str(out),
+        "--set",
+        "train.progress=false",
+        "--set",
+        "train.device=cpu",
+    ]
     assert main(arguments) == 0
     assert json.loads((out / "config.json").read_text())["model"]["pe"].startswith("yarn:")
     assert main(arguments) == 1  # the run directory exists: refused without --resume
@@ -483,30 +700,51 @@ def _task_run(path, pe, seed, accuracies, *, finished=True, overrides=(), train_
     """A synthetic indirect-indexing run (as `pope train --seeds` writes it): config, eval records with
     test accuracy, summary, and optionally eval/task_accuracy.json."""
     path.mkdir(parents=True, exist_ok=True)
-    config = {"preset": "indirect-indexing", "pe": pe, "seed": seed, "recipe": {"lr": 2e-4},
-              "train": {"autocast": "auto", "progress": False, "max_seconds": 480}}
+    config = {
+        "preset": "indirect-indexing",
+        "pe": pe,
+        "seed": seed,
+        "recipe": {"lr": 2e-4},
+        "train": {"autocast": "auto", "progress": False, "max_seconds": 480},
+    }
     for item in overrides:
         key, _, value = item.partition("=")
         section, _, name = key.partition(".")
         config.setdefault(section, {})[name] = value
     (path / "config.json").write_text(json.dumps(config))
-    records = [{"step": every * (i + 1), "kind": "eval", "test_accuracy": a, "valid_accuracy": a, "test_loss": 1.0}
-               for i, a in enumerate(accuracies)]
+    records = [
+        {"step": every * (i + 1), "kind": "eval", "test_accuracy": a, "valid_accuracy": a, "test_loss": 1.0}
+        for i, a in enumerate(accuracies)
+    ]
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (path / "summary.json").write_text(json.dumps({"finished": finished}))
     if train_accuracy is not None:
         (path / "eval").mkdir()
-        (path / "eval" / "task_accuracy.json").write_text(json.dumps({"checkpoint": "last", "step": 1, "splits": {
-            "train": {"accuracy": train_accuracy}, "test": {"accuracy": accuracies[-1]}}}))
+        (path / "eval" / "task_accuracy.json").write_text(
+            json.dumps(
+                {
+                    "checkpoint": "last",
+                    "step": 1,
+                    "splits": {"train": {"accuracy": train_accuracy}, "test": {"accuracy": accuracies[-1]}},
+                }
+            )
+        )
 
 
 def _sweep(directory, pe, finals, *, overrides=(), unfinished=(), train_accuracy=None):
     directory.mkdir(parents=True)
-    (directory / "sweep.json").write_text(json.dumps({"preset": "indirect-indexing", "pe": pe,
-                                                      "overrides": ["train.max_seconds=480", *overrides]}))
+    (directory / "sweep.json").write_text(
+        json.dumps({"preset": "indirect-indexing", "pe": pe, "overrides": ["train.max_seconds=480", *overrides]})
+    )
     for seed, final in enumerate(finals):
-        _task_run(directory / f"seed-{seed}", pe, seed, [0.02, final], overrides=overrides,
-                  train_accuracy=None if train_accuracy is None else train_accuracy[seed])
+        _task_run(
+            directory / f"seed-{seed}",
+            pe,
+            seed,
+            [0.02, final],
+            overrides=overrides,
+            train_accuracy=None if train_accuracy is None else train_accuracy[seed],
+        )
     for seed in unfinished:
         _task_run(directory / f"seed-{seed}", pe, seed, [0.5], finished=False, overrides=overrides)
     return str(directory)
@@ -515,8 +753,9 @@ def _sweep(directory, pe, finals, *, overrides=(), unfinished=(), train_accuracy
 def test_report_lift_off_table_from_sweep_directories(tmp_path):
     from pope.eval.report import wilson_interval, write_report
 
-    pope = _sweep(tmp_path / "pope", "pope", [0.95, 0.05, 0.40, 0.06], unfinished=[4],
-                  train_accuracy=[0.96, 0.11, 0.45, 0.10])
+    pope = _sweep(
+        tmp_path / "pope", "pope", [0.95, 0.05, 0.40, 0.06], unfinished=[4], train_accuracy=[0.96, 0.11, 0.45, 0.10]
+    )
     rope = _sweep(tmp_path / "rope", "rope", [0.11, 0.12])
     fp32 = _sweep(tmp_path / "pope-fp32", "pope", [0.9, 0.8], overrides=["train.autocast=none"])
     markdown, written = write_report([pope, rope, fp32], tmp_path / "report")
@@ -524,31 +763,41 @@ def test_report_lift_off_table_from_sweep_directories(tmp_path):
     # gaps 1, 6, 5, 4 points -> 4.00 ± 2.16
     lo, hi = wilson_interval(2, 4)
     # first evaluation past 20 %, in seed order: seeds 0 and 2 at their second evaluation (10k), 1 and 3 never
-    assert (f"| indirect-indexing | pope | 4 | 36.50 ± 42.26 | 23.00 | 2/4 | {100 * lo:.0f}–{100 * hi:.0f} % | "
-            "10k, —, 10k, — | 4.00 ± 2.16 (n=4) | 94.82 | 4 (step 5000) | pope/ train.autocast=auto |") in markdown
+    assert (
+        f"| indirect-indexing | pope | 4 | 36.50 ± 42.26 | 23.00 | 2/4 | {100 * lo:.0f}–{100 * hi:.0f} % | "
+        "10k, —, 10k, — | 4.00 ± 2.16 (n=4) | 94.82 | 4 (step 5000) | pope/ train.autocast=auto |"
+    ) in markdown
     assert "| rope | 2 | 11.50 ± 0.71 | 11.50 | 0/2 | 0–66 % | —, — | not measured | 11.16 | — | rope/ |" in markdown
     # another recipe (fp32) is its own row, never averaged with the bf16 seeds
-    assert "| pope | 2 | 85.00 ± 7.07 | 85.00 | 2/2 | 34–100 % | 10k, 10k | not measured | 94.82 | — | " \
-           "pope-fp32/ train.autocast=none |" in markdown
-    assert ("| pope | test_accuracy (last evaluation) | 0.3650 ± 0.4226 (n=4) | — | 0.9482 | 0,1,2,3 | "
-            "4 (step 5000) |") in markdown  # no at_best_valid in these summaries: "—"
+    assert (
+        "| pope | 2 | 85.00 ± 7.07 | 85.00 | 2/2 | 34–100 % | 10k, 10k | not measured | 94.82 | — | "
+        "pope-fp32/ train.autocast=none |" in markdown
+    )
+    assert (
+        "| pope | test_accuracy (last evaluation) | 0.3650 ± 0.4226 (n=4) | — | 0.9482 | 0,1,2,3 | 4 (step 5000) |"
+    ) in markdown  # no at_best_valid in these summaries: "—"
     # PoPE vs RoPE, same setting: +0.3650 - 0.1150 = +0.25; of the C(6, 4) = 15 splits, 11 are as extreme (the
     # 6 whose left-out pair sums to <= 0.23, the 5 that leave out 0.95 with another); the fp32 sweep has no
     # RoPE of its setting, so it is not compared
     comparison = markdown.split("## PoPE vs RoPE")[1].split("##")[0]
-    assert ("| indirect-indexing | pope | pope/ vs rope/ | test_accuracy, headline | 4 / 2 | "
-            "+0.2500 |") in comparison and "| 0.7333 (exact, all 15 splits) |" in comparison
+    assert (
+        "| indirect-indexing | pope | pope/ vs rope/ | test_accuracy, headline | 4 / 2 | +0.2500 |"
+    ) in comparison and "| 0.7333 (exact, all 15 splits) |" in comparison
     assert "pope-fp32" not in comparison and "at best valid" not in comparison
     # paired by seed: seeds 0 and 1 finished on both sides, differences +0.84 and -0.07, mean +0.385; all four sign
     # patterns reach |0.77|, so p = 1 (two pairs can never give less than 2/4); its own Holm family (m = 1)
-    assert ("| indirect-indexing | pope | pope/ vs rope/ | test_accuracy, headline, paired by seed | 2 pairs (seeds 0,1; "
-            "1 above) | +0.3850 |") in comparison
+    assert (
+        "| indirect-indexing | pope | pope/ vs rope/ | test_accuracy, headline, paired by seed | 2 pairs (seeds 0,1; "
+        "1 above) | +0.3850 |"
+    ) in comparison
     assert "| 1.0000 (exact, all 4 sign flips) | 1.0000 (m = 1) |" in comparison
     assert "Paired rows: the seeds finished on both sides" in comparison
     # lift-off: 2/4 vs 0/2; Fisher: of the tables with 2 lift-offs in 6 runs, P(2 in PoPE's 4) = 6/15 and the
     # only less likely one, 0 in PoPE's 4, 1/15: p = 7/15
-    assert ("| indirect-indexing | pope | pope/ vs rope/ | lift-off rate (> 20 %) | 2/4 vs 0/2 | +0.5000 | — | "
-            "0.4667 (Fisher exact) |") in comparison
+    assert (
+        "| indirect-indexing | pope | pope/ vs rope/ | lift-off rate (> 20 %) | 2/4 vs 0/2 | +0.5000 | — | "
+        "0.4667 (Fisher exact) |"
+    ) in comparison
     assert "Train-example accuracy not measured for 4 finished run(s)" in markdown
     assert "## PoPE's delta outside" not in markdown  # no run has eval/delta_state.json
     for seed, share in ((0, 0.25), (1, 0.05)):  # `pope analyze delta` of two finished seeds, one unfinished
@@ -583,11 +832,13 @@ def test_report_compares_lift_off_steps_of_one_schedule_by_rank_sum(tmp_path):
 
     def sweep(name, pe, curves, overrides=()):
         (tmp_path / name).mkdir()
-        (tmp_path / name / "sweep.json").write_text(json.dumps({"preset": "indirect-indexing", "pe": pe,
-                                                                 "overrides": list(overrides)}))
+        (tmp_path / name / "sweep.json").write_text(
+            json.dumps({"preset": "indirect-indexing", "pe": pe, "overrides": list(overrides)})
+        )
         for seed, curve in enumerate(curves):
             _task_run(tmp_path / name / f"seed-{seed}", pe, seed, curve, overrides=overrides)
         return str(tmp_path / name)
+
     early = [[0.05, 0.3, 0.9], [0.05, 0.05, 0.5], [0.25, 0.8, 0.9]]  # past 20 % at 10k, 15k, 5k
     late = [[0.05, 0.05, 0.3], [0.05, 0.05, 0.1]]  # 15k, never
     wrap = sweep("wrap", "pope:delta_range=wrap", early)
@@ -598,8 +849,10 @@ def test_report_compares_lift_off_steps_of_one_schedule_by_rank_sum(tmp_path):
     # mid-ranks of 10k, 15k, 5k vs 15k, never: 2, 3.5, 1 vs 3.5, 5, observed |difference of mean ranks| 2.08; of
     # the C(5, 2) = 10 ways to pick RoPE's two, three reach it: the observed pair, its twin with the other 15k
     # (a tie), and {5k, 10k} (2.5): p = 3/10
-    assert ("| wrap/ vs rope/ | lift-off step (first past 20 %) | 10k, 15k, 5k vs 15k, — | median 10k vs — | — | "
-            "0.3000 (rank-sum, exact, all 10 splits) |") in section, section
+    assert (
+        "| wrap/ vs rope/ | lift-off step (first past 20 %) | 10k, 15k, 5k vs 15k, — | median 10k vs — | — | "
+        "0.3000 (rank-sum, exact, all 10 splits) |"
+    ) in section, section
     # no seed of either side lifted off: no row (the lift-off rate row is still there)
     never = sweep("pope", "pope", [[0.05, 0.05, 0.05]] * 2)
     never_lr = sweep("pope-lr", "pope", [[0.05, 0.05, 0.1]] * 2, overrides=["recipe.lr=0.001"])
@@ -631,8 +884,9 @@ def test_report_plots_test_accuracy_by_shift_when_runs_have_it(tmp_path):
     for seed, table in enumerate(({"-2": 0.1, "+1": 0.9}, {"-2": 0.3, "+1": 0.5, "+3": 0.0})):
         path = tmp_path / "pope" / f"seed-{seed}" / "eval" / "task_accuracy.json"
         record = json.loads(path.read_text())
-        record["splits"]["test"]["by_shift"] = {k: {"examples": 10, "correct": round(10 * v), "accuracy": v}
-                                                for k, v in table.items()}
+        record["splits"]["test"]["by_shift"] = {
+            k: {"examples": 10, "correct": round(10 * v), "accuracy": v} for k, v in table.items()
+        }
         path.write_text(json.dumps(record))
     assert collect_run(tmp_path / "pope" / "seed-1").test_by_shift == {-2: (3, 10), 1: (5, 10), 3: (0, 10)}
     assert collect_run(tmp_path / "rope" / "seed-0").test_by_shift is None
@@ -640,7 +894,7 @@ def test_report_plots_test_accuracy_by_shift_when_runs_have_it(tmp_path):
     assert (tmp_path / "after" / "accuracy_by_shift.png").stat().st_size > 10_000
     assert "accuracy_by_shift.png" in {p.name for p in written}
     # the table: ranges with examples only; seed 0 has no +3 example, so +2 … +3 is seed 1's 0 % alone
-    table = markdown[markdown.index("## Test accuracy by shift"):]
+    table = markdown[markdown.index("## Test accuracy by shift") :]
     assert "| preset | PE | n | -3 … -2 | +1 | +2 … +3 | setting |" in table, table
     assert "| indirect-indexing | pope | 2 | 20.00 ± 14.14 | 70.00 ± 28.28 | 0.00 | pope/ |" in table, table
     assert "| rope |" not in table
@@ -657,8 +911,11 @@ def test_report_against_compares_every_other_setting_with_one_sweep(tmp_path):
     lone = _sweep(tmp_path / "pope-lr", "pope", [0.3], overrides=["recipe.lr=0.001"])  # 1 seed: left out
     markdown, _ = write_report([pope, rope, fp32, lone], tmp_path / "report", against=pope)
     section = markdown.split("## Against pope (pope/ ")[1].split("\n## ")[0]
-    rows = {line.split(" | ")[2]: line for line in section.splitlines()
-            if line.startswith("| indirect-indexing") and "lift-off" not in line and "paired by seed" not in line}
+    rows = {
+        line.split(" | ")[2]: line
+        for line in section.splitlines()
+        if line.startswith("| indirect-indexing") and "lift-off" not in line and "paired by seed" not in line
+    }
     # fp32: 0.85 - 0.365 = +0.485; rope: 0.115 - 0.365 = -0.25 (the PoPE vs RoPE table's +0.25, turned round)
     fp32_row = next(row for label, row in rows.items() if label.startswith("pope-fp32/ train.autocast=none"))
     assert "| test_accuracy, headline | 2 / 4 | +0.4850 |" in fp32_row
@@ -713,7 +970,9 @@ def test_holm_adjust_matches_the_step_down_rule():
 
     # sorted 0.005, 0.01, 0.03, 0.04 -> x4, x3, x2, x1 = 0.02, 0.03, 0.06, 0.04 -> non-decreasing: 0.04 becomes 0.06
     assert holm_adjust([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02], rel=1e-12)
-    assert holm_adjust([0.5, 0.6]) == pytest.approx([1.0, 1.0]) and holm_adjust([0.2]) == [0.2] and holm_adjust([]) == []
+    assert (
+        holm_adjust([0.5, 0.6]) == pytest.approx([1.0, 1.0]) and holm_adjust([0.2]) == [0.2] and holm_adjust([]) == []
+    )
     with pytest.raises(ValueError, match=r"must lie in \[0, 1\]"):
         holm_adjust([0.1, 1.5])
 
@@ -725,9 +984,16 @@ def test_report_keeps_length_evaluations_on_different_documents_apart(tmp_path):
     run = _fake_run(tmp_path / "rope0", "jsb", "rope", 0, [0.5])
     for name, ppl in (("short", {64: 2.0, 128: 2.5}), ("long", {256: 4.0})):
         (tmp_path / "rope0" / "eval").mkdir(exist_ok=True)
-        (tmp_path / "rope0" / "eval" / f"length-jsb-test-{name}.json").write_text(json.dumps({
-            "data_name": "jsb", "split": "test", "same_documents": True,
-            "results": [{"length": length, "perplexity": value} for length, value in ppl.items()]}))
+        (tmp_path / "rope0" / "eval" / f"length-jsb-test-{name}.json").write_text(
+            json.dumps(
+                {
+                    "data_name": "jsb",
+                    "split": "test",
+                    "same_documents": True,
+                    "results": [{"length": length, "perplexity": value} for length, value in ppl.items()],
+                }
+            )
+        )
     markdown, _ = write_report([run], tmp_path / "report")
     short = markdown.split("## Perplexity vs evaluation length (jsb/test, the same documents at every length to 128)")
     long = markdown.split("## Perplexity vs evaluation length (jsb/test, the same documents at every length to 256)")
@@ -741,16 +1007,26 @@ def test_report_keeps_a_fine_tune_apart_from_the_runs_it_started_from(tmp_path):
     from pope.eval.report import write_report
 
     runs = []
-    for name, seed, ppl, extra in (("seed0", 0, {64: 2.0, 128: 3.0}, None), ("seed1", 1, {64: 4.0, 128: 5.0}, None),
-                                   ("rope-ft128", 0, {64: 1.0, 128: 1.0}, {"context": 128})):
+    for name, seed, ppl, extra in (
+        ("seed0", 0, {64: 2.0, 128: 3.0}, None),
+        ("seed1", 1, {64: 4.0, 128: 5.0}, None),
+        ("rope-ft128", 0, {64: 1.0, 128: 1.0}, {"context": 128}),
+    ):
         run = _fake_run(tmp_path / name, "jsb", "rope", seed, [0.5])
         config = json.loads((tmp_path / name / "config.json").read_text())
         config["finetune"] = extra
         (tmp_path / name / "config.json").write_text(json.dumps(config))
         (tmp_path / name / "eval" / "length-jsb-test.json").parent.mkdir(exist_ok=True)
-        (tmp_path / name / "eval" / "length-jsb-test.json").write_text(json.dumps({
-            "data_name": "jsb", "split": "test", "same_documents": True,
-            "results": [{"length": length, "perplexity": value} for length, value in ppl.items()]}))
+        (tmp_path / name / "eval" / "length-jsb-test.json").write_text(
+            json.dumps(
+                {
+                    "data_name": "jsb",
+                    "split": "test",
+                    "same_documents": True,
+                    "results": [{"length": length, "perplexity": value} for length, value in ppl.items()],
+                }
+            )
+        )
         runs.append(run)
     markdown, _ = write_report(runs, tmp_path / "report")
     table = markdown.split("## Perplexity vs evaluation length")[1]
@@ -770,8 +1046,14 @@ def test_report_groups_the_fine_tunes_of_a_settings_seeds_and_refuses_a_seed_twi
         name = f"ft-{seed}-{checkpoint}"
         runs.append(_fake_run(tmp_path / name, "jsb", "rope", seed, [0.5 + seed]))
         config = json.loads((tmp_path / name / "config.json").read_text())
-        config["finetune"] = {"context": 128, "from": {"run": f"/somewhere/seed-{seed}", "step": 300 + seed,
-                                                       "checkpoint": f"/somewhere/seed-{seed}/checkpoints/{checkpoint}"}}
+        config["finetune"] = {
+            "context": 128,
+            "from": {
+                "run": f"/somewhere/seed-{seed}",
+                "step": 300 + seed,
+                "checkpoint": f"/somewhere/seed-{seed}/checkpoints/{checkpoint}",
+            },
+        }
         (tmp_path / name / "config.json").write_text(json.dumps(config))
     markdown, _ = write_report(runs, tmp_path / "report")
     rows = [line for line in markdown.splitlines() if line.startswith("| jsb | rope | test_nll")]
@@ -812,6 +1094,7 @@ def test_report_plot_colours_are_distinct_for_twenty_settings():
 
 def test_seed_power_script_plans_from_finished_runs_and_refuses_too_few(tmp_path, capsys):
     import runpy
+
     script = runpy.run_path(str(Path(__file__).resolve().parents[1] / "scripts" / "seed_power.py"))
     # two settings whose finished runs never overlap: topped up to 6 seeds each, every imagined sweep separates
     for seed, loss in enumerate([0.40, 0.41, 0.42]):
@@ -826,8 +1109,12 @@ def test_seed_power_script_plans_from_finished_runs_and_refuses_too_few(tmp_path
         for seed in range(3):
             summary = tmp_path / side / f"seed-{seed}" / "summary.json"
             summary.write_text(json.dumps({**json.loads(summary.read_text()), "at_best_valid": {"test_loss": 0.5}}))
-    assert script["main"]([str(tmp_path / "a"), str(tmp_path / "b"), "--sizes", "6", "--simulations", "20",
-                           "--at-best-valid"]) == 0
+    assert (
+        script["main"](
+            [str(tmp_path / "a"), str(tmp_path / "b"), "--sizes", "6", "--simulations", "20", "--at-best-valid"]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert out.startswith("last test_loss at best-valid.") and "| 6 | 6 | 6 | 0.00 |" in out
     # errors: one line, exit status 2
@@ -856,13 +1143,22 @@ def test_accuracy_plots_keep_their_legends_under_the_axes_inside_the_figure(tmp_
     sweeps = []
     for index in range(16):
         pe = "pope:softmax_scale=0.08838834764831845" if index % 2 else "pope:delta_range=wrap"
-        sweeps.append(_sweep(tmp_path / f"setting-with-a-long-name-{index}", pe, [0.1 + index / 100, 0.2],
-                             overrides=[f"recipe.lr={index + 1}e-4"], train_accuracy=[0.3, 0.3]))
+        sweeps.append(
+            _sweep(
+                tmp_path / f"setting-with-a-long-name-{index}",
+                pe,
+                [0.1 + index / 100, 0.2],
+                overrides=[f"recipe.lr={index + 1}e-4"],
+                train_accuracy=[0.3, 0.3],
+            )
+        )
         for seed in (0, 1):
             path = tmp_path / f"setting-with-a-long-name-{index}" / f"seed-{seed}" / "eval" / "task_accuracy.json"
             record = json.loads(path.read_text())
-            record["splits"]["test"]["by_shift"] = {"-1": {"examples": 10, "correct": 9, "accuracy": 0.9},
-                                                    "+1": {"examples": 10, "correct": 1, "accuracy": 0.1}}
+            record["splits"]["test"]["by_shift"] = {
+                "-1": {"examples": 10, "correct": 9, "accuracy": 0.9},
+                "+1": {"examples": 10, "correct": 1, "accuracy": 0.1},
+            }
             path.write_text(json.dumps(record))
     _, written = write_report(sweeps, tmp_path / "report")
     assert {"accuracy_vs_step.png", "lift_off_vs_step.png", "accuracy_by_shift.png"} <= {p.name for p in written}
@@ -889,8 +1185,10 @@ def test_plain_log_ticks_label_a_short_log_axis_with_several_round_numbers():
 
     def labels(ax):
         low, high = ax.get_ylim()
-        return [t.get_text() for t in ax.yaxis.get_majorticklabels()
-                if t.get_text() and low <= t.get_position()[1] <= high]
+        return [
+            t.get_text() for t in ax.yaxis.get_majorticklabels() if t.get_text() and low <= t.get_position()[1] <= high
+        ]
+
     assert len(labels(short)) >= 4 and all(text.replace(",", "").isdigit() for text in labels(short)), labels(short)
     assert {"10", "100", "1,000", "10,000"} <= set(labels(wide)), labels(wide)
     plt.close(fig)
@@ -902,8 +1200,11 @@ def test_lift_off_plot_counts_each_finished_seed_at_its_first_evaluation_past_th
 
     figures = {}
     finish = report_plots.finish_figure
-    monkeypatch.setattr(report_plots, "finish_figure",
-                        lambda fig, path, **kw: figures.setdefault(Path(path).name, fig) and finish(fig, path, **kw))
+    monkeypatch.setattr(
+        report_plots,
+        "finish_figure",
+        lambda fig, path, **kw: figures.setdefault(Path(path).name, fig) and finish(fig, path, **kw),
+    )
     # PoPE: finals 95, 5, 40, 6 % (evaluations at 5k and 10k; the first is 2 %), seed 4 unfinished and left out
     pope = _sweep(tmp_path / "pope", "pope", [0.95, 0.05, 0.40, 0.06], unfinished=[4])
     rope = _sweep(tmp_path / "rope", "rope", [0.11, 0.12])

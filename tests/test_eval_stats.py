@@ -1,11 +1,19 @@
 """pope.eval.stats: permutation test, Welch interval and Student t against hand counts and reference values."""
+
 import math
 
 import numpy as np
 import pytest
 
-from pope.eval.stats import (PermutationResult, midranks, permutation_test, rank_sum_test, student_t_cdf,
-                             student_t_quantile, welch_interval)
+from pope.eval.stats import (
+    PermutationResult,
+    midranks,
+    permutation_test,
+    rank_sum_test,
+    student_t_cdf,
+    student_t_quantile,
+    welch_interval,
+)
 
 
 def test_exact_permutation_p_from_the_35_splits():
@@ -82,6 +90,7 @@ def test_welch_interval_by_hand():
 
 def test_paired_permutation_test_is_exact_over_sign_flips():
     from pope.eval.stats import paired_interval, paired_permutation_test
+
     # every difference positive: only the all-plus and all-minus patterns are as extreme
     result = paired_permutation_test([0.1, 0.2, 0.3, 0.4])
     assert result == PermutationResult(2 / 16, 16, True, "sign flips")
@@ -92,8 +101,10 @@ def test_paired_permutation_test_is_exact_over_sign_flips():
     # mixed signs: the share of the 8 sign patterns whose |sum| reaches the observed 0.4, listed by hand
     values = [0.3, -0.1, 0.2]
     import itertools
-    sums = [abs(sum(v if s else -v for v, s in zip(values, signs)))
-            for signs in itertools.product((True, False), repeat=3)]
+
+    sums = [
+        abs(sum(v if s else -v for v, s in zip(values, signs))) for signs in itertools.product((True, False), repeat=3)
+    ]
     assert paired_permutation_test(values).p_value == pytest.approx(sum(x >= 0.4 - 1e-12 for x in sums) / 8)
     # Monte-Carlo above max_exact: seeded, never below the exact p in expectation, close to it
     many = [0.1 * (i % 3 - 0.5) + 0.05 for i in range(14)]
@@ -105,12 +116,13 @@ def test_paired_permutation_test_is_exact_over_sign_flips():
     # the paired t interval: mean ± t(0.975, n-1) * sd / sqrt(n)
     low, high, df = paired_interval([1.0, 2.0, 3.0])
     assert df == 2 and (low + high) / 2 == pytest.approx(2.0)
-    assert (high - low) / 2 == pytest.approx(4.302652729911275 * 1.0 / 3 ** 0.5, rel=1e-9)
+    assert (high - low) / 2 == pytest.approx(4.302652729911275 * 1.0 / 3**0.5, rel=1e-9)
     assert paired_interval([1.0]) is None and paired_interval([2.0, 2.0]) is None
 
 
 def test_resampled_power_tops_each_sample_up_from_its_own_values():
     from pope.eval.stats import resampled_power
+
     # nothing added: the observed test is the only future (p = 2/35 here, so never below 0.05, always below 0.06)
     assert resampled_power([1, 2, 3, 4], [5, 6, 7], 4, 3) == 0.0
     assert resampled_power([1, 2, 3, 4], [5, 6, 7], 4, 3, alpha=0.06) == 1.0

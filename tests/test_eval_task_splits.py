@@ -1,4 +1,5 @@
 """pope.eval.runs.task_splits_of: a run is scored on the splits it trained on (variants included)."""
+
 import json
 
 import pytest
@@ -10,21 +11,28 @@ from pope.eval.runs import task_splits_of
 def _run(tmp_path, dataset, data_dir=None, data_seed=3):
     run = tmp_path / "run"
     run.mkdir()
-    (run / "config.json").write_text(json.dumps({"recipe": {"dataset": dataset},
-                                                 "train": {"data_dir": data_dir, "data_seed": data_seed}}))
+    (run / "config.json").write_text(
+        json.dumps({"recipe": {"dataset": dataset}, "train": {"data_dir": data_dir, "data_seed": data_seed}})
+    )
     return run
 
 
-@pytest.mark.parametrize("dataset, expected", [
-    ("indirect-indexing", task.PAPER_TASK),
-    ("indirect-indexing:min_len=20,max_len=32", task.TaskOptions(min_len=20, max_len=32)),
-    ("indirect-indexing:zero_shift=true,fresh=true", task.TaskOptions(zero_shift=True, fresh=True)),
-    ("indirect-indexing:query_first=true", task.TaskOptions(query_first=True)),
-])
+@pytest.mark.parametrize(
+    "dataset, expected",
+    [
+        ("indirect-indexing", task.PAPER_TASK),
+        ("indirect-indexing:min_len=20,max_len=32", task.TaskOptions(min_len=20, max_len=32)),
+        ("indirect-indexing:zero_shift=true,fresh=true", task.TaskOptions(zero_shift=True, fresh=True)),
+        ("indirect-indexing:query_first=true", task.TaskOptions(query_first=True)),
+    ],
+)
 def test_splits_follow_the_runs_task_variant_and_data_seed(tmp_path, monkeypatch, dataset, expected):
     calls = []
-    monkeypatch.setattr(task, "ensure_splits", lambda directory, seed, options: calls.append((directory, seed, options))
-                        or tmp_path / "splits")
+    monkeypatch.setattr(
+        task,
+        "ensure_splits",
+        lambda directory, seed, options: calls.append((directory, seed, options)) or tmp_path / "splits",
+    )
     assert task_splits_of(_run(tmp_path, dataset)) == tmp_path / "splits"
     assert calls == [(None, 3, expected)]
 

@@ -1,4 +1,5 @@
 """Windowing for length evaluation: every target scored once, hand-computed NLL on a toy model."""
+
 import math
 
 import numpy as np

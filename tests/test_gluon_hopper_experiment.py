@@ -5,6 +5,7 @@ S = q'k'^T over 256 channels, 64x128 for O += P v) and load by TMA into mbarrier
 shared memory fits one program per SM, and only the plain form has whole-CTA barriers in its key loops (the
 warp-specialised consumers sync their own warpgroup only). Compile-only: says nothing about correctness or speed
 (the experiment's gpu_check.py does, on a GPU)."""
+
 import json
 import os
 import subprocess
@@ -23,14 +24,15 @@ def rows(tmp_path_factory):
     out = tmp_path_factory.mktemp("gluon") / "report.json"
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}  # it compiles, for sm_90a
     env["PYTHONPATH"] = os.path.join(ROOT, "src")
-    run = subprocess.run([sys.executable, SCRIPT, "--quick", "--json", str(out)], env=env, capture_output=True,
-                         text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, SCRIPT, "--quick", "--json", str(out)], env=env, capture_output=True, text=True, timeout=300
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     return {row["variant"]: row for row in json.loads(out.read_text())}
 
 
 def test_both_forms_use_wgmma_and_tma_without_spills(rows):
-    for variant, row in rows.items():
+    for _variant, row in rows.items():
         assert row["spill_stores_B"] == 0 and row["spill_loads_B"] == 0, row
         assert not row["ptxas_warnings"], row  # e.g. ptxas serialising the async wgmma
         assert row["sass_spill_instr_in_loops"] == 0 and row["sass_spill_instr_outside"] == 0, row
@@ -61,8 +63,13 @@ def test_triton_automatic_warp_specialisation_engages_at_four_warps_only():
     of the whole causal main pass (one tagged loop) at 4 warps, and does nothing at the shipped forward's 8."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.path.join(ROOT, "src")
-    run = subprocess.run([sys.executable, os.path.join(os.path.dirname(SCRIPT), "triton_autows.py")], env=env,
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, os.path.join(os.path.dirname(SCRIPT), "triton_autows.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     lines = {line.split(":")[0]: line for line in run.stdout.splitlines() if line.startswith("full causal")}
     four = lines["full causal main pass tile (128, 64, 4, 2), one tagged loop, every block masked"]
@@ -83,12 +90,14 @@ def test_triton_autows_main_pass_within_twice_pytorch_error(split):
     sys.modules.pop("gpu_check", None)  # another experiment's gpu_check.py may be imported under the same name
     import gpu_check
     import triton_autows
+
     from pope.testing import check_within_rule
 
     for seed, (heads, seq, causal) in enumerate([(2, 33, True), (1, 200, True), (1, 150, False)]):
         q_prime, k_prime, v, _ = gpu_check.primed_inputs(1, heads, seq, seed=seed, device="cpu")
-        exact, plain = (gpu_check.attention_math(q_prime, k_prime, v, causal, dtype)
-                        for dtype in (torch.float64, torch.bfloat16))
+        exact, plain = (
+            gpu_check.attention_math(q_prime, k_prime, v, causal, dtype) for dtype in (torch.float64, torch.bfloat16)
+        )
         o, lse = triton_autows.attention_forward(q_prime, k_prime, v, causal=causal, tile=(32, 32, 4, 1), split=split)
         for ours, theirs, truth in zip((o, lse), plain, exact):
             result = check_within_rule(ours, theirs, truth, torch.bfloat16)

@@ -1,5 +1,6 @@
 """CUDA MPS for seed sweeps: scripts/gpu_mps.sh's start/stop paths (with a stand-in control program: this machine
 has no GPU) and the process-table check that runs record in env.json."""
+
 from __future__ import annotations
 
 import os
@@ -12,10 +13,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _mps(action, tmp_path, path):
-    env = {**os.environ, "PATH": path, "CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "pipes"),
-           "CUDA_MPS_LOG_DIRECTORY": str(tmp_path / "logs"), "CUDA_VISIBLE_DEVICES": ""}
-    return subprocess.run(["bash", "scripts/gpu_mps.sh", action], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=120)
+    env = {
+        **os.environ,
+        "PATH": path,
+        "CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "pipes"),
+        "CUDA_MPS_LOG_DIRECTORY": str(tmp_path / "logs"),
+        "CUDA_VISIBLE_DEVICES": "",
+    }
+    return subprocess.run(
+        ["bash", "scripts/gpu_mps.sh", action], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_start_without_mps_says_so_and_fails(tmp_path):
@@ -23,8 +30,10 @@ def test_start_without_mps_says_so_and_fails(tmp_path):
     empty.mkdir()
     result = _mps("start", tmp_path, f"{empty}{os.pathsep}{os.environ['PATH']}")
     assert result.returncode == 1
-    assert result.stdout.strip() == "MPS: off (nvidia-cuda-mps-control is not on this machine); processes sharing " \
-                                    "a GPU time-slice it"
+    assert (
+        result.stdout.strip() == "MPS: off (nvidia-cuda-mps-control is not on this machine); processes sharing "
+        "a GPU time-slice it"
+    )
 
 
 def test_start_stops_the_daemon_again_when_no_cuda_context_opens(tmp_path):

@@ -3,6 +3,7 @@ sweeps on a fresh machine, leaves running and finished ones alone, resumes a kil
 scripts/gpu_sweep_monitor.sh within its seconds; the monitor gives up at once on a fresh machine and stops
 waiting when every sweep process is gone. Most tests use a stand-in sweep script (steps logged to metrics.jsonl
 every 50 ms, resuming from its last step); one runs the real scripts/gpu_sweep_indirect.sh on a tiny CPU model."""
+
 from __future__ import annotations
 
 import json
@@ -44,20 +45,39 @@ def machine(tmp_path):
     (its process group, by the id the script printed) at the end."""
     script = tmp_path / "fake_sweep_indirect.sh"
     script.write_text(FAKE_SWEEP)
-    env = {**os.environ, "RUNS": str(tmp_path / "runs"), "OUT": str(tmp_path / "out"),
-           "LOG_DIR": str(tmp_path / "logs"), "SWEEP_OUT": str(tmp_path / "sweep-out"),
-           "SWEEP_SCRIPT": str(script), "FAKE_STEPS": "20", "CUDA_VISIBLE_DEVICES": ""}
+    env = {
+        **os.environ,
+        "RUNS": str(tmp_path / "runs"),
+        "OUT": str(tmp_path / "out"),
+        "LOG_DIR": str(tmp_path / "logs"),
+        "SWEEP_OUT": str(tmp_path / "sweep-out"),
+        "SWEEP_SCRIPT": str(script),
+        "FAKE_STEPS": "20",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
     started = []
 
     def sweeps(*args, timeout=60, **settings):
-        result = subprocess.run(["bash", "scripts/gpu_sweeps.sh", *map(str, args)], cwd=ROOT, capture_output=True,
-                                text=True, env={**env, **settings}, timeout=timeout)
+        result = subprocess.run(
+            ["bash", "scripts/gpu_sweeps.sh", *map(str, args)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env={**env, **settings},
+            timeout=timeout,
+        )
         started.extend(int(pid) for pid in re.findall(r"(?:started|restarted) .*; pid (\d+), log", result.stdout))
         return result
 
     def monitor(*args, timeout=60):
-        return subprocess.run(["bash", "scripts/gpu_sweep_monitor.sh", *map(str, args)], cwd=ROOT,
-                              capture_output=True, text=True, env=env, timeout=timeout)
+        return subprocess.run(
+            ["bash", "scripts/gpu_sweep_monitor.sh", *map(str, args)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout,
+        )
 
     yield sweeps, monitor, tmp_path, started
     for pid in started:
@@ -84,13 +104,17 @@ def test_fresh_start_then_running_then_finished(machine):
     sweeps, monitor, tmp_path, started = machine
     plan = tmp_path / "next.plan"
     extra = "--set recipe.dataset=indirect-indexing:min_len=20,max_len=32 --set train.autocast=none"
-    plan.write_text(f"# the next sweeps\nNAME=pope-wrap PE=pope:delta_range=wrap SEEDS=0-1 JOBS_PER_GPU=2\n\n"
-                    f"NAME=pope-len32 PE=pope SEEDS=0-1 EXTRA=\"{extra}\"  # strings of 20-32 letters\n")
+    plan.write_text(
+        f"# the next sweeps\nNAME=pope-wrap PE=pope:delta_range=wrap SEEDS=0-1 JOBS_PER_GPU=2\n\n"
+        f'NAME=pope-len32 PE=pope SEEDS=0-1 EXTRA="{extra}"  # strings of 20-32 letters\n'
+    )
     first = sweeps(0, plan)
     assert first.returncode == 0, first.stdout + first.stderr
     lines = _lines(first)
-    assert [line.split(";")[0] for line in lines] == ["pope-wrap: started (fresh machine: no runs)",
-                                                      "pope-len32: started (fresh machine: no runs)"]
+    assert [line.split(";")[0] for line in lines] == [
+        "pope-wrap: started (fresh machine: no runs)",
+        "pope-len32: started (fresh machine: no runs)",
+    ]
     assert len(started) == 2 and all(_alive(pid) for pid in started)
     assert first.stdout.count("MPS: ") == 1  # tried once, before the first start (no MPS on this machine)
     assert first.stdout.index("MPS: ") < first.stdout.index("pope-wrap: started")
@@ -110,10 +134,12 @@ def test_fresh_start_then_running_then_finished(machine):
     done = sweeps(30, plan)  # finished sweeps are not restarted; the monitor sees they ended
     assert _lines(done) == ["pope-wrap: finished", "pope-len32: finished"] and "sweeps ended" in done.stdout
     runs = tmp_path / "runs"
-    assert (runs / "pope-wrap" / "invocations.txt").read_text().splitlines() == \
-        ["PE=pope:delta_range=wrap SEEDS=0-1 JOBS_PER_GPU=2 LIMIT=100000 EXTRA="]
-    assert (runs / "pope-len32" / "invocations.txt").read_text().splitlines() == \
-        [f"PE=pope SEEDS=0-1 JOBS_PER_GPU= LIMIT=100000 EXTRA={extra}"]  # EXTRA verbatim, started once
+    assert (runs / "pope-wrap" / "invocations.txt").read_text().splitlines() == [
+        "PE=pope:delta_range=wrap SEEDS=0-1 JOBS_PER_GPU=2 LIMIT=100000 EXTRA="
+    ]
+    assert (runs / "pope-len32" / "invocations.txt").read_text().splitlines() == [
+        f"PE=pope SEEDS=0-1 JOBS_PER_GPU= LIMIT=100000 EXTRA={extra}"
+    ]  # EXTRA verbatim, started once
 
 
 def test_continue_only_starts_nothing_on_a_fresh_machine(machine):
@@ -122,13 +148,16 @@ def test_continue_only_starts_nothing_on_a_fresh_machine(machine):
     sweeps, monitor, tmp_path, started = machine
     line = "NAME=pope-200k PE=pope SEEDS=0-1"
     check = sweeps("--check", line, CONTINUE_ONLY="1")
-    assert check.returncode == 0 and check.stdout.splitlines() == \
-        ["pope-200k: not started (fresh machine: no runs to continue, and CONTINUE_ONLY=1)"], check.stdout
+    assert check.returncode == 0 and check.stdout.splitlines() == [
+        "pope-200k: not started (fresh machine: no runs to continue, and CONTINUE_ONLY=1)"
+    ], check.stdout
     begin = time.monotonic()
     fresh = sweeps(30, line, CONTINUE_ONLY="1")
     assert fresh.returncode == 3, fresh.stdout + fresh.stderr
-    assert fresh.stdout.splitlines()[0] == "pope-200k: not started (fresh machine: no runs to continue, and " \
-                                           "CONTINUE_ONLY=1)"
+    assert (
+        fresh.stdout.splitlines()[0] == "pope-200k: not started (fresh machine: no runs to continue, and "
+        "CONTINUE_ONLY=1)"
+    )
     assert "nothing started" in fresh.stdout.splitlines()[1] and time.monotonic() - begin < 10
     assert started == [] and not (tmp_path / "runs").exists() and not (tmp_path / "logs").exists()
 
@@ -205,7 +234,8 @@ def test_monitor_on_a_fresh_machine_exits_at_once(machine):
     assert result.stdout.strip() == (
         f"gpu_sweep_monitor.sh: nothing to watch: no sweep pope-wrap rope under {tmp_path / 'runs'} and no sweep "
         "process (a fresh machine? the previous one was given back); start the sweeps again (scripts/gpu_sweeps.sh "
-        "does it)")
+        "does it)"
+    )
 
 
 def test_monitor_says_how_long_the_rest_of_each_schedule_takes(machine):
@@ -221,22 +251,27 @@ def test_monitor_says_how_long_the_rest_of_each_schedule_takes(machine):
     result = monitor(0, "pope-tf32")  # no sweep process: one status pass, then exit 1
     assert result.returncode == 1, result.stdout + result.stderr
     lines = [line for line in result.stdout.splitlines() if line.startswith("pope-tf32/")]
-    assert lines == ["pope-tf32/seed-0: step 40000 finished=False ms/step=12.50 left=750s valid_acc=- test_acc=-",
-                     "pope-tf32/seed-1: step 0 finished=False ms/step=- left=- valid_acc=- test_acc=-"], result.stdout
+    assert lines == [
+        "pope-tf32/seed-0: step 40000 finished=False ms/step=12.50 left=750s valid_acc=- test_acc=-",
+        "pope-tf32/seed-1: step 0 finished=False ms/step=- left=- valid_acc=- test_acc=-",
+    ], result.stdout
 
 
-@pytest.mark.parametrize("args, message", [
-    (["540", "NAME=a PE=pope"], "give SEEDS"),
-    (["540", "NAME=a PE=pope SEEDS=3-1"], "SEEDS: "),
-    (["540", "NAME=a PE=pope SEED=0"], "'SEED=0' is not KEY=VALUE with a known KEY"),
-    (["540", "NAME=a/b PE=pope SEEDS=0"], "must be a directory name"),
-    (["540", "NAME=a PE=pope SEEDS=0", "NAME=a PE=rope SEEDS=0"], "NAME a is already a sweep of the plan"),
-    (["540", "NAME=a PE=pope SEEDS=0 JOBS_PER_GPU=0"], "JOBS_PER_GPU must be a positive whole number"),
-    (["540", "NAME=a PE=pope SEEDS=0 EXTRA='--set x"], "cannot split it into words"),
-    (["540", "missing.plan"], "no such plan file"),
-    (["soon", "NAME=a PE=pope SEEDS=0"], "SECONDS must be a whole number"),
-    (["540"], "usage: gpu_sweeps.sh"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["540", "NAME=a PE=pope"], "give SEEDS"),
+        (["540", "NAME=a PE=pope SEEDS=3-1"], "SEEDS: "),
+        (["540", "NAME=a PE=pope SEED=0"], "'SEED=0' is not KEY=VALUE with a known KEY"),
+        (["540", "NAME=a/b PE=pope SEEDS=0"], "must be a directory name"),
+        (["540", "NAME=a PE=pope SEEDS=0", "NAME=a PE=rope SEEDS=0"], "NAME a is already a sweep of the plan"),
+        (["540", "NAME=a PE=pope SEEDS=0 JOBS_PER_GPU=0"], "JOBS_PER_GPU must be a positive whole number"),
+        (["540", "NAME=a PE=pope SEEDS=0 EXTRA='--set x"], "cannot split it into words"),
+        (["540", "missing.plan"], "no such plan file"),
+        (["soon", "NAME=a PE=pope SEEDS=0"], "SECONDS must be a whole number"),
+        (["540"], "usage: gpu_sweeps.sh"),
+    ],
+)
 def test_bad_plans_fail_before_anything_starts(machine, args, message):
     sweeps, monitor, tmp_path, started = machine
     result = sweeps(*args)
@@ -247,14 +282,18 @@ def test_bad_plans_fail_before_anything_starts(machine, args, message):
 
 def test_check_prints_the_plan_and_starts_nothing(machine):
     sweeps, monitor, tmp_path, started = machine
-    result = sweeps("--check", "NAME=rope PE=rope SEEDS=0-3 EXTRA=\"--set train.autocast=none\"")
+    result = sweeps("--check", 'NAME=rope PE=rope SEEDS=0-3 EXTRA="--set train.autocast=none"')
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == ["rope: would be started (fresh machine: no runs): PE=rope SEEDS=0-3 "
-                                          "JOBS_PER_GPU=default LIMIT=100000 EXTRA=--set train.autocast=none"]
+    assert result.stdout.splitlines() == [
+        "rope: would be started (fresh machine: no runs): PE=rope SEEDS=0-3 "
+        "JOBS_PER_GPU=default LIMIT=100000 EXTRA=--set train.autocast=none"
+    ]
     assert not (tmp_path / "runs").exists() and not (tmp_path / "logs").exists()
     example = sweeps("--check", "scripts/sweeps/example.plan")  # the plan in the repository parses
-    assert example.returncode == 0 and [line.split(":")[0] for line in example.stdout.splitlines()] == \
-        ["pope-fresh", "pope-len32"], example.stdout + example.stderr
+    assert example.returncode == 0 and [line.split(":")[0] for line in example.stdout.splitlines()] == [
+        "pope-fresh",
+        "pope-len32",
+    ], example.stdout + example.stderr
     plans = sorted((Path(__file__).resolve().parents[1] / "scripts" / "sweeps").glob("*.plan"))
     assert len(plans) >= 2
     for plan in plans:  # every plan in the repository parses
@@ -270,19 +309,42 @@ def test_real_sweep_script_through_gpu_sweeps(tmp_path):
     from pope.data import indirect_indexing as task
 
     splits = task.write_splits(tmp_path / "ii", seed=0, sizes={"train": 256, "valid": 32, "test": 32})
-    sets = ["model.n_layer=1", "model.d_model=16", "model.n_head=2", "recipe.max_steps=4", "recipe.warmup_steps=1",
-            "recipe.eval_interval=2", "recipe.batch_size=8", f"train.data_dir={splits}", "train.log_interval=2",
-            "train.tensorboard=false", "train.device=cpu"]
+    sets = [
+        "model.n_layer=1",
+        "model.d_model=16",
+        "model.n_head=2",
+        "recipe.max_steps=4",
+        "recipe.warmup_steps=1",
+        "recipe.eval_interval=2",
+        "recipe.batch_size=8",
+        f"train.data_dir={splits}",
+        "train.log_interval=2",
+        "train.tensorboard=false",
+        "train.device=cpu",
+    ]
     extra = " ".join(f"--set {item}" for item in sets)
-    env = {**os.environ, "RUNS": str(tmp_path / "runs"), "OUT": str(tmp_path / "out"), "LOG_DIR": str(tmp_path),
-           "SWEEP_OUT": str(tmp_path / "sweep-out"),
-           "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "MPS": "off",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env = {
+        **os.environ,
+        "RUNS": str(tmp_path / "runs"),
+        "OUT": str(tmp_path / "out"),
+        "LOG_DIR": str(tmp_path),
+        "SWEEP_OUT": str(tmp_path / "sweep-out"),
+        "OMP_NUM_THREADS": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+        "MPS": "off",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }
     line = f"NAME=tiny PE=pope SEEDS=0 EXTRA='{extra}'"
 
     def sweeps(*args):
-        return subprocess.run(["bash", "scripts/gpu_sweeps.sh", *args, line], cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=300)
+        return subprocess.run(
+            ["bash", "scripts/gpu_sweeps.sh", *args, line],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     def running():
         found = re.search(r"^tiny: running \(pid ([\d ]+)\)", sweeps("--check").stdout, re.M)

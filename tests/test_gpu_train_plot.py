@@ -1,4 +1,5 @@
 """scripts/gpu_train_plot.py: accuracy (and learning rate) against step from run directories or metrics files."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -32,8 +33,21 @@ def test_plots_labelled_runs_with_their_learning_rate(tmp_path, capsys):
     short = write_run(tmp_path / "short", [0.05, 0.06], 2e-4)
     long = write_run(tmp_path / "long", [0.05, 0.5], 2e-4)
     out = tmp_path / "plot.png"
-    assert load_script().main([f"100k steps={short}", str(long / "metrics.jsonl"), "--lr", "--no-valid",
-                               "--paper", "pope", "--out", str(out)]) == 0
+    assert (
+        load_script().main(
+            [
+                f"100k steps={short}",
+                str(long / "metrics.jsonl"),
+                "--lr",
+                "--no-valid",
+                "--paper",
+                "pope",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = capsys.readouterr().out.splitlines()
     assert "100k steps" in table[0] and "metrics" in table[0]  # LABEL=PATH, else the file's stem
@@ -56,8 +70,10 @@ def test_delta_panel_plots_the_counts_and_refuses_runs_without_them(tmp_path, ca
     assert script.main([str(counted), str(plain), "--delta", "--lr", "--out", str(out)]) == 0  # plain: no delta line
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     err = capsys.readouterr().err.splitlines()
-    assert err == ["gpu_train_plot.py: --delta: plain has no delta counts (not a PoPE run, or trained before the "
-                   "trainer logged them): it has no line in the delta panel"]  # said, not silently left out
+    assert err == [
+        "gpu_train_plot.py: --delta: plain has no delta counts (not a PoPE run, or trained before the "
+        "trainer logged them): it has no line in the delta panel"
+    ]  # said, not silently left out
 
 
 def test_a_missing_or_broken_run_is_one_line(tmp_path):
@@ -79,8 +95,9 @@ def test_a_paper_line_the_paper_does_not_report_is_refused(tmp_path):
 
 def test_group_gives_a_family_one_colour_and_each_member_its_own_line_style(tmp_path):
     script = load_script()
-    styles = script.line_styles(["PoPE, clamp, seed 0", "RoPE, seed 0", "PoPE, clamp, seed 1", "RoPE, seed 1",
-                                 "ALiBi"], group=True)
+    styles = script.line_styles(
+        ["PoPE, clamp, seed 0", "RoPE, seed 0", "PoPE, clamp, seed 1", "RoPE, seed 1", "ALiBi"], group=True
+    )
     assert styles[0] == {"color": "C0", "linestyle": "-"} and styles[2] == {"color": "C0", "linestyle": "--"}
     assert styles[1] == {"color": "C1", "linestyle": "-"} and styles[3] == {"color": "C1", "linestyle": "--"}
     assert styles[4] == {"color": "C2", "linestyle": "-"}  # no comma: a family of its own

@@ -1,5 +1,6 @@
 """pope.hf's transformers version guard: an unsupported version fails `import pope.hf` with one line naming the
 supported versions; supported ones (4.50+, 5.x, release candidates, dev builds) pass. Fast: no model is built."""
+
 import os
 import subprocess
 import sys
@@ -14,8 +15,17 @@ from pope.hf import compat  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("version, parsed", [("4.50.0", (4, 50)), ("4.57.6", (4, 57)), ("5.0.0rc1", (5, 0)),
-                                             ("4.58.0.dev0", (4, 58)), ("5.24.0", (5, 24)), ("6", (6, 0))])
+@pytest.mark.parametrize(
+    "version, parsed",
+    [
+        ("4.50.0", (4, 50)),
+        ("4.57.6", (4, 57)),
+        ("5.0.0rc1", (5, 0)),
+        ("4.58.0.dev0", (4, 58)),
+        ("5.24.0", (5, 24)),
+        ("6", (6, 0)),
+    ],
+)
 def test_supported_versions_pass(version, parsed):
     assert compat.check_version(version) == parsed
 

@@ -1,5 +1,6 @@
 """pope.hf's PoPELlama: equal to an equivalent computation in float64, cache decode, padding, positions,
 generate, save/load and its refusals. Tiny float64 models on the CPU (the reference backend)."""
+
 import math
 import warnings
 
@@ -9,18 +10,28 @@ import torch.nn.functional as F
 
 pytest.importorskip("transformers", reason="transformers is part of the [hf] extra")
 
-import pope.hf  # noqa: E402
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, LlamaConfig  # noqa: E402
+
 from pope.attention import pope_attention  # noqa: E402
 from pope.hf import PoPELlamaConfig, PoPELlamaForCausalLM, from_llama_config  # noqa: E402
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, LlamaConfig  # noqa: E402
 
 VOCAB = 61
 
 
 def tiny_config(**overrides) -> PoPELlamaConfig:
-    options = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                   num_key_value_heads=2, max_position_embeddings=64, pope_delta_init="uniform", pad_token_id=0,
-                   bos_token_id=1, eos_token_id=2)
+    options = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pope_delta_init="uniform",
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     return PoPELlamaConfig(**{**options, **overrides})
 
 
@@ -116,14 +127,14 @@ def test_explicit_positions_packed_sequences(model):
     attn = model.model.layers[0].self_attn
     x = torch.randn(2, 8, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     positions = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3], [0, 1, 2, 10, 11, 12, 13, 40]])
-    plan = plan_attention(None, positions, past_length=0, n=8, batch=2, device=x.device, dtype=x.dtype,
-                          has_cache=False)
+    plan = plan_attention(None, positions, past_length=0, n=8, batch=2, device=x.device, dtype=x.dtype, has_cache=False)
     assert plan.bias is not None
     with torch.no_grad():
         assert torch.allclose(attn(x, plan, None), _brute_force_layer(attn, x, positions), atol=1e-12, rtol=0)
         index = torch.arange(8)[None].repeat(2, 1)
-        plain = plan_attention(None, index + 5, past_length=0, n=8, batch=2, device=x.device, dtype=x.dtype,
-                               has_cache=False)
+        plain = plan_attention(
+            None, index + 5, past_length=0, n=8, batch=2, device=x.device, dtype=x.dtype, has_cache=False
+        )
         assert plain.bias is None  # indices plus a constant: the fused path
         assert torch.allclose(attn(x, plain, None), _brute_force_layer(attn, x, index), atol=1e-12, rtol=0)
     with pytest.raises(ValueError, match="without a cache"):
@@ -136,17 +147,17 @@ def test_left_padding_equals_unpadded_rows(model):
     ids = torch.zeros(2, width, dtype=torch.long)
     mask = torch.zeros(2, width, dtype=torch.long)
     for row, prompt in enumerate(prompts):
-        ids[row, width - prompt.shape[1]:] = prompt[0]
-        mask[row, width - prompt.shape[1]:] = 1
+        ids[row, width - prompt.shape[1] :] = prompt[0]
+        mask[row, width - prompt.shape[1] :] = 1
     with torch.no_grad():
         padded = model(ids, attention_mask=mask).logits
         for row, prompt in enumerate(prompts):
             alone = model(prompt).logits[0]
-            assert torch.allclose(padded[row, width - prompt.shape[1]:], alone, atol=1e-12, rtol=0)
+            assert torch.allclose(padded[row, width - prompt.shape[1] :], alone, atol=1e-12, rtol=0)
         generated = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
         for row, prompt in enumerate(prompts):
             alone = model.generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=0)
-            assert torch.equal(generated[row, width:], alone[0, prompt.shape[1]:])
+            assert torch.equal(generated[row, width:], alone[0, prompt.shape[1] :])
 
 
 def test_generate_greedy_sampling_and_beam_equal_full_forwards(model):
@@ -183,23 +194,47 @@ def test_save_and_load_round_trip(model, tmp_path):
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "wrap")
     assert reloaded.config.pope_delta_range == "wrap"
     assert {layer.self_attn.pe.delta_range for layer in reloaded.model.layers} == {"wrap"}
-    assert from_llama_config(LlamaConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1),
-                             delta_range="wrap").pope_delta_range == "wrap"
+    assert (
+        from_llama_config(
+            LlamaConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1), delta_range="wrap"
+        ).pope_delta_range
+        == "wrap"
+    )
 
 
 def test_from_llama_config_makes_a_pope_twin():
-    llama = LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-                        num_attention_heads=8, num_key_value_heads=2, rope_theta=500000.0, tie_word_embeddings=True)
+    llama = LlamaConfig(
+        vocab_size=100,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        rope_theta=500000.0,
+        tie_word_embeddings=True,
+    )
     twin = from_llama_config(llama, delta_init="uniform", magnitude="relu")
     assert twin.model_type == "pope_llama" and twin.pope_base == 500000.0 and twin.pope_magnitude == "relu"
-    for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_key_value_heads",
-                  "tie_word_embeddings", "rms_norm_eps"):
+    for field in (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_key_value_heads",
+        "tie_word_embeddings",
+        "rms_norm_eps",
+    ):
         assert getattr(twin, field) == getattr(llama, field), field
     model = PoPELlamaForCausalLM(twin)
     assert model.lm_head.weight is model.model.embed_tokens.weight  # tied, as the Llama config asked
     assert from_llama_config(llama, base=10000.0).pope_base == 10000.0
-    scaled = LlamaConfig(hidden_size=64, num_attention_heads=8, num_hidden_layers=1, intermediate_size=96,
-                         rope_scaling={"rope_type": "linear", "factor": 2.0})
+    scaled = LlamaConfig(
+        hidden_size=64,
+        num_attention_heads=8,
+        num_hidden_layers=1,
+        intermediate_size=96,
+        rope_scaling={"rope_type": "linear", "factor": 2.0},
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert from_llama_config(scaled).pope_base == 10000.0
@@ -208,21 +243,31 @@ def test_from_llama_config_makes_a_pope_twin():
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        mistral = from_llama_config(MistralConfig(hidden_size=64, num_attention_heads=8, num_hidden_layers=1,
-                                                  intermediate_size=96, sliding_window=16))
+        mistral = from_llama_config(
+            MistralConfig(
+                hidden_size=64, num_attention_heads=8, num_hidden_layers=1, intermediate_size=96, sliding_window=16
+            )
+        )
     assert any("sliding-window" in str(w.message) for w in caught) and getattr(mistral, "sliding_window", None) is None
-    qwen = from_llama_config(Qwen2Config(hidden_size=64, num_attention_heads=8, num_hidden_layers=2,
-                                         intermediate_size=96, num_key_value_heads=2))
+    qwen = from_llama_config(
+        Qwen2Config(
+            hidden_size=64, num_attention_heads=8, num_hidden_layers=2, intermediate_size=96, num_key_value_heads=2
+        )
+    )
     assert PoPELlamaForCausalLM(qwen).model.layers[0].self_attn.k_proj.out_features == 16
     with pytest.raises(ValueError, match="unknown PoPE options"):
         from_llama_config(llama, theta=3)
 
 
 def test_bad_options_and_inapplicable_choices_are_refused(model, tmp_path):
-    for bad, message in ((dict(pope_magnitude="square"), "pope_magnitude"), (dict(pope_base=0), "pope_base"),
-                         (dict(pope_delta_init="normal"), "pope_delta_init"), (dict(pope_rotary_dim=9), "rotary_dim"),
-                         (dict(pope_delta_range="project"), "pope_delta_range must be 'clamp' or 'wrap'"),
-                         (dict(pope_backend="cuda"), "pope_backend")):
+    for bad, message in (
+        (dict(pope_magnitude="square"), "pope_magnitude"),
+        (dict(pope_base=0), "pope_base"),
+        (dict(pope_delta_init="normal"), "pope_delta_init"),
+        (dict(pope_rotary_dim=9), "rotary_dim"),
+        (dict(pope_delta_range="project"), "pope_delta_range must be 'clamp' or 'wrap'"),
+        (dict(pope_backend="cuda"), "pope_backend"),
+    ):
         with pytest.raises(ValueError, match=message):
             tiny_config(**bad)
     model.save_pretrained(tmp_path)

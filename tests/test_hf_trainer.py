@@ -1,4 +1,5 @@
 """pope.hf with the HF Trainer: the runnable example (examples/hf_pope_llama.py) trains, generates and reloads."""
+
 import importlib.util
 from pathlib import Path
 

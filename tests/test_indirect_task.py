@@ -1,4 +1,5 @@
 """The indirect-indexing task generator, file format and splits (pope.data.indirect_indexing)."""
+
 import numpy as np
 import pytest
 
@@ -29,15 +30,18 @@ def test_examples_follow_every_rule(lines):
     assert max(len(line) for line in lines) <= task.MAX_EXAMPLE_CHARS == 48
 
 
-@pytest.mark.parametrize("bad, rule", [
-    ("ABCDEFGHIJKLMNOPQRST,A,+0,A", "not 0"),
-    ("ABCDEFGHIJKLMNOPQRST,A,-1,T", "outside"),
-    ("ABCDEFGHIJKLMNOPQRST,A,+2,D", "target"),
-    ("ABCDEFGHIJKLMNOPQRSA,A,+2,C", "distinct"),
-    ("ABCDEFGHIJKLMNOPQRST,A,2,C", "signed"),
-    ("ABCDEFGHIJKLMNOPQRST,A,+16,Q", "[-15, +15]"),
-    ("ABCDEFGHIJKLMNOPQRS,A,+2,C", "20..40"),
-])
+@pytest.mark.parametrize(
+    "bad, rule",
+    [
+        ("ABCDEFGHIJKLMNOPQRST,A,+0,A", "not 0"),
+        ("ABCDEFGHIJKLMNOPQRST,A,-1,T", "outside"),
+        ("ABCDEFGHIJKLMNOPQRST,A,+2,D", "target"),
+        ("ABCDEFGHIJKLMNOPQRSA,A,+2,C", "distinct"),
+        ("ABCDEFGHIJKLMNOPQRST,A,2,C", "signed"),
+        ("ABCDEFGHIJKLMNOPQRST,A,+16,Q", "[-15, +15]"),
+        ("ABCDEFGHIJKLMNOPQRS,A,+2,C", "20..40"),
+    ],
+)
 def test_parse_rejects_broken_examples(bad, rule):
     with pytest.raises(ValueError, match=rule.replace("[", r"\[").replace("+", r"\+")):
         task.parse_example(bad)
@@ -68,7 +72,7 @@ def test_files_round_trip_and_encoding(tmp_path):
         assert list(scored) == [len(line) - 2]  # one scored position: the final ','
         assert encoded.targets[row, len(line) - 2] == ids[-1]  # predicting the target letter
         assert list(encoded.inputs[row, : len(line) - 1]) == ids[:-1]
-        assert (encoded.inputs[row, len(line) - 1:] == task.PAD_ID).all()
+        assert (encoded.inputs[row, len(line) - 1 :] == task.PAD_ID).all()
     # ensure_splits refuses to reuse a directory made with other settings
     with pytest.raises(ValueError, match="seed"):
         task.ensure_splits(directory, seed=4, sizes={"train": 500, "valid": 50, "test": 50})
@@ -96,8 +100,10 @@ def test_paper_task_is_unchanged_bit_for_bit():
     import hashlib
 
     splits = task.make_splits(3, {"train": 3000, "valid": 200, "test": 200})
-    assert hashlib.sha256(repr(sorted(splits.items())).encode()).hexdigest() == \
-        "0c0f83ce853c672e8b70bac9c449e847a3a2e024266e83e7a1ad923195458349"
+    assert (
+        hashlib.sha256(repr(sorted(splits.items())).encode()).hexdigest()
+        == "0c0f83ce853c672e8b70bac9c449e847a3a2e024266e83e7a1ad923195458349"
+    )
     assert splits == task.make_splits(3, {"train": 3000, "valid": 200, "test": 200}, task.TaskOptions())
     assert task.default_data_dir(0).name == "indirect-indexing-seed0"
 
@@ -115,8 +121,9 @@ def test_task_variants_follow_their_rules(tmp_path):
         task.parse_example(zero[0].to_line())
     # the variant's splits live in their own directory and its manifest says which variant they are
     assert task.default_data_dir(0, options).name == "indirect-indexing-seed0-len20-32-shift0"
-    assert task.default_data_dir(0, task.parse_task_spec("indirect-indexing:fresh=true")).name == \
-        "indirect-indexing-seed0"  # fresh draws training examples differently, not other splits
+    assert (
+        task.default_data_dir(0, task.parse_task_spec("indirect-indexing:fresh=true")).name == "indirect-indexing-seed0"
+    )  # fresh draws training examples differently, not other splits
     sizes = {"train": 300, "valid": 50, "test": 50}
     directory = task.ensure_splits(tmp_path / "v", seed=0, sizes=sizes, options=options)
     assert task.validate_file(directory / "test.txt", options) == 50
@@ -159,11 +166,17 @@ def test_query_first_variant_reorders_the_same_draws(tmp_path):
     assert len(fresh) == 200 and len(strings) == 200 and not strings & held_out
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("indirect-indexing:max_len=41", "max_len <= 40"), ("indirect-indexing:min_len=33,max_len=32", "min_len <= max_len"),
-    ("indirect-indexing:fresh=maybe", "true or false"), ("indirect-indexing:shift0=true", "OPTION one of"),
-    ("indirect-indexing:min_len=x", "integer"), ("jsb:fresh=true", "not an indirect-indexing"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("indirect-indexing:max_len=41", "max_len <= 40"),
+        ("indirect-indexing:min_len=33,max_len=32", "min_len <= max_len"),
+        ("indirect-indexing:fresh=maybe", "true or false"),
+        ("indirect-indexing:shift0=true", "OPTION one of"),
+        ("indirect-indexing:min_len=x", "integer"),
+        ("jsb:fresh=true", "not an indirect-indexing"),
+    ],
+)
 def test_bad_task_specs(spec, message):
     with pytest.raises(ValueError, match=message):
         task.parse_task_spec(spec)
@@ -176,6 +189,8 @@ def test_fresh_examples_avoid_held_out_strings():
     held_out = {line.split(",", 1)[0] for line in lines[:100]}
     again = task.fresh_examples(200, np.random.default_rng(5), options, held_out)
     assert np.array_equal(first.inputs[100:], again.inputs[:100])  # the held-out ones were redrawn
-    letters = {"".join(task.CHARACTERS[i] for i in row[:row.tolist().index(task.CHARACTERS.index(","))])
-               for row in again.inputs}
+    letters = {
+        "".join(task.CHARACTERS[i] for i in row[: row.tolist().index(task.CHARACTERS.index(","))])
+        for row in again.inputs
+    }
     assert not letters & held_out

@@ -1,6 +1,7 @@
 """The kernel package's host side, no kernel run needed: pope.settings (switches, override, clear_caches), the
 magnitude registry, tile configurations (frozen tables, the POPE_KERNEL_CONFIGS file), the direct-launch gate (both
 branches), and scripts/kernel_bitwise_ab.py's comparison."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -34,12 +35,15 @@ def test_override_sets_switches_for_a_block_and_restores_them():
     assert SETTINGS.decode_lanes_max_rows == 1
 
 
-@pytest.mark.parametrize("changes, message", [
-    (dict(poison=True), "unknown setting"),
-    (dict(poison_outputs="no"), "takes a bool"),
-    (dict(direct_launch=1), "takes a bool"),
-    (dict(decode_lanes_max_rows=True), "takes a int"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(poison=True), "unknown setting"),
+        (dict(poison_outputs="no"), "takes a bool"),
+        (dict(direct_launch=1), "takes a bool"),
+        (dict(decode_lanes_max_rows=True), "takes a int"),
+    ],
+)
 def test_override_refuses_unknown_names_and_wrong_types(changes, message):
     before = {name: getattr(SETTINGS, name) for name in ("poison_outputs", "direct_launch", "decode_lanes_max_rows")}
     with pytest.raises(TypeError, match=message), override(**changes):
@@ -130,8 +134,12 @@ def test_tile_override_file_is_read_when_a_config_is_picked(monkeypatch, tmp_pat
     assert configs.TILES["dkdv"][("sm_90", 128, torch.bfloat16)] == (64, 64, 8, 3)  # the table is unchanged
     monkeypatch.delenv("POPE_KERNEL_CONFIGS")
     assert configs.pick_tiles("dkdv", 128, None, torch.bfloat16, "cuda", "tf32") == (64, 64, 8, 3)
-    for text, message in (('{"bwd": {}}', "unknown kernel"), ('{"fwd": {"32": [1, 2, 3, 4]}}', "bucket 64/128"),
-                          ('{"fwd": {"64": [128, 64, 8]}}', "BLOCK_M"), ("not json", "cannot read")):
+    for text, message in (
+        ('{"bwd": {}}', "unknown kernel"),
+        ('{"fwd": {"32": [1, 2, 3, 4]}}', "bucket 64/128"),
+        ('{"fwd": {"64": [128, 64, 8]}}', "BLOCK_M"),
+        ("not json", "cannot read"),
+    ):
         bad = tmp_path / f"bad{len(text)}.json"
         bad.write_text(text)
         monkeypatch.setenv("POPE_KERNEL_CONFIGS", str(bad))
@@ -212,19 +220,21 @@ def test_gate_closed_takes_tritons_launch_path_and_checked_descriptors(monkeypat
 def test_gate_decides_the_unchecked_descriptors_at_import():
     from pope.kernels import direct_launch
 
-    assert direct_launch.UNCHECKED_DESCRIPTORS == (direct_launch.DIRECT_PATH
-                                                   and direct_launch.unchecked_descriptors_work())
+    assert direct_launch.UNCHECKED_DESCRIPTORS == (
+        direct_launch.DIRECT_PATH and direct_launch.unchecked_descriptors_work()
+    )
 
 
 def test_bitwise_ab_comparison_reports_every_difference():
-    spec = importlib.util.spec_from_file_location("kernel_bitwise_ab", os.path.join(ROOT, "scripts",
-                                                                                     "kernel_bitwise_ab.py"))
+    spec = importlib.util.spec_from_file_location(
+        "kernel_bitwise_ab", os.path.join(ROOT, "scripts", "kernel_bitwise_ab.py")
+    )
     ab = importlib.util.module_from_spec(spec)
     sys.modules["kernel_bitwise_ab"] = ab
     spec.loader.exec_module(ab)
     same = torch.tensor([1.0, -0.0, float("nan")])
     old = {"case": {"out": same, "dq": torch.ones(2), "dk": torch.ones(2)}}
-    new = {"case": {"out": same.clone(), "dq": torch.tensor([1.0, 1.0 + 2 ** -20]), "dv": torch.ones(2)}}
+    new = {"case": {"out": same.clone(), "dq": torch.tensor([1.0, 1.0 + 2**-20]), "dv": torch.ones(2)}}
     rows = {r["tensor"]: r for r in ab.compare(old, new)}
     assert rows["out"]["equal"]  # NaN bits equal, and -0.0 is compared as bits
     assert not rows["dq"]["equal"] and rows["dq"]["max_abs_diff"] > 0
@@ -241,8 +251,11 @@ def test_dot_precision_follows_torchs_float32_matmul_precision(monkeypatch, dtyp
     from pope.kernels import bwd, fwd, host
 
     launches = []  # (site, PRECISION) of the attention kernels; nothing runs
-    monkeypatch.setattr(fwd.direct_launch, "launch",
-                        lambda kernel, grid, site, args, **meta: launches.append((site, meta.get("PRECISION"))))
+    monkeypatch.setattr(
+        fwd.direct_launch,
+        "launch",
+        lambda kernel, grid, site, args, **meta: launches.append((site, meta.get("PRECISION"))),
+    )
     q, k, v = (torch.randn(1, 2, 16, 32, dtype=dtype) for _ in range(3))
     theta = torch.ones(32)
     before = torch.get_float32_matmul_precision()
@@ -253,8 +266,20 @@ def test_dot_precision_follows_torchs_float32_matmul_precision(monkeypatch, dtyp
             assert host.precision(dtype, q.device) == expected
             launches.clear()
             fwd.forward(q, k, v, None, theta, causal=True, softmax_scale=0.1, q_offset=0, magnitude="softplus")
-            bwd.backward(q, q, k, v, None, q, torch.zeros(1, 2, 16), theta, causal=True, softmax_scale=0.1,
-                         q_offset=0, magnitude="softplus")
+            bwd.backward(
+                q,
+                q,
+                k,
+                v,
+                None,
+                q,
+                torch.zeros(1, 2, 16),
+                theta,
+                causal=True,
+                softmax_scale=0.1,
+                q_offset=0,
+                magnitude="softplus",
+            )
             kernel_launches = [(site, p) for site, p in launches if p is not None]
             assert len(kernel_launches) == 3 and {p for _, p in kernel_launches} == {expected}, kernel_launches
             if setting == "highest":
@@ -274,8 +299,10 @@ def test_fp32_dots_are_exact_on_gpus_without_tf32_tensor_cores(monkeypatch):
     before = torch.get_float32_matmul_precision()
     gpu = torch.device("cuda", 0)
     try:
-        for capability, expected in (((7, 5), {"highest": "ieee", "high": "ieee"}),
-                                     ((8, 0), {"highest": "tf32x3", "high": "tf32"})):
+        for capability, expected in (
+            ((7, 5), {"highest": "ieee", "high": "ieee"}),
+            ((8, 0), {"highest": "tf32x3", "high": "tf32"}),
+        ):
             monkeypatch.setattr(host, "cuda_capability", lambda device, capability=capability: capability)
             for setting, dots in expected.items():
                 torch.set_float32_matmul_precision(setting)

@@ -12,6 +12,7 @@ CPU-only machines before anything imports triton. If something imported triton e
 the interpreter cannot be switched on in this process any more: the module's tests then run in one
 subprocess started with TRITON_INTERPRET=1, and each test here asserts its own result there.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -31,8 +32,16 @@ ON_GPU, DEVICE, INTERPRETER_IN_PROCESS = kernel_test_setup()
 from pope.attention import reference_pope_attention  # noqa: E402
 from pope.kernels.jit_math import _tf32_rounded  # noqa: E402,F401  (called by a kernel defined in a test)
 from pope.settings import SETTINGS, override  # noqa: E402
-from pope.testing import (GRADIENT_NAMES, RecordingKernel, assert_passed_in_subprocess, attention_inputs,  # noqa: E402
-                          check_within_rule, interpreter_subprocess_results, outputs_and_gradients, tf32_reference)
+from pope.testing import (  # noqa: E402
+    GRADIENT_NAMES,
+    RecordingKernel,
+    assert_passed_in_subprocess,
+    attention_inputs,  # noqa: E402
+    check_within_rule,
+    interpreter_subprocess_results,
+    outputs_and_gradients,
+    tf32_reference,
+)
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +72,9 @@ def _delegated(kernels) -> bool:
 
 
 def _inputs(batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim, dtype, with_delta, generator):
-    inputs = attention_inputs(batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim, with_delta=with_delta,
-                              generator=generator)
+    inputs = attention_inputs(
+        batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim, with_delta=with_delta, generator=generator
+    )
     return tuple(t.to(DEVICE) if t is not None else None for t in inputs)
 
 
@@ -102,13 +112,22 @@ CASES = [
 
 @pytest.mark.parametrize("batch,n_q_heads,n_kv_heads,seq_q,seq_k,head_dim,causal,dtype,magnitude,with_delta", CASES)
 def test_output_and_gradients_within_twice_reference_error(
-        kernels, batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim, causal, dtype, magnitude, with_delta):
+    kernels, batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim, causal, dtype, magnitude, with_delta
+):
     if _delegated(kernels):
         return
     generator = torch.Generator().manual_seed(seq_q * 1000 + seq_k + head_dim)
-    q, k, v, delta, grad_out = _inputs(batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim, dtype, with_delta, generator)
-    options = dict(base=10000.0, causal=causal, softmax_scale=head_dim ** -0.5, q_offset=seq_k - seq_q,
-                   magnitude=magnitude, rotary_dim=None)
+    q, k, v, delta, grad_out = _inputs(
+        batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim, dtype, with_delta, generator
+    )
+    options = dict(
+        base=10000.0,
+        causal=causal,
+        softmax_scale=head_dim**-0.5,
+        q_offset=seq_k - seq_q,
+        magnitude=magnitude,
+        rotary_dim=None,
+    )
     exact = _run(reference_pope_attention, q, k, v, delta, grad_out, torch.float64, options)
     reference = _run(reference_pope_attention, q, k, v, delta, grad_out, dtype, options)
     fused = _run(_triton, q, k, v, delta, grad_out, dtype, options)
@@ -118,7 +137,8 @@ def test_output_and_gradients_within_twice_reference_error(
         # fp32 references land near 1e-7: the rule allows a rounding-sized floor so that 2x of almost nothing passes.
         errors = check_within_rule(ours, theirs, truth, dtype)
         assert errors["ok"], (
-            f"{name}: kernel error {errors['kernel']:.3e} > 2 x reference error {errors['reference']:.3e}")
+            f"{name}: kernel error {errors['kernel']:.3e} > 2 x reference error {errors['reference']:.3e}"
+        )
 
 
 def test_layouts_tma_cannot_read_directly(kernels):
@@ -130,18 +150,19 @@ def test_layouts_tma_cannot_read_directly(kernels):
     generator = torch.Generator().manual_seed(5)
     batch, heads, seq, head_dim, dtype = 1, 2, 45, 36, torch.bfloat16
     q, k, v, delta, _ = _inputs(batch, heads, heads, seq, seq, head_dim, dtype, True, generator)
-    options = dict(base=10000.0, causal=True, softmax_scale=head_dim ** -0.5, q_offset=0, magnitude="softplus",
-                   rotary_dim=None)
+    options = dict(
+        base=10000.0, causal=True, softmax_scale=head_dim**-0.5, q_offset=0, magnitude="softplus", rotary_dim=None
+    )
 
     def grads(fn, dtype, unaligned):
         leaves, inputs = [], []
         for t in (q, k, v):
             if unaligned:  # a (B, H, N, 36) view starting one element into rows of 39
                 wide = torch.zeros(*t.shape[:-1], head_dim + 3, dtype=dtype, device=t.device)
-                wide[..., 1:head_dim + 1] = t.to(dtype)
+                wide[..., 1 : head_dim + 1] = t.to(dtype)
                 wide.requires_grad_()
                 leaves.append(wide)
-                inputs.append(wide[..., 1:head_dim + 1])
+                inputs.append(wide[..., 1 : head_dim + 1])
             else:
                 leaves.append(t.detach().to(dtype).requires_grad_())
                 inputs.append(leaves[-1])
@@ -151,7 +172,7 @@ def test_layouts_tma_cannot_read_directly(kernels):
         return [out.detach()] + [g.detach() for g in result]
 
     if not ON_GPU:
-        unaligned_view = torch.zeros(1, 2, 3, head_dim + 3, dtype=dtype)[..., 1:head_dim + 1]
+        unaligned_view = torch.zeros(1, 2, 3, head_dim + 3, dtype=dtype)[..., 1 : head_dim + 1]
         assert unaligned_view.data_ptr() % 16 != 0  # the case this test is about
     exact = grads(reference_pope_attention, torch.float64, False)
     reference = grads(reference_pope_attention, dtype, False)
@@ -182,7 +203,7 @@ def test_backward_is_bitwise_deterministic(kernels):
         return
     generator = torch.Generator().manual_seed(2)
     q, k, v, delta, grad_out = _inputs(2, 4, 2, 97, 97, 48, torch.bfloat16, True, generator)
-    options = dict(base=10000.0, causal=True, softmax_scale=48 ** -0.5, q_offset=0, magnitude="softplus", rotary_dim=None)
+    options = dict(base=10000.0, causal=True, softmax_scale=48**-0.5, q_offset=0, magnitude="softplus", rotary_dim=None)
     first = _run(_triton, q, k, v, delta, grad_out, torch.bfloat16, options)
     second = _run(_triton, q, k, v, delta, grad_out, torch.bfloat16, options)
     for name, a, b in zip(["out", "dq", "dk", "dv", "d_delta"], first, second):
@@ -211,8 +232,9 @@ def test_descriptors_pass_tritons_checks(kernels, monkeypatch, head_dim, seq):
     monkeypatch.setattr(direct_launch, "descriptor", checked_descriptor)
     generator = torch.Generator().manual_seed(4)
     q, k, v, delta, grad_out = _inputs(2, 4, 2, seq, seq, head_dim, torch.bfloat16, True, generator)
-    options = dict(base=10000.0, causal=True, softmax_scale=head_dim ** -0.5, q_offset=0, magnitude="softplus",
-                   rotary_dim=None)
+    options = dict(
+        base=10000.0, causal=True, softmax_scale=head_dim**-0.5, q_offset=0, magnitude="softplus", rotary_dim=None
+    )
     _run(_triton, q, k, v, delta, grad_out, torch.bfloat16, options)
     # d <= 64: the dk/dv kernel also reads its key block (k') and v by TMA; with the dq kernel's tiles (as here,
     # and at d=64 on the GPU) it reuses the dq kernel's q', k' and v descriptors and makes only dO's, lse's and D's.
@@ -307,10 +329,18 @@ def test_dkdv_kernel_tma_destinations_are_128_byte_aligned_on_hopper_with_16_row
     root = os.path.join(os.path.dirname(__file__), os.pardir)
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.path.join(root, "src")
-    cases = [[[8, 12, 12, 1024, 1024, 64], [16, 64, 4, 3]], [[1, 2, 2, 4096, 4096, 128], [16, 64, 8, 3]],
-             [[[0, 1, 7, 300, 1000, 2047, 130], [5, 1, 900, 300, 1000, 2047, 130], 8, 2, 64], [16, 64, 4, 3]]]
-    run = subprocess.run([sys.executable, "-c", _TMA_ALIGNMENT_REPORT, json.dumps(cases)], env=env,
-                         capture_output=True, text=True, timeout=600)
+    cases = [
+        [[8, 12, 12, 1024, 1024, 64], [16, 64, 4, 3]],
+        [[1, 2, 2, 4096, 4096, 128], [16, 64, 8, 3]],
+        [[[0, 1, 7, 300, 1000, 2047, 130], [5, 1, 900, 300, 1000, 2047, 130], 8, 2, 64], [16, 64, 4, 3]],
+    ]
+    run = subprocess.run(
+        [sys.executable, "-c", _TMA_ALIGNMENT_REPORT, json.dumps(cases)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     reports = [json.loads(line) for line in run.stdout.splitlines()]
     assert [[r["case"], r["tiles"]] for r in reports] == cases
@@ -334,10 +364,11 @@ def test_backward_with_16_row_query_blocks_within_twice_reference_error(kernels,
     from pope.testing import packed_inputs
 
     generator = torch.Generator().manual_seed(head_dim + packed)
-    options = dict(causal=True, softmax_scale=head_dim ** -0.5, magnitude="softplus")
+    options = dict(causal=True, softmax_scale=head_dim**-0.5, magnitude="softplus")
     if packed:
-        q, k, v, delta, grad_out, cu_q, cu_k = (t.to(DEVICE) for t in packed_inputs(
-            [0, 1, 37, 3], [5, 1, 40, 33], 4, 2, head_dim, generator=generator))
+        q, k, v, delta, grad_out, cu_q, cu_k = (
+            t.to(DEVICE) for t in packed_inputs([0, 1, 37, 3], [5, 1, 40, 33], 4, 2, head_dim, generator=generator)
+        )
         packing = (cu_q, cu_k, 37, 40)
         launch = dict(q_offset=0, packed=Packed(*packing))
 
@@ -349,13 +380,26 @@ def test_backward_with_16_row_query_blocks_within_twice_reference_error(kernels,
 
         def reference(q, k, v, delta):
             return reference_pope_attention(q, k, v, delta, base=10000.0, q_offset=20, rotary_dim=None, **options)
+
     exact = _run(reference, q, k, v, delta, grad_out, torch.float64, {})
     theirs = _run(reference, q, k, v, delta, grad_out, torch.bfloat16, {})
     q, k, v, grad_out = (t.to(torch.bfloat16) for t in (q, k, v, grad_out))
     theta = kernels.frequencies(head_dim, 10000.0, q.device)
     out, lse = kernels.forward(q, k, v, delta.float(), theta, **options, **launch)
-    grads = kernels.backward(grad_out, q, k, v, delta.float(), out, lse, theta, **options, **launch,
-                             dq_config=(16, 32, 4, 1), dkdv_config=(16, 32, 4, 1))
+    grads = kernels.backward(
+        grad_out,
+        q,
+        k,
+        v,
+        delta.float(),
+        out,
+        lse,
+        theta,
+        **options,
+        **launch,
+        dq_config=(16, 32, 4, 1),
+        dkdv_config=(16, 32, 4, 1),
+    )
     for name, ours, their, truth in zip(GRADIENT_NAMES[1:], grads, theirs[1:], exact[1:]):
         errors = check_within_rule(ours.cpu(), their.cpu(), truth.cpu(), torch.bfloat16)
         assert errors["ok"], f"{name}: kernel error {errors['kernel']:.3e} > 2 x reference {errors['reference']:.3e}"
@@ -377,13 +421,15 @@ def test_fp32_tf32x3_tiles_within_twice_reference_error_on_packed_gqa_batches(ke
 
     tiles = {kind: tuple(table[(MEASURED_ARCHITECTURE, head_dim)]) for kind, table in TF32X3_TILES.items()}
     generator = torch.Generator().manual_seed(head_dim)
-    q, k, v, delta, grad_out, cu_q, cu_k = (t.to(DEVICE) for t in packed_inputs(
-        [0, 1, 37, 20], [5, 1, 40, 33], 4, 2, head_dim, generator=generator))
+    q, k, v, delta, grad_out, cu_q, cu_k = (
+        t.to(DEVICE) for t in packed_inputs([0, 1, 37, 20], [5, 1, 40, 33], 4, 2, head_dim, generator=generator)
+    )
     packing = (cu_q, cu_k, 37, 40)
-    options = dict(causal=True, softmax_scale=head_dim ** -0.5, magnitude="softplus")
+    options = dict(causal=True, softmax_scale=head_dim**-0.5, magnitude="softplus")
 
     def reference(q, k, v, delta):
         return pope_attention_varlen(q, k, v, delta, *packing, causal=True, backend="reference")
+
     exact = _run(reference, q, k, v, delta, grad_out, torch.float64, {})
     theirs = _run(reference, q, k, v, delta, grad_out, torch.float32, {})
     q, k, v, grad_out, delta = (t.float() for t in (q, k, v, grad_out, delta))
@@ -392,10 +438,24 @@ def test_fp32_tf32x3_tiles_within_twice_reference_error_on_packed_gqa_batches(ke
     torch.set_float32_matmul_precision("highest")
     try:
         assert kernels.host.precision(torch.float32, q.device) == "tf32x3"
-        out, lse = kernels.forward(q, k, v, delta, theta, **options, q_offset=0, packed=Packed(*packing),
-                                   config=tiles["fwd"])
-        grads = kernels.backward(grad_out, q, k, v, delta, out, lse, theta, **options, q_offset=0,
-                                 packed=Packed(*packing), dq_config=tiles["dq"], dkdv_config=tiles["dkdv"])
+        out, lse = kernels.forward(
+            q, k, v, delta, theta, **options, q_offset=0, packed=Packed(*packing), config=tiles["fwd"]
+        )
+        grads = kernels.backward(
+            grad_out,
+            q,
+            k,
+            v,
+            delta,
+            out,
+            lse,
+            theta,
+            **options,
+            q_offset=0,
+            packed=Packed(*packing),
+            dq_config=tiles["dq"],
+            dkdv_config=tiles["dkdv"],
+        )
     finally:
         torch.set_float32_matmul_precision(previous)
     for name, ours, their, truth in zip(GRADIENT_NAMES, (out, *grads), theirs, exact):
@@ -438,8 +498,9 @@ def test_backward_buffers_stay_within_sdpas_peak(kernels, monkeypatch, head_dim)
 
     monkeypatch.setattr(host, "empty", recording_empty)
     monkeypatch.setattr(kernels, "backward", recording_backward)
-    options = dict(base=10000.0, causal=True, softmax_scale=head_dim ** -0.5, q_offset=0, magnitude="softplus",
-                   rotary_dim=None)
+    options = dict(
+        base=10000.0, causal=True, softmax_scale=head_dim**-0.5, q_offset=0, magnitude="softplus", rotary_dim=None
+    )
     _run(_triton, q, k, v, delta, grad_out, torch.bfloat16, options)
     assert phase[0] == "backward", "the backward did not go through pope.kernels.backward"
     assert peak["backward"] <= 5 * q_bytes, f"backward held {peak['backward'] / q_bytes:.2f} |q| at once"
@@ -459,8 +520,9 @@ def test_queries_and_keys_pre_pass_in_one_launch_equals_two(kernels):
     for seq_q, seq_k, q_offset in ((37, 97, 60), (97, 37, 0)):
         q, k, _, delta, _ = _inputs(2, 4, 2, seq_q, seq_k, 48, torch.bfloat16, True, generator)
         q, k, delta = q.to(torch.bfloat16), k.to(torch.bfloat16), delta.float()
-        q_prime, k_prime = kernels.transform_queries_and_keys(q, k, theta, delta, q_offset=q_offset,
-                                                              magnitude="softplus")
+        q_prime, k_prime = kernels.transform_queries_and_keys(
+            q, k, theta, delta, q_offset=q_offset, magnitude="softplus"
+        )
         assert torch.equal(q_prime, kernels.transform(q, theta, delta, position_offset=q_offset, magnitude="softplus"))
         assert torch.equal(k_prime, kernels.transform(k, theta, None, position_offset=0, magnitude="softplus"))
 
@@ -512,14 +574,15 @@ def test_two_x_rule_at_query_offset_a_million(kernels, n_q_heads, n_kv_heads, se
 
     generator = torch.Generator().manual_seed(21)
     q, k, v, delta, grad_out = _inputs(1, n_q_heads, n_kv_heads, seq_q, seq_k, 32, dtype, True, generator)
-    options = dict(base=10000.0, causal=True, softmax_scale=32 ** -0.5, q_offset=10**6, magnitude="softplus",
-                   rotary_dim=None)
+    options = dict(
+        base=10000.0, causal=True, softmax_scale=32**-0.5, q_offset=10**6, magnitude="softplus", rotary_dim=None
+    )
     if seq_q > 16:  # the block kernels: out and every gradient
         exact = _run(reference_pope_attention, q, k, v, delta, grad_out, torch.float64, options)
         ours = _run(_triton, q, k, v, delta, grad_out, dtype, options)
         theirs = _run(reference_pope_attention, q, k, v, delta, grad_out, dtype, options)
     else:  # decode: forward only (training calls take the block kernels)
-        exact = [formula_attention(q, k, v, delta, q_offset=10**6, softmax_scale=32 ** -0.5)]
+        exact = [formula_attention(q, k, v, delta, q_offset=10**6, softmax_scale=32**-0.5)]
         with torch.no_grad():
             args = (q.to(dtype), k.to(dtype), v.to(dtype), delta.float())
             ours, theirs = [_triton(*args, **options)], [reference_pope_attention(*args, **options)]
@@ -541,12 +604,29 @@ def test_tf32_operands_are_rounded_to_nearest_ties_away(kernels):
         offsets = tl.arange(0, N)
         tl.store(Y + offsets, _tf32_rounded(tl.load(X + offsets)))
 
-    step = 2.0 ** -10  # a TF32 mantissa step at 1
-    values = [1 + step / 2, 1 + step / 2 - 2 ** -23, 1 + 1.5 * step, 3.0e-39, -(1 + step / 2), 2.0 ** -130 * 3,
-              torch.finfo(torch.float32).max, 1.0, -0.0, 65504.5, 1 / 3, -math.pi]
+    step = 2.0**-10  # a TF32 mantissa step at 1
+    values = [
+        1 + step / 2,
+        1 + step / 2 - 2**-23,
+        1 + 1.5 * step,
+        3.0e-39,
+        -(1 + step / 2),
+        2.0**-130 * 3,
+        torch.finfo(torch.float32).max,
+        1.0,
+        -0.0,
+        65504.5,
+        1 / 3,
+        -math.pi,
+    ]
     x = torch.tensor(values + [0.0] * (32 - len(values)), dtype=torch.float32)
-    x = torch.cat([x, torch.randn(96, generator=torch.Generator().manual_seed(5)) * 10.0 ** torch.randint(
-        -30, 30, (96,), generator=torch.Generator().manual_seed(6)).float()])
+    x = torch.cat(
+        [
+            x,
+            torch.randn(96, generator=torch.Generator().manual_seed(5))
+            * 10.0 ** torch.randint(-30, 30, (96,), generator=torch.Generator().manual_seed(6)).float(),
+        ]
+    )
     x = torch.cat([x, torch.tensor([float("inf"), float("-inf"), float("nan")] + [0.0] * 125)])
     y = torch.empty_like(x)
     round_kernel[(1,)](x.to(DEVICE), y_device := y.to(DEVICE), N=x.numel())
@@ -577,8 +657,11 @@ def _matmul_precision(setting):
         torch.set_float32_matmul_precision(previous)
 
 
-@pytest.mark.parametrize("shape", [(1, 2, 2, 97, 97, 64, True), (1, 4, 1, 5, 70, 32, False)],
-                         ids=["block-causal-97-d64", "decode-noncausal-mqa-d32"])
+@pytest.mark.parametrize(
+    "shape",
+    [(1, 2, 2, 97, 97, 64, True), (1, 4, 1, 5, 70, 32, False)],
+    ids=["block-causal-97-d64", "decode-noncausal-mqa-d32"],
+)
 def test_tf32_kernels_within_twice_pytorch_tf32(kernels, shape):
     """fp32 inputs under set_float32_matmul_precision("high"): the kernels' TF32 dots against float64, within 2x
     of the error of attention in TF32 arithmetic (pope.testing.tf32_reference). The tensor cores truncate an
@@ -588,10 +671,17 @@ def test_tf32_kernels_within_twice_pytorch_tf32(kernels, shape):
         return
     batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim, causal = shape
     generator = torch.Generator().manual_seed(7)
-    q, k, v, delta, grad_out = _inputs(batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim, torch.float32, True,
-                                       generator)
-    options = dict(base=10000.0, causal=causal, softmax_scale=head_dim ** -0.5, q_offset=seq_k - seq_q,
-                   magnitude="softplus", rotary_dim=None)
+    q, k, v, delta, grad_out = _inputs(
+        batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim, torch.float32, True, generator
+    )
+    options = dict(
+        base=10000.0,
+        causal=causal,
+        softmax_scale=head_dim**-0.5,
+        q_offset=seq_k - seq_q,
+        magnitude="softplus",
+        rotary_dim=None,
+    )
     exact = _run(reference_pope_attention, q, k, v, delta, grad_out, torch.float64, options)
     full_fp32 = _run(reference_pope_attention, q, k, v, delta, grad_out, torch.float32, options)
     with _matmul_precision("high"):
@@ -613,8 +703,7 @@ def test_tf32_one_key_row_gets_an_exact_zero_gradient(kernels):
         return
     q, k, v, delta, grad_out = _inputs(1, 2, 2, 24, 24, 32, torch.float32, True, torch.Generator().manual_seed(13))
     v, grad_out = 4 * v, 4 * grad_out  # a larger dO . v: a larger rounding error for the test to see
-    options = dict(base=10000.0, causal=True, softmax_scale=32 ** -0.5, q_offset=0, magnitude="softplus",
-                   rotary_dim=None)
+    options = dict(base=10000.0, causal=True, softmax_scale=32**-0.5, q_offset=0, magnitude="softplus", rotary_dim=None)
     exact = _run(reference_pope_attention, q, k, v, delta, grad_out, torch.float64, options)
     with _matmul_precision("high"):
         dq = _run(_triton, q, k, v, delta, grad_out, torch.float32, options)[1]
@@ -665,8 +754,14 @@ def test_decode_keeps_its_key_phase_table_and_gives_the_same_bits(kernels, monke
         for seq_k, table_rows in ((40, 64), (64, None), (65, 128), (90, None)):  # None: no new table
             q, k, v, delta, _ = _inputs(1, 8, 2, 1, seq_k, 64, dtype, True, generator)
             q, k, v, delta = q.to(dtype), k.to(dtype), v.to(dtype), delta.float()
-            options = dict(causal=True, softmax_scale=0.125, q_offset=seq_k - 1, magnitude=magnitude,
-                           method="tensor_cores", num_splits=2)
+            options = dict(
+                causal=True,
+                softmax_scale=0.125,
+                q_offset=seq_k - 1,
+                magnitude=magnitude,
+                method="tensor_cores",
+                num_splits=2,
+            )
             builds.clear()
             kept, _ = kernels.decode_forward(q, k, v, delta, theta, keep_phase_table=True, **options)
             assert [b[2] for b in builds] == ([table_rows] if table_rows else []), (seq_k, builds)
@@ -688,18 +783,47 @@ def test_specialization_site_separates_what_triton_specialises_on(kernels):
     get the same specialisation from Triton itself (native_specialize_impl: type, and alignment / divisibility)."""
     if _delegated(kernels):
         return
-    from pope.kernels import direct_launch, host
-
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.compiler import BaseBackend
 
+    from pope.kernels import direct_launch
+
     base = torch.zeros(64, dtype=torch.bfloat16)
-    values = [0, 1, 2, 15, 16, 17, 32, 48, 2 ** 31 - 16, 2 ** 31, 2 ** 31 + 1, 2 ** 40, 2 ** 63, -1, -16, -2 ** 31,
-              -2 ** 31 - 16, True, False, None, 0.5, 1.0, base, base[1:], base[8:], base.float(), base.float()[2:],
-              base.to(torch.int32)]
+    values = [
+        0,
+        1,
+        2,
+        15,
+        16,
+        17,
+        32,
+        48,
+        2**31 - 16,
+        2**31,
+        2**31 + 1,
+        2**40,
+        2**63,
+        -1,
+        -16,
+        -(2**31),
+        -(2**31) - 16,
+        True,
+        False,
+        None,
+        0.5,
+        1.0,
+        base,
+        base[1:],
+        base[8:],
+        base.float(),
+        base.float()[2:],
+        base.to(torch.int32),
+    ]
     for a in values:
         for b in values:
-            same_key = direct_launch.specialization_site("t", (a,), {}) == direct_launch.specialization_site("t", (b,), {})
+            same_key = direct_launch.specialization_site("t", (a,), {}) == direct_launch.specialization_site(
+                "t", (b,), {}
+            )
             theirs = [native_specialize_impl(BaseBackend, x, False, True, True) for x in (a, b)]
             if same_key:
                 assert theirs[0] == theirs[1], (a, b, theirs)
@@ -714,7 +838,7 @@ def test_raw_launch_passes_what_tritons_launcher_passes(kernels, monkeypatch):
     only for a new (parameter, pointer, shape, strides)."""
     if _delegated(kernels):
         return
-    from pope.kernels import direct_launch, host
+    from pope.kernels import direct_launch
 
     driver = pytest.importorskip("triton.backends.nvidia.driver")
     expansions = []
@@ -730,12 +854,24 @@ def test_raw_launch_passes_what_tritons_launcher_passes(kernels, monkeypatch):
         def __call__(self, *args):
             calls.append(args)
 
-    signature = {"X": "*bf16", "XDesc": "tensordesc<bf16[1, 64, 128]>", "n": "i32", "YDesc": "tensordesc<fp32[1, 64]>",
-                 "BLOCK": "constexpr"}
+    signature = {
+        "X": "*bf16",
+        "XDesc": "tensordesc<bf16[1, 64, 128]>",
+        "n": "i32",
+        "YDesc": "tensordesc<fp32[1, 64]>",
+        "BLOCK": "constexpr",
+    }
     launcher = object.__new__(driver.CudaLauncher)  # a real CudaLauncher's state, without compiling C
-    launcher.__dict__.update(num_ctas=1, global_scratch_size=0, global_scratch_align=1, profile_scratch_size=0,
-                             profile_scratch_align=1, launch_cooperative_grid=False, launch_pdl=True,
-                             launch=driver.wrap_handle_tensordesc(CLaunch(), signature, [{"tag": "x"}, {"tag": "y"}]))
+    launcher.__dict__.update(
+        num_ctas=1,
+        global_scratch_size=0,
+        global_scratch_align=1,
+        profile_scratch_size=0,
+        profile_scratch_align=1,
+        launch_cooperative_grid=False,
+        launch_pdl=True,
+        launch=driver.wrap_handle_tensordesc(CLaunch(), signature, [{"tag": "x"}, {"tag": "y"}]),
+    )
     compiled = type("Compiled", (), {"run": launcher})()
     raw = direct_launch.RawLaunch.of(compiled)
     assert raw is not None
@@ -774,7 +910,6 @@ def test_direct_launch_reuses_the_compiled_kernel_per_site(kernels, monkeypatch)
         return
     from pope.kernels import direct_launch, host
 
-
     monkeypatch.setattr(direct_launch, "INTERPRET", False)
     monkeypatch.setattr(SETTINGS.caches, "direct_launches", {})
     monkeypatch.setattr(direct_launch, "current_stream", lambda device: 77)
@@ -804,22 +939,30 @@ def test_custom_ops_pass_opcheck(kernels):
 
     generator = torch.Generator().manual_seed(4)
     q, k, v, delta, _ = _inputs(1, 2, 1, 17, 17, 16, torch.float32, True, generator)
-    args = (q.float().requires_grad_(), k.float().requires_grad_(), v.float().requires_grad_(),
-            delta.float().requires_grad_(), kernels.frequencies(16, 10000.0, q.device), True, 0.25, 0, "softplus")
-    torch.library.opcheck(flash_attention_forward, args,
-                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    args = (
+        q.float().requires_grad_(),
+        k.float().requires_grad_(),
+        v.float().requires_grad_(),
+        delta.float().requires_grad_(),
+        kernels.frequencies(16, 10000.0, q.device),
+        True,
+        0.25,
+        0,
+        "softplus",
+    )
+    torch.library.opcheck(
+        flash_attention_forward, args, test_utils=("test_schema", "test_faketensor", "test_autograd_registration")
+    )
 
 
 def test_eager_function_and_custom_operators_agree_bitwise(kernels, monkeypatch):
     """Eager calls take the autograd.Function, compiled ones the custom operators: same launchers, same bits."""
     if _delegated(kernels):
         return
-    from pope import ops
 
     generator = torch.Generator().manual_seed(6)
     q, k, v, delta, grad_out = _inputs(1, 4, 2, 33, 33, 32, torch.bfloat16, True, generator)
-    options = dict(base=10000.0, causal=True, softmax_scale=32 ** -0.5, q_offset=0, magnitude="softplus",
-                   rotary_dim=None)
+    options = dict(base=10000.0, causal=True, softmax_scale=32**-0.5, q_offset=0, magnitude="softplus", rotary_dim=None)
     eager = _run(_triton, q, k, v, delta, grad_out, torch.bfloat16, options)
     monkeypatch.setattr(SETTINGS, "eager_autograd_function", False)
     operators = _run(_triton, q, k, v, delta, grad_out, torch.bfloat16, options)
@@ -841,7 +984,6 @@ def test_torch_compile_traces_without_graph_break(kernels):
         return triton_pope_attention(q * 1.0, k, v, delta, **options).square().sum()
 
     compiled = torch.compile(loss_fn, backend="aot_eager", fullgraph=True)  # fullgraph: a break would raise
-    from pope import ops
 
     SETTINGS.caches.frequencies.clear()
     loss = compiled(q, k, v, delta)
@@ -898,28 +1040,34 @@ def test_gpt_trains_and_generates_through_the_kernels(kernels, monkeypatch):
     kernel) produces the same tokens."""
     if _delegated(kernels):
         return
+    from torch._dynamo.utils import counters
+
     import pope.attention
     from pope.model import GPT
     from pope.ops import triton_unsupported_reason
     from pope.presets import get_preset
-    from torch._dynamo.utils import counters
 
     if not ON_GPU:  # pope.attention sends CPU tensors to the reference; let interpreted kernels take them
+
         def reason(q, k, v, **options):
             return triton_unsupported_reason(q, k, v, **options)
+
         monkeypatch.setattr(pope.attention, "_triton_unsupported_reason", reason)
 
     def model(backend):
-        config = get_preset("owt-124m").model_config(pe=f"pope:backend={backend}", n_layer=2, d_model=64, n_head=2,
-                                                     max_seq_len=64, vocab_size=100)
+        config = get_preset("owt-124m").model_config(
+            pe=f"pope:backend={backend}", n_layer=2, d_model=64, n_head=2, max_seq_len=64, vocab_size=100
+        )
         torch.manual_seed(0)
         return GPT(config).to(DEVICE)
 
     calls = {"forward": 0, "decode_forward": 0}
     for name in calls:  # count kernel launches, so a silent fallback to the reference cannot pass
-        def counted(*args, _launch=getattr(kernels, name), _name=name, **kwargs):
+
+        def counted(*args, _launch=getattr(kernels, name), _name=name, **kwargs):  # noqa: B008 (bind now)
             calls[_name] += 1
             return _launch(*args, **kwargs)
+
         monkeypatch.setattr(kernels, name, counted)
 
     fused, reference = model("triton"), model("reference")
@@ -935,8 +1083,9 @@ def test_gpt_trains_and_generates_through_the_kernels(kernels, monkeypatch):
     assert torch.allclose(loss, loss_reference, rtol=1e-5)
     for (name, p), p_reference in zip(fused.named_parameters(), reference.parameters()):
         assert torch.allclose(p.grad, p_reference.grad, rtol=1e-4, atol=1e-6), name
-    assert torch.equal(fused.generate(idx[:, :5], max_new_tokens=4, top_k=1),
-                       reference.generate(idx[:, :5], max_new_tokens=4, top_k=1))
+    assert torch.equal(
+        fused.generate(idx[:, :5], max_new_tokens=4, top_k=1), reference.generate(idx[:, :5], max_new_tokens=4, top_k=1)
+    )
     assert calls["forward"] >= 2 and calls["decode_forward"] >= 2, calls
 
 
@@ -949,8 +1098,13 @@ def test_kernels_compile_for_hopper_without_spills():
     script = os.path.join(os.path.dirname(__file__), os.pardir, "scripts", "kernel_registers.py")
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.path.join(os.path.dirname(__file__), os.pardir, "src")
-    run = subprocess.run([sys.executable, script, "--kernels", "fwd,dq,dkdv", "--head-dims", "64,128"], env=env,
-                         capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [sys.executable, script, "--kernels", "fwd,dq,dkdv", "--head-dims", "64,128"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     for kernel in ("dq    ", "dkdv  "):
         line = next(line for line in run.stdout.splitlines() if line.startswith(f"{kernel} d=64 "))
@@ -976,17 +1130,29 @@ def test_fp32_kernels_compile_for_hopper_at_each_dot_precision():
     env["PYTHONPATH"] = os.path.join(os.path.dirname(__file__), os.pardir, "src")
 
     def run(*arguments):
-        return subprocess.run([sys.executable, script, "--kernels", "fwd", "--head-dims", "64", *arguments], env=env,
-                              capture_output=True, text=True, timeout=600)
+        return subprocess.run(
+            [sys.executable, script, "--kernels", "fwd", "--head-dims", "64", *arguments],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
     compiled = run("--dtype", "fp32", "--precision", "tf32")
     assert compiled.returncode == 0, compiled.stderr[-2000:]
     assert " 0 bytes spill stores" in compiled.stdout and "in loops 0," in compiled.stdout, compiled.stdout
     refused = run("--precision", "ieee")
     assert refused.returncode != 0 and refused.stderr.strip().splitlines() == [
         "--precision goes with --dtype fp32 and --dtype fp32 needs it (ieee, tf32 or tf32x3): 16-bit dots have one "
-        "precision"]
-    refused = subprocess.run([sys.executable, script, "--kernels", "decode", "--dtype", "fp32", "--precision", "ieee"],
-                             env=env, capture_output=True, text=True, timeout=600)
+        "precision"
+    ]
+    refused = subprocess.run(
+        [sys.executable, script, "--kernels", "decode", "--dtype", "fp32", "--precision", "ieee"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert refused.returncode != 0 and "not 'decode'" in refused.stderr
 
 
@@ -1008,8 +1174,17 @@ def test_kernels_compute_each_registered_magnitude(kernels):
 
 def _forward_only(q, k, v, delta, **options):
     with torch.no_grad():
-        return _triton(q, k, v, delta, base=10000.0, softmax_scale=q.shape[-1] ** -0.5, magnitude="softplus",
-                       rotary_dim=None, **options)
+        return _triton(
+            q,
+            k,
+            v,
+            delta,
+            base=10000.0,
+            softmax_scale=q.shape[-1] ** -0.5,
+            magnitude="softplus",
+            rotary_dim=None,
+            **options,
+        )
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
@@ -1047,8 +1222,11 @@ def test_garbage_past_the_cache_reaches_nothing(kernels, monkeypatch):
     from pope.ops import triton_unsupported_reason
 
     if not ON_GPU:  # pope.attention sends CPU tensors to the reference; let the interpreted kernels take them
-        monkeypatch.setattr(pope.attention, "_triton_unsupported_reason",
-                            lambda q, k, v, **options: triton_unsupported_reason(q, k, v, **options))
+        monkeypatch.setattr(
+            pope.attention,
+            "_triton_unsupported_reason",
+            lambda q, k, v, **options: triton_unsupported_reason(q, k, v, **options),
+        )
     generator = torch.Generator().manual_seed(10)
     q, k, v, delta, grad_out = _inputs(1, 2, 1, 20, 64, 32, torch.bfloat16, True, generator)
     options = dict(causal=True, q_offset=30, backend="triton")
@@ -1068,8 +1246,9 @@ PACKED_Q, PACKED_K = [0, 1, 3, 0, 21, 40], [5, 1, 30, 0, 21, 45]
 def _packed_kernel_call(kernels, q, k, v, delta, grad_out, packed, causal, magnitude="softplus"):
     """(out, dq, dk, dv, d_delta or None, lse) from the launchers directly: packed, or one (1, H, N, d) call."""
     theta = kernels.frequencies(q.shape[-1], 10000.0, q.device)
-    options = dict(causal=causal, softmax_scale=q.shape[-1] ** -0.5, q_offset=k.shape[-2] - q.shape[-2],
-                   magnitude=magnitude)
+    options = dict(
+        causal=causal, softmax_scale=q.shape[-1] ** -0.5, q_offset=k.shape[-2] - q.shape[-2], magnitude=magnitude
+    )
     out, lse = kernels.forward(q, k, v, delta, theta, **options, packed=packed)
     grads = kernels.backward(grad_out, q, k, v, delta, out, lse, theta, **options, packed=packed)
     return (out, *grads, lse)
@@ -1085,35 +1264,44 @@ def test_packed_kernels_equal_per_sequence_kernel_calls(kernels, causal):
     from pope.kernels.host import Packed
     from pope.testing import packed_inputs
 
-    q, k, v, delta, grad_out, cu_q, cu_k = (t.to(DEVICE).float() if t.is_floating_point() else t.to(DEVICE)
-                                            for t in packed_inputs(PACKED_Q, PACKED_K, 4, 2, 32,
-                                                                   generator=torch.Generator().manual_seed(40)))
+    q, k, v, delta, grad_out, cu_q, cu_k = (
+        t.to(DEVICE).float() if t.is_floating_point() else t.to(DEVICE)
+        for t in packed_inputs(PACKED_Q, PACKED_K, 4, 2, 32, generator=torch.Generator().manual_seed(40))
+    )
     packed = Packed(cu_q, cu_k, max(PACKED_Q), max(PACKED_K))
     out, dq, dk, dv, d_delta, lse = _packed_kernel_call(kernels, q, k, v, delta, grad_out, packed, causal)
     assert lse.shape == (4, q.shape[0])
     expected_d_delta = torch.zeros_like(delta)
-    for b, (nq, nk) in enumerate(zip(PACKED_Q, PACKED_K)):
+    for b, (nq, _nk) in enumerate(zip(PACKED_Q, PACKED_K)):
         rows_q, rows_k = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
         if nq == 0:  # keys no query sees: zero gradients
             assert not dk[rows_k].any() and not dv[rows_k].any()
             continue
         one = [x[rows].transpose(0, 1)[None] for x, rows in ((q, rows_q), (k, rows_k), (v, rows_k), (grad_out, rows_q))]
         theirs = _packed_kernel_call(kernels, *one[:3], delta, one[3], None, causal)
-        for name, ours, expected in (("out", out[rows_q], theirs[0]), ("dq", dq[rows_q], theirs[1]),
-                                     ("dk", dk[rows_k], theirs[2]), ("dv", dv[rows_k], theirs[3]),
-                                     ("lse", lse[:, rows_q], theirs[5][0])):
+        for name, ours, expected in (
+            ("out", out[rows_q], theirs[0]),
+            ("dq", dq[rows_q], theirs[1]),
+            ("dk", dk[rows_k], theirs[2]),
+            ("dv", dv[rows_k], theirs[3]),
+            ("lse", lse[:, rows_q], theirs[5][0]),
+        ):
             expected = expected if name == "lse" else expected[0].transpose(0, 1)
             assert torch.equal(ours, expected), (name, b)
         expected_d_delta += theirs[4]
     torch.testing.assert_close(d_delta, expected_d_delta, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("dtype,n_kv_heads,head_dim,causal,magnitude,with_delta", [
-    pytest.param(torch.bfloat16, 2, 32, True, "softplus", True, id="bf16-gqa-causal"),
-    pytest.param(torch.float16, 1, 48, False, "relu", False, id="fp16-mqa-noncausal-d48-relu-nodelta"),
-])
-def test_packed_kernels_within_twice_the_references_error(kernels, monkeypatch, dtype, n_kv_heads, head_dim, causal,
-                                                          magnitude, with_delta):
+@pytest.mark.parametrize(
+    "dtype,n_kv_heads,head_dim,causal,magnitude,with_delta",
+    [
+        pytest.param(torch.bfloat16, 2, 32, True, "softplus", True, id="bf16-gqa-causal"),
+        pytest.param(torch.float16, 1, 48, False, "relu", False, id="fp16-mqa-noncausal-d48-relu-nodelta"),
+    ],
+)
+def test_packed_kernels_within_twice_the_references_error(
+    kernels, monkeypatch, dtype, n_kv_heads, head_dim, causal, magnitude, with_delta
+):
     """pope_attention_varlen(backend="triton"): output and every gradient within 2x the reference's error against
     float64, by one launch of each kernel for the whole batch (pre-pass + forward; pre-pass, dq, dk/dv, epilogue),
     not one per sequence and not the reference."""
@@ -1125,16 +1313,38 @@ def test_packed_kernels_within_twice_the_references_error(kernels, monkeypatch, 
     from pope.testing import packed_inputs
 
     if not ON_GPU:  # pope.attention sends CPU tensors to the reference; let interpreted kernels take them
-        monkeypatch.setattr(pope.attention, "_triton_unsupported_reason",
-                            lambda q, k, v, **options: triton_unsupported_reason(q, k, v, **options))
+        monkeypatch.setattr(
+            pope.attention,
+            "_triton_unsupported_reason",
+            lambda q, k, v, **options: triton_unsupported_reason(q, k, v, **options),
+        )
     launches = []
     original_launch = direct_launch.launch
-    monkeypatch.setattr(direct_launch, "launch", lambda kernel, *args, **meta: (
-        launches.append(kernel.__name__), original_launch(kernel, *args, **meta))[1])
-    q, k, v, delta, grad_out, cu_q, cu_k = (t.to(DEVICE) if t is not None else None for t in packed_inputs(
-        PACKED_Q, PACKED_K, 4, n_kv_heads, head_dim, with_delta=with_delta, generator=torch.Generator().manual_seed(41)))
-    options = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(PACKED_Q), max_seqlen_k=max(PACKED_K),
-                   causal=causal, magnitude=magnitude)
+    monkeypatch.setattr(
+        direct_launch,
+        "launch",
+        lambda kernel, *args, **meta: (launches.append(kernel.__name__), original_launch(kernel, *args, **meta))[1],
+    )
+    q, k, v, delta, grad_out, cu_q, cu_k = (
+        t.to(DEVICE) if t is not None else None
+        for t in packed_inputs(
+            PACKED_Q,
+            PACKED_K,
+            4,
+            n_kv_heads,
+            head_dim,
+            with_delta=with_delta,
+            generator=torch.Generator().manual_seed(41),
+        )
+    )
+    options = dict(
+        cu_seqlens_q=cu_q,
+        cu_seqlens_k=cu_k,
+        max_seqlen_q=max(PACKED_Q),
+        max_seqlen_k=max(PACKED_K),
+        causal=causal,
+        magnitude=magnitude,
+    )
 
     def varlen(q, k, v, delta, backend):
         return pope.attention.pope_attention_varlen(q, k, v, delta, **options, backend=backend)
@@ -1143,8 +1353,14 @@ def test_packed_kernels_within_twice_the_references_error(kernels, monkeypatch, 
     theirs = _run(varlen, q, k, v, delta, grad_out, dtype, dict(backend="reference"))
     assert not launches
     ours = _run(varlen, q, k, v, delta, grad_out, dtype, dict(backend="triton"))
-    assert launches == ["_pope_transform_kernel", "_pope_fwd_kernel", "_pope_transform_kernel", "_pope_bwd_dq_kernel",
-                        "_pope_bwd_dkdv_kernel", "_backward_epilogue_kernel"], launches
+    assert launches == [
+        "_pope_transform_kernel",
+        "_pope_fwd_kernel",
+        "_pope_transform_kernel",
+        "_pope_bwd_dq_kernel",
+        "_pope_bwd_dkdv_kernel",
+        "_backward_epilogue_kernel",
+    ], launches
     for name, a, b, c in zip(GRADIENT_NAMES, ours, theirs, exact):
         assert a.dtype == b.dtype and a.shape == c.shape, name
         result = check_within_rule(a.cpu(), b.cpu(), c.cpu(), dtype)
@@ -1161,8 +1377,10 @@ def test_packed_sequences_do_not_reach_each_other(kernels):
     from pope.testing import packed_inputs
 
     lengths_q, lengths_k = [3, 5, 2], [33, 5, 4]  # sequence 0's last key block reads sequence 1's first rows
-    inputs = [t.to(DEVICE).to(torch.bfloat16) if t.is_floating_point() else t.to(DEVICE) for t in packed_inputs(
-        lengths_q, lengths_k, 2, 1, 32, generator=torch.Generator().manual_seed(42))]
+    inputs = [
+        t.to(DEVICE).to(torch.bfloat16) if t.is_floating_point() else t.to(DEVICE)
+        for t in packed_inputs(lengths_q, lengths_k, 2, 1, 32, generator=torch.Generator().manual_seed(42))
+    ]
     q, k, v, delta, grad_out, cu_q, cu_k = inputs
     delta = delta.float()
     packed = Packed(cu_q, cu_k, 9, 40)  # bounds above the longest lengths (5, 33): the extra programs return at once
@@ -1178,8 +1396,18 @@ def test_packed_sequences_do_not_reach_each_other(kernels):
         assert not torch.equal(a, b), name  # the changed sequence's own rows did change
     k2[33:38, :, 3], v2[33:38, :, 5] = float("nan"), float("inf")
     with torch.no_grad():
-        dirty = kernels.forward(q2, k2, v2, delta, kernels.frequencies(32, 10000.0, q.device), causal=True,
-                                softmax_scale=32 ** -0.5, q_offset=0, magnitude="softplus", packed=packed)[0]
+        dirty = kernels.forward(
+            q2,
+            k2,
+            v2,
+            delta,
+            kernels.frequencies(32, 10000.0, q.device),
+            causal=True,
+            softmax_scale=32**-0.5,
+            q_offset=0,
+            magnitude="softplus",
+            packed=packed,
+        )[0]
     assert torch.equal(dirty[others_q], clean[0][others_q])
     assert not torch.isfinite(dirty[3:8]).all()
 
@@ -1193,14 +1421,21 @@ def test_packed_call_the_kernels_cannot_run_is_a_clear_error(kernels, monkeypatc
     from pope.testing import packed_inputs
 
     if not ON_GPU:
-        monkeypatch.setattr(pope.attention, "_triton_unsupported_reason",
-                            lambda q, k, v, **options: triton_unsupported_reason(q, k, v, **options))
-    for head_dim, dtype, message in ((16, torch.float64, "dtype torch.float64 is not supported"),
-                                     (160, torch.bfloat16, "head_dim 160 > 128")):
+        monkeypatch.setattr(
+            pope.attention,
+            "_triton_unsupported_reason",
+            lambda q, k, v, **options: triton_unsupported_reason(q, k, v, **options),
+        )
+    for head_dim, dtype, message in (
+        (16, torch.float64, "dtype torch.float64 is not supported"),
+        (160, torch.bfloat16, "head_dim 160 > 128"),
+    ):
         q, k, v, delta, _, cu_q, cu_k = packed_inputs([2, 3], [2, 4], 2, 1, head_dim)
         with pytest.raises(ValueError, match=f"backend='triton' cannot run this call: {message}"):
-            pope.attention.pope_attention_varlen(q.to(dtype), k.to(dtype), v.to(dtype), delta, cu_q, cu_k, 3, 4,
-                                                 backend="triton")
+            pope.attention.pope_attention_varlen(
+                q.to(dtype), k.to(dtype), v.to(dtype), delta, cu_q, cu_k, 3, 4, backend="triton"
+            )
+
 
 def test_packed_calls_through_the_operators_and_torch_compile(kernels, monkeypatch):
     """A packed call through the custom operators (what compiled code takes) gives the eager Function's bits; the
@@ -1211,8 +1446,9 @@ def test_packed_calls_through_the_operators_and_torch_compile(kernels, monkeypat
     from pope.testing import packed_inputs
 
     lengths_q, lengths_k = [3, 0, 17], [5, 2, 17]
-    q, k, v, delta, grad_out, cu_q, cu_k = (t.to(DEVICE) for t in packed_inputs(
-        lengths_q, lengths_k, 2, 1, 16, generator=torch.Generator().manual_seed(43)))
+    q, k, v, delta, grad_out, cu_q, cu_k = (
+        t.to(DEVICE) for t in packed_inputs(lengths_q, lengths_k, 2, 1, 16, generator=torch.Generator().manual_seed(43))
+    )
     options = dict(base=10000.0, causal=True, softmax_scale=0.25, magnitude="softplus")
 
     def packed_call(q, k, v, delta):
@@ -1224,9 +1460,11 @@ def test_packed_calls_through_the_operators_and_torch_compile(kernels, monkeypat
     for name, a, b in zip(GRADIENT_NAMES, eager, operators):
         assert torch.equal(a, b), name
     leaves = [t.float().requires_grad_() for t in (q, k, v, delta)]
-    torch.library.opcheck(ops.flash_attention_forward, (*leaves, kernels.frequencies(16, 10000.0, q.device), True,
-                                                        0.25, 0, "softplus", cu_q, cu_k, 17, 17),
-                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    torch.library.opcheck(
+        ops.flash_attention_forward,
+        (*leaves, kernels.frequencies(16, 10000.0, q.device), True, 0.25, 0, "softplus", cu_q, cu_k, 17, 17),
+        test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
+    )
     compiled = torch.compile(lambda *x: packed_call(*x).square().sum(), backend="aot_eager", fullgraph=True)
     loss = compiled(*leaves)
     loss.backward()

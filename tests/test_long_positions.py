@@ -2,6 +2,7 @@
 position x theta reduced mod 2 pi in exact integer arithmetic from the frequencies' fixed-point turns, so that the
 angle error against float64 at positions 2^20, 10^7 and 2^30 is within a few times the error at small positions,
 where the plain fp32 product was off by up to 0.8 rad at 10^7. The kernels' side: tests/test_kernel_pope_flash.py."""
+
 from __future__ import annotations
 
 import math
@@ -81,8 +82,9 @@ def test_reference_attention_error_does_not_grow_with_the_query_offset(dtype):
 
     def error(q_offset):
         truth = formula_attention(q, k, v, delta, causal=False, q_offset=q_offset)
-        ours = pope.pope_attention(q.to(dtype), k.to(dtype), v.to(dtype), delta.float(), causal=False,
-                                   q_offset=q_offset, backend="reference")
+        ours = pope.pope_attention(
+            q.to(dtype), k.to(dtype), v.to(dtype), delta.float(), causal=False, q_offset=q_offset, backend="reference"
+        )
         return (ours.double() - truth).abs().max().item()
 
     small = error(0)

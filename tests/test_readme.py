@@ -1,4 +1,5 @@
 """The README's quick-start block runs as written."""
+
 import pathlib
 import re
 

@@ -9,6 +9,7 @@ and small prepared stand-ins for the data this machine cannot fetch (OpenWebText
 the CPU time; MAESTRO: random documents; indirect indexing: small generated splits). The downstream commands
 (a ```text block) are not run: lm-eval's task data come from the HF hub.
 """
+
 import json
 import os
 import re
@@ -25,8 +26,13 @@ from pope.data import indirect_indexing as task
 from pope.data.prepared import PreparedWriter
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = {"indirect-indexing": "indirect-indexing-tiny", "maestro": "maestro-tiny", "owt-124m": "owt-tiny",
-        "owt-253m": "owt-tiny", "owt-774m": "owt-tiny"}
+TINY = {
+    "indirect-indexing": "indirect-indexing-tiny",
+    "maestro": "maestro-tiny",
+    "owt-124m": "owt-tiny",
+    "owt-253m": "owt-tiny",
+    "owt-774m": "owt-tiny",
+}
 SCALE = 64  # lengths and contexts: 1024 -> 16
 TEXT_VOCAB = 512  # the OpenWebText / PG-19 stand-in's vocabulary (module docstring)
 
@@ -43,9 +49,16 @@ def _write(out_dir: Path, vocab: int, docs: dict, pad_id):
         for split, lengths in docs.items():
             for n in lengths:
                 writer.add_document(split, rng.integers(1, vocab, n))
-        writer.finish({"name": out_dir.name, "vocab": {"pad_id": pad_id}, "seq_len": 16,
-                       "request": {"dataset": out_dir.name}, "source": {"description": "test"},
-                       "train_transform": None})
+        writer.finish(
+            {
+                "name": out_dir.name,
+                "vocab": {"pad_id": pad_id},
+                "seq_len": 16,
+                "request": {"dataset": out_dir.name},
+                "source": {"description": "test"},
+                "train_transform": None,
+            }
+        )
     return out_dir
 
 
@@ -63,24 +76,37 @@ def _drop_sets(argv: list[str], keys: set[str]) -> list[str]:
 def tiny_command(argv: list[str], data: dict[str, Path]) -> list[str]:
     """The CPU version of one REPRODUCTION.md command (see the module docstring)."""
     argv = argv[1:]
-    steps = {"recipe.max_steps": "2", "recipe.warmup_steps": "1", "recipe.eval_interval": "2",
-             "recipe.eval_batches": "1", "train.device": "cpu", "train.tensorboard": "false",
-             "train.progress": "false", "train.log_interval": "1"}
+    steps = {
+        "recipe.max_steps": "2",
+        "recipe.warmup_steps": "1",
+        "recipe.eval_interval": "2",
+        "recipe.eval_batches": "1",
+        "train.device": "cpu",
+        "train.tensorboard": "false",
+        "train.progress": "false",
+        "train.log_interval": "1",
+    }
     if argv[0] == "train":
         preset = argv[1]
         argv[1] = TINY[preset]
         if "--seeds" in argv:
             i = argv.index("--seeds")
             out = argv[argv.index("--out") + 1]
-            argv[i: i + 2] = ["--seed", "0"]
+            argv[i : i + 2] = ["--seed", "0"]
             argv[argv.index("--out") + 1] = f"{out}/seed-0"
         # owt-124m/253m/774m all become owt-tiny: a layer count each keeps them three settings, as the real presets
         # are (pope report refuses two runs of one setting with one seed)
         layers = {"owt-253m": "2", "owt-774m": "3"}.get(preset, "1")
         sets = {**steps, "recipe.batch_size": "4", "model.n_layer": layers, "model.d_model": "32", "model.n_head": "2"}
         if preset.startswith("owt"):
-            sets.update({"train.data_dir": str(data["text"]), "recipe.seq_len": "16", "model.max_seq_len": "16",
-                         "model.vocab_size": str(TEXT_VOCAB)})
+            sets.update(
+                {
+                    "train.data_dir": str(data["text"]),
+                    "recipe.seq_len": "16",
+                    "model.max_seq_len": "16",
+                    "model.vocab_size": str(TEXT_VOCAB),
+                }
+            )
         elif preset == "maestro":
             sets["train.data_dir"] = str(data["maestro"])
         else:
@@ -90,8 +116,22 @@ def tiny_command(argv: list[str], data: dict[str, Path]) -> list[str]:
         i = argv.index("--context")
         argv[i + 1] = str(int(argv[i + 1]) // SCALE)
         argv[argv.index("--steps") + 1] = "2"
-        argv += ["--batch-size", "4", "--warmup", "1", "--set", "train.device=cpu", "--set", "train.tensorboard=false",
-                 "--set", "train.progress=false", "--set", "recipe.eval_interval=2", "--set", "recipe.eval_batches=1"]
+        argv += [
+            "--batch-size",
+            "4",
+            "--warmup",
+            "1",
+            "--set",
+            "train.device=cpu",
+            "--set",
+            "train.tensorboard=false",
+            "--set",
+            "train.progress=false",
+            "--set",
+            "recipe.eval_interval=2",
+            "--set",
+            "recipe.eval_batches=1",
+        ]
     elif argv[:2] == ["eval", "length"]:
         i = argv.index("--lengths")
         argv[i + 1] = ",".join(str(int(n) // SCALE) for n in argv[i + 1].split(","))
@@ -108,12 +148,21 @@ def test_reproduction_commands_run_on_a_tiny_model(tmp_path, monkeypatch, capsys
     verbs = {" ".join(c[1:3]) if c[1] in ("eval", "analyze") else c[1] for c in commands}
     assert verbs == {"train", "report", "finetune", "eval length", "analyze frequencies"}
     pes = {c[c.index("--pe") + 1] for c in commands if "--pe" in c}
-    assert {"rope-half", "alibi-half", "learned-abs", "sinusoidal-abs", "pope:magnitude=identity",
-            "pope:magnitude=relu", "pope:use_delta=false"} <= pes
+    assert {
+        "rope-half",
+        "alibi-half",
+        "learned-abs",
+        "sinusoidal-abs",
+        "pope:magnitude=identity",
+        "pope:magnitude=relu",
+        "pope:use_delta=false",
+    } <= pes
     text_docs = {"train": [300] * 4, "valid": [200], "test": [200] * 2}
-    data = {"text": _write(tmp_path / "text", TEXT_VOCAB, text_docs, None),
-            "maestro": _write(tmp_path / "maestro", 328, {"train": [40] * 8, "valid": [30] * 2, "test": [30] * 2}, 0),
-            "indirect": task.write_splits(tmp_path / "ii", seed=0, sizes={"train": 64, "valid": 16, "test": 16})}
+    data = {
+        "text": _write(tmp_path / "text", TEXT_VOCAB, text_docs, None),
+        "maestro": _write(tmp_path / "maestro", 328, {"train": [40] * 8, "valid": [30] * 2, "test": [30] * 2}, 0),
+        "indirect": task.write_splits(tmp_path / "ii", seed=0, sizes={"train": 64, "valid": 16, "test": 16}),
+    }
     monkeypatch.chdir(tmp_path)
     for command in commands:
         argv = tiny_command(command, data)
@@ -128,30 +177,46 @@ def _script(tmp_path, *, extra_path=(), **env):
     """Run scripts/gpu_reproduce.sh; DATA is a folder that does not exist unless given (so the developer's own
     .device-data/ never leaks into a test); ``extra_path`` goes before src on PYTHONPATH."""
     python_path = os.pathsep.join([*map(str, extra_path), str(ROOT / "src")])
-    full = {**os.environ, "PYTHONPATH": python_path, "RUNS": str(tmp_path / "runs"), "OUT": str(tmp_path / "out"),
-            "DATA": str(tmp_path / "no-device-data"),
-            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **env}
-    return subprocess.run(["bash", "scripts/gpu_reproduce.sh"], cwd=ROOT, env=full, capture_output=True, text=True,
-                          timeout=300)
+    full = {
+        **os.environ,
+        "PYTHONPATH": python_path,
+        "RUNS": str(tmp_path / "runs"),
+        "OUT": str(tmp_path / "out"),
+        "DATA": str(tmp_path / "no-device-data"),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        **env,
+    }
+    return subprocess.run(
+        ["bash", "scripts/gpu_reproduce.sh"], cwd=ROOT, env=full, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_gpu_reproduce_rejects_bad_arguments(tmp_path):
-    for env, message in [({}, "STAGE must be jsb, maestro, genome, genome-more, text or text-ablations (got '')"),
-                         ({"STAGE": "owt"}, "STAGE must be jsb, maestro, genome, genome-more, text or text-ablations "
-                                            "(got 'owt')"),
-                         ({"STAGE": "jsb", "LIMIT": "5m"}, "must be whole numbers"),
-                         ({"STAGE": "genome-more", "GENOME_MORE_FINETUNE": "no"}, "must be whole numbers"),
-                         ({"STAGE": "genome-more", "GENOME_MORE_SEED": ""}, "set GENOME_MORE_FINETUNE=0"),
-                         ({"STAGE": "genome-more", "GENOME_MORE_SEED": "", "GENOME_MORE_FINETUNE": "0",
-                           "GENOME_MORE_BASELINES": " "}, "would train nothing"),
-                         ({"STAGE": "genome-more", "GENOME_MORE_THIRD": "rope alibi"},
-                          "GENOME_MORE_THIRD takes pope, rope and pope-d0, not 'alibi'"),
-                         ({"STAGE": "genome-more", "GENOME_MORE_THIRD": "pope"}, "set GENOME_MORE_FINETUNE=0"),
-                         ({"STAGE": "genome-more", "GENOME_MORE_THIRD": "", "GENOME_MORE_FINETUNE": "0",
-                           "GENOME_MORE_BASELINES": ""}, "would train nothing"),
-                         ({"STAGE": "maestro", "MAESTRO_STEPS": "50"}, "MAESTRO_STEPS must be at least 200"),
-                         ({"STAGE": "text-ablations", "ABLATIONS": "relu softmax"},
-                          "ABLATIONS takes identity, relu, no-delta and wrap, not 'softmax'")]:
+    for env, message in [
+        ({}, "STAGE must be jsb, maestro, genome, genome-more, text or text-ablations (got '')"),
+        ({"STAGE": "owt"}, "STAGE must be jsb, maestro, genome, genome-more, text or text-ablations (got 'owt')"),
+        ({"STAGE": "jsb", "LIMIT": "5m"}, "must be whole numbers"),
+        ({"STAGE": "genome-more", "GENOME_MORE_FINETUNE": "no"}, "must be whole numbers"),
+        ({"STAGE": "genome-more", "GENOME_MORE_SEED": ""}, "set GENOME_MORE_FINETUNE=0"),
+        (
+            {"STAGE": "genome-more", "GENOME_MORE_SEED": "", "GENOME_MORE_FINETUNE": "0", "GENOME_MORE_BASELINES": " "},
+            "would train nothing",
+        ),
+        (
+            {"STAGE": "genome-more", "GENOME_MORE_THIRD": "rope alibi"},
+            "GENOME_MORE_THIRD takes pope, rope and pope-d0, not 'alibi'",
+        ),
+        ({"STAGE": "genome-more", "GENOME_MORE_THIRD": "pope"}, "set GENOME_MORE_FINETUNE=0"),
+        (
+            {"STAGE": "genome-more", "GENOME_MORE_THIRD": "", "GENOME_MORE_FINETUNE": "0", "GENOME_MORE_BASELINES": ""},
+            "would train nothing",
+        ),
+        ({"STAGE": "maestro", "MAESTRO_STEPS": "50"}, "MAESTRO_STEPS must be at least 200"),
+        (
+            {"STAGE": "text-ablations", "ABLATIONS": "relu softmax"},
+            "ABLATIONS takes identity, relu, no-delta and wrap, not 'softmax'",
+        ),
+    ]:
         result = _script(tmp_path, **env)
         assert result.returncode == 2 and message in result.stderr, result.stderr
         assert not (tmp_path / "runs").exists()
@@ -191,8 +256,14 @@ def test_gpu_reproduce_refuses_damaged_carried_data(tmp_path):
     assert not list((tmp_path / "runs").glob("maestro-*/seed-*"))
 
 
-TINY_SETS = ("train.device=cpu", "recipe.max_steps=2", "recipe.warmup_steps=1", "recipe.eval_interval=2",
-             "train.tensorboard=false", "model.n_layer=1")
+TINY_SETS = (
+    "train.device=cpu",
+    "recipe.max_steps=2",
+    "recipe.warmup_steps=1",
+    "recipe.eval_interval=2",
+    "train.tensorboard=false",
+    "model.n_layer=1",
+)
 
 
 def _tiny_stage(tmp_path, stage: str, data: Path, preset: str, sets=TINY_SETS):
@@ -201,9 +272,15 @@ def _tiny_stage(tmp_path, stage: str, data: Path, preset: str, sets=TINY_SETS):
     archive (small files only, no checkpoints), and that nothing was prepared or downloaded."""
     cache = tmp_path / "empty-cache"
     cache.mkdir()
-    env = {"STAGE": stage, f"{stage.upper()}_PRESET": preset, f"{stage.upper()}_SEEDS": "0",
-           "EXTRA": " ".join(f"--set {s}" for s in sets),
-           "POPE_CACHE": str(cache), "DATA": str(data), "OMP_NUM_THREADS": "1"}
+    env = {
+        "STAGE": stage,
+        f"{stage.upper()}_PRESET": preset,
+        f"{stage.upper()}_SEEDS": "0",
+        "EXTRA": " ".join(f"--set {s}" for s in sets),
+        "POPE_CACHE": str(cache),
+        "DATA": str(data),
+        "OMP_NUM_THREADS": "1",
+    }
     result = _script(tmp_path, extra_path=[_no_network(tmp_path)], **env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"data: {stage} from the carried folder {data}/{stage}" in result.stdout
@@ -217,7 +294,9 @@ def _tiny_stage(tmp_path, stage: str, data: Path, preset: str, sets=TINY_SETS):
     for pe in ("pope", "rope"):
         assert {f"./{stage}-{pe}/seed-0/{n}" for n in ("metrics.jsonl", "summary.json", "config.json")} <= names
         summary = json.loads((tmp_path / "runs" / f"{stage}-{pe}/seed-0/summary.json").read_text())
-        assert summary["finished"] and summary["best_metric"] == "valid_loss" and "test_loss" in summary["at_best_valid"]
+        assert (
+            summary["finished"] and summary["best_metric"] == "valid_loss" and "test_loss" in summary["at_best_valid"]
+        )
     assert f"./report-{stage}/report.md" in names and not any("checkpoints" in n for n in names)
     report = (tmp_path / "runs" / f"report-{stage}" / "report.md").read_text()
     assert "ours at best-valid checkpoint" in report
@@ -230,9 +309,14 @@ def _tiny_stage(tmp_path, stage: str, data: Path, preset: str, sets=TINY_SETS):
 def test_gpu_reproduce_jsb_stage_on_cpu_from_carried_data(tmp_path):
     """scripts/device_data.sh builds the jsb folder; the jsb stage (jsb-tiny) trains, reports and archives from
     it alone; a second call skips the finished seeds."""
-    built = subprocess.run(["bash", "scripts/device_data.sh", "jsb"], cwd=ROOT, capture_output=True, text=True,
-                           env={**os.environ, "DEVICE_DATA": str(tmp_path / "device-data"), "PYTHON": sys.executable},
-                           timeout=300)
+    built = subprocess.run(
+        ["bash", "scripts/device_data.sh", "jsb"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DEVICE_DATA": str(tmp_path / "device-data"), "PYTHON": sys.executable},
+        timeout=300,
+    )
     assert built.returncode == 0, built.stdout + built.stderr
     assert re.search(r"^jsb +0\.6 MiB \(\d+ bytes\)", built.stdout, flags=re.M), built.stdout
     env = _tiny_stage(tmp_path, "jsb", tmp_path / "device-data" / "jsb", "jsb-tiny")
@@ -264,14 +348,18 @@ def test_gpu_reproduce_genome_stage_on_cpu(tmp_path):
     runs = tmp_path / "runs"
     assert json.loads((runs / "genome-pope-d0/seed-0/config.json").read_text())["model"]["pe"] == "pope:delta_init=zero"
     evaluated = json.loads((runs / "length-genome/length.json").read_text())["runs"]
-    assert len(evaluated) == 3 and all({r["length"] for r in run["results"]} == {16, 32, 64, 128, 160}
-                                       for run in evaluated)
+    assert len(evaluated) == 3 and all(
+        {r["length"] for r in run["results"]} == {16, 32, 64, 128, 160} for run in evaluated
+    )
     report = (runs / "report-genome/report.md").read_text()
     assert "pope:delta_init=zero" in report and "## Perplexity vs evaluation length (genome/test" in report
 
 
-UNITS = {"whole": {}, "alibi-only": {"GENOME_MORE_BASELINES": "alibi", "GENOME_MORE_SEED": "", "GENOME_MORE_FINETUNE": "0"},
-         "rope-unit": {"GENOME_MORE_BASELINES": "", "GENOME_MORE_THIRD": "rope"}}
+UNITS = {
+    "whole": {},
+    "alibi-only": {"GENOME_MORE_BASELINES": "alibi", "GENOME_MORE_SEED": "", "GENOME_MORE_FINETUNE": "0"},
+    "rope-unit": {"GENOME_MORE_BASELINES": "", "GENOME_MORE_THIRD": "rope"},
+}
 
 
 @pytest.mark.parametrize("unit", list(UNITS))
@@ -285,26 +373,45 @@ def test_gpu_reproduce_genome_more_stage_on_cpu(tmp_path, unit):
     data = tmp_path / "device-data"
     _write(data / "genome", 4107, {"train": [300] * 4, "valid": [200], "test": [400] * 2}, None)
     sets = [*TINY_SETS, "recipe.seq_len=16", "model.max_seq_len=16", "recipe.batch_size=4", "recipe.eval_batches=1"]
-    ft = ("--batch-size 2 --warmup 1 --set train.device=cpu --set train.tensorboard=false "
-          "--set recipe.eval_interval=2 --set recipe.eval_batches=1 --set recipe.grad_accum=2")  # as the stage's default
-    result = _script(tmp_path, extra_path=[_no_network(tmp_path)], STAGE="genome-more", GENOME_PRESET="genome-tiny",
-                     EXTRA=" ".join(f"--set {s}" for s in sets), FT_STEPS="2", FT_EXTRA=ft, EVAL_ARGS="--device cpu",
-                     DATA=str(data), POPE_CACHE=str(tmp_path / "empty-cache"), OMP_NUM_THREADS="1",
-                     **UNITS[unit])
+    ft = (
+        "--batch-size 2 --warmup 1 --set train.device=cpu --set train.tensorboard=false "
+        "--set recipe.eval_interval=2 --set recipe.eval_batches=1 --set recipe.grad_accum=2"
+    )  # as the stage's default
+    result = _script(
+        tmp_path,
+        extra_path=[_no_network(tmp_path)],
+        STAGE="genome-more",
+        GENOME_PRESET="genome-tiny",
+        EXTRA=" ".join(f"--set {s}" for s in sets),
+        FT_STEPS="2",
+        FT_EXTRA=ft,
+        EVAL_ARGS="--device cpu",
+        DATA=str(data),
+        POPE_CACHE=str(tmp_path / "empty-cache"),
+        OMP_NUM_THREADS="1",
+        **UNITS[unit],
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"data: genome from the carried folder {data}/genome" in result.stdout
     runs = tmp_path / "runs"
     if unit == "rope-unit":
-        assert sorted(p.name for p in runs.iterdir() if p.is_dir()) == ["genome-rope", "genome-rope-ft64",
-                                                                         "length-genome-more", "report-genome-more"]
+        assert sorted(p.name for p in runs.iterdir() if p.is_dir()) == [
+            "genome-rope",
+            "genome-rope-ft64",
+            "length-genome-more",
+            "report-genome-more",
+        ]
         assert json.loads((runs / "genome-rope-ft64/config.json").read_text())["model"]["pe"].startswith("yarn:")
         evaluated = json.loads((runs / "length-genome-more/length.json").read_text())["runs"]
         assert [Path(run["run"]).parts[-1] for run in evaluated] == ["seed-2", "genome-rope-ft64"]
         assert (runs / "genome-rope/seed-2/eval/frequencies/frequency_usage.json").is_file()
         return
     if unit == "alibi-only":
-        assert sorted(p.name for p in runs.iterdir() if p.is_dir()) == ["genome-alibi", "length-genome-more",
-                                                                         "report-genome-more"]
+        assert sorted(p.name for p in runs.iterdir() if p.is_dir()) == [
+            "genome-alibi",
+            "length-genome-more",
+            "report-genome-more",
+        ]
         evaluated = json.loads((runs / "length-genome-more/length.json").read_text())["runs"]
         assert [Path(run["run"]).parts[-2:] for run in evaluated] == [("genome-alibi", "seed-0")]
         assert {r["length"] for r in evaluated[0]["results"]} == {16, 32, 64, 128, 160}
@@ -316,8 +423,9 @@ def test_gpu_reproduce_genome_more_stage_on_cpu(tmp_path, unit):
     ft_config = json.loads((runs / "genome-pope-d0-ft64/config.json").read_text())
     assert ft_config["model"]["pe"] == "pope:delta_init=zero" and ft_config["recipe"]["grad_accum"] == 2
     evaluated = json.loads((runs / "length-genome-more/length.json").read_text())["runs"]
-    assert len(evaluated) == 7 and all({r["length"] for r in run["results"]} == {16, 32, 64, 128, 160}
-                                       for run in evaluated)
+    assert len(evaluated) == 7 and all(
+        {r["length"] for r in run["results"]} == {16, 32, 64, 128, 160} for run in evaluated
+    )
     for sweep in ("genome-pope", "genome-rope", "genome-pope-d0"):
         assert (runs / sweep / "seed-2/eval/frequencies/frequency_usage.json").is_file()
     report = (runs / "report-genome-more/report.md").read_text()
@@ -337,40 +445,69 @@ def test_gpu_reproduce_text_ablations_stage_on_cpu(tmp_path):
     full PoPE and the wrapped-delta setting train."""
     data = tmp_path / "device-data"
     _write(data / "text", TEXT_VOCAB, {"train": [300] * 4, "valid": [200], "test": [400] * 2}, None)
-    sets = [*TINY_SETS, "recipe.seq_len=16", "model.max_seq_len=16", "recipe.batch_size=4", "recipe.eval_batches=1",
-            f"model.vocab_size={TEXT_VOCAB}"]
+    sets = [
+        *TINY_SETS,
+        "recipe.seq_len=16",
+        "model.max_seq_len=16",
+        "recipe.batch_size=4",
+        "recipe.eval_batches=1",
+        f"model.vocab_size={TEXT_VOCAB}",
+    ]
     no_network = _no_network(tmp_path)
-    result = _script(tmp_path, extra_path=[no_network], STAGE="text-ablations",
-                     TEXT_PRESET="text-256-tiny", EXTRA=" ".join(f"--set {s}" for s in sets), EVAL_ARGS="--device cpu",
-                     DATA=str(data), POPE_CACHE=str(tmp_path / "empty-cache"), OMP_NUM_THREADS="1")
+    result = _script(
+        tmp_path,
+        extra_path=[no_network],
+        STAGE="text-ablations",
+        TEXT_PRESET="text-256-tiny",
+        EXTRA=" ".join(f"--set {s}" for s in sets),
+        EVAL_ARGS="--device cpu",
+        DATA=str(data),
+        POPE_CACHE=str(tmp_path / "empty-cache"),
+        OMP_NUM_THREADS="1",
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     runs = tmp_path / "runs"
-    specs = {"full": "pope:delta_init=zero", "identity": "pope:delta_init=zero,magnitude=identity",
-             "relu": "pope:delta_init=zero,magnitude=relu", "no-delta": "pope:use_delta=false"}
+    specs = {
+        "full": "pope:delta_init=zero",
+        "identity": "pope:delta_init=zero,magnitude=identity",
+        "relu": "pope:delta_init=zero,magnitude=relu",
+        "no-delta": "pope:use_delta=false",
+    }
     for name, spec in specs.items():
         assert f"sweep ablation-{name} exit status 0" in result.stdout
         for seed in (0, 1):
             config = json.loads((runs / f"ablation-{name}/seed-{seed}/config.json").read_text())
             assert config["model"]["pe"].startswith(spec) and config["seed"] == seed
     evaluated = json.loads((runs / "length-ablations/length.json").read_text())["runs"]
-    assert len(evaluated) == 8 and all({r["length"] for r in run["results"]} == {16, 32, 64, 128, 160}
-                                       for run in evaluated)
+    assert len(evaluated) == 8 and all(
+        {r["length"] for r in run["results"]} == {16, 32, 64, 128, 160} for run in evaluated
+    )
     report = (runs / "report-text-ablations/report.md").read_text()
-    against = report[report.index("## Against"):]
+    against = report[report.index("## Against") :]
     assert "ablation-full/" in against.splitlines()[0]
     for name in ("identity", "relu", "no-delta"):  # each ablation has its rows against the full PoPE
-        assert any(line.startswith("| text-256-tiny |") and f"| ablation-{name}/ " in line
-                   for line in against.splitlines()[1:])
+        assert any(
+            line.startswith("| text-256-tiny |") and f"| ablation-{name}/ " in line for line in against.splitlines()[1:]
+        )
     assert not (runs / "ablation-wrap").exists()  # not in the default ABLATIONS
     for name in specs:  # the first seed's magnitudes and delta, read before the checkpoints are left behind
         usage = json.loads((runs / f"ablation-{name}/seed-0/eval/frequencies/frequency_usage.json").read_text())
         assert usage and not (runs / f"ablation-{name}/seed-1/eval/frequencies").exists()
 
     # ABLATIONS picks the settings trained beside the full PoPE: "wrap" alone, one more seed, the runs above kept
-    result = _script(tmp_path, extra_path=[no_network], STAGE="text-ablations", ABLATIONS="wrap",
-                     ABLATION_SEEDS="2", TEXT_PRESET="text-256-tiny", EXTRA=" ".join(f"--set {s}" for s in sets),
-                     EVAL_ARGS="--device cpu", DATA=str(data), POPE_CACHE=str(tmp_path / "empty-cache"),
-                     OMP_NUM_THREADS="1")
+    result = _script(
+        tmp_path,
+        extra_path=[no_network],
+        STAGE="text-ablations",
+        ABLATIONS="wrap",
+        ABLATION_SEEDS="2",
+        TEXT_PRESET="text-256-tiny",
+        EXTRA=" ".join(f"--set {s}" for s in sets),
+        EVAL_ARGS="--device cpu",
+        DATA=str(data),
+        POPE_CACHE=str(tmp_path / "empty-cache"),
+        OMP_NUM_THREADS="1",
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     started = {line.split()[1] for line in result.stdout.splitlines() if line.startswith("sweep ablation-")}
     assert started == {"ablation-full", "ablation-wrap"}
@@ -379,7 +516,7 @@ def test_gpu_reproduce_text_ablations_stage_on_cpu(tmp_path):
     assert (runs / "ablation-full/seed-2/summary.json").is_file()
     assert (runs / "ablation-wrap/seed-2/eval/frequencies/frequency_usage.json").is_file()
     report = (runs / "report-text-ablations/report.md").read_text()
-    assert "| ablation-wrap/" in report[report.index("## Against"):]
+    assert "| ablation-wrap/" in report[report.index("## Against") :]
 
 
 @pytest.mark.slow
@@ -389,14 +526,32 @@ def test_gpu_reproduce_text_stage_on_cpu(tmp_path):
     1x..20x, frequency usage, the report."""
     data = tmp_path / "device-data"
     _write(data / "text", TEXT_VOCAB, {"train": [300] * 4, "valid": [200], "test": [400] * 2}, None)
-    sets = [*TINY_SETS, "recipe.seq_len=16", "model.max_seq_len=16", "recipe.batch_size=4", "recipe.eval_batches=1",
-            f"model.vocab_size={TEXT_VOCAB}"]
-    ft = ("--batch-size 2 --warmup 1 --set train.device=cpu --set train.tensorboard=false "
-          "--set recipe.eval_interval=2 --set recipe.eval_batches=1")
-    result = _script(tmp_path, extra_path=[_no_network(tmp_path)], STAGE="text", TEXT_PRESET="text-256-tiny",
-                     TEXT_SEEDS="0", EXTRA=" ".join(f"--set {s}" for s in sets), FT_STEPS="2", FT_EXTRA=ft,
-                     EVAL_ARGS="--device cpu", DATA=str(data), POPE_CACHE=str(tmp_path / "empty-cache"),
-                     OMP_NUM_THREADS="1")
+    sets = [
+        *TINY_SETS,
+        "recipe.seq_len=16",
+        "model.max_seq_len=16",
+        "recipe.batch_size=4",
+        "recipe.eval_batches=1",
+        f"model.vocab_size={TEXT_VOCAB}",
+    ]
+    ft = (
+        "--batch-size 2 --warmup 1 --set train.device=cpu --set train.tensorboard=false "
+        "--set recipe.eval_interval=2 --set recipe.eval_batches=1"
+    )
+    result = _script(
+        tmp_path,
+        extra_path=[_no_network(tmp_path)],
+        STAGE="text",
+        TEXT_PRESET="text-256-tiny",
+        TEXT_SEEDS="0",
+        EXTRA=" ".join(f"--set {s}" for s in sets),
+        FT_STEPS="2",
+        FT_EXTRA=ft,
+        EVAL_ARGS="--device cpu",
+        DATA=str(data),
+        POPE_CACHE=str(tmp_path / "empty-cache"),
+        OMP_NUM_THREADS="1",
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     runs = tmp_path / "runs"
     for name in ("rope", "pope-d0", "pope-du", "alibi", "nope"):
@@ -426,17 +581,32 @@ def test_gpu_reproduce_text_stage_on_cpu(tmp_path):
 def _background(tmp_path, *args, **env):
     """Run scripts/gpu_reproduce_bg.sh with its logs, runs and $OUT under tmp_path (MPS left alone)."""
     no_network = tmp_path / "no-network"
-    python_path = os.pathsep.join([str(no_network if no_network.exists() else _no_network(tmp_path)), str(ROOT / "src")])
-    full = {**os.environ, "PYTHONPATH": python_path, "RUNS": str(tmp_path / "runs"), "OUT": str(tmp_path / "out"),
-            "LOG_DIR": str(tmp_path / "logs"), "MPS": "off", "DATA": str(tmp_path / "no-device-data"),
-            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **env}
-    return subprocess.run(["bash", "scripts/gpu_reproduce_bg.sh", *args], cwd=ROOT, env=full, capture_output=True,
-                          text=True, timeout=300)
+    python_path = os.pathsep.join(
+        [str(no_network if no_network.exists() else _no_network(tmp_path)), str(ROOT / "src")]
+    )
+    full = {
+        **os.environ,
+        "PYTHONPATH": python_path,
+        "RUNS": str(tmp_path / "runs"),
+        "OUT": str(tmp_path / "out"),
+        "LOG_DIR": str(tmp_path / "logs"),
+        "MPS": "off",
+        "DATA": str(tmp_path / "no-device-data"),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        **env,
+    }
+    return subprocess.run(
+        ["bash", "scripts/gpu_reproduce_bg.sh", *args], cwd=ROOT, env=full, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_gpu_reproduce_bg_rejects_bad_arguments(tmp_path):
-    for args, message in [((), "SECONDS must be a whole number"), (("5m", "jsb"), "SECONDS must be a whole number"),
-                          (("60",), "name at least one stage"), (("60", "owt"), "unknown stage 'owt'")]:
+    for args, message in [
+        ((), "SECONDS must be a whole number"),
+        (("5m", "jsb"), "SECONDS must be a whole number"),
+        (("60",), "name at least one stage"),
+        (("60", "owt"), "unknown stage 'owt'"),
+    ]:
         result = _background(tmp_path, *args)
         assert result.returncode == 2 and message in result.stderr, result.stderr
         assert not (tmp_path / "logs").exists()
@@ -460,9 +630,14 @@ def test_gpu_reproduce_bg_runs_a_stage_in_the_background_and_leaves_an_ended_one
     first returns 3 with a partial archive."""
     data = tmp_path / "device-data"
     _write(data / "maestro", 328, {"train": [40] * 8, "valid": [30] * 2, "test": [30] * 2}, 0)
-    env = {"MAESTRO_PRESET": "maestro-tiny", "MAESTRO_SEEDS": "0", "DATA": str(data), "OMP_NUM_THREADS": "1",
-           "POPE_CACHE": str(tmp_path / "empty-cache"),
-           "EXTRA": " ".join(f"--set {s}" for s in TINY_SETS if "eval_interval" not in s)}
+    env = {
+        "MAESTRO_PRESET": "maestro-tiny",
+        "MAESTRO_SEEDS": "0",
+        "DATA": str(data),
+        "OMP_NUM_THREADS": "1",
+        "POPE_CACHE": str(tmp_path / "empty-cache"),
+        "EXTRA": " ".join(f"--set {s}" for s in TINY_SETS if "eval_interval" not in s),
+    }
     first = _background(tmp_path, "240", "maestro", **env)
     assert first.returncode == 0, first.stdout + first.stderr
     assert "maestro: started (pid" in first.stdout and "== maestro: ended (exit status 0)" in first.stdout
@@ -476,8 +651,10 @@ def test_gpu_reproduce_bg_runs_a_stage_in_the_background_and_leaves_an_ended_one
     trained = (tmp_path / "runs" / "maestro-pope/seed-0/metrics.jsonl").read_text()
     other = _background(tmp_path, "240", "maestro", **{**env, "JOBS_PER_GPU": "2"})
     assert other.returncode == 0, other.stdout + other.stderr
-    assert ("maestro: started (pid" in other.stdout and "it had ended (exit status 0) with other settings: "
-            "JOBS_PER_GPU unset -> JOBS_PER_GPU=2" in other.stdout), other.stdout
+    assert (
+        "maestro: started (pid" in other.stdout
+        and "it had ended (exit status 0) with other settings: JOBS_PER_GPU unset -> JOBS_PER_GPU=2" in other.stdout
+    ), other.stdout
     assert (tmp_path / "runs" / "maestro-pope/seed-0/metrics.jsonl").read_text() == trained
     assert (tmp_path / "logs" / "reproduce-maestro.log.previous").is_file()
     assert "JOBS_PER_GPU=2" in (tmp_path / "logs" / "reproduce-maestro.settings").read_text().splitlines()

@@ -1,4 +1,5 @@
 """Typed configs and the one option parser: --set, PE specs and Python values follow the same rules."""
+
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -15,8 +16,19 @@ RESULTS = Path(__file__).resolve().parents[1] / "results" / "indirect_indexing"
 MODEL = dict(vocab_size=10, n_layer=1, n_head=2, d_model=8, max_seq_len=8)
 
 
-@pytest.mark.parametrize("word, value", [("true", True), ("YES", True), ("On", True), ("1", True),
-                                         ("false", False), ("no", False), ("OFF", False), ("0", False)])
+@pytest.mark.parametrize(
+    "word, value",
+    [
+        ("true", True),
+        ("YES", True),
+        ("On", True),
+        ("1", True),
+        ("false", False),
+        ("no", False),
+        ("OFF", False),
+        ("0", False),
+    ],
+)
 def test_one_boolean_rule_for_set_and_pe_specs(word, value):
     assert parse_pe_spec(f"pope:use_delta={word}")[1]["use_delta"] is value
     assert parse_overrides([f"train.compile={word}"])["train"]["compile"] is value
@@ -62,16 +74,22 @@ def test_python_configs_take_real_types():
         replace(get_preset("jsb").recipe, max_steps=10.0)
 
 
-@pytest.mark.parametrize("override, message", [
-    ("train.stop_at_step=-1", r"train\.stop_at_step must be positive"),
-    ("train.stop_at_step=0", r"train\.stop_at_step must be positive"),
-    ("train.stop_at_step=301", r"train\.stop_at_step 301 is past recipe\.max_steps 300"),
-    ("train.max_seconds=0", r"train\.max_seconds must be positive"),
-    ("train.log_interval=0", r"train\.log_interval must be positive"),
-    ("train.data_seed=-2", r"train\.data_seed must be non-negative"),
-    ("recipe.max_steps=2", r"recipe\.warmup_steps \(20\) must be in \[0, recipe\.max_steps = 2\].*also set "
-                           r"recipe\.warmup_steps.*--set recipe\.warmup_steps=0"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.stop_at_step=-1", r"train\.stop_at_step must be positive"),
+        ("train.stop_at_step=0", r"train\.stop_at_step must be positive"),
+        ("train.stop_at_step=301", r"train\.stop_at_step 301 is past recipe\.max_steps 300"),
+        ("train.max_seconds=0", r"train\.max_seconds must be positive"),
+        ("train.log_interval=0", r"train\.log_interval must be positive"),
+        ("train.data_seed=-2", r"train\.data_seed must be non-negative"),
+        (
+            "recipe.max_steps=2",
+            r"recipe\.warmup_steps \(20\) must be in \[0, recipe\.max_steps = 2\].*also set "
+            r"recipe\.warmup_steps.*--set recipe\.warmup_steps=0",
+        ),
+    ],
+)
 def test_out_of_range_values_are_refused_with_the_fix(override, message):
     with pytest.raises(ValueError, match=message):
         resolve_run_config("indirect-indexing-tiny", "pope", overrides=[override])
@@ -102,12 +120,15 @@ def test_run_config_is_typed_and_config_json_keeps_its_layout():
 # The *-tiny presets as they were written out by hand before tiny() derived them from the full presets:
 # shared values, then each preset's own (model fields, recipe fields, PoPE delta init).
 _TINY_MODEL = dict(n_layer=2, d_model=64, n_head=4, max_seq_len=256)
-_TINY_RECIPE = dict(batch_size=8, seq_len=256, lr=2e-3, min_lr=2e-4, warmup_steps=20, max_steps=300,
-                    eval_interval=100, eval_batches=8)
+_TINY_RECIPE = dict(
+    batch_size=8, seq_len=256, lr=2e-3, min_lr=2e-4, warmup_steps=20, max_steps=300, eval_interval=100, eval_batches=8
+)
 _TINY_BY_HAND = {
-    "indirect-indexing-tiny": (dict(max_seq_len=48, dropout=0.0),
-                               dict(dataset="indirect-indexing", batch_size=32, seq_len=48, lr=1e-3, min_lr=1e-4,
-                                    beta2=0.99), "uniform"),
+    "indirect-indexing-tiny": (
+        dict(max_seq_len=48, dropout=0.0),
+        dict(dataset="indirect-indexing", batch_size=32, seq_len=48, lr=1e-3, min_lr=1e-4, beta2=0.99),
+        "uniform",
+    ),
     "jsb-tiny": (dict(vocab_size=90, dropout=0.1), dict(dataset="jsb", beta2=0.99), "uniform"),
     "maestro-tiny": (dict(vocab_size=328, dropout=0.1), dict(dataset="maestro", beta2=0.99), "uniform"),
     "genome-tiny": (dict(vocab_size=4107, dropout=0.1), dict(dataset="genome", beta2=0.999), "uniform"),

@@ -1,4 +1,5 @@
 """Bad input to the trainer and checkpoints gives clear errors, never a half-loaded model."""
+
 import json
 import shutil
 from pathlib import Path
@@ -12,8 +13,17 @@ from pope.data import indirect_indexing as task
 from pope.train.config import resolve_run_config
 from pope.train.trainer import Trainer, run_training
 
-SETS = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "recipe.max_steps=4", "recipe.warmup_steps=1",
-        "recipe.eval_interval=4", "recipe.batch_size=8", "train.tensorboard=false", "train.progress=false"]
+SETS = [
+    "model.n_layer=1",
+    "model.d_model=32",
+    "model.n_head=2",
+    "recipe.max_steps=4",
+    "recipe.warmup_steps=1",
+    "recipe.eval_interval=4",
+    "recipe.batch_size=8",
+    "train.tensorboard=false",
+    "train.progress=false",
+]
 
 
 @pytest.fixture(scope="module")
@@ -128,8 +138,12 @@ def test_interrupted_save_keeps_the_previous_checkpoint(trained_run, tmp_path, m
 
     monkeypatch.setattr(ckpt.torch, "save", crash)  # dies while writing the new checkpoint
     with pytest.raises(OSError):
-        ckpt.save_checkpoint(target, model_state={k: v * 0 for k, v in good.model_state.items()},
-                             model_config=good.model_config, trainer_state={})
+        ckpt.save_checkpoint(
+            target,
+            model_state={k: v * 0 for k, v in good.model_state.items()},
+            model_config=good.model_config,
+            trainer_state={},
+        )
     again = ckpt.load_checkpoint(target)  # the previous checkpoint is intact
     assert all(torch.equal(again.model_state[k], v) for k, v in good.model_state.items())
     # a crash between the two renames: only .last.old exists; it is found

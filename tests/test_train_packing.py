@@ -1,5 +1,6 @@
 """train.pack: packed document batches cover what the padded path trains on, a packed step equals a padded step on
 the same documents (loss and gradients), packed runs learn and resume bit for bit, and what cannot pack is refused."""
+
 from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
@@ -13,7 +14,7 @@ from pope.checkpoint import load_checkpoint
 from pope.data.prepared import PreparedWriter, TokenSplit
 from pope.model import GPT, GPTConfig
 from pope.train.config import TrainOptions, resolve_run_config
-from pope.train.data import ExampleBatches, Shard, document_pieces, documents_as_examples, epoch_permutation
+from pope.train.data import Shard, document_pieces, documents_as_examples, epoch_permutation
 from pope.train.distributed import DistributedContext
 from pope.train.metrics import read_metrics
 from pope.train.packing import PackedDocumentBatches
@@ -26,8 +27,9 @@ LENGTHS = [1, 2, 5, 9, 10, 23, 3, 17, 4, 1, 6, 30, 8, 2]  # 1-token documents, a
 
 
 def _documents_split(docs) -> TokenSplit:
-    return TokenSplit(name="train", tokens=np.concatenate(docs),
-                      doc_offsets=np.concatenate([[0], np.cumsum([len(d) for d in docs])]))
+    return TokenSplit(
+        name="train", tokens=np.concatenate(docs), doc_offsets=np.concatenate([[0], np.cumsum([len(d) for d in docs])])
+    )
 
 
 def _split(seed=0, lengths=LENGTHS):
@@ -50,9 +52,10 @@ def test_steps_cover_every_piece_once_per_epoch_in_the_padded_order():
     split = _split()
     batches = _packed(split, global_batch=2, seed=4)
     offsets, lengths = document_pieces(split, SEQ_LEN, source="test")
-    piece = [tuple(split.tokens[o:o + n].tolist()) for o, n in zip(offsets, lengths)]
-    expected = [piece[i] for epoch in range(3) for i in epoch_permutation(4, epoch, len(piece)).tolist()
-                if lengths[i] >= 2]  # the padded path's order; 1-token pieces have no target on either path
+    piece = [tuple(split.tokens[o : o + n].tolist()) for o, n in zip(offsets, lengths)]
+    expected = [
+        piece[i] for epoch in range(3) for i in epoch_permutation(4, epoch, len(piece)).tolist() if lengths[i] >= 2
+    ]  # the padded path's order; 1-token pieces have no target on either path
     seen, step = [], 0
     while len(seen) < len(expected):
         inputs, targets, packing = batches.get(step)
@@ -62,7 +65,7 @@ def test_steps_cover_every_piece_once_per_epoch_in_the_padded_order():
         assert batches.scored_tokens(step) == inputs.shape[1] <= 2 * SEQ_LEN  # every target scored, within budget
         seen += step_pieces
         step += 1
-    assert seen[:len(expected)] == expected
+    assert seen[: len(expected)] == expected
     # greedy: the next piece would not have fitted into the step before it
     fresh = _packed(split, global_batch=2, seed=4)
     for s in range(step - 1):
@@ -90,8 +93,18 @@ def test_ranks_and_micro_steps_split_the_same_global_batch(world, micro):
 def _step(model, batches):
     """An EagerStep (one process) whose forward_backward the tests call directly."""
     strategy = SimpleNamespace(context=SimpleNamespace(world_size=1))
-    return EagerStep(model=model, train_model=model, strategy=strategy, optimizer=None, schedule=None,
-                     batches=batches, micro_steps=1, grad_clip=0.0, device=torch.device("cpu"), autocast_dtype=None)
+    return EagerStep(
+        model=model,
+        train_model=model,
+        strategy=strategy,
+        optimizer=None,
+        schedule=None,
+        batches=batches,
+        micro_steps=1,
+        grad_clip=0.0,
+        device=torch.device("cpu"),
+        autocast_dtype=None,
+    )
 
 
 @pytest.mark.parametrize("pe", ["pope", "rope", "alibi", "learned-abs"])
@@ -102,10 +115,13 @@ def test_a_packed_step_equals_the_padded_step_on_the_same_documents(pe):
     packed = _packed(split, global_batch=3, seed=0)
     inputs, targets, packing = packed.get(0)
     pieces = _pieces_of(inputs, targets, packing["cu_seqlens"])
-    rows_in, rows_out, _, _ = documents_as_examples(_documents_split([np.array(p) for p in pieces]), SEQ_LEN, 0, source="t")
+    rows_in, rows_out, _, _ = documents_as_examples(
+        _documents_split([np.array(p) for p in pieces]), SEQ_LEN, 0, source="t"
+    )
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=30, n_layer=2, n_head=4, n_kv_head=2, d_model=32, max_seq_len=SEQ_LEN,
-                          pe=pe)).double()
+    model = GPT(
+        GPTConfig(vocab_size=30, n_layer=2, n_head=4, n_kv_head=2, d_model=32, max_seq_len=SEQ_LEN, pe=pe)
+    ).double()
     results = []
     for batch in ((inputs, targets, packing), (rows_in, rows_out)):
         model.zero_grad(set_to_none=True)
@@ -128,8 +144,16 @@ def _documents_dataset(path: Path, seed=0) -> Path:
             for _ in range(n):
                 start, length = int(rng.integers(0, 29)), int(rng.integers(2, 40))
                 writer.add_document(split, 1 + (start + np.arange(length)) % 29)
-        writer.finish({"name": "counting", "vocab": {"pad_id": 0}, "seq_len": 16, "request": {"dataset": "counting"},
-                       "source": {"description": "test"}, "train_transform": None})
+        writer.finish(
+            {
+                "name": "counting",
+                "vocab": {"pad_id": 0},
+                "seq_len": 16,
+                "request": {"dataset": "counting"},
+                "source": {"description": "test"},
+                "train_transform": None,
+            }
+        )
     return path
 
 
@@ -139,10 +163,25 @@ def documents(tmp_path_factory):
 
 
 def _sets(documents, steps, *extra):
-    return [f"train.data_dir={documents}", "model.vocab_size=30", "model.max_seq_len=16", "recipe.seq_len=16",
-            "model.n_layer=2", "model.d_model=32", "model.n_head=2", "recipe.batch_size=4", f"recipe.max_steps={steps}",
-            "recipe.warmup_steps=2", "recipe.eval_interval=10", "recipe.lr=3e-3", "train.tensorboard=false",
-            "train.progress=false", "train.log_interval=1", "train.pack=true", *extra]
+    return [
+        f"train.data_dir={documents}",
+        "model.vocab_size=30",
+        "model.max_seq_len=16",
+        "recipe.seq_len=16",
+        "model.n_layer=2",
+        "model.d_model=32",
+        "model.n_head=2",
+        "recipe.batch_size=4",
+        f"recipe.max_steps={steps}",
+        "recipe.warmup_steps=2",
+        "recipe.eval_interval=10",
+        "recipe.lr=3e-3",
+        "train.tensorboard=false",
+        "train.progress=false",
+        "train.log_interval=1",
+        "train.pack=true",
+        *extra,
+    ]
 
 
 def _train_losses(run_dir):
@@ -169,7 +208,9 @@ def test_packed_training_learns_and_resumes_bit_for_bit(documents, tmp_path):
 
 def test_packed_gradient_accumulation_matches_one_micro_batch(documents, tmp_path):
     one = resolve_run_config("jsb-tiny", "rope", overrides=_sets(documents, 4, "model.dropout=0"))
-    two = resolve_run_config("jsb-tiny", "rope", overrides=_sets(documents, 4, "model.dropout=0", "recipe.grad_accum=2"))
+    two = resolve_run_config(
+        "jsb-tiny", "rope", overrides=_sets(documents, 4, "model.dropout=0", "recipe.grad_accum=2")
+    )
     run_training(one, tmp_path / "a")
     run_training(two, tmp_path / "b")
     a, b = _train_losses(tmp_path / "a"), _train_losses(tmp_path / "b")
@@ -182,27 +223,62 @@ def test_what_cannot_pack_is_refused(documents, tmp_path):
     with pytest.raises(ValueError, match="cuda_graph=false"):
         TrainOptions(pack=True, cuda_graph=True)
     with pytest.raises(ValueError, match="indirect-indexing examples.*train.pack=false"):
-        run_training(resolve_run_config("indirect-indexing-tiny", "pope", overrides=[
-            "train.pack=true", "train.tensorboard=false", "train.progress=false"]), tmp_path / "task")
+        run_training(
+            resolve_run_config(
+                "indirect-indexing-tiny",
+                "pope",
+                overrides=["train.pack=true", "train.tensorboard=false", "train.progress=false"],
+            ),
+            tmp_path / "task",
+        )
     stream = tmp_path / "stream"
     with PreparedWriter(stream, 23) as writer:
         for split in ("train", "valid", "test"):
             writer.add_document(split, np.arange(200) % 23)
-        writer.finish({"name": "stream", "vocab": {"pad_id": None}, "seq_len": 8, "request": {"dataset": "stream"},
-                       "source": {"description": "test"}, "train_transform": None})
+        writer.finish(
+            {
+                "name": "stream",
+                "vocab": {"pad_id": None},
+                "seq_len": 8,
+                "request": {"dataset": "stream"},
+                "source": {"description": "test"},
+                "train_transform": None,
+            }
+        )
     with pytest.raises(ValueError, match="token stream.*train.pack=false"):
-        run_training(resolve_run_config("genome-tiny", "pope", overrides=[
-            f"train.data_dir={stream}", "model.vocab_size=23", "train.pack=true", "train.tensorboard=false",
-            "train.progress=false"]), tmp_path / "run")
+        run_training(
+            resolve_run_config(
+                "genome-tiny",
+                "pope",
+                overrides=[
+                    f"train.data_dir={stream}",
+                    "model.vocab_size=23",
+                    "train.pack=true",
+                    "train.tensorboard=false",
+                    "train.progress=false",
+                ],
+            ),
+            tmp_path / "run",
+        )
 
 
 @pytest.mark.data
 @pytest.mark.slow
 def test_tiny_jsb_preset_learns_packed(tmp_path):
     """jsb-tiny on the prepared chorales with train.pack=true: the loss falls within 30 steps."""
-    config = resolve_run_config("jsb-tiny", "pope", overrides=[
-        "train.pack=true", "train.tensorboard=false", "train.progress=false", "train.log_interval=10",
-        "recipe.max_steps=30", "recipe.eval_interval=30", "train.eval_splits=valid"])
+    config = resolve_run_config(
+        "jsb-tiny",
+        "pope",
+        overrides=[
+            "train.pack=true",
+            "train.tensorboard=false",
+            "train.progress=false",
+            "train.log_interval=10",
+            "recipe.max_steps=30",
+            "recipe.eval_interval=30",
+            "train.eval_splits=valid",
+        ],
+    )
     summary = run_training(config, tmp_path / "jsb")
     losses = _train_losses(tmp_path / "jsb")
     assert losses[30] < losses[10] - 0.5, losses
@@ -219,8 +295,10 @@ class _DeviceReads(TorchDispatchMode):
         self.reads = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default) \
-                and args[0].dtype == torch.int32:
+        if (
+            func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)
+            and args[0].dtype == torch.int32
+        ):
             self.reads.append(str(func))
         return func(*args, **(kwargs or {}))
 
@@ -250,9 +328,18 @@ def test_a_packed_training_step_reads_no_lengths_back_from_the_device(pe):
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=30, n_layer=2, n_head=2, d_model=16, max_seq_len=SEQ_LEN, pe=pe))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    step = EagerStep(model=model, train_model=model, strategy=SingleProcess(DistributedContext()), optimizer=optimizer,
-                     schedule=lambda s: 1e-3, batches=packed, micro_steps=1, grad_clip=1.0, device=torch.device("cpu"),
-                     autocast_dtype=None)
+    step = EagerStep(
+        model=model,
+        train_model=model,
+        strategy=SingleProcess(DistributedContext()),
+        optimizer=optimizer,
+        schedule=lambda s: 1e-3,
+        batches=packed,
+        micro_steps=1,
+        grad_clip=1.0,
+        device=torch.device("cpu"),
+        autocast_dtype=None,
+    )
     with _DeviceReads() as probe:
         loss = step(0)
     assert probe.reads == [] and torch.isfinite(loss)

@@ -1,4 +1,5 @@
 """Nothing lost, nothing silently restarted: locks, resume checks, output paths, signals, records."""
+
 import json
 import os
 import re
@@ -20,9 +21,18 @@ from pope.train.stopping import exit_status, resume_command
 from pope.train.trainer import Trainer, run_training
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
-SETS = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "recipe.max_steps=6", "recipe.warmup_steps=1",
-        "recipe.eval_interval=3", "recipe.batch_size=8", "train.log_interval=1", "train.tensorboard=false",
-        "train.progress=false"]
+SETS = [
+    "model.n_layer=1",
+    "model.d_model=32",
+    "model.n_head=2",
+    "recipe.max_steps=6",
+    "recipe.warmup_steps=1",
+    "recipe.eval_interval=3",
+    "recipe.batch_size=8",
+    "train.log_interval=1",
+    "train.tensorboard=false",
+    "train.progress=false",
+]
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +51,11 @@ def _config(splits, *extra, drop=()):
 
 
 def _snapshot(directory: Path) -> dict:
-    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*"))
-            if p.is_file() and p.name != ".lock"}
+    return {
+        str(p.relative_to(directory)): p.read_bytes()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and p.name != ".lock"
+    }
 
 
 def _steps(run_dir: Path, kind="train") -> list[int]:
@@ -73,8 +86,11 @@ def test_stale_lock_of_a_dead_process_is_taken_over_with_a_notice(splits, tmp_pa
 def test_new_run_into_a_run_directory_is_refused_and_nothing_changes(splits, tmp_path):
     run_training(_config(splits), tmp_path / "run")
     before = _snapshot(tmp_path / "run")
-    with pytest.raises(ValueError, match=r"already holds a run \(config\.json, metrics\.jsonl \(up to step 6\), "
-                                         r"checkpoints/last \(step 6\), checkpoints/best \(step \d\)\); pass --resume"):
+    with pytest.raises(
+        ValueError,
+        match=r"already holds a run \(config\.json, metrics\.jsonl \(up to step 6\), "
+        r"checkpoints/last \(step 6\), checkpoints/best \(step \d\)\); pass --resume",
+    ):
         Trainer(_config(splits), tmp_path / "run")
     assert _snapshot(tmp_path / "run") == before
 
@@ -85,8 +101,11 @@ def test_resume_without_last_says_what_exists_and_loses_nothing(splits, tmp_path
     best_step = torch.load(run_dir / "checkpoints" / "best" / "trainer_state.pt", weights_only=True)["step"]
     shutil.rmtree(run_dir / "checkpoints" / "last")
     before = _snapshot(run_dir)
-    with pytest.raises(ValueError, match=rf"no valid checkpoints/last.*checkpoints/best \(step {best_step}\).*"
-                                         rf"copy it to checkpoints/last \(cp -r"):
+    with pytest.raises(
+        ValueError,
+        match=rf"no valid checkpoints/last.*checkpoints/best \(step {best_step}\).*"
+        rf"copy it to checkpoints/last \(cp -r",
+    ):
         Trainer(_config(splits), run_dir, resume=True)
     assert _snapshot(run_dir) == before  # metrics.jsonl not truncated, nothing restarted
     shutil.rmtree(run_dir / "checkpoints")  # killed before its first checkpoint
@@ -99,8 +118,11 @@ def test_bad_out_paths_fail_before_any_work(splits, tmp_path, capsys, kind):
     blocker = tmp_path / "a-file"
     blocker.write_text("keep me")
     out = {"file": blocker, "under_file": blocker / "run", "not_writable": Path("/sys/pope-test-run")}[kind]
-    message = {"file": "is an existing file, not a directory", "under_file": f"lies under {blocker}, which is a file",
-               "not_writable": "cannot be written"}[kind]
+    message = {
+        "file": "is an existing file, not a directory",
+        "under_file": f"lies under {blocker}, which is a file",
+        "not_writable": "cannot be written",
+    }[kind]
     args = ["train", "indirect-indexing-tiny", "--pe", "pope", "--out", str(out)]
     for item in _sets(splits):
         args += ["--set", item]
@@ -134,8 +156,10 @@ def test_signal_finishes_the_step_checkpoints_and_says_how_to_continue(splits, t
     assert summary["step"] == 4 and summary["stop_reason"] == signal.Signals(signum).name
     assert exit_status(summary) == status
     # not started by the pope CLI here: the hint names the preset, encoding and directory
-    assert f"stopped at step 4; continue with: pope train indirect-indexing-tiny --pe 'pope' --out {tmp_path / 'run'}" \
+    assert (
+        f"stopped at step 4; continue with: pope train indirect-indexing-tiny --pe 'pope' --out {tmp_path / 'run'}"
         in capsys.readouterr().err
+    )
     state = torch.load(tmp_path / "run" / "checkpoints" / "last" / "trainer_state.pt", weights_only=True)
     assert state["step"] == 4
     assert signal.getsignal(signum) is not None and signal.getsignal(signum) != trainer  # handlers restored
@@ -151,10 +175,22 @@ def test_stop_at_step_ends_with_the_same_line(splits, tmp_path, capsys):
 
 
 def test_resume_command_drops_stop_at_step_and_adds_resume():
-    argv = ["/x/bin/pope", "train", "jsb-tiny", "--pe", "pope:use_delta=no", "--out", "r", "--set",
-            "train.stop_at_step=7", "--set", "recipe.lr=1e-3"]
-    assert resume_command(argv, fallback="?") == ("pope train jsb-tiny --pe pope:use_delta=no --out r --set "
-                                                  "recipe.lr=1e-3 --resume")
+    argv = [
+        "/x/bin/pope",
+        "train",
+        "jsb-tiny",
+        "--pe",
+        "pope:use_delta=no",
+        "--out",
+        "r",
+        "--set",
+        "train.stop_at_step=7",
+        "--set",
+        "recipe.lr=1e-3",
+    ]
+    assert resume_command(argv, fallback="?") == (
+        "pope train jsb-tiny --pe pope:use_delta=no --out r --set recipe.lr=1e-3 --resume"
+    )
     assert resume_command(["pytest", "-q"], fallback="fallback") == "fallback"
 
 
@@ -166,8 +202,13 @@ def test_sigterm_through_the_cli_exits_143_and_resumes(splits, tmp_path):
     for item in _sets(splits, "recipe.max_steps=100000", "recipe.eval_interval=100000"):
         args += ["--set", item]
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen([sys.executable, "-m", "pope.cli", "train", *args], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pope.cli", "train", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     metrics = run_dir / "metrics.jsonl"
     for _ in range(1200):
         if process.poll() is not None or (metrics.exists() and metrics.read_text().count("\n") >= 3):
@@ -213,11 +254,22 @@ def test_out_of_range_token_ids_in_training_data_name_the_file(tmp_path):
     tokens = np.fromfile(data / "train.bin", dtype=json.loads((data / "manifest.json").read_text())["dtype"])
     tokens[5] = 200  # beyond the 90-symbol vocabulary; the file size (the manifest's cheap check) is unchanged
     tokens.tofile(data / "train.bin")
-    config = resolve_run_config("jsb-tiny", "pope", overrides=["train.tensorboard=false", "train.progress=false",
-                                                               f"train.data_dir={data}", "recipe.max_steps=2",
-                                                               "recipe.warmup_steps=1"])
-    with pytest.raises(ValueError, match=rf"{data}/train.bin contains token id 200 but the model only has 90 ids.*"
-                                         r"re-prepare it"):
+    config = resolve_run_config(
+        "jsb-tiny",
+        "pope",
+        overrides=[
+            "train.tensorboard=false",
+            "train.progress=false",
+            f"train.data_dir={data}",
+            "recipe.max_steps=2",
+            "recipe.warmup_steps=1",
+        ],
+    )
+    with pytest.raises(
+        ValueError,
+        match=rf"{data}/train.bin contains token id 200 but the model only has 90 ids.*"
+        r"re-prepare it",
+    ):
         Trainer(config, tmp_path / "run")
 
 
@@ -247,8 +299,16 @@ def test_signal_to_one_rank_stops_every_rank_at_the_same_step(splits, tmp_path):
     for item in _sets(splits, f"recipe.max_steps={steps}", f"recipe.eval_interval={steps}", "train.device=cpu"):
         args += ["--set", item]
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "pope.cli",
-                "train"]
+    launcher = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "pope.cli",
+        "train",
+    ]
     agent = subprocess.Popen(launcher + args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = run_dir / "metrics.jsonl"
     for _ in range(1200):

@@ -1,5 +1,6 @@
 """End-to-end CPU runs of the trainer in this process: resume equivalence, gradient accumulation, a tiny preset
 learning, run records. Runs of 2 gloo processes (DDP / FSDP2 vs 1 process, resume): tests/test_train_world_size.py."""
+
 import json
 from pathlib import Path
 
@@ -16,19 +17,30 @@ SMALL_MODEL = ["model.n_layer=2", "model.d_model=32", "model.n_head=2"]
 
 @pytest.fixture(scope="module")
 def splits(tmp_path_factory):
-    return task.write_splits(tmp_path_factory.mktemp("ii"), seed=0,
-                             sizes={"train": 2048, "valid": 128, "test": 128})
+    return task.write_splits(tmp_path_factory.mktemp("ii"), seed=0, sizes={"train": 2048, "valid": 128, "test": 128})
 
 
 def _sets(splits, steps, *extra):
-    return [*SMALL_MODEL, f"recipe.max_steps={steps}", "recipe.warmup_steps=4", "recipe.eval_interval=6",
-            "recipe.batch_size=16", f"train.data_dir={splits}", "train.log_interval=1", "train.tensorboard=false",
-            "train.progress=false", *extra]
+    return [
+        *SMALL_MODEL,
+        f"recipe.max_steps={steps}",
+        "recipe.warmup_steps=4",
+        "recipe.eval_interval=6",
+        "recipe.batch_size=16",
+        f"train.data_dir={splits}",
+        "train.log_interval=1",
+        "train.tensorboard=false",
+        "train.progress=false",
+        *extra,
+    ]
 
 
 def _train_losses(run_dir):
-    return {r["step"]: r["loss"] for r in map(json.loads, (Path(run_dir) / "metrics.jsonl").read_text().splitlines())
-            if r["kind"] == "train"}
+    return {
+        r["step"]: r["loss"]
+        for r in map(json.loads, (Path(run_dir) / "metrics.jsonl").read_text().splitlines())
+        if r["kind"] == "train"
+    }
 
 
 def test_resume_is_bit_for_bit(splits, tmp_path):
@@ -73,8 +85,11 @@ def test_delta_range_project_keeps_delta_inside_after_every_step(splits, tmp_pat
 
     states = {}
     for bound in ("clamp", "project"):
-        config = resolve_run_config("indirect-indexing-tiny", f"pope:delta_range={bound},delta_init=zero",
-                                    overrides=_sets(splits, 8, "recipe.lr=0.05"))
+        config = resolve_run_config(
+            "indirect-indexing-tiny",
+            f"pope:delta_range={bound},delta_init=zero",
+            overrides=_sets(splits, 8, "recipe.lr=0.05"),
+        )
         run_training(config, tmp_path / bound)
         model, _ = load_run_model(tmp_path / bound / "checkpoints" / "last")
         states[bound] = delta_state(model)
@@ -82,14 +97,18 @@ def test_delta_range_project_keeps_delta_inside_after_every_step(splits, tmp_pat
         if bound == "project":
             assert deltas.min() >= -TWO_PI and deltas.max() <= 0 and (deltas == 0).any() and (deltas < 0).any()
         # every evaluation logs the counts; the last one's are the final model's
-        evals = [r for r in map(json.loads, (tmp_path / bound / "metrics.jsonl").read_text().splitlines())
-                 if r["kind"] == "eval"]
+        evals = [
+            r
+            for r in map(json.loads, (tmp_path / bound / "metrics.jsonl").read_text().splitlines())
+            if r["kind"] == "eval"
+        ]
         assert [r["step"] for r in evals] == [6, 8]
         last = evals[-1]
         assert last["delta_below"] + last["delta_above"] == states[bound]["outside"]
         assert (last["delta_below"], last["delta_above"]) == (
             sum(layer["below"] for layer in states[bound]["layers"]),
-            sum(layer["above"] for layer in states[bound]["layers"]))
+            sum(layer["above"] for layer in states[bound]["layers"]),
+        )
     assert states["clamp"]["outside"] > 0 and states["project"]["outside"] == 0
 
 
@@ -110,8 +129,11 @@ def test_linear_decay_and_decay_of_all_parameters_reach_the_trainer(splits, tmp_
     finally:
         trainer.close()
     expected = WarmupDecaySchedule(config.recipe.lr, config.recipe.min_lr, 4, 10, "linear")
-    logged = {r["step"]: r["lr"] for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
-              if r["kind"] == "train"}
+    logged = {
+        r["step"]: r["lr"]
+        for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+        if r["kind"] == "train"
+    }
     assert logged == {step: pytest.approx(expected(step - 1)) for step in range(1, 11)}
     assert logged[6] != pytest.approx(WarmupDecaySchedule(config.recipe.lr, config.recipe.min_lr, 4, 10)(5))
     recorded = json.loads((tmp_path / "run" / "config.json").read_text())["recipe"]
@@ -130,9 +152,18 @@ def test_linear_decay_and_decay_of_all_parameters_reach_the_trainer(splits, tmp_
 def test_tiny_preset_learns(tmp_path):
     """jsb-tiny on the prepared chorales (documents cut into 257-token pieces): within 40 steps the
     training loss falls far below its start and the validation loss follows."""
-    config = resolve_run_config("jsb-tiny", "pope", overrides=[
-        "train.tensorboard=false", "train.progress=false", "train.log_interval=10", "recipe.max_steps=40",
-        "recipe.eval_interval=40", "train.eval_splits=valid"])
+    config = resolve_run_config(
+        "jsb-tiny",
+        "pope",
+        overrides=[
+            "train.tensorboard=false",
+            "train.progress=false",
+            "train.log_interval=10",
+            "recipe.max_steps=40",
+            "recipe.eval_interval=40",
+            "train.eval_splits=valid",
+        ],
+    )
     summary = run_training(config, tmp_path / "tiny")
     losses = _train_losses(tmp_path / "tiny")
     first, last = losses[10], losses[40]
@@ -149,8 +180,11 @@ def test_run_records(splits, tmp_path):
     assert {"versions", "git", "device_name", "world_size", "command", "cuda_mps"} <= set(env)
     assert env["versions"]["torch"] == torch.__version__ and env["world_size"] == 1
     assert json.loads((tmp_path / "run" / "config.json").read_text()) == config.to_dict()
-    train = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
-             if r["kind"] == "train"]
+    train = [
+        r
+        for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+        if r["kind"] == "train"
+    ]
     assert {"step", "loss", "lr", "tokens_per_s", "step_ms"} <= set(train[0]) and train[0]["tokens_per_s"] > 0
     assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
 
@@ -161,8 +195,9 @@ def test_fp32_matmul_option_sets_torch_precision_and_is_recorded(splits, tmp_pat
     config.json, so that runs recorded before the option existed still resume."""
     before = torch.get_float32_matmul_precision()
     try:
-        tf32 = resolve_run_config("indirect-indexing-tiny", "pope",
-                                  overrides=_sets(splits, 4, "train.fp32_matmul=tf32"))
+        tf32 = resolve_run_config(
+            "indirect-indexing-tiny", "pope", overrides=_sets(splits, 4, "train.fp32_matmul=tf32")
+        )
         run_training(tf32, tmp_path / "tf32")
         assert torch.get_float32_matmul_precision() == "high"
         assert json.loads((tmp_path / "tf32" / "env.json").read_text())["fp32_matmul_precision"] == "high"

@@ -1,4 +1,5 @@
 """Learning-rate schedule and optimizer parameter groups."""
+
 import math
 
 import pytest

@@ -1,5 +1,6 @@
 """Seed sweeps (pope.train.sweep): a seed of a sweep is the single run with that seed; failures, --resume,
 bad seed lists, and Ctrl-C. Children are real `pope train` processes on tiny CPU runs."""
+
 import json
 import os
 import signal
@@ -25,9 +26,20 @@ def splits(tmp_path_factory):
 
 
 def _sets(splits, steps=4, *extra):
-    items = ["model.n_layer=1", "model.d_model=16", "model.n_head=2", f"recipe.max_steps={steps}",
-             "recipe.warmup_steps=1", "recipe.eval_interval=2", "recipe.batch_size=8", f"train.data_dir={splits}",
-             "train.log_interval=1", "train.tensorboard=false", "train.device=cpu", *extra]
+    items = [
+        "model.n_layer=1",
+        "model.d_model=16",
+        "model.n_head=2",
+        f"recipe.max_steps={steps}",
+        "recipe.warmup_steps=1",
+        "recipe.eval_interval=2",
+        "recipe.batch_size=8",
+        f"train.data_dir={splits}",
+        "train.log_interval=1",
+        "train.tensorboard=false",
+        "train.device=cpu",
+        *extra,
+    ]
     return [x for item in items for x in ("--set", item)]
 
 
@@ -36,21 +48,32 @@ def _env():
 
 
 def _pope(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "pope.cli", *map(str, args)], env=_env(), capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "pope.cli", *map(str, args)], env=_env(), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _losses(run_dir):
-    return {r["step"]: r["loss"] for r in map(json.loads, (Path(run_dir) / "metrics.jsonl").read_text().splitlines())
-            if r["kind"] == "train"}
+    return {
+        r["step"]: r["loss"]
+        for r in map(json.loads, (Path(run_dir) / "metrics.jsonl").read_text().splitlines())
+        if r["kind"] == "train"
+    }
 
 
 def test_parse_seeds():
     assert parse_seeds("0-3") == [0, 1, 2, 3]
     assert parse_seeds("0,3,5") == [0, 3, 5]
     assert parse_seeds(" 7 ") == [7] and parse_seeds("0-1,9") == [0, 1, 9]
-    for bad, message in [("3-1", "backwards"), ("a", "not a seed"), ("", "give seeds"), ("1,,2", "give seeds"),
-                         ("-1", "not a seed"), ("1-", "not a seed"), ("0-2,2", "given twice")]:
+    for bad, message in [
+        ("3-1", "backwards"),
+        ("a", "not a seed"),
+        ("", "give seeds"),
+        ("1,,2", "give seeds"),
+        ("-1", "not a seed"),
+        ("1-", "not a seed"),
+        ("0-2,2", "given twice"),
+    ]:
         with pytest.raises(ValueError, match=message):
             parse_seeds(bad)
 
@@ -59,28 +82,53 @@ def test_run_finished_loads_without_torch(tmp_path):
     """scripts/gpu_reproduce.sh asks run_finished about each run in a python process of its own (19 times in the
     text stage): importing it must not import torch (~1.6 s a call)."""
     (tmp_path / "summary.json").write_text(json.dumps({"finished": True}))
-    code = ("import sys; from pathlib import Path; from pope.train.sweep import run_finished; run = Path(sys.argv[1]); "
-            "print(run_finished(run), run_finished(run / 'absent'), 'torch' in sys.modules)")
-    result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=_env(), capture_output=True, text=True,
-                            timeout=60)
+    code = (
+        "import sys; from pathlib import Path; from pope.train.sweep import run_finished; run = Path(sys.argv[1]); "
+        "print(run_finished(run), run_finished(run / 'absent'), 'torch' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], env=_env(), capture_output=True, text=True, timeout=60
+    )
     assert result.stdout.split() == ["True", "False", "False"], result.stderr
 
 
 def test_bad_sweep_arguments_fail_before_anything_starts(splits, tmp_path, capsys):
     out = tmp_path / "sweep"
     for seeds in ("3-1", "a", ""):
-        assert main(["train", "indirect-indexing-tiny", "--pe", "pope", "--seeds", seeds, "--out", str(out),
-                     *_sets(splits)]) == 1
+        assert (
+            main(
+                ["train", "indirect-indexing-tiny", "--pe", "pope", "--seeds", seeds, "--out", str(out), *_sets(splits)]
+            )
+            == 1
+        )
         assert "--seeds" in capsys.readouterr().err
-    assert main(["train", "indirect-indexing-tiny", "--pe", "pope", "--seeds", "0", "--seed", "1", "--out",
-                 str(out)]) == 1
+    assert (
+        main(["train", "indirect-indexing-tiny", "--pe", "pope", "--seeds", "0", "--seed", "1", "--out", str(out)]) == 1
+    )
     assert "cannot be combined with --seed" in capsys.readouterr().err
-    assert main(["train", "indirect-indexing-tiny", "--pe", "pope", "--seeds", "0", "--out", str(out),
-                 "--set", "recipe.nonsense=1"]) == 1
+    assert (
+        main(
+            [
+                "train",
+                "indirect-indexing-tiny",
+                "--pe",
+                "pope",
+                "--seeds",
+                "0",
+                "--out",
+                str(out),
+                "--set",
+                "recipe.nonsense=1",
+            ]
+        )
+        == 1
+    )
     assert "recipe.nonsense" in capsys.readouterr().err
     (out / "seed-1").mkdir(parents=True)
-    assert main(["train", "indirect-indexing-tiny", "--pe", "pope", "--seeds", "0-2", "--out", str(out),
-                 *_sets(splits)]) == 1
+    assert (
+        main(["train", "indirect-indexing-tiny", "--pe", "pope", "--seeds", "0-2", "--out", str(out), *_sets(splits)])
+        == 1
+    )
     error = capsys.readouterr().err
     assert "seed-1 already exist" in error and "pass --resume" in error
     assert sorted(p.name for p in out.iterdir()) == ["seed-1"]  # nothing started, no record written
@@ -111,8 +159,12 @@ def test_sweep_runs_resumes_reports_failures_and_matches_single_runs(splits, tmp
     assert f"seed 2 failed (exit 1); log {out / 'seed-2.log'}" in second.stdout
     assert "pope train: error:" in (out / "seed-2.log").read_text()
     record = json.loads((out / "sweep.json").read_text())
-    assert {s: v["status"] for s, v in record["seeds"].items()} == {"0": "finished", "1": "finished",
-                                                                     "2": "failed", "3": "finished"}
+    assert {s: v["status"] for s, v in record["seeds"].items()} == {
+        "0": "finished",
+        "1": "finished",
+        "2": "failed",
+        "3": "finished",
+    }
     assert len(record["invocations"]) == 2 and record["invocations"][1]["resume"] is True
     assert "restarted" not in second.stdout  # seeds with a checkpoint continue from it
     # 3. --resume skips finished seeds: no child starts, the logs do not grow.
@@ -128,8 +180,9 @@ def test_sweep_runs_resumes_reports_failures_and_matches_single_runs(splits, tmp
     a = load_checkpoint(tmp_path / "single" / "checkpoints" / "last").model_state
     b = load_checkpoint(out / "seed-1" / "checkpoints" / "last").model_state
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert json.loads((out / "seed-1" / "config.json").read_text()) == \
-        json.loads((tmp_path / "single" / "config.json").read_text())
+    assert json.loads((out / "seed-1" / "config.json").read_text()) == json.loads(
+        (tmp_path / "single" / "config.json").read_text()
+    )
 
 
 # A trainer that runs out of GPU memory at its first step: it has written config.json, env.json, an empty
@@ -139,7 +192,8 @@ OUT_OF_MEMORY_AT_START = (
     "(run / 'config.json').write_text(sys.argv[2]); (run / 'env.json').write_text('{}'); "
     "(run / 'metrics.jsonl').write_text(''); (run / '.lock').write_text(''); "
     "sys.exit('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
-    "of 139.72 GiB of which 1.06 GiB is free.')")
+    "of 139.72 GiB of which 1.06 GiB is free.')"
+)
 
 
 class OutOfMemoryAtStart(Sweep):
@@ -155,8 +209,13 @@ class OutOfMemoryAtStart(Sweep):
             return super().child_command(run)
         self.oom.remove(run.seed)
         config = resolved_config(self.preset, self.pe, seed=run.seed, overrides=self.child_sets())
-        return [sys.executable, "-c", OUT_OF_MEMORY_AT_START, str(run.run_dir),
-                json.dumps(config, indent=2, sort_keys=True) + "\n"]
+        return [
+            sys.executable,
+            "-c",
+            OUT_OF_MEMORY_AT_START,
+            str(run.run_dir),
+            json.dumps(config, indent=2, sort_keys=True) + "\n",
+        ]
 
 
 def test_seeds_that_died_at_start_start_over_and_out_of_memory_is_requeued(splits, tmp_path, monkeypatch, capsys):
@@ -164,30 +223,42 @@ def test_seeds_that_died_at_start_start_over_and_out_of_memory_is_requeued(split
     out = tmp_path / "sweep"
     sets = _sets(splits)[1::2]
     # 1. Seed 1 alone runs out of GPU memory at its first step: no other seed runs, so it fails (as before).
-    lines, ok = report_lines(OutOfMemoryAtStart("indirect-indexing-tiny", "pope", [1], out, oom={1},
-                                                overrides=[*sets, "train.stop_at_step=3"]).run())
+    lines, ok = report_lines(
+        OutOfMemoryAtStart(
+            "indirect-indexing-tiny", "pope", [1], out, oom={1}, overrides=[*sets, "train.stop_at_step=3"]
+        ).run()
+    )
     assert not ok and lines[-1].startswith("seed 1 failed (exit 1)") and "CUDA out of memory" in lines[-1]
     assert sorted(p.name for p in (out / "seed-1").iterdir()) == [".lock", "config.json", "env.json", "metrics.jsonl"]
     # Seed 3 died after logging steps but before its first checkpoint: its metrics are not deleted.
     (out / "seed-3").mkdir()
-    (out / "seed-3" / "config.json").write_text(json.dumps(resolved_config(
-        "indirect-indexing-tiny", "pope", seed=3, overrides=["train.progress=false", *sets]), indent=2, sort_keys=True))
+    (out / "seed-3" / "config.json").write_text(
+        json.dumps(
+            resolved_config("indirect-indexing-tiny", "pope", seed=3, overrides=["train.progress=false", *sets]),
+            indent=2,
+            sort_keys=True,
+        )
+    )
     (out / "seed-3" / "metrics.jsonl").write_text('{"step": 1, "kind": "train", "loss": 3.1}\n' * 2)
     seed_3 = {p.name: p.read_bytes() for p in (out / "seed-3").iterdir()}
     # 2. --resume, two at a time: seed 1 starts over (its config.json differed in a resume-mutable key: said so).
     # Seed 0's first child runs out of memory while seed 1 runs: it is requeued and starts (over) when seed 1 ends.
     # Seed 3 is not started.
-    sweep = OutOfMemoryAtStart("indirect-indexing-tiny", "pope", [0, 1, 3], out, oom={0}, overrides=sets,
-                               resume=True, jobs=2)
+    sweep = OutOfMemoryAtStart(
+        "indirect-indexing-tiny", "pope", [0, 1, 3], out, oom={0}, overrides=sets, resume=True, jobs=2
+    )
     lines, ok = report_lines(sweep.run())
     said = capsys.readouterr().err
     assert not ok and [r.status for r in sweep.runs] == ["finished", "finished", "failed"], lines
     assert lines[0].endswith("(requeued after CUDA out of memory; restarted from scratch)")
-    assert lines[1].endswith("(restarted from scratch; its config.json differed (train.stop_at_step: 3 -> null), "
-                             "the sweep's is used)")
-    assert lines[3] == (f"seed 3 not started: {out / 'seed-3'} has no checkpoint to resume from, and starting over "
-                        "would lose what it holds besides start-up records (metrics.jsonl with 2 record(s)); look at "
-                        f"it, then delete {out / 'seed-3'} to start seed 3 over, or leave seed 3 out of --seeds")
+    assert lines[1].endswith(
+        "(restarted from scratch; its config.json differed (train.stop_at_step: 3 -> null), the sweep's is used)"
+    )
+    assert lines[3] == (
+        f"seed 3 not started: {out / 'seed-3'} has no checkpoint to resume from, and starting over "
+        "would lose what it holds besides start-up records (metrics.jsonl with 2 record(s)); look at "
+        f"it, then delete {out / 'seed-3'} to start seed 3 over, or leave seed 3 out of --seeds"
+    )
     assert "seed 0 ran out of GPU memory" in said and "seed 1 starts over" in said
     assert {p.name: p.read_bytes() for p in (out / "seed-3").iterdir()} == seed_3
     log = (out / "seed-1.log").read_text()
@@ -195,8 +266,19 @@ def test_seeds_that_died_at_start_start_over_and_out_of_memory_is_requeued(split
     record = json.loads((out / "sweep.json").read_text())["seeds"]
     assert record["0"]["notes"] == ["requeued after CUDA out of memory", "restarted from scratch"]
     # 3. The restarted seed equals the single run with that seed.
-    single = _pope("train", "indirect-indexing-tiny", "--pe", "pope", "--out", tmp_path / "single", *_sets(splits),
-                   "--seed", "1", "--set", "train.progress=false")
+    single = _pope(
+        "train",
+        "indirect-indexing-tiny",
+        "--pe",
+        "pope",
+        "--out",
+        tmp_path / "single",
+        *_sets(splits),
+        "--seed",
+        "1",
+        "--set",
+        "train.progress=false",
+    )
     assert single.returncode == 0, single.stderr
     assert _losses(out / "seed-1") == _losses(tmp_path / "single") and sorted(_losses(out / "seed-1")) == [1, 2, 3, 4]
     a = load_checkpoint(tmp_path / "single" / "checkpoints" / "last").model_state
@@ -208,8 +290,22 @@ def test_seeds_that_died_at_start_start_over_and_out_of_memory_is_requeued(split
 @pytest.mark.slow
 def test_ctrl_c_stops_every_child_and_leaves_them_resumable(splits, tmp_path):
     out = tmp_path / "sweep"
-    command = [sys.executable, "-m", "pope.cli", "train", "indirect-indexing-tiny", "--pe", "rope", "--seeds", "0-2",
-               "--jobs", "2", "--out", str(out), *_sets(splits, 100_000, "train.checkpoint_interval=5")]
+    command = [
+        sys.executable,
+        "-m",
+        "pope.cli",
+        "train",
+        "indirect-indexing-tiny",
+        "--pe",
+        "rope",
+        "--seeds",
+        "0-2",
+        "--jobs",
+        "2",
+        "--out",
+        str(out),
+        *_sets(splits, 100_000, "train.checkpoint_interval=5"),
+    ]
     sweep = subprocess.Popen(command, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 120
     while time.time() < deadline and not all((out / f"seed-{s}" / "checkpoints" / "last").exists() for s in (0, 1)):
@@ -218,8 +314,11 @@ def test_ctrl_c_stops_every_child_and_leaves_them_resumable(splits, tmp_path):
     output, _ = sweep.communicate(timeout=120)
     assert sweep.returncode == 1, output
     record = json.loads((out / "sweep.json").read_text())
-    assert {s: v["status"] for s, v in record["seeds"].items()} == {"0": "interrupted", "1": "interrupted",
-                                                                     "2": "pending"}
+    assert {s: v["status"] for s, v in record["seeds"].items()} == {
+        "0": "interrupted",
+        "1": "interrupted",
+        "2": "pending",
+    }
     assert "unfinished seed(s) [0, 1, 2]" in output
     left = [p for p in Path("/proc").glob("[0-9]*") if _reads(p / "cmdline").find(f"{out}/seed-".encode()) >= 0]
     assert left == []  # no child left running
@@ -237,11 +336,19 @@ def test_gpu_sweep_script_runs_scores_and_archives_small_files(splits, tmp_path)
     (no checkpoints), the fp32 train/test re-score of finished seeds, and the table."""
     # --jobs 2: both seeds at once (on CPU a sweep runs one at a time unless asked)
     extra = " ".join(_sets(splits)).replace("train.log_interval=1", "train.log_interval=2") + " --jobs 2"
-    env = {**_env(), "RUNS": str(tmp_path / "runs"), "OUT": str(tmp_path / "out"), "SEEDS": "0-1", "LIMIT": "60",
-           "EXTRA": extra, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env = {
+        **_env(),
+        "RUNS": str(tmp_path / "runs"),
+        "OUT": str(tmp_path / "out"),
+        "SEEDS": "0-1",
+        "LIMIT": "60",
+        "EXTRA": extra,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }
     root = Path(__file__).resolve().parents[1]
-    result = subprocess.run(["bash", "scripts/gpu_sweep_indirect.sh"], cwd=root, env=env, capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run(
+        ["bash", "scripts/gpu_sweep_indirect.sh"], cwd=root, env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "sweep exit status 0" in result.stdout
     rows = [line.split() for line in result.stdout.splitlines() if line.startswith("seed-")]
@@ -251,9 +358,17 @@ def test_gpu_sweep_script_runs_scores_and_archives_small_files(splits, tmp_path)
     with tarfile.open(tmp_path / "out" / "sweep-pope.tar.gz") as archive:
         names = set(archive.getnames())
     for seed in (0, 1):
-        assert {f"pope/seed-{seed}/{name}" for name in ("metrics.jsonl", "config.json", "summary.json", "env.json",
-                                                        "eval/task_accuracy.json", "eval/delta_state.json")} | \
-            {f"pope/seed-{seed}.log"} <= names
+        assert {
+            f"pope/seed-{seed}/{name}"
+            for name in (
+                "metrics.jsonl",
+                "config.json",
+                "summary.json",
+                "env.json",
+                "eval/task_accuracy.json",
+                "eval/delta_state.json",
+            )
+        } | {f"pope/seed-{seed}.log"} <= names
     assert "pope/sweep.json" in names and not any("checkpoints" in name for name in names)
     scored = json.loads((tmp_path / "runs" / "pope" / "seed-0" / "eval" / "task_accuracy.json").read_text())
     assert scored["step"] == 4 and scored["splits"]["test"]["examples"] == 64
@@ -265,8 +380,14 @@ def test_gpu_sweep_script_runs_scores_and_archives_small_files(splits, tmp_path)
     log = tmp_path / "sweep-pope.log"
     log.write_text(result.stdout)
     (tmp_path / "out" / "sweep-pope.tar.gz").unlink()
-    watched = subprocess.run(["bash", "scripts/gpu_sweep_monitor.sh", "120", "pope"], cwd=root, capture_output=True,
-                             env={**env, "LOG_DIR": str(tmp_path)}, text=True, timeout=60)
+    watched = subprocess.run(
+        ["bash", "scripts/gpu_sweep_monitor.sh", "120", "pope"],
+        cwd=root,
+        capture_output=True,
+        env={**env, "LOG_DIR": str(tmp_path)},
+        text=True,
+        timeout=60,
+    )
     assert watched.returncode == 0, watched.stdout + watched.stderr
     assert "pope/seed-1: step 4 finished=True" in watched.stdout and "sweeps ended" in watched.stdout
     with tarfile.open(tmp_path / "out" / "sweep-pope.tar.gz") as archive:
@@ -279,12 +400,39 @@ def test_sweep_throughput_benchmark_runs_on_cpu(splits, tmp_path):
     """benchmarks/sweep_throughput.py end to end on a tiny CPU model (numbers meaningless here): one CSV row
     per K with provenance, the table printed."""
     root = Path(__file__).resolve().parents[1]
-    sets = ["train.device=cpu", "model.n_layer=1", "model.d_model=16", "recipe.max_steps=100000",
-            f"train.data_dir={splits}"]
-    result = subprocess.run([sys.executable, "benchmarks/sweep_throughput.py", "--preset", "indirect-indexing-tiny",
-                             "--jobs", "1,2", "--window", "1", "--warmup-steps", "10", "--log-interval", "5",
-                             "--timeout", "120", "--out", str(tmp_path), *[x for s in sets for x in ("--set", s)]],
-                            cwd=root, env=_env(), capture_output=True, text=True, timeout=300)
+    sets = [
+        "train.device=cpu",
+        "model.n_layer=1",
+        "model.d_model=16",
+        "recipe.max_steps=100000",
+        f"train.data_dir={splits}",
+    ]
+    result = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/sweep_throughput.py",
+            "--preset",
+            "indirect-indexing-tiny",
+            "--jobs",
+            "1,2",
+            "--window",
+            "1",
+            "--warmup-steps",
+            "10",
+            "--log-interval",
+            "5",
+            "--timeout",
+            "120",
+            "--out",
+            str(tmp_path),
+            *[x for s in sets for x in ("--set", s)],
+        ],
+        cwd=root,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     import csv
 
@@ -312,8 +460,10 @@ def test_seeds_are_spread_over_the_visible_gpus(splits, tmp_path, monkeypatch):
         running.append(run)
     assert [r.gpu for r in running] == ["3", "5", "3", "5", "3", "5"]  # least-loaded GPU first, 3 each
     assert sweep._child_env("5")["CUDA_VISIBLE_DEVICES"] == "5"
-    assert Sweep("indirect-indexing-tiny", "pope", [0, 1], tmp_path / "b", overrides=gpu_sets).jobs == \
-        2 * DEFAULT_JOBS_PER_GPU
+    assert (
+        Sweep("indirect-indexing-tiny", "pope", [0, 1], tmp_path / "b", overrides=gpu_sets).jobs
+        == 2 * DEFAULT_JOBS_PER_GPU
+    )
     capped = Sweep("indirect-indexing-tiny", "pope", [0, 1], tmp_path / "c", overrides=gpu_sets, jobs=1)
     assert capped._free_slot([]) == "3" and capped._free_slot(running[:1]) is False
     cpu = Sweep("indirect-indexing-tiny", "pope", [0, 1], tmp_path / "d", overrides=sets, jobs_per_gpu=4)
@@ -344,19 +494,34 @@ def test_a_seed_stopped_by_its_own_signal_is_resumable_not_failed(splits, tmp_pa
 def _fake_sweep(directory, seeds, *, finished=True, overrides=("recipe.lr=0.0002",), started="2026-12-02T08:00:00Z"):
     """A sweep directory as `pope train --seeds` leaves it (config.json, summary.json, log, sweep.json), no run."""
     directory.mkdir(parents=True)
-    record = {"preset": "indirect-indexing-tiny", "pe": "pope", "overrides": list(overrides),
-              "invocations": [{"command": ["pope", "train", "--seeds", ",".join(map(str, seeds))],
-                               "started_utc": started, "seeds": list(seeds)}], "seeds": {}}
+    record = {
+        "preset": "indirect-indexing-tiny",
+        "pe": "pope",
+        "overrides": list(overrides),
+        "invocations": [
+            {
+                "command": ["pope", "train", "--seeds", ",".join(map(str, seeds))],
+                "started_utc": started,
+                "seeds": list(seeds),
+            }
+        ],
+        "seeds": {},
+    }
     for seed in seeds:
         run = directory / f"seed-{seed}"
         run.mkdir()
-        config = resolved_config("indirect-indexing-tiny", "pope", seed=seed,
-                                 overrides=[*overrides, f"train.max_seconds={100 + seed}"])  # execution keys may differ
+        config = resolved_config(
+            "indirect-indexing-tiny", "pope", seed=seed, overrides=[*overrides, f"train.max_seconds={100 + seed}"]
+        )  # execution keys may differ
         (run / "config.json").write_text(json.dumps(config))
         (run / "summary.json").write_text(json.dumps({"step": 4 if finished else 2, "finished": finished}))
         (directory / f"seed-{seed}.log").write_text(f"seed {seed}\n")
-        record["seeds"][str(seed)] = {"status": "finished" if finished else "stopped", "run_dir": run.name,
-                                      "log": f"seed-{seed}.log", "step": 4 if finished else 2}
+        record["seeds"][str(seed)] = {
+            "status": "finished" if finished else "stopped",
+            "run_dir": run.name,
+            "log": f"seed-{seed}.log",
+            "step": 4 if finished else 2,
+        }
     (directory / "sweep.json").write_text(json.dumps(record))
     return directory
 
@@ -385,8 +550,11 @@ def test_merge_sweep_joins_seeds_of_one_setting_and_refuses_anything_else(tmp_pa
     with pytest.raises(ValueError, match="seed 2 is in both sweeps and .* is finished"):
         merge_sweep(later, destination)
     other_lr = _fake_sweep(tmp_path / "lr" / "x", [3], overrides=("recipe.lr=0.0005",))
-    with pytest.raises(ValueError, match=r"source seed 3 was not run with the destination's setting: recipe.lr: "
-                                         r"0.0005 vs 0.0002"):
+    with pytest.raises(
+        ValueError,
+        match=r"source seed 3 was not run with the destination's setting: recipe.lr: "
+        r"0.0005 vs 0.0002",
+    ):
         merge_sweep(other_lr, destination)
     other_pe = _fake_sweep(tmp_path / "pe" / "x", [4])
     record_pe = json.loads((other_pe / "sweep.json").read_text())
@@ -425,20 +593,28 @@ def test_merge_sweep_joins_seeds_of_one_setting_and_refuses_anything_else(tmp_pa
         return lost
 
     assert merge_sweep(archived_mid_run("far", 1500), destination) == [
-        f"seed 7: unfinished at step 1500 -> {destination / 'seed-7'}"]
+        f"seed 7: unfinished at step 1500 -> {destination / 'seed-7'}"
+    ]
     entry = json.loads((destination / "sweep.json").read_text())["seeds"]["7"]
     assert entry["status"] == "unfinished" and "archived while running" in entry["notes"][-1]
     merged = _tree(destination)
-    with pytest.raises(ValueError, match="unfinished at step 1000, short of the destination's unfinished copy at "
-                                         "step 1500"):
+    with pytest.raises(
+        ValueError, match="unfinished at step 1000, short of the destination's unfinished copy at step 1500"
+    ):
         merge_sweep(archived_mid_run("near", 1000), destination, replace_unfinished=True)
     assert _tree(destination) == merged
 
 
 def test_merge_sweep_script_errors_in_one_line(tmp_path):
     destination = _fake_sweep(tmp_path / "a", [0])
-    run = subprocess.run([sys.executable, str(Path(SRC).parent / "scripts" / "merge_sweep.py"), str(destination),
-                          str(destination)], env=_env(), capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, str(Path(SRC).parent / "scripts" / "merge_sweep.py"), str(destination), str(destination)],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 2 and run.stdout == ""
-    assert run.stderr.strip().splitlines() == [f"merge_sweep.py: source and destination are the same directory "
-                                               f"({destination})"]
+    assert run.stderr.strip().splitlines() == [
+        f"merge_sweep.py: source and destination are the same directory ({destination})"
+    ]

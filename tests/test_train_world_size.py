@@ -12,6 +12,7 @@ model. A lost optimizer state (Adam moments restarting from zero) or a shifted d
 Each 2-process launch costs seconds of start-up, so the uninterrupted 2-process runs and the ones stopped at
 step STOP are launched once per strategy (module fixtures) and shared: a test resumes its own copy.
 """
+
 import csv
 import json
 import os
@@ -31,9 +32,19 @@ from pope.train.trainer import Trainer, run_training
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 STEPS, STOP = 6, 3
-SETS = ["model.n_layer=2", "model.d_model=32", "model.n_head=2", f"recipe.max_steps={STEPS}", "recipe.warmup_steps=2",
-        "recipe.eval_interval=100", "train.log_interval=1", "train.tensorboard=false",
-        "train.progress=false", "train.device=cpu", "train.eval_splits=valid"]
+SETS = [
+    "model.n_layer=2",
+    "model.d_model=32",
+    "model.n_head=2",
+    f"recipe.max_steps={STEPS}",
+    "recipe.warmup_steps=2",
+    "recipe.eval_interval=100",
+    "train.log_interval=1",
+    "train.tensorboard=false",
+    "train.progress=false",
+    "train.device=cpu",
+    "train.eval_splits=valid",
+]
 PRESET, PE, SEED = "indirect-indexing-tiny", "pope", 1
 
 
@@ -57,16 +68,33 @@ def _one_process(sets, out, *, resume=False):
 
 def _two_processes(sets, out, *, resume=False, check=True, preset=PRESET, pe=PE):
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "pope.cli",
-               "train", preset, "--pe", pe, "--seed", str(SEED), *[x for s in sets for x in ("--set", s)],
-               "--out", str(out), *(["--resume"] if resume else [])]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "pope.cli",
+        "train",
+        preset,
+        "--pe",
+        pe,
+        "--seed",
+        str(SEED),
+        *[x for s in sets for x in ("--set", s)],
+        "--out",
+        str(out),
+        *(["--resume"] if resume else []),
+    ]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
     if check and result.returncode != 0 and "terminate called" in result.stderr:
         # A rank aborted inside the C++ runtime (std::terminate: seen once in gloo under CPU contention, in a run
         # that passes alone); no Python code of ours can end a process that way. Run it once more, from scratch
         # (a resume resumes again: the resume is exact either way), and say so in the test log.
-        print(f"two-process run aborted in the C++ runtime; running it again:\n{result.stderr[-1500:]}",
-              file=sys.stderr)
+        print(
+            f"two-process run aborted in the C++ runtime; running it again:\n{result.stderr[-1500:]}", file=sys.stderr
+        )
         if not resume:
             shutil.rmtree(out, ignore_errors=True)
         result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
@@ -101,6 +129,7 @@ def two_process_run(splits, tmp_path_factory):
             runs[parallel] = tmp_path_factory.mktemp(f"two-{parallel}") / "run"
             _two_processes(_sets(splits, f"train.parallel={parallel}"), runs[parallel])
         return runs[parallel]
+
     return run
 
 
@@ -116,6 +145,7 @@ def stopped_on_two(splits, tmp_path_factory):
             _two_processes(_sets(splits, f"train.parallel={parallel}", f"train.stop_at_step={STOP}"), runs[parallel])
         shutil.copytree(runs[parallel], into)
         return into
+
     return copy
 
 
@@ -180,8 +210,11 @@ def test_fsdp_projects_sharded_deltas_after_every_step(splits, tmp_path):
     from pope.eval.delta_state import delta_state
 
     for bound in ("project", "clamp"):
-        _two_processes(_sets(splits, "train.parallel=fsdp", "recipe.lr=0.05"), tmp_path / bound,
-                       pe=f"pope:delta_range={bound},delta_init=zero")
+        _two_processes(
+            _sets(splits, "train.parallel=fsdp", "recipe.lr=0.05"),
+            tmp_path / bound,
+            pe=f"pope:delta_range={bound},delta_init=zero",
+        )
         model, _ = load_model(tmp_path / bound / "checkpoints" / "last")
         state = delta_state(model)
         # the final evaluation's counts, gathered from the shards, are the whole model's
@@ -225,15 +258,39 @@ def test_scaling_benchmark_runs_on_two_gloo_processes(tmp_path):
     with provenance; --plot computes the efficiency against the world-size-1 row and draws the PNG; the two runs
     took the same steps (losses equal within fp32 summation-order noise)."""
     root = Path(__file__).resolve().parents[1]
-    tiny = ["--preset", "owt-tiny", "--pe", "pope", "--steps", "2", "--warmup", "1", "--loss-steps", "3",
-            "--device", "cpu", "--out", str(tmp_path)] + [x for s in ("model.n_layer=1", "model.d_model=32",
-            "model.n_head=2", "recipe.seq_len=32", "model.max_seq_len=32", "model.vocab_size=512")
-            for x in ("--set", s)]
+    tiny = [
+        "--preset",
+        "owt-tiny",
+        "--pe",
+        "pope",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--loss-steps",
+        "3",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path),
+    ] + [
+        x
+        for s in (
+            "model.n_layer=1",
+            "model.d_model=32",
+            "model.n_head=2",
+            "recipe.seq_len=32",
+            "model.max_seq_len=32",
+            "model.vocab_size=512",
+        )
+        for x in ("--set", s)
+    ]
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1", "POPE_GIT_COMMIT": "feedbee"}
     script = str(root / "benchmarks" / "scaling.py")
     for launcher in ([], ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]):
-        run = subprocess.run([sys.executable, *launcher, script, *tiny], env=env, capture_output=True, text=True,
-                             timeout=240)
+        run = subprocess.run(
+            [sys.executable, *launcher, script, *tiny], env=env, capture_output=True, text=True, timeout=240
+        )
         assert run.returncode == 0, run.stderr[-3000:]
     with open(tmp_path / "scaling.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
@@ -245,8 +302,9 @@ def test_scaling_benchmark_runs_on_two_gloo_processes(tmp_path):
         assert float(row["tokens_per_s_per_gpu"]) == pytest.approx(float(row["tokens_per_s"]) / int(row["world_size"]))
     one, two = ([float(x) for x in r["losses"].split()] for r in rows)
     assert two == pytest.approx(one, rel=1e-5)
-    plot = subprocess.run([sys.executable, script, "--plot", "--out", str(tmp_path)], env=env, capture_output=True,
-                          text=True, timeout=240)
+    plot = subprocess.run(
+        [sys.executable, script, "--plot", "--out", str(tmp_path)], env=env, capture_output=True, text=True, timeout=240
+    )
     assert plot.returncode == 0, plot.stderr[-3000:]
     efficiency = float(rows[1]["tokens_per_s_per_gpu"]) / float(rows[0]["tokens_per_s"])
     assert f"{efficiency:.3f}" in plot.stdout
@@ -258,7 +316,8 @@ def test_two_process_packed_dropout_resume_is_exact(tmp_path):
     """Packed micro-batches differ in length across ranks, so with dropout each rank's RNG advances differently:
     the checkpoint keeps every rank's RNG states and a resume on the same 2 processes gives the same losses as an
     uninterrupted run, exactly."""
-    from test_train_packing import _documents_dataset, _sets as packed_sets
+    from test_train_packing import _documents_dataset
+    from test_train_packing import _sets as packed_sets
 
     documents = _documents_dataset(tmp_path / "counting")
     sets = packed_sets(documents, 4, "model.dropout=0.1", "train.device=cpu", "train.eval_splits=valid")
@@ -295,10 +354,12 @@ def test_an_integer_keyed_optimizer_state_still_loads():
         fresh_model, fresh_optimizer = model_and_optimizer()
         strategy.load_optimizer_state(fresh_model, fresh_optimizer, state)
         for (_, a), (_, b) in zip(fresh_model.named_parameters(), model.named_parameters()):
-            torch.testing.assert_close(fresh_optimizer.state[a]["exp_avg"], optimizer.state[b]["exp_avg"], rtol=0,
-                                       atol=0)
-        assert [g["weight_decay"] for g in fresh_optimizer.param_groups] == \
-            [g["weight_decay"] for g in optimizer.param_groups]
+            torch.testing.assert_close(
+                fresh_optimizer.state[a]["exp_avg"], optimizer.state[b]["exp_avg"], rtol=0, atol=0
+            )
+        assert [g["weight_decay"] for g in fresh_optimizer.param_groups] == [
+            g["weight_decay"] for g in optimizer.param_groups
+        ]
     other_model, other_optimizer = model_and_optimizer(n_layer=1)
     with pytest.raises(ValueError, match="written for another model"):
         strategy.load_optimizer_state(other_model, other_optimizer, old_layout)

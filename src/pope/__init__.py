@@ -7,6 +7,7 @@
 
 Names are imported on first use, so `import pope` (and the data tools, which need no torch) stay light.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -19,6 +19,7 @@ device, dtype, head dim); bad input is a ValueError or TypeError saying what is 
 keys past every query's position are not read at all, and a key masked from a query (causal) reaches none of that
 query's outputs whatever its values, NaN and inf included (the masks select, they do not add).
 """
+
 from __future__ import annotations
 
 import math
@@ -34,6 +35,7 @@ BACKENDS = ("auto", "reference", "triton")
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # Positions are 32-bit integers in the kernels (with room for a tile past the last one): q_offset + Nq below this.
 MAX_POSITION = 2**30
+
 
 def pope_attention(
     q: torch.Tensor,
@@ -58,15 +60,33 @@ def pope_attention(
     in a KV-cache decode), key j at position j; causal masking is by position (bottom-right aligned).
     softmax_scale defaults to 1/sqrt(d). Returns (B, Hq, Nq, d) in the dtype of q.
     """
-    _check_inputs(q, k, v, delta, base=base, causal=causal, softmax_scale=softmax_scale, q_offset=q_offset,
-                  magnitude=magnitude, rotary_dim=rotary_dim, dropout_p=dropout_p, backend=backend)
+    _check_inputs(
+        q,
+        k,
+        v,
+        delta,
+        base=base,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        q_offset=q_offset,
+        magnitude=magnitude,
+        rotary_dim=rotary_dim,
+        dropout_p=dropout_p,
+        backend=backend,
+    )
     q_offset, softmax_scale = resolve_defaults(q, k, q_offset, softmax_scale)
     if causal and q_offset + q.shape[2] < k.shape[2]:
         # Keys past the last query's position are masked from every query: not read at all (a preallocated cache
         # may hold anything there).
-        k, v = k[:, :, :q_offset + q.shape[2]], v[:, :, :q_offset + q.shape[2]]
-    options = dict(base=float(base), causal=causal, softmax_scale=softmax_scale, q_offset=q_offset,
-                   magnitude=magnitude, rotary_dim=rotary_dim)
+        k, v = k[:, :, : q_offset + q.shape[2]], v[:, :, : q_offset + q.shape[2]]
+    options = dict(
+        base=float(base),
+        causal=causal,
+        softmax_scale=softmax_scale,
+        q_offset=q_offset,
+        magnitude=magnitude,
+        rotary_dim=rotary_dim,
+    )
     return _run_backend(q, k, v, delta, backend, dropout_p, options)
 
 
@@ -119,7 +139,8 @@ def pope_attention_varlen(
     a device-side assertion (on CUDA without its message; the same call with CPU tensors or backend="reference"
     says which entry is wrong). Elsewhere
     ("reference", CPU, float64) one reference (pure PyTorch) call per non-empty sequence, the values checked on
-    the host first (ValueError). "triton" on a call the kernels cannot run (device, dtype, head dim) is a ValueError saying why.
+    the host first (ValueError). "triton" on a call the kernels cannot run (device, dtype, head dim) is a
+    ValueError saying why.
     """
     _check_tensors(q, k, v, 3, "(total_tokens, heads, head_dim)")
     (total_q, hq, d), (total_k, hkv, dk) = q.shape, k.shape
@@ -128,22 +149,37 @@ def pope_attention_varlen(
     if hq == 0 or d == 0:
         raise ValueError(f"empty input: q has shape {tuple(q.shape)}; heads and head_dim must be >= 1")
     if hkv == 0 or hq % hkv:
-        raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv}) for grouped-query attention")
-    _check_options(q, delta, hq=hq, d=d, base=base, causal=causal, softmax_scale=softmax_scale, magnitude=magnitude,
-                   rotary_dim=None, backend=backend)
+        raise ValueError(
+            f"query heads ({hq}) must be a multiple of key/value heads ({hkv}) for grouped-query attention"
+        )
+    _check_options(
+        q,
+        delta,
+        hq=hq,
+        d=d,
+        base=base,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        magnitude=magnitude,
+        rotary_dim=None,
+        backend=backend,
+    )
     for name, cu_seqlens in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         check_cu_seqlens(name, cu_seqlens, q.device)
     if cu_seqlens_q.shape != cu_seqlens_k.shape:
-        raise ValueError(f"cu_seqlens_q describes {cu_seqlens_q.numel() - 1} sequences but cu_seqlens_k "
-                         f"{cu_seqlens_k.numel() - 1}; they must have the same length (batch + 1)")
+        raise ValueError(
+            f"cu_seqlens_q describes {cu_seqlens_q.numel() - 1} sequences but cu_seqlens_k "
+            f"{cu_seqlens_k.numel() - 1}; they must have the same length (batch + 1)"
+        )
     for name, bound, total in (("max_seqlen_q", max_seqlen_q, total_q), ("max_seqlen_k", max_seqlen_k, total_k)):
         if not _is_int(bound):
             raise TypeError(f"{name} must be an int (the longest sequence's length); got {bound!r}")
         if bound > MAX_POSITION:
             raise ValueError(f"{name}={bound}: positions must stay below 2**30")
         if bound < 1 and total > 0:
-            raise ValueError(f"{name}={bound} but the packed tensor has {total} tokens; pass the longest sequence's "
-                             f"length (or more)")
+            raise ValueError(
+                f"{name}={bound} but the packed tensor has {total} tokens; pass the longest sequence's length (or more)"
+            )
     softmax_scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
     options = dict(base=float(base), causal=causal, softmax_scale=softmax_scale, magnitude=magnitude)
     if backend != "reference":
@@ -157,8 +193,9 @@ def pope_attention_varlen(
                 return q[:0] * 1  # (0, Hq, d), still part of q's graph
             from pope.ops import triton_pope_attention_varlen
 
-            return triton_pope_attention_varlen(q, k, v, delta, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                                **options)
+            return triton_pope_attention_varlen(
+                q, k, v, delta, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **options
+            )
         if backend == "triton":
             raise ValueError(f"backend='triton' cannot run this call: {reason}. Use backend='reference' or 'auto'.")
     return _varlen_reference(q, k, v, delta, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, options)
@@ -166,16 +203,19 @@ def pope_attention_varlen(
 
 def _varlen_reference(q, k, v, delta, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, options):
     """pope_attention_varlen as one reference pope_attention call per non-empty sequence (lengths read on the host)."""
-    lengths_q, lengths_k = _packed_lengths(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q,
-                                           max_seqlen_k)
+    lengths_q, lengths_k = _packed_lengths(
+        cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k
+    )
     starts_q, starts_k = _prefix_sums(lengths_q), _prefix_sums(lengths_k)
     pieces = []
     for start_q, nq, start_k, nk in zip(starts_q, lengths_q, starts_k, lengths_k):
         if nq == 0:
             continue
         # (1, H, N, d) views of this sequence: no copy.
-        q_seq, k_seq, v_seq = (x[start:start + n].transpose(0, 1)[None]
-                               for x, start, n in ((q, start_q, nq), (k, start_k, nk), (v, start_k, nk)))
+        q_seq, k_seq, v_seq = (
+            x[start : start + n].transpose(0, 1)[None]
+            for x, start, n in ((q, start_q, nq), (k, start_k, nk), (v, start_k, nk))
+        )
         out = reference_pope_attention(q_seq, k_seq, v_seq, delta, q_offset=nk - nq, rotary_dim=None, **options)
         pieces.append(out[0].transpose(0, 1))
     return torch.cat(pieces) if pieces else q[:0] * 1  # (0, Hq, d) still part of q's graph
@@ -203,29 +243,42 @@ def _packed_lengths(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q, 
     check_max_seqlen("max_seqlen_k", max_seqlen_k, lengths_k)
     for index, (nq, nk) in enumerate(zip(lengths_q, lengths_k)):
         if nq > nk:
-            raise ValueError(f"sequence {index} has {nq} queries but only {nk} keys: each sequence's queries must be "
-                             f"its last Nq <= Nk positions")
+            raise ValueError(
+                f"sequence {index} has {nq} queries but only {nk} keys: each sequence's queries must be "
+                f"its last Nq <= Nk positions"
+            )
     return lengths_q, lengths_k
 
 
-def _assert_packing_on_device(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int, max_seqlen_q: int,
-                              max_seqlen_k: int) -> None:
+def _assert_packing_on_device(
+    cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int, max_seqlen_q: int, max_seqlen_k: int
+) -> None:
     """_packed_lengths' checks as one asynchronous device-side assertion (no host synchronisation)."""
     lengths_q, lengths_k = cu_seqlens_q.diff(), cu_seqlens_k.diff()
     bad = ((lengths_q < 0) | (lengths_q > lengths_k) | (lengths_q > max_seqlen_q) | (lengths_k > max_seqlen_k)).any()
-    bad = bad | (cu_seqlens_q[0] != 0) | (cu_seqlens_k[0] != 0) | (cu_seqlens_q[-1] != total_q) | (
-        cu_seqlens_k[-1] != total_k)
-    torch._assert_async(~bad, "pope_attention_varlen: cu_seqlens_q / cu_seqlens_k must start at 0, be non-decreasing "
-                        "and end at total_q / total_k, every length at most max_seqlen_q / max_seqlen_k and "
-                        "Nq_b <= Nk_b")
+    bad = (
+        bad
+        | (cu_seqlens_q[0] != 0)
+        | (cu_seqlens_k[0] != 0)
+        | (cu_seqlens_q[-1] != total_q)
+        | (cu_seqlens_k[-1] != total_k)
+    )
+    torch._assert_async(
+        ~bad,
+        "pope_attention_varlen: cu_seqlens_q / cu_seqlens_k must start at 0, be non-decreasing "
+        "and end at total_q / total_k, every length at most max_seqlen_q / max_seqlen_k and "
+        "Nq_b <= Nk_b",
+    )
 
 
 def check_max_seqlen(name: str, bound: int, lengths: list[int]) -> None:
     """A max_seqlen argument must be at least every sequence's length."""
     longest = max(lengths, default=0)
     if bound < longest:
-        raise ValueError(f"{name}={bound} is smaller than sequence {lengths.index(longest)}'s length {longest}; "
-                         f"pass the longest length (or more)")
+        raise ValueError(
+            f"{name}={bound} is smaller than sequence {lengths.index(longest)}'s length {longest}; "
+            f"pass the longest length (or more)"
+        )
 
 
 def sequence_lengths(name: str, cu_seqlens, total: int) -> list[int]:
@@ -237,11 +290,14 @@ def sequence_lengths(name: str, cu_seqlens, total: int) -> list[int]:
     lengths = [b - a for a, b in zip(bounds, bounds[1:])]
     if any(n < 0 for n in lengths):
         index = next(i for i, n in enumerate(lengths) if n < 0)
-        raise ValueError(f"{name} must be non-decreasing; entry {index + 1} ({bounds[index + 1]}) < entry {index} "
-                         f"({bounds[index]})")
+        raise ValueError(
+            f"{name} must be non-decreasing; entry {index + 1} ({bounds[index + 1]}) < entry {index} ({bounds[index]})"
+        )
     if bounds[-1] != total:
-        raise ValueError(f"{name} ends at {bounds[-1]} but the packed tensor has {total} tokens; the last entry must "
-                         f"be the total length")
+        raise ValueError(
+            f"{name} ends at {bounds[-1]} but the packed tensor has {total} tokens; the last entry must "
+            f"be the total length"
+        )
     return lengths
 
 
@@ -253,8 +309,9 @@ def _prefix_sums(lengths: list[int]) -> list[int]:
     return starts
 
 
-def resolve_defaults(q: torch.Tensor, k: torch.Tensor, q_offset: int | None,
-                     softmax_scale: float | None) -> tuple[int, float]:
+def resolve_defaults(
+    q: torch.Tensor, k: torch.Tensor, q_offset: int | None, softmax_scale: float | None
+) -> tuple[int, float]:
     """(q_offset, softmax_scale) with the defaults filled in, the one place they are computed: q_offset = Nk - Nq
     (the queries are the last Nq positions, as in a KV-cache decode), softmax_scale = 1 / sqrt(head_dim)."""
     q_offset = default_q_offset(q.shape[2], k.shape[2]) if q_offset is None else int(q_offset)
@@ -267,7 +324,18 @@ def default_q_offset(seq_q: int, seq_k: int) -> int:
 
 
 def reference_pope_attention(
-    q, k, v, delta, *, base, causal, softmax_scale, q_offset, magnitude, rotary_dim, dropout_p=0.0,
+    q,
+    k,
+    v,
+    delta,
+    *,
+    base,
+    causal,
+    softmax_scale,
+    q_offset,
+    magnitude,
+    rotary_dim,
+    dropout_p=0.0,
     position_shift: int = 0,
 ) -> torch.Tensor:
     """Reference PoPE (no input checks; call pope_attention for those).
@@ -295,12 +363,20 @@ def reference_pope_attention(
         mag_k = f(k[..., :r].to(compute))  # (B, Hkv, Nk, r)
         q_cart = torch.cat([mag_q * phase_q.cos(), mag_q * phase_q.sin(), q[..., r:].to(compute)], dim=-1)
         k_cart = torch.cat([mag_k * phase_k.cos(), mag_k * phase_k.sin(), k[..., r:].to(compute)], dim=-1)
-    return sdpa(q_cart.to(q.dtype), k_cart.to(k.dtype), v, causal=causal, softmax_scale=softmax_scale,
-                q_offset=q_offset, dropout_p=dropout_p)
+    return sdpa(
+        q_cart.to(q.dtype),
+        k_cart.to(k.dtype),
+        v,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        q_offset=q_offset,
+        dropout_p=dropout_p,
+    )
 
 
-def sdpa(q, k, v, *, causal: bool, softmax_scale: float, q_offset: int | None = None, attn_bias=None,
-         dropout_p: float = 0.0) -> torch.Tensor:
+def sdpa(
+    q, k, v, *, causal: bool, softmax_scale: float, q_offset: int | None = None, attn_bias=None, dropout_p: float = 0.0
+) -> torch.Tensor:
     """scaled_dot_product_attention with grouped-query heads and bottom-right causal alignment.
 
     q: (B, Hq, Nq, e); k: (B, Hkv, Nk, e); v: (B, Hkv, Nk, dv). Query i sits at position q_offset + i
@@ -331,8 +407,9 @@ def sdpa(q, k, v, *, causal: bool, softmax_scale: float, q_offset: int | None = 
         mask = causal_bias if mask is None else mask.to(q.dtype) + causal_bias
     if mask is not None:
         mask = mask.to(q.dtype)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=use_fused_causal,
-                                         scale=softmax_scale)
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=use_fused_causal, scale=softmax_scale
+    )
     if rows_seeing_bad_keys is not None:
         out = out.masked_fill(rows_seeing_bad_keys.repeat_interleave(n_rep, dim=1)[..., None], float("nan"))
     return out
@@ -374,8 +451,7 @@ def _is_real(x) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
-def _check_inputs(q, k, v, delta, *, base, causal, softmax_scale, q_offset, magnitude, rotary_dim, dropout_p,
-                  backend):
+def _check_inputs(q, k, v, delta, *, base, causal, softmax_scale, q_offset, magnitude, rotary_dim, dropout_p, backend):
     _check_tensors(q, k, v, 4, "(batch, heads, seq, head_dim)")
     (b, hq, nq, d), (bk, hkv, nk, dk) = q.shape, k.shape
     if bk != b:
@@ -383,23 +459,37 @@ def _check_inputs(q, k, v, delta, *, base, causal, softmax_scale, q_offset, magn
     if dk != d:
         raise ValueError(f"q has head_dim {d} but k/v have head_dim {dk}")
     if hkv == 0 or hq % hkv:
-        raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv}) for grouped-query attention")
+        raise ValueError(
+            f"query heads ({hq}) must be a multiple of key/value heads ({hkv}) for grouped-query attention"
+        )
     if nq == 0 or nk == 0:
         raise ValueError(f"empty sequence: q has {nq} positions, k has {nk}")
     if b == 0 or hq == 0 or d == 0:
         raise ValueError(f"empty input: q has shape {tuple(q.shape)}; batch, heads and head_dim must be >= 1")
     if nq > nk:
         raise ValueError(f"q has {nq} positions but k/v only {nk}: queries must be the last Nq <= Nk positions")
-    _check_options(q, delta, hq=hq, d=d, base=base, causal=causal, softmax_scale=softmax_scale, magnitude=magnitude,
-                   rotary_dim=rotary_dim, backend=backend)
+    _check_options(
+        q,
+        delta,
+        hq=hq,
+        d=d,
+        base=base,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        magnitude=magnitude,
+        rotary_dim=rotary_dim,
+        backend=backend,
+    )
     if q_offset is not None:
         if not _is_int(q_offset):
             raise TypeError(f"q_offset must be an int (position of the first query) or None; got {q_offset!r}")
         if q_offset < 0:
             raise ValueError(f"q_offset must be a non-negative int (position of the first query); got {q_offset!r}")
         if q_offset + nq > MAX_POSITION:
-            raise ValueError(f"q_offset {q_offset} puts the last query at position {q_offset + nq - 1}; positions must "
-                             f"stay below 2**30 (q_offset <= {MAX_POSITION - nq})")
+            raise ValueError(
+                f"q_offset {q_offset} puts the last query at position {q_offset + nq - 1}; positions must "
+                f"stay below 2**30 (q_offset <= {MAX_POSITION - nq})"
+            )
     if not _is_real(dropout_p):
         raise TypeError(f"dropout_p must be a number; got {dropout_p!r}")
     if not 0.0 <= dropout_p < 1.0:

@@ -14,10 +14,11 @@ Backends: the features are materialised and fed to torch's scaled_dot_product_at
 fused (flash / memory-efficient) kernels on CUDA; the fused Triton PoPE kernels compute phases from 1-D
 indices in-kernel and do not take N-D positions.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
@@ -25,7 +26,6 @@ import torch.nn as nn
 from pope.attention import MAGNITUDES, sdpa
 from pope.encodings import PoPE
 from pope.frequencies import angles, pope_frequencies
-
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -52,18 +52,27 @@ def polar_features(x: torch.Tensor, phase: torch.Tensor, magnitude: str = "softp
     return out.to(x.dtype)
 
 
-def phase_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, phase_q: torch.Tensor, phase_k: torch.Tensor,
-                    *, magnitude_q: str = "softplus", magnitude_k: str = "softplus", softmax_scale: float,
-                    causal: bool = False, attn_bias: torch.Tensor | None = None,
-                    dropout_p: float = 0.0) -> torch.Tensor:
+def phase_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    phase_q: torch.Tensor,
+    phase_k: torch.Tensor,
+    *,
+    magnitude_q: str = "softplus",
+    magnitude_k: str = "softplus",
+    softmax_scale: float,
+    causal: bool = False,
+    attn_bias: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+) -> torch.Tensor:
     """PoPE attention with given phases. q (B, Hq, Nq, d), k/v (B, Hkv, Nk, d) (GQA: Hq a multiple of Hkv);
     phase_q broadcastable to (B, Hq, Nq, r) (delta already subtracted), phase_k to (B, Hkv, Nk, r);
     attn_bias: additive float mask broadcastable to (B, Hq, Nq, Nk); causal is bottom-right aligned by index.
     Returns (B, Hq, Nq, d) in q's dtype."""
     q_cart = polar_features(q, phase_q, magnitude_q)
     k_cart = polar_features(k, phase_k, magnitude_k)
-    return sdpa(q_cart, k_cart, v, causal=causal, softmax_scale=softmax_scale, attn_bias=attn_bias,
-                dropout_p=dropout_p)
+    return sdpa(q_cart, k_cart, v, causal=causal, softmax_scale=softmax_scale, attn_bias=attn_bias, dropout_p=dropout_p)
 
 
 def split_axis_dims(head_dim: int, n_axes: int) -> tuple[int, ...]:
@@ -82,22 +91,39 @@ def grid_positions(shape: Sequence[int], device=None) -> torch.Tensor:
     return torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, len(shape))
 
 
-def axial_phases(positions: torch.Tensor, axis_dims: Sequence[int], base: float = 10000.0,
-                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def axial_phases(
+    positions: torch.Tensor, axis_dims: Sequence[int], base: float = 10000.0, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """positions (..., N, n_axes) -> phases (..., N, sum(axis_dims)): axis a's coordinate times its group's
     frequencies base^(-c/g_a), c = 0..g_a-1, in float32 (or float64)."""
     if positions.shape[-1] != len(axis_dims):
-        raise ValueError(f"positions have {positions.shape[-1]} axes but axis_dims {tuple(axis_dims)} name "
-                         f"{len(axis_dims)}; give positions of shape (..., N, {len(axis_dims)})")
-    groups = [position_phases(positions[..., a], pope_frequencies(g, base, device=positions.device, dtype=dtype))
-              for a, g in enumerate(axis_dims)]
+        raise ValueError(
+            f"positions have {positions.shape[-1]} axes but axis_dims {tuple(axis_dims)} name "
+            f"{len(axis_dims)}; give positions of shape (..., N, {len(axis_dims)})"
+        )
+    groups = [
+        position_phases(positions[..., a], pope_frequencies(g, base, device=positions.device, dtype=dtype))
+        for a, g in enumerate(axis_dims)
+    ]
     return torch.cat(groups, dim=-1)
 
 
-def axial_pope_attention(q, k, v, positions_q: torch.Tensor, positions_k: torch.Tensor | None = None, *,
-                         axis_dims: Sequence[int] | None = None, delta: torch.Tensor | None = None,
-                         base: float = 10000.0, magnitude: str = "softplus", softmax_scale: float | None = None,
-                         causal: bool = False, attn_bias=None, dropout_p: float = 0.0) -> torch.Tensor:
+def axial_pope_attention(
+    q,
+    k,
+    v,
+    positions_q: torch.Tensor,
+    positions_k: torch.Tensor | None = None,
+    *,
+    axis_dims: Sequence[int] | None = None,
+    delta: torch.Tensor | None = None,
+    base: float = 10000.0,
+    magnitude: str = "softplus",
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    attn_bias=None,
+    dropout_p: float = 0.0,
+) -> torch.Tensor:
     """Axial PoPE attention. q (B, Hq, Nq, d), k/v (B, Hkv, Nk, d); positions_q (Nq, n_axes) or (B, Nq, n_axes),
     positions_k likewise (default positions_q); axis_dims: rotated channels per axis (default: d split evenly;
     sum(axis_dims) = r <= d, channels past r are a plain dot product); delta: (Hq, r) or None.
@@ -117,12 +143,25 @@ def axial_pope_attention(q, k, v, positions_q: torch.Tensor, positions_k: torch.
     phase_k = phase_k.unsqueeze(-3)
     if delta is not None:
         if tuple(delta.shape) != (q.shape[1], sum(axis_dims)):
-            raise ValueError(f"delta must have shape (query_heads, rotated channels) = ({q.shape[1]}, "
-                             f"{sum(axis_dims)}); got {tuple(delta.shape)}")
+            raise ValueError(
+                f"delta must have shape (query_heads, rotated channels) = ({q.shape[1]}, "
+                f"{sum(axis_dims)}); got {tuple(delta.shape)}"
+            )
         phase_q = phase_q - delta.to(compute)[:, None, :]  # (.., Hq, Nq, r)
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
-    return phase_attention(q, k, v, phase_q, phase_k, magnitude_q=magnitude, magnitude_k=magnitude,
-                           softmax_scale=scale, causal=causal, attn_bias=attn_bias, dropout_p=dropout_p)
+    return phase_attention(
+        q,
+        k,
+        v,
+        phase_q,
+        phase_k,
+        magnitude_q=magnitude,
+        magnitude_k=magnitude,
+        softmax_scale=scale,
+        causal=causal,
+        attn_bias=attn_bias,
+        dropout_p=dropout_p,
+    )
 
 
 class AxialPoPE(PoPE):
@@ -134,27 +173,68 @@ class AxialPoPE(PoPE):
     into [-2π, 0] as delta_range says; axis_dims (default: head_dim split evenly over n_axes) are the rotated
     channels per axis."""
 
-    def __init__(self, *, n_heads: int, head_dim: int, n_kv_heads: int | None = None, n_axes: int = 2,
-                 axis_dims: Sequence[int] | None = None, base: float = 10000.0, magnitude: str = "softplus",
-                 delta_init: str = "zero", delta_range: str = "clamp", use_delta: bool = True,
-                 softmax_scale: float | None = None):
+    def __init__(
+        self,
+        *,
+        n_heads: int,
+        head_dim: int,
+        n_kv_heads: int | None = None,
+        n_axes: int = 2,
+        axis_dims: Sequence[int] | None = None,
+        base: float = 10000.0,
+        magnitude: str = "softplus",
+        delta_init: str = "zero",
+        delta_range: str = "clamp",
+        use_delta: bool = True,
+        softmax_scale: float | None = None,
+    ):
         axis_dims = tuple(axis_dims) if axis_dims is not None else split_axis_dims(head_dim, n_axes)
         if len(axis_dims) != n_axes:
             raise ValueError(f"axis_dims {axis_dims} name {len(axis_dims)} axes but n_axes={n_axes}")
         if any(int(g) < 1 for g in axis_dims) or sum(axis_dims) > head_dim:
             raise ValueError(f"axis_dims {axis_dims} must be positive and sum to at most head_dim={head_dim}")
-        super().__init__(n_heads=n_heads, n_kv_heads=n_kv_heads or n_heads, head_dim=head_dim, base=base,
-                         magnitude=magnitude, delta_init=delta_init, delta_range=delta_range, use_delta=use_delta,
-                         rotary_dim=sum(axis_dims), softmax_scale=softmax_scale)
+        super().__init__(
+            n_heads=n_heads,
+            n_kv_heads=n_kv_heads or n_heads,
+            head_dim=head_dim,
+            base=base,
+            magnitude=magnitude,
+            delta_init=delta_init,
+            delta_range=delta_range,
+            use_delta=use_delta,
+            rotary_dim=sum(axis_dims),
+            softmax_scale=softmax_scale,
+        )
         self.axis_dims, self.n_axes = axis_dims, n_axes
 
-    def forward(self, q, k, v, positions: torch.Tensor, positions_k: torch.Tensor | None = None, *,
-                causal: bool = False, attn_bias=None, dropout_p: float = 0.0) -> torch.Tensor:
+    def forward(
+        self,
+        q,
+        k,
+        v,
+        positions: torch.Tensor,
+        positions_k: torch.Tensor | None = None,
+        *,
+        causal: bool = False,
+        attn_bias=None,
+        dropout_p: float = 0.0,
+    ) -> torch.Tensor:
         self._check(q, k)
-        return axial_pope_attention(q, k, v, positions, positions_k, axis_dims=self.axis_dims,
-                                    delta=self.bounded_delta(), base=self.base, magnitude=self.magnitude,
-                                    softmax_scale=self.softmax_scale, causal=causal, attn_bias=attn_bias,
-                                    dropout_p=dropout_p)
+        return axial_pope_attention(
+            q,
+            k,
+            v,
+            positions,
+            positions_k,
+            axis_dims=self.axis_dims,
+            delta=self.bounded_delta(),
+            base=self.base,
+            magnitude=self.magnitude,
+            softmax_scale=self.softmax_scale,
+            causal=causal,
+            attn_bias=attn_bias,
+            dropout_p=dropout_p,
+        )
 
     def cache_keys(self, k, start):
         raise NotImplementedError("AxialPoPE has no KV cache: it attends over a grid given by positions")
@@ -170,8 +250,9 @@ class AxialPoPEAttention(nn.Module):
     forward(x (B, N, dim), positions (N, n_axes) or (B, N, n_axes)) -> (B, N, dim). Patch tokens of an
     (H, W) grid: `positions = grid_positions((H, W))`; a class token can sit at any coordinate (e.g. -1s)."""
 
-    def __init__(self, dim: int, n_heads: int, *, n_axes: int = 2, qkv_bias: bool = True, dropout: float = 0.0,
-                 **pope_options):
+    def __init__(
+        self, dim: int, n_heads: int, *, n_axes: int = 2, qkv_bias: bool = True, dropout: float = 0.0, **pope_options
+    ):
         super().__init__()
         if dim % n_heads:
             raise ValueError(f"dim ({dim}) must be divisible by n_heads ({n_heads})")

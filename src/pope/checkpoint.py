@@ -16,6 +16,7 @@ crash fell between the two renames). Loading verifies the manifest (missing / tr
 files give a ValueError naming the file) and reads everything into memory before any tensor is
 copied into a model, so a bad checkpoint never leaves a half-loaded model.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,9 +27,8 @@ from pathlib import Path
 
 import torch
 
-from pope.optional import require
-
 from pope.files import fsync_dir, fsync_file, sha256_file
+from pope.optional import require
 
 MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "model_config.json"
@@ -47,8 +47,14 @@ def _dedup_tied(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor]
     aliases: dict[str, str] = {}
     seen: dict[tuple, str] = {}
     for name, tensor in state.items():
-        key = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
-               tuple(tensor.stride()), tensor.dtype)
+        key = (
+            tensor.device,
+            tensor.untyped_storage().data_ptr(),
+            tensor.storage_offset(),
+            tuple(tensor.shape),
+            tuple(tensor.stride()),
+            tensor.dtype,
+        )
         if key in seen and tensor.numel() > 0:
             aliases[name] = seen[key]
             continue
@@ -57,8 +63,13 @@ def _dedup_tied(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor]
     return unique, aliases
 
 
-def save_checkpoint(directory: str | os.PathLike, *, model_state: dict[str, torch.Tensor], model_config: dict,
-                    trainer_state: dict | None = None) -> Path:
+def save_checkpoint(
+    directory: str | os.PathLike,
+    *,
+    model_state: dict[str, torch.Tensor],
+    model_config: dict,
+    trainer_state: dict | None = None,
+) -> Path:
     """Write one checkpoint directory atomically (see module docstring). Returns its path."""
     st = _require_safetensors()
     directory = Path(directory)
@@ -70,8 +81,9 @@ def save_checkpoint(directory: str | os.PathLike, *, model_state: dict[str, torc
         shutil.rmtree(tmp)
     tmp.mkdir()
     tensors, aliases = _dedup_tied(model_state)
-    st.save_file(tensors, str(tmp / MODEL_FILE), metadata={"aliases": json.dumps(aliases),
-                                                            "format": str(CHECKPOINT_FORMAT)})
+    st.save_file(
+        tensors, str(tmp / MODEL_FILE), metadata={"aliases": json.dumps(aliases), "format": str(CHECKPOINT_FORMAT)}
+    )
     (tmp / CONFIG_FILE).write_text(json.dumps(model_config, indent=2, sort_keys=True) + "\n")
     torch.save(trainer_state or {}, tmp / STATE_FILE)
     manifest = {"format": CHECKPOINT_FORMAT, "files": {}}
@@ -116,8 +128,10 @@ def verify_checkpoint(directory: str | os.PathLike) -> Path:
         raise FileNotFoundError(f"checkpoint directory {directory} does not exist")
     manifest_path = directory / MANIFEST_FILE
     if not manifest_path.exists():
-        raise ValueError(f"checkpoint {directory} is incomplete: {MANIFEST_FILE} is missing (the write did not "
-                         "finish); use another checkpoint (e.g. checkpoints/last or best)")
+        raise ValueError(
+            f"checkpoint {directory} is incomplete: {MANIFEST_FILE} is missing (the write did not "
+            "finish); use another checkpoint (e.g. checkpoints/last or best)"
+        )
     try:
         manifest = json.loads(manifest_path.read_text())
         files = manifest["files"]
@@ -131,8 +145,10 @@ def verify_checkpoint(directory: str | os.PathLike) -> Path:
             raise ValueError(f"checkpoint {directory} is incomplete: {name} is missing")
         size = path.stat().st_size
         if size != files[name]["bytes"]:
-            raise ValueError(f"checkpoint {directory}: {name} is truncated or altered ({size} bytes, "
-                             f"expected {files[name]['bytes']})")
+            raise ValueError(
+                f"checkpoint {directory}: {name} is truncated or altered ({size} bytes, "
+                f"expected {files[name]['bytes']})"
+            )
         if sha256_file(path) != files[name]["sha256"]:
             raise ValueError(f"checkpoint {directory}: {name} is corrupt (SHA-256 does not match its manifest)")
     return directory
@@ -166,8 +182,10 @@ def apply_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor], *,
     unexpected = sorted(set(state) - set(expected))
     mismatched = sorted(n for n in set(expected) & set(state) if expected[n].shape != state[n].shape)
     if missing or unexpected or mismatched:
-        raise ValueError(f"{source} does not fit the model: missing {missing[:8]}, unexpected {unexpected[:8]}, "
-                         f"shape mismatch {[(n, tuple(state[n].shape), tuple(expected[n].shape)) for n in mismatched[:8]]}")
+        raise ValueError(
+            f"{source} does not fit the model: missing {missing[:8]}, unexpected {unexpected[:8]}, "
+            f"shape mismatch {[(n, tuple(state[n].shape), tuple(expected[n].shape)) for n in mismatched[:8]]}"
+        )
     model.load_state_dict(state, strict=True)
 
 
@@ -182,8 +200,10 @@ def find_checkpoint(path: str | os.PathLike) -> Path:
         candidate = _resolve_checkpoint_dir(path / "checkpoints" / name)
         if candidate.exists():
             return candidate
-    raise FileNotFoundError(f"no checkpoint in {path}: expected {path}/checkpoints/best or last, or a directory "
-                            f"holding {MODEL_FILE} and {MANIFEST_FILE}")
+    raise FileNotFoundError(
+        f"no checkpoint in {path}: expected {path}/checkpoints/best or last, or a directory "
+        f"holding {MODEL_FILE} and {MANIFEST_FILE}"
+    )
 
 
 def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu"):
@@ -197,6 +217,11 @@ def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu"
     apply_model_state(model, checkpoint.model_state, source=f"checkpoint {checkpoint.path}")
     model.to(map_location).eval()
     state = checkpoint.trainer_state
-    info = {"path": str(checkpoint.path), "step": state.get("step"), "run_config": state.get("run_config"),
-            "metrics": state.get("metrics"), "model_config": checkpoint.model_config}
+    info = {
+        "path": str(checkpoint.path),
+        "step": state.get("step"),
+        "run_config": state.get("run_config"),
+        "metrics": state.get("metrics"),
+        "model_config": checkpoint.model_config,
+    }
     return model, info

@@ -8,6 +8,7 @@
 Every user-facing error ends as one line `pope CMD: error: ...` and exit status 1 (Ctrl-C: 130);
 `pope --debug CMD ...` shows the traceback instead.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,9 +68,18 @@ def preset_rows() -> list[dict]:
         config = preset.model_config(pe="pope", **model)
         with torch.device("meta"):
             n_params = GPT(config).num_params()
-        rows.append({"name": name, "n_layer": config.n_layer, "d_model": config.d_model, "n_head": config.n_head,
-                     "params": n_params, "dataset": preset.recipe.dataset, "seq_len": preset.recipe.seq_len,
-                     "description": preset.description})
+        rows.append(
+            {
+                "name": name,
+                "n_layer": config.n_layer,
+                "d_model": config.d_model,
+                "n_head": config.n_head,
+                "params": n_params,
+                "dataset": preset.recipe.dataset,
+                "seq_len": preset.recipe.seq_len,
+                "description": preset.description,
+            }
+        )
     return rows
 
 
@@ -85,16 +95,26 @@ def presets_table(name: str | None = None) -> str:
         from pope.presets import get_preset
 
         preset = get_preset(name)
-        return json.dumps({"name": preset.name, "description": preset.description, "model": preset.model,
-                           "recipe": preset.recipe.to_dict(), "pope_delta_init": preset.pope_delta_init,
-                           "paper": preset.paper}, indent=2)
+        return json.dumps(
+            {
+                "name": preset.name,
+                "description": preset.description,
+                "model": preset.model,
+                "recipe": preset.recipe.to_dict(),
+                "pope_delta_init": preset.pope_delta_init,
+                "paper": preset.paper,
+            },
+            indent=2,
+        )
     rows = preset_rows()
     header = f"{'preset':24s} {'size':>14s} {'params':>8s} {'dataset':18s} {'context':>7s}  description"
     lines = [header]
     for row in rows:
         size = f"{row['n_layer']} x {row['d_model']}"
-        lines.append(f"{row['name']:24s} {size:>14s} {_human_count(row['params']):>8s} {row['dataset']:18s} "
-                     f"{row['seq_len']:>7d}  {row['description']}")
+        lines.append(
+            f"{row['name']:24s} {size:>14s} {_human_count(row['params']):>8s} {row['dataset']:18s} "
+            f"{row['seq_len']:>7d}  {row['description']}"
+        )
     lines.append("size = layers x d_model; params with PoPE; `pope presets NAME` shows a preset's full settings")
     return "\n".join(lines)
 
@@ -117,8 +137,9 @@ def encodings_table(name: str | None = None) -> str:
         lines.append(f"{pe:15s} {_spec(pe).description}")
         listed = ", ".join(f"{key}={value!r}" for key, value in options.items())
         lines.append(f"{'':15s} options: {listed or 'none'}")
-    lines.append("spec syntax: NAME or NAME:key=value,key=value, e.g. --pe pope:delta_init=zero or "
-                 "--pe rope:base=500000")
+    lines.append(
+        "spec syntax: NAME or NAME:key=value,key=value, e.g. --pe pope:delta_init=zero or --pe rope:base=500000"
+    )
     return "\n".join(lines)
 
 
@@ -135,12 +156,18 @@ class _PrintAndExit(argparse.Action):
 
 
 def _register_listings(subparsers) -> None:
-    presets = subparsers.add_parser("presets", help="list the paper's presets (size, dataset, description)",
-                                    description="List the presets `pope train` accepts, or one preset's settings.")
+    presets = subparsers.add_parser(
+        "presets",
+        help="list the paper's presets (size, dataset, description)",
+        description="List the presets `pope train` accepts, or one preset's settings.",
+    )
     presets.add_argument("name", nargs="?", help="show this preset's model and recipe")
     presets.set_defaults(func=lambda args: print(presets_table(args.name)))
-    pe = subparsers.add_parser("pe", help="list the positional encodings and their options",
-                               description="List the positional encodings `--pe` accepts, with their options.")
+    pe = subparsers.add_parser(
+        "pe",
+        help="list the positional encodings and their options",
+        description="List the positional encodings `--pe` accepts, with their options.",
+    )
     pe.add_argument("name", nargs="?", help="show only this encoding")
     pe.add_argument("--list", action="store_true", help="list every encoding (the default)")
     pe.set_defaults(func=lambda args: print(encodings_table(args.name)))
@@ -148,8 +175,12 @@ def _register_listings(subparsers) -> None:
     if train is not None:  # name the presets in `pope train --help` and offer `pope train --list`
         train.epilog = preset_names_help  # called when the help is shown (_Parser)
         if "--list" not in train._option_string_actions:
-            train.add_argument("--list", action=_PrintAndExit, listing=presets_table,
-                               help="list the presets with their sizes and datasets, and exit")
+            train.add_argument(
+                "--list",
+                action=_PrintAndExit,
+                listing=presets_table,
+                help="list the presets with their sizes and datasets, and exit",
+            )
 
 
 # ----------------------------------------------------------------------------------------- main

@@ -13,12 +13,14 @@ dataclass (GPTConfig, Recipe, TrainOptions, RunConfig), so text and Python value
 Text that does not fit is a ValueError naming the key, the value and what is accepted; a Python value
 of the wrong type is a TypeError saying the same.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import types
 import typing
-from typing import Any, Iterable, Literal
+from collections.abc import Iterable
+from typing import Any, Literal
 
 TRUE_WORDS = ("true", "yes", "on", "1")
 FALSE_WORDS = ("false", "no", "off", "0")
@@ -38,8 +40,11 @@ def describe_type(annotation, *, text: bool = True) -> str:
     """What a value of ``annotation`` may be: as text ('true/false (also yes/no, on/off, 1/0)', 'an integer',
     'none', ...) or, with ``text=False``, as a Python value ('True or False', 'an int', 'None', ...)."""
     kinds, optional = _alternatives(annotation)
-    names = ({bool: "true/false (also yes/no, on/off, 1/0)", int: "an integer", float: "a number", str: "a string"}
-             if text else {bool: "True or False", int: "an int", float: "a float (or int)", str: "a str"})
+    names = (
+        {bool: "true/false (also yes/no, on/off, 1/0)", int: "an integer", float: "a number", str: "a string"}
+        if text
+        else {bool: "True or False", int: "an int", float: "a float (or int)", str: "a str"}
+    )
     words = []
     for kind in kinds:
         if typing.get_origin(kind) is Literal:
@@ -127,8 +132,9 @@ def check_fields(instance) -> None:
             object.__setattr__(instance, name, checked)  # also on frozen dataclasses
 
 
-def parse_assignments(items: Iterable[str], types_by_key: dict[str, Any], *, where: str,
-                      noun: str = "key") -> dict[str, Any]:
+def parse_assignments(
+    items: Iterable[str], types_by_key: dict[str, Any], *, where: str, noun: str = "key"
+) -> dict[str, Any]:
     """['key=value', ...] -> {key: typed value}. A missing '=', an unknown key, a key given twice and a
     value that does not read as its type are ValueErrors starting with ``where`` (e.g. the spec)."""
     result: dict[str, Any] = {}

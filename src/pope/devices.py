@@ -4,11 +4,12 @@ One resolver for the CLIs, the trainer's process setup and the evaluation tools,
 everywhere (CUDA when available) and asking for CUDA on a machine without it fails the same clear way. Also a
 CUDA device's compute capability, asked once per device (pope.settings' caches).
 """
+
 from __future__ import annotations
 
 
 def resolve_device(name: str) -> str:
-    """"auto" -> "cuda" if CUDA is available else "cpu"; "cpu" / "cuda" / "cuda:N" returned as given.
+    """ "auto" -> "cuda" if CUDA is available else "cpu"; "cpu" / "cuda" / "cuda:N" returned as given.
 
     Raises ValueError for other names and for CUDA names when CUDA is not available."""
     import torch

@@ -15,13 +15,14 @@ Config strings name an encoding and options: "pope", "pope:delta_init=zero,magni
 "rope:base=500000", "yarn:scale=4,original_max_len=1024", "alibi-half". `list_positional_encodings()`
 gives the names; `describe_positional_encoding(name)` their options.
 """
+
 from __future__ import annotations
 
 import inspect
 import math
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import torch
@@ -72,8 +73,9 @@ class PackedSequences:
         return self.cu_seqlens.shape[0] - 1
 
     @classmethod
-    def build(cls, cu_seqlens: torch.Tensor, max_seqlen: int, total: int, device: torch.device,
-              cu_seqlens_host=None) -> "PackedSequences":
+    def build(
+        cls, cu_seqlens: torch.Tensor, max_seqlen: int, total: int, device: torch.device, cu_seqlens_host=None
+    ) -> PackedSequences:
         """Check cu_seqlens (int32, 1-D, on `device`, 0 .. total, non-decreasing) and max_seqlen (an int at least
         the longest length), then derive each token's position and sequence on the device.
 
@@ -86,13 +88,17 @@ class PackedSequences:
         if cu_seqlens_host is None:
             lengths = sequence_lengths("cu_seqlens", cu_seqlens, total)  # the one host read of a packed forward
         elif isinstance(cu_seqlens_host, torch.Tensor):  # DDP/FSDP2 would move a tensor argument to the GPU
-            raise TypeError("cu_seqlens_host must be a numpy array or a list of ints (the host copy of cu_seqlens), "
-                            f"not a tensor; got {cu_seqlens_host.dtype} on {cu_seqlens_host.device}")
+            raise TypeError(
+                "cu_seqlens_host must be a numpy array or a list of ints (the host copy of cu_seqlens), "
+                f"not a tensor; got {cu_seqlens_host.dtype} on {cu_seqlens_host.device}"
+            )
         else:
             host = np.asarray(cu_seqlens_host)
             if host.shape != tuple(cu_seqlens.shape) or host.dtype.kind not in "iu":
-                raise ValueError("cu_seqlens_host must be the integer host copy of cu_seqlens "
-                                 f"{tuple(cu_seqlens.shape)}; got {host.dtype} of shape {host.shape}")
+                raise ValueError(
+                    "cu_seqlens_host must be the integer host copy of cu_seqlens "
+                    f"{tuple(cu_seqlens.shape)}; got {host.dtype} of shape {host.shape}"
+                )
             lengths = sequence_lengths("cu_seqlens", host, total)
         check_max_seqlen("max_seqlen", max_seqlen, lengths)
         token = torch.arange(total, device=device)
@@ -123,8 +129,9 @@ class PositionalEncoding(nn.Module):
         reads them back. Raw keys here."""
         return k
 
-    def attend_cached(self, q, cached_k, v, *, q_offset: int | None = None, causal: bool = True,
-                      dropout_p: float = 0.0):
+    def attend_cached(
+        self, q, cached_k, v, *, q_offset: int | None = None, causal: bool = True, dropout_p: float = 0.0
+    ):
         """Attention over keys that went through `cache_keys` (a KV cache's content); same contract as forward."""
         return self(q, cached_k, v, q_offset=q_offset, causal=causal, dropout_p=dropout_p)
 
@@ -150,7 +157,8 @@ class PositionalEncoding(nn.Module):
         if q.shape[1] != self.n_heads or q.shape[-1] != self.head_dim or k.shape[1] != self.n_kv_heads:
             raise ValueError(
                 f"{type(self).__name__} was built for {self.n_heads} query heads, {self.n_kv_heads} kv heads and "
-                f"head_dim {self.head_dim}; got q {tuple(q.shape)} and k {tuple(k.shape)}")
+                f"head_dim {self.head_dim}; got q {tuple(q.shape)} and k {tuple(k.shape)}"
+            )
 
 
 class NoPE(PositionalEncoding):
@@ -183,10 +191,21 @@ class PoPE(PositionalEncoding):
       backend        "auto", "reference" or "triton"
     """
 
-    def __init__(self, *, n_heads: int, n_kv_heads: int, head_dim: int, base: float = 10000.0,
-                 magnitude: str = "softplus", delta_init: str = "zero", delta_range: str = "clamp",
-                 use_delta: bool = True, rotary_dim: int | None = None, softmax_scale: float | None = None,
-                 backend: str = "auto"):
+    def __init__(
+        self,
+        *,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        base: float = 10000.0,
+        magnitude: str = "softplus",
+        delta_init: str = "zero",
+        delta_range: str = "clamp",
+        use_delta: bool = True,
+        rotary_dim: int | None = None,
+        softmax_scale: float | None = None,
+        backend: str = "auto",
+    ):
         super().__init__(n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim)
         if magnitude not in MAGNITUDES:
             raise ValueError(f"unknown PoPE magnitude {magnitude!r}; choose one of {sorted(MAGNITUDES)}")
@@ -195,8 +214,9 @@ class PoPE(PositionalEncoding):
         if delta_range not in DELTA_RANGES:
             raise ValueError(f"unknown PoPE delta_range {delta_range!r}; choose one of {', '.join(DELTA_RANGES)}")
         if softmax_scale is not None and not (math.isfinite(softmax_scale) and softmax_scale > 0):
-            raise ValueError(f"PoPE softmax_scale must be a positive number (or none for 1/sqrt(head_dim)); "
-                             f"got {softmax_scale}")
+            raise ValueError(
+                f"PoPE softmax_scale must be a positive number (or none for 1/sqrt(head_dim)); got {softmax_scale}"
+            )
         if rotary_dim is not None and not 0 < rotary_dim <= head_dim:
             raise ValueError(f"PoPE rotary_dim must be in [1, head_dim={head_dim}]; got {rotary_dim}")
         if not base > 0:
@@ -245,8 +265,9 @@ class PoPE(PositionalEncoding):
         return self._magnitudes(k)
 
     def attend_cached(self, q, cached_k, v, *, q_offset=None, causal=True, dropout_p=0.0):
-        return self._attend(self._magnitudes(q), cached_k, v, "identity", q_offset=q_offset, causal=causal,
-                            dropout_p=dropout_p)
+        return self._attend(
+            self._magnitudes(q), cached_k, v, "identity", q_offset=q_offset, causal=causal, dropout_p=dropout_p
+        )
 
     def forward_varlen(self, q, k, v, packed: PackedSequences, *, dropout_p: float = 0.0) -> torch.Tensor:
         """pope_attention_varlen (no padding compute) when it can run the layer: full rotary_dim and no dropout,
@@ -254,17 +275,39 @@ class PoPE(PositionalEncoding):
         if self.rotary_dim is not None or dropout_p > 0:
             return super().forward_varlen(q, k, v, packed, dropout_p=dropout_p)
         self._check(q, k)  # (total, H, d): heads at dim 1 as in forward's layout
-        return pope_attention_varlen(q, k, v, self.bounded_delta(), packed.cu_seqlens, packed.cu_seqlens,
-                                     packed.max_seqlen, packed.max_seqlen, causal=True,
-                                     softmax_scale=self.softmax_scale, base=self.base, magnitude=self.magnitude,
-                                     backend=self.backend)
+        return pope_attention_varlen(
+            q,
+            k,
+            v,
+            self.bounded_delta(),
+            packed.cu_seqlens,
+            packed.cu_seqlens,
+            packed.max_seqlen,
+            packed.max_seqlen,
+            causal=True,
+            softmax_scale=self.softmax_scale,
+            base=self.base,
+            magnitude=self.magnitude,
+            backend=self.backend,
+        )
 
     def _attend(self, q, k, v, magnitude: str, *, q_offset, causal, dropout_p):
         """pope_attention with this layer's delta, base, rotary_dim and backend."""
         self._check(q, k)
-        return pope_attention(q, k, v, self.bounded_delta(), base=self.base, causal=causal, q_offset=q_offset,
-                              softmax_scale=self.softmax_scale, magnitude=magnitude, rotary_dim=self.rotary_dim,
-                              dropout_p=dropout_p, backend=self.backend)
+        return pope_attention(
+            q,
+            k,
+            v,
+            self.bounded_delta(),
+            base=self.base,
+            causal=causal,
+            q_offset=q_offset,
+            softmax_scale=self.softmax_scale,
+            magnitude=magnitude,
+            rotary_dim=self.rotary_dim,
+            dropout_p=dropout_p,
+            backend=self.backend,
+        )
 
     def _magnitudes(self, x: torch.Tensor) -> torch.Tensor:
         """f on the first rotary_dim channels (in float32, float64 for float64 input, as pope_attention computes
@@ -277,16 +320,21 @@ class PoPE(PositionalEncoding):
         return magnitudes if rotated == self.head_dim else torch.cat([magnitudes, x[..., rotated:]], dim=-1)
 
     def extra_repr(self) -> str:
-        return (f"heads={self.n_heads}, head_dim={self.head_dim}, base={self.base}, magnitude={self.magnitude}, "
-                f"delta={'off' if self.delta is None else f'{self.delta_init}, {self.delta_range}'}, "
-                f"rotary_dim={self.rotary_dim}, softmax_scale={self.softmax_scale:.4g}")
+        return (
+            f"heads={self.n_heads}, head_dim={self.head_dim}, base={self.base}, magnitude={self.magnitude}, "
+            f"delta={'off' if self.delta is None else f'{self.delta_init}, {self.delta_range}'}, "
+            f"rotary_dim={self.rotary_dim}, softmax_scale={self.softmax_scale:.4g}"
+        )
 
 
 def projected_deltas(model: nn.Module) -> list[nn.Parameter]:
     """The delta parameters of ``model``'s PoPE layers with ``delta_range="project"`` (those `project_deltas_`
     clamps), in module order; empty when there are none."""
-    return [module.delta for module in model.modules()
-            if isinstance(module, PoPE) and module.delta is not None and module.delta_range == "project"]
+    return [
+        module.delta
+        for module in model.modules()
+        if isinstance(module, PoPE) and module.delta is not None and module.delta_range == "project"
+    ]
 
 
 @torch.no_grad()
@@ -310,16 +358,30 @@ class RoPE(PositionalEncoding):
     YaRN multiplies the logits by (0.1 ln s + 1)^2, folded into softmax_scale.
     """
 
-    def __init__(self, *, n_heads: int, n_kv_heads: int, head_dim: int, base: float = 10000.0,
-                 layout: str = "half", rotary_dim: int | None = None, scaling: str = "none",
-                 scale: float = 1.0, original_max_len: int = 1024, alpha: float = 1.0, beta: float = 32.0):
+    def __init__(
+        self,
+        *,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        base: float = 10000.0,
+        layout: str = "half",
+        rotary_dim: int | None = None,
+        scaling: str = "none",
+        scale: float = 1.0,
+        original_max_len: int = 1024,
+        alpha: float = 1.0,
+        beta: float = 32.0,
+    ):
         super().__init__(n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim)
         if layout not in ("half", "interleaved"):
             raise ValueError(f"unknown RoPE layout {layout!r}; choose 'half' or 'interleaved'")
         rotary_dim = head_dim if rotary_dim is None else rotary_dim
         if not 0 < rotary_dim <= head_dim or rotary_dim % 2:
-            raise ValueError(f"RoPE rotates channel pairs: rotary_dim must be even and in [2, {head_dim}]; "
-                             f"got {rotary_dim} (head_dim {head_dim})")
+            raise ValueError(
+                f"RoPE rotates channel pairs: rotary_dim must be even and in [2, {head_dim}]; "
+                f"got {rotary_dim} (head_dim {head_dim})"
+            )
         self.base, self.layout, self.rotary_dim = float(base), layout, rotary_dim
         self.scaling, self.scale, self.original_max_len = scaling, float(scale), int(original_max_len)
         self.alpha, self.beta = float(alpha), float(beta)
@@ -343,7 +405,7 @@ class RoPE(PositionalEncoding):
 
     @property
     def softmax_scale(self) -> float:
-        return self.attention_factor ** 2 / math.sqrt(self.head_dim)
+        return self.attention_factor**2 / math.sqrt(self.head_dim)
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Rotate x (B, H, N, d) at positions (N,); trigonometry in fp32, result in x's dtype."""
@@ -352,7 +414,7 @@ class RoPE(PositionalEncoding):
         with torch.autocast(device_type=x.device.type, enabled=False):
             xr = x[..., :r].float()
             if self.layout == "half":
-                x1, x2 = xr[..., : r // 2], xr[..., r // 2:]
+                x1, x2 = xr[..., : r // 2], xr[..., r // 2 :]
                 rotated = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
             else:
                 x1, x2 = xr[..., 0::2], xr[..., 1::2]
@@ -371,12 +433,15 @@ class RoPE(PositionalEncoding):
         nq, nk = q.shape[2], cached_k.shape[2]
         q_offset = nk - nq if q_offset is None else q_offset
         q = self.rotate(q, torch.arange(nq, device=q.device) + q_offset)
-        return sdpa(q, cached_k, v, causal=causal, softmax_scale=self.softmax_scale, q_offset=q_offset,
-                    dropout_p=dropout_p)
+        return sdpa(
+            q, cached_k, v, causal=causal, softmax_scale=self.softmax_scale, q_offset=q_offset, dropout_p=dropout_p
+        )
 
     def extra_repr(self) -> str:
-        return (f"base={self.base}, layout={self.layout}, rotary_dim={self.rotary_dim}, scaling={self.scaling}, "
-                f"scale={self.scale}")
+        return (
+            f"base={self.base}, layout={self.layout}, rotary_dim={self.rotary_dim}, scaling={self.scaling}, "
+            f"scale={self.scale}"
+        )
 
 
 class ALiBi(PositionalEncoding):
@@ -401,15 +466,24 @@ class ALiBi(PositionalEncoding):
         self._check(q, k)
         nq, nk = q.shape[2], k.shape[2]
         q_offset = nk - nq if q_offset is None else q_offset
-        distance = (torch.arange(nq, device=q.device)[:, None] + q_offset - torch.arange(nk, device=q.device)[None, :])
+        distance = torch.arange(nq, device=q.device)[:, None] + q_offset - torch.arange(nk, device=q.device)[None, :]
         distance = distance.float() if causal else distance.abs().float()  # (Nq, Nk); masked entries irrelevant
         bias = -self.slopes[:, None, None] * distance  # (H, Nq, Nk)
-        return sdpa(q, k, v, causal=causal, softmax_scale=self.softmax_scale, q_offset=q_offset,
-                    attn_bias=bias.unsqueeze(0), dropout_p=dropout_p)
+        return sdpa(
+            q,
+            k,
+            v,
+            causal=causal,
+            softmax_scale=self.softmax_scale,
+            q_offset=q_offset,
+            attn_bias=bias.unsqueeze(0),
+            dropout_p=dropout_p,
+        )
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
     """ALiBi's head slopes: 2^(-8h/n) for h = 1..n, with the paper's rule for n not a power of two."""
+
     def power_of_two_slopes(n: int) -> list[float]:
         return [2 ** (-8 * (h + 1) / n) for h in range(n)]
 
@@ -446,13 +520,17 @@ class AbsolutePositionEmbedding(nn.Module):
     def _check_end(self, end: int) -> None:
         """Positions below `end` (an int) are asked for: learned embeddings exist below max_seq_len only."""
         if self.kind == "learned" and end > self.max_seq_len:
-            raise ValueError(f"learned absolute position embeddings exist for positions < {self.max_seq_len}; "
-                             f"position {end - 1} was asked for (they cannot extrapolate)")
+            raise ValueError(
+                f"learned absolute position embeddings exist for positions < {self.max_seq_len}; "
+                f"position {end - 1} was asked for (they cannot extrapolate)"
+            )
 
     def _embed(self, positions: torch.Tensor) -> torch.Tensor:
         if self.kind == "learned":
             return self.weight[positions]
-        phase = angles(positions, rope_frequencies(self.d_model + self.d_model % 2, 10000.0, positions.device))  # (N, d/2)
+        phase = angles(
+            positions, rope_frequencies(self.d_model + self.d_model % 2, 10000.0, positions.device)
+        )  # (N, d/2)
         return torch.stack([phase.sin(), phase.cos()], dim=-1).flatten(-2)[:, : self.d_model]
 
 
@@ -472,10 +550,14 @@ class EncodingSpec:
 _REGISTRY: dict[str, EncodingSpec] = {
     "pope": EncodingSpec(PoPE, "Polar Coordinate Positional Embedding (softplus magnitudes, position-only phases)"),
     "rope": EncodingSpec(RoPE, "Rotary position embedding (rotate-half layout by default)"),
-    "rope-half": EncodingSpec(RoPE, "RoPE on the first half of each head's channels",
-                              option_rules=lambda o, d: {"rotary_dim": (d // 2) - (d // 2) % 2, **o}),
-    "yarn": EncodingSpec(RoPE, "RoPE with YaRN context extension (set scale and original_max_len)",
-                         {"scaling": "yarn"}),
+    "rope-half": EncodingSpec(
+        RoPE,
+        "RoPE on the first half of each head's channels",
+        option_rules=lambda o, d: {"rotary_dim": (d // 2) - (d // 2) % 2, **o},
+    ),
+    "yarn": EncodingSpec(
+        RoPE, "RoPE with YaRN context extension (set scale and original_max_len)", {"scaling": "yarn"}
+    ),
     "pi": EncodingSpec(RoPE, "RoPE with linear position interpolation (set scale)", {"scaling": "linear"}),
     "ntk": EncodingSpec(RoPE, "RoPE with NTK-aware base scaling (set scale)", {"scaling": "ntk"}),
     "alibi": EncodingSpec(ALiBi, "ALiBi linear biases on all heads"),
@@ -505,8 +587,9 @@ def parse_pe_spec(spec: str) -> tuple[str, dict]:
     from pope.config import parse_assignments
 
     if not isinstance(spec, str) or not spec.strip():
-        raise ValueError("a positional-encoding spec must be a non-empty string like 'pope' or 'rope:base=500000'; "
-                         f"got {spec!r}")
+        raise ValueError(
+            f"a positional-encoding spec must be a non-empty string like 'pope' or 'rope:base=500000'; got {spec!r}"
+        )
     name, _, rest = spec.strip().partition(":")
     name = name.strip().lower()
     items = [part.strip() for part in rest.split(",") if part.strip()]
@@ -520,15 +603,17 @@ def option_types(name: str) -> dict:
     return {option: hints[option] for option in describe_positional_encoding(name)}
 
 
-def build_positional_encoding(spec: str, *, n_heads: int, n_kv_heads: int | None = None,
-                              head_dim: int) -> PositionalEncoding:
+def build_positional_encoding(
+    spec: str, *, n_heads: int, n_kv_heads: int | None = None, head_dim: int
+) -> PositionalEncoding:
     """Build the per-layer encoding named by `spec` (see module docstring)."""
     name, options = parse_pe_spec(spec)
     entry = _REGISTRY[name]
     if entry.option_rules is not None:
         options = entry.option_rules(options, head_dim)
-    return entry.layer(n_heads=n_heads, n_kv_heads=n_kv_heads or n_heads, head_dim=head_dim,
-                       **{**entry.defaults, **options})
+    return entry.layer(
+        n_heads=n_heads, n_kv_heads=n_kv_heads or n_heads, head_dim=head_dim, **{**entry.defaults, **options}
+    )
 
 
 def build_absolute_embedding(spec: str, *, d_model: int, max_seq_len: int) -> AbsolutePositionEmbedding | None:
@@ -542,4 +627,6 @@ def _spec(name: str) -> EncodingSpec:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise ValueError(f"unknown positional encoding {name!r}; valid names: {', '.join(list_positional_encodings())}") from None
+        raise ValueError(
+            f"unknown positional encoding {name!r}; valid names: {', '.join(list_positional_encodings())}"
+        ) from None

@@ -6,6 +6,7 @@ under the final name. Temporary names are unique per process, so processes writi
 once never write into each other's temporary; :func:`exclusive_lock` serialises whole check-then-build
 steps on a shared cache entry.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -13,8 +14,8 @@ import hashlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 
 def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 22) -> str:
@@ -190,19 +191,23 @@ def check_output_dir(path: str | os.PathLike, *, what: str = "--out") -> Path:
         raise ValueError(f"{what} is empty; give a directory path")
     path = Path(path).expanduser()
     if path.exists() and not path.is_dir():
-        raise ValueError(f"{what} {path} is an existing file, not a directory; choose a directory path "
-                         f"(or remove the file)")
+        raise ValueError(
+            f"{what} {path} is an existing file, not a directory; choose a directory path (or remove the file)"
+        )
     existing = path
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
-        raise ValueError(f"{what} {path} lies under {existing}, which is a file, not a directory; choose a "
-                         f"directory path")
+        raise ValueError(
+            f"{what} {path} lies under {existing}, which is a file, not a directory; choose a directory path"
+        )
     try:
         descriptor, probe = tempfile.mkstemp(prefix=".pope-write-probe-", dir=existing)
     except OSError as err:
-        raise ValueError(f"{what} {path} cannot be written ({existing} is not writable: {err.strerror or err}); "
-                         f"choose a writable directory") from err
+        raise ValueError(
+            f"{what} {path} cannot be written ({existing} is not writable: {err.strerror or err}); "
+            f"choose a writable directory"
+        ) from err
     os.close(descriptor)
     os.unlink(probe)
     return path

@@ -17,6 +17,7 @@ kernels compute the same integers from the same words (pope.kernels.jit_math._an
 reference's bit for bit. Float64 angles stay the plain float64 product: the ground truth the tests use (its own
 error is ~t 2^-53 rad: 2e-9 at 10^7, 1.2e-7 at 2^30).
 """
+
 from __future__ import annotations
 
 import math
@@ -33,7 +34,7 @@ def pope_frequencies(dim: int, base: float = 10000.0, device=None, dtype=torch.f
     if dtype not in (torch.float32, torch.float64):
         raise ValueError(f"frequencies are float32 or float64; got {dtype}")
     exponent = torch.arange(dim, dtype=torch.float64, device=device) / dim
-    return (base ** -exponent).to(dtype)
+    return (base**-exponent).to(dtype)
 
 
 def rope_frequencies(dim: int, base: float = 10000.0, device=None) -> torch.Tensor:
@@ -42,7 +43,7 @@ def rope_frequencies(dim: int, base: float = 10000.0, device=None) -> torch.Tens
     if dim % 2:
         raise ValueError(f"RoPE rotates channel pairs, so its dimension must be even; got {dim}")
     exponent = torch.arange(0, dim, 2, dtype=torch.float64, device=device) / dim
-    return (base ** -exponent).to(torch.float32)
+    return (base**-exponent).to(torch.float32)
 
 
 def linear_interpolation_frequencies(dim: int, base: float, scale: float, device=None) -> torch.Tensor:
@@ -161,8 +162,8 @@ def cos_sin_table(positions: torch.Tensor, frequencies: torch.Tensor) -> tuple[t
 
     An operator rather than two pointwise ops so that torch.compile computes the table once per call: inlined,
     inductor fused the frequencies' pow and the cos/sin into every rotated element of q and k (B * H times per
-    position), 8 ms of RoPE's 27 ms GPT-2 training step on an H200
-    (benchmarks/experiments/2026-11-30-train-step-owt-runs/train_step_profile_rope_8575259.txt). Positions and frequencies never need gradients.
+    position, most of RoPE's GPT-2 training step time outside the matmuls. Positions and frequencies never need
+    gradients.
     """
     phase = angles(positions, frequencies)
     return phase.cos(), phase.sin()

@@ -4,11 +4,12 @@ Each entry names the torch function (the reference, the modules, the evaluation 
 Triton kernels' `MAGNITUDE` constexpr takes for it (pope.kernels.jit_math._magnitude: 0 softplus, 1 relu,
 2 identity), so a name means the same function everywhere. An entry is callable: MAGNITUDES["relu"](x).
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -29,11 +30,16 @@ def _identity(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-MAGNITUDES = MappingProxyType({m.name: m for m in (
-    Magnitude("softplus", F.softplus, 0, "the paper's choice: magnitudes are positive and smooth"),
-    Magnitude("relu", F.relu, 1, "ablation"),
-    Magnitude("identity", _identity, 2, "ablation 'no softplus': signed magnitudes"),
-)})
+MAGNITUDES = MappingProxyType(
+    {
+        m.name: m
+        for m in (
+            Magnitude("softplus", F.softplus, 0, "the paper's choice: magnitudes are positive and smooth"),
+            Magnitude("relu", F.relu, 1, "ablation"),
+            Magnitude("identity", _identity, 2, "ablation 'no softplus': signed magnitudes"),
+        )
+    }
+)
 
 
 def magnitude(name: str) -> Magnitude:

@@ -6,6 +6,7 @@ Pre-norm RMSNorm blocks, causal self-attention whose positional encoding is chos
 each ran alone. `generate()` decodes with a KV cache of d channels per key (raw keys, or PoPE's magnitudes f(k): RoPE's
 cache memory) and gives the same logits as a full forward pass.
 """
+
 from __future__ import annotations
 
 import math
@@ -79,7 +80,7 @@ class GPTConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "GPTConfig":
+    def from_dict(cls, data: dict) -> GPTConfig:
         return from_dict(cls, data)
 
 
@@ -106,8 +107,8 @@ class KVCache:
             raise ValueError(f"KV cache holds {self.max_len} positions; {end} were asked for. Make a larger cache.")
         if k.shape[0] != self.k.shape[1]:
             raise ValueError(f"KV cache was made for batch {self.k.shape[1]}; got batch {k.shape[0]}")
-        self.k[layer, :, :, self.length:end] = k
-        self.v[layer, :, :, self.length:end] = v
+        self.k[layer, :, :, self.length : end] = k
+        self.v[layer, :, :, self.length : end] = v
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
 
     def advance(self, n: int) -> None:
@@ -125,13 +126,15 @@ class CausalSelfAttention(nn.Module):
         self.k_proj = nn.Linear(config.d_model, kv_width, bias=False)
         self.v_proj = nn.Linear(config.d_model, kv_width, bias=False)
         self.o_proj = nn.Linear(config.d_model, config.d_model, bias=False)
-        self.pe = build_positional_encoding(config.pe, n_heads=self.n_head, n_kv_heads=self.n_kv_head,
-                                            head_dim=self.head_dim)
+        self.pe = build_positional_encoding(
+            config.pe, n_heads=self.n_head, n_kv_heads=self.n_kv_head, head_dim=self.head_dim
+        )
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor, kv_cache: KVCache | None = None,
-                packed: PackedSequences | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, kv_cache: KVCache | None = None, packed: PackedSequences | None = None
+    ) -> torch.Tensor:
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.n_head, self.head_dim)  # (B, T, H, hd)
         k = self.k_proj(x).view(b, t, self.n_kv_head, self.head_dim)  # (B, T, Hkv, hd)
@@ -181,8 +184,9 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)
-        self.position_embedding = build_absolute_embedding(config.pe, d_model=config.d_model,
-                                                           max_seq_len=config.max_seq_len)
+        self.position_embedding = build_absolute_embedding(
+            config.pe, d_model=config.d_model, max_seq_len=config.max_seq_len
+        )
         self.embed_dropout = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
         self.final_norm = nn.RMSNorm(config.d_model, eps=config.norm_eps)
@@ -208,9 +212,16 @@ class GPT(nn.Module):
             return
         nn.init.normal_(module.weight, mean=0.0, std=std)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, kv_cache: KVCache | None = None,
-                cu_seqlens: torch.Tensor | None = None, max_seqlen: int | None = None,
-                cu_seqlens_host=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        *,
+        kv_cache: KVCache | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+        max_seqlen: int | None = None,
+        cu_seqlens_host=None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx (B, T) token ids -> logits (B, T, V) and the mean cross-entropy over targets != -100.
 
         Packed (cu_seqlens given): idx (total,) or (1, total) holds sequences end to end; cu_seqlens int32
@@ -225,8 +236,10 @@ class GPT(nn.Module):
             raise ValueError("cu_seqlens_host is the host copy of cu_seqlens: pass cu_seqlens (on idx's device) too")
         if cu_seqlens is not None or max_seqlen is not None:
             if kv_cache is not None or idx.dim() not in (1, 2) or (idx.dim() == 2 and idx.shape[0] != 1):
-                raise ValueError(f"a packed forward takes idx (total,) or (1, total) and no KV cache; got idx of "
-                                 f"shape {tuple(idx.shape)}{' and a KV cache' if kv_cache is not None else ''}")
+                raise ValueError(
+                    f"a packed forward takes idx (total,) or (1, total) and no KV cache; got idx of "
+                    f"shape {tuple(idx.shape)}{' and a KV cache' if kv_cache is not None else ''}"
+                )
             packed = PackedSequences.build(cu_seqlens, max_seqlen, idx.numel(), idx.device, cu_seqlens_host)
         if idx.dtype not in (torch.int64, torch.int32) or (idx.dim() != 2 and packed is None):
             raise TypeError(f"idx must be a (batch, seq) integer tensor; got {idx.dtype} of shape {tuple(idx.shape)}")
@@ -235,8 +248,11 @@ class GPT(nn.Module):
         start = kv_cache.length if kv_cache is not None else 0
         x = self.token_embedding(tokens)  # (B, T, C)
         if self.position_embedding is not None:
-            x = x + (self.position_embedding(start, t, idx.device) if packed is None
-                     else self.position_embedding.packed(packed))
+            x = x + (
+                self.position_embedding(start, t, idx.device)
+                if packed is None
+                else self.position_embedding.packed(packed)
+            )
         x = self.embed_dropout(x)
         for block in self.blocks:
             x = block(x, kv_cache, packed)
@@ -255,20 +271,30 @@ class GPT(nn.Module):
         return KVCache(self.config, batch_size, max_len, device=device or param.device, dtype=dtype or param.dtype)
 
     @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-                 top_k: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
         """Sample max_new_tokens after the prompt idx (B, T) of token ids in [0, vocab_size) with a KV cache;
         temperature 0 is greedy. Returns (B, T + max_new_tokens)."""
         if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.dtype not in (torch.int64, torch.int32):
             shape = tuple(idx.shape) if isinstance(idx, torch.Tensor) else type(idx).__name__
-            raise TypeError(f"generate() takes the prompt as a (batch, seq) integer tensor of token ids; got {shape}"
-                            f"{f' {idx.dtype}' if isinstance(idx, torch.Tensor) else ''} (one prompt: idx[None])")
+            raise TypeError(
+                f"generate() takes the prompt as a (batch, seq) integer tensor of token ids; got {shape}"
+                f"{f' {idx.dtype}' if isinstance(idx, torch.Tensor) else ''} (one prompt: idx[None])"
+            )
         if idx.shape[1] == 0:
             raise ValueError("generate() needs a prompt of at least one token per sequence")
         low, high = int(idx.min()), int(idx.max())
         if low < 0 or high >= self.config.vocab_size:
-            raise ValueError(f"prompt token ids must lie in [0, {self.config.vocab_size}) (the model's vocab_size); "
-                             f"got ids from {low} to {high}: encode the prompt with the model's own tokenizer")
+            raise ValueError(
+                f"prompt token ids must lie in [0, {self.config.vocab_size}) (the model's vocab_size); "
+                f"got ids from {low} to {high}: encode the prompt with the model's own tokenizer"
+            )
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be a non-negative int; got {max_new_tokens!r}")
         if not temperature >= 0:

@@ -21,9 +21,8 @@ given cu_seqlens) is what pope.attention dispatches backend="triton" to; the inp
 dropout): None when they can run a call. Switches and caches live in pope.settings.
 Importing this module imports torch only; Triton is imported on the first kernel call.
 """
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 import torch
 
@@ -97,25 +96,70 @@ def _backward_kernels(do, q, k, v, delta, out, lse, theta, causal, softmax_scale
     """(dq, dk, dv, d_delta or None) from the kernels."""
     q, k, v, out, do = (_last_dim_contiguous(t) for t in (q, k, v, out, do))
     delta = delta.contiguous() if delta is not None else None
-    return _kernels().backward(do, q, k, v, delta, out, lse.contiguous(), theta, causal=causal,
-                               softmax_scale=softmax_scale, q_offset=q_offset, magnitude=magnitude, packed=packed)
+    return _kernels().backward(
+        do,
+        q,
+        k,
+        v,
+        delta,
+        out,
+        lse.contiguous(),
+        theta,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        q_offset=q_offset,
+        magnitude=magnitude,
+        packed=packed,
+    )
 
 
 @torch.library.custom_op("pope::flash_attention_forward", mutates_args=())
 def flash_attention_forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: Optional[torch.Tensor], theta: torch.Tensor,
-    causal: bool, softmax_scale: float, q_offset: int, magnitude: str,
-    cu_seqlens_q: Optional[torch.Tensor] = None, cu_seqlens_k: Optional[torch.Tensor] = None,
-    max_seqlen_q: int = 0, max_seqlen_k: int = 0,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    delta: torch.Tensor | None,
+    theta: torch.Tensor,
+    causal: bool,
+    softmax_scale: float,
+    q_offset: int,
+    magnitude: str,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+    max_seqlen_q: int = 0,
+    max_seqlen_k: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Batched, or with cu_seqlens_q: a packed batch (q (total_q, Hq, d) -> out, lse (Hq, total_q))."""
-    return _forward(q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude,
-                    packed=_packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
+    return _forward(
+        q,
+        k,
+        v,
+        delta,
+        theta,
+        causal,
+        softmax_scale,
+        q_offset,
+        magnitude,
+        packed=_packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
+    )
 
 
 @flash_attention_forward.register_fake
-def _(q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude, cu_seqlens_q=None, cu_seqlens_k=None,
-      max_seqlen_q=0, max_seqlen_k=0):
+def _(
+    q,
+    k,
+    v,
+    delta,
+    theta,
+    causal,
+    softmax_scale,
+    q_offset,
+    magnitude,
+    cu_seqlens_q=None,
+    cu_seqlens_k=None,
+    max_seqlen_q=0,
+    max_seqlen_k=0,
+):
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse_shape = q.shape[:3] if cu_seqlens_q is None else (q.shape[1], q.shape[0])
     lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
@@ -124,27 +168,74 @@ def _(q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude, cu_seql
 
 @torch.library.custom_op("pope::flash_attention_backward", mutates_args=())
 def flash_attention_backward(
-    do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: Optional[torch.Tensor],
-    out: torch.Tensor, lse: torch.Tensor, theta: torch.Tensor,
-    causal: bool, softmax_scale: float, q_offset: int, magnitude: str,
-    cu_seqlens_q: Optional[torch.Tensor] = None, cu_seqlens_k: Optional[torch.Tensor] = None,
-    max_seqlen_q: int = 0, max_seqlen_k: int = 0,
+    do: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    delta: torch.Tensor | None,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    theta: torch.Tensor,
+    causal: bool,
+    softmax_scale: float,
+    q_offset: int,
+    magnitude: str,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+    max_seqlen_q: int = 0,
+    max_seqlen_k: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (dq, dk, dv, d_delta); d_delta is an empty (0,) tensor when delta is None."""
-    dq, dk, dv, d_delta = _backward_kernels(do, q, k, v, delta, out, lse, theta, causal, softmax_scale, q_offset,
-                                            magnitude, _packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
+    dq, dk, dv, d_delta = _backward_kernels(
+        do,
+        q,
+        k,
+        v,
+        delta,
+        out,
+        lse,
+        theta,
+        causal,
+        softmax_scale,
+        q_offset,
+        magnitude,
+        _packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
+    )
     if d_delta is None:
         d_delta = torch.empty((0,), dtype=q.dtype, device=q.device)
     return dq, dk, dv, d_delta
 
 
 @flash_attention_backward.register_fake
-def _(do, q, k, v, delta, out, lse, theta, causal, softmax_scale, q_offset, magnitude, cu_seqlens_q=None,
-      cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0):
-    d_delta = (torch.empty(delta.shape, dtype=delta.dtype, device=delta.device) if delta is not None
-               else torch.empty((0,), dtype=q.dtype, device=q.device))
-    return (torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device),
-            torch.empty(v.shape, dtype=v.dtype, device=v.device), d_delta)
+def _(
+    do,
+    q,
+    k,
+    v,
+    delta,
+    out,
+    lse,
+    theta,
+    causal,
+    softmax_scale,
+    q_offset,
+    magnitude,
+    cu_seqlens_q=None,
+    cu_seqlens_k=None,
+    max_seqlen_q=0,
+    max_seqlen_k=0,
+):
+    d_delta = (
+        torch.empty(delta.shape, dtype=delta.dtype, device=delta.device)
+        if delta is not None
+        else torch.empty((0,), dtype=q.dtype, device=q.device)
+    )
+    return (
+        torch.empty(q.shape, dtype=q.dtype, device=q.device),
+        torch.empty(k.shape, dtype=k.dtype, device=k.device),
+        torch.empty(v.shape, dtype=v.dtype, device=v.device),
+        d_delta,
+    )
 
 
 def _setup_context(ctx, inputs, output):
@@ -160,8 +251,9 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_out, grad_lse):
     # lse is an internal output: nothing downstream differentiates it (pope attention returns `out` only).
     q, k, v, delta, out, lse, theta, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
-    dq, dk, dv, d_delta = flash_attention_backward(grad_out, q, k, v, delta, out, lse, theta, *ctx.options,
-                                                   cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlens)
+    dq, dk, dv, d_delta = flash_attention_backward(
+        grad_out, q, k, v, delta, out, lse, theta, *ctx.options, cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlens
+    )
     return dq, dk, dv, (d_delta if ctx.has_delta else None), None, None, None, None, None, None, None, None, None
 
 
@@ -175,8 +267,9 @@ class _EagerFlashAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude, packed=None):
-        out, lse = _forward(q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude, eager=True,
-                            packed=packed)
+        out, lse = _forward(
+            q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude, eager=True, packed=packed
+        )
         ctx.save_for_backward(q, k, v, delta, out, lse, theta)
         ctx.options = (causal, softmax_scale, q_offset, magnitude, packed)
         return out
@@ -188,8 +281,9 @@ class _EagerFlashAttention(torch.autograd.Function):
         return dq, dk, dv, d_delta, None, None, None, None, None, None
 
 
-def triton_pope_attention(q, k, v, delta, *, base, causal, softmax_scale, q_offset, magnitude, rotary_dim,
-                          supported: bool = False):
+def triton_pope_attention(
+    q, k, v, delta, *, base, causal, softmax_scale, q_offset, magnitude, rotary_dim, supported: bool = False
+):
     """PoPE attention on the fused Triton kernels. Inputs already checked by pope.attention.
 
     q (B, Hq, Nq, d), k/v (B, Hkv, Nk, d), delta (Hq, d) or None. Returns (B, Hq, Nq, d) in q's dtype.
@@ -204,14 +298,37 @@ def triton_pope_attention(q, k, v, delta, *, base, causal, softmax_scale, q_offs
     return _apply(q, k, v, delta, base, bool(causal), softmax_scale, q_offset, magnitude)
 
 
-def triton_pope_attention_varlen(q, k, v, delta, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
-                                 base, causal, softmax_scale, magnitude):
+def triton_pope_attention_varlen(
+    q,
+    k,
+    v,
+    delta,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    base,
+    causal,
+    softmax_scale,
+    magnitude,
+):
     """PoPE attention over a packed batch on the fused kernels, one launch per kernel for all its sequences (no host
     read of cu_seqlens). Inputs already checked by pope.attention.pope_attention_varlen (and the kernels asked by
     triton_unsupported_reason): q (total_q, Hq, d), k/v (total_k, Hkv, d), int32 (batch + 1,) cumulative lengths on
     q's device, max_seqlen_* at least every sequence's length, softmax_scale resolved. Returns (total_q, Hq, d)."""
-    return _apply(q, k, v, delta, base, bool(causal), float(softmax_scale), 0, magnitude,
-                  (cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), int(max_seqlen_q), int(max_seqlen_k)))
+    return _apply(
+        q,
+        k,
+        v,
+        delta,
+        base,
+        bool(causal),
+        float(softmax_scale),
+        0,
+        magnitude,
+        (cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), int(max_seqlen_q), int(max_seqlen_k)),
+    )
 
 
 def _apply(q, k, v, delta, base, causal, softmax_scale, q_offset, magnitude, varlen=()):

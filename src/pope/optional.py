@@ -1,5 +1,6 @@
 """Optional heavy libraries (music21, miditok, tiktoken, datasets, safetensors, lm_eval, matplotlib...),
 imported inside the functions that need them so that `import pope` stays light."""
+
 from __future__ import annotations
 
 import importlib

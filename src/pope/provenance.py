@@ -5,6 +5,7 @@ The environment variable POPE_GIT_COMMIT, when set, names the commit and wins ov
 shipped to another machine may carry no .git, or a stale one (seen on the GPU machine: its .git said an
 older commit + dirty). Without it, git decides, and a tree without .git reports None — never a guess.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,13 +24,19 @@ def git_commit() -> dict:
     if os.environ.get("POPE_GIT_COMMIT"):
         return {"commit": os.environ["POPE_GIT_COMMIT"], "dirty": None, "source": "POPE_GIT_COMMIT"}
     try:
-        head = subprocess.run(["git", "rev-parse", "--verify", "HEAD"], cwd=_SOURCE_ROOT, capture_output=True,
-                              text=True, timeout=10)
+        head = subprocess.run(
+            ["git", "rev-parse", "--verify", "HEAD"], cwd=_SOURCE_ROOT, capture_output=True, text=True, timeout=10
+        )
         commit = head.stdout.strip() if head.returncode == 0 else None
         dirty = None
         if commit:
-            status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=_SOURCE_ROOT,
-                                    capture_output=True, text=True, timeout=10)
+            status = subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no"],
+                cwd=_SOURCE_ROOT,
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
             dirty = bool(status.stdout.strip())
     except (OSError, subprocess.SubprocessError):
         commit, dirty = None, None
@@ -51,8 +58,12 @@ def library_versions() -> dict:
 
     from pope.version import __version__
 
-    versions = {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
-                "pope": __version__}
+    versions = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "pope": __version__,
+    }
     for name in ("triton", "safetensors", "tensorboard"):
         try:
             versions[name] = __import__(name).__version__

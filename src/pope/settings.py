@@ -24,6 +24,7 @@ A cleared cache is rebuilt on the next call, with one exception to mind: the dec
 (`phase_tables`) may be read by a captured CUDA graph; clear them only when no such graph is replayed any more.
 Importing this module imports nothing beyond the standard library.
 """
+
 from __future__ import annotations
 
 import contextlib

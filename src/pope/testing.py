@@ -8,6 +8,7 @@ Used by tests/test_kernel_*.py, tests/test_core_attention.py and scripts/gpu_ker
 `load_kernels`, which loads a kernel package (or an old single-file kernel module) from any source tree, for
 scripts that compare versions. Importing this module imports torch only.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -55,13 +56,16 @@ class _TF32GradientRounding(torch.autograd.Function):
 def _tf32_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b as a TF32 matmul computes it (emulated): both operands rounded to TF32, fp32 sums; its backward's
     products likewise."""
+
     def rounded(x):  # TF32 values forward; the gradient passes unchanged to x
         return x + (_tf32(x) - x).detach()
+
     return _TF32GradientRounding.apply(rounded(a) @ rounded(b))
 
 
-def _tf32_sdpa(q, k, v, *, causal: bool, softmax_scale: float, q_offset: int | None = None, attn_bias=None,
-               dropout_p: float = 0.0) -> torch.Tensor:
+def _tf32_sdpa(
+    q, k, v, *, causal: bool, softmax_scale: float, q_offset: int | None = None, attn_bias=None, dropout_p: float = 0.0
+) -> torch.Tensor:
     """pope.attention.sdpa in TF32 arithmetic, as SDPA's math backend computes fp32 attention under TF32 where cuBLAS
     runs its matmuls in TF32: scores and P V by TF32 matmuls (operands rounded), mask and softmax in fp32.
     q (B, Hq, Nq, e), k (B, Hkv, Nk, e), v (B, Hkv, Nk, dv)."""
@@ -101,30 +105,49 @@ def tf32_reference():
         pope.attention.sdpa = original
 
 
-def attention_inputs(batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim, *, with_delta=True, generator=None,
-                     device="cpu"):
+def attention_inputs(
+    batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim, *, with_delta=True, generator=None, device="cpu"
+):
     """Fresh random float64 (q, k, v, delta or None, grad_out) on device, drawn in that order from generator:
     q (B, Hq, Nq, d), k and v (B, Hkv, Nk, d), N(0, 1); delta (Hq, d) uniform in [-2 pi, 0]; grad_out like q."""
+
     def randn(*shape):
         return torch.randn(*shape, generator=generator, dtype=torch.float64, device=device)
 
-    q, k, v = randn(batch, n_q_heads, seq_q, head_dim), randn(batch, n_kv_heads, seq_k, head_dim), \
-        randn(batch, n_kv_heads, seq_k, head_dim)
-    delta = (-2 * math.pi * torch.rand(n_q_heads, head_dim, generator=generator, dtype=torch.float64, device=device)
-             if with_delta else None)
+    q, k, v = (
+        randn(batch, n_q_heads, seq_q, head_dim),
+        randn(batch, n_kv_heads, seq_k, head_dim),
+        randn(batch, n_kv_heads, seq_k, head_dim),
+    )
+    delta = (
+        -2 * math.pi * torch.rand(n_q_heads, head_dim, generator=generator, dtype=torch.float64, device=device)
+        if with_delta
+        else None
+    )
     grad_out = randn(batch, n_q_heads, seq_q, head_dim)
     return q, k, v, delta, grad_out
 
 
-def packed_inputs(lengths_q, lengths_k, n_q_heads, n_kv_heads, head_dim, *, with_delta=True, generator=None,
-                  device="cpu"):
+def packed_inputs(
+    lengths_q, lengths_k, n_q_heads, n_kv_heads, head_dim, *, with_delta=True, generator=None, device="cpu"
+):
     """A packed (varlen) batch of fresh random float64 inputs, drawn as attention_inputs draws them: (q (total_q,
     Hq, d), k and v (total_k, Hkv, d), delta (Hq, d) or None, grad_out like q, cu_seqlens_q, cu_seqlens_k int32)."""
-    q, k, v, delta, grad_out = attention_inputs(1, n_q_heads, n_kv_heads, sum(lengths_q), sum(lengths_k), head_dim,
-                                                with_delta=with_delta, generator=generator, device=device)
+    q, k, v, delta, grad_out = attention_inputs(
+        1,
+        n_q_heads,
+        n_kv_heads,
+        sum(lengths_q),
+        sum(lengths_k),
+        head_dim,
+        with_delta=with_delta,
+        generator=generator,
+        device=device,
+    )
     q, k, v, grad_out = (t[0].transpose(0, 1).contiguous() for t in (q, k, v, grad_out))
-    cu_seqlens_q, cu_seqlens_k = (torch.tensor([0, *itertools.accumulate(n)], dtype=torch.int32, device=device)
-                                  for n in (lengths_q, lengths_k))
+    cu_seqlens_q, cu_seqlens_k = (
+        torch.tensor([0, *itertools.accumulate(n)], dtype=torch.int32, device=device) for n in (lengths_q, lengths_k)
+    )
     return q, k, v, delta, grad_out, cu_seqlens_q, cu_seqlens_k
 
 
@@ -141,8 +164,19 @@ def outputs_and_gradients(fn, q, k, v, delta, grad_out, dtype, options) -> list:
     return [out.detach()] + [g.detach() for g in grads]
 
 
-def formula_attention(q, k, v, delta, *, base=10000.0, causal=True, q_offset=None, magnitude=F.softplus,
-                      rotary_dim=None, softmax_scale=None) -> torch.Tensor:
+def formula_attention(
+    q,
+    k,
+    v,
+    delta,
+    *,
+    base=10000.0,
+    causal=True,
+    q_offset=None,
+    magnitude=F.softplus,
+    rotary_dim=None,
+    softmax_scale=None,
+) -> torch.Tensor:
     """The paper's score written out channel by channel in float64, the mask applied by selection, then softmax and
     the value average: what pope_attention must compute. q (B, Hq, Nq, d), k/v (B, Hkv, Nk, d), delta (Hq, r)."""
     q, k, v = q.double(), k.double(), v.double()
@@ -192,6 +226,7 @@ class RecordingKernel:
         def launch(*args, **meta):
             self.triton_launches += 1
             return self.compiled
+
         return launch
 
 
@@ -215,10 +250,18 @@ def interpreter_subprocess_results(test_file: str, timeout: float) -> tuple[dict
     """({test name: passed}, the output's last 4000 characters) of the test module test_file run again by pytest in
     a fresh process with TRITON_INTERPRET=1: for a kernel test module in a process that imported Triton in compiled
     mode before it (no GPU), where the interpreter can no longer be switched on."""
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", test_file],
-                         env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=timeout)
-    results = {line.split("::", 1)[-1].split(" ")[0]: line.startswith("PASSED ") for line in run.stdout.splitlines()
-               if line.startswith(("PASSED ", "FAILED ", "ERROR "))}
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", test_file],
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    results = {
+        line.split("::", 1)[-1].split(" ")[0]: line.startswith("PASSED ")
+        for line in run.stdout.splitlines()
+        if line.startswith(("PASSED ", "FAILED ", "ERROR "))
+    }
     return results, run.stdout[-4000:]
 
 
@@ -249,6 +292,15 @@ def load_kernels(path: str, name: str):
     return module
 
 
-__all__ = ["GRADIENT_NAMES", "check_within_rule", "attention_inputs", "outputs_and_gradients", "formula_attention",
-           "load_kernels", "RecordingKernel", "kernel_test_setup", "interpreter_subprocess_results",
-           "assert_passed_in_subprocess"]
+__all__ = [
+    "GRADIENT_NAMES",
+    "check_within_rule",
+    "attention_inputs",
+    "outputs_and_gradients",
+    "formula_attention",
+    "load_kernels",
+    "RecordingKernel",
+    "kernel_test_setup",
+    "interpreter_subprocess_results",
+    "assert_passed_in_subprocess",
+]

@@ -25,15 +25,17 @@ Sources:
   removed, and split deterministically in the canonical proportions 229:76:77 by sha256 of the id.
   Parsing takes ~30-70 s, so the grids are cached under $POPE_CACHE/sources/.
 """
+
 from __future__ import annotations
 
 import json
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -81,9 +83,11 @@ def encode_grid(grid: np.ndarray, chorale_id: str = "<grid>") -> np.ndarray:
     bad = ~silent & ((grid < LOWEST_PITCH) | (grid > HIGHEST_PITCH))
     if bad.any():
         step, voice = (int(i) for i in np.argwhere(bad)[0])
-        raise ValueError(f"chorale {chorale_id}: pitch {int(grid[step, voice])} at step {step}, voice "
-                         f"{VOICE_NAMES[voice]} is outside the token range MIDI {LOWEST_PITCH}..{HIGHEST_PITCH} "
-                         f"({int(bad.sum())} such notes)")
+        raise ValueError(
+            f"chorale {chorale_id}: pitch {int(grid[step, voice])} at step {step}, voice "
+            f"{VOICE_NAMES[voice]} is outside the token range MIDI {LOWEST_PITCH}..{HIGHEST_PITCH} "
+            f"({int(bad.sum())} such notes)"
+        )
     tokens = np.where(silent, SILENCE_ID, grid.astype(np.int64) - LOWEST_PITCH)
     return tokens.reshape(-1).astype(np.int64)  # row-major = the 4 voices of a step, then the next step
 
@@ -92,11 +96,15 @@ def decode_tokens(tokens: np.ndarray | list[int]) -> np.ndarray:
     """(4T,) tokens -> (T, 4) int16 pitch grid with REST for silence (inverse of encode_grid)."""
     tokens = np.asarray(tokens)
     if tokens.ndim != 1 or tokens.size % N_VOICES:
-        raise ValueError(f"chorale tokens must be a 1-D array whose length is a multiple of 4, got shape {tokens.shape}")
+        raise ValueError(
+            f"chorale tokens must be a 1-D array whose length is a multiple of 4, got shape {tokens.shape}"
+        )
     if tokens.size and (tokens.min() < 0 or tokens.max() > SILENCE_ID):
         position = int(np.flatnonzero((tokens < 0) | (tokens > SILENCE_ID))[0])
-        raise ValueError(f"token {int(tokens[position])} at position {position} is not a note or silence "
-                         f"(pad is {PAD_ID}; strip padding before decoding)")
+        raise ValueError(
+            f"token {int(tokens[position])} at position {position} is not a note or silence "
+            f"(pad is {PAD_ID}; strip padding before decoding)"
+        )
     grid = np.where(tokens == SILENCE_ID, REST, tokens.astype(np.int64) + LOWEST_PITCH)
     return grid.reshape(-1, N_VOICES).astype(np.int16)
 
@@ -123,8 +131,9 @@ def load_jsb_json(path: str | os.PathLike) -> dict[str, list[Chorale]]:
     expected = ("train", "valid", "test")
     if not isinstance(payload, dict) or not all(key in payload for key in expected):
         keys = list(payload) if isinstance(payload, dict) else type(payload).__name__
-        raise ValueError(f"{path}: expected an object with keys {list(expected)} (the Jsb16thSeparated.json "
-                         f"layout), found {keys}")
+        raise ValueError(
+            f"{path}: expected an object with keys {list(expected)} (the Jsb16thSeparated.json layout), found {keys}"
+        )
     result: dict[str, list[Chorale]] = {}
     for split in expected:
         chorales = payload[split]
@@ -147,9 +156,11 @@ def load_jsb_json(path: str | os.PathLike) -> dict[str, list[Chorale]]:
         result[split] = parsed
     empty = [split for split in expected if not result[split]]
     if empty:
-        raise ValueError(f"{path}: split {' and '.join(map(repr, empty))} {'is' if len(empty) == 1 else 'are'} empty "
-                         f"(0 chorales); the file needs chorales in each of train, valid and test, like "
-                         f"Jsb16thSeparated.json (229/76/77), or omit --source to build from music21's corpus")
+        raise ValueError(
+            f"{path}: split {' and '.join(map(repr, empty))} {'is' if len(empty) == 1 else 'are'} empty "
+            f"(0 chorales); the file needs chorales in each of train, valid and test, like "
+            f"Jsb16thSeparated.json (229/76/77), or omit --source to build from music21's corpus"
+        )
     return result
 
 
@@ -221,14 +232,18 @@ def music21_chorale_paths() -> list[str]:
 
     paths = sorted(str(p) for p in corpus.getComposer("bach") if str(p).endswith(".mxl"))
     if not paths:
-        raise FileNotFoundError(f"music21 {music21.__version__} has no Bach .mxl files in its corpus; "
-                                f"reinstall music21 (pip install 'pope-attention[data]')")
+        raise FileNotFoundError(
+            f"music21 {music21.__version__} has no Bach .mxl files in its corpus; "
+            f"reinstall music21 (pip install 'pope-attention[data]')"
+        )
     return paths
 
 
 def music21_grid_cache_path() -> Path:
     music21 = _require_music21()
-    return cache_root() / "sources" / "music21-chorales" / f"grids-music21-{music21.__version__}-v{GRID_CACHE_VERSION}.npz"
+    return (
+        cache_root() / "sources" / "music21-chorales" / f"grids-music21-{music21.__version__}-v{GRID_CACHE_VERSION}.npz"
+    )
 
 
 def build_music21_chorales(*, progress: bool = True, workers: int | None = None) -> tuple[list[Chorale], dict]:
@@ -272,9 +287,15 @@ def build_music21_chorales(*, progress: bool = True, workers: int | None = None)
         unsampled += result["unsampled"]
         overlaps += result["overlaps"]
     music21 = _require_music21()
-    report = {"scores_read": len(paths), "chorales": len(chorales), "skipped": skipped,
-              "duplicates_removed": duplicates, "notes_between_grid_points": unsampled,
-              "overlapping_notes_in_a_voice": overlaps, "music21_version": music21.__version__}
+    report = {
+        "scores_read": len(paths),
+        "chorales": len(chorales),
+        "skipped": skipped,
+        "duplicates_removed": duplicates,
+        "notes_between_grid_points": unsampled,
+        "overlapping_notes_in_a_voice": overlaps,
+        "music21_version": music21.__version__,
+    }
     _save_grid_cache(cache_path, chorales, report)
     return chorales, report
 
@@ -283,8 +304,13 @@ def _save_grid_cache(path: Path, chorales: list[Chorale], report: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     lengths = np.array([c.grid.shape[0] for c in chorales], dtype=np.int64)
     tmp = path.with_name(path.name + f".tmp-{os.getpid()}.npz")
-    np.savez(tmp, grids=np.concatenate([c.grid for c in chorales]), lengths=lengths,
-             ids=np.array([c.chorale_id for c in chorales]), report=np.array(json.dumps(report)))
+    np.savez(
+        tmp,
+        grids=np.concatenate([c.grid for c in chorales]),
+        lengths=lengths,
+        ids=np.array([c.chorale_id for c in chorales]),
+        report=np.array(json.dumps(report)),
+    )
     os.replace(tmp, path)
 
 
@@ -295,10 +321,12 @@ def _load_grid_cache(path: Path) -> tuple[list[Chorale], dict]:
             report = json.loads(str(cached["report"]))
     except Exception as err:  # a damaged cache is rebuilt, not trusted
         path.unlink(missing_ok=True)
-        raise ValueError(f"the music21 chorale cache {path} was unreadable ({err}) and has been removed; "
-                         f"run the command again to rebuild it") from err
+        raise ValueError(
+            f"the music21 chorale cache {path} was unreadable ({err}) and has been removed; "
+            f"run the command again to rebuild it"
+        ) from err
     bounds = np.concatenate([[0], np.cumsum(lengths)])
-    chorales = [Chorale(str(ids[i]), grids[bounds[i]:bounds[i + 1]]) for i in range(len(ids))]
+    chorales = [Chorale(str(ids[i]), grids[bounds[i] : bounds[i + 1]]) for i in range(len(ids))]
     return chorales, report
 
 
@@ -313,41 +341,60 @@ def split_music21_chorales(chorales: Iterable[Chorale]) -> dict[str, list[Choral
 
 
 # ----------------------------------------------------------------------------------------- prepare
-def prepare_jsb(out_dir: str | os.PathLike, *, source: str | os.PathLike | None = None, force: bool = False,
-                progress: bool = True) -> PreparedDataset:
+def prepare_jsb(
+    out_dir: str | os.PathLike, *, source: str | os.PathLike | None = None, force: bool = False, progress: bool = True
+) -> PreparedDataset:
     """Write the prepared "jsb" dataset: canonical JSON when `source` is given, else music21's corpus."""
     from tqdm import tqdm
 
     if source is not None:
         source_path = Path(source).expanduser().absolute()
         if not source_path.exists():
-            raise FileNotFoundError(f"JSB source {source_path} does not exist; pass the Jsb16thSeparated.json "
-                                    f"file, or omit --source to build from music21's Bach corpus")
-        request = {"dataset": "jsb", "source": "json", "path": str(source_path),
-                   "fingerprint": file_fingerprint([source_path]), "grid_version": GRID_CACHE_VERSION}
+            raise FileNotFoundError(
+                f"JSB source {source_path} does not exist; pass the Jsb16thSeparated.json "
+                f"file, or omit --source to build from music21's Bach corpus"
+            )
+        request = {
+            "dataset": "jsb",
+            "source": "json",
+            "path": str(source_path),
+            "fingerprint": file_fingerprint([source_path]),
+            "grid_version": GRID_CACHE_VERSION,
+        }
     else:
         music21 = _require_music21()
-        request = {"dataset": "jsb", "source": "music21", "music21": music21.__version__,
-                   "grid_version": GRID_CACHE_VERSION}
+        request = {
+            "dataset": "jsb",
+            "source": "music21",
+            "music21": music21.__version__,
+            "grid_version": GRID_CACHE_VERSION,
+        }
     existing = reuse_if_prepared(out_dir, request, force=force)
     if existing is not None:
         return existing
 
     if source is not None:
         splits = load_jsb_json(source_path)
-        source_info = {"description": "canonical JSB-Chorales JSON (16th notes, voices separated)",
-                       "path": str(source_path), "split": "the file's own train/valid/test"}
+        source_info = {
+            "description": "canonical JSB-Chorales JSON (16th notes, voices separated)",
+            "path": str(source_path),
+            "split": "the file's own train/valid/test",
+        }
         report: dict[str, Any] = {}
     else:
         chorales, report = build_music21_chorales(progress=progress)
         splits = split_music21_chorales(chorales)
-        source_info = {"description": "music21 Bach chorale corpus: 4-part .mxl scores sampled on the 16th grid, "
-                                      "no transposition, duplicates removed, deterministic 229:76:77 split",
-                       "libraries": {"music21": report["music21_version"]}}
+        source_info = {
+            "description": "music21 Bach chorale corpus: 4-part .mxl scores sampled on the 16th grid, "
+            "no transposition, duplicates removed, deterministic 229:76:77 split",
+            "libraries": {"music21": report["music21_version"]},
+        }
         if report["skipped"]:
             listed = ", ".join(f"{item['id']} ({item['reason'].split(',')[0]})" for item in report["skipped"][:6])
-            warn(f"skipped {len(report['skipped'])} of {report['scores_read']} scores that are not 4-part chorales "
-                 f"(all listed in the manifest): {listed}{' ...' if len(report['skipped']) > 6 else ''}")
+            warn(
+                f"skipped {len(report['skipped'])} of {report['scores_read']} scores that are not 4-part chorales "
+                f"(all listed in the manifest): {listed}{' ...' if len(report['skipped']) > 6 else ''}"
+            )
 
     chunked = []
     with PreparedWriter(out_dir, VOCAB_SIZE, force=force) as writer:
@@ -357,19 +404,29 @@ def prepare_jsb(out_dir: str | os.PathLike, *, source: str | os.PathLike | None 
                 tokens = encode_grid(chorale.grid, chorale.chorale_id)
                 ranges = chunk_steps(chorale.grid.shape[0])
                 if len(ranges) > 1:
-                    chunked.append({"id": chorale.chorale_id, "steps": int(chorale.grid.shape[0]),
-                                    "documents": len(ranges)})
+                    chunked.append(
+                        {"id": chorale.chorale_id, "steps": int(chorale.grid.shape[0]), "documents": len(ranges)}
+                    )
                 for start, stop in ranges:
-                    writer.add_document(split, tokens[start * N_VOICES: stop * N_VOICES])
-        return writer.finish({
-            "name": "jsb",
-            "vocab": {"tokens": vocabulary(), "pad_id": PAD_ID, "silence_id": SILENCE_ID,
-                      "encoding": "token = MIDI pitch - 21 (MIDI 21..108); 88 = silence; 89 = pad; "
-                                  "raster order S, A, T, B per 16th-note step"},
-            "seq_len": MAX_SEQ_LEN,
-            "request": request,
-            "source": source_info,
-            "train_transform": None,
-            "stats": {"chorales_per_split": {s: len(c) for s, c in splits.items()},
-                      "chorales_cut_into_documents_of_at_most_2048_tokens": chunked, **report},
-        })
+                    writer.add_document(split, tokens[start * N_VOICES : stop * N_VOICES])
+        return writer.finish(
+            {
+                "name": "jsb",
+                "vocab": {
+                    "tokens": vocabulary(),
+                    "pad_id": PAD_ID,
+                    "silence_id": SILENCE_ID,
+                    "encoding": "token = MIDI pitch - 21 (MIDI 21..108); 88 = silence; 89 = pad; "
+                    "raster order S, A, T, B per 16th-note step",
+                },
+                "seq_len": MAX_SEQ_LEN,
+                "request": request,
+                "source": source_info,
+                "train_transform": None,
+                "stats": {
+                    "chorales_per_split": {s: len(c) for s, c in splits.items()},
+                    "chorales_cut_into_documents_of_at_most_2048_tokens": chunked,
+                    **report,
+                },
+            }
+        )

@@ -33,6 +33,7 @@ region into documents of at most `window_tokens` tokens; its split token streams
 same bytes as layout 2's, only the document offsets differ. A prepare over a dataset of an older layout
 rebuilds it (pope.data.writer.reuse_if_prepared).
 """
+
 from __future__ import annotations
 
 import gzip
@@ -40,13 +41,13 @@ import hashlib
 import itertools
 import os
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
-from pope.data.prepared import (PreparedDataset, check_max_docs, file_fingerprint, split_counts, stable_order_key,
-                                warn)
+from pope.data.prepared import PreparedDataset, check_max_docs, file_fingerprint, split_counts, stable_order_key, warn
 from pope.data.writer import PreparedWriter, reuse_if_prepared
 
 SPECIAL_TOKENS = ("<unk>", "<pad>", "<mask>", "<cls>", "<eos>", "<bos>")
@@ -152,9 +153,13 @@ def _open_fasta(path: Path):
     return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
 
 
-def read_fasta_regions(path: str | os.PathLike, region_bases: int = DEFAULT_REGION_BASES,
-                       max_bases: int | None = None, ambiguous_as_n: bool = False,
-                       counts: dict[str, int] | None = None) -> Iterator[tuple[str, int, bytes]]:
+def read_fasta_regions(
+    path: str | os.PathLike,
+    region_bases: int = DEFAULT_REGION_BASES,
+    max_bases: int | None = None,
+    ambiguous_as_n: bool = False,
+    counts: dict[str, int] | None = None,
+) -> Iterator[tuple[str, int, bytes]]:
     """Yield (record_name, start, upper-case bases) regions of at most region_bases per record.
 
     Validates as it reads: a clear ValueError names the file and line for a malformed header, data
@@ -194,18 +199,24 @@ def read_fasta_regions(path: str | os.PathLike, region_bases: int = DEFAULT_REGI
                 if not line or line.startswith(b";"):
                     continue  # blank lines and old-style comments
                 if record is None:
-                    raise ValueError(f"{path}, line {line_number}: sequence data before the first '>' header "
-                                     f"(is this a FASTA file?)")
+                    raise ValueError(
+                        f"{path}, line {line_number}: sequence data before the first '>' header (is this a FASTA file?)"
+                    )
                 if ambiguous_as_n and line.translate(None, _VALID_LETTERS):
                     cleaned = line.translate(_AMBIGUOUS_TO_N)
                     counts["ambiguous_as_n"] += sum(a != b for a, b in zip(line, cleaned))
                     line = cleaned
                 if line.translate(None, _VALID_LETTERS):
                     column = next(i for i, byte in enumerate(line) if byte not in _VALID_LETTERS)
-                    hint = " (an IUPAC ambiguity code: pass --ambiguous-as-n to read it as N)" \
-                        if line[column] in AMBIGUOUS_LETTERS else ""
-                    raise ValueError(f"{path}, line {line_number}, column {column + 1}: letter "
-                                     f"{chr(line[column])!r} in record {record!r} is not A, C, G, T or N{hint}")
+                    hint = (
+                        " (an IUPAC ambiguity code: pass --ambiguous-as-n to read it as N)"
+                        if line[column] in AMBIGUOUS_LETTERS
+                        else ""
+                    )
+                    raise ValueError(
+                        f"{path}, line {line_number}, column {column + 1}: letter "
+                        f"{chr(line[column])!r} in record {record!r} is not A, C, G, T or N{hint}"
+                    )
                 if max_bases is not None and total + len(line) > max_bases:
                     line = line[: max_bases - total]
                 buffer += line.upper()
@@ -217,8 +228,10 @@ def read_fasta_regions(path: str | os.PathLike, region_bases: int = DEFAULT_REGI
                 if max_bases is not None and total >= max_bases:
                     break
     except (EOFError, zlib.error, gzip.BadGzipFile) as err:
-        raise ValueError(f"{path}: the gzip stream is truncated or corrupt after line {line_number} "
-                         f"({type(err).__name__}: {err}); download the file again") from err
+        raise ValueError(
+            f"{path}: the gzip stream is truncated or corrupt after line {line_number} "
+            f"({type(err).__name__}: {err}); download the file again"
+        ) from err
     if record is None:
         raise ValueError(f"{path}: no FASTA record found (expected a '>' header line)")
     if buffer:
@@ -231,14 +244,24 @@ def _assign_block(region_ids: list[str]) -> dict[str, str]:
     if len(ranked) < 3:
         return {region: "train" for region in ranked}
     n_train, n_valid, _ = split_counts(len(ranked), SPLIT_FRACTIONS)
-    return {region: "train" if rank < n_train else "valid" if rank < n_train + n_valid else "test"
-            for rank, region in enumerate(ranked)}
+    return {
+        region: "train" if rank < n_train else "valid" if rank < n_train + n_valid else "test"
+        for rank, region in enumerate(ranked)
+    }
 
 
-def prepare_genome(out_dir: str | os.PathLike, *, source: str | os.PathLike | None = None, force: bool = False,
-                   progress: bool = True, region_bases: int = DEFAULT_REGION_BASES, max_bases: int | None = None,
-                   max_n_fraction: float = 0.5, window_tokens: int = WINDOW_TOKENS,
-                   ambiguous_as_n: bool = False) -> PreparedDataset:
+def prepare_genome(
+    out_dir: str | os.PathLike,
+    *,
+    source: str | os.PathLike | None = None,
+    force: bool = False,
+    progress: bool = True,
+    region_bases: int = DEFAULT_REGION_BASES,
+    max_bases: int | None = None,
+    max_n_fraction: float = 0.5,
+    window_tokens: int = WINDOW_TOKENS,
+    ambiguous_as_n: bool = False,
+) -> PreparedDataset:
     """Write the prepared "genome" dataset from a FASTA file (default: the offline human chrX)."""
     from tqdm import tqdm
 
@@ -258,10 +281,18 @@ def prepare_genome(out_dir: str | os.PathLike, *, source: str | os.PathLike | No
         raise ValueError(f"max_n_fraction must lie in [0, 1], got {max_n_fraction}")
     if max_bases is not None and max_bases <= 0:
         raise ValueError(f"max_bases must be positive (or None for the whole file), got {max_bases}")
-    request = {"dataset": "genome", "path": str(fasta), "fingerprint": file_fingerprint([fasta]),
-               "region_bases": region_bases, "max_bases": max_bases, "max_n_fraction": max_n_fraction,
-               "window_tokens": window_tokens, "ambiguous_as_n": ambiguous_as_n, "tokenizer_version": 1,
-               "layout_version": LAYOUT_VERSION}
+    request = {
+        "dataset": "genome",
+        "path": str(fasta),
+        "fingerprint": file_fingerprint([fasta]),
+        "region_bases": region_bases,
+        "max_bases": max_bases,
+        "max_n_fraction": max_n_fraction,
+        "window_tokens": window_tokens,
+        "ambiguous_as_n": ambiguous_as_n,
+        "tokenizer_version": 1,
+        "layout_version": LAYOUT_VERSION,
+    }
     existing = reuse_if_prepared(out_dir, request, force=force)
     if existing is not None:
         return existing
@@ -273,6 +304,7 @@ def prepare_genome(out_dir: str | os.PathLike, *, source: str | os.PathLike | No
     block: list[tuple[str, np.ndarray]] = []
     bar = tqdm(desc="genome", unit="bp", unit_scale=True, disable=not progress, total=max_bases)
     with PreparedWriter(out_dir, VOCAB_SIZE, force=force) as writer:
+
         def flush_block() -> None:
             assignment = _assign_block([region_id for region_id, _ in block])
             for region_id, tokens in block:
@@ -298,36 +330,61 @@ def prepare_genome(out_dir: str | os.PathLike, *, source: str | os.PathLike | No
             flush_block()
         bar.close()
         if skipped:
-            warn(f"skipped {len(skipped)} region(s) of {region_bases} bp with more than {max_n_fraction:.0%} N "
-                 f"(listed in the manifest): {', '.join(s['region'] for s in skipped[:5])}"
-                 f"{' ...' if len(skipped) > 5 else ''}")
+            warn(
+                f"skipped {len(skipped)} region(s) of {region_bases} bp with more than {max_n_fraction:.0%} N "
+                f"(listed in the manifest): {', '.join(s['region'] for s in skipped[:5])}"
+                f"{' ...' if len(skipped) > 5 else ''}"
+            )
         if writer.n_tokens("valid") == 0 or writer.n_tokens("test") == 0:
-            raise ValueError(f"{fasta}: too little sequence for train/valid/test regions ({sum(map(len, regions_by_split.values()))} "
-                             f"usable region(s) of {region_bases} bp); use a smaller --region-bases")
-        return writer.finish({
-            "name": "genome",
-            "vocab": {"tokens": vocabulary(), "pad_id": None, "pad_token_id": PAD_TOKEN_ID,
-                      "encoding": "non-overlapping 6-mers (ids 11..4106) with single-nucleotide fallback "
-                                  "(A C G T N = 6..10) for N and for the < 6 bases before an N or a region end; "
-                                  "specials 0..5 = <unk> <pad> <mask> <cls> <eos> <bos>"},
-            "seq_len": window_tokens,
-            "request": request,
-            "source": {"description": description, "path": str(fasta),
-                       "sha256": hashlib.sha256(fasta.read_bytes()).hexdigest()},
-            "train_transform": None,
-            "stats": {"bases_read": bases_read, "bases_in_splits": n_bases_in_splits,
-                      "ambiguous_letters_read_as_n": reader_counts.get("ambiguous_as_n", 0),
-                      "max_bases_cap": max_bases,
-                      "regions_per_split": {k: len(v) for k, v in regions_by_split.items()},
-                      "regions": regions_by_split,
-                      "regions_skipped_for_n": skipped, "region_bases": region_bases,
-                      "documents_are": "one whole region each (tokenised on its own)"},
-        })
+            raise ValueError(
+                f"{fasta}: too little sequence for train/valid/test regions "
+                f"({sum(map(len, regions_by_split.values()))} usable region(s) of {region_bases} bp); "
+                "use a smaller --region-bases"
+            )
+        return writer.finish(
+            {
+                "name": "genome",
+                "vocab": {
+                    "tokens": vocabulary(),
+                    "pad_id": None,
+                    "pad_token_id": PAD_TOKEN_ID,
+                    "encoding": "non-overlapping 6-mers (ids 11..4106) with single-nucleotide fallback "
+                    "(A C G T N = 6..10) for N and for the < 6 bases before an N or a region end; "
+                    "specials 0..5 = <unk> <pad> <mask> <cls> <eos> <bos>",
+                },
+                "seq_len": window_tokens,
+                "request": request,
+                "source": {
+                    "description": description,
+                    "path": str(fasta),
+                    "sha256": hashlib.sha256(fasta.read_bytes()).hexdigest(),
+                },
+                "train_transform": None,
+                "stats": {
+                    "bases_read": bases_read,
+                    "bases_in_splits": n_bases_in_splits,
+                    "ambiguous_letters_read_as_n": reader_counts.get("ambiguous_as_n", 0),
+                    "max_bases_cap": max_bases,
+                    "regions_per_split": {k: len(v) for k, v in regions_by_split.items()},
+                    "regions": regions_by_split,
+                    "regions_skipped_for_n": skipped,
+                    "region_bases": region_bases,
+                    "documents_are": "one whole region each (tokenised on its own)",
+                },
+            }
+        )
 
 
-def prepare_genome_hf(out_dir: str | os.PathLike, *, dataset_id: str = "InstaDeepAI/human_reference_genome",
-                      config: str = "6kbp", force: bool = False, progress: bool = True,
-                      max_docs: int | None = None, window_tokens: int = WINDOW_TOKENS) -> PreparedDataset:
+def prepare_genome_hf(
+    out_dir: str | os.PathLike,
+    *,
+    dataset_id: str = "InstaDeepAI/human_reference_genome",
+    config: str = "6kbp",
+    force: bool = False,
+    progress: bool = True,
+    max_docs: int | None = None,
+    window_tokens: int = WINDOW_TOKENS,
+) -> PreparedDataset:
     """Prepare from the HF human reference genome (needs internet): its train/validation/test chunks are
     tokenised as they stream and each chunk is one document (a chunk of the 6kbp config is about 1,000
     tokens, so `pope eval length` on this data reaches about that length; the FASTA preparation has whole
@@ -338,8 +395,15 @@ def prepare_genome_hf(out_dir: str | os.PathLike, *, dataset_id: str = "InstaDee
 
     check_max_docs(max_docs)
     datasets = _require_datasets()
-    request = {"dataset": "genome", "hf": dataset_id, "config": config, "max_docs": max_docs,
-               "window_tokens": window_tokens, "tokenizer_version": 1, "layout_version": LAYOUT_VERSION}
+    request = {
+        "dataset": "genome",
+        "hf": dataset_id,
+        "config": config,
+        "max_docs": max_docs,
+        "window_tokens": window_tokens,
+        "tokenizer_version": 1,
+        "layout_version": LAYOUT_VERSION,
+    }
     existing = reuse_if_prepared(out_dir, request, force=force)
     if existing is not None:
         return existing
@@ -354,12 +418,16 @@ def prepare_genome_hf(out_dir: str | os.PathLike, *, dataset_id: str = "InstaDee
                 except ValueError as err:
                     raise ValueError(f"{dataset_id} {hf_split} example {index}: {err}") from err
                 writer.add_document(split, tokens)  # the whole chunk: one document
-        return writer.finish({
-            "name": "genome",
-            "vocab": {"tokens": vocabulary(), "pad_id": None, "pad_token_id": PAD_TOKEN_ID},
-            "seq_len": window_tokens,
-            "request": request,
-            "source": {"description": f"HF dataset {dataset_id} ({config}), its own splits",
-                       "libraries": {"datasets": datasets.__version__}},
-            "train_transform": None,
-        })
+        return writer.finish(
+            {
+                "name": "genome",
+                "vocab": {"tokens": vocabulary(), "pad_id": None, "pad_token_id": PAD_TOKEN_ID},
+                "seq_len": window_tokens,
+                "request": request,
+                "source": {
+                    "description": f"HF dataset {dataset_id} ({config}), its own splits",
+                    "libraries": {"datasets": datasets.__version__},
+                },
+                "train_transform": None,
+            }
+        )

@@ -46,6 +46,7 @@ directory); ``fresh`` changes only how training examples are drawn. The two orde
 itself (a query-first line starts with one letter and a signed shift), so readers that get no options
 (``shifts_of_file``) read both.
 """
+
 from __future__ import annotations
 
 import json
@@ -87,20 +88,30 @@ class TaskOptions:
     query_first: bool = False
 
     def __post_init__(self):
-        if not (isinstance(self.min_len, int) and isinstance(self.max_len, int)
-                and MIN_LETTERS <= self.min_len <= self.max_len <= MAX_LETTERS):
-            raise ValueError(f"indirect-indexing: need {MIN_LETTERS} <= min_len <= max_len <= {MAX_LETTERS}; got "
-                             f"min_len={self.min_len}, max_len={self.max_len}")
+        if not (
+            isinstance(self.min_len, int)
+            and isinstance(self.max_len, int)
+            and MIN_LETTERS <= self.min_len <= self.max_len <= MAX_LETTERS
+        ):
+            raise ValueError(
+                f"indirect-indexing: need {MIN_LETTERS} <= min_len <= max_len <= {MAX_LETTERS}; got "
+                f"min_len={self.min_len}, max_len={self.max_len}"
+            )
 
     def split_key(self) -> str:
         """'' for the paper's splits, else a suffix naming what changes them (fresh does not)."""
-        parts = [f"len{self.min_len}-{self.max_len}"] if (self.min_len, self.max_len) != (MIN_LETTERS, MAX_LETTERS) \
-            else []
+        parts = (
+            [f"len{self.min_len}-{self.max_len}"] if (self.min_len, self.max_len) != (MIN_LETTERS, MAX_LETTERS) else []
+        )
         return "-".join(parts + (["shift0"] if self.zero_shift else []) + (["query-first"] if self.query_first else []))
 
     def split_options(self) -> dict:
-        return {"min_len": self.min_len, "max_len": self.max_len, "zero_shift": self.zero_shift,
-                "query_first": self.query_first}
+        return {
+            "min_len": self.min_len,
+            "max_len": self.max_len,
+            "zero_shift": self.zero_shift,
+            "query_first": self.query_first,
+        }
 
     def format_line(self, letters: str, source: str, shift: int, target: str) -> str:
         """One example line in this variant's field order."""
@@ -123,7 +134,9 @@ def parse_task_spec(spec: str) -> TaskOptions:
         key, eq, value = item.partition("=")
         key, value = key.strip(), value.strip().lower()
         if not eq or key not in valid:
-            raise ValueError(f"dataset spec {spec!r}: {item!r} is not OPTION=VALUE with OPTION one of {', '.join(valid)}")
+            raise ValueError(
+                f"dataset spec {spec!r}: {item!r} is not OPTION=VALUE with OPTION one of {', '.join(valid)}"
+            )
         if key in ("zero_shift", "fresh", "query_first"):
             if value not in ("true", "false", "1", "0", "yes", "no"):
                 raise ValueError(f"dataset spec {spec!r}: {key} must be true or false, got {value!r}")
@@ -157,9 +170,11 @@ def line_fields(line: str) -> tuple[str, str, str, str, bool]:
     whose first field is one letter followed by a signed shift is query-first. Checks only the field count."""
     parts = line.strip("\n").split(",")
     if len(parts) != 4:
-        raise ValueError(f"indirect-indexing example {line!r}: expected 4 comma-separated fields "
-                         "<string>,<source>,<signed shift>,<target> (or, query first, <source>,<signed shift>,"
-                         "<string>,<target>)")
+        raise ValueError(
+            f"indirect-indexing example {line!r}: expected 4 comma-separated fields "
+            "<string>,<source>,<signed shift>,<target> (or, query first, <source>,<signed shift>,"
+            "<string>,<target>)"
+        )
     if len(parts[0]) == 1 and parts[1][:1] in ("+", "-"):
         source, shift_text, letters, target = parts
         return letters, source, shift_text, target, True
@@ -172,11 +187,15 @@ def parse_example(line: str, options: TaskOptions = PAPER_TASK) -> Example:
     letters, source, shift_text, target, query_first = line_fields(line)
     if query_first != options.query_first:
         order = "query-first (<source>,<shift>,<string>,<target>)" if query_first else "the paper's order"
-        raise ValueError(f"indirect-indexing example {line!r} is in {order}, but the task asks for "
-                         f"{'query_first=true' if options.query_first else 'the paper order'}")
+        raise ValueError(
+            f"indirect-indexing example {line!r} is in {order}, but the task asks for "
+            f"{'query_first=true' if options.query_first else 'the paper order'}"
+        )
     if not (options.min_len <= len(letters) <= options.max_len) or any(c not in LETTERS for c in letters):
-        raise ValueError(f"indirect-indexing example {line!r}: the string must be {options.min_len}..{options.max_len} "
-                         "letters from [A-Za-z]")
+        raise ValueError(
+            f"indirect-indexing example {line!r}: the string must be {options.min_len}..{options.max_len} "
+            "letters from [A-Za-z]"
+        )
     if len(set(letters)) != len(letters):
         raise ValueError(f"indirect-indexing example {line!r}: the string's letters must be distinct")
     if len(source) != 1 or source not in letters:
@@ -185,19 +204,23 @@ def parse_example(line: str, options: TaskOptions = PAPER_TASK) -> Example:
         raise ValueError(f"indirect-indexing example {line!r}: the shift must be signed, e.g. +3 or -12")
     shift = int(shift_text)
     if (shift == 0 and not options.zero_shift) or abs(shift) > MAX_SHIFT:
-        raise ValueError(f"indirect-indexing example {line!r}: the shift must be in [-{MAX_SHIFT}, +{MAX_SHIFT}]"
-                         + ("" if options.zero_shift else " and not 0"))
+        raise ValueError(
+            f"indirect-indexing example {line!r}: the shift must be in [-{MAX_SHIFT}, +{MAX_SHIFT}]"
+            + ("" if options.zero_shift else " and not 0")
+        )
     position = letters.index(source) + shift
     if not 0 <= position < len(letters):
         raise ValueError(f"indirect-indexing example {line!r}: source + shift lands outside the string")
     if target != letters[position]:
-        raise ValueError(f"indirect-indexing example {line!r}: the target must be string[source + shift] = "
-                         f"{letters[position]!r}")
+        raise ValueError(
+            f"indirect-indexing example {line!r}: the target must be string[source + shift] = {letters[position]!r}"
+        )
     return Example(letters, source, shift, target)
 
 
-def generate_examples(count: int, rng: np.random.Generator, *, chunk_size: int = 100_000,
-                      options: TaskOptions = PAPER_TASK) -> list[str]:
+def generate_examples(
+    count: int, rng: np.random.Generator, *, chunk_size: int = 100_000, options: TaskOptions = PAPER_TASK
+) -> list[str]:
     """``count`` random example lines (not yet de-duplicated) of the task variant, drawn with ``rng``.
     Variants change only the ranges drawn from, not the order of the draws."""
     lines: list[str] = []
@@ -219,13 +242,20 @@ def generate_examples(count: int, rng: np.random.Generator, *, chunk_size: int =
         source_bytes = letter_bytes[rows, source_index]
         target_bytes = letter_bytes[rows, source_index + shift]
         for i in range(n):
-            lines.append(options.format_line(letter_bytes[i, :lengths[i]].tobytes().decode(), chr(source_bytes[i]),
-                                             int(shift[i]), chr(target_bytes[i])))
+            lines.append(
+                options.format_line(
+                    letter_bytes[i, : lengths[i]].tobytes().decode(),
+                    chr(source_bytes[i]),
+                    int(shift[i]),
+                    chr(target_bytes[i]),
+                )
+            )
     return lines
 
 
-def make_splits(seed: int = 0, sizes: dict[str, int] | None = None,
-                options: TaskOptions = PAPER_TASK) -> dict[str, list[str]]:
+def make_splits(
+    seed: int = 0, sizes: dict[str, int] | None = None, options: TaskOptions = PAPER_TASK
+) -> dict[str, list[str]]:
     """Deterministic, disjoint splits of the task (variant). Test is drawn first, then valid, then train, so
     the held-out sets do not change when the training set size does; a string already used is drawn again."""
     sizes = dict(DEFAULT_SPLIT_SIZES if sizes is None else sizes)
@@ -251,8 +281,9 @@ def make_splits(seed: int = 0, sizes: dict[str, int] | None = None,
     return splits
 
 
-def write_splits(directory: str | os.PathLike, seed: int = 0, sizes: dict[str, int] | None = None,
-                 options: TaskOptions = PAPER_TASK) -> Path:
+def write_splits(
+    directory: str | os.PathLike, seed: int = 0, sizes: dict[str, int] | None = None, options: TaskOptions = PAPER_TASK
+) -> Path:
     """Generate the splits and write ``{split}.txt`` + ``manifest.json`` atomically into ``directory``.
     The manifest records the variant's options (``task_options``) only when they are not the paper's.
 
@@ -264,8 +295,15 @@ def write_splits(directory: str | os.PathLike, seed: int = 0, sizes: dict[str, i
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     splits = make_splits(seed, sizes, options)
-    manifest = {"task": "indirect-indexing", "format_version": FORMAT_VERSION, "seed": seed,
-                "characters": CHARACTERS, "pad_id": PAD_ID, "vocab_size": VOCAB_SIZE, "splits": {}}
+    manifest = {
+        "task": "indirect-indexing",
+        "format_version": FORMAT_VERSION,
+        "seed": seed,
+        "characters": CHARACTERS,
+        "pad_id": PAD_ID,
+        "vocab_size": VOCAB_SIZE,
+        "splits": {},
+    }
     if options.split_key():
         manifest["task_options"] = options.split_options()
     for name, lines in splits.items():
@@ -287,8 +325,12 @@ def split_task_options(manifest: dict) -> TaskOptions:
     return TaskOptions(**manifest.get("task_options", {}))
 
 
-def ensure_splits(directory: str | os.PathLike | None = None, seed: int = 0,
-                  sizes: dict[str, int] | None = None, options: TaskOptions = PAPER_TASK) -> Path:
+def ensure_splits(
+    directory: str | os.PathLike | None = None,
+    seed: int = 0,
+    sizes: dict[str, int] | None = None,
+    options: TaskOptions = PAPER_TASK,
+) -> Path:
     """The split directory for ``seed`` (and the task variant), generated on first use (a few seconds for
     1M examples). An existing directory made with another seed, other sizes or another variant is refused,
     not silently reused.
@@ -316,9 +358,11 @@ def _existing_splits(directory: Path, seed: int, sizes: dict[str, int] | None, o
     found = {name: info["examples"] for name, info in manifest["splits"].items()}
     found_options = split_task_options(manifest).split_options()
     if manifest.get("seed") != seed or found != wanted or found_options != options.split_options():
-        raise ValueError(f"{directory} holds indirect-indexing splits with seed {manifest.get('seed')}, sizes "
-                         f"{found} and task {found_options}, but seed {seed}, sizes {wanted} and task "
-                         f"{options.split_options()} were asked for; use another directory")
+        raise ValueError(
+            f"{directory} holds indirect-indexing splits with seed {manifest.get('seed')}, sizes "
+            f"{found} and task {found_options}, but seed {seed}, sizes {wanted} and task "
+            f"{options.split_options()} were asked for; use another directory"
+        )
     return True
 
 
@@ -348,14 +392,18 @@ def encode_lines(data: bytes, *, source: str = "<bytes>") -> EncodedExamples:
         raise ValueError(f"{source}: no examples found")
     bad = np.flatnonzero((lengths < MIN_LETTERS + 7) | (lengths > MAX_EXAMPLE_CHARS))
     if len(bad):
-        raise ValueError(f"{source}: line {bad[0] + 1} has {lengths[bad[0]]} characters; an indirect-indexing "
-                         f"example has {MIN_LETTERS + 7}..{MAX_EXAMPLE_CHARS} (is this the right file?)")
+        raise ValueError(
+            f"{source}: line {bad[0] + 1} has {lengths[bad[0]]} characters; an indirect-indexing "
+            f"example has {MIN_LETTERS + 7}..{MAX_EXAMPLE_CHARS} (is this the right file?)"
+        )
     ids = _BYTE_TO_ID[raw]
     bad_bytes = np.flatnonzero((ids < 0) & (raw != ord("\n")))
     if len(bad_bytes):
         line = int(np.searchsorted(ends, bad_bytes[0]))
-        raise ValueError(f"{source}: line {line + 1} has character {chr(raw[bad_bytes[0]])!r} outside the task's "
-                         f"vocabulary {CHARACTERS!r}")
+        raise ValueError(
+            f"{source}: line {line + 1} has character {chr(raw[bad_bytes[0]])!r} outside the task's "
+            f"vocabulary {CHARACTERS!r}"
+        )
     if np.any(raw[ends - 2] != ord(",")):
         line = int(np.flatnonzero(raw[ends - 2] != ord(","))[0])
         raise ValueError(f"{source}: line {line + 1} does not end with ',<target letter>'")
@@ -373,8 +421,10 @@ def load_file(path: str | os.PathLike) -> EncodedExamples:
     """Read and encode one examples file (``{split}.txt`` or any file of example lines)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"indirect-indexing examples file {path} does not exist; create splits with "
-                                "pope.data.indirect_indexing.write_splits(DIR) (or let `pope train indirect-indexing` do it)")
+        raise FileNotFoundError(
+            f"indirect-indexing examples file {path} does not exist; create splits with "
+            "pope.data.indirect_indexing.write_splits(DIR) (or let `pope train indirect-indexing` do it)"
+        )
     return encode_lines(path.read_bytes(), source=str(path))
 
 
@@ -384,8 +434,10 @@ def shifts_of_file(path: str | os.PathLike) -> np.ndarray:
     try:
         return np.array([int(line_fields(line)[2]) for line in lines if line], dtype=np.int64)
     except ValueError as error:
-        raise ValueError(f"{path}: a line without a '<string>,<source>,<shift>,<target>' shift ({error}); is this "
-                         "an indirect-indexing examples file?") from error
+        raise ValueError(
+            f"{path}: a line without a '<string>,<source>,<shift>,<target>' shift ({error}); is this "
+            "an indirect-indexing examples file?"
+        ) from error
 
 
 def load_split(directory: str | os.PathLike, split: str, *, verify: bool = True) -> EncodedExamples:
@@ -393,16 +445,20 @@ def load_split(directory: str | os.PathLike, split: str, *, verify: bool = True)
     directory = Path(directory)
     manifest_path = directory / "manifest.json"
     if not manifest_path.exists():
-        raise FileNotFoundError(f"{manifest_path} is missing: {directory} is not a complete indirect-indexing split "
-                                "directory (write one with pope.data.indirect_indexing.write_splits)")
+        raise FileNotFoundError(
+            f"{manifest_path} is missing: {directory} is not a complete indirect-indexing split "
+            "directory (write one with pope.data.indirect_indexing.write_splits)"
+        )
     manifest = json.loads(manifest_path.read_text())
     if split not in manifest["splits"]:
         raise ValueError(f"split {split!r} not in {directory}; it has {sorted(manifest['splits'])}")
     info = manifest["splits"][split]
     path = directory / info["file"]
     if verify and _sha256(path) != info["sha256"]:
-        raise ValueError(f"{path} does not match the checksum in its manifest (corrupt or edited); delete "
-                         f"{directory} to regenerate it")
+        raise ValueError(
+            f"{path} does not match the checksum in its manifest (corrupt or edited); delete "
+            f"{directory} to regenerate it"
+        )
     return load_file(path)
 
 
@@ -410,17 +466,22 @@ def validate_file(path: str | os.PathLike, options: TaskOptions = PAPER_TASK) ->
     """Check every line of a file with ``parse_example``; returns the number of examples."""
     count = 0
     with open(path) as handle:
-        for count, line in enumerate(handle, start=1):
+        for line in handle:
             parse_example(line, options)
+            count += 1
     return count
 
 
-def fresh_examples(count: int, rng: np.random.Generator, options: TaskOptions,
-                   held_out: set[str] = frozenset()) -> EncodedExamples:
+def fresh_examples(
+    count: int, rng: np.random.Generator, options: TaskOptions, held_out: set[str] = frozenset()
+) -> EncodedExamples:
     """``count`` newly drawn, encoded examples of the variant whose strings are not in ``held_out``
     (the valid/test strings); what ``fresh=true`` trains on, one global batch per step."""
     lines: list[str] = []
     while len(lines) < count:
-        lines += [line for line in generate_examples(count - len(lines), rng, options=options)
-                  if line_fields(line)[0] not in held_out]
+        lines += [
+            line
+            for line in generate_examples(count - len(lines), rng, options=options)
+            if line_fields(line)[0] not in held_out
+        ]
     return encode_lines(("\n".join(lines) + "\n").encode(), source="fresh examples")

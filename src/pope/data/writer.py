@@ -16,6 +16,7 @@ partials it finds); :func:`pope.data.registry.prepare`, which every ``pope data 
 ``resolve_dataset(prepare_if_missing=True)`` goes through, holds ``pope.files.exclusive_lock(DIR)``
 around the whole check-then-write, so concurrent prepares take turns and reuse the first one's result.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,13 +24,21 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
-from pope.data.prepared import (FORMAT_VERSION, MANIFEST_NAME, STANDARD_SPLITS, PreparedDataset, prepare_command,
-                                token_dtype_for, warn)
+from pope.data.prepared import (
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    STANDARD_SPLITS,
+    PreparedDataset,
+    prepare_command,
+    token_dtype_for,
+    warn,
+)
 from pope.files import check_output_dir, fsync_dir, sha256_file, write_json_atomic
 
 MARKER_NAME = ".pope-dataset"
@@ -53,8 +62,9 @@ def owned_names(out_dir: Path) -> set[str] | None:
     try:  # a dataset written before the marker existed: its manifest lists its files
         manifest = json.loads((out_dir / MANIFEST_NAME).read_text())
         if manifest.get("format_version") == FORMAT_VERSION and manifest.get("complete") is True:
-            return {MANIFEST_NAME} | {info[key] for info in manifest["splits"].values()
-                                      for key in ("tokens_file", "docs_file")}
+            return {MANIFEST_NAME} | {
+                info[key] for info in manifest["splits"].values() for key in ("tokens_file", "docs_file")
+            }
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
     return None
@@ -65,8 +75,9 @@ def _listing(names: Iterable[str], limit: int = 8) -> str:
     return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-def replacement_plan(out_dir: Path, split_names: Iterable[str] = STANDARD_SPLITS, *,
-                     force: bool = False) -> tuple[list[str], list[str]]:
+def replacement_plan(
+    out_dir: Path, split_names: Iterable[str] = STANDARD_SPLITS, *, force: bool = False
+) -> tuple[list[str], list[str]]:
     """(names a prepare into ``out_dir`` would replace, names it keeps); ValueError when it must refuse."""
     if not out_dir.exists():
         return [], []
@@ -77,12 +88,17 @@ def replacement_plan(out_dir: Path, split_names: Iterable[str] = STANDARD_SPLITS
     if owned is None:
         if present and not force:
             colliding = present & written_names(split_names)
-            would = (f"preparing there would overwrite {_listing(colliding)}" if colliding
-                     else "preparing there would add the dataset's files beside them")
-            raise ValueError(f"output directory {out_dir} was not made by `pope data prepare` (no {MARKER_NAME} "
-                             f"marker) and holds {_listing(present)}; {would}. Choose a new or empty --out, or "
-                             f"pass --force to write there (only the dataset's own file names are replaced, "
-                             f"every other file is kept)")
+            would = (
+                f"preparing there would overwrite {_listing(colliding)}"
+                if colliding
+                else "preparing there would add the dataset's files beside them"
+            )
+            raise ValueError(
+                f"output directory {out_dir} was not made by `pope data prepare` (no {MARKER_NAME} "
+                f"marker) and holds {_listing(present)}; {would}. Choose a new or empty --out, or "
+                f"pass --force to write there (only the dataset's own file names are replaced, "
+                f"every other file is kept)"
+            )
         owned = written_names(split_names)
     return sorted(present & owned), sorted(present - owned)
 
@@ -115,8 +131,14 @@ class PreparedWriter:
     allows writing into an unmarked non-empty directory.
     """
 
-    def __init__(self, out_dir: str | os.PathLike, vocab_size: int, splits: Iterable[str] = STANDARD_SPLITS, *,
-                 force: bool = False):
+    def __init__(
+        self,
+        out_dir: str | os.PathLike,
+        vocab_size: int,
+        splits: Iterable[str] = STANDARD_SPLITS,
+        *,
+        force: bool = False,
+    ):
         self.out_dir = check_output_dir(out_dir).absolute()
         self.dtype = token_dtype_for(vocab_size)  # ValueError unless a positive int
         self.vocab_size = int(vocab_size)
@@ -132,7 +154,7 @@ class PreparedWriter:
         self._offsets: dict[str, list[int]] = {s: [0] for s in self.split_names}
         self._finished = False
 
-    def __enter__(self) -> "PreparedWriter":
+    def __enter__(self) -> PreparedWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -144,13 +166,16 @@ class PreparedWriter:
             raise ValueError(f"unknown split {split!r}; this writer has {self.split_names}")
         array = np.asarray(tokens)
         if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
-            raise TypeError(f"a document must be a 1-D integer token array, got shape {array.shape} "
-                            f"dtype {array.dtype}")
+            raise TypeError(
+                f"a document must be a 1-D integer token array, got shape {array.shape} dtype {array.dtype}"
+            )
         if array.size == 0:
             return  # an empty document carries nothing; callers count their own empty inputs
         if int(array.min()) < 0 or int(array.max()) >= self.vocab_size:
-            raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got range "
-                             f"[{int(array.min())}, {int(array.max())}] in split {split!r}")
+            raise ValueError(
+                f"token ids must lie in [0, {self.vocab_size}), got range "
+                f"[{int(array.min())}, {int(array.max())}] in split {split!r}"
+            )
         self._handles[split].write(array.astype(self.dtype, copy=False).tobytes())
         self._offsets[split].append(self._offsets[split][-1] + int(array.size))
 
@@ -169,9 +194,11 @@ class PreparedWriter:
         if empty:
             source = manifest_fields.get("source") or {}
             origin = source.get("path") or source.get("description") or "its source"
-            raise ValueError(f"dataset {manifest_fields.get('name')!r}: split(s) {', '.join(map(repr, empty))} "
-                             f"received no documents from {origin}; every split needs at least one. Give a "
-                             f"larger source (or check its split layout)")
+            raise ValueError(
+                f"dataset {manifest_fields.get('name')!r}: split(s) {', '.join(map(repr, empty))} "
+                f"received no documents from {origin}; every split needs at least one. Give a "
+                f"larger source (or check its split layout)"
+            )
         splits: dict[str, Any] = {}
         for split in self.split_names:
             handle = self._handles[split]
@@ -188,8 +215,10 @@ class PreparedWriter:
                 "n_docs": self.n_docs(split),
                 "tokens_file": tokens_name,
                 "docs_file": docs_name,
-                "sha256": {tokens_name: sha256_file(self.tmp_dir / tokens_name),
-                           docs_name: sha256_file(self.tmp_dir / docs_name)},
+                "sha256": {
+                    tokens_name: sha256_file(self.tmp_dir / tokens_name),
+                    docs_name: sha256_file(self.tmp_dir / docs_name),
+                },
             }
         vocab = dict(manifest_fields.pop("vocab"))
         vocab["size"] = self.vocab_size
@@ -216,8 +245,7 @@ class PreparedWriter:
     def _publish(self) -> None:
         replaced, kept = replacement_plan(self.out_dir, self.split_names, force=self.force)
         if replaced and owned_names(self.out_dir) is None:  # --force over files a prepare did not write
-            warn(f"--force: replacing {_listing(replaced)} in {self.out_dir}, which `pope data prepare` did not "
-                 f"create")
+            warn(f"--force: replacing {_listing(replaced)} in {self.out_dir}, which `pope data prepare` did not create")
         if not self.out_dir.exists():
             os.replace(self.tmp_dir, self.out_dir)
         elif not kept:  # every file there is ours: swap whole directories (readers never see a mix)
@@ -234,8 +262,9 @@ class PreparedWriter:
                 os.replace(self.tmp_dir / name, self.out_dir / name)
             os.replace(self.tmp_dir / MANIFEST_NAME, self.out_dir / MANIFEST_NAME)
             self.tmp_dir.rmdir()
-            warn(f"kept {len(kept)} file(s) in {self.out_dir} that `pope data prepare` did not create: "
-                 f"{_listing(kept)}")
+            warn(
+                f"kept {len(kept)} file(s) in {self.out_dir} that `pope data prepare` did not create: {_listing(kept)}"
+            )
         fsync_dir(self.out_dir.parent)
 
     def abort(self) -> None:
@@ -262,8 +291,9 @@ def layout_upgrade(found: Any, request: dict[str, Any]) -> list[str]:
     return differing
 
 
-def reuse_if_prepared(out_dir: str | os.PathLike, request: dict[str, Any], *, force: bool = False,
-                      splits: Iterable[str] = STANDARD_SPLITS) -> PreparedDataset | None:
+def reuse_if_prepared(
+    out_dir: str | os.PathLike, request: dict[str, Any], *, force: bool = False, splits: Iterable[str] = STANDARD_SPLITS
+) -> PreparedDataset | None:
     """Idempotence: the existing dataset at out_dir if it was made by the same `request` and its files
     still match their checksums; None when it must be (re)built.
 
@@ -286,17 +316,23 @@ def reuse_if_prepared(out_dir: str | os.PathLike, request: dict[str, Any], *, fo
     upgraded = layout_upgrade(found, request)
     if upgraded:
         changes = ", ".join(f"{key} {found.get(key, 'unset')} -> {request[key]}" for key in upgraded)
-        warn(f"dataset {existing.name!r} at {out_dir} was prepared in an older layout ({changes}); rebuilding it "
-             f"from its source now")
+        warn(
+            f"dataset {existing.name!r} at {out_dir} was prepared in an older layout ({changes}); rebuilding it "
+            f"from its source now"
+        )
         return None
     if found != request:
-        raise ValueError(f"{out_dir} already holds a dataset prepared with different settings "
-                         f"({existing.manifest.get('request')}); choose another --out or pass --force to replace it")
+        raise ValueError(
+            f"{out_dir} already holds a dataset prepared with different settings "
+            f"({existing.manifest.get('request')}); choose another --out or pass --force to replace it"
+        )
     try:
         existing.verify()
     except ValueError as err:
-        warn(f"dataset {existing.name!r} at {out_dir} is damaged ({err}); rebuilding it from its source now, "
-             f"as `{prepare_command(existing)}` would")
+        warn(
+            f"dataset {existing.name!r} at {out_dir} is damaged ({err}); rebuilding it from its source now, "
+            f"as `{prepare_command(existing)}` would"
+        )
         return None
     existing.reused = True
     return existing

@@ -2,6 +2,7 @@
 
 Thin argument parsing over pope.eval; every heavy import happens inside the command that needs it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,48 +23,81 @@ def register(subparsers) -> None:
 
 # ------------------------------------------------------------------------------------------- eval
 def _register_eval(subparsers) -> None:
-    parser = subparsers.add_parser("eval", help="evaluate trained runs (length, downstream, accuracy)",
-                                   description="Evaluate trained runs. See docs/evaluation.md.")
+    parser = subparsers.add_parser(
+        "eval",
+        help="evaluate trained runs (length, downstream, accuracy)",
+        description="Evaluate trained runs. See docs/evaluation.md.",
+    )
     commands = parser.add_subparsers(dest="eval_command", metavar="WHAT")
     parser.set_defaults(func=lambda args: _usage(parser))
 
-    length = commands.add_parser("length", help="perplexity vs evaluation length (windows of exactly L tokens)",
-                                 description="Mean NLL / perplexity per window length L over a prepared split: "
-                                             "non-overlapping windows of exactly L tokens inside documents, "
-                                             "every target scored once (docs/evaluation.md).")
+    length = commands.add_parser(
+        "length",
+        help="perplexity vs evaluation length (windows of exactly L tokens)",
+        description="Mean NLL / perplexity per window length L over a prepared split: "
+        "non-overlapping windows of exactly L tokens inside documents, "
+        "every target scored once (docs/evaluation.md).",
+    )
     length.add_argument("runs", nargs="+", metavar="RUN", help="run or checkpoint directories")
     length.add_argument("--data", required=True, help="prepared dataset name or directory (pope data prepare)")
     length.add_argument("--split", default="test", help="split to score (default test)")
     length.add_argument("--lengths", required=True, help="comma-separated window lengths, e.g. 1024,2048,4096")
-    length.add_argument("--out", default="pope-eval-length",
-                        help="directory for length.csv/.md/.json/.png (default ./pope-eval-length)")
-    length.add_argument("--tail", choices=("context", "drop"), default="context",
-                        help="a document's last (n-1) mod L targets: scored in one end-aligned window of L tokens "
-                             "(context, default) or left out and counted (drop)")
-    length.add_argument("--all-documents", action="store_true",
-                        help="at each length score every document long enough for it (default: only documents "
-                             "long enough for the longest length, so every length scores the same tokens)")
-    length.add_argument("--max-docs", type=positive_int, default=None,
-                        help="score only the first N qualifying documents (reported in the outputs)")
-    length.add_argument("--batch-size", type=positive_int, default=8,
-                        help="windows per forward pass at the longest length")
-    length.add_argument("--buckets", type=positive_int, default=8,
-                        help="window-position buckets for the per-position NLL")
+    length.add_argument(
+        "--out", default="pope-eval-length", help="directory for length.csv/.md/.json/.png (default ./pope-eval-length)"
+    )
+    length.add_argument(
+        "--tail",
+        choices=("context", "drop"),
+        default="context",
+        help="a document's last (n-1) mod L targets: scored in one end-aligned window of L tokens "
+        "(context, default) or left out and counted (drop)",
+    )
+    length.add_argument(
+        "--all-documents",
+        action="store_true",
+        help="at each length score every document long enough for it (default: only documents "
+        "long enough for the longest length, so every length scores the same tokens)",
+    )
+    length.add_argument(
+        "--max-docs",
+        type=positive_int,
+        default=None,
+        help="score only the first N qualifying documents (reported in the outputs)",
+    )
+    length.add_argument(
+        "--batch-size", type=positive_int, default=8, help="windows per forward pass at the longest length"
+    )
+    length.add_argument(
+        "--buckets", type=positive_int, default=8, help="window-position buckets for the per-position NLL"
+    )
     length.add_argument("--device", default="auto", help="auto, cpu or cuda")
     length.add_argument("--bf16", action="store_true", help="bf16 autocast on CUDA (default fp32)")
     length.set_defaults(func=_eval_length)
 
-    downstream = commands.add_parser("downstream", help="zero-shot lm-eval tasks in the paper's table layout",
-                                     description="Runs lm-evaluation-harness on the pope model (needs the task "
-                                                 "data from the Hugging Face hub, i.e. internet or a filled cache).")
-    downstream.add_argument("run", help="run or checkpoint directory, or a Hugging Face model directory "
-                                        "(save_pretrained, e.g. a pope.hf model)")
-    downstream.add_argument("--tasks", default=None,
-                            help="comma-separated lm-eval tasks (default: the paper's lambada_openai,blimp,cbt,"
-                                 "hellaswag,piqa,arc_easy; 'cbt' is defined by pope)")
-    downstream.add_argument("--tokenizer", default="gpt2",
-                            help="gpt2 (default), bytes, or hf (the tokenizer saved in a Hugging Face model directory)")
-    downstream.add_argument("--output", default=None, help="JSON file for the results (default RUN/eval/downstream.json)")
+    downstream = commands.add_parser(
+        "downstream",
+        help="zero-shot lm-eval tasks in the paper's table layout",
+        description="Runs lm-evaluation-harness on the pope model (needs the task "
+        "data from the Hugging Face hub, i.e. internet or a filled cache).",
+    )
+    downstream.add_argument(
+        "run",
+        help="run or checkpoint directory, or a Hugging Face model directory (save_pretrained, e.g. a pope.hf model)",
+    )
+    downstream.add_argument(
+        "--tasks",
+        default=None,
+        help="comma-separated lm-eval tasks (default: the paper's lambada_openai,blimp,cbt,"
+        "hellaswag,piqa,arc_easy; 'cbt' is defined by pope)",
+    )
+    downstream.add_argument(
+        "--tokenizer",
+        default="gpt2",
+        help="gpt2 (default), bytes, or hf (the tokenizer saved in a Hugging Face model directory)",
+    )
+    downstream.add_argument(
+        "--output", default=None, help="JSON file for the results (default RUN/eval/downstream.json)"
+    )
     downstream.add_argument("--limit", type=float, default=None, help="examples per task (for quick checks)")
     downstream.add_argument("--num-fewshot", type=non_negative_int, default=None)
     downstream.add_argument("--include-path", default=None, help="directory of extra lm-eval task YAML files")
@@ -71,9 +105,12 @@ def _register_eval(subparsers) -> None:
     downstream.add_argument("--device", default="auto", help="auto, cpu or cuda")
     downstream.set_defaults(func=_eval_downstream)
 
-    accuracy = commands.add_parser("accuracy", help="indirect-indexing accuracy on a file of examples",
-                                   description="Accuracy of a trained indirect-indexing model on a file of "
-                                               "examples, one per line (pope.train.evaluate.task_accuracy).")
+    accuracy = commands.add_parser(
+        "accuracy",
+        help="indirect-indexing accuracy on a file of examples",
+        description="Accuracy of a trained indirect-indexing model on a file of "
+        "examples, one per line (pope.train.evaluate.task_accuracy).",
+    )
     accuracy.add_argument("run", help="run or checkpoint directory")
     accuracy.add_argument("--data", required=True, help="file of examples, one per line")
     accuracy.add_argument("--batch-size", type=positive_int, default=256)
@@ -95,18 +132,34 @@ def _eval_length(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     if args.bf16 and not device.startswith("cuda"):
         raise ValueError("--bf16 needs a CUDA device")
-    entries = run_length_eval(args.runs, args.data, lengths=args.lengths, split=args.split, out_dir=args.out,
-                              tail=args.tail, same_documents=not args.all_documents, max_docs=args.max_docs,
-                              batch_size=args.batch_size, n_buckets=args.buckets, device=device,
-                              autocast_dtype=torch.bfloat16 if args.bf16 else None)
+    entries = run_length_eval(
+        args.runs,
+        args.data,
+        lengths=args.lengths,
+        split=args.split,
+        out_dir=args.out,
+        tail=args.tail,
+        same_documents=not args.all_documents,
+        max_docs=args.max_docs,
+        batch_size=args.batch_size,
+        n_buckets=args.buckets,
+        device=device,
+        autocast_dtype=torch.bfloat16 if args.bf16 else None,
+    )
     print(length_table_markdown(entries))
     print(f"wrote {Path(args.out) / 'length.csv'}, length.md, length.json, length.png")
     return 0
 
 
 def _eval_downstream(args: argparse.Namespace) -> int:
-    from pope.eval.downstream import (downstream_table, extra_rows, paper_downstream, paper_row, run_downstream,
-                                      write_downstream)
+    from pope.eval.downstream import (
+        downstream_table,
+        extra_rows,
+        paper_downstream,
+        paper_row,
+        run_downstream,
+        write_downstream,
+    )
     from pope.eval.report import paper_encoding
     from pope.eval.runs import run_config, run_dir_of, run_label
     from pope.files import check_output_dir
@@ -122,9 +175,16 @@ def _eval_downstream(args: argparse.Namespace) -> int:
     if args.limit is not None and not args.limit > 0:
         raise ValueError(f"--limit must be a positive number of examples (or a fraction in (0, 1)), got {args.limit}")
     limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
-    out = run_downstream(args.run, tasks=tasks, tokenizer=args.tokenizer, device=resolve_device(args.device),
-                         batch_size=args.batch_size, limit=limit, include_path=args.include_path,
-                         num_fewshot=args.num_fewshot)
+    out = run_downstream(
+        args.run,
+        tasks=tasks,
+        tokenizer=args.tokenizer,
+        device=resolve_device(args.device),
+        batch_size=args.batch_size,
+        limit=limit,
+        include_path=args.include_path,
+        num_fewshot=args.num_fewshot,
+    )
     label = run_label(args.run)
     rows = {label: paper_row(out["results"])}
     config = run_config(run_dir_of(args.run))
@@ -146,20 +206,26 @@ def _eval_accuracy(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"accuracy {result['accuracy']:.4f} ({result['correct']}/{result['examples']}) loss {result['loss']:.4f}"
-              f"  model {result['checkpoint']} (step {result['step']})  data {result['data']}")
-        print("by shift (%): " + " ".join(f"{shift} {100 * row['accuracy']:.1f}"
-                                          for shift, row in result["by_shift"].items()))
+        print(
+            f"accuracy {result['accuracy']:.4f} ({result['correct']}/{result['examples']}) loss {result['loss']:.4f}"
+            f"  model {result['checkpoint']} (step {result['step']})  data {result['data']}"
+        )
+        print(
+            "by shift (%): "
+            + " ".join(f"{shift} {100 * row['accuracy']:.1f}" for shift, row in result["by_shift"].items())
+        )
     return 0
 
 
 # --------------------------------------------------------------------------------------- finetune
 def _register_finetune(subparsers) -> None:
     parser = subparsers.add_parser(
-        "finetune", help="extend a run's context by fine-tuning (RoPE -> YaRN, PoPE -> PoPE+ft)",
+        "finetune",
+        help="extend a run's context by fine-tuning (RoPE -> YaRN, PoPE -> PoPE+ft)",
         description="The paper's context-extension fine-tune: batch 64, lr 6e-5, 20 warmup steps, no decay. "
-                    "RoPE becomes YaRN with scale = context / training context (alpha 1, beta 32, temperature "
-                    "(0.1 ln s + 1)^2 in the softmax scale); PoPE is fine-tuned without interpolation.")
+        "RoPE becomes YaRN with scale = context / training context (alpha 1, beta 32, temperature "
+        "(0.1 ln s + 1)^2 in the softmax scale); PoPE is fine-tuned without interpolation.",
+    )
     parser.add_argument("run", help="trained run (or checkpoint) directory")
     parser.add_argument("--context", type=positive_int, required=True, help="new context length, e.g. 4096")
     parser.add_argument("--steps", type=positive_int, default=500, help="fine-tuning steps (default 500)")
@@ -167,8 +233,14 @@ def _register_finetune(subparsers) -> None:
     parser.add_argument("--batch-size", type=positive_int, default=64)
     parser.add_argument("--lr", type=float, default=6e-5)
     parser.add_argument("--warmup", type=non_negative_int, default=20)
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                        help="recipe/train overrides as in `pope train`, e.g. --set recipe.grad_accum=8")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="recipe/train overrides as in `pope train`, e.g. --set recipe.grad_accum=8",
+    )
     parser.add_argument("--resume", action="store_true", help="continue an interrupted fine-tune in --out")
     parser.set_defaults(func=_finetune)
 
@@ -181,8 +253,17 @@ def _finetune(args: argparse.Namespace) -> int:
 
     out = args.out or f"{run_dir_of(args.run).as_posix().rstrip('/')}-ft{args.context}"
     check_output_dir(out, what="--out" if args.out else "the default --out (RUN-ft{context})")
-    summary = run_finetune(args.run, out, context=args.context, steps=args.steps, batch_size=args.batch_size,
-                           lr=args.lr, warmup_steps=args.warmup, overrides=args.overrides, resume=args.resume)
+    summary = run_finetune(
+        args.run,
+        out,
+        context=args.context,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        warmup_steps=args.warmup,
+        overrides=args.overrides,
+        resume=args.resume,
+    )
     print(json.dumps(summary, indent=2))
     print(f"fine-tuned run: {out}  (evaluate it with `pope eval length {out} ...`)")
     return exit_status(summary)  # 130 / 143 after SIGINT / SIGTERM (checkpoint written), else 0
@@ -194,31 +275,46 @@ def _register_analyze(subparsers) -> None:
     commands = parser.add_subparsers(dest="analyze_command", metavar="WHAT")
     parser.set_defaults(func=lambda args: _usage(parser))
     frequencies = commands.add_parser(
-        "frequencies", help="query/key magnitude per layer x frequency, and the learned delta",
+        "frequencies",
+        help="query/key magnitude per layer x frequency, and the learned delta",
         description="Mean query/key magnitude per layer x frequency (PoPE: softplus magnitudes, d rows; RoPE: "
-                    "2-D chunk norms, d/2 rows), averaged over heads and tokens, as heatmaps; PoPE's learned "
-                    "delta per layer x head x frequency, read as a phase, and how far it moved from 0. Captured "
-                    "with forward hooks on q_proj/k_proj.")
+        "2-D chunk norms, d/2 rows), averaged over heads and tokens, as heatmaps; PoPE's learned "
+        "delta per layer x head x frequency, read as a phase, and how far it moved from 0. Captured "
+        "with forward hooks on q_proj/k_proj.",
+    )
     frequencies.add_argument("run", help="run or checkpoint directory")
     source = frequencies.add_mutually_exclusive_group(required=True)
     source.add_argument("--text", help="text file to run through the model (e.g. 10 Shakespeare sonnets)")
     source.add_argument("--data", help="prepared dataset name or directory (for non-text models)")
     frequencies.add_argument("--tokenizer", default=None, help="tokenizer for --text: gpt2 (default) or bytes")
     frequencies.add_argument("--split", default=None, help="split of --data (default test)")
-    frequencies.add_argument("--max-tokens", type=positive_int, default=None,
-                             help="use only the first N tokens of --data (stated in the output)")
-    frequencies.add_argument("--seq-len", type=positive_int, default=None,
-                             help="tokens per forward pass (default: the model's training context)")
+    frequencies.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        default=None,
+        help="use only the first N tokens of --data (stated in the output)",
+    )
+    frequencies.add_argument(
+        "--seq-len",
+        type=positive_int,
+        default=None,
+        help="tokens per forward pass (default: the model's training context)",
+    )
     frequencies.add_argument("--out", default=None, help="output directory (default RUN/eval/frequencies)")
     frequencies.add_argument("--device", default="auto", help="auto, cpu or cuda")
     frequencies.set_defaults(func=_analyze_frequencies)
     delta = commands.add_parser(
-        "delta", help="where PoPE's learned delta ended up: entries outside [-2pi, 0] per layer",
+        "delta",
+        help="where PoPE's learned delta ended up: entries outside [-2pi, 0] per layer",
         description="Per layer, how many entries of PoPE's phase bias delta lie outside [-2pi, 0], where the score "
-                    "uses it bounded: with delta_range=clamp they get no gradient (they stopped learning), with "
-                    "wrap they are the entries the clamp would have stopped. Writes RUN/eval/delta_state.json.")
-    delta.add_argument("run", help="run or checkpoint directory (a run directory: its best checkpoint if it has "
-                                   "one, else its last; give RUN/checkpoints/last for the final weights)")
+        "uses it bounded: with delta_range=clamp they get no gradient (they stopped learning), with "
+        "wrap they are the entries the clamp would have stopped. Writes RUN/eval/delta_state.json.",
+    )
+    delta.add_argument(
+        "run",
+        help="run or checkpoint directory (a run directory: its best checkpoint if it has "
+        "one, else its last; give RUN/checkpoints/last for the final weights)",
+    )
     delta.add_argument("--out", default=None, help="JSON file to write (default RUN/eval/delta_state.json)")
     delta.set_defaults(func=_analyze_delta)
 
@@ -226,15 +322,23 @@ def _register_analyze(subparsers) -> None:
 def _analyze_frequencies(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from pope.eval.frequency_usage import (analyze_frequencies, chunk_tokens, delta_movement, format_delta_movement,
-                                           position_bias_summary, write_frequency_report)
+    from pope.eval.frequency_usage import (
+        analyze_frequencies,
+        chunk_tokens,
+        delta_movement,
+        format_delta_movement,
+        position_bias_summary,
+        write_frequency_report,
+    )
     from pope.eval.length import check_token_range, check_vocab_compatible
     from pope.eval.runs import load_run_model, run_config, run_dir_of, run_label
     from pope.files import check_output_dir
     from pope.provenance import portable_path
 
-    out = check_output_dir(args.out if args.out else run_dir_of(args.run) / "eval" / "frequencies",
-                           what="--out" if args.out else "the default --out (RUN/eval/frequencies)")
+    out = check_output_dir(
+        args.out if args.out else run_dir_of(args.run) / "eval" / "frequencies",
+        what="--out" if args.out else "the default --out (RUN/eval/frequencies)",
+    )
     for option, applies_to in (("tokenizer", "text"), ("split", "data"), ("max_tokens", "data")):
         if getattr(args, option) is not None and not getattr(args, applies_to):  # never silently ignored
             raise ValueError(f"--{option.replace('_', '-')} applies to --{applies_to} only")
@@ -273,16 +377,20 @@ def _analyze_frequencies(args: argparse.Namespace) -> int:
         summary = position_bias_summary(usage, train_length, 20 * train_length)
     written = write_frequency_report(usage, out, title=f"{run_label(args.run)} on {source}", position_bias=summary)
     np.set_printoptions(precision=3, suppress=True, linewidth=160)
-    print(f"{usage.kind}: {usage.query.shape[0]} layers x {usage.query.shape[1]} frequencies, {usage.n_tokens:,} "
-          f"tokens of {source}")
+    print(
+        f"{usage.kind}: {usage.query.shape[0]} layers x {usage.query.shape[1]} frequencies, {usage.n_tokens:,} "
+        f"tokens of {source}"
+    )
     print("mean query magnitude per layer (rows) x frequency (columns, highest first):")
     print(usage.query)
     if summary:
-        print(f"position-only score (PoPE, training length {summary['train_length']:,}, distances to "
-              f"{summary['max_distance']:,}): {summary['heads_peaking_at_distance_0']} of {summary['n_heads']} heads "
-              f"peak at distance 0 within the training length; {summary['heads_rising_past_training']} rise past "
-              f"it above their maximum within it (median max past - max within: "
-              f"{summary['median_excess_past_training']:+.3f})")
+        print(
+            f"position-only score (PoPE, training length {summary['train_length']:,}, distances to "
+            f"{summary['max_distance']:,}): {summary['heads_peaking_at_distance_0']} of {summary['n_heads']} heads "
+            f"peak at distance 0 within the training length; {summary['heads_rising_past_training']} rise past "
+            f"it above their maximum within it (median max past - max within: "
+            f"{summary['median_excess_past_training']:+.3f})"
+        )
     if usage.delta is not None:
         print(format_delta_movement(delta_movement(usage.delta)))
     print("wrote " + ", ".join(str(p) for p in written))
@@ -306,15 +414,24 @@ def _analyze_delta(args: argparse.Namespace) -> int:
 
 # ----------------------------------------------------------------------------------------- report
 def _register_report(subparsers) -> None:
-    parser = subparsers.add_parser("report", help="one markdown table (+ plot) over runs and seeds",
-                                   description="Metric per preset x positional encoding, mean ± std over seeds, "
-                                               "with the paper's number where the preset matches; plus length "
-                                               "and downstream tables when those evaluations exist.")
-    parser.add_argument("runs", nargs="+", metavar="RUN", help="run directories or sweep directories (pope train --seeds)")
+    parser = subparsers.add_parser(
+        "report",
+        help="one markdown table (+ plot) over runs and seeds",
+        description="Metric per preset x positional encoding, mean ± std over seeds, "
+        "with the paper's number where the preset matches; plus length "
+        "and downstream tables when those evaluations exist.",
+    )
+    parser.add_argument(
+        "runs", nargs="+", metavar="RUN", help="run directories or sweep directories (pope train --seeds)"
+    )
     parser.add_argument("--out", default="pope-report", help="directory for report.md and report.png")
-    parser.add_argument("--against", metavar="DIR", default=None,
-                        help="also compare every other setting of the same preset with this sweep directory "
-                             "(one of the RUN arguments), e.g. recipe knobs against the paper's recipe")
+    parser.add_argument(
+        "--against",
+        metavar="DIR",
+        default=None,
+        help="also compare every other setting of the same preset with this sweep directory "
+        "(one of the RUN arguments), e.g. recipe knobs against the paper's recipe",
+    )
     parser.set_defaults(func=_report)
 
 

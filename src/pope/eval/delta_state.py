@@ -15,6 +15,7 @@ So the share of entries outside the interval measures, for a clamped model, how 
 and for a wrapped one, how much the clamp would have frozen. Values exactly at a bound are inside (the clamp's
 gradient is 1 there).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -58,28 +59,48 @@ def delta_state(model: torch.nn.Module) -> dict:
     layers, ranges, inits = [], set(), set()
     for index, pe, raw in _learned_deltas(model):
         below, above = _below_and_above(raw)
-        layers.append({"layer": index, "entries": raw.numel(), "below": below, "above": above,
-                       "outside_share": (below + above) / raw.numel(), "min": float(raw.min()),
-                       "max": float(raw.max())})
+        layers.append(
+            {
+                "layer": index,
+                "entries": raw.numel(),
+                "below": below,
+                "above": above,
+                "outside_share": (below + above) / raw.numel(),
+                "min": float(raw.min()),
+                "max": float(raw.max()),
+            }
+        )
         ranges.add(pe.delta_range)
         inits.add(pe.delta_init)
     if not layers:
-        raise ValueError("the model has no PoPE layer with a learned delta (another encoding, or PoPE with "
-                         "use_delta off): there is no delta to analyse")
+        raise ValueError(
+            "the model has no PoPE layer with a learned delta (another encoding, or PoPE with "
+            "use_delta off): there is no delta to analyse"
+        )
     entries = sum(layer["entries"] for layer in layers)
     outside = sum(layer["below"] + layer["above"] for layer in layers)
-    return {"delta_range": "/".join(sorted(ranges)), "delta_init": "/".join(sorted(inits)), "entries": entries,
-            "outside": outside, "outside_share": outside / entries, "layers": layers}
+    return {
+        "delta_range": "/".join(sorted(ranges)),
+        "delta_init": "/".join(sorted(inits)),
+        "entries": entries,
+        "outside": outside,
+        "outside_share": outside / entries,
+        "layers": layers,
+    }
 
 
 def delta_state_table(state: dict) -> str:
     """The per-layer table ``pope analyze delta`` prints."""
-    lines = [f"delta ({state['delta_range']}, init {state['delta_init']}): {state['outside']:,} of "
-             f"{state['entries']:,} entries outside [-2pi, 0] ({100 * state['outside_share']:.1f} %)",
-             f"{'layer':>5} {'entries':>8} {'below':>6} {'above':>6} {'outside':>8} {'min':>8} {'max':>8}"]
+    lines = [
+        f"delta ({state['delta_range']}, init {state['delta_init']}): {state['outside']:,} of "
+        f"{state['entries']:,} entries outside [-2pi, 0] ({100 * state['outside_share']:.1f} %)",
+        f"{'layer':>5} {'entries':>8} {'below':>6} {'above':>6} {'outside':>8} {'min':>8} {'max':>8}",
+    ]
     for layer in state["layers"]:
-        lines.append(f"{layer['layer']:>5} {layer['entries']:>8} {layer['below']:>6} {layer['above']:>6} "
-                     f"{100 * layer['outside_share']:>7.1f}% {layer['min']:>8.3f} {layer['max']:>8.3f}")
+        lines.append(
+            f"{layer['layer']:>5} {layer['entries']:>8} {layer['below']:>6} {layer['above']:>6} "
+            f"{100 * layer['outside_share']:>7.1f}% {layer['min']:>8.3f} {layer['max']:>8.3f}"
+        )
     return "\n".join(lines)
 
 

@@ -19,6 +19,7 @@
 Whatever the numbers say is what the demo reports; nothing is tuned to make one encoding win. Cost on one
 CPU thread (the default, see --threads): about 2 minutes per model (1200 steps) and 15 s of evaluation.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,12 +55,16 @@ def chorale_stream_dataset(work_dir: Path):
     from pope.data.prepared import PreparedWriter, resolve_dataset, reuse_if_prepared
 
     chorales = resolve_dataset("jsb", prepare_if_missing=True)
-    request = {"derived_from": str(chorales.path), "source_request": chorales.manifest.get("request"),
-               "source_sha256": {s: chorales.manifest["splits"][s]["sha256"] for s in chorales.split_names},
-               "change": "pad_id removed (train as a token stream)"}
+    request = {
+        "derived_from": str(chorales.path),
+        "source_request": chorales.manifest.get("request"),
+        "source_sha256": {s: chorales.manifest["splits"][s]["sha256"] for s in chorales.split_names},
+        "change": "pad_id removed (train as a token stream)",
+    }
     out_dir = work_dir / "jsb-stream"
-    existing = reuse_if_prepared(out_dir, request, force=(out_dir / "manifest.json").exists() and
-                                 _request_of(out_dir) != request)
+    existing = reuse_if_prepared(
+        out_dir, request, force=(out_dir / "manifest.json").exists() and _request_of(out_dir) != request
+    )
     if existing is not None:
         return chorales, existing
     vocab = {k: v for k, v in chorales.manifest["vocab"].items() if k not in ("size", "pad_id")}
@@ -68,8 +73,14 @@ def chorale_stream_dataset(work_dir: Path):
             token_split = chorales.split(split)
             for index in range(token_split.n_docs):
                 writer.add_document(split, np.asarray(token_split.document(index)))
-        stream = writer.finish({"name": "jsb-stream", "vocab": vocab, "request": request,
-                                "source": {"description": f"{chorales.path} with pad_id removed"}})
+        stream = writer.finish(
+            {
+                "name": "jsb-stream",
+                "vocab": vocab,
+                "request": request,
+                "source": {"description": f"{chorales.path} with pad_id removed"},
+            }
+        )
     return chorales, stream
 
 
@@ -86,10 +97,20 @@ def demo_run_config(pe: str, *, steps: int, data_dir: Path) -> dict:
     from pope.train.config import resolve_run_config
 
     overrides = [f"model.{key}={value}" for key, value in MODEL.items()] + [
-        f"model.max_seq_len={TRAIN_CONTEXT}", f"recipe.seq_len={TRAIN_CONTEXT}", f"recipe.batch_size={BATCH_SIZE}",
-        f"recipe.max_steps={steps}", f"recipe.warmup_steps={min(50, steps)}", f"recipe.eval_interval={steps}",
-        "recipe.eval_batches=16", f"train.data_dir={data_dir}", "train.device=cpu", "train.tensorboard=false",
-        "train.eval_splits=valid", f"train.checkpoint_interval={max(1, min(200, steps))}", "train.log_interval=50"]
+        f"model.max_seq_len={TRAIN_CONTEXT}",
+        f"recipe.seq_len={TRAIN_CONTEXT}",
+        f"recipe.batch_size={BATCH_SIZE}",
+        f"recipe.max_steps={steps}",
+        f"recipe.warmup_steps={min(50, steps)}",
+        f"recipe.eval_interval={steps}",
+        "recipe.eval_batches=16",
+        f"train.data_dir={data_dir}",
+        "train.device=cpu",
+        "train.tensorboard=false",
+        "train.eval_splits=valid",
+        f"train.checkpoint_interval={max(1, min(200, steps))}",
+        "train.log_interval=50",
+    ]
     return resolve_run_config("jsb-tiny", pe, seed=0, overrides=overrides)
 
 
@@ -108,7 +129,9 @@ def train_demo_run(pe: str, run_dir: Path, *, steps: int, data_dir: Path) -> dic
         return run_training(config, run_dir, resume=resume)
     except ValueError as err:
         if "resume refused" in str(err):
-            raise ValueError(f"{run_dir} holds a demo run made with other settings; rerun with --fresh\n{err}") from None
+            raise ValueError(
+                f"{run_dir} holds a demo run made with other settings; rerun with --fresh\n{err}"
+            ) from None
         raise
 
 
@@ -117,13 +140,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="results/demo", help="where the table and plot go (default results/demo)")
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=f"training steps per model ({DEFAULT_STEPS})")
     parser.add_argument("--fresh", action="store_true", help="delete earlier demo runs and retrain")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads (default 1: tiny models gain little from a second thread, and two "
-                             "threads slow down badly when another process competes for the cores)")
-    parser.add_argument("--max-docs", type=int, default=None,
-                        help="evaluate on the first N qualifying test chorales only (default: all; for quick checks)")
-    parser.add_argument("--work", default=None,
-                        help="directory for the demo's runs and derived data (default $POPE_CACHE/demo)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (default 1: tiny models gain little from a second thread, and two "
+        "threads slow down badly when another process competes for the cores)",
+    )
+    parser.add_argument(
+        "--max-docs",
+        type=int,
+        default=None,
+        help="evaluate on the first N qualifying test chorales only (default: all; for quick checks)",
+    )
+    parser.add_argument(
+        "--work", default=None, help="directory for the demo's runs and derived data (default $POPE_CACHE/demo)"
+    )
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error("--steps must be positive")
@@ -140,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
 
-    from pope.files import write_text_atomic
     from pope.eval.length import length_table_markdown, run_length_eval
+    from pope.files import write_text_atomic
 
     started = time.perf_counter()
     load_before = _load_average()
@@ -149,17 +181,23 @@ def main(argv: list[str] | None = None) -> int:
     work_dir = Path(args.work) if args.work else demo_root()
     chorales, stream = chorale_stream_dataset(work_dir)
     test = chorales.split("test")
-    print(f"[demo]     {chorales.path}: train {len(chorales.split('train')):,} tokens, test {len(test):,} tokens "
-          f"in {test.n_docs} chorales", flush=True)
+    print(
+        f"[demo]     {chorales.path}: train {len(chorales.split('train')):,} tokens, test {len(test):,} tokens "
+        f"in {test.n_docs} chorales",
+        flush=True,
+    )
 
     runs = {}
     for index, (label, pe) in enumerate(ENCODINGS.items()):
         run_dir = work_dir / "runs" / pe.replace(":", "-").replace("=", "-").replace(",", "-")
         if args.fresh and run_dir.exists():
             shutil.rmtree(run_dir)
-        print(f"[demo] 2/3 training {pe} ({index + 1}/{len(ENCODINGS)}): {MODEL['n_layer']} layers, d_model "
-              f"{MODEL['d_model']}, {MODEL['n_head']} heads, context {TRAIN_CONTEXT}, batch {BATCH_SIZE}, "
-              f"{args.steps} steps", flush=True)
+        print(
+            f"[demo] 2/3 training {pe} ({index + 1}/{len(ENCODINGS)}): {MODEL['n_layer']} layers, d_model "
+            f"{MODEL['d_model']}, {MODEL['n_head']} heads, context {TRAIN_CONTEXT}, batch {BATCH_SIZE}, "
+            f"{args.steps} steps",
+            flush=True,
+        )
         train_demo_run(pe, run_dir, steps=args.steps, data_dir=stream.path)
         runs[label] = run_dir
     trained = time.perf_counter()
@@ -167,8 +205,16 @@ def main(argv: list[str] | None = None) -> int:
     lengths = [TRAIN_CONTEXT * m for m in EVAL_MULTIPLES]
     print(f"[demo] 3/3 evaluating on the test chorales at {', '.join(map(str, lengths))} tokens", flush=True)
     out_dir = Path(args.out)
-    entries = run_length_eval([str(runs[label]) for label in ENCODINGS], str(chorales.path), lengths=lengths,
-                              split="test", out_dir=None, device="cpu", batch_size=8, max_docs=args.max_docs)
+    entries = run_length_eval(
+        [str(runs[label]) for label in ENCODINGS],
+        str(chorales.path),
+        lengths=lengths,
+        split="test",
+        out_dir=None,
+        device="cpu",
+        batch_size=8,
+        max_docs=args.max_docs,
+    )
     for entry, label in zip(entries, ENCODINGS):
         entry.label = label
     table = length_table_markdown(entries)
@@ -179,12 +225,15 @@ def main(argv: list[str] | None = None) -> int:
 
     stamp = provenance("cpu")
     write_length_outputs(entries, out_dir, title="Bach chorales (test), trained at 64 tokens", provenance_stamp=stamp)
-    summary = (f"# make demo: RoPE vs PoPE on Bach chorales, trained at {TRAIN_CONTEXT} tokens, "
-               f"{args.steps} steps, seed 0\n\n{table}\n"
-               f"{verdict}\n\nWall time: {wall:.0f} s in total ({trained - started:.0f} s data + training, "
-               f"{wall - (trained - started):.0f} s evaluation); machine load average {load_before} at the start, "
-               f"{_load_average()} at the end (other processes slow the demo down).\nPlot: {out_dir / 'length.png'}\n\n"
-               + ", ".join(f"{k}: {stamp[k]}" for k in ("git_commit", "torch", "device", "date_utc", "command")) + "\n")
+    summary = (
+        f"# make demo: RoPE vs PoPE on Bach chorales, trained at {TRAIN_CONTEXT} tokens, "
+        f"{args.steps} steps, seed 0\n\n{table}\n"
+        f"{verdict}\n\nWall time: {wall:.0f} s in total ({trained - started:.0f} s data + training, "
+        f"{wall - (trained - started):.0f} s evaluation); machine load average {load_before} at the start, "
+        f"{_load_average()} at the end (other processes slow the demo down).\nPlot: {out_dir / 'length.png'}\n\n"
+        + ", ".join(f"{k}: {stamp[k]}" for k in ("git_commit", "torch", "device", "date_utc", "command"))
+        + "\n"
+    )
     write_text_atomic(out_dir / "demo.md", summary)
     print()
     print(summary)
@@ -211,8 +260,10 @@ def _verdict(entries) -> str:
                 other = entry.results[index].mean_nll
                 parts.append(f"{entry.label} {other:.4f} ({other - result.mean_nll:+.4f} vs RoPE)")
         lines.append(f"- L={result.length} ({result.length // TRAIN_CONTEXT}x): " + ", ".join(parts))
-    return "Mean NLL in nats/token on the same test tokens at every length (negative = lower than RoPE):\n" + \
-        "\n".join(lines)
+    return "Mean NLL in nats/token on the same test tokens at every length (negative = lower than RoPE):\n" + "\n".join(
+        lines
+    )
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -14,6 +14,7 @@ question up to the blank; each of the 10 candidates is scored as the candidate f
 the question (P(candidate + rest | context), the GPT-2 paper's protocol); accuracy is the share of
 questions whose answer scores highest.
 """
+
 from __future__ import annotations
 
 import math
@@ -60,8 +61,9 @@ def cbt_target(doc: dict) -> int:
         raise ValueError(f"CBT answer {doc['answer']!r} is not among its options {doc['options']}") from None
 
 
-def cbt_task_config(kind: str, *, dataset_path: str = "cam-cst/cbt", dataset_kwargs: dict | None = None,
-                    split: str = "test") -> dict:
+def cbt_task_config(
+    kind: str, *, dataset_path: str = "cam-cst/cbt", dataset_kwargs: dict | None = None, split: str = "test"
+) -> dict:
     """lm-eval task config (a dict, loaded in-process) for CBT-CN (kind 'cn') or CBT-NE ('ne')."""
     if kind not in ("cn", "ne"):
         raise ValueError(f"CBT kind must be 'cn' or 'ne', got {kind!r}")
@@ -107,9 +109,19 @@ def _task_manager(task_module, include_path: str | None, tasks: list):
     return task_module.TaskManager()
 
 
-def run_downstream(run: str | None, *, tasks: list[str] | None = None, tokenizer: str = "gpt2", device: str = "cpu",
-                   batch_size: int = 8, limit: float | None = None, include_path: str | None = None,
-                   num_fewshot: int | None = None, lm=None, task_manager=None) -> dict:
+def run_downstream(
+    run: str | None,
+    *,
+    tasks: list[str] | None = None,
+    tokenizer: str = "gpt2",
+    device: str = "cpu",
+    batch_size: int = 8,
+    limit: float | None = None,
+    include_path: str | None = None,
+    num_fewshot: int | None = None,
+    lm=None,
+    task_manager=None,
+) -> dict:
     """Run lm-eval's ``simple_evaluate`` on the model of ``run`` (a pope run/checkpoint or a Hugging Face model
     directory; tokenizer "hf" takes the latter's own tokenizer) or on a ready ``lm``. Returns its results."""
     from pope.optional import require
@@ -122,12 +134,27 @@ def run_downstream(run: str | None, *, tasks: list[str] | None = None, tokenizer
         lm = PoPELM(path=run, tokenizer=tokenizer, device=device, batch_size=batch_size)
     task_list = expand_tasks(list(tasks or PAPER_TASKS))
     manager = task_manager or _task_manager(task_module, include_path, task_list)
-    out = evaluator.simple_evaluate(model=lm, tasks=task_list, task_manager=manager,
-                                    limit=limit, num_fewshot=num_fewshot, bootstrap_iters=0, log_samples=False)
+    out = evaluator.simple_evaluate(
+        model=lm,
+        tasks=task_list,
+        task_manager=manager,
+        limit=limit,
+        num_fewshot=num_fewshot,
+        bootstrap_iters=0,
+        log_samples=False,
+    )
     if out is None:  # non-zero ranks
         return {}
-    return {"results": out["results"], "n_samples": out.get("n-samples", {}), "config": {
-        "tasks": list(tasks or PAPER_TASKS), "limit": limit, "num_fewshot": num_fewshot, "tokenizer": tokenizer}}
+    return {
+        "results": out["results"],
+        "n_samples": out.get("n-samples", {}),
+        "config": {
+            "tasks": list(tasks or PAPER_TASKS),
+            "limit": limit,
+            "num_fewshot": num_fewshot,
+            "tokenizer": tokenizer,
+        },
+    }
 
 
 def metric_value(results: dict, task: str, metric: str) -> float | None:
@@ -157,7 +184,7 @@ def extra_rows(results: dict) -> dict[str, float]:
     """Tasks outside the paper's columns (e.g. local tasks): task -> acc in % (or first numeric metric)."""
     paper_tasks = {task for _, names, _ in PAPER_COLUMNS for task in names}
     extra = {}
-    for task, entry in results.items():
+    for task, _entry in results.items():
         if task in paper_tasks or task.startswith("blimp_"):
             continue
         value = metric_value(results, task, "acc")
@@ -187,12 +214,13 @@ def downstream_table(rows: dict[str, dict]) -> str:
 def write_downstream(run: str, out: dict, label: str, output: str | Path | None = None) -> Path:
     """The results with provenance, written atomically to ``output`` (default RUN/eval/downstream.json, RUN
     being the run directory, or the Hugging Face model directory itself); returns the path."""
+    from pope.eval.runs import run_dir_of
     from pope.files import write_json_atomic
     from pope.provenance import provenance
-    from pope.eval.runs import run_dir_of
 
     path = Path(output) if output is not None else run_dir_of(run) / "eval" / "downstream.json"
     if path.is_dir():
         raise ValueError(f"output {path} is a directory; give the path of the JSON file to write")
-    return write_json_atomic(path, {
-        **provenance(), "run": str(run), "label": label, **out, "paper_row": paper_row(out["results"])})
+    return write_json_atomic(
+        path, {**provenance(), "run": str(run), "label": label, **out, "paper_row": paper_row(out["results"])}
+    )

@@ -14,6 +14,7 @@ weights are copied into it before the first step (positional encodings have no w
 the context, so every tensor fits). ``--resume`` continues an interrupted fine-tune from its own
 checkpoints/last like any run.
 """
+
 from __future__ import annotations
 
 import copy
@@ -32,20 +33,32 @@ def extended_pe(pe: str, *, head_dim: int, n_heads: int, scale: float, original_
     if name in _EXTENDED:
         raise ValueError(f"the run's encoding {pe!r} is already context-extended; fine-tune the original RoPE run")
     if name == "learned-abs":
-        raise ValueError("learned absolute position embeddings have no positions beyond the training context; "
-                         "they cannot be context-extended by fine-tuning")
+        raise ValueError(
+            "learned absolute position embeddings have no positions beyond the training context; "
+            "they cannot be context-extended by fine-tuning"
+        )
     layer = build_positional_encoding(pe, n_heads=n_heads, head_dim=head_dim)
     if not isinstance(layer, RoPE):
         return pe  # PoPE (PoPE+ft) and encodings without frequencies to interpolate: unchanged
     if layer.scaling != "none":
         raise ValueError(f"the run's encoding {pe!r} already scales its frequencies ({layer.scaling})")
-    return (f"yarn:base={layer.base:g},layout={layer.layout},rotary_dim={layer.rotary_dim},scale={scale:g},"
-            f"original_max_len={original_max_len},alpha={YARN_ALPHA:g},beta={YARN_BETA:g}")
+    return (
+        f"yarn:base={layer.base:g},layout={layer.layout},rotary_dim={layer.rotary_dim},scale={scale:g},"
+        f"original_max_len={original_max_len},alpha={YARN_ALPHA:g},beta={YARN_BETA:g}"
+    )
 
 
-def finetune_config(run_config: dict, *, context: int, steps: int, batch_size: int = FINETUNE_RECIPE["batch_size"],
-                    lr: float = FINETUNE_RECIPE["lr"], warmup_steps: int = FINETUNE_RECIPE["warmup_steps"],
-                    overrides: list[str] | None = None, source: dict | None = None) -> dict:
+def finetune_config(
+    run_config: dict,
+    *,
+    context: int,
+    steps: int,
+    batch_size: int = FINETUNE_RECIPE["batch_size"],
+    lr: float = FINETUNE_RECIPE["lr"],
+    warmup_steps: int = FINETUNE_RECIPE["warmup_steps"],
+    overrides: list[str] | None = None,
+    source: dict | None = None,
+) -> dict:
     """The fine-tune's run config: the original one with the new PE, context and recipe (validated)."""
     from pope.model import GPTConfig
     from pope.presets import Recipe
@@ -59,36 +72,60 @@ def finetune_config(run_config: dict, *, context: int, steps: int, batch_size: i
     model = config["model"]
     original_max_len = int(config["recipe"].get("seq_len") or model["max_seq_len"])
     if context <= original_max_len:
-        raise ValueError(f"--context {context} is not longer than the run's training context {original_max_len}; "
-                         f"context extension needs a longer context")
+        raise ValueError(
+            f"--context {context} is not longer than the run's training context {original_max_len}; "
+            f"context extension needs a longer context"
+        )
     scale = context / original_max_len
     head_dim = model["d_model"] // model["n_head"]
-    new_pe = extended_pe(model["pe"], head_dim=head_dim, n_heads=model["n_head"], scale=scale,
-                         original_max_len=original_max_len)
+    new_pe = extended_pe(
+        model["pe"], head_dim=head_dim, n_heads=model["n_head"], scale=scale, original_max_len=original_max_len
+    )
     model.update(pe=new_pe, max_seq_len=max(context, model["max_seq_len"]))
     config["pe"] = new_pe
-    config["recipe"].update(batch_size=batch_size, lr=lr, min_lr=lr, warmup_steps=min(warmup_steps, steps),
-                            max_steps=steps, seq_len=context,
-                            eval_interval=min(config["recipe"].get("eval_interval", steps), steps))
+    config["recipe"].update(
+        batch_size=batch_size,
+        lr=lr,
+        min_lr=lr,
+        warmup_steps=min(warmup_steps, steps),
+        max_steps=steps,
+        seq_len=context,
+        eval_interval=min(config["recipe"].get("eval_interval", steps), steps),
+    )
     changes = parse_overrides(overrides)
     if changes["model"]:
-        raise ValueError(f"a fine-tune keeps the trained model's shape; --set model.* is not allowed "
-                         f"(got {sorted(changes['model'])})")
+        raise ValueError(
+            f"a fine-tune keeps the trained model's shape; --set model.* is not allowed "
+            f"(got {sorted(changes['model'])})"
+        )
     config["recipe"].update(changes["recipe"])
     config["train"].update(changes["train"])
     Recipe(**config["recipe"])  # validation
     GPTConfig.from_dict(model)
     TrainOptions(**config["train"])
-    config["finetune"] = {"from": source or {}, "original_pe": run_config["model"]["pe"],
-                          "original_context": original_max_len, "context": context, "scale": scale,
-                          "method": "yarn" if new_pe.startswith("yarn") else "no interpolation"}
+    config["finetune"] = {
+        "from": source or {},
+        "original_pe": run_config["model"]["pe"],
+        "original_context": original_max_len,
+        "context": context,
+        "scale": scale,
+        "method": "yarn" if new_pe.startswith("yarn") else "no interpolation",
+    }
     return config
 
 
-def build_finetune_trainer(run: str | Path, out: str | Path, *, context: int, steps: int,
-                           batch_size: int = FINETUNE_RECIPE["batch_size"], lr: float = FINETUNE_RECIPE["lr"],
-                           warmup_steps: int = FINETUNE_RECIPE["warmup_steps"], overrides: list[str] | None = None,
-                           resume: bool = False):
+def build_finetune_trainer(
+    run: str | Path,
+    out: str | Path,
+    *,
+    context: int,
+    steps: int,
+    batch_size: int = FINETUNE_RECIPE["batch_size"],
+    lr: float = FINETUNE_RECIPE["lr"],
+    warmup_steps: int = FINETUNE_RECIPE["warmup_steps"],
+    overrides: list[str] | None = None,
+    resume: bool = False,
+):
     """A pope.train Trainer for the fine-tune, holding the original weights (or the fine-tune's own
     checkpoint when resuming)."""
     from pope.checkpoint import find_checkpoint, load_checkpoint
@@ -97,11 +134,21 @@ def build_finetune_trainer(run: str | Path, out: str | Path, *, context: int, st
     checkpoint = load_checkpoint(find_checkpoint(run), map_location="cpu")
     run_config = checkpoint.trainer_state.get("run_config")
     if not run_config:
-        raise ValueError(f"checkpoint {checkpoint.path} records no run config (was it written by `pope train`?); "
-                         f"cannot derive the fine-tune's data and recipe")
+        raise ValueError(
+            f"checkpoint {checkpoint.path} records no run config (was it written by `pope train`?); "
+            f"cannot derive the fine-tune's data and recipe"
+        )
     source = {"run": str(run), "checkpoint": str(checkpoint.path), "step": checkpoint.trainer_state.get("step")}
-    config = finetune_config(run_config, context=context, steps=steps, batch_size=batch_size, lr=lr,
-                             warmup_steps=warmup_steps, overrides=overrides, source=source)
+    config = finetune_config(
+        run_config,
+        context=context,
+        steps=steps,
+        batch_size=batch_size,
+        lr=lr,
+        warmup_steps=warmup_steps,
+        overrides=overrides,
+        source=source,
+    )
     # a fresh fine-tune starts from the trained weights; a resumed one from its own checkpoint
     return Trainer(config, out, resume=resume, init_from=checkpoint)
 
@@ -112,4 +159,3 @@ def run_finetune(run: str | Path, out: str | Path, **kwargs) -> dict:
         return trainer.train()
     finally:
         trainer.close()
-

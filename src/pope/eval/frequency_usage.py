@@ -22,6 +22,7 @@ position-only score rises above every value it had within the training length pr
 saw (``position_bias_summary``). The magnitudes are averages over heads and tokens, so this describes the
 encoding's share of the score, not any one token's attention.
 """
+
 from __future__ import annotations
 
 import math
@@ -56,15 +57,21 @@ class FrequencyUsage:
         }
 
     @classmethod
-    def from_dict(cls, data: dict) -> "FrequencyUsage":
+    def from_dict(cls, data: dict) -> FrequencyUsage:
         """The inverse of ``to_dict`` (a frequency_usage.json read back)."""
         try:
-            return cls(kind=data["kind"], frequencies=np.asarray(data["frequencies"], dtype=np.float64),
-                       query=np.asarray(data["query"], dtype=np.float64), key=np.asarray(data["key"], dtype=np.float64),
-                       delta=None if data.get("delta") is None else np.asarray(data["delta"], dtype=np.float64),
-                       n_tokens=int(data["n_tokens"]))
+            return cls(
+                kind=data["kind"],
+                frequencies=np.asarray(data["frequencies"], dtype=np.float64),
+                query=np.asarray(data["query"], dtype=np.float64),
+                key=np.asarray(data["key"], dtype=np.float64),
+                delta=None if data.get("delta") is None else np.asarray(data["delta"], dtype=np.float64),
+                n_tokens=int(data["n_tokens"]),
+            )
         except (KeyError, TypeError, ValueError) as err:
-            raise ValueError(f"not a frequency_usage.json of `pope analyze frequencies` ({err!r}); run it again") from None
+            raise ValueError(
+                f"not a frequency_usage.json of `pope analyze frequencies` ({err!r}); run it again"
+            ) from None
 
 
 def position_bias(usage: FrequencyUsage, distances: np.ndarray) -> np.ndarray:
@@ -90,12 +97,16 @@ def position_bias_summary(usage: FrequencyUsage, train_length: int, max_distance
     if not 0 < train_length < max_distance:
         raise ValueError(f"need 0 < train_length < max_distance, got {train_length} and {max_distance}")
     bias = position_bias(usage, np.arange(max_distance + 1))
-    within, past = bias[..., : train_length + 1], bias[..., train_length + 1:]
+    within, past = bias[..., : train_length + 1], bias[..., train_length + 1 :]
     excess = past.max(-1) - within.max(-1)  # (n_layer, n_head)
-    return {"train_length": train_length, "max_distance": max_distance, "n_heads": int(excess.size),
-            "heads_peaking_at_distance_0": int((within.argmax(-1) == 0).sum()),
-            "heads_rising_past_training": int((excess > 0).sum()),
-            "median_excess_past_training": round(float(np.median(excess)), 4)}
+    return {
+        "train_length": train_length,
+        "max_distance": max_distance,
+        "n_heads": int(excess.size),
+        "heads_peaking_at_distance_0": int((within.argmax(-1) == 0).sum()),
+        "heads_rising_past_training": int((excess > 0).sum()),
+        "median_excess_past_training": round(float(np.median(excess)), 4),
+    }
 
 
 def delta_phase(delta: np.ndarray) -> np.ndarray:
@@ -114,28 +125,38 @@ def delta_movement(delta: np.ndarray) -> dict:
     entries exactly 0, moved by more than ``DELTA_MOVED`` rad, with a positive phase (only a wrapped delta can
     have one), the median and largest distance; and the same per quarter of the frequencies, highest first
     (a quarter holds F // 4 or one more frequency)."""
+
     def shares(phase: np.ndarray) -> dict:
         distance = np.abs(phase)
-        return {"exactly_zero": round(float((distance == 0).mean()), 4),
-                "moved": round(float((distance > DELTA_MOVED).mean()), 4),
-                "positive": round(float((phase > 0).mean()), 4),
-                "mean_distance": round(float(distance.mean()), 4)}
+        return {
+            "exactly_zero": round(float((distance == 0).mean()), 4),
+            "moved": round(float((distance > DELTA_MOVED).mean()), 4),
+            "positive": round(float((phase > 0).mean()), 4),
+            "mean_distance": round(float(distance.mean()), 4),
+        }
 
     phase = delta_phase(delta)
     distance = np.abs(phase)
     quarters = [shares(part) for part in np.array_split(phase, 4, axis=-1) if part.size]
-    return {"entries": int(distance.size), "moved_threshold": DELTA_MOVED, **shares(phase),
-            "median_distance": round(float(np.median(distance)), 4), "max_distance": round(float(distance.max()), 4),
-            "by_frequency_quarter": quarters}
+    return {
+        "entries": int(distance.size),
+        "moved_threshold": DELTA_MOVED,
+        **shares(phase),
+        "median_distance": round(float(np.median(distance)), 4),
+        "max_distance": round(float(distance.max()), 4),
+        "by_frequency_quarter": quarters,
+    }
 
 
 def format_delta_movement(summary: dict) -> str:
     """One line for people: the shares of ``delta_movement`` in percent, the quarters' 'moved' shares."""
     quarters = ", ".join(f"{100 * q['moved']:.1f} %" for q in summary["by_frequency_quarter"])
-    return (f"delta as a phase ({summary['entries']:,} entries): {100 * summary['exactly_zero']:.1f} % exactly 0, "
-            f"{100 * summary['moved']:.1f} % moved more than {summary['moved_threshold']} rad (by frequency quarter, "
-            f"highest first: {quarters}), {100 * summary['positive']:.1f} % positive; median distance from 0 "
-            f"{summary['median_distance']:.4f} rad, largest {summary['max_distance']:.4f}")
+    return (
+        f"delta as a phase ({summary['entries']:,} entries): {100 * summary['exactly_zero']:.1f} % exactly 0, "
+        f"{100 * summary['moved']:.1f} % moved more than {summary['moved_threshold']} rad (by frequency quarter, "
+        f"highest first: {quarters}), {100 * summary['positive']:.1f} % positive; median distance from 0 "
+        f"{summary['median_distance']:.4f} rad, largest {summary['max_distance']:.4f}"
+    )
 
 
 def frequency_magnitudes(projection: torch.Tensor, n_heads: int, pe: torch.nn.Module) -> torch.Tensor:
@@ -272,15 +293,17 @@ def plot_delta(delta: np.ndarray, path: Path, *, title: str = "") -> Path:
     limit = max(float(np.abs(phase).max()), 1e-3)  # all zero: any small symmetric scale
     n_cols = min(4, n_layer)
     n_rows = math.ceil(n_layer / n_cols)
-    fig, axes = plt.subplots(n_rows, n_cols, figsize=(4 * n_cols, 0.4 * n_head * n_rows + 2), squeeze=False,
-                             layout="constrained")  # makes room for the shared colorbar and every label
+    fig, axes = plt.subplots(
+        n_rows, n_cols, figsize=(4 * n_cols, 0.4 * n_head * n_rows + 2), squeeze=False, layout="constrained"
+    )  # makes room for the shared colorbar and every label
     for layer in range(n_rows * n_cols):
         ax = axes[layer // n_cols][layer % n_cols]
         if layer >= n_layer:
             ax.axis("off")
             continue
-        image = ax.imshow(phase[layer], aspect="auto", origin="lower", cmap="RdBu_r", vmin=-limit, vmax=limit,
-                          interpolation="nearest")
+        image = ax.imshow(
+            phase[layer], aspect="auto", origin="lower", cmap="RdBu_r", vmin=-limit, vmax=limit, interpolation="nearest"
+        )
         ax.set_title(f"layer {layer}")
         ax.set_xlabel("frequency index (0 = highest)")
         ax.set_ylabel("head")
@@ -288,8 +311,9 @@ def plot_delta(delta: np.ndarray, path: Path, *, title: str = "") -> Path:
     return finish_figure(fig, path, title=title, tight_layout=False)
 
 
-def plot_position_bias(usage: FrequencyUsage, path: Path, *, train_length: int, max_distance: int,
-                       title: str = "") -> Path:
+def plot_position_bias(
+    usage: FrequencyUsage, path: Path, *, train_length: int, max_distance: int, title: str = ""
+) -> Path:
     """One panel per layer: every head's position-only score against the distance, the training length marked."""
     from pope.optional import pyplot
 
@@ -314,12 +338,14 @@ def plot_position_bias(usage: FrequencyUsage, path: Path, *, train_length: int, 
         ax.grid(True, alpha=0.3)
     for row in axes:
         row[0].set_ylabel("position-only score")
-    return finish_figure(fig, path, title=(title + "\n" if title else "") +
-                         f"one line per head; dashed: training length {train_length}")
+    return finish_figure(
+        fig, path, title=(title + "\n" if title else "") + f"one line per head; dashed: training length {train_length}"
+    )
 
 
-def write_frequency_report(usage: FrequencyUsage, out_dir: Path, *, title: str = "",
-                           position_bias: dict | None = None) -> list[Path]:
+def write_frequency_report(
+    usage: FrequencyUsage, out_dir: Path, *, title: str = "", position_bias: dict | None = None
+) -> list[Path]:
     """frequency_usage.json + frequency_usage.png (+ delta.png, delta.npy and the JSON's "delta_movement"
     (:func:`delta_movement`) for PoPE with delta; with a PoPE
     ``position_bias`` summary (:func:`position_bias_summary`): position_bias.png over its distances, and the
@@ -337,7 +363,13 @@ def write_frequency_report(usage: FrequencyUsage, out_dir: Path, *, title: str =
         np.save(out_dir / "delta.npy", usage.delta)
         written += [out_dir / "delta.npy", plot_delta(usage.delta, out_dir / "delta.png", title=title)]
     if position_bias is not None:
-        written.append(plot_position_bias(usage, out_dir / "position_bias.png", title=title,
-                                          train_length=position_bias["train_length"],
-                                          max_distance=position_bias["max_distance"]))
+        written.append(
+            plot_position_bias(
+                usage,
+                out_dir / "position_bias.png",
+                title=title,
+                train_length=position_bias["train_length"],
+                max_distance=position_bias["max_distance"],
+            )
+        )
     return written

@@ -6,6 +6,7 @@ scores every window in one forward pass, and we report the mean NLL (nats/token)
 mean NLL per bucket of window positions (does the loss rise late in the window, past the training
 length?).
 """
+
 from __future__ import annotations
 
 import math
@@ -97,8 +98,8 @@ def token_nll(logits: torch.Tensor, targets: torch.Tensor, chunk: int = 1024) ->
     """
     pieces = []
     for start in range(0, logits.shape[1], chunk):
-        part = logits[:, start:start + chunk].float()  # (B, c, V)
-        target = targets[:, start:start + chunk, None]  # (B, c, 1)
+        part = logits[:, start : start + chunk].float()  # (B, c, V)
+        target = targets[:, start : start + chunk, None]  # (B, c, 1)
         pieces.append(torch.logsumexp(part, dim=-1) - part.gather(-1, target).squeeze(-1))
     return torch.cat(pieces, dim=1)
 
@@ -198,8 +199,14 @@ def evaluate_lengths(
         except ValueError as err:
             raise ValueError(f"{err} (full split: {describe_split(doc_offsets)})") from None
         result = score_windows(
-            model, tokens, plan, batch_size=_batch_for(batch_size, length, longest), device=device,
-            autocast_dtype=autocast_dtype, progress=progress, description=f"{label} L={length}".strip(),
+            model,
+            tokens,
+            plan,
+            batch_size=_batch_for(batch_size, length, longest),
+            device=device,
+            autocast_dtype=autocast_dtype,
+            progress=progress,
+            description=f"{label} L={length}".strip(),
         )
         if max_docs is not None:
             result.plan["max_docs"] = int(max_docs)
@@ -303,9 +310,9 @@ def run_length_eval(
     already in ``out_dir``. The scored split is re-hashed first: a modified file is named, not scored.
     """
     from pope.data.prepared import resolve_dataset
+    from pope.eval.runs import load_run_model, run_label
     from pope.files import check_output_dir
     from pope.provenance import portable_path, provenance
-    from pope.eval.runs import load_run_model, run_label
 
     lengths = parse_lengths(lengths)
     _check_positive(batch_size=batch_size, n_buckets=n_buckets)
@@ -324,8 +331,16 @@ def run_length_eval(
     except ValueError as err:
         documents = (dataset.manifest.get("stats") or {}).get("documents_are")
         raise ValueError(f"{err}{f' Documents of {dataset.path}: {documents}.' if documents else ''}") from None
-    stamp = {**provenance(device), "data": portable_path(dataset.path), "data_name": dataset.name, "split": split,
-             "tail": tail, "same_documents": same_documents, "max_docs": max_docs, "n_buckets": n_buckets}
+    stamp = {
+        **provenance(device),
+        "data": portable_path(dataset.path),
+        "data_name": dataset.name,
+        "split": split,
+        "tail": tail,
+        "same_documents": same_documents,
+        "max_docs": max_docs,
+        "n_buckets": n_buckets,
+    }
     collected: list[RunLengthResults] = []
     span = f"{min(lengths)}-{max(lengths)}" if min(lengths) != max(lengths) else f"{lengths[0]}"
     for run in runs:
@@ -337,19 +352,42 @@ def run_length_eval(
         run_config = info.get("run_config") or {}
         train_length = (run_config.get("recipe") or {}).get("seq_len") or model.config.max_seq_len
         results = evaluate_lengths(
-            model, token_split.tokens, offsets, lengths, tail=tail, same_documents=same_documents, max_docs=max_docs,
-            batch_size=batch_size, device=device, autocast_dtype=autocast_dtype, progress=progress, label=label)
-        entry = RunLengthResults(label=label, run=str(run), pe=model.config.pe, train_length=int(train_length),
-                                 results=results)
-        record = {**stamp, "run": str(run), "checkpoint": info.get("path"), "step": info.get("step"),
-                  "pe": entry.pe, "train_length": entry.train_length,
-                  "results": [r.to_dict(n_buckets) for r in results]}
+            model,
+            token_split.tokens,
+            offsets,
+            lengths,
+            tail=tail,
+            same_documents=same_documents,
+            max_docs=max_docs,
+            batch_size=batch_size,
+            device=device,
+            autocast_dtype=autocast_dtype,
+            progress=progress,
+            label=label,
+        )
+        entry = RunLengthResults(
+            label=label, run=str(run), pe=model.config.pe, train_length=int(train_length), results=results
+        )
+        record = {
+            **stamp,
+            "run": str(run),
+            "checkpoint": info.get("path"),
+            "step": info.get("step"),
+            "pe": entry.pe,
+            "train_length": entry.train_length,
+            "results": [r.to_dict(n_buckets) for r in results],
+        }
         collected.append(entry)
         del model
         _disambiguate_labels(collected)  # over the runs so far: a later run can make an earlier label ambiguous
         if out_dir is not None:  # where the user asked: first
-            write_length_outputs(collected, Path(out_dir), n_buckets=n_buckets, title=f"{dataset.name} / {split}",
-                                 provenance_stamp={**stamp, "runs_done": len(collected), "runs_requested": len(runs)})
+            write_length_outputs(
+                collected,
+                Path(out_dir),
+                n_buckets=n_buckets,
+                title=f"{dataset.name} / {split}",
+                provenance_stamp={**stamp, "runs_done": len(collected), "runs_requested": len(runs)},
+            )
         write_beside_run(str(run), f"length-{dataset.name}-{split}-{span}.json", record, saved_in=out_dir)
     return collected
 
@@ -399,20 +437,32 @@ def length_table_markdown(entries: list[RunLengthResults]) -> str:
     lines = [header, "|" + "---|" * (3 + len(lengths))]
     for entry in entries:
         by_length = {r.length: r for r in entry.results}
-        cells = [f"{by_length[L].mean_nll:.4f} ({by_length[L].perplexity:.3g})" if L in by_length else "—"
-                 for L in lengths]
+        cells = [
+            f"{by_length[L].mean_nll:.4f} ({by_length[L].perplexity:.3g})" if L in by_length else "—" for L in lengths
+        ]
         lines.append(f"| {entry.label} | {entry.pe} | {entry.train_length or '?'} | " + " | ".join(cells) + " |")
     first = entries[0].results
     lines.append("")
-    lines.append("Cells: mean NLL in nats/token (perplexity). Scored targets per length: "
-                 + ", ".join(f"L={r.length:,}: {r.n_targets:,} in {r.plan['n_docs_used']:,} docs "
-                             f"({r.plan['n_docs_excluded']:,} docs / {r.plan['n_targets_excluded']:,} targets excluded)"
-                             for r in first) + ".")
+    lines.append(
+        "Cells: mean NLL in nats/token (perplexity). Scored targets per length: "
+        + ", ".join(
+            f"L={r.length:,}: {r.n_targets:,} in {r.plan['n_docs_used']:,} docs "
+            f"({r.plan['n_docs_excluded']:,} docs / {r.plan['n_targets_excluded']:,} targets excluded)"
+            for r in first
+        )
+        + "."
+    )
     return "\n".join(lines) + "\n"
 
 
-def write_length_outputs(entries: list[RunLengthResults], out_dir, *, n_buckets: int = 8, title: str = "",
-                         provenance_stamp: dict | None = None) -> list:
+def write_length_outputs(
+    entries: list[RunLengthResults],
+    out_dir,
+    *,
+    n_buckets: int = 8,
+    title: str = "",
+    provenance_stamp: dict | None = None,
+) -> list:
     """length.csv, length.md, length.json and length.png in ``out_dir``."""
     import csv
     import io
@@ -422,31 +472,80 @@ def write_length_outputs(entries: list[RunLengthResults], out_dir, *, n_buckets:
     out_dir = Path(out_dir)
     buffer = io.StringIO()
     writer = csv.writer(buffer)
-    writer.writerow(["label", "run", "pe", "train_length", "length", "mean_nll", "perplexity", "n_targets",
-                     "n_windows", "n_tail_windows", "n_docs_used", "n_docs_excluded", "n_targets_excluded",
-                     "bucket_edges", "bucket_nll"])
+    writer.writerow(
+        [
+            "label",
+            "run",
+            "pe",
+            "train_length",
+            "length",
+            "mean_nll",
+            "perplexity",
+            "n_targets",
+            "n_windows",
+            "n_tail_windows",
+            "n_docs_used",
+            "n_docs_excluded",
+            "n_targets_excluded",
+            "bucket_edges",
+            "bucket_nll",
+        ]
+    )
     for entry in entries:
         for r in entry.results:
             edges, means, _ = r.bucket_nll(n_buckets)
-            writer.writerow([entry.label, entry.run, entry.pe, entry.train_length, r.length, f"{r.mean_nll:.6f}",
-                             f"{r.perplexity:.6f}", r.n_targets, r.plan["n_windows"], r.plan["n_tail_windows"],
-                             r.plan["n_docs_used"], r.plan["n_docs_excluded"], r.plan["n_targets_excluded"],
-                             ";".join(map(str, edges)), ";".join(f"{m:.6f}" for m in means)])
+            writer.writerow(
+                [
+                    entry.label,
+                    entry.run,
+                    entry.pe,
+                    entry.train_length,
+                    r.length,
+                    f"{r.mean_nll:.6f}",
+                    f"{r.perplexity:.6f}",
+                    r.n_targets,
+                    r.plan["n_windows"],
+                    r.plan["n_tail_windows"],
+                    r.plan["n_docs_used"],
+                    r.plan["n_docs_excluded"],
+                    r.plan["n_targets_excluded"],
+                    ";".join(map(str, edges)),
+                    ";".join(f"{m:.6f}" for m in means),
+                ]
+            )
     written = [write_text_atomic(out_dir / "length.csv", buffer.getvalue())]
-    markdown = (f"# Perplexity vs evaluation length{': ' + title if title else ''}\n\n"
-                + length_table_markdown(entries))
+    markdown = f"# Perplexity vs evaluation length{': ' + title if title else ''}\n\n" + length_table_markdown(entries)
     if provenance_stamp:
-        markdown += "\n" + ", ".join(f"{k}: {provenance_stamp[k]}" for k in
-                                     ("git_commit", "torch", "device", "date_utc", "command")) + "\n"
+        markdown += (
+            "\n"
+            + ", ".join(f"{k}: {provenance_stamp[k]}" for k in ("git_commit", "torch", "device", "date_utc", "command"))
+            + "\n"
+        )
         done, requested = provenance_stamp.get("runs_done"), provenance_stamp.get("runs_requested")
         if done is not None and requested is not None and done < requested:
-            markdown += (f"\n**Partial: {done} of the {requested} runs asked for** (the call stopped or is still "
-                         f"running; these files are rewritten after each run).\n")
+            markdown += (
+                f"\n**Partial: {done} of the {requested} runs asked for** (the call stopped or is still "
+                f"running; these files are rewritten after each run).\n"
+            )
     written.append(write_text_atomic(out_dir / "length.md", markdown))
-    written.append(write_json_atomic(out_dir / "length.json", {
-        "provenance": provenance_stamp or {},
-        "runs": [{"label": e.label, "run": e.run, "pe": e.pe, "train_length": e.train_length,
-                  "results": [r.to_dict(n_buckets) for r in e.results]} for e in entries]}))
+    written.append(
+        write_json_atomic(
+            out_dir / "length.json",
+            {
+                "provenance": provenance_stamp or {},
+                "runs": [
+                    {
+                        "label": e.label,
+                        "run": e.run,
+                        "pe": e.pe,
+                        "train_length": e.train_length,
+                        "results": [r.to_dict(n_buckets) for r in e.results],
+                    }
+                    for e in entries
+                ],
+            },
+        )
+    )
     written.append(plot_length_curves(entries, out_dir / "length.png", n_buckets=n_buckets, title=title))
     return written
 
@@ -454,9 +553,9 @@ def write_length_outputs(entries: list[RunLengthResults], out_dir, *, n_buckets:
 def plot_length_curves(entries: list[RunLengthResults], path, *, n_buckets: int = 8, title: str = ""):
     """Left: perplexity vs length (one line per run). Right: NLL per window-position bucket at the
     longest length (does the loss rise past the training length?)."""
-    from pope.eval.runs import short_pe_spec
     from matplotlib.ticker import NullLocator
 
+    from pope.eval.runs import short_pe_spec
     from pope.files import finish_figure, height_with_legend_below, legend_below, plain_log_ticks
     from pope.optional import pyplot
 
@@ -467,7 +566,7 @@ def plot_length_curves(entries: list[RunLengthResults], path, *, n_buckets: int 
     for entry in entries:
         lengths = [r.length for r in entry.results]
         legend = f"{entry.label} ({short_pe_spec(entry.pe)})"
-        line, = left.plot(lengths, [r.perplexity for r in entry.results], marker="o", label=legend)
+        (line,) = left.plot(lengths, [r.perplexity for r in entry.results], marker="o", label=legend)
         longest = entry.results[-1]
         edges, means, _ = longest.bucket_nll(n_buckets)
         centers = [(lo + hi) / 2 for lo, hi in zip(edges[:-1], edges[1:])]

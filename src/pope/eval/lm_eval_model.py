@@ -26,6 +26,7 @@ Requests (all scoring is fp32 log-softmax over the model's logits):
   refused), stopping at any ``until`` string, at the end-of-text token or after ``max_gen_toks`` tokens;
   the context keeps its last ``max_length - max_gen_toks`` tokens.
 """
+
 from __future__ import annotations
 
 import sys
@@ -33,8 +34,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from pope.optional import require
 from pope.eval.tokenizers import Tokenizer, get_tokenizer
+from pope.optional import require
 
 _lm_eval_api_model = require("lm_eval.api.model", "eval")
 _lm_eval_registry = require("lm_eval.api.registry", "eval")
@@ -52,14 +53,24 @@ class PoPELM(_lm_eval_api_model.LM):
     pope.eval.tokenizers.Tokenizer) instead of ``path``.
     """
 
-    def __init__(self, path: str | None = None, tokenizer: str | Tokenizer = "gpt2", device: str = "cpu",
-                 batch_size: int | str | None = 1, max_length: int | None = None, max_gen_toks: int = 256,
-                 model: torch.nn.Module | None = None, **unused):
+    def __init__(
+        self,
+        path: str | None = None,
+        tokenizer: str | Tokenizer = "gpt2",
+        device: str = "cpu",
+        batch_size: int | str | None = 1,
+        max_length: int | None = None,
+        max_gen_toks: int = 256,
+        model: torch.nn.Module | None = None,
+        **unused,
+    ):
         super().__init__()
         unused = {k: v for k, v in unused.items() if k not in ("max_batch_size", "trust_remote_code")}
         if unused:
-            raise ValueError(f"unknown model_args for the pope model: {sorted(unused)}; valid: path, tokenizer, "
-                             f"device, batch_size, max_length, max_gen_toks")
+            raise ValueError(
+                f"unknown model_args for the pope model: {sorted(unused)}; valid: path, tokenizer, "
+                f"device, batch_size, max_length, max_gen_toks"
+            )
         if (path is None) == (model is None):
             raise ValueError("give the pope model exactly one of path=RUN_DIR (model_args) or model= (in-process)")
         self._device = torch.device(device or "cpu")
@@ -71,13 +82,17 @@ class PoPELM(_lm_eval_api_model.LM):
         self.tokenizer = get_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
         model_vocab = self.model.config.vocab_size
         if self.tokenizer.vocab_size > model_vocab:
-            raise ValueError(f"vocabulary mismatch: tokenizer {self.tokenizer.name!r} has {self.tokenizer.vocab_size:,} "
-                             f"ids but the model has {model_vocab:,}; use the tokenizer the model was trained with")
+            raise ValueError(
+                f"vocabulary mismatch: tokenizer {self.tokenizer.name!r} has {self.tokenizer.vocab_size:,} "
+                f"ids but the model has {model_vocab:,}; use the tokenizer the model was trained with"
+            )
         self.max_length = int(max_length or self.model.config.max_seq_len)
         self.max_gen_toks = int(max_gen_toks)
         self.batch_size = _parse_batch_size(batch_size)
         if self.max_length < 2 or self.max_gen_toks < 1:
-            raise ValueError(f"max_length must be >= 2 and max_gen_toks >= 1; got {self.max_length}, {self.max_gen_toks}")
+            raise ValueError(
+                f"max_length must be >= 2 and max_gen_toks >= 1; got {self.max_length}, {self.max_gen_toks}"
+            )
 
     # ------------------------------------------------------------------ scoring
     @torch.no_grad()
@@ -95,15 +110,21 @@ class PoPELM(_lm_eval_api_model.LM):
                 items.append((index, [], 0))
                 continue
             if len(continuation) > self.max_length:
-                raise ValueError(f"a continuation of {len(continuation)} tokens does not fit the context window of "
-                                 f"{self.max_length} tokens; raise max_length")
-            whole = (list(context) + list(continuation))[-(self.max_length + 1):]
+                raise ValueError(
+                    f"a continuation of {len(continuation)} tokens does not fit the context window of "
+                    f"{self.max_length} tokens; raise max_length"
+                )
+            whole = (list(context) + list(continuation))[-(self.max_length + 1) :]
             items.append((index, whole, len(continuation)))
         results: list[tuple[float, bool]] = [(0.0, True)] * len(pairs)
         order = sorted((item for item in items if item[2]), key=lambda item: -len(item[1]))
-        for first in tqdm(range(0, len(order), self.batch_size), desc=desc or "pope loglikelihood", leave=False,
-                          disable=len(order) <= self.batch_size):
-            batch = order[first:first + self.batch_size]
+        for first in tqdm(
+            range(0, len(order), self.batch_size),
+            desc=desc or "pope loglikelihood",
+            leave=False,
+            disable=len(order) <= self.batch_size,
+        ):
+            batch = order[first : first + self.batch_size]
             width = max(len(whole) - 1 for _, whole, _ in batch)
             inputs = torch.zeros(len(batch), width, dtype=torch.long)  # (B, W) right-padded
             for row, (_, whole, _) in enumerate(batch):
@@ -113,7 +134,7 @@ class PoPELM(_lm_eval_api_model.LM):
                 n_inputs = len(whole) - 1
                 targets = torch.tensor(whole[-n_cont:], device=self._device)  # (n_cont,)
                 # (n_cont, V): the positions that predict the continuation, fp32 log-softmax
-                rows = F.log_softmax(logits[row, n_inputs - n_cont: n_inputs].float(), dim=-1)
+                rows = F.log_softmax(logits[row, n_inputs - n_cont : n_inputs].float(), dim=-1)
                 total = rows.gather(-1, targets[:, None]).sum().item()
                 greedy = bool((rows.argmax(-1) == targets).all())
                 results[index] = (total, greedy)
@@ -127,7 +148,7 @@ class PoPELM(_lm_eval_api_model.LM):
             context, continuation = context[:-spaces], context[-spaces:] + continuation
         whole = self.tokenizer.encode(context + continuation)
         context_ids = self.tokenizer.encode(context)
-        return whole[: len(context_ids)], whole[len(context_ids):]
+        return whole[: len(context_ids)], whole[len(context_ids) :]
 
     def loglikelihood(self, requests) -> list[tuple[float, bool]]:
         pairs = [self._encode_pair(*request.args) for request in requests]
@@ -143,8 +164,11 @@ class PoPELM(_lm_eval_api_model.LM):
             windows = [
                 _lm_eval_utils.make_disjoint_window(window)
                 for window in _lm_eval_utils.get_rolling_token_windows(
-                    token_list=self.tokenizer.encode(text), prefix_token=self.tokenizer.prefix_token_id,
-                    max_seq_len=self.max_length, context_len=1)
+                    token_list=self.tokenizer.encode(text),
+                    prefix_token=self.tokenizer.prefix_token_id,
+                    max_seq_len=self.max_length,
+                    context_len=1,
+                )
             ]
             total = sum(score for score, _ in self._score(windows, desc="pope rolling"))
             self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
@@ -227,8 +251,9 @@ class HFCausalLM(torch.nn.Module):
 
         self.hf = hf_model
         hf_config = hf_model.config
-        self.config = SimpleNamespace(vocab_size=hf_config.vocab_size,
-                                      max_seq_len=getattr(hf_config, "max_position_embeddings", None) or 2048)
+        self.config = SimpleNamespace(
+            vocab_size=hf_config.vocab_size, max_seq_len=getattr(hf_config, "max_position_embeddings", None) or 2048
+        )
 
     def forward(self, ids: torch.Tensor, kv_cache=None):
         if kv_cache is None:
@@ -244,19 +269,29 @@ class HFCausalLM(torch.nn.Module):
 def hf_tokenizer(path) -> Tokenizer:
     """The tokenizer saved in a Hugging Face model directory (AutoTokenizer), as a pope Tokenizer."""
     if path is None or not is_hf_model_dir(path):
-        raise ValueError("tokenizer=hf takes the tokenizer saved in a Hugging Face model directory; give path=DIR "
-                         "of such a directory, or tokenizer=gpt2 / bytes")
+        raise ValueError(
+            "tokenizer=hf takes the tokenizer saved in a Hugging Face model directory; give path=DIR "
+            "of such a directory, or tokenizer=gpt2 / bytes"
+        )
     transformers = require("transformers", "hf")
     try:
         tok = transformers.AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError) as err:
-        raise ValueError(f"no tokenizer could be loaded from {path} ({err}); save one with "
-                         f"tokenizer.save_pretrained(DIR) or pass tokenizer=gpt2 / bytes") from None
+        raise ValueError(
+            f"no tokenizer could be loaded from {path} ({err}); save one with "
+            f"tokenizer.save_pretrained(DIR) or pass tokenizer=gpt2 / bytes"
+        ) from None
     prefix = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
     if prefix is None:
         raise ValueError(f"the tokenizer in {path} has neither a BOS nor an EOS token to condition the first token on")
-    return Tokenizer(name=f"hf:{path}", vocab_size=len(tok), prefix_token_id=prefix, stop_token_id=tok.eos_token_id,
-                     _encode=lambda text: tok.encode(text, add_special_tokens=False), _decode=tok.decode)
+    return Tokenizer(
+        name=f"hf:{path}",
+        vocab_size=len(tok),
+        prefix_token_id=prefix,
+        stop_token_id=tok.eos_token_id,
+        _encode=lambda text: tok.encode(text, add_special_tokens=False),
+        _decode=tok.decode,
+    )
 
 
 def _parse_batch_size(batch_size) -> int:

@@ -46,6 +46,7 @@ family). With
 ``against=DIR`` (``pope report ... --against DIR``) the same statistics compare every other setting of
 DIR's preset with DIR's runs: recipe knobs against the recipe they change.
 """
+
 from __future__ import annotations
 
 import json
@@ -55,18 +56,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pope.eval.delta_state import DELTA_STATE_FILE
-from pope.eval.stats import (MAX_EXACT_SPLITS, MONTE_CARLO_SPLITS, fisher_exact, holm_adjust, paired_interval,
-                             paired_permutation_test, permutation_test, rank_sum_test, welch_interval,
-                             wilson_interval)
+from pope.eval.stats import (
+    MAX_EXACT_SPLITS,
+    MONTE_CARLO_SPLITS,
+    fisher_exact,
+    holm_adjust,
+    paired_interval,
+    paired_permutation_test,
+    permutation_test,
+    rank_sum_test,
+    welch_interval,
+    wilson_interval,
+)
 from pope.files import write_text_atomic
 from pope.train.sweep import EXECUTION_KEYS, setting_of
 
-
-METRIC_RULES = {"test_nll": "min over evaluations", "test_accuracy": "last evaluation",
-                "valid_ppl": "last evaluation"}
+METRIC_RULES = {"test_nll": "min over evaluations", "test_accuracy": "last evaluation", "valid_ppl": "last evaluation"}
 """How each paper metric's headline value is taken from a run's evaluations (module docstring)."""
-BEST_VALID_KEYS = {"test_nll": "test_loss", "last test_loss": "test_loss", "test_accuracy": "test_accuracy",
-                   "valid_ppl": "valid_loss", "last valid_loss": "valid_loss"}
+BEST_VALID_KEYS = {
+    "test_nll": "test_loss",
+    "last test_loss": "test_loss",
+    "test_accuracy": "test_accuracy",
+    "valid_ppl": "valid_loss",
+    "last valid_loss": "valid_loss",
+}
 """The at_best_valid (summary.json) entry that gives each metric at the best-validation checkpoint."""
 COMPARED_PE = "rope"
 """The encoding every other one is compared against in the "PoPE vs RoPE" section."""
@@ -139,7 +152,9 @@ def headline_metric(records: list[dict], paper_metric: str | None) -> tuple[str 
         return paper_metric, None
     last = records[-1]
     if paper_metric == "test_nll":  # evaluations that scored the whole test split, when there are any
-        whole = [r for r in records if r.get("test_split_tokens") and r.get("test_scored_tokens") == r["test_split_tokens"]]
+        whole = [
+            r for r in records if r.get("test_split_tokens") and r.get("test_scored_tokens") == r["test_split_tokens"]
+        ]
         values = finite(r.get("test_loss") for r in whole or records)
         return "test_nll", min(values) if values else None
     if paper_metric == "test_accuracy":
@@ -163,7 +178,7 @@ def best_valid_value(summary: dict, metric: str | None) -> float | None:
 
 
 def paper_encoding(preset_name: str, pe: str) -> str | None:
-    """"rope" or "pope" when ``pe`` is the paper's own setting of that encoding for this preset; a baseline's
+    """ "rope" or "pope" when ``pe`` is the paper's own setting of that encoding for this preset; a baseline's
     name (e.g. "rope-half") when the preset lists the paper's number for it and ``pe`` sets no option; else
     None."""
     from pope.encodings import parse_pe_spec
@@ -235,22 +250,40 @@ def collect_run(path: str | Path) -> RunRecord:
     setting, fingerprint = _setting(run_dir, config)
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-    record = RunRecord(run=str(run_dir), preset=preset, pe=pe, seed=config.get("seed"), metric=metric, value=value,
-                       finished=bool(summary.get("finished")), step=records[-1].get("step") if records else None,
-                       setting=setting, fingerprint=fingerprint, at_best_valid=best_valid_value(summary, metric),
-                       best_step=summary.get("best_step"), max_steps=(config.get("recipe") or {}).get("max_steps"),
-                       curve=[(int(r["step"]), float(r["test_accuracy"])) for r in evals  # task accuracy only
-                              if metric == "test_accuracy" and isinstance(r.get("test_accuracy"), (int, float))],
-                       loss_curve=[(int(r["step"]), float(r["valid_loss"]), float(r["test_loss"])) for r in evals
-                                   if metric == "test_nll" and all(isinstance(r.get(key), (int, float))
-                                                                   for key in ("valid_loss", "test_loss"))])
+    record = RunRecord(
+        run=str(run_dir),
+        preset=preset,
+        pe=pe,
+        seed=config.get("seed"),
+        metric=metric,
+        value=value,
+        finished=bool(summary.get("finished")),
+        step=records[-1].get("step") if records else None,
+        setting=setting,
+        fingerprint=fingerprint,
+        at_best_valid=best_valid_value(summary, metric),
+        best_step=summary.get("best_step"),
+        max_steps=(config.get("recipe") or {}).get("max_steps"),
+        curve=[
+            (int(r["step"]), float(r["test_accuracy"]))
+            for r in evals  # task accuracy only
+            if metric == "test_accuracy" and isinstance(r.get("test_accuracy"), (int, float))
+        ],
+        loss_curve=[
+            (int(r["step"]), float(r["valid_loss"]), float(r["test_loss"]))
+            for r in evals
+            if metric == "test_nll" and all(isinstance(r.get(key), (int, float)) for key in ("valid_loss", "test_loss"))
+        ],
+    )
     task_file = run_dir / "eval" / "task_accuracy.json"
     if task_file.is_file():
         splits = json.loads(task_file.read_text()).get("splits", {})
         record.task_accuracy = {name: float(info["accuracy"]) for name, info in splits.items()}
         if "by_shift" in splits.get("test", {}):
-            record.test_by_shift = {int(shift): (int(row["correct"]), int(row["examples"]))
-                                    for shift, row in splits["test"]["by_shift"].items()}
+            record.test_by_shift = {
+                int(shift): (int(row["correct"]), int(row["examples"]))
+                for shift, row in splits["test"]["by_shift"].items()
+            }
     for length_file in sorted((run_dir / "eval").glob("length-*.json")):
         data = json.loads(length_file.read_text())
         by_length = {int(r["length"]): float(r["perplexity"]) for r in data.get("results", [])}
@@ -280,7 +313,7 @@ def format_mean_std(values: list[float], digits: int = 4) -> str:
     mean, std, n = mean_std(values)
     if std is None:
         spread = ""
-    elif 0 < std < 0.5 * 10 ** -digits:
+    elif 0 < std < 0.5 * 10**-digits:
         spread = f" ± {std:.1e}"
     else:
         spread = f" ± {std:.{digits}f}"
@@ -317,17 +350,22 @@ def setting_groups(records: list[RunRecord]) -> dict[tuple[str, str, str], list[
         members.sort(key=lambda m: (m.seed is None, m.seed or 0))
         for first, second in zip(members, members[1:]):
             if first.seed is not None and first.seed == second.seed:
-                raise ValueError(f"{first.run} and {second.run} are runs of one setting with the same seed "
-                                 f"{first.seed}: the report would count it twice as if independent; pass one of them "
-                                 "(compare a rerun with its original by reading both run directories)")
+                raise ValueError(
+                    f"{first.run} and {second.run} are runs of one setting with the same seed "
+                    f"{first.seed}: the report would count it twice as if independent; pass one of them "
+                    "(compare a rerun with its original by reading both run directories)"
+                )
     labels: dict[tuple[str, str, str], list[RunRecord]] = {}
     for (preset, pe, fingerprint), members in sorted(by_fingerprint.items()):
         siblings = [json.loads(f) for (p, e, f) in by_fingerprint if (p, e) == (preset, pe)]
         mine = json.loads(fingerprint)
         differing = sorted(k for k in set().union(*siblings) if len({json.dumps(s.get(k)) for s in siblings}) > 1)
         named = " ; ".join(sorted({m.setting for m in members if m.setting}))
-        extra = [f"{k}={v if isinstance(v := mine.get(k), str) else json.dumps(v)}" for k in differing
-                 if f"{k}=" not in named and mine.get(k) is not None]
+        extra = [
+            f"{k}={v if isinstance(v := mine.get(k), str) else json.dumps(v)}"
+            for k in differing
+            if f"{k}=" not in named and mine.get(k) is not None
+        ]
         label = " ".join(filter(None, [named, *extra])) or "—"
         while (preset, pe, label) in labels:  # never merge two settings under one name
             label += " (another setting)"
@@ -352,14 +390,19 @@ def lift_off_markdown(records: list[RunRecord]) -> list[str]:
     groups = {key: members for key, members in setting_groups(records).items() if any(m.curve for m in members)}
     if not groups:
         return []
-    lines = ["", f"## Test accuracy and lift-off (final test accuracy > {100 * LIFT_OFF_ACCURACY:g} %)", "",
-             "Final test accuracy (%) over finished seeds; lift-off rate with a Wilson 95 % interval; first past "
-             f"{100 * LIFT_OFF_ACCURACY:g} %: the step of each finished seed's first evaluation above it, in seed "
-             "order (— never); gap = accuracy on training examples − on test examples of the same checkpoint "
-             "(eval/task_accuracy.json).", "",
-             "| preset | PE | n | test acc. mean ± std | median | lift-off | 95 % interval | first past "
-             f"{100 * LIFT_OFF_ACCURACY:g} % | train − test gap | paper | unfinished (left out) | setting |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "",
+        f"## Test accuracy and lift-off (final test accuracy > {100 * LIFT_OFF_ACCURACY:g} %)",
+        "",
+        "Final test accuracy (%) over finished seeds; lift-off rate with a Wilson 95 % interval; first past "
+        f"{100 * LIFT_OFF_ACCURACY:g} %: the step of each finished seed's first evaluation above it, in seed "
+        "order (— never); gap = accuracy on training examples − on test examples of the same checkpoint "
+        "(eval/task_accuracy.json).",
+        "",
+        "| preset | PE | n | test acc. mean ± std | median | lift-off | 95 % interval | first past "
+        f"{100 * LIFT_OFF_ACCURACY:g} % | train − test gap | paper | unfinished (left out) | setting |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     no_gap = []
     for (preset, pe, label), members in sorted(groups.items()):
         done = [m for m in members if m.finished and m.curve]
@@ -367,35 +410,50 @@ def lift_off_markdown(records: list[RunRecord]) -> list[str]:
         first_past = ", ".join(_kilo_steps(first_step_past_lift_off(m.curve)) for m in done) or "—"
         lifted = lift_offs(finals)
         low, high = wilson_interval(lifted, len(finals))
-        gaps = [m.task_accuracy["train"] - m.task_accuracy["test"] for m in done
-                if m.task_accuracy and {"train", "test"} <= set(m.task_accuracy)]
+        gaps = [
+            m.task_accuracy["train"] - m.task_accuracy["test"]
+            for m in done
+            if m.task_accuracy and {"train", "test"} <= set(m.task_accuracy)
+        ]
         no_gap += [m.run for m in done if not (m.task_accuracy and {"train", "test"} <= set(m.task_accuracy))]
         gap = f"{_percent(gaps)} (n={len(gaps)})" if gaps else "not measured"
         paper = paper_value(preset, pe)
-        lines.append(f"| {preset} | {pe} | {len(finals)} | {_percent(finals)} | "
-                     f"{f'{100 * statistics.median(finals):.2f}' if finals else '—'} | {lifted}/{len(finals)} | "
-                     f"{100 * low:.0f}–{100 * high:.0f} % | {first_past} | {gap} | "
-                     f"{'—' if paper is None else f'{100 * paper:.2f}'} | "
-                     f"{_unfinished(members)} | {label} |")
+        lines.append(
+            f"| {preset} | {pe} | {len(finals)} | {_percent(finals)} | "
+            f"{f'{100 * statistics.median(finals):.2f}' if finals else '—'} | {lifted}/{len(finals)} | "
+            f"{100 * low:.0f}–{100 * high:.0f} % | {first_past} | {gap} | "
+            f"{'—' if paper is None else f'{100 * paper:.2f}'} | "
+            f"{_unfinished(members)} | {label} |"
+        )
     if no_gap:
-        lines += ["", f"Train-example accuracy not measured for {len(no_gap)} finished run(s) (no "
-                  "eval/task_accuracy.json; pope.eval.runs.score_task_accuracy writes it): " + ", ".join(no_gap)]
+        lines += [
+            "",
+            f"Train-example accuracy not measured for {len(no_gap)} finished run(s) (no "
+            "eval/task_accuracy.json; pope.eval.runs.score_task_accuracy writes it): " + ", ".join(no_gap),
+        ]
     return lines
 
 
 def delta_markdown(records: list[RunRecord]) -> list[str]:
     """The table of PoPE's delta at the end of training, over finished runs with eval/delta_state.json (empty
     when there are none): how much of delta lies outside [-2π, 0] (pope.eval.delta_state)."""
-    groups = {key: done for key, done in finished_groups(records).items()
-              if any(m.delta_outside is not None for m in done)}
+    groups = {
+        key: done for key, done in finished_groups(records).items() if any(m.delta_outside is not None for m in done)
+    }
     if not groups:
         return []
-    lines = ["", "## PoPE's delta outside [−2π, 0] at the end of training", "",
-             "Share of the phase-bias entries (layers × heads × frequencies) whose parameter lies outside "
-             "[−2π, 0] (eval/delta_state.json, `pope analyze delta`): with δ clamped they get no gradient, so "
-             "they stopped learning; with δ wrapped they kept learning, and are the entries the clamp would have "
-             "stopped.", "",
-             "| preset | PE | n | outside: mean ± std | per seed | setting |", "|---|---|---|---|---|---|"]
+    lines = [
+        "",
+        "## PoPE's delta outside [−2π, 0] at the end of training",
+        "",
+        "Share of the phase-bias entries (layers × heads × frequencies) whose parameter lies outside "
+        "[−2π, 0] (eval/delta_state.json, `pope analyze delta`): with δ clamped they get no gradient, so "
+        "they stopped learning; with δ wrapped they kept learning, and are the entries the clamp would have "
+        "stopped.",
+        "",
+        "| preset | PE | n | outside: mean ± std | per seed | setting |",
+        "|---|---|---|---|---|---|",
+    ]
     for (preset, pe, label), done in sorted(groups.items()):
         shares = [m.delta_outside for m in done if m.delta_outside is not None]
         per_seed = ", ".join(f"{100 * share:.1f}" for share in shares)
@@ -417,8 +475,10 @@ def shift_bucket_accuracy(by_shift: dict[int, tuple[int, int]], low: int, high: 
 def by_shift_groups(records: list[RunRecord]) -> dict[tuple[str, str, str], list[dict[int, tuple[int, int]]]]:
     """(preset, PE, setting label) -> the per-shift test counts of its finished seeds that have them (settings
     with none left out): what the by-shift table and accuracy_by_shift.png average."""
-    groups = {key: [m.test_by_shift for m in members if m.finished and m.test_by_shift]
-              for key, members in setting_groups(records).items()}
+    groups = {
+        key: [m.test_by_shift for m in members if m.finished and m.test_by_shift]
+        for key, members in setting_groups(records).items()
+    }
     return {key: tables for key, tables in groups.items() if tables}
 
 
@@ -428,17 +488,27 @@ def by_shift_markdown(records: list[RunRecord]) -> list[str]:
     groups = by_shift_groups(records)
     if not groups:
         return []
-    buckets = [b for b in SHIFT_BUCKETS if any(shift_bucket_accuracy(t, *b) is not None
-                                                for tables in groups.values() for t in tables)]
+    buckets = [
+        b
+        for b in SHIFT_BUCKETS
+        if any(shift_bucket_accuracy(t, *b) is not None for tables in groups.values() for t in tables)
+    ]
     names = [f"{low:+d}" if low == high else f"{low:+d} … {high:+d}" for low, high in buckets]
-    lines = ["", "## Test accuracy by shift", "",
-             "Test accuracy (%) of the re-scored checkpoint over the examples whose signed shift (target position − "
-             "source position) lies in each range, mean ± std over finished seeds: which offsets each setting has "
-             "learned to index (accuracy_by_shift.png has every shift).", "",
-             "| preset | PE | n | " + " | ".join(names) + " | setting |", "|---|---|---|" + "---|" * len(names) + "---|"]
+    lines = [
+        "",
+        "## Test accuracy by shift",
+        "",
+        "Test accuracy (%) of the re-scored checkpoint over the examples whose signed shift (target position − "
+        "source position) lies in each range, mean ± std over finished seeds: which offsets each setting has "
+        "learned to index (accuracy_by_shift.png has every shift).",
+        "",
+        "| preset | PE | n | " + " | ".join(names) + " | setting |",
+        "|---|---|---|" + "---|" * len(names) + "---|",
+    ]
     for (preset, pe, label), tables in sorted(groups.items()):
-        cells = [_percent([a for a in (shift_bucket_accuracy(t, *b) for t in tables) if a is not None])
-                 for b in buckets]
+        cells = [
+            _percent([a for a in (shift_bucket_accuracy(t, *b) for t in tables) if a is not None]) for b in buckets
+        ]
         lines.append(f"| {preset} | {pe} | {len(tables)} | " + " | ".join(cells) + f" | {label} |")
     return lines
 
@@ -462,10 +532,19 @@ class ComparisonRow:
 
 def _difference_row(preset: str, label: str, value: str, values: list[float], baseline: list[float]) -> ComparisonRow:
     interval, test = welch_interval(values, baseline), permutation_test(values, baseline)
-    ci = "— (needs ≥ 2 seeds each)" if interval is None else f"{interval[0]:+.4f} … {interval[1]:+.4f} (df {interval[2]:.1f})"
-    return ComparisonRow(preset, value, f"{label} | {value} | {len(values)} / {len(baseline)} | "
-                         f"{statistics.fmean(values) - statistics.fmean(baseline):+.4f} | {ci} | "
-                         f"{test.p_value:.4f} ({test.describe()}) |", test.p_value)
+    ci = (
+        "— (needs ≥ 2 seeds each)"
+        if interval is None
+        else f"{interval[0]:+.4f} … {interval[1]:+.4f} (df {interval[2]:.1f})"
+    )
+    return ComparisonRow(
+        preset,
+        value,
+        f"{label} | {value} | {len(values)} / {len(baseline)} | "
+        f"{statistics.fmean(values) - statistics.fmean(baseline):+.4f} | {ci} | "
+        f"{test.p_value:.4f} ({test.describe()}) |",
+        test.p_value,
+    )
 
 
 def _paired_row(preset: str, label: str, value: str, pairs: list[tuple[int, float, float]]) -> ComparisonRow:
@@ -473,21 +552,30 @@ def _paired_row(preset: str, label: str, value: str, pairs: list[tuple[int, floa
     interval, the sign-flip p and how many seeds came out above the baseline."""
     differences = [mine - theirs for _, mine, theirs in pairs]
     interval, test = paired_interval(differences), paired_permutation_test(differences)
-    ci = ("— (needs ≥ 2 pairs with spread)" if interval is None
-          else f"{interval[0]:+.4f} … {interval[1]:+.4f} (df {interval[2]:.0f})")
+    ci = (
+        "— (needs ≥ 2 pairs with spread)"
+        if interval is None
+        else f"{interval[0]:+.4f} … {interval[1]:+.4f} (df {interval[2]:.0f})"
+    )
     above = sum(d > 0 for d in differences)
     seeds = ",".join(str(seed) for seed, _, _ in pairs)
-    return ComparisonRow(preset, value, f"{label} | {value} | {len(pairs)} pairs (seeds {seeds}; {above} above) | "
-                         f"{statistics.fmean(differences):+.4f} | {ci} | {test.p_value:.4f} ({test.describe()}) |",
-                         test.p_value)
+    return ComparisonRow(
+        preset,
+        value,
+        f"{label} | {value} | {len(pairs)} pairs (seeds {seeds}; {above} above) | "
+        f"{statistics.fmean(differences):+.4f} | {ci} | {test.p_value:.4f} ({test.describe()}) |",
+        test.p_value,
+    )
 
 
 def _seed_pairs(members: list[RunRecord], base: list[RunRecord], get) -> list[tuple[int, float, float]]:
     """(seed, value, baseline value) of one value (``get``: RunRecord -> value or None, see _COMPARED_VALUES) for
     each seed finished on both sides with a finite value."""
+
     def by_seed(group):
         values = {m.seed: get(m) for m in group if m.finished and m.seed is not None}
         return {seed: value for seed, value in values.items() if value is not None and math.isfinite(value)}
+
     mine, theirs = by_seed(members), by_seed(base)
     return [(seed, mine[seed], theirs[seed]) for seed in sorted(set(mine) & set(theirs))]
 
@@ -496,8 +584,9 @@ _COMPARED_VALUES = (("headline", lambda m: m.value), ("at best valid", lambda m:
 """The two values of a run that the comparison rows test: (name in the row, RunRecord -> value or None)."""
 
 
-def _difference_rows(preset: str, pe: str, settings: str, members: list[RunRecord],
-                     base: list[RunRecord]) -> list[ComparisonRow]:
+def _difference_rows(
+    preset: str, pe: str, settings: str, members: list[RunRecord], base: list[RunRecord]
+) -> list[ComparisonRow]:
     """Rows of members vs base (headline and best-valid value), each where both have >= 2 finished seeds; and each
     of the two paired by seed where >= 2 seeds finished on both sides (one seed gives both runs the same batch order
     and starts both models' initialisation from the same random state, so a per-seed difference removes what the
@@ -519,20 +608,26 @@ def _difference_rows(preset: str, pe: str, settings: str, members: list[RunRecor
     return rows
 
 
-_LIFT_OFF_NOTE = (f" Runs scored by test accuracy add a lift-off row: the seeds past {100 * LIFT_OFF_ACCURACY:g} % on "
-                  "each side, the difference of the rates, and Fisher's exact two-sided p; and, where a seed lifted "
-                  "off and both sides ran the same number of steps, a lift-off step row: each finished seed's first "
-                  "evaluation past it (— never, ranked after every step), the medians, and the exact two-sided "
-                  "rank-sum (Mann-Whitney) p, which with no overlap is 2 / C(n1 + n2, n1).")
-_PAIRED_NOTE = (" Paired rows: the seeds finished on both sides, each seed's two runs compared (one seed gives both "
-                "runs the same batch order and starts both initialisations from the same random state; weights match "
-                "only where the settings create the same parameters); the mean of the per-seed "
-                "differences, its paired t 95 % interval, and the two-sided sign-flip permutation p (exact over all "
-                "2^n sign patterns; with n pairs it cannot go below 2/2^n).")
-_HOLM_NOTE = (" Holm p: the p-value adjusted (Holm's step-down method) over the table's rows of the same preset "
-              "and value, i.e. over the m settings tested here at once; read it when asking whether any of them "
-              "differs, the raw p when one comparison was planned before the runs. It depends on which runs the "
-              "report was given.")
+_LIFT_OFF_NOTE = (
+    f" Runs scored by test accuracy add a lift-off row: the seeds past {100 * LIFT_OFF_ACCURACY:g} % on "
+    "each side, the difference of the rates, and Fisher's exact two-sided p; and, where a seed lifted "
+    "off and both sides ran the same number of steps, a lift-off step row: each finished seed's first "
+    "evaluation past it (— never, ranked after every step), the medians, and the exact two-sided "
+    "rank-sum (Mann-Whitney) p, which with no overlap is 2 / C(n1 + n2, n1)."
+)
+_PAIRED_NOTE = (
+    " Paired rows: the seeds finished on both sides, each seed's two runs compared (one seed gives both "
+    "runs the same batch order and starts both initialisations from the same random state; weights match "
+    "only where the settings create the same parameters); the mean of the per-seed "
+    "differences, its paired t 95 % interval, and the two-sided sign-flip permutation p (exact over all "
+    "2^n sign patterns; with n pairs it cannot go below 2/2^n)."
+)
+_HOLM_NOTE = (
+    " Holm p: the p-value adjusted (Holm's step-down method) over the table's rows of the same preset "
+    "and value, i.e. over the m settings tested here at once; read it when asking whether any of them "
+    "differs, the raw p when one comparison was planned before the runs. It depends on which runs the "
+    "report was given."
+)
 
 
 def _lift_off_row(preset: str, label: str, values: list[float], baseline: list[float]) -> ComparisonRow:
@@ -541,17 +636,24 @@ def _lift_off_row(preset: str, label: str, values: list[float], baseline: list[f
     rate = lifted / len(values) - lifted_base / len(baseline)
     p = fisher_exact(lifted, len(values), lifted_base, len(baseline))
     value = f"lift-off rate (> {100 * LIFT_OFF_ACCURACY:g} %)"
-    return ComparisonRow(preset, value, f"{label} | {value} | {lifted}/{len(values)} vs "
-                         f"{lifted_base}/{len(baseline)} | {rate:+.4f} | — | {p:.4f} (Fisher exact) |", p)
+    return ComparisonRow(
+        preset,
+        value,
+        f"{label} | {value} | {lifted}/{len(values)} vs "
+        f"{lifted_base}/{len(baseline)} | {rate:+.4f} | — | {p:.4f} (Fisher exact) |",
+        p,
+    )
 
 
-def _lift_off_step_rows(preset: str, label: str, members: list[RunRecord],
-                        base: list[RunRecord]) -> list[ComparisonRow]:
+def _lift_off_step_rows(
+    preset: str, label: str, members: list[RunRecord], base: list[RunRecord]
+) -> list[ComparisonRow]:
     """[row] comparing when the two sides' finished seeds lifted off (first evaluation past LIFT_OFF_ACCURACY;
     never: after every step) by the exact rank-sum test; [] when no seed of either lifted off, or when the sides ran
     schedules of different lengths (a "never" of a shorter schedule says nothing about the steps past its end)."""
-    groups = [[m for m in group if m.finished and m.value is not None and math.isfinite(m.value)]
-              for group in (members, base)]
+    groups = [
+        [m for m in group if m.finished and m.value is not None and math.isfinite(m.value)] for group in (members, base)
+    ]
     steps = [[first_step_past_lift_off(m.curve) for m in group] for group in groups]
     if len({m.max_steps for group in groups for m in group}) != 1 or all(s is None for g in steps for s in g):
         return []
@@ -561,18 +663,28 @@ def _lift_off_step_rows(preset: str, label: str, members: list[RunRecord],
     def median(values: list[float]) -> str:
         middle = statistics.median(values)
         return _kilo_steps(None if math.isinf(middle) else middle)
+
     value = f"lift-off step (first past {100 * LIFT_OFF_ACCURACY:g} %)"
-    return [ComparisonRow(preset, value, f"{label} | {value} | {', '.join(map(_kilo_steps, steps[0]))} vs "
-                          f"{', '.join(map(_kilo_steps, steps[1]))} | median {median(ordered[0])} vs "
-                          f"{median(ordered[1])} | — | {test.p_value:.4f} (rank-sum, {test.describe()}) |",
-                          test.p_value)]
+    return [
+        ComparisonRow(
+            preset,
+            value,
+            f"{label} | {value} | {', '.join(map(_kilo_steps, steps[0]))} vs "
+            f"{', '.join(map(_kilo_steps, steps[1]))} | median {median(ordered[0])} vs "
+            f"{median(ordered[1])} | — | {test.p_value:.4f} (rank-sum, {test.describe()}) |",
+            test.p_value,
+        )
+    ]
 
 
 def _row_notes(rows: list[ComparisonRow]) -> str:
     """The sentences a comparison table's intro adds for its rows: the lift-off and paired rows (when there are
     any), Holm."""
-    return (_LIFT_OFF_NOTE * any(row.value.startswith("lift-off") for row in rows)
-            + _PAIRED_NOTE * any(row.value.endswith("paired by seed") for row in rows) + _HOLM_NOTE)
+    return (
+        _LIFT_OFF_NOTE * any(row.value.startswith("lift-off") for row in rows)
+        + _PAIRED_NOTE * any(row.value.endswith("paired by seed") for row in rows)
+        + _HOLM_NOTE
+    )
 
 
 def _with_holm(rows: list[ComparisonRow]) -> list[str]:
@@ -584,8 +696,9 @@ def _with_holm(rows: list[ComparisonRow]) -> list[str]:
     adjusted = {}
     for members in families.values():
         adjusted.update(zip(members, holm_adjust([rows[i].p for i in members])))
-    return [f"{row.cells} {adjusted[i]:.4f} (m = {len(families[row.preset, row.value])}) |"
-            for i, row in enumerate(rows)]
+    return [
+        f"{row.cells} {adjusted[i]:.4f} (m = {len(families[row.preset, row.value])}) |" for i, row in enumerate(rows)
+    ]
 
 
 def _sweeps(members: list[RunRecord]) -> str:
@@ -598,7 +711,7 @@ def comparison_markdown(records: list[RunRecord]) -> list[str]:
     groups = setting_groups(records)
     baselines = {_comparison_key(members[0]): members for (_, pe, _), members in groups.items() if pe == COMPARED_PE}
     rows = []
-    for (preset, pe, label), members in sorted(groups.items()):
+    for (preset, pe, _label), members in sorted(groups.items()):
         key = _comparison_key(members[0])
         if pe == COMPARED_PE or key not in baselines:
             continue
@@ -606,16 +719,21 @@ def comparison_markdown(records: list[RunRecord]) -> list[str]:
         rows += _difference_rows(preset, pe, f"{_sweeps(members)} vs {_sweeps(base)}", members, base)
     if not rows:
         return []
-    return ["", f"## PoPE vs RoPE: each encoding against {COMPARED_PE} of the same preset and setting", "",
-            "Finished seeds only. Difference = mean(PE) − mean(RoPE) (for NLL and perplexity, negative means the PE "
-            "is better; for accuracy, positive); 95 % interval: Welch t (unequal variances); p: two-sided "
-            f"permutation test of equal means over the splits of the pooled seeds (exact when there are at most "
-            f"{MAX_EXACT_SPLITS:,} splits, else {MONTE_CARLO_SPLITS:,} seeded random ones). With a handful of seeds only large gaps can reach "
-            "p < 0.05: with 2 seeds each the smallest possible p is 1/3. Encodings with fewer than 2 finished seeds "
-            "(or a RoPE with fewer) are not compared." + _row_notes(rows),
-            "",
-            "| preset | PE | settings | value | n (PE / RoPE) | difference | 95 % interval | p | Holm p |",
-            "|---|---|---|---|---|---|---|---|---|", *_with_holm(rows)]
+    return [
+        "",
+        f"## PoPE vs RoPE: each encoding against {COMPARED_PE} of the same preset and setting",
+        "",
+        "Finished seeds only. Difference = mean(PE) − mean(RoPE) (for NLL and perplexity, negative means the PE "
+        "is better; for accuracy, positive); 95 % interval: Welch t (unequal variances); p: two-sided "
+        f"permutation test of equal means over the splits of the pooled seeds (exact when there are at most "
+        f"{MAX_EXACT_SPLITS:,} splits, else {MONTE_CARLO_SPLITS:,} seeded random ones). With a handful of seeds only "
+        "large gaps can reach p < 0.05: with 2 seeds each the smallest possible p is 1/3. Encodings with fewer "
+        "than 2 finished seeds (or a RoPE with fewer) are not compared." + _row_notes(rows),
+        "",
+        "| preset | PE | settings | value | n (PE / RoPE) | difference | 95 % interval | p | Holm p |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *_with_holm(rows),
+    ]
 
 
 def against_markdown(records: list[RunRecord], against: str | Path) -> list[str]:
@@ -628,8 +746,10 @@ def against_markdown(records: list[RunRecord], against: str | Path) -> list[str]
     if not chosen:
         raise ValueError(f"--against {against}: none of the RUN arguments is inside it; give it as one of them")
     if len(chosen) > 1 or not all(inside[chosen[0]]):
-        raise ValueError(f"--against {against}: its runs are not one setting (or share it with runs outside it); "
-                         "give a sweep directory of one preset, encoding and setting")
+        raise ValueError(
+            f"--against {against}: its runs are not one setting (or share it with runs outside it); "
+            "give a sweep directory of one preset, encoding and setting"
+        )
     preset = chosen[0][0]
     base = groups[chosen[0]]
     rows = []
@@ -639,12 +759,18 @@ def against_markdown(records: list[RunRecord], against: str | Path) -> list[str]
     title = f"{chosen[0][1]} ({chosen[0][2]})"
     if not rows:
         return ["", f"## Against {title}", "", f"No other setting of {preset} has >= 2 finished seeds to compare."]
-    return ["", f"## Against {title}: every other setting of {preset}", "",
-            "Finished seeds only; difference = mean(setting) − mean(the baseline named in the title), with the Welch 95 % "
-            "interval and the permutation p of the PoPE vs RoPE table. Settings with fewer than 2 finished seeds are "
-            "left out." + _row_notes(rows), "",
-            "| preset | PE | setting | value | n (setting / baseline) | difference | 95 % interval | p | Holm p |",
-            "|---|---|---|---|---|---|---|---|---|", *_with_holm(rows)]
+    return [
+        "",
+        f"## Against {title}: every other setting of {preset}",
+        "",
+        "Finished seeds only; difference = mean(setting) − mean(the baseline named in the title), with the Welch 95 % "
+        "interval and the permutation p of the PoPE vs RoPE table. Settings with fewer than 2 finished seeds are "
+        "left out." + _row_notes(rows),
+        "",
+        "| preset | PE | setting | value | n (setting / baseline) | difference | 95 % interval | p | Holm p |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *_with_holm(rows),
+    ]
 
 
 def expand_runs(paths: list[str]) -> list[Path]:
@@ -655,33 +781,44 @@ def expand_runs(paths: list[str]) -> list[Path]:
         if (path / "config.json").is_file():
             runs.append(path)
             continue
-        inside = sorted((p for p in path.glob("seed-*/") if (p / "config.json").is_file()
-                         and p.name[5:].isdigit()), key=lambda p: int(p.name[5:]))
+        inside = sorted(
+            (p for p in path.glob("seed-*/") if (p / "config.json").is_file() and p.name[5:].isdigit()),
+            key=lambda p: int(p.name[5:]),
+        )
         if not inside:
-            raise FileNotFoundError(f"{path / 'config.json'} not found: {path} is neither a `pope train` run "
-                                    "directory nor a sweep directory holding runs")
+            raise FileNotFoundError(
+                f"{path / 'config.json'} not found: {path} is neither a `pope train` run "
+                "directory nor a sweep directory holding runs"
+            )
         runs += inside
     return runs
 
 
 def report_markdown(records: list[RunRecord], against: str | Path | None = None) -> str:
     groups = setting_groups(records)
-    lines = ["# Runs", "", "Finished runs only; unfinished ones are listed with their step and left out of every "
-             "number. Two values per run: the headline one, taken from the evaluations by the rule in the metric "
-             "column, and the same metric at the best-validation checkpoint (`checkpoints/best`, chosen on the "
-             "validation split only: summary.json `at_best_valid`).", "",
-             "| preset | PE | metric (headline rule) | ours, headline: mean ± std (n seeds) | ours at best-valid "
-             "checkpoint | paper | seeds | unfinished (left out) | setting |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Runs",
+        "",
+        "Finished runs only; unfinished ones are listed with their step and left out of every "
+        "number. Two values per run: the headline one, taken from the evaluations by the rule in the metric "
+        "column, and the same metric at the best-validation checkpoint (`checkpoints/best`, chosen on the "
+        "validation split only: summary.json `at_best_valid`).",
+        "",
+        "| preset | PE | metric (headline rule) | ours, headline: mean ± std (n seeds) | ours at best-valid "
+        "checkpoint | paper | seeds | unfinished (left out) | setting |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for (preset, pe, label), members in sorted(groups.items()):
         done = [m for m in members if m.finished]
         metric = next((m.metric for m in members if m.metric), "—")
         rule = f"{metric} ({METRIC_RULES[metric]})" if metric in METRIC_RULES else metric
         paper = paper_value(preset, pe)
         seeds = ",".join(str(m.seed) for m in done) or "—"
-        lines.append(f"| {preset} | {pe} | {rule} | {format_mean_std(finite(m.value for m in done))} | "
-                     f"{format_mean_std(finite(m.at_best_valid for m in done))}{_best_steps(done)} | "
-                     f"{'—' if paper is None else f'{paper:g}'} | {seeds} | {_unfinished(members)} | {label} |")
+        lines.append(
+            f"| {preset} | {pe} | {rule} | {format_mean_std(finite(m.value for m in done))} | "
+            f"{format_mean_std(finite(m.at_best_valid for m in done))}{_best_steps(done)} | "
+            f"{'—' if paper is None else f'{paper:g}'} | {seeds} | {_unfinished(members)} | {label} |"
+        )
     missing = [m.run for m in records if m.finished and m.value is None]
     if missing:
         lines += ["", "Finished runs without an evaluation record: " + ", ".join(missing)]
@@ -699,16 +836,23 @@ def report_markdown(records: list[RunRecord], against: str | Path | None = None)
         # the growth column: each seed's perplexity at the longest length over its own at the shortest, then mean ±
         # std over seeds (1.00: flat; a ratio of the means would mix seeds of different levels)
         growth = [f"L={lengths[-1]:,} / L={lengths[0]:,}"] if len(lengths) > 1 else []
-        lines += ["", f"## Perplexity vs evaluation length ({key})", "",
-                  "| preset | PE | setting | " + " | ".join([*(f"L={L:,}" for L in lengths), *growth]) + " |",
-                  "|---|---|---|" + "---|" * (len(lengths) + len(growth))]
+        lines += [
+            "",
+            f"## Perplexity vs evaluation length ({key})",
+            "",
+            "| preset | PE | setting | " + " | ".join([*(f"L={L:,}" for L in lengths), *growth]) + " |",
+            "|---|---|---|" + "---|" * (len(lengths) + len(growth)),
+        ]
         for (preset, pe, label), members in sorted(by_setting.items()):
             if not any(key in m.length_ppl for m in members):
                 continue
             cells = [format_mean_std(finite(m.length_ppl.get(key, {}).get(L) for m in members), 3) for L in lengths]
             if growth:
-                ratios = [ppl[lengths[-1]] / ppl[lengths[0]] for ppl in (m.length_ppl.get(key, {}) for m in members)
-                          if math.isfinite(ppl.get(lengths[-1], math.nan)) and math.isfinite(ppl.get(lengths[0], math.nan))]
+                ratios = [
+                    ppl[lengths[-1]] / ppl[lengths[0]]
+                    for ppl in (m.length_ppl.get(key, {}) for m in members)
+                    if math.isfinite(ppl.get(lengths[-1], math.nan)) and math.isfinite(ppl.get(lengths[0], math.nan))
+                ]
                 cells.append(format_mean_std(ratios, 2))
             lines.append(f"| {preset} | {pe} | {label} | " + " | ".join(cells) + " |")
 
@@ -716,8 +860,13 @@ def report_markdown(records: list[RunRecord], against: str | Path | None = None)
         from pope.eval.downstream import PAPER_COLUMNS, paper_downstream
 
         columns = [c for c, _, _ in PAPER_COLUMNS] + ["Average"]
-        lines += ["", "## Zero-shot downstream accuracy (%)", "",
-                  "| preset | PE | setting | " + " | ".join(columns) + " |", "|---|---|---|" + "---|" * len(columns)]
+        lines += [
+            "",
+            "## Zero-shot downstream accuracy (%)",
+            "",
+            "| preset | PE | setting | " + " | ".join(columns) + " |",
+            "|---|---|---|" + "---|" * len(columns),
+        ]
         for (preset, pe, label), members in sorted(by_setting.items()):
             rows = [m.downstream for m in members if m.downstream]
             if rows:
@@ -725,8 +874,11 @@ def report_markdown(records: list[RunRecord], against: str | Path | None = None)
                 lines.append(f"| {preset} | {pe} | {label} | " + " | ".join(cells) + " |")
                 paper = paper_downstream(preset, paper_encoding(preset, pe) or "")
                 if paper:
-                    lines.append(f"| {preset} | paper {paper_encoding(preset, pe)} | the paper | "
-                                 + " | ".join(f"{paper[c]:.2f}" for c in columns) + " |")
+                    lines.append(
+                        f"| {preset} | paper {paper_encoding(preset, pe)} | the paper | "
+                        + " | ".join(f"{paper[c]:.2f}" for c in columns)
+                        + " |"
+                    )
     return "\n".join(lines) + "\n"
 
 
@@ -737,15 +889,23 @@ def write_report(runs: list[str], out_dir: str | Path, against: str | Path | Non
     markdown = report_markdown(records, against)
     out_dir = Path(out_dir)
     written = [write_text_atomic(out_dir / "report.md", markdown)]
-    from pope.eval.report_plots import (plot_accuracy_by_shift, plot_accuracy_curves, plot_lift_off_share,
-                                        plot_loss_curves, plot_report, plot_report_lengths)
+    from pope.eval.report_plots import (
+        plot_accuracy_by_shift,
+        plot_accuracy_curves,
+        plot_lift_off_share,
+        plot_loss_curves,
+        plot_report,
+        plot_report_lengths,
+    )
 
-    for plot in (plot_report(records, out_dir / "report.png"),
-                 plot_report_lengths(records, out_dir / "report_length.png"),
-                 plot_accuracy_curves(records, out_dir / "accuracy_vs_step.png"),
-                 plot_lift_off_share(records, out_dir / "lift_off_vs_step.png"),
-                 plot_accuracy_by_shift(records, out_dir / "accuracy_by_shift.png"),
-                 plot_loss_curves(records, out_dir / "loss_vs_step.png")):
+    for plot in (
+        plot_report(records, out_dir / "report.png"),
+        plot_report_lengths(records, out_dir / "report_length.png"),
+        plot_accuracy_curves(records, out_dir / "accuracy_vs_step.png"),
+        plot_lift_off_share(records, out_dir / "lift_off_vs_step.png"),
+        plot_accuracy_by_shift(records, out_dir / "accuracy_by_shift.png"),
+        plot_loss_curves(records, out_dir / "loss_vs_step.png"),
+    ):
         if plot is not None:
             written.append(plot)
     return markdown, written

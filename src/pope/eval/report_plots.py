@@ -1,12 +1,22 @@
 """The plots of ``pope report`` (matplotlib PNGs beside report.md): the headline metric per preset × PE ×
 setting, perplexity against evaluation length, every seed's test accuracy against the step, the share of seeds
 lifted off by each step, test accuracy against the indirect-indexing shift, and NLL against the step."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
-from pope.eval.report import (LIFT_OFF_ACCURACY, RunRecord, by_shift_groups, finite, finished_groups,
-                              first_step_past_lift_off, mean_std, paper_value, setting_groups)
+from pope.eval.report import (
+    LIFT_OFF_ACCURACY,
+    RunRecord,
+    by_shift_groups,
+    finished_groups,
+    finite,
+    first_step_past_lift_off,
+    mean_std,
+    paper_value,
+    setting_groups,
+)
 from pope.eval.runs import short_pe_spec
 from pope.files import finish_figure, height_with_legend_below, legend_below, plain_log_ticks
 
@@ -24,8 +34,18 @@ def _where(preset: str, label: str) -> str:
 
 # Twenty distinct colours, one per setting: matplotlib's ten default ones, then ten darker hues of its tab20b map,
 # so a report of 11-20 settings (the indirect-indexing sweep has 12) never gives two settings one colour.
-_COLOURS = [f"C{i}" for i in range(10)] + ["#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173",
-                                           "#6b6ecf", "#b5cf6b", "#e7ba52", "#d6616b", "#ce6dbd"]
+_COLOURS = [f"C{i}" for i in range(10)] + [
+    "#393b79",
+    "#637939",
+    "#8c6d31",
+    "#843c39",
+    "#7b4173",
+    "#6b6ecf",
+    "#b5cf6b",
+    "#e7ba52",
+    "#d6616b",
+    "#ce6dbd",
+]
 
 
 def setting_colour(index: int) -> str:
@@ -66,16 +86,20 @@ def plot_report(records: list[RunRecord], path: Path) -> Path | None:
     widths = [max(4.5, 1.2 * sum(p == preset for (p, _, _), _ in groups) + 1.5) for preset in presets]  # inches
     fig, axes = plt.subplots(1, len(presets), figsize=(sum(widths), 4.5), squeeze=False, width_ratios=widths)
     for ax, preset in zip(axes[0], presets):
-        mine = [(pe if label == "—" else f"{pe}\n{_sweep_directory(label)}", members)
-                for (p, pe, label), members in groups if p == preset]
+        mine = [
+            (pe if label == "—" else f"{pe}\n{_sweep_directory(label)}", members)
+            for (p, pe, label), members in groups
+            if p == preset
+        ]
         papers = [(x, members[0].pe, paper_value(preset, members[0].pe)) for x, (_, members) in enumerate(mine)]
         papers = [(x, pe, value) for x, pe, value in papers if value is not None]
         shown: list[float] = []  # every value drawn for our runs: seeds, and means ± std
-        for x, (pe, members) in enumerate(mine):
+        for x, (_pe, members) in enumerate(mine):
             values = finite(m.value for m in members)
             mean, std, _ = mean_std(values)
-            ax.errorbar([x], [mean], yerr=[std or 0], fmt="s", color=setting_colour(x), markersize=8, capsize=6,
-                        zorder=2)
+            ax.errorbar(
+                [x], [mean], yerr=[std or 0], fmt="s", color=setting_colour(x), markersize=8, capsize=6, zorder=2
+            )
             ax.scatter([x + 0.12] * len(values), values, color="black", s=10, zorder=3)
             shown += values + [mean - (std or 0), mean + (std or 0)]
         title = preset
@@ -85,8 +109,9 @@ def plot_report(records: list[RunRecord], path: Path) -> Path | None:
             if papers:
                 ax.legend(fontsize=8)
         else:  # under the title, where no seed's dot can hide it
-            title += "\npaper (off this scale): " + ", ".join(f"{short_pe_spec(pe)} {value:.4g}"
-                                                             for _, pe, value in papers)
+            title += "\npaper (off this scale): " + ", ".join(
+                f"{short_pe_spec(pe)} {value:.4g}" for _, pe, value in papers
+            )
         ax.set_xticks(range(len(mine)), [pe for pe, _ in mine], rotation=20, ha="right", fontsize=8)
         ax.set_xlim(-0.6, len(mine) - 0.4)
         ax.grid(True, axis="y", alpha=0.3)
@@ -116,10 +141,17 @@ def plot_report_lengths(records: list[RunRecord], path: Path) -> Path | None:
                 continue
             evaluated.update(lengths)
             stats = [mean_std(finite(m.length_ppl.get(key, {}).get(L) for m in members)) for L in lengths]
-            line = ax.errorbar(lengths, [s[0] for s in stats], yerr=[s[1] or 0 for s in stats], marker="o",
-                               capsize=3, color=colours[(preset, pe, label)])
-            legend.setdefault(f"{preset} {short_pe_spec(pe)} {_sweep_directory(label)} "
-                              f"(n={max(s[2] for s in stats)})", line)
+            line = ax.errorbar(
+                lengths,
+                [s[0] for s in stats],
+                yerr=[s[1] or 0 for s in stats],
+                marker="o",
+                capsize=3,
+                color=colours[(preset, pe, label)],
+            )
+            legend.setdefault(
+                f"{preset} {short_pe_spec(pe)} {_sweep_directory(label)} (n={max(s[2] for s in stats)})", line
+            )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         plain_log_ticks(ax.yaxis)
@@ -139,8 +171,9 @@ def plot_accuracy_curves(records: list[RunRecord], path: Path) -> Path | None:
     legend under the axes); unfinished runs dashed."""
     from pope.optional import pyplot
 
-    groups = [(key, members) for key, members in sorted(setting_groups(records).items())
-              if any(m.curve for m in members)]
+    groups = [
+        (key, members) for key, members in sorted(setting_groups(records).items()) if any(m.curve for m in members)
+    ]
     if not groups:
         return None
     plt = pyplot()
@@ -148,13 +181,22 @@ def plot_accuracy_curves(records: list[RunRecord], path: Path) -> Path | None:
     for index, ((preset, pe, label), members) in enumerate(groups):
         colour = setting_colour(index)
         finished = sum(m.finished for m in members)
-        name = (f"{short_pe_spec(pe)} {_where(preset, label)} "
-                f"({finished} finished, {len(members) - finished} unfinished)")
+        name = (
+            f"{short_pe_spec(pe)} {_where(preset, label)} ({finished} finished, {len(members) - finished} unfinished)"
+        )
         for number, member in enumerate(m for m in members if m.curve):
             steps, accuracy = zip(*member.curve)
-            ax.plot(steps, [100 * a for a in accuracy], color=colour, alpha=0.7, lw=1.2,
-                    linestyle="-" if member.finished else "--", marker="o", markersize=2,
-                    label=name if number == 0 else None)
+            ax.plot(
+                steps,
+                [100 * a for a in accuracy],
+                color=colour,
+                alpha=0.7,
+                lw=1.2,
+                linestyle="-" if member.finished else "--",
+                marker="o",
+                markersize=2,
+                label=name if number == 0 else None,
+            )
     ax.axhline(100 * LIFT_OFF_ACCURACY, color="gray", lw=0.8, linestyle=":", label="lift-off threshold")
     ax.set_xlabel("step")
     ax.set_ylabel("test accuracy (%)")
@@ -184,8 +226,14 @@ def plot_lift_off_share(records: list[RunRecord], path: Path) -> Path | None:
         firsts = sorted(s for s in map(first_step_past_lift_off, (m.curve for m in members)) if s is not None)
         steps = [0, *firsts, last]
         shares = [0.0, *[(i + 1) / len(members) for i in range(len(firsts))], len(firsts) / len(members)]
-        ax.step(steps, [100 * s for s in shares], where="post", color=setting_colour(index), lw=1.6,
-                label=f"{short_pe_spec(pe)} {_where(preset, label)} ({len(firsts)}/{len(members)})")
+        ax.step(
+            steps,
+            [100 * s for s in shares],
+            where="post",
+            color=setting_colour(index),
+            lw=1.6,
+            label=f"{short_pe_spec(pe)} {_where(preset, label)} ({len(firsts)}/{len(members)})",
+        )
     ax.set_xlabel("step")
     ax.set_ylabel(f"seeds past {100 * LIFT_OFF_ACCURACY:g} % test accuracy (%)")
     ax.set_ylim(-3, 103)
@@ -212,11 +260,24 @@ def plot_accuracy_by_shift(records: list[RunRecord], path: Path) -> Path | None:
         means = [mean for mean, _, _ in stats]
         stds = [std or 0.0 for _, std, _ in stats]
         colour = setting_colour(index)
-        ax.plot(shifts, means, color=colour, marker="o", markersize=3, lw=1.2,
-                label=f"{short_pe_spec(pe)} {_where(preset, label)} (n={len(tables)})")
+        ax.plot(
+            shifts,
+            means,
+            color=colour,
+            marker="o",
+            markersize=3,
+            lw=1.2,
+            label=f"{short_pe_spec(pe)} {_where(preset, label)} (n={len(tables)})",
+        )
         # the band stops at the scale's ends: an accuracy outside 0-100 % is an artefact of mean ± std
-        ax.fill_between(shifts, [max(0.0, m - s) for m, s in zip(means, stds)],
-                        [min(100.0, m + s) for m, s in zip(means, stds)], color=colour, alpha=0.15, lw=0)
+        ax.fill_between(
+            shifts,
+            [max(0.0, m - s) for m, s in zip(means, stds)],
+            [min(100.0, m + s) for m, s in zip(means, stds)],
+            color=colour,
+            alpha=0.15,
+            lw=0,
+        )
     ax.axhline(100 / 52, color="gray", lw=0.8, linestyle=":", label="chance (1/52)")
     ax.set_xlabel("shift (target position − source position)")
     ax.set_ylabel("test accuracy (%)")
@@ -232,8 +293,9 @@ def plot_loss_curves(records: list[RunRecord], path: Path) -> Path | None:
     far the runs overfit after it."""
     from pope.optional import pyplot
 
-    groups = [(key, members) for key, members in sorted(setting_groups(records).items())
-              if any(m.loss_curve for m in members)]
+    groups = [
+        (key, members) for key, members in sorted(setting_groups(records).items()) if any(m.loss_curve for m in members)
+    ]
     if not groups:
         return None
     plt = pyplot()
@@ -245,8 +307,15 @@ def plot_loss_curves(records: list[RunRecord], path: Path) -> Path | None:
         for number, member in enumerate(m for m in members if m.loss_curve):
             steps, valid, test = zip(*member.loss_curve)
             ax.plot(steps, valid, color=colour, alpha=0.8, lw=1.2, label=f"{name}: valid" if number == 0 else None)
-            ax.plot(steps, test, color=colour, alpha=0.6, lw=1.0, linestyle=":",
-                    label=f"{name}: test" if number == 0 else None)
+            ax.plot(
+                steps,
+                test,
+                color=colour,
+                alpha=0.6,
+                lw=1.0,
+                linestyle=":",
+                label=f"{name}: test" if number == 0 else None,
+            )
             best = [(s, v) for s, v, _ in member.loss_curve if s == member.best_step]
             if member.finished and best:
                 ax.scatter(*zip(*best), color=colour, s=18, zorder=3)
@@ -259,5 +328,6 @@ def plot_loss_curves(records: list[RunRecord], path: Path) -> Path | None:
     ax.set_ylabel("NLL (nats per token)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
-    return finish_figure(fig, path, title="Validation (solid) and test (dotted) NLL vs step, every seed; "
-                                          "dots: best-valid checkpoints")
+    return finish_figure(
+        fig, path, title="Validation (solid) and test (dotted) NLL vs step, every seed; dots: best-valid checkpoints"
+    )

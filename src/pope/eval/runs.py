@@ -1,4 +1,5 @@
 """Loading trained runs for evaluation: one place for the checks and the labels."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,10 @@ def load_run_model(path: str | Path, device: str | torch.device = "cpu"):
     if not path.exists():
         raise FileNotFoundError(f"run or checkpoint directory {path} does not exist")
     if not path.is_dir():
-        raise FileNotFoundError(f"{path} is not a directory; give a run directory (made by `pope train`) or one of "
-                                f"its checkpoints/<name> directories")
+        raise FileNotFoundError(
+            f"{path} is not a directory; give a run directory (made by `pope train`) or one of "
+            f"its checkpoints/<name> directories"
+        )
     from pope.checkpoint import load_model
 
     return load_model(path, map_location=str(device))  # already on the device and in eval mode
@@ -71,8 +74,14 @@ TASK_ACCURACY_FILE = "eval/task_accuracy.json"
 (``by_shift``: the accuracy per signed shift, pope.train.evaluate.task_accuracy)."""
 
 
-def score_task_accuracy(run: str | Path, data_files: dict[str, str | Path], *, checkpoint: str = "last",
-                        device: str = "auto", batch_size: int = 1000) -> dict:
+def score_task_accuracy(
+    run: str | Path,
+    data_files: dict[str, str | Path],
+    *,
+    checkpoint: str = "last",
+    device: str = "auto",
+    batch_size: int = 1000,
+) -> dict:
     """Score ``RUN/checkpoints/<checkpoint>`` on each file (e.g. {"train": first 10k training examples,
     "test": test.txt}) with pope.train.evaluate.task_accuracy, all in fp32 with the same weights, and write
     RUN/eval/task_accuracy.json: the one place the train-vs-test (memorisation) gap of a run comes from."""

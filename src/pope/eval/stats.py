@@ -15,6 +15,7 @@
   test below α (planning a sweep, not a result);
 * :func:`student_t_quantile` — the Student t quantile behind the Welch interval (any real df > 0).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -50,6 +51,7 @@ def fisher_exact(successes_a: int, n_a: int, successes_b: int, n_b: int) -> floa
 
     def probability(x: int) -> float:  # x successes in sample a
         return math.comb(n_a, x) * math.comb(n_b, successes - x) / math.comb(total, successes)
+
     observed = probability(successes_a)
     tables = range(max(0, successes - n_b), min(successes, n_a) + 1)
     return min(1.0, sum(p for p in map(probability, tables) if p <= observed * (1 + 1e-7)))
@@ -84,8 +86,10 @@ def _incomplete_beta(a: float, b: float, x: float) -> float:
     d = 1.0 / (d if abs(d) > tiny else tiny)
     result = d
     for m in range(1, 500):
-        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+        for numerator in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
             d = 1.0 + numerator * d
             d = 1.0 / (d if abs(d) > tiny else tiny)
             c = 1.0 + numerator / c
@@ -155,12 +159,21 @@ class PermutationResult:
     """What was permuted: "splits" of a pooled sample, or "sign flips" of paired differences."""
 
     def describe(self) -> str:
-        return (f"exact, all {self.splits:,} {self.unit}" if self.exact
-                else f"Monte-Carlo, {self.splits:,} random {self.unit}")
+        return (
+            f"exact, all {self.splits:,} {self.unit}"
+            if self.exact
+            else f"Monte-Carlo, {self.splits:,} random {self.unit}"
+        )
 
 
-def permutation_test(a: list[float], b: list[float], *, max_exact: int = MAX_EXACT_SPLITS,
-                     samples: int = MONTE_CARLO_SPLITS, seed: int = 0) -> PermutationResult:
+def permutation_test(
+    a: list[float],
+    b: list[float],
+    *,
+    max_exact: int = MAX_EXACT_SPLITS,
+    samples: int = MONTE_CARLO_SPLITS,
+    seed: int = 0,
+) -> PermutationResult:
     """Two-sided permutation test of equal means: the share of splits of the pooled values into groups of
     len(a) and len(b) whose |difference of means| is at least the observed one (the observed split
     included). Exact when C(n1 + n2, n1) <= ``max_exact``; else ``samples`` random splits (seeded) with
@@ -178,8 +191,10 @@ def permutation_test(a: list[float], b: list[float], *, max_exact: int = MAX_EXA
     threshold = observed - 1e-12 * max(1.0, abs(observed))  # ties (equal up to rounding) count as extreme
     n_splits = math.comb(len(pooled), n_a)
     if n_splits <= max_exact:
-        hits = sum(difference(sum(pooled[i] for i in chosen)) >= threshold
-                   for chosen in itertools.combinations(range(len(pooled)), n_a))
+        hits = sum(
+            difference(sum(pooled[i] for i in chosen)) >= threshold
+            for chosen in itertools.combinations(range(len(pooled)), n_a)
+        )
         return PermutationResult(hits / n_splits, n_splits, True)
     rng = random.Random(seed)
     hits = sum(difference(sum(rng.sample(pooled, n_a))) >= threshold for _ in range(samples))
@@ -207,7 +222,7 @@ def rank_sum_test(a: list[float], b: list[float], **options) -> PermutationResul
     pooled values, so only their order counts and ``math.inf`` ("never") is allowed, tied with itself. With no
     overlap between the groups p is its smallest possible value, 2 / C(len(a) + len(b), len(a))."""
     ranks = midranks([float(v) for v in (*a, *b)])
-    return permutation_test(ranks[:len(a)], ranks[len(a):], **options)
+    return permutation_test(ranks[: len(a)], ranks[len(a) :], **options)
 
 
 def paired_interval(differences: list[float], confidence: float = 0.95) -> tuple[float, float, float] | None:
@@ -224,8 +239,9 @@ def paired_interval(differences: list[float], confidence: float = 0.95) -> tuple
     return mean - half, mean + half, df
 
 
-def paired_permutation_test(differences: list[float], *, max_exact: int = MAX_EXACT_SPLITS,
-                            samples: int = MONTE_CARLO_SPLITS, seed: int = 0) -> PermutationResult:
+def paired_permutation_test(
+    differences: list[float], *, max_exact: int = MAX_EXACT_SPLITS, samples: int = MONTE_CARLO_SPLITS, seed: int = 0
+) -> PermutationResult:
     """Two-sided sign-flip test that paired differences have mean zero: under the null each difference is as
     likely negated, so p is the share of the 2^n sign patterns whose |mean| is at least the observed one (the
     observed pattern included; ties count as extreme). Exact when 2^n <= ``max_exact``; else ``samples`` random
@@ -237,16 +253,27 @@ def paired_permutation_test(differences: list[float], *, max_exact: int = MAX_EX
     threshold = observed - 1e-12 * max(1.0, observed)
     n_patterns = 2 ** len(values)
     if n_patterns <= max_exact:
-        hits = sum(abs(sum(v if sign else -v for v, sign in zip(values, signs))) >= threshold
-                   for signs in itertools.product((True, False), repeat=len(values)))
+        hits = sum(
+            abs(sum(v if sign else -v for v, sign in zip(values, signs))) >= threshold
+            for signs in itertools.product((True, False), repeat=len(values))
+        )
         return PermutationResult(hits / n_patterns, n_patterns, True, "sign flips")
     rng = random.Random(seed)
     hits = sum(abs(sum(v if rng.random() < 0.5 else -v for v in values)) >= threshold for _ in range(samples))
     return PermutationResult((1 + hits) / (1 + samples), samples, False, "sign flips")
 
 
-def resampled_power(a: list[float], b: list[float], n_a: int, n_b: int, *, alpha: float = 0.05,
-                    simulations: int = 400, test_samples: int = 2_000, seed: int = 0) -> float:
+def resampled_power(
+    a: list[float],
+    b: list[float],
+    n_a: int,
+    n_b: int,
+    *,
+    alpha: float = 0.05,
+    simulations: int = 400,
+    test_samples: int = 2_000,
+    seed: int = 0,
+) -> float:
     """The share of ``simulations`` imagined sweeps in which :func:`permutation_test` of ``n_a`` seeds against
     ``n_b`` seeds gives p < ``alpha``: each keeps the observed values and tops each sample up to its size with
     values drawn, with replacement, from that sample itself (a bootstrap). It assumes future seeds look like the

@@ -6,10 +6,11 @@
 * ``"bytes"``: UTF-8 bytes, ids 0..255, for byte-level models (and the tests); no end-of-text token, so
   id 0 (NUL) serves as the start-of-text prefix.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 TOKENIZER_NAMES = ("gpt2", "r50k_base", "bytes")
 
@@ -33,14 +34,19 @@ class Tokenizer:
 def get_tokenizer(name: str) -> Tokenizer:
     if name == "bytes":
         return Tokenizer(
-            name="bytes", vocab_size=256, prefix_token_id=0, stop_token_id=None,
+            name="bytes",
+            vocab_size=256,
+            prefix_token_id=0,
+            stop_token_id=None,
             _encode=lambda text: list(text.encode("utf-8")),
             _decode=lambda ids: bytes(ids).decode("utf-8", errors="replace"),
         )
     if name in ("gpt2", "r50k_base"):
         encoding = _gpt2_encoding()
         return Tokenizer(
-            name="gpt2", vocab_size=encoding.n_vocab, prefix_token_id=encoding.eot_token,
+            name="gpt2",
+            vocab_size=encoding.n_vocab,
+            prefix_token_id=encoding.eot_token,
             stop_token_id=encoding.eot_token,
             _encode=lambda text: encoding.encode(text, allowed_special="all"),
             _decode=encoding.decode,

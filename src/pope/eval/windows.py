@@ -19,6 +19,7 @@ The rule (also written in docs/evaluation.md):
   (``n_docs_excluded``, ``n_targets_excluded``). ``min_doc_tokens`` raises that threshold so that every
   length in a sweep scores the same documents (with ``tail="context"`` then exactly the same targets).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -8,6 +8,7 @@
 
 See docs/hf.md.
 """
+
 from __future__ import annotations
 
 from pope.hf.compat import transformers as _transformers
@@ -21,8 +22,10 @@ def _register() -> None:
         _transformers.AutoConfig.register(PoPELlamaConfig.model_type, PoPELlamaConfig)
     except ValueError:  # already registered by an earlier import (e.g. a reloaded module)
         pass
-    for auto, model in ((_transformers.AutoModel, PoPELlamaModel),
-                        (_transformers.AutoModelForCausalLM, PoPELlamaForCausalLM)):
+    for auto, model in (
+        (_transformers.AutoModel, PoPELlamaModel),
+        (_transformers.AutoModelForCausalLM, PoPELlamaForCausalLM),
+    ):
         try:
             auto.register(PoPELlamaConfig, model)
         except ValueError:
@@ -31,5 +34,11 @@ def _register() -> None:
 
 _register()
 
-__all__ = ["POPE_OPTIONS", "PoPELlamaConfig", "PoPELlamaForCausalLM", "PoPELlamaModel", "PoPELlamaPreTrainedModel",
-           "from_llama_config"]
+__all__ = [
+    "POPE_OPTIONS",
+    "PoPELlamaConfig",
+    "PoPELlamaForCausalLM",
+    "PoPELlamaModel",
+    "PoPELlamaPreTrainedModel",
+    "from_llama_config",
+]

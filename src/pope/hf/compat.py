@@ -9,6 +9,7 @@ supported versions for anything older; the differences handled here:
 * the hook that picks ``attn_implementation``: ``_check_and_adjust_attn_implementation`` (4.54+),
   ``_autoset_attn_implementation`` (4.50-4.53).
 """
+
 from __future__ import annotations
 
 import re
@@ -31,8 +32,10 @@ def check_version(version: str) -> tuple[int, int]:
     """(major, minor) of a supported transformers ``version``; ImportError naming the supported ones otherwise."""
     parsed = parse_version(version)
     if parsed < MINIMUM:
-        raise ImportError(f"pope.hf needs {SUPPORTED}; found transformers {version}. Upgrade with: "
-                          f"pip install -U 'pope-attention[hf]'")
+        raise ImportError(
+            f"pope.hf needs {SUPPORTED}; found transformers {version}. Upgrade with: "
+            f"pip install -U 'pope-attention[hf]'"
+        )
     return parsed
 
 

@@ -1,4 +1,5 @@
 """`PoPELlamaConfig`: a LlamaConfig with PoPE instead of RoPE, and `from_llama_config` for PoPE twins."""
+
 from __future__ import annotations
 
 import warnings
@@ -28,9 +29,17 @@ class PoPELlamaConfig(LlamaConfig):
 
     model_type = "pope_llama"
 
-    def __init__(self, pope_base: float = 10000.0, pope_magnitude: str = "softplus", pope_delta_init: str = "zero",
-                 pope_delta_range: str = "clamp", pope_use_delta: bool = True, pope_rotary_dim: int | None = None,
-                 pope_backend: str = "auto", **kwargs):
+    def __init__(
+        self,
+        pope_base: float = 10000.0,
+        pope_magnitude: str = "softplus",
+        pope_delta_init: str = "zero",
+        pope_delta_range: str = "clamp",
+        pope_use_delta: bool = True,
+        pope_rotary_dim: int | None = None,
+        pope_backend: str = "auto",
+        **kwargs,
+    ):
         self.pope_base = pope_base
         self.pope_magnitude = pope_magnitude
         self.pope_delta_init = pope_delta_init
@@ -46,15 +55,19 @@ class PoPELlamaConfig(LlamaConfig):
         if isinstance(self.pope_base, bool) or not isinstance(self.pope_base, (int, float)) or not self.pope_base > 0:
             raise ValueError(f"PoPELlamaConfig.pope_base must be a positive number; got {self.pope_base!r}")
         if self.pope_magnitude not in MAGNITUDES:
-            raise ValueError(f"PoPELlamaConfig.pope_magnitude must be one of {sorted(MAGNITUDES)}; "
-                             f"got {self.pope_magnitude!r}")
+            raise ValueError(
+                f"PoPELlamaConfig.pope_magnitude must be one of {sorted(MAGNITUDES)}; got {self.pope_magnitude!r}"
+            )
         if self.pope_delta_init not in ("zero", "uniform"):
-            raise ValueError(f"PoPELlamaConfig.pope_delta_init must be 'zero' or 'uniform'; "
-                             f"got {self.pope_delta_init!r}")
+            raise ValueError(
+                f"PoPELlamaConfig.pope_delta_init must be 'zero' or 'uniform'; got {self.pope_delta_init!r}"
+            )
         if self.pope_delta_range not in ("clamp", "wrap"):  # "project" needs a clamp after every optimizer step
-            raise ValueError(f"PoPELlamaConfig.pope_delta_range must be 'clamp' or 'wrap'; got "
-                             f"{self.pope_delta_range!r} ('project' is pope's trainer's: it clamps delta after "
-                             f"every optimizer step, which a transformers training loop does not do)")
+            raise ValueError(
+                f"PoPELlamaConfig.pope_delta_range must be 'clamp' or 'wrap'; got "
+                f"{self.pope_delta_range!r} ('project' is pope's trainer's: it clamps delta after "
+                f"every optimizer step, which a transformers training loop does not do)"
+            )
         if not isinstance(self.pope_use_delta, bool):
             raise ValueError(f"PoPELlamaConfig.pope_use_delta must be True or False; got {self.pope_use_delta!r}")
         if self.pope_backend not in BACKENDS:
@@ -62,12 +75,15 @@ class PoPELlamaConfig(LlamaConfig):
         head_dim = self.head_dim_or_default
         r = self.pope_rotary_dim
         if r is not None and (isinstance(r, bool) or not isinstance(r, int) or not 0 < r <= head_dim):
-            raise ValueError(f"PoPELlamaConfig.pope_rotary_dim must be None or an int in [1, head_dim={head_dim}]; "
-                             f"got {r!r}")
+            raise ValueError(
+                f"PoPELlamaConfig.pope_rotary_dim must be None or an int in [1, head_dim={head_dim}]; got {r!r}"
+            )
         scaling = rope_scaling_of(self)
         if scaling:
-            raise ValueError(f"PoPELlamaConfig has RoPE scaling {scaling!r}, which PoPE does not use; remove "
-                             f"rope_scaling (PoPE extrapolates without it; its frequency base is pope_base)")
+            raise ValueError(
+                f"PoPELlamaConfig has RoPE scaling {scaling!r}, which PoPE does not use; remove "
+                f"rope_scaling (PoPE extrapolates without it; its frequency base is pope_base)"
+            )
 
     @property
     def head_dim_or_default(self) -> int:
@@ -116,8 +132,11 @@ def from_llama_config(llama_config, **pope_options) -> PoPELlamaConfig:
             data["rope_parameters"] = {"rope_type": "default", "rope_theta": data["rope_parameters"].get("rope_theta")}
     window = sliding_window_of(data)
     if window:
-        warnings.warn(f"from_llama_config: dropping the sliding-window attention ({window}); the PoPE twin attends "
-                      f"over the whole causal context", stacklevel=2)
+        warnings.warn(
+            f"from_llama_config: dropping the sliding-window attention ({window}); the PoPE twin attends "
+            f"over the whole causal context",
+            stacklevel=2,
+        )
         for key in ("sliding_window", "use_sliding_window", "max_window_layers", "layer_types"):
             data.pop(key, None)
     for key in ("model_type", "architectures", "transformers_version", "auto_map", "_name_or_path"):

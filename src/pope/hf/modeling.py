@@ -15,22 +15,22 @@ Attention paths, chosen once per forward pass:
 The cache (a transformers DynamicCache) holds what pope.PoPE.cache_keys gives: the key magnitudes f(k),
 d channels per key (RoPE's cache memory), and the values; a decode step computes phases from positions.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+from transformers.cache_utils import Cache, DynamicCache  # noqa: E402  (the version is checked by pope.hf.compat)
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast  # noqa: E402
+from transformers.models.llama.modeling_llama import LlamaMLP  # noqa: E402
 
 from pope.axial import phase_attention, position_phases
 from pope.encodings import PoPE
 from pope.frequencies import pope_frequencies
 from pope.hf.compat import CACHE_FIELD, EagerAttentionOnly, new_dynamic_cache, tied_weights_keys, transformers
 from pope.hf.config import PoPELlamaConfig
-
-from transformers.cache_utils import Cache, DynamicCache  # noqa: E402  (the version is checked by pope.hf.compat)
-from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast  # noqa: E402
-from transformers.models.llama.modeling_llama import LlamaMLP  # noqa: E402
 
 _ACCEPTED_KWARGS = {"cache_position", "return_dict", "num_items_in_batch", "output_attentions"}
 
@@ -45,16 +45,19 @@ class AttentionPlan:
     positions_k: torch.Tensor | None = None  # (B or 1, Nk)
 
 
-def plan_attention(attention_mask, position_ids, *, past_length: int, n: int, batch: int, device, dtype,
-                   has_cache: bool) -> AttentionPlan:
+def plan_attention(
+    attention_mask, position_ids, *, past_length: int, n: int, batch: int, device, dtype, has_cache: bool
+) -> AttentionPlan:
     """Check attention_mask (B, past + n) of 1/0 (or bool) and position_ids (B or 1, n), and pick the path."""
     total = past_length + n
     valid = None
     if attention_mask is not None:
         if attention_mask.dim() != 2 or tuple(attention_mask.shape) != (batch, total):
-            raise ValueError(f"attention_mask must be a 2-D (batch, past + new tokens) = ({batch}, {total}) mask of 1s "
-                             f"(attend) and 0s (padding); got shape {tuple(attention_mask.shape)}. 4-D masks are not "
-                             f"supported by PoPELlama")
+            raise ValueError(
+                f"attention_mask must be a 2-D (batch, past + new tokens) = ({batch}, {total}) mask of 1s "
+                f"(attend) and 0s (padding); got shape {tuple(attention_mask.shape)}. 4-D masks are not "
+                f"supported by PoPELlama"
+            )
         valid = attention_mask.to(device=device).bool()  # (B, total)
     index = torch.arange(past_length, total, device=device)  # (n,)
     checks = []
@@ -75,9 +78,11 @@ def plan_attention(attention_mask, position_ids, *, past_length: int, n: int, ba
     if not padded and not explicit:
         return AttentionPlan(past_length, None)
     if explicit and has_cache:
-        raise ValueError("position_ids are not the token indices plus a constant per row (e.g. packed sequences); "
-                         "PoPELlama supports that without a cache only: pass use_cache=False, or give position_ids "
-                         "that continue the cached ones")
+        raise ValueError(
+            "position_ids are not the token indices plus a constant per row (e.g. packed sequences); "
+            "PoPELlama supports that without a cache only: pass use_cache=False, or give position_ids "
+            "that continue the cached ones"
+        )
     key_index = torch.arange(total, device=device)
     visible = key_index[None, :] <= index[:, None]  # (n, total) causal by token order
     visible = visible[None] & (valid[:, None, :] if valid is not None else True)  # (B or 1, n, total)
@@ -118,10 +123,18 @@ class PoPELlamaAttention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, self.n_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, self.n_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, config.hidden_size, bias=bias)
-        self.pe = PoPE(n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim,
-                       base=config.pope_base, magnitude=config.pope_magnitude, delta_init=config.pope_delta_init,
-                       delta_range=config.pope_delta_range, use_delta=config.pope_use_delta,
-                       rotary_dim=config.pope_rotary_dim, backend=config.pope_backend)
+        self.pe = PoPE(
+            n_heads=self.n_heads,
+            n_kv_heads=self.n_kv_heads,
+            head_dim=self.head_dim,
+            base=config.pope_base,
+            magnitude=config.pope_magnitude,
+            delta_init=config.pope_delta_init,
+            delta_range=config.pope_delta_range,
+            use_delta=config.pope_use_delta,
+            rotary_dim=config.pope_rotary_dim,
+            backend=config.pope_backend,
+        )
 
     def forward(self, hidden_states: torch.Tensor, plan: AttentionPlan, cache: Cache | None) -> torch.Tensor:
         b, n, _ = hidden_states.shape
@@ -149,9 +162,18 @@ class PoPELlamaAttention(nn.Module):
         delta = pe.bounded_delta()
         if delta is not None:
             phase_q = phase_q - delta.to(compute)[:, None, :]  # (B or 1, H, n, r)
-        return phase_attention(q, k, v, phase_q, phase_k, magnitude_q=pe.magnitude,
-                               magnitude_k="identity" if keys_are_magnitudes else pe.magnitude,
-                               softmax_scale=pe.softmax_scale, attn_bias=plan.bias, dropout_p=dropout_p)
+        return phase_attention(
+            q,
+            k,
+            v,
+            phase_q,
+            phase_k,
+            magnitude_q=pe.magnitude,
+            magnitude_k="identity" if keys_are_magnitudes else pe.magnitude,
+            softmax_scale=pe.softmax_scale,
+            attn_bias=plan.bias,
+            dropout_p=dropout_p,
+        )
 
 
 class PoPELlamaDecoderLayer(nn.Module):
@@ -183,9 +205,11 @@ class PoPELlamaPreTrainedModel(EagerAttentionOnly, transformers.PreTrainedModel)
         """Only "eager" (the default) applies: attention is always pope.pope_attention."""
         if requested_attention in (None, "eager"):
             return "eager"
-        raise ValueError(f"attn_implementation={requested_attention!r} does not apply to {cls.__name__}: its "
-                         f"attention is pope.pope_attention (fused Triton kernels on CUDA, PyTorch reference "
-                         f"elsewhere; choose with config.pope_backend). Leave attn_implementation unset or 'eager'")
+        raise ValueError(
+            f"attn_implementation={requested_attention!r} does not apply to {cls.__name__}: its "
+            f"attention is pope.pope_attention (fused Triton kernels on CUDA, PyTorch reference "
+            f"elsewhere; choose with config.pope_backend). Leave attn_implementation unset or 'eager'"
+        )
 
     def _init_weights(self, module):
         super()._init_weights(module)
@@ -225,8 +249,18 @@ class PoPELlamaModel(PoPELlamaPreTrainedModel):
     def set_input_embeddings(self, value):
         self.embed_tokens = value
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
-                inputs_embeds=None, use_cache=None, output_hidden_states=None, cache=None, **kwargs):
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        past_key_values=None,
+        inputs_embeds=None,
+        use_cache=None,
+        output_hidden_states=None,
+        cache=None,
+        **kwargs,
+    ):
         _refuse_unused(kwargs)
         cache = _cache_argument(past_key_values, cache)
         if (input_ids is None) == (inputs_embeds is None):
@@ -242,12 +276,22 @@ class PoPELlamaModel(PoPELlamaPreTrainedModel):
         elif cache is None:
             cache = new_dynamic_cache(self.config)
         elif not isinstance(cache, DynamicCache):  # a StaticCache returns unfilled slots as keys
-            raise TypeError(f"PoPELlama's cache must be a transformers DynamicCache (what generate() makes by "
-                            f"default); got {type(cache).__name__}. Leave cache_implementation unset")
+            raise TypeError(
+                f"PoPELlama's cache must be a transformers DynamicCache (what generate() makes by "
+                f"default); got {type(cache).__name__}. Leave cache_implementation unset"
+            )
         b, n = inputs_embeds.shape[:2]
         past = cache.get_seq_length() if cache is not None else 0
-        plan = plan_attention(attention_mask, position_ids, past_length=past, n=n, batch=b,
-                              device=inputs_embeds.device, dtype=inputs_embeds.dtype, has_cache=cache is not None)
+        plan = plan_attention(
+            attention_mask,
+            position_ids,
+            past_length=past,
+            n=n,
+            batch=b,
+            device=inputs_embeds.device,
+            dtype=inputs_embeds.dtype,
+            has_cache=cache is not None,
+        )
         hidden = inputs_embeds
         all_hidden = [] if output_hidden_states else None
         for layer in self.layers:
@@ -260,8 +304,11 @@ class PoPELlamaModel(PoPELlamaPreTrainedModel):
         hidden = self.norm(hidden)
         if all_hidden is not None:
             all_hidden.append(hidden)
-        return BaseModelOutputWithPast(last_hidden_state=hidden, hidden_states=None if all_hidden is None
-                                       else tuple(all_hidden), **{CACHE_FIELD: cache})
+        return BaseModelOutputWithPast(
+            last_hidden_state=hidden,
+            hidden_states=None if all_hidden is None else tuple(all_hidden),
+            **{CACHE_FIELD: cache},
+        )
 
 
 class PoPELlamaForCausalLM(PoPELlamaPreTrainedModel, transformers.GenerationMixin):
@@ -286,16 +333,33 @@ class PoPELlamaForCausalLM(PoPELlamaPreTrainedModel, transformers.GenerationMixi
     def set_output_embeddings(self, new_embeddings):
         self.lm_head = new_embeddings
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
-                inputs_embeds=None, labels=None, use_cache=None, output_hidden_states=None, logits_to_keep=0,
-                cache=None, **kwargs):
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        past_key_values=None,
+        inputs_embeds=None,
+        labels=None,
+        use_cache=None,
+        output_hidden_states=None,
+        logits_to_keep=0,
+        cache=None,
+        **kwargs,
+    ):
         """Llama's causal-LM forward: logits (B, n, V) (the last logits_to_keep positions when > 0), the
         shifted cross-entropy over labels != -100, and the cache."""
         num_items = kwargs.get("num_items_in_batch")
-        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             inputs_embeds=inputs_embeds, use_cache=use_cache,
-                             output_hidden_states=output_hidden_states, cache=_cache_argument(past_key_values, cache),
-                             **kwargs)
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_hidden_states=output_hidden_states,
+            cache=_cache_argument(past_key_values, cache),
+            **kwargs,
+        )
         hidden = outputs.last_hidden_state
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
             hidden = hidden[:, -logits_to_keep:]
@@ -306,6 +370,9 @@ class PoPELlamaForCausalLM(PoPELlamaPreTrainedModel, transformers.GenerationMixi
         if labels is not None:
             extra = {} if num_items is None else {"num_items_in_batch": num_items}
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **extra)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
-                                      **{CACHE_FIELD: getattr(outputs, CACHE_FIELD)})
-
+        return CausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            hidden_states=outputs.hidden_states,
+            **{CACHE_FIELD: getattr(outputs, CACHE_FIELD)},
+        )

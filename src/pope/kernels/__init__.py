@@ -27,14 +27,21 @@ Modules, one concern each:
 The design and its measurements: docs/kernels.md. Importing this package does not import Triton; the first use
 of a name below does.
 """
+
 from __future__ import annotations
 
 import importlib
 
 _EXPORTS = {
-    "forward": "fwd", "backward": "bwd", "decode_forward": "decode", "decode_tile": "configs",
-    "transform": "prepass", "transform_queries_and_keys": "prepass", "release_phase_tables": "phase_tables",
-    "frequencies": "host", "INTERPRET": "interpreter",
+    "forward": "fwd",
+    "backward": "bwd",
+    "decode_forward": "decode",
+    "decode_tile": "configs",
+    "transform": "prepass",
+    "transform_queries_and_keys": "prepass",
+    "release_phase_tables": "phase_tables",
+    "frequencies": "host",
+    "INTERPRET": "interpreter",
 }
 __all__ = sorted(_EXPORTS)
 

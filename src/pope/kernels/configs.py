@@ -14,6 +14,7 @@ writes it, for 16-bit inputs. `pick_tiles` reads it when a config is picked (eac
 clear_caches() re-reads); a malformed file is a ValueError naming it. The interpreter always runs (32, 32, 4, 1):
 small tiles keep it fast and exercise the multi-block paths.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,10 +52,20 @@ _SIXTEEN_BIT = {
     "dkdv": {64: (64, 64, 4, 3), 128: (64, 64, 8, 3)},
 }
 _FP32 = {64: (32, 32, 4, 1), 128: (16, 32, 4, 1)}  # every kind
-TILES = MappingProxyType({kind: MappingProxyType({
-    (MEASURED_ARCHITECTURE, bucket, dtype): Tiles(*(_FP32[bucket] if dtype == torch.float32 else by_bucket[bucket]))
-    for bucket in BUCKETS for dtype in (torch.bfloat16, torch.float16, torch.float32)})
-    for kind, by_bucket in _SIXTEEN_BIT.items()})
+TILES = MappingProxyType(
+    {
+        kind: MappingProxyType(
+            {
+                (MEASURED_ARCHITECTURE, bucket, dtype): Tiles(
+                    *(_FP32[bucket] if dtype == torch.float32 else by_bucket[bucket])
+                )
+                for bucket in BUCKETS
+                for dtype in (torch.bfloat16, torch.float16, torch.float32)
+            }
+        )
+        for kind, by_bucket in _SIXTEEN_BIT.items()
+    }
+)
 # fp32 inputs with tf32x3 dots (host.precision at "highest"): the high and low operand parts double the registers a
 # tile needs, so each kernel takes its own tile, most with 16-row query or key blocks. Under TF32 dots these tiles
 # are slower than _FP32, so "tf32" (and "ieee") keep TILES' fp32 entries. Timings: docs/kernels.md.
@@ -63,9 +74,12 @@ _FP32_TF32X3 = {
     "dq": {64: (32, 32, 4, 1), 128: (128, 16, 8, 1)},
     "dkdv": {64: (16, 16, 4, 1), 128: (32, 16, 8, 1)},
 }
-TF32X3_TILES = MappingProxyType({kind: MappingProxyType({
-    (MEASURED_ARCHITECTURE, bucket): Tiles(*tiles) for bucket, tiles in by_bucket.items()})
-    for kind, by_bucket in _FP32_TF32X3.items()})
+TF32X3_TILES = MappingProxyType(
+    {
+        kind: MappingProxyType({(MEASURED_ARCHITECTURE, bucket): Tiles(*tiles) for bucket, tiles in by_bucket.items()})
+        for kind, by_bucket in _FP32_TF32X3.items()
+    }
+)
 INTERPRETER_TILES = Tiles(32, 32, 4, 1)
 
 # Pre-pass rows per program (half at BLOCK_D > 64: 4K elements a program).
@@ -76,7 +90,7 @@ DKDV_KEYS_FROM_PREPASS_MAX_BLOCK_D = 64
 
 
 def architecture(device: torch.device) -> str:
-    """"sm_XY" of a CUDA device (its compute capability X.Y); the measured one for others (host-only timing)."""
+    """ "sm_XY" of a CUDA device (its compute capability X.Y); the measured one for others (host-only timing)."""
     if device.type != "cuda":
         return MEASURED_ARCHITECTURE
     major, minor = cuda_capability(device)
@@ -107,8 +121,9 @@ def pick_tiles(kind: str, head_dim: int, override, dtype: torch.dtype, device: t
     return tiles
 
 
-def shipped_tiles(kind: str, head_bucket: int, dtype: torch.dtype, precision: str,
-                  arch: str = MEASURED_ARCHITECTURE) -> Tiles:
+def shipped_tiles(
+    kind: str, head_bucket: int, dtype: torch.dtype, precision: str, arch: str = MEASURED_ARCHITECTURE
+) -> Tiles:
     """The package's tile for `kind` at a head-dim bucket, dtype and dot precision on architecture `arch` (the
     measured architecture's when `arch` has no entry): TF32X3_TILES for fp32 inputs with tf32x3 dots, else TILES."""
     if dtype == torch.float32 and precision == "tf32x3":
@@ -133,7 +148,9 @@ def read_tile_file(path: str) -> dict:
         with open(path) as f:
             raw = json.load(f)
     except (OSError, ValueError) as error:
-        raise ValueError(f"{ENVIRONMENT_VARIABLE}={path}: cannot read a JSON tile file ({error}); fix or unset it")
+        raise ValueError(
+            f"{ENVIRONMENT_VARIABLE}={path}: cannot read a JSON tile file ({error}); fix or unset it"
+        ) from error
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: expected {{kernel: {{head-dim bucket: [BLOCK_M, BLOCK_N, warps, stages]}}}}")
     table = {}
@@ -143,10 +160,16 @@ def read_tile_file(path: str) -> dict:
         if not isinstance(by_bucket, dict):
             raise ValueError(f"{path}: {kind} must map head-dim buckets 64/128 to [BLOCK_M, BLOCK_N, warps, stages]")
         for dim, config in by_bucket.items():
-            if str(dim) not in ("64", "128") or not isinstance(config, list) or len(config) != 4 or not all(
-                    type(x) is int and x > 0 for x in config):
-                raise ValueError(f"{path}: {kind}[{dim}] must be head-dim bucket 64/128 -> [BLOCK_M, BLOCK_N, warps, "
-                                 f"stages] (positive ints); got {config!r}")
+            if (
+                str(dim) not in ("64", "128")
+                or not isinstance(config, list)
+                or len(config) != 4
+                or not all(type(x) is int and x > 0 for x in config)
+            ):
+                raise ValueError(
+                    f"{path}: {kind}[{dim}] must be head-dim bucket 64/128 -> [BLOCK_M, BLOCK_N, warps, "
+                    f"stages] (positive ints); got {config!r}"
+                )
             table.setdefault(kind, {})[int(dim)] = Tiles(*config)
     return table
 

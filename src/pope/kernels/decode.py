@@ -11,6 +11,7 @@ and a masked key enters the scores through tl.where(..., -inf), so no value of i
 it; output and lse as the forward's (the combine weights splits by their log-sum-exp; a split that sees no key
 has lse = -inf and weight 0).
 """
+
 from __future__ import annotations
 
 import torch
@@ -30,9 +31,25 @@ MAX_DECODE_SPLITS = 128
 
 
 @triton.jit
-def _decode_query_rows(Q, Theta, Delta, b, hk, first_row, stride_qb, stride_qh, stride_qn, group_size, seq_q,
-                       q_offset, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
-                       HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr):
+def _decode_query_rows(
+    Q,
+    Theta,
+    Delta,
+    b,
+    hk,
+    first_row,
+    stride_qb,
+    stride_qh,
+    stride_qn,
+    group_size,
+    seq_q,
+    q_offset,
+    HEAD_DIM: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HAS_DELTA: tl.constexpr,
+    MAGNITUDE: tl.constexpr,
+):
     """Query rows first_row .. first_row + ROWS - 1 of key head hk: row r = query head hk * group_size + r // seq_q,
     query index r % seq_q. Returns (q'cos, q'sin) fp32 (ROWS, BLOCK_D) (zero in padded rows/channels) and the
     rows' query indices qi (ROWS,)."""
@@ -43,18 +60,37 @@ def _decode_query_rows(Q, Theta, Delta, b, hk, first_row, stride_qb, stride_qh, 
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
     mask_q = mask_rows[:, None] & mask_d[None, :]
-    q = tl.load(Q + b * stride_qb + head[:, None] * stride_qh + qi[:, None] * stride_qn + offs_d[None, :], mask=mask_q, other=0.0)
+    q = tl.load(
+        Q + b * stride_qb + head[:, None] * stride_qh + qi[:, None] * stride_qn + offs_d[None, :],
+        mask=mask_q,
+        other=0.0,
+    )
     turns_high, turns_low = _turn_words(Theta, offs_d, mask_d, HEAD_DIM)
     phase_q = _angles(q_offset + qi, turns_high, turns_low)
     if HAS_DELTA:
-        phase_q = phase_q - tl.load(Delta + head[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_q, other=0.0).to(tl.float32)
+        phase_q = phase_q - tl.load(Delta + head[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_q, other=0.0).to(
+            tl.float32
+        )
     q_cos, q_sin = _polar_to_cartesian(q, phase_q, mask_q, MAGNITUDE)
     return q_cos, q_sin, qi
 
 
 @triton.jit
-def _decode_split(K, V, b, hk, stride_kb, stride_kh, stride_vb, stride_vh, pid_split, keys_per_split, seq_k,
-                  visible_end, CAUSAL: tl.constexpr):
+def _decode_split(
+    K,
+    V,
+    b,
+    hk,
+    stride_kb,
+    stride_kh,
+    stride_vb,
+    stride_vh,
+    pid_split,
+    keys_per_split,
+    seq_k,
+    visible_end,
+    CAUSAL: tl.constexpr,
+):
     """Key head hk's K/V base pointers and this split's key range [lo, hi), clipped when causal to the keys
     its rows may see (key index < visible_end)."""
     lo = pid_split * keys_per_split
@@ -65,29 +101,59 @@ def _decode_split(K, V, b, hk, stride_kb, stride_kh, stride_vb, stride_vh, pid_s
 
 
 @triton.jit
-def _decode_store_partial(PartialOut, PartialLSE, partial_row, mask_rows, acc, row_sum, row_max,
-                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+def _decode_store_partial(
+    PartialOut, PartialLSE, partial_row, mask_rows, acc, row_sum, row_max, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr
+):
     """Normalised partial output (rows, BLOCK_D) and natural-log LSE (-inf where this split saw no key) of one
     split, at rows partial_row (rows,) of the (splits, B*Hkv, row stride, BLOCK_D) partial buffers."""
     offs_d = tl.arange(0, BLOCK_D)
     has_keys = row_sum > 0.0
     out = acc / tl.where(has_keys, row_sum, 1.0)[:, None]
-    lse = tl.where(has_keys, (row_max + tl.math.log2(tl.where(has_keys, row_sum, 1.0))) * 0.6931471805599453,
-                   float("-inf"))
-    tl.store(PartialOut + partial_row[:, None] * BLOCK_D + offs_d[None, :], out,
-             mask=mask_rows[:, None] & (offs_d < HEAD_DIM)[None, :])
+    lse = tl.where(
+        has_keys, (row_max + tl.math.log2(tl.where(has_keys, row_sum, 1.0))) * 0.6931471805599453, float("-inf")
+    )
+    tl.store(
+        PartialOut + partial_row[:, None] * BLOCK_D + offs_d[None, :],
+        out,
+        mask=mask_rows[:, None] & (offs_d < HEAD_DIM)[None, :],
+    )
     tl.store(PartialLSE + partial_row, lse, mask=mask_rows)
 
 
 @triton.jit
 def _pope_decode_kernel(
-    Q, K, V, Theta, Delta, PartialOut, PartialLSE, Table,
-    stride_qb, stride_qh, stride_qn,
-    stride_kb, stride_kh, stride_kn,
-    stride_vb, stride_vh, stride_vn,
-    n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, keys_per_split,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr, PRECISION: tl.constexpr,
+    Q,
+    K,
+    V,
+    Theta,
+    Delta,
+    PartialOut,
+    PartialLSE,
+    Table,
+    stride_qb,
+    stride_qh,
+    stride_qn,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    n_kv_heads,
+    group_size,
+    seq_q,
+    seq_k,
+    q_offset,
+    softmax_scale,
+    keys_per_split,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_DELTA: tl.constexpr,
+    MAGNITUDE: tl.constexpr,
+    PRECISION: tl.constexpr,
     STAGES: tl.constexpr,
 ):
     """Tensor-core decode, one program per (split, key head): the head's group_size * seq_q query rows padded to
@@ -105,17 +171,46 @@ def _pope_decode_kernel(
     pid_bh = tl.program_id(1)  # b * n_kv_heads + hk
     b = pid_bh // n_kv_heads
     hk = pid_bh % n_kv_heads
-    q_cos, q_sin, qi = _decode_query_rows(Q, Theta, Delta, b, hk, 0, stride_qb, stride_qh, stride_qn,
-                                             group_size, seq_q, q_offset, HEAD_DIM, BLOCK_M, BLOCK_D, HAS_DELTA,
-                                             MAGNITUDE)  # (BLOCK_M, BLOCK_D) each
+    q_cos, q_sin, qi = _decode_query_rows(
+        Q,
+        Theta,
+        Delta,
+        b,
+        hk,
+        0,
+        stride_qb,
+        stride_qh,
+        stride_qn,
+        group_size,
+        seq_q,
+        q_offset,
+        HEAD_DIM,
+        BLOCK_M,
+        BLOCK_D,
+        HAS_DELTA,
+        MAGNITUDE,
+    )  # (BLOCK_M, BLOCK_D) each
     q_cos = q_cos.to(Q.dtype.element_ty)
     q_sin = q_sin.to(Q.dtype.element_ty)
     qk_scale = softmax_scale * 1.4426950408889634
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
 
-    k_base, v_base, lo, hi = _decode_split(K, V, b, hk, stride_kb, stride_kh, stride_vb, stride_vh, pid_split,
-                                           keys_per_split, seq_k, q_offset + seq_q, CAUSAL)
+    k_base, v_base, lo, hi = _decode_split(
+        K,
+        V,
+        b,
+        hk,
+        stride_kb,
+        stride_kh,
+        stride_vb,
+        stride_vh,
+        pid_split,
+        keys_per_split,
+        seq_k,
+        q_offset + seq_q,
+        CAUSAL,
+    )
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -156,19 +251,43 @@ def _pope_decode_kernel(
         row_max = new_max
     offs_r = tl.arange(0, BLOCK_M)
     partial_row = (pid_split * tl.num_programs(1) + pid_bh) * BLOCK_M + offs_r  # row stride BLOCK_M
-    _decode_store_partial(PartialOut, PartialLSE, partial_row, offs_r < group_size * seq_q, acc, row_sum, row_max,
-                          HEAD_DIM, BLOCK_D)
+    _decode_store_partial(
+        PartialOut, PartialLSE, partial_row, offs_r < group_size * seq_q, acc, row_sum, row_max, HEAD_DIM, BLOCK_D
+    )
 
 
 @triton.jit
 def _pope_decode_lanes_kernel(
-    Q, K, V, Theta, Delta, PartialOut, PartialLSE,
-    stride_qb, stride_qh, stride_qn,
-    stride_kb, stride_kh, stride_kn,
-    stride_vb, stride_vh, stride_vn,
-    n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, keys_per_split,
-    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr, STAGES: tl.constexpr,
+    Q,
+    K,
+    V,
+    Theta,
+    Delta,
+    PartialOut,
+    PartialLSE,
+    stride_qb,
+    stride_qh,
+    stride_qn,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    n_kv_heads,
+    group_size,
+    seq_q,
+    seq_k,
+    q_offset,
+    softmax_scale,
+    keys_per_split,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_DELTA: tl.constexpr,
+    MAGNITUDE: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     """CUDA-core decode, one program per (split, query row): fp32 FMAs, no tensor cores, no padding of the
     rows to 16. The rows of a key head (its group's query heads x Nq) are separate programs that stream the
@@ -191,8 +310,25 @@ def _pope_decode_lanes_kernel(
     row = pid_row % rows
     b = pid_bh // n_kv_heads
     hk = pid_bh % n_kv_heads
-    q_cos, q_sin, qi = _decode_query_rows(Q, Theta, Delta, b, hk, row, stride_qb, stride_qh, stride_qn,
-                                          group_size, seq_q, q_offset, HEAD_DIM, 1, BLOCK_D, HAS_DELTA, MAGNITUDE)
+    q_cos, q_sin, qi = _decode_query_rows(
+        Q,
+        Theta,
+        Delta,
+        b,
+        hk,
+        row,
+        stride_qb,
+        stride_qh,
+        stride_qn,
+        group_size,
+        seq_q,
+        q_offset,
+        HEAD_DIM,
+        1,
+        BLOCK_D,
+        HAS_DELTA,
+        MAGNITUDE,
+    )
     qk_scale = softmax_scale * 1.4426950408889634  # scores come out in base 2, scaled
     q_cos = tl.reshape(q_cos, (BLOCK_D,)) * qk_scale
     q_sin = tl.reshape(q_sin, (BLOCK_D,)) * qk_scale
@@ -202,8 +338,21 @@ def _pope_decode_lanes_kernel(
     turns_high, turns_low = _turn_words(Theta, offs_d, mask_d, HEAD_DIM)
     table_sin, table_cos = _sincos(_angles(offs_j, turns_high, turns_low))  # (BLOCK_N, BLOCK_D)
 
-    k_base, v_base, lo, hi = _decode_split(K, V, b, hk, stride_kb, stride_kh, stride_vb, stride_vh, pid_split,
-                                           keys_per_split, seq_k, q_offset + row % seq_q + 1, CAUSAL)
+    k_base, v_base, lo, hi = _decode_split(
+        K,
+        V,
+        b,
+        hk,
+        stride_kb,
+        stride_kh,
+        stride_vb,
+        stride_vh,
+        pid_split,
+        keys_per_split,
+        seq_k,
+        q_offset + row % seq_q + 1,
+        CAUSAL,
+    )
     acc = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     lane_sum = tl.zeros([BLOCK_N], dtype=tl.float32)
     lane_max = tl.full([BLOCK_N], float("-inf"), dtype=tl.float32)
@@ -215,8 +364,9 @@ def _pope_decode_lanes_kernel(
         k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
         # (BLOCK_D,): the tile's first key position, its angle reduced exactly as every other
-        base_sin, base_cos = _sincos(tl.reshape(_angles(tl.full([1], start_n, tl.int32), turns_high, turns_low),
-                                                (BLOCK_D,)))
+        base_sin, base_cos = _sincos(
+            tl.reshape(_angles(tl.full([1], start_n, tl.int32), turns_high, turns_low), (BLOCK_D,))
+        )
         p_row = q_cos * base_cos + q_sin * base_sin  # (BLOCK_D,)
         q_row = q_sin * base_cos - q_cos * base_sin
         # Keys past hi were loaded as 0: finite f(0), masked out of the scores here, and v = 0 there.
@@ -240,14 +390,24 @@ def _pope_decode_lanes_kernel(
     row_sum = tl.sum(lane_sum[None, :] * lane_weight, 1)
     out = tl.sum(acc * tl.reshape(lane_weight, (BLOCK_N, 1)), 0)  # (BLOCK_D,)
     partial_row = tl.full([1], pid_split * tl.num_programs(1) + pid_row, tl.int32)  # row stride: rows
-    _decode_store_partial(PartialOut, PartialLSE, partial_row, partial_row >= 0, out[None, :], row_sum, row_max,
-                          HEAD_DIM, BLOCK_D)
+    _decode_store_partial(
+        PartialOut, PartialLSE, partial_row, partial_row >= 0, out[None, :], row_sum, row_max, HEAD_DIM, BLOCK_D
+    )
 
 
 @triton.jit
 def _pope_decode_combine_kernel(
-    PartialOut, PartialLSE, Out, LSE, num_splits, n_kv_programs, rows, row_stride,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    PartialOut,
+    PartialLSE,
+    Out,
+    LSE,
+    num_splits,
+    n_kv_programs,
+    rows,
+    row_stride,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
 ):
     """One query row: merge the splits' normalised outputs by their log-sum-exp weights.
 
@@ -264,17 +424,33 @@ def _pope_decode_combine_kernel(
     total = tl.sum(weights, 0)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
-    parts = tl.load(PartialOut + partial_row[:, None] * BLOCK_D + offs_d[None, :],
-                    mask=mask_s[:, None] & mask_d[None, :], other=0.0)
+    parts = tl.load(
+        PartialOut + partial_row[:, None] * BLOCK_D + offs_d[None, :], mask=mask_s[:, None] & mask_d[None, :], other=0.0
+    )
     out = tl.sum(weights[:, None] * parts, 0) / total
     tl.store(Out + pid * HEAD_DIM + offs_d, out.to(Out.dtype.element_ty), mask=mask_d)
     tl.store(LSE + pid, top + tl.log(total))
 
 
-def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float, q_offset: int, magnitude: str,
-                   method: str | None = None, block_n: int | None = None, num_splits: int | None = None,
-                   num_warps: int | None = None, stages: int | None = None, maxnreg: int | None = None,
-                   keep_phase_table: bool = False):
+def decode_forward(
+    q,
+    k,
+    v,
+    delta,
+    theta,
+    *,
+    causal: bool,
+    softmax_scale: float,
+    q_offset: int,
+    magnitude: str,
+    method: str | None = None,
+    block_n: int | None = None,
+    num_splits: int | None = None,
+    num_warps: int | None = None,
+    stages: int | None = None,
+    maxnreg: int | None = None,
+    keep_phase_table: bool = False,
+):
     """Split-K decode over a raw (d-channel) cache. Returns (out, lse) like `forward`.
 
     Suited to group_size * Nq <= 64 rows per key head; keys are transformed once, in registers.
@@ -307,25 +483,62 @@ def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float,
     if num_splits is None:
         # ~16 programs per SM to hide latency, each with at least two key tiles; at most MAX_DECODE_SPLITS
         # (the combine kernel holds all of a row's splits in registers).
-        num_splits = max(1, min(host.cdiv(seq_k, 2 * block_n),
-                                host.cdiv(16 * host.sm_count(q.device), programs_per_split), MAX_DECODE_SPLITS))
+        num_splits = max(
+            1,
+            min(
+                host.cdiv(seq_k, 2 * block_n),
+                host.cdiv(16 * host.sm_count(q.device), programs_per_split),
+                MAX_DECODE_SPLITS,
+            ),
+        )
     keys_per_split = host.cdiv(host.cdiv(seq_k, num_splits), block_n) * block_n
     num_splits = host.cdiv(seq_k, keys_per_split)
-    partial_out = host.empty((num_splits, batch * n_kv_heads, row_stride, block_d), device=q.device,
-                             dtype=torch.float32)
+    partial_out = host.empty(
+        (num_splits, batch * n_kv_heads, row_stride, block_d), device=q.device, dtype=torch.float32
+    )
     partial_lse = host.empty((num_splits, batch * n_kv_heads, row_stride), device=q.device, dtype=torch.float32)
-    args = (q, k, v, theta, delta if delta is not None else theta, partial_out, partial_lse,
-            *host.strides(q), *host.strides(k), *host.strides(v),
-            n_kv_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, keys_per_split)
-    options = dict(HEAD_DIM=head_dim, BLOCK_N=block_n, BLOCK_D=block_d, CAUSAL=causal, HAS_DELTA=delta is not None,
-                   MAGNITUDE=MAGNITUDES[magnitude].kernel_code, STAGES=stages, num_warps=num_warps, num_stages=stages)
+    args = (
+        q,
+        k,
+        v,
+        theta,
+        delta if delta is not None else theta,
+        partial_out,
+        partial_lse,
+        *host.strides(q),
+        *host.strides(k),
+        *host.strides(v),
+        n_kv_heads,
+        group_size,
+        seq_q,
+        seq_k,
+        q_offset,
+        softmax_scale,
+        keys_per_split,
+    )
+    options = dict(
+        HEAD_DIM=head_dim,
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
+        CAUSAL=causal,
+        HAS_DELTA=delta is not None,
+        MAGNITUDE=MAGNITUDES[magnitude].kernel_code,
+        STAGES=stages,
+        num_warps=num_warps,
+        num_stages=stages,
+    )
     if maxnreg is None and method == "lanes":
         maxnreg = configs.DECODE_LANES_MAXNREG
     if maxnreg and not INTERPRET:  # 0: no cap
         options["maxnreg"] = maxnreg
     if method == "lanes":
-        direct_launch.launch(_pope_decode_lanes_kernel, (num_splits, programs_per_split),
-                             direct_launch.specialization_site("decode lanes", args, options), args, **options)
+        direct_launch.launch(
+            _pope_decode_lanes_kernel,
+            (num_splits, programs_per_split),
+            direct_launch.specialization_site("decode lanes", args, options),
+            args,
+            **options,
+        )
     else:
         # The key phases' (seq_k, 2 block_d) [cos | sin] table for this call: the pre-pass over ones with
         # magnitude "identity". A cache of magnitudes (identity) gets a table in its own dtype, so that the
@@ -344,9 +557,11 @@ def decode_forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float,
     out = host.empty((batch, n_q_heads, seq_q, head_dim), device=q.device, dtype=q.dtype)
     lse = host.empty((batch, n_q_heads, seq_q), device=q.device, dtype=torch.float32)
     combine_args = (partial_out, partial_lse, out, lse, num_splits, batch * n_kv_heads, rows, row_stride)
-    combine_options = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=max(2, host.next_power_of_2(num_splits)),
-                           num_warps=4)
+    combine_options = dict(
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=max(2, host.next_power_of_2(num_splits)), num_warps=4
+    )
     site = direct_launch.specialization_site("decode combine", combine_args, combine_options)
-    direct_launch.launch(_pope_decode_combine_kernel, (batch * n_kv_heads * rows,), site, combine_args,
-                         **combine_options)
+    direct_launch.launch(
+        _pope_decode_combine_kernel, (batch * n_kv_heads * rows,), site, combine_args, **combine_options
+    )
     return out, lse

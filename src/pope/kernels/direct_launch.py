@@ -17,6 +17,7 @@ arguments to Triton's own launcher code and `specialization_site` to Triton's ow
 interpreter, a launch hook (e.g. the proton profiler), site=None or pope.settings' direct_launch=False always
 take Triton's path.
 """
+
 from __future__ import annotations
 
 import math
@@ -31,8 +32,10 @@ from .interpreter import INTERPRET
 try:  # host-side TMA descriptors, passed to kernels as arguments: Triton >= 3.4
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError as _error:
-    raise ImportError(f"pope's fused kernels need Triton >= 3.4 (triton.tools.tensor_descriptor); found triton "
-                      f"{triton.__version__}: pip install -U 'triton>=3.4'") from _error
+    raise ImportError(
+        f"pope's fused kernels need Triton >= 3.4 (triton.tools.tensor_descriptor); found triton "
+        f"{triton.__version__}: pip install -U 'triton>=3.4'"
+    ) from _error
 
 WRITTEN_FOR = (3, 6)  # the Triton release (major, minor) whose internals the direct path knows
 
@@ -58,9 +61,14 @@ def specialization_site(tag: str, args: tuple, meta: dict) -> tuple:
     plus the constexprs and launch options. A CPU test holds it to Triton's own specialisation
     (native_specialize_impl): calls with equal keys run the same compiled kernel."""
     # One expression per argument, no calls beyond the tensor's own: this runs on every decode launch.
-    key = tuple((x.dtype, not x.data_ptr() & 15) if isinstance(x, torch.Tensor)
-                else (x == 1, not x & 15, -2147483648 <= x < 2147483648, x < 9223372036854775808)
-                if type(x) is int else type(x) for x in args)
+    key = tuple(
+        (x.dtype, not x.data_ptr() & 15)
+        if isinstance(x, torch.Tensor)
+        else (x == 1, not x & 15, -2147483648 <= x < 2147483648, x < 9223372036854775808)
+        if type(x) is int
+        else type(x)
+        for x in args
+    )
     return tag, key, tuple(meta.items())
 
 
@@ -83,7 +91,7 @@ def launch(kernel, grid: tuple, site: tuple | None, args: tuple, **meta):
         if len(launches) >= MAX_DIRECT_LAUNCHES:
             launches.clear()
         # The compiled launcher takes every kernel parameter in order, constexprs included (it skips them).
-        constants = tuple(meta[name] for name in kernel.arg_names[len(args):])
+        constants = tuple(meta[name] for name in kernel.arg_names[len(args) :])
         raw = RawLaunch.of(compiled) if SETTINGS.raw_launch else None
         launches[key] = (compiled.run, compiled.function, compiled.packed_metadata, constants, dict(meta), raw)
         return compiled
@@ -131,10 +139,13 @@ class RawLaunch:
         except ImportError:
             return None
         launcher = getattr(compiled, "run", None)
-        if (not isinstance(launcher, getattr(driver, "CudaLauncher", ()))
-                or getattr(driver, "_BASE_ARGS_FORMAT", None) != "iiiKKppOOOOOO"  # the leading arguments, below
-                or getattr(launcher, "global_scratch_size", 1) or getattr(launcher, "profile_scratch_size", 1)
-                or getattr(launcher, "num_ctas", 1) != 1):
+        if (
+            not isinstance(launcher, getattr(driver, "CudaLauncher", ()))
+            or getattr(driver, "_BASE_ARGS_FORMAT", None) != "iiiKKppOOOOOO"  # the leading arguments, below
+            or getattr(launcher, "global_scratch_size", 1)
+            or getattr(launcher, "profile_scratch_size", 1)
+            or getattr(launcher, "num_ctas", 1) != 1
+        ):
             return None
         c_launch, descriptor_params, expand = launcher.launch, (), None
         closure = getattr(c_launch, "__closure__", None)
@@ -145,8 +156,11 @@ class RawLaunch:
             indices, metadata = sorted(cells["tensordesc_indices"]), list(cells["tensordesc_meta"] or ())
             if len(indices) != len(metadata) or any(m is None for m in metadata):
                 return None  # descriptors passed decomposed (no TMA lowering): Triton's path
-            c_launch, descriptor_params, expand = cells["launcher"], tuple(zip(indices, metadata)), \
-                driver.make_tensordesc_arg
+            c_launch, descriptor_params, expand = (
+                cells["launcher"],
+                tuple(zip(indices, metadata)),
+                driver.make_tensordesc_arg,
+            )
         return cls(c_launch, launcher.launch_cooperative_grid, launcher.launch_pdl, descriptor_params, expand)
 
     def expanded_args(self, params: tuple) -> list:
@@ -169,8 +183,22 @@ class RawLaunch:
     def __call__(self, grid_x, grid_y, stream, function, packed_metadata, params: tuple):
         # The C launcher's leading arguments (Triton 3.6, driver._BASE_ARGS_FORMAT): grid, stream, function,
         # cooperative, PDL, global and profile scratch, metadata, launch metadata, enter and exit hooks.
-        self.c_launch(grid_x, grid_y, 1, stream, function, self.cooperative, self.pdl, None, None, packed_metadata,
-                      None, None, None, *self.expanded_args(params))
+        self.c_launch(
+            grid_x,
+            grid_y,
+            1,
+            stream,
+            function,
+            self.cooperative,
+            self.pdl,
+            None,
+            None,
+            packed_metadata,
+            None,
+            None,
+            None,
+            *self.expanded_args(params),
+        )
 
 
 def launch_hooks_active() -> bool:
@@ -179,8 +207,10 @@ def launch_hooks_active() -> bool:
     if not hasattr(triton, "knobs"):  # an older Triton: take its own launch path
         return True
     runtime = triton.knobs.runtime
-    return any(hook is not None and bool(getattr(hook, "calls", True))
-               for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook))
+    return any(
+        hook is not None and bool(getattr(hook, "calls", True))
+        for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook)
+    )
 
 
 def current_stream(device: int) -> int:
@@ -210,8 +240,8 @@ def unchecked_descriptors_work() -> bool:
     except Exception:
         return False
     return names == ("base", "shape", "strides", "block_shape", "padding") and all(
-        getattr(made, name) is getattr(checked, name) or getattr(made, name) == getattr(checked, name)
-        for name in names)
+        getattr(made, name) is getattr(checked, name) or getattr(made, name) == getattr(checked, name) for name in names
+    )
 
 
 UNCHECKED_DESCRIPTORS = DIRECT_PATH and unchecked_descriptors_work()  # behind the one gate
@@ -234,9 +264,11 @@ def descriptor(t: torch.Tensor, block_shape: list) -> TensorDescriptor:
     Raises ValueError for a box (block_shape) that is not a multiple of TMA_SHARED_ALIGNMENT bytes."""
     box_bytes = t.element_size() * math.prod(block_shape)
     if box_bytes % TMA_SHARED_ALIGNMENT:
-        raise ValueError(f"a TMA box {list(block_shape)} of {t.dtype} is {box_bytes} bytes, not a multiple of "
-                         f"{TMA_SHARED_ALIGNMENT}: its pipeline stages would sit at misaligned shared-memory "
-                         f"addresses (a CUDA 'misaligned address' fault); use larger tiles")
+        raise ValueError(
+            f"a TMA box {list(block_shape)} of {t.dtype} is {box_bytes} bytes, not a multiple of "
+            f"{TMA_SHARED_ALIGNMENT}: its pipeline stages would sit at misaligned shared-memory "
+            f"addresses (a CUDA 'misaligned address' fault); use larger tiles"
+        )
     strides = list(t.stride())
     for i in range(t.dim() - 2, -1, -1):
         if t.shape[i] == 1:
@@ -244,4 +276,3 @@ def descriptor(t: torch.Tensor, block_shape: list) -> TensorDescriptor:
     if UNCHECKED_DESCRIPTORS:
         return unchecked_descriptor(t, list(t.shape), strides, list(block_shape))
     return TensorDescriptor(t, list(t.shape), strides, list(block_shape))
-

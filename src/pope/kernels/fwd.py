@@ -11,6 +11,7 @@ and k' come from one pre-pass launch and are freed on return (the forward saves 
 How: score(i, j) = scale * (q'_i . k'_j), q' and k' held as one wide (rows, 2 BLOCK_D) tile [cos | sin] read by TMA
 (one dot over 2d channels); online softmax in base 2, the scale riding in the exponent's FMA (scale > 0).
 """
+
 from __future__ import annotations
 
 import torch
@@ -24,10 +25,28 @@ from .jit_math import _dot, _key_ranges, _query_block, _query_sequence
 
 @triton.jit
 def _fwd_inner(
-    acc, row_sum, row_max, q_wide, kp_desc, v_desc, kp_row, b, hk,
-    offs_m, q_offset, seq_k, start_k, lo, hi, qk_scale,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MASK_KEYS: tl.constexpr, CAUSAL: tl.constexpr,
-    PRECISION: tl.constexpr, IS_VARLEN: tl.constexpr,
+    acc,
+    row_sum,
+    row_max,
+    q_wide,
+    kp_desc,
+    v_desc,
+    kp_row,
+    b,
+    hk,
+    offs_m,
+    q_offset,
+    seq_k,
+    start_k,
+    lo,
+    hi,
+    qk_scale,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    MASK_KEYS: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    PRECISION: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
 ):
     """Online softmax over key blocks [lo, hi) of the keys starting at row start_k. Scores are kept in base 2
     (scaled by log2 e). k' and v come by TMA: rows past the keys (and padded channels) arrive as zeros, or in a
@@ -59,17 +78,37 @@ def _fwd_inner(
 
 @triton.jit
 def _pope_fwd_kernel(
-    qp_desc, kp_desc, v_desc, Out, LSE,
-    stride_ob, stride_oh, stride_on,
-    n_q_heads, group_size, seq_q, seq_k, q_offset, softmax_scale, CuSeqlensQ, CuSeqlensK,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    CAUSAL: tl.constexpr, PRECISION: tl.constexpr, IS_VARLEN: tl.constexpr = False,
+    qp_desc,
+    kp_desc,
+    v_desc,
+    Out,
+    LSE,
+    stride_ob,
+    stride_oh,
+    stride_on,
+    n_q_heads,
+    group_size,
+    seq_q,
+    seq_k,
+    q_offset,
+    softmax_scale,
+    CuSeqlensQ,
+    CuSeqlensK,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    PRECISION: tl.constexpr,
+    IS_VARLEN: tl.constexpr = False,
 ):
-    pid_m, pid_bh, b, h, kv_bh, offs_m, offs_d, mask_d, mask_rows = _query_block(n_q_heads, group_size, seq_q,
-                                                                                 BLOCK_M, BLOCK_D, HEAD_DIM)
+    pid_m, pid_bh, b, h, kv_bh, offs_m, offs_d, mask_d, mask_rows = _query_block(
+        n_q_heads, group_size, seq_q, BLOCK_M, BLOCK_D, HEAD_DIM
+    )
     # Packed sequences (IS_VARLEN): this program's sequence; its lengths and q_offset replace the arguments.
     b, q_row, kv_bh, start_q, start_k, n_q, seq_k, q_offset, mask_rows = _query_sequence(
-        CuSeqlensQ, CuSeqlensK, pid_bh, b, h, kv_bh, group_size, offs_m, mask_rows, seq_q, seq_k, q_offset, IS_VARLEN)
+        CuSeqlensQ, CuSeqlensK, pid_bh, b, h, kv_bh, group_size, offs_m, mask_rows, seq_q, seq_k, q_offset, IS_VARLEN
+    )
     if IS_VARLEN:
         if pid_m * BLOCK_M >= n_q:  # the grid covers the longest sequence: past this one's end
             return
@@ -86,23 +125,79 @@ def _pope_fwd_kernel(
     unmasked_end, last_visible = _key_ranges(pid_m, q_offset, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
     hk = h // group_size
     acc, row_sum, row_max = _fwd_inner(
-        acc, row_sum, row_max, q_wide, kp_desc, v_desc, kv_bh, b, hk, offs_m, q_offset, seq_k, start_k,
-        0, unmasked_end, softmax_scale * 1.4426950408889634, BLOCK_N, BLOCK_D, False, CAUSAL, PRECISION, IS_VARLEN)
+        acc,
+        row_sum,
+        row_max,
+        q_wide,
+        kp_desc,
+        v_desc,
+        kv_bh,
+        b,
+        hk,
+        offs_m,
+        q_offset,
+        seq_k,
+        start_k,
+        0,
+        unmasked_end,
+        softmax_scale * 1.4426950408889634,
+        BLOCK_N,
+        BLOCK_D,
+        False,
+        CAUSAL,
+        PRECISION,
+        IS_VARLEN,
+    )
     acc, row_sum, row_max = _fwd_inner(
-        acc, row_sum, row_max, q_wide, kp_desc, v_desc, kv_bh, b, hk, offs_m, q_offset, seq_k, start_k,
-        unmasked_end, last_visible, softmax_scale * 1.4426950408889634, BLOCK_N, BLOCK_D, True, CAUSAL, PRECISION,
-        IS_VARLEN)
+        acc,
+        row_sum,
+        row_max,
+        q_wide,
+        kp_desc,
+        v_desc,
+        kv_bh,
+        b,
+        hk,
+        offs_m,
+        q_offset,
+        seq_k,
+        start_k,
+        unmasked_end,
+        last_visible,
+        softmax_scale * 1.4426950408889634,
+        BLOCK_N,
+        BLOCK_D,
+        True,
+        CAUSAL,
+        PRECISION,
+        IS_VARLEN,
+    )
 
     out = acc / row_sum[:, None]
     lse = (row_max + tl.math.log2(row_sum)) * 0.6931471805599453  # natural-log log-sum-exp
     rows = start_q + offs_m  # in the (B, Hq, Nq, d) out / (B * Hq, Nq) lse; packed: (1, Hq, total, d) / (Hq, total)
-    tl.store(Out + b * stride_ob + h * stride_oh + rows[:, None] * stride_on + offs_d[None, :],
-             out.to(Out.dtype.element_ty), mask=mask_q)
+    tl.store(
+        Out + b * stride_ob + h * stride_oh + rows[:, None] * stride_on + offs_d[None, :],
+        out.to(Out.dtype.element_ty),
+        mask=mask_q,
+    )
     tl.store(LSE + q_row * seq_q + rows, lse, mask=offs_m < n_q)
 
 
-def forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float, q_offset: int, magnitude: str,
-            config=None, packed: host.Packed | None = None):
+def forward(
+    q,
+    k,
+    v,
+    delta,
+    theta,
+    *,
+    causal: bool,
+    softmax_scale: float,
+    q_offset: int,
+    magnitude: str,
+    config=None,
+    packed: host.Packed | None = None,
+):
     """Returns (out (B, Hq, Nq, d) in q's dtype, lse (B, Hq, Nq) fp32, natural log).
 
     packed: q (total_q, Hq, d), k/v (total_k, Hkv, d) hold the sequences of a packed batch, all run by one launch per
@@ -114,8 +209,9 @@ def forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float, q_offs
         q, k, v = (host.batch_view(t, packed) for t in (q, k, v))
     # q' and k' from the pre-pass (freed on return): q' by (BLOCK_M, 2 BLOCK_D) and k' by (BLOCK_N, 2 BLOCK_D)
     # [cos | sin] tiles, v by (BLOCK_N, BLOCK_D) tiles, all by TMA (zeros past the rows).
-    q_prime, k_prime = prepass.transform_queries_and_keys(q, k, theta, delta, q_offset=q_offset, magnitude=magnitude,
-                                                          site=plan + ("forward q' k'",), packed=packed)
+    q_prime, k_prime = prepass.transform_queries_and_keys(
+        q, k, theta, delta, q_offset=q_offset, magnitude=magnitude, site=plan + ("forward q' k'",), packed=packed
+    )
     out = host.empty(out_shape, device=q.device, dtype=q.dtype)
     out_view = out if packed is None else host.batch_view(out, packed)
     batch, n_q_heads, seq_q, head_dim = q.shape
@@ -128,10 +224,33 @@ def forward(q, k, v, delta, theta, *, causal: bool, softmax_scale: float, q_offs
     v_desc = direct_launch.descriptor(host.tma_ready(v, block_d), [1, 1, block_n, block_d])
     n_sequences, rows_q = (packed.batch, packed.max_seqlen_q) if packed else (batch, seq_q)  # packed: to the longest
     grid = (host.cdiv(rows_q, block_m), n_sequences * n_q_heads)
-    direct_launch.launch(_pope_fwd_kernel, grid, plan + ("forward",), (
-        qp_desc, kp_desc, v_desc, out_view, lse, *host.strides(out_view),
-        n_q_heads, n_q_heads // n_kv_heads, seq_q, seq_k, q_offset, softmax_scale, *host.cu_seqlens(packed)),
-        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        CAUSAL=causal, PRECISION=precision, IS_VARLEN=packed is not None,
-        num_warps=num_warps, num_stages=num_stages)
+    direct_launch.launch(
+        _pope_fwd_kernel,
+        grid,
+        plan + ("forward",),
+        (
+            qp_desc,
+            kp_desc,
+            v_desc,
+            out_view,
+            lse,
+            *host.strides(out_view),
+            n_q_heads,
+            n_q_heads // n_kv_heads,
+            seq_q,
+            seq_k,
+            q_offset,
+            softmax_scale,
+            *host.cu_seqlens(packed),
+        ),
+        HEAD_DIM=head_dim,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
+        CAUSAL=causal,
+        PRECISION=precision,
+        IS_VARLEN=packed is not None,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
     return out, (lse[0] if packed else lse)

@@ -7,6 +7,7 @@ packed (varlen) batch and `batch_view` shows its (total, H, d) tensors to the ke
 are plain Python: Triton 3.6's triton.cdiv / triton.next_power_of_2 are constexpr functions whose host calls
 cost ~4 us each (argument unwrapping), a dozen times per eager forward+backward.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -22,6 +23,7 @@ class Packed(NamedTuple):
     (total_q, H, d) queries and cu_seqlens_k[b]:cu_seqlens_k[b + 1] of the (total_k, H, d) keys and values; int32
     (batch + 1,) on the tensors' device (never read on the host); max_seqlen_q / max_seqlen_k bound the lengths
     (the grids cover them)."""
+
     cu_seqlens_q: torch.Tensor
     cu_seqlens_k: torch.Tensor
     max_seqlen_q: int
@@ -90,8 +92,10 @@ def plan(*items) -> tuple:
     """A launcher call's plan key: what fixes every argument Triton specialises on for the kernels it launches.
     Tensors give shape, strides, dtype, device and 16-byte alignment (the buffers a launcher allocates itself
     follow from these); other items (flags, offsets, tile configs) are taken as they are."""
-    return tuple((x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16 == 0) if isinstance(x, torch.Tensor) else x
-                 for x in items)
+    return tuple(
+        (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16 == 0) if isinstance(x, torch.Tensor) else x
+        for x in items
+    )
 
 
 def tma_ready(t: torch.Tensor, block_d: int) -> torch.Tensor:
@@ -99,8 +103,13 @@ def tma_ready(t: torch.Tensor, block_d: int) -> torch.Tensor:
     usual inputs (contiguous, or (B, N, H, d) transposed to (B, H, N, d)) already are and pass through; others
     are copied, padded with zero channels to block_d when d * element size is not a multiple of 16 bytes."""
     size = t.element_size()
-    if t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(  # (broadcast, stride-0 dims are copied too)
-            stride > 0 and (stride * size) % 16 == 0 for stride, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1):
+    if (
+        t.stride(-1) == 1
+        and t.data_ptr() % 16 == 0
+        and all(  # (broadcast, stride-0 dims are copied too)
+            stride > 0 and (stride * size) % 16 == 0 for stride, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1
+        )
+    ):
         return t
     if (t.shape[-1] * size) % 16:
         return torch.nn.functional.pad(t, (0, block_d - t.shape[-1]))

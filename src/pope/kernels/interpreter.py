@@ -5,6 +5,7 @@ Triton is first imported). In that mode the kernels run on CPU tensors and `_fix
 import, only in that mode) closes the gaps of Triton 3.6's interpreter that these kernels hit, so that the
 CPU tests check the arithmetic the GPU does (bf16 products and roundings included). Compiled runs are untouched.
 """
+
 from __future__ import annotations
 
 import torch
@@ -79,8 +80,12 @@ def _fix_triton_interpreter() -> None:
     interpreter._patch_lang_tensor = patch_lang_tensor
     interpreter.InterpreterBuilder.create_dot = create_dot
     interpreter.InterpreterBuilder.cast_impl = cast_impl
-    for name, op in (("create_fadd", np.add), ("create_fsub", np.subtract), ("create_fmul", np.multiply),
-                     ("create_fdiv", np.divide)):
+    for name, op in (
+        ("create_fadd", np.add),
+        ("create_fsub", np.subtract),
+        ("create_fmul", np.multiply),
+        ("create_fdiv", np.divide),
+    ):
         bf16_arithmetic(name, op)
     interpreter._pope_fixed = True
 

@@ -9,6 +9,7 @@ FMA-only sin/cos (Cody-Waite reduction by pi/2 in three parts, minimax polynomia
 whole or through the causal / length mask (bottom-right causal: key j visible iff j <= q_offset + i);
 `_query_sequence` / `_packed_sequence` the rows and lengths of its sequence in a packed (varlen) batch.
 """
+
 from __future__ import annotations
 
 import triton
@@ -82,8 +83,10 @@ def _dot(a, b, acc, PRECISION: tl.constexpr):
 def _turn_words(Theta, offs_d, mask_d, HEAD_DIM: tl.constexpr):
     """The frequencies as fixed-point turns, (A, B) (BLOCK_D,) uint32 each, from Theta (2, HEAD_DIM) int32
     (pope.frequencies.turn_words: frac(theta / 2 pi) = (A + B / 2^32) / 2^32)."""
-    tl.static_assert(Theta.dtype.element_ty == tl.int32,
-                     "Theta must be the frequencies as fixed-point turns, int32 (2, d): pope.frequencies.turn_words")
+    tl.static_assert(
+        Theta.dtype.element_ty == tl.int32,
+        "Theta must be the frequencies as fixed-point turns, int32 (2, d): pope.frequencies.turn_words",
+    )
     turns_high = tl.load(Theta + offs_d, mask=mask_d, other=0).to(tl.uint32, bitcast=True)
     turns_low = tl.load(Theta + HEAD_DIM + offs_d, mask=mask_d, other=0).to(tl.uint32, bitcast=True)
     return turns_high, turns_low
@@ -133,8 +136,11 @@ def _sincos(x):
     r = tl.fma(quadrant, -7.549789948768648e-8, r)
     z = r * r
     sin_r = tl.fma(r * z, tl.fma(z, tl.fma(z, -1.9515295891e-4, 8.3321608736e-3), -1.6666654611e-1), r)
-    cos_r = tl.fma(z * z, tl.fma(z, tl.fma(z, 2.443315711809948e-5, -1.388731625493765e-3), 4.166664568298827e-2),
-                   tl.fma(z, -0.5, 1.0))
+    cos_r = tl.fma(
+        z * z,
+        tl.fma(z, tl.fma(z, 2.443315711809948e-5, -1.388731625493765e-3), 4.166664568298827e-2),
+        tl.fma(z, -0.5, 1.0),
+    )
     q = quadrant.to(tl.int32)
     swap = (q & 1) != 0
     sin_x = tl.where(swap, cos_r, sin_r)
@@ -210,8 +216,21 @@ def _stats_start(start_q, index):
 
 
 @triton.jit
-def _query_sequence(CuSeqlensQ, CuSeqlensK, pid_bh, b, h, kv_bh, group_size, offs_m, mask_rows, seq_q, seq_k, q_offset,
-                    IS_VARLEN: tl.constexpr):
+def _query_sequence(
+    CuSeqlensQ,
+    CuSeqlensK,
+    pid_bh,
+    b,
+    h,
+    kv_bh,
+    group_size,
+    offs_m,
+    mask_rows,
+    seq_q,
+    seq_k,
+    q_offset,
+    IS_VARLEN: tl.constexpr,
+):
     """Where a query-block program's sequence lies (after `_query_block`): (b, q_row, kv_row, start_q, start_k, seq_q,
     seq_k, q_offset, mask_rows). Batched: the arguments unchanged, q_row = pid_bh, kv_row = kv_bh, start_q = start_k
     = 0. Varlen: the tensors are packed sequences seen as batch 1 ((1, H, total, d) views, (H, total, .) q'/k' rows),

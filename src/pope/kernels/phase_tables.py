@@ -9,6 +9,7 @@ would live in the graph's private pool); rows are a power of two >= the cache le
 growing cache makes few tables; at most MAX_PHASE_TABLES entries, then tables are built per call. A kept table gives
 the same bits as one built per call.
 """
+
 from __future__ import annotations
 
 import torch

@@ -6,6 +6,7 @@ it; each half is zero-padded to BLOCK_D channels (none at d = 16, 32, 64, 128), 
 (rows, 2 BLOCK_D) tile [cos | sin] with one TMA copy; x' is contiguous, in x's dtype. q' and k' can come from one
 launch (q with delta at positions q_offset.., k without delta from 0), which writes exactly what two launches write.
 """
+
 from __future__ import annotations
 
 import torch
@@ -21,10 +22,26 @@ from .jit_math import _phase, _polar_to_cartesian
 
 @triton.jit
 def _transform_rows(
-    X, Theta, Delta, Out, stride_xb, stride_xh, stride_xn, pid_r, pid_bh, n_heads, seq_len, position_offset,
-    CuSeqlens, CuSeqlensOther,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, HAS_DELTA: tl.constexpr,
-    MAGNITUDE: tl.constexpr, IS_VARLEN: tl.constexpr,
+    X,
+    Theta,
+    Delta,
+    Out,
+    stride_xb,
+    stride_xh,
+    stride_xn,
+    pid_r,
+    pid_bh,
+    n_heads,
+    seq_len,
+    position_offset,
+    CuSeqlens,
+    CuSeqlensOther,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    HAS_DELTA: tl.constexpr,
+    MAGNITUDE: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
 ):
     """Rows pid_r * BLOCK_R .. + BLOCK_R of head pid_bh (= b * n_heads + h) of x -> x'.
 
@@ -62,12 +79,32 @@ def _transform_rows(
 
 @triton.jit
 def _pope_transform_kernel(
-    X, Theta, Delta, Out,
-    stride_xb, stride_xh, stride_xn,
-    n_heads, seq_len, position_offset, n_programs,
-    K, KOut, stride_kb, stride_kh, stride_kn, n_kv_heads, seq_k, CuSeqlensQ, CuSeqlensK,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
-    HAS_DELTA: tl.constexpr, MAGNITUDE: tl.constexpr, IS_VARLEN: tl.constexpr = False,
+    X,
+    Theta,
+    Delta,
+    Out,
+    stride_xb,
+    stride_xh,
+    stride_xn,
+    n_heads,
+    seq_len,
+    position_offset,
+    n_programs,
+    K,
+    KOut,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    n_kv_heads,
+    seq_k,
+    CuSeqlensQ,
+    CuSeqlensK,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    HAS_DELTA: tl.constexpr,
+    MAGNITUDE: tl.constexpr,
+    IS_VARLEN: tl.constexpr = False,
 ):
     """Program (r, bh): bh < n_programs (= B * n_heads) transforms x (with delta, positions from
     position_offset); the others, if the grid has them, the keys K (no delta, positions from 0) in the same
@@ -76,26 +113,79 @@ def _pope_transform_kernel(
     pid_r = tl.program_id(0)
     pid_bh = tl.program_id(1)
     if pid_bh < n_programs:
-        _transform_rows(X, Theta, Delta, Out, stride_xb, stride_xh, stride_xn, pid_r, pid_bh, n_heads, seq_len,
-                        position_offset, CuSeqlensQ, CuSeqlensK, HEAD_DIM, BLOCK_D, BLOCK_R, HAS_DELTA, MAGNITUDE,
-                        IS_VARLEN)
+        _transform_rows(
+            X,
+            Theta,
+            Delta,
+            Out,
+            stride_xb,
+            stride_xh,
+            stride_xn,
+            pid_r,
+            pid_bh,
+            n_heads,
+            seq_len,
+            position_offset,
+            CuSeqlensQ,
+            CuSeqlensK,
+            HEAD_DIM,
+            BLOCK_D,
+            BLOCK_R,
+            HAS_DELTA,
+            MAGNITUDE,
+            IS_VARLEN,
+        )
     else:
-        _transform_rows(K, Theta, Theta, KOut, stride_kb, stride_kh, stride_kn, pid_r, pid_bh - n_programs,
-                        n_kv_heads, seq_k, 0, CuSeqlensK, CuSeqlensK, HEAD_DIM, BLOCK_D, BLOCK_R, False, MAGNITUDE,
-                        IS_VARLEN)
+        _transform_rows(
+            K,
+            Theta,
+            Theta,
+            KOut,
+            stride_kb,
+            stride_kh,
+            stride_kn,
+            pid_r,
+            pid_bh - n_programs,
+            n_kv_heads,
+            seq_k,
+            0,
+            CuSeqlensK,
+            CuSeqlensK,
+            HEAD_DIM,
+            BLOCK_D,
+            BLOCK_R,
+            False,
+            MAGNITUDE,
+            IS_VARLEN,
+        )
 
 
-def transform(x: torch.Tensor, theta: torch.Tensor, delta: torch.Tensor | None, *, position_offset: int,
-              magnitude: str, site: tuple | None = None) -> torch.Tensor:
+def transform(
+    x: torch.Tensor,
+    theta: torch.Tensor,
+    delta: torch.Tensor | None,
+    *,
+    position_offset: int,
+    magnitude: str,
+    site: tuple | None = None,
+) -> torch.Tensor:
     """x (B, H, N, d) -> x' (B, H, N, 2 * BLOCK_D) contiguous, in x's dtype: [f(x) cos(phase) | f(x) sin(phase)],
     each half padded with zeros to BLOCK_D = host.block_d(d) channels (no padding for d = 16, 32, 64, 128),
     phase = (position_offset + n) * theta - delta[h]. site: the caller's launch-site key (direct_launch.launch)."""
     return _transform(x, theta, delta, position_offset, magnitude, site, None)[0]
 
 
-def transform_queries_and_keys(q: torch.Tensor, k: torch.Tensor, theta: torch.Tensor, delta: torch.Tensor | None, *,
-                               q_offset: int, magnitude: str, site: tuple | None = None,
-                               packed: host.Packed | None = None):
+def transform_queries_and_keys(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    theta: torch.Tensor,
+    delta: torch.Tensor | None,
+    *,
+    q_offset: int,
+    magnitude: str,
+    site: tuple | None = None,
+    packed: host.Packed | None = None,
+):
     """(q', k') as `transform` makes them (q with delta at positions q_offset.., k without delta from 0), in one
     launch. packed: q (1, Hq, total_q, d) and k (1, Hkv, total_k, d) are the batch views (host.batch_view) of a
     packed batch's tensors (q_offset unused: each sequence's queries sit at Nk_b - Nq_b.., its keys from 0); q' and k'
@@ -118,13 +208,35 @@ def _transform(x, theta, delta, position_offset, magnitude, site, keys, packed=N
         seq_k = seq_k if packed is not None else keys.shape[2]
         keys_out = _prime_buffer(keys.shape[0], kv_heads, keys.shape[2], block_d, x, packed)
         grid = (host.cdiv(max(seq, seq_k), rows), n_programs + batch * kv_heads)
-    direct_launch.launch(_pope_transform_kernel, grid, site, (
-        x, theta, delta if delta is not None else theta, out, *host.strides(x), heads, x.shape[2], position_offset,
-        n_programs, keys if keys is not None else x, keys_out, *host.strides(keys if keys is not None else x), kv_heads,
-        (keys if keys is not None else x).shape[2], *host.cu_seqlens(packed)),
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_R=rows,
-        HAS_DELTA=delta is not None, MAGNITUDE=MAGNITUDES[magnitude].kernel_code, IS_VARLEN=packed is not None,
-        num_warps=4)
+    direct_launch.launch(
+        _pope_transform_kernel,
+        grid,
+        site,
+        (
+            x,
+            theta,
+            delta if delta is not None else theta,
+            out,
+            *host.strides(x),
+            heads,
+            x.shape[2],
+            position_offset,
+            n_programs,
+            keys if keys is not None else x,
+            keys_out,
+            *host.strides(keys if keys is not None else x),
+            kv_heads,
+            (keys if keys is not None else x).shape[2],
+            *host.cu_seqlens(packed),
+        ),
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        BLOCK_R=rows,
+        HAS_DELTA=delta is not None,
+        MAGNITUDE=MAGNITUDES[magnitude].kernel_code,
+        IS_VARLEN=packed is not None,
+        num_warps=4,
+    )
     return out, (keys_out if keys is not None else None)
 
 

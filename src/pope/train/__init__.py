@@ -1,11 +1,18 @@
 """Training: `pope train` over a Trainer built from components (data, schedule, optimizer, metrics,
 checkpoint). See docs/training.md."""
+
 from __future__ import annotations
 
 import importlib
 
-_EXPORTS = {"RunConfig": "config", "TrainOptions": "config", "resolve_run_config": "config",
-            "WarmupDecaySchedule": "schedule", "Trainer": "trainer", "run_training": "trainer"}
+_EXPORTS = {
+    "RunConfig": "config",
+    "TrainOptions": "config",
+    "resolve_run_config": "config",
+    "WarmupDecaySchedule": "schedule",
+    "Trainer": "trainer",
+    "run_training": "trainer",
+}
 __all__ = sorted(_EXPORTS)
 
 

@@ -6,6 +6,7 @@ data position, best-metric bookkeeping, evaluation metrics and the run config as
 atomically by pope.checkpoint. ``--resume`` never restarts silently: without a valid ``last`` it
 raises, saying what the directory holds and what to do.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,9 +24,11 @@ from pope.train.distributed import all_gather_object, barrier
 def rng_state() -> dict:
     """This process's RNG states; "cuda" is the generator of the GPU it trains on."""
     legacy = np.random.get_state()
-    state = {"python": [list(x) if isinstance(x, tuple) else x for x in random.getstate()],
-             "numpy": [legacy[0], legacy[1].tolist(), int(legacy[2]), int(legacy[3]), float(legacy[4])],
-             "torch": torch.get_rng_state()}
+    state = {
+        "python": [list(x) if isinstance(x, tuple) else x for x in random.getstate()],
+        "numpy": [legacy[0], legacy[1].tolist(), int(legacy[2]), int(legacy[3]), float(legacy[4])],
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
@@ -66,12 +69,17 @@ def resume_checkpoint(run_dir: Path, config: RunConfig) -> Path:
 
     config_path = run_dir / "config.json"
     if not config_path.exists():
-        raise FileNotFoundError(f"--resume: {config_path} not found; {run_dir} is not a run directory "
-                                f"(it holds {describe_run(run_dir)}); start a new run without --resume")
+        raise FileNotFoundError(
+            f"--resume: {config_path} not found; {run_dir} is not a run directory "
+            f"(it holds {describe_run(run_dir)}); start a new run without --resume"
+        )
     differences = config_differences(json.loads(config_path.read_text()), config.to_dict())
     if differences:
-        raise ValueError("--resume refused: the run directory was trained with a different config:\n  "
-                         + "\n  ".join(differences) + f"\n(only {', '.join(sorted(RESUME_MUTABLE))} may change)")
+        raise ValueError(
+            "--resume refused: the run directory was trained with a different config:\n  "
+            + "\n  ".join(differences)
+            + f"\n(only {', '.join(sorted(RESUME_MUTABLE))} may change)"
+        )
     last = run_dir / "checkpoints" / "last"
     try:
         return ckpt.verify_checkpoint(last)
@@ -79,11 +87,16 @@ def resume_checkpoint(run_dir: Path, config: RunConfig) -> Path:
         problem = str(err)
     best = run_dir / "checkpoints" / "best"
     best_step = checkpoint_step(best) if best.exists() else None
-    advice = (f"to continue from checkpoints/best (step {best_step}), copy it to checkpoints/last "
-              f"(cp -r {best} {last}) and run with --resume again; or start over" if best_step is not None
-              else "nothing can be resumed; start over")
-    raise ValueError(f"--resume: no valid checkpoints/last in {run_dir} ({problem}); the directory holds "
-                     f"{describe_run(run_dir)}; {advice} with a new --out (or delete {run_dir})")
+    advice = (
+        f"to continue from checkpoints/best (step {best_step}), copy it to checkpoints/last "
+        f"(cp -r {best} {last}) and run with --resume again; or start over"
+        if best_step is not None
+        else "nothing can be resumed; start over"
+    )
+    raise ValueError(
+        f"--resume: no valid checkpoints/last in {run_dir} ({problem}); the directory holds "
+        f"{describe_run(run_dir)}; {advice} with a new --out (or delete {run_dir})"
+    )
 
 
 class CheckpointManager:
@@ -102,8 +115,9 @@ class CheckpointManager:
             state = {**trainer_state, "optimizer": optimizer_state, "rng": rng[0]}
             if len(rng) > 1:
                 state["rank_rng"] = rng
-            ckpt.save_checkpoint(self.directory / name, model_state=model_state, model_config=model_config,
-                                 trainer_state=state)
+            ckpt.save_checkpoint(
+                self.directory / name, model_state=model_state, model_config=model_config, trainer_state=state
+            )
         barrier()
 
     @staticmethod

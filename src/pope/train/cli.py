@@ -10,6 +10,7 @@ The indirect-indexing accuracy of a trained run on a file of examples is `pope e
 Under `torchrun --nproc_per_node=N pope train ...` the same command trains with DDP (or FSDP2 with
 --set train.parallel=fsdp).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,24 +20,46 @@ import sys
 
 
 def register(subparsers) -> None:
-    train = subparsers.add_parser("train", help="train a preset (see docs/training.md)",
-                                  description="Train one of the paper's presets with a positional encoding.")
+    train = subparsers.add_parser(
+        "train",
+        help="train a preset (see docs/training.md)",
+        description="Train one of the paper's presets with a positional encoding.",
+    )
     train.add_argument("preset", help="preset name, e.g. indirect-indexing, jsb, owt-124m, indirect-indexing-tiny")
     train.add_argument("--pe", required=True, help="positional encoding spec, e.g. pope, rope, 'rope:base=500000'")
     train.add_argument("--out", required=True, help="run directory (config, metrics, checkpoints)")
-    train.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                       help="override a model/recipe/train field, e.g. --set recipe.lr=1e-3 --set model.n_layer=2 "
-                            "--set train.compile=false (repeatable)")
+    train.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a model/recipe/train field, e.g. --set recipe.lr=1e-3 --set model.n_layer=2 "
+        "--set train.compile=false (repeatable)",
+    )
     train.add_argument("--resume", action="store_true", help="continue the run in --out from checkpoints/last")
     train.add_argument("--seed", type=int, default=None, help="training seed (model init, data order); default 0")
-    train.add_argument("--seeds", default=None, metavar="LIST",
-                       help="a seed sweep, e.g. 0-7 or 0,3,5: one training process per seed, each writing "
-                            "OUT/seed-N/ (log OUT/seed-N.log); with --resume finished seeds are skipped")
-    train.add_argument("--jobs-per-gpu", type=int, default=None, metavar="N",
-                       help="with --seeds: concurrent seeds per visible GPU (default "
-                            "pope.train.sweep.DEFAULT_JOBS_PER_GPU = 4)")
-    train.add_argument("--jobs", type=int, default=None, metavar="N",
-                       help="with --seeds: at most N seeds at once (default: GPUs x --jobs-per-gpu; 1 on CPU)")
+    train.add_argument(
+        "--seeds",
+        default=None,
+        metavar="LIST",
+        help="a seed sweep, e.g. 0-7 or 0,3,5: one training process per seed, each writing "
+        "OUT/seed-N/ (log OUT/seed-N.log); with --resume finished seeds are skipped",
+    )
+    train.add_argument(
+        "--jobs-per-gpu",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --seeds: concurrent seeds per visible GPU (default pope.train.sweep.DEFAULT_JOBS_PER_GPU = 4)",
+    )
+    train.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --seeds: at most N seeds at once (default: GPUs x --jobs-per-gpu; 1 on CPU)",
+    )
     train.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     train.set_defaults(func=_train)
 
@@ -47,8 +70,16 @@ def _train(args: argparse.Namespace) -> int:
             raise ValueError("--seeds runs a sweep; it cannot be combined with --seed or --print-config")
         from pope.train.sweep import run_sweep_command
 
-        return run_sweep_command(args.preset, args.pe, args.seeds, args.out, overrides=args.overrides,
-                                 resume=args.resume, jobs_per_gpu=args.jobs_per_gpu, jobs=args.jobs)
+        return run_sweep_command(
+            args.preset,
+            args.pe,
+            args.seeds,
+            args.out,
+            overrides=args.overrides,
+            resume=args.resume,
+            jobs_per_gpu=args.jobs_per_gpu,
+            jobs=args.jobs,
+        )
     if args.jobs_per_gpu is not None or args.jobs is not None:
         raise ValueError("--jobs and --jobs-per-gpu apply to seed sweeps (--seeds)")
     args.seed = 0 if args.seed is None else args.seed
@@ -64,8 +95,11 @@ def _train(args: argparse.Namespace) -> int:
     try:
         summary = run_training(config, args.out, resume=args.resume)
     except KeyboardInterrupt:  # before the first step (data loading, compilation): nothing to save yet
-        print("pope train: interrupted before the first step; nothing new was written (an earlier "
-              "checkpoints/last, if any, is unchanged)", file=sys.stderr)
+        print(
+            "pope train: interrupted before the first step; nothing new was written (an earlier "
+            "checkpoints/last, if any, is unchanged)",
+            file=sys.stderr,
+        )
         return 130
     if os.environ.get("RANK", "0") == "0":  # under torchrun only rank 0 reports
         print(json.dumps(summary, indent=2))

@@ -15,6 +15,7 @@ Every section validates itself on construction; ``RunConfig`` checks what spans 
 ``--resume`` the stored config must equal the new one except ``RESUME_MUTABLE`` keys (how the run is
 executed, not what it computes).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -81,9 +82,13 @@ class TrainOptions:
 
     def __post_init__(self):
         check_fields(self)
-        positive = {"log_interval": self.log_interval, "checkpoint_interval": self.checkpoint_interval,
-                    "eval_batch_size": self.eval_batch_size, "stop_at_step": self.stop_at_step,
-                    "max_seconds": self.max_seconds}
+        positive = {
+            "log_interval": self.log_interval,
+            "checkpoint_interval": self.checkpoint_interval,
+            "eval_batch_size": self.eval_batch_size,
+            "stop_at_step": self.stop_at_step,
+            "max_seconds": self.max_seconds,
+        }
         for name, value in positive.items():
             if value is not None and not value > 0:
                 raise ValueError(f"train.{name} must be positive (or none); got {value}")
@@ -92,8 +97,10 @@ class TrainOptions:
         if self.best_metric is not None and not self.best_metric.endswith(("_loss", "_accuracy")):
             raise ValueError("train.best_metric must end with _loss or _accuracy, e.g. valid_loss")
         if self.pack and self.cuda_graph:
-            raise ValueError("train.pack=true gives every step a batch of a different shape, and a CUDA graph replays "
-                             "one fixed shape: set train.cuda_graph=false (or none) with train.pack=true")
+            raise ValueError(
+                "train.pack=true gives every step a batch of a different shape, and a CUDA graph replays "
+                "one fixed shape: set train.cuda_graph=false (or none) with train.pack=true"
+            )
         for split in self.eval_splits.split(","):
             if split.strip() not in (*EVAL_SPLITS, ""):
                 raise ValueError(f"train.eval_splits: unknown split {split!r}; use valid and/or test")
@@ -122,50 +129,83 @@ class RunConfig:
         if self.seed < 0:
             raise ValueError(f"the seed must be a non-negative integer; got {self.seed}")
         if self.recipe.seq_len > self.model.max_seq_len:
-            raise ValueError(f"recipe.seq_len {self.recipe.seq_len} exceeds model.max_seq_len "
-                             f"{self.model.max_seq_len}; "
-                             "set model.max_seq_len too")
+            raise ValueError(
+                f"recipe.seq_len {self.recipe.seq_len} exceeds model.max_seq_len "
+                f"{self.model.max_seq_len}; "
+                "set model.max_seq_len too"
+            )
         stop = self.train.stop_at_step
         if stop is not None and stop > self.recipe.max_steps:
-            raise ValueError(f"train.stop_at_step {stop} is past recipe.max_steps {self.recipe.max_steps}; "
-                             f"give a step in 1..{self.recipe.max_steps} (or none to finish the schedule)")
+            raise ValueError(
+                f"train.stop_at_step {stop} is past recipe.max_steps {self.recipe.max_steps}; "
+                f"give a step in 1..{self.recipe.max_steps} (or none to finish the schedule)"
+            )
 
     def to_dict(self) -> dict:
         def recorded(section: str, values: dict) -> dict:
-            return {key: value for key, value in values.items()
-                    if not (f"{section}.{key}" in WRITTEN_WHEN_SET and value == WRITTEN_WHEN_SET[f"{section}.{key}"])}
+            return {
+                key: value
+                for key, value in values.items()
+                if not (f"{section}.{key}" in WRITTEN_WHEN_SET and value == WRITTEN_WHEN_SET[f"{section}.{key}"])
+            }
 
-        data = {"preset": self.preset, "pe": self.pe, "seed": self.seed,
-                "model": recorded("model", self.model.to_dict()), "recipe": recorded("recipe", self.recipe.to_dict()),
-                "train": recorded("train", dataclasses.asdict(self.train))}
+        data = {
+            "preset": self.preset,
+            "pe": self.pe,
+            "seed": self.seed,
+            "model": recorded("model", self.model.to_dict()),
+            "recipe": recorded("recipe", self.recipe.to_dict()),
+            "train": recorded("train", dataclasses.asdict(self.train)),
+        }
         if self.finetune is not None:
             data["finetune"] = self.finetune
         return data
 
     @classmethod
-    def from_dict(cls, data: dict) -> "RunConfig":
+    def from_dict(cls, data: dict) -> RunConfig:
         """From ``config.json``'s layout (or a dict built the same way); unknown keys are refused."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown run-config keys {unknown}; valid keys: {', '.join(sorted(known))}")
-        return cls(preset=data.get("preset"), pe=data.get("pe"), seed=data.get("seed"),
-                   model=GPTConfig.from_dict(data.get("model", {})), recipe=from_dict(Recipe, data.get("recipe", {})),
-                   train=from_dict(TrainOptions, data.get("train", {})), finetune=data.get("finetune"))
+        return cls(
+            preset=data.get("preset"),
+            pe=data.get("pe"),
+            seed=data.get("seed"),
+            model=GPTConfig.from_dict(data.get("model", {})),
+            recipe=from_dict(Recipe, data.get("recipe", {})),
+            train=from_dict(TrainOptions, data.get("train", {})),
+            finetune=data.get("finetune"),
+        )
 
     @classmethod
-    def coerce(cls, config: "RunConfig | dict") -> "RunConfig":
+    def coerce(cls, config: RunConfig | dict) -> RunConfig:
         return config if isinstance(config, cls) else cls.from_dict(config)
 
 
 # keys added after runs were recorded: written only when they differ from this default, so the config.json of an
 # earlier run still equals its config's to_dict(), still resumes and `pope report` groups it with new runs
-WRITTEN_WHEN_SET = {"train.pack": False, "train.fp32_matmul": "ieee", "recipe.lr_decay": "cosine",
-                    "recipe.weight_decay_params": "matrices", "model.init": "gpt2"}
+WRITTEN_WHEN_SET = {
+    "train.pack": False,
+    "train.fp32_matmul": "ieee",
+    "recipe.lr_decay": "cosine",
+    "recipe.weight_decay_params": "matrices",
+    "model.init": "gpt2",
+}
 
-RESUME_MUTABLE = {"train.device", "train.parallel", "train.compile", "train.cuda_graph", "train.log_interval",
-                  "train.stop_at_step", "train.tensorboard", "train.progress", "train.checkpoint_interval",
-                  "train.data_dir", "train.max_seconds"}
+RESUME_MUTABLE = {
+    "train.device",
+    "train.parallel",
+    "train.compile",
+    "train.cuda_graph",
+    "train.log_interval",
+    "train.stop_at_step",
+    "train.tensorboard",
+    "train.progress",
+    "train.checkpoint_interval",
+    "train.data_dir",
+    "train.max_seconds",
+}
 
 
 def _section_types() -> dict[str, dict]:
@@ -177,8 +217,11 @@ def parse_overrides(items: list[str] | None) -> dict[str, dict]:
     items = list(items or [])
     if any(item.partition("=")[0].strip() == "model.pe" for item in items):
         raise ValueError("choose the positional encoding with --pe, not --set model.pe")
-    types = {f"{section}.{name}": annotation for section, fields_ in _section_types().items()
-             for name, annotation in fields_.items()}
+    types = {
+        f"{section}.{name}": annotation
+        for section, fields_ in _section_types().items()
+        for name, annotation in fields_.items()
+    }
     flat = parse_assignments(items, types, where="--set")
     result: dict[str, dict] = {section: {} for section in SECTIONS}
     for key, value in flat.items():
@@ -187,8 +230,9 @@ def parse_overrides(items: list[str] | None) -> dict[str, dict]:
     return result
 
 
-def resolve_run_config(preset_name: str, pe: str, *, seed: int = 0, overrides: list[str] | None = None,
-                       vocab_size: int | None = None) -> RunConfig:
+def resolve_run_config(
+    preset_name: str, pe: str, *, seed: int = 0, overrides: list[str] | None = None, vocab_size: int | None = None
+) -> RunConfig:
     """The full, validated run config. ``vocab_size`` comes from the data when the preset has none."""
     from pope.encodings import parse_pe_spec
     from pope.presets import get_preset, with_recipe
@@ -204,8 +248,14 @@ def resolve_run_config(preset_name: str, pe: str, *, seed: int = 0, overrides: l
         if vocab_size is None:
             raise ValueError(f"preset {preset_name!r} takes its vocab_size from the data; none was given")
         model_fields["vocab_size"] = vocab_size
-    return RunConfig(preset=preset_name, pe=pe, seed=seed, model=preset.model_config(pe=pe, **model_fields),
-                     recipe=preset.recipe, train=TrainOptions(**changes["train"]))
+    return RunConfig(
+        preset=preset_name,
+        pe=pe,
+        seed=seed,
+        model=preset.model_config(pe=pe, **model_fields),
+        recipe=preset.recipe,
+        train=TrainOptions(**changes["train"]),
+    )
 
 
 def config_differences(old: dict, new: dict, *, ignore: set[str] = RESUME_MUTABLE) -> list[str]:

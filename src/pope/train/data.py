@@ -7,8 +7,9 @@ step counter (``state_dict()`` stores it with the seed so a resume can check it)
 
 - ``ExampleBatches``: a fixed set of examples, ``inputs``/``targets`` (N, T) int64 (targets -100 where
   not scored). Used for the indirect-indexing task and for document datasets (each document, or each
-  piece of a document longer than seq_len + 1, padded with pad_id; targets -100 on the padding). Order: a fresh permutation per epoch
-  (``torch.randperm`` with a CPU generator seeded by (seed, epoch)); a batch may straddle two epochs.
+  piece of a document longer than seq_len + 1, padded with pad_id; targets -100 on the padding). Order: a fresh
+  permutation per epoch (``torch.randperm`` with a CPU generator seeded by (seed, epoch)); a batch may straddle two
+  epochs.
   The examples can live on the GPU (``device``), so a step gathers its batch without a host copy.
 - ``FreshExampleBatches``: indirect-indexing examples generated for every step (task option
   ``fresh=true``) from ``np.random.default_rng([seed, step, FRESH_STREAM])``; never a repeat of the
@@ -23,12 +24,13 @@ non-overlapping T+1-token windows (stride T) for token streams (``stream_windows
 window is the split's final T+1 tokens with its already-scored targets masked, so every target of the
 split is scored exactly once); rank r takes every W-th batch.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -45,8 +47,10 @@ class Shard:
 def _check_batch_layout(global_batch: int, micro_steps: int, shard: Shard) -> int:
     parts = micro_steps * shard.world_size
     if global_batch % parts:
-        raise ValueError(f"batch size {global_batch} is not divisible by grad_accum ({micro_steps}) x world size "
-                         f"({shard.world_size}); choose sizes so every rank gets whole examples")
+        raise ValueError(
+            f"batch size {global_batch} is not divisible by grad_accum ({micro_steps}) x world size "
+            f"({shard.world_size}); choose sizes so every rank gets whole examples"
+        )
     return global_batch // parts
 
 
@@ -56,13 +60,25 @@ def epoch_permutation(seed: int, epoch: int, n: int) -> torch.Tensor:
 
 
 class ExampleBatches:
-    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, *, global_batch: int, micro_steps: int = 1,
-                 seed: int = 0, shard: Shard = Shard(), device: torch.device | str = "cpu",
-                 sequences: np.ndarray | None = None, lengths: np.ndarray | None = None,
-                 transform: Callable[[np.ndarray, np.random.Generator], np.ndarray] | None = None,
-                 pad_id: int | None = None) -> None:
+    def __init__(
+        self,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        *,
+        global_batch: int,
+        micro_steps: int = 1,
+        seed: int = 0,
+        shard: Shard = Shard(),
+        device: torch.device | str = "cpu",
+        sequences: np.ndarray | None = None,
+        lengths: np.ndarray | None = None,
+        transform: Callable[[np.ndarray, np.random.Generator], np.ndarray] | None = None,
+        pad_id: int | None = None,
+    ) -> None:
         if inputs.shape != targets.shape or inputs.ndim != 2:
-            raise ValueError(f"inputs and targets must both be (N, T); got {tuple(inputs.shape)} and {tuple(targets.shape)}")
+            raise ValueError(
+                f"inputs and targets must both be (N, T); got {tuple(inputs.shape)} and {tuple(targets.shape)}"
+            )
         self.device = torch.device(device)
         self.micro_batch = _check_batch_layout(global_batch, micro_steps, shard)
         self.global_batch, self.micro_steps, self.seed, self.shard = global_batch, micro_steps, seed, shard
@@ -95,7 +111,7 @@ class ExampleBatches:
         while start < (step + 1) * self.global_batch:
             epoch, offset = divmod(start, self.num_examples)
             take = min(self.num_examples - offset, (step + 1) * self.global_batch - start)
-            pieces.append(self._permutation(epoch)[1 if on_device else 0][offset: offset + take])
+            pieces.append(self._permutation(epoch)[1 if on_device else 0][offset : offset + take])
             start += take
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
@@ -123,20 +139,30 @@ class ExampleBatches:
             row_in, row_out = _document_row(tokens, self.inputs.shape[1], self.pad_id)
             rows_in.append(row_in)
             rows_out.append(row_out)
-        return (torch.from_numpy(np.stack(rows_in)).to(self.device, non_blocking=True),
-                torch.from_numpy(np.stack(rows_out)).to(self.device, non_blocking=True))
+        return (
+            torch.from_numpy(np.stack(rows_in)).to(self.device, non_blocking=True),
+            torch.from_numpy(np.stack(rows_out)).to(self.device, non_blocking=True),
+        )
 
     def get_all_micro(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """All micro-batches of this rank for `step`: (micro_steps, micro_batch, T) each (CUDA-graph path)."""
         index = self._global_indices(step, on_device=True)
-        rank_rows = torch.cat([index[self._local_slice(m)] for m in range(self.micro_steps)]) \
-            if self.micro_steps > 1 else index[self._local_slice(0)]
+        rank_rows = (
+            torch.cat([index[self._local_slice(m)] for m in range(self.micro_steps)])
+            if self.micro_steps > 1
+            else index[self._local_slice(0)]
+        )
         shape = (self.micro_steps, self.micro_batch, self.inputs.shape[1])
         return self.inputs[rank_rows].view(shape), self.targets[rank_rows].view(shape)
 
     def state_dict(self, step: int) -> dict:
-        return {"kind": "examples", "seed": self.seed, "step": step, "global_batch": self.global_batch,
-                "num_examples": self.num_examples}
+        return {
+            "kind": "examples",
+            "seed": self.seed,
+            "step": step,
+            "global_batch": self.global_batch,
+            "num_examples": self.num_examples,
+        }
 
 
 def _document_row(tokens: np.ndarray, seq_len: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -168,14 +194,16 @@ def document_pieces(split, seq_len: int, *, source: str) -> tuple[np.ndarray, np
     return np.array(offsets, dtype=np.int64), np.array(piece_lengths, dtype=np.int64)
 
 
-def documents_as_examples(split, seq_len: int, pad_id: int, *, source: str) -> tuple[torch.Tensor, torch.Tensor, np.ndarray, np.ndarray]:
+def documents_as_examples(
+    split, seq_len: int, pad_id: int, *, source: str
+) -> tuple[torch.Tensor, torch.Tensor, np.ndarray, np.ndarray]:
     """A document split (TokenSplit) as padded examples: (inputs, targets, sequences, lengths), one per piece of
     `document_pieces`; rows are padded to the longest piece (inputs with pad_id, targets -100)."""
     offsets, piece_lengths = document_pieces(split, seq_len, source=source)
     width = max(int(piece_lengths.max()), 2)
     sequences = np.full((len(offsets), width), pad_id, dtype=np.int64)
     for row, (begin, length) in enumerate(zip(offsets, piece_lengths)):
-        sequences[row, :length] = split.tokens[begin: begin + length]
+        sequences[row, :length] = split.tokens[begin : begin + length]
     rows = [_document_row(sequences[i, : piece_lengths[i]], width - 1, pad_id) for i in range(len(offsets))]
     inputs = torch.from_numpy(np.stack([r[0] for r in rows]))
     targets = torch.from_numpy(np.stack([r[1] for r in rows]))
@@ -183,13 +211,24 @@ def documents_as_examples(split, seq_len: int, pad_id: int, *, source: str) -> t
 
 
 class WindowBatches:
-    def __init__(self, tokens: np.ndarray, seq_len: int, *, global_batch: int, micro_steps: int = 1, seed: int = 0,
-                 shard: Shard = Shard(), device: torch.device | str = "cpu",
-                 transform: Callable[[np.ndarray, np.random.Generator], np.ndarray] | None = None,
-                 source: str = "tokens") -> None:
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        seq_len: int,
+        *,
+        global_batch: int,
+        micro_steps: int = 1,
+        seed: int = 0,
+        shard: Shard = Shard(),
+        device: torch.device | str = "cpu",
+        transform: Callable[[np.ndarray, np.random.Generator], np.ndarray] | None = None,
+        source: str = "tokens",
+    ) -> None:
         if len(tokens) < seq_len + 2:
-            raise ValueError(f"{source}: {len(tokens)} tokens cannot hold one window of {seq_len + 1} tokens; "
-                             "lower model.max_seq_len or use more data")
+            raise ValueError(
+                f"{source}: {len(tokens)} tokens cannot hold one window of {seq_len + 1} tokens; "
+                "lower model.max_seq_len or use more data"
+            )
         self.tokens, self.seq_len, self.device = tokens, seq_len, torch.device(device)
         self.micro_batch = _check_batch_layout(global_batch, micro_steps, shard)
         self.global_batch, self.micro_steps, self.seed, self.shard = global_batch, micro_steps, seed, shard
@@ -204,19 +243,25 @@ class WindowBatches:
 
     def get(self, step: int, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         begin = (micro * self.shard.world_size + self.shard.rank) * self.micro_batch
-        starts = self._starts(step)[begin: begin + self.micro_batch]
-        windows = np.stack([np.asarray(self.tokens[s: s + self.seq_len + 1], dtype=np.int64) for s in starts])
+        starts = self._starts(step)[begin : begin + self.micro_batch]
+        windows = np.stack([np.asarray(self.tokens[s : s + self.seq_len + 1], dtype=np.int64) for s in starts])
         if self.transform is not None:
-            windows = np.stack([self.transform(w, np.random.default_rng([self.seed, step, begin + i]))
-                                for i, w in enumerate(windows)]).astype(np.int64)
+            windows = np.stack(
+                [self.transform(w, np.random.default_rng([self.seed, step, begin + i])) for i, w in enumerate(windows)]
+            ).astype(np.int64)
         batch = torch.from_numpy(windows)
         if self.device.type == "cuda":
             batch = batch.pin_memory().to(self.device, non_blocking=True)
         return batch[:, :-1], batch[:, 1:]
 
     def state_dict(self, step: int) -> dict:
-        return {"kind": "windows", "seed": self.seed, "step": step, "global_batch": self.global_batch,
-                "num_tokens": len(self.tokens)}
+        return {
+            "kind": "windows",
+            "seed": self.seed,
+            "step": step,
+            "global_batch": self.global_batch,
+            "num_tokens": len(self.tokens),
+        }
 
 
 def stream_windows(n_tokens: int, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
@@ -239,10 +284,16 @@ def stream_windows(n_tokens: int, seq_len: int) -> tuple[np.ndarray, np.ndarray]
     return starts, first_scored
 
 
-def evaluation_batches(*, batch_size: int, shard: Shard, device: torch.device,
-                       examples: tuple[torch.Tensor, torch.Tensor] | None = None,
-                       tokens: np.ndarray | None = None, seq_len: int | None = None,
-                       max_batches: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def evaluation_batches(
+    *,
+    batch_size: int,
+    shard: Shard,
+    device: torch.device,
+    examples: tuple[torch.Tensor, torch.Tensor] | None = None,
+    tokens: np.ndarray | None = None,
+    seq_len: int | None = None,
+    max_batches: int | None = None,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """A fixed pass over an evaluation split; rank r yields global batches r, r+W, r+2W, ...
     ``max_batches`` (None = the whole split) caps the global batch count for long token streams."""
     if examples is not None:
@@ -259,7 +310,7 @@ def evaluation_batches(*, batch_size: int, shard: Shard, device: torch.device,
         if examples is not None:
             yield inputs[rows].to(device, non_blocking=True), targets[rows].to(device, non_blocking=True)
         else:
-            windows = np.stack([np.asarray(tokens[s: s + seq_len + 1], dtype=np.int64) for s in starts[rows]])
+            windows = np.stack([np.asarray(tokens[s : s + seq_len + 1], dtype=np.int64) for s in starts[rows]])
             batch = torch.from_numpy(windows)
             batch_targets = batch[:, 1:].clone()
             batch_targets[torch.arange(seq_len) < torch.from_numpy(first_scored[rows])[:, None]] = IGNORE_INDEX
@@ -295,8 +346,17 @@ class FreshExampleBatches(ExampleBatches):
     trainer's CUDA-graph path); the state is the step counter.
     """
 
-    def __init__(self, task_options, *, global_batch: int, micro_steps: int = 1, seed: int = 0,
-                 shard: Shard = Shard(), device: torch.device | str = "cpu", held_out: frozenset = frozenset()) -> None:
+    def __init__(
+        self,
+        task_options,
+        *,
+        global_batch: int,
+        micro_steps: int = 1,
+        seed: int = 0,
+        shard: Shard = Shard(),
+        device: torch.device | str = "cpu",
+        held_out: frozenset = frozenset(),
+    ) -> None:
         self.device = torch.device(device)
         self.micro_batch = _check_batch_layout(global_batch, micro_steps, shard)
         self.global_batch, self.micro_steps, self.seed, self.shard = global_batch, micro_steps, seed, shard
@@ -341,8 +401,13 @@ class FreshExampleBatches(ExampleBatches):
         return torch.cat([p[0] for p in parts]).view(shape), torch.cat([p[1] for p in parts]).view(shape)
 
     def state_dict(self, step: int) -> dict:
-        return {"kind": "fresh-examples", "seed": self.seed, "step": step, "global_batch": self.global_batch,
-                "task": self.task_options.split_options()}
+        return {
+            "kind": "fresh-examples",
+            "seed": self.seed,
+            "step": step,
+            "global_batch": self.global_batch,
+            "task": self.task_options.split_options(),
+        }
 
 
 def _data_source(recipe: dict, options):
@@ -362,8 +427,10 @@ def _data_source(recipe: dict, options):
     if is_task_dir:
         found = task.split_task_options(json.loads(manifest_path.read_text()))
         if found.split_options() != wanted.split_options():
-            raise ValueError(f"{source} holds indirect-indexing splits of task {found.split_options()}, but the run "
-                             f"asks for {wanted.split_options()} ({spec!r}); generate splits for it or drop data_dir")
+            raise ValueError(
+                f"{source} holds indirect-indexing splits of task {found.split_options()}, but the run "
+                f"asks for {wanted.split_options()} ({spec!r}); generate splits for it or drop data_dir"
+            )
     return source, wanted, is_task_dir
 
 
@@ -375,9 +442,11 @@ def prepare_data(recipe: dict, options) -> None:
         return
     if task_options is not None:
         from pope.data import indirect_indexing as task
+
         task.ensure_splits(None, seed=options.data_seed, options=task_options)
         return
     from pope.data.prepared import resolve_dataset
+
     resolve_dataset(source, prepare_if_missing=True)
 
 
@@ -393,8 +462,17 @@ def _held_out_strings(directory: Path) -> frozenset:
     return frozenset(strings)
 
 
-def load_training_data(recipe: dict, options, *, micro_steps: int, seed: int, shard: Shard,
-                       device: torch.device, seq_len: int, is_main: bool) -> TrainingData:
+def load_training_data(
+    recipe: dict,
+    options,
+    *,
+    micro_steps: int,
+    seed: int,
+    shard: Shard,
+    device: torch.device,
+    seq_len: int,
+    is_main: bool,
+) -> TrainingData:
     """Build the training sampler and evaluation sets for ``recipe['dataset']`` (or train.data_dir).
 
     - 'indirect-indexing[:OPTION=VALUE,...]' (or a directory with its manifest): generated splits of
@@ -407,8 +485,10 @@ def load_training_data(recipe: dict, options, *, micro_steps: int, seed: int, sh
 
     source, task_options, is_task_dir = _data_source(recipe, options)
     if options.pack and task_options is not None:
-        raise ValueError(f"train.pack=true packs documents of different lengths; indirect-indexing examples all have "
-                         f"{recipe['seq_len']} tokens and one scored target, nothing to pack: set train.pack=false")
+        raise ValueError(
+            f"train.pack=true packs documents of different lengths; indirect-indexing examples all have "
+            f"{recipe['seq_len']} tokens and one scored target, nothing to pack: set train.pack=false"
+        )
     global_batch = recipe["batch_size"]
     eval_splits = [s.strip() for s in options.eval_splits.split(",") if s.strip()]
     if is_main:
@@ -416,55 +496,121 @@ def load_training_data(recipe: dict, options, *, micro_steps: int, seed: int, sh
     barrier()
     if task_options is not None:
         from pope.data import indirect_indexing as task
+
         # an explicit split directory (any sizes, e.g. written by write_splits), else the cached default
         directory = Path(source) if is_task_dir else task.default_data_dir(options.data_seed, task_options)
         if seq_len < task.SEQ_LEN:
             raise ValueError(f"indirect-indexing needs {task.SEQ_LEN} input tokens; recipe.seq_len is {seq_len}")
         if task_options.fresh:
-            batches = FreshExampleBatches(task_options, global_batch=global_batch, micro_steps=micro_steps,
-                                          seed=seed, shard=shard, device=device, held_out=_held_out_strings(directory))
+            batches = FreshExampleBatches(
+                task_options,
+                global_batch=global_batch,
+                micro_steps=micro_steps,
+                seed=seed,
+                shard=shard,
+                device=device,
+                held_out=_held_out_strings(directory),
+            )
         else:
             train = task.load_split(directory, "train")
-            batches = ExampleBatches(torch.from_numpy(train.inputs), torch.from_numpy(train.targets),
-                                     global_batch=global_batch, micro_steps=micro_steps, seed=seed, shard=shard,
-                                     device=device)
+            batches = ExampleBatches(
+                torch.from_numpy(train.inputs),
+                torch.from_numpy(train.targets),
+                global_batch=global_batch,
+                micro_steps=micro_steps,
+                seed=seed,
+                shard=shard,
+                device=device,
+            )
         evals = {}
         for split in eval_splits:
             examples = task.load_split(directory, split)
             evals[split] = (torch.from_numpy(examples.inputs), torch.from_numpy(examples.targets))
-        return TrainingData(name=INDIRECT_INDEXING, vocab_size=task.VOCAB_SIZE, train=batches, eval_examples=evals,
-                            eval_tokens={}, seq_len=task.SEQ_LEN, is_task=True)
+        return TrainingData(
+            name=INDIRECT_INDEXING,
+            vocab_size=task.VOCAB_SIZE,
+            train=batches,
+            eval_examples=evals,
+            eval_tokens={},
+            seq_len=task.SEQ_LEN,
+            is_task=True,
+        )
 
     from pope.data.prepared import resolve_dataset
+
     dataset = resolve_dataset(source)
     transform = dataset.train_transform
     if dataset.pad_id is None and options.pack:
-        raise ValueError(f"train.pack=true packs documents; {dataset.name} ({dataset.path}) is a token stream (no pad "
-                         f"id): its training windows are full seq_len + 1-token slices, with no padding to remove. "
-                         f"Set train.pack=false")
+        raise ValueError(
+            f"train.pack=true packs documents; {dataset.name} ({dataset.path}) is a token stream (no pad "
+            f"id): its training windows are full seq_len + 1-token slices, with no padding to remove. "
+            f"Set train.pack=false"
+        )
     if dataset.pad_id is not None:  # documents: padded, or packed end to end (train.pack, pope.train.packing)
         if options.pack:
             from pope.train.packing import PackedDocumentBatches
 
             train_split = dataset.split("train")
             offsets, lengths = document_pieces(train_split, seq_len, source=str(dataset.path))
-            batches = PackedDocumentBatches(train_split.tokens, offsets, lengths, seq_len=seq_len,
-                                            global_batch=global_batch, micro_steps=micro_steps, seed=seed, shard=shard,
-                                            device=device, transform=transform)
+            batches = PackedDocumentBatches(
+                train_split.tokens,
+                offsets,
+                lengths,
+                seq_len=seq_len,
+                global_batch=global_batch,
+                micro_steps=micro_steps,
+                seed=seed,
+                shard=shard,
+                device=device,
+                transform=transform,
+            )
         else:
-            inputs, targets, sequences, lengths = documents_as_examples(dataset.split("train"), seq_len,
-                                                                        dataset.pad_id, source=str(dataset.path))
-            batches = ExampleBatches(inputs, targets, global_batch=global_batch, micro_steps=micro_steps, seed=seed,
-                                     shard=shard, device=device, sequences=sequences, lengths=lengths,
-                                     transform=transform, pad_id=dataset.pad_id)
+            inputs, targets, sequences, lengths = documents_as_examples(
+                dataset.split("train"), seq_len, dataset.pad_id, source=str(dataset.path)
+            )
+            batches = ExampleBatches(
+                inputs,
+                targets,
+                global_batch=global_batch,
+                micro_steps=micro_steps,
+                seed=seed,
+                shard=shard,
+                device=device,
+                sequences=sequences,
+                lengths=lengths,
+                transform=transform,
+                pad_id=dataset.pad_id,
+            )
         evals = {}
         for split in eval_splits:
-            e_in, e_out, _, _ = documents_as_examples(dataset.split(split), seq_len, dataset.pad_id,
-                                                      source=str(dataset.path))
+            e_in, e_out, _, _ = documents_as_examples(
+                dataset.split(split), seq_len, dataset.pad_id, source=str(dataset.path)
+            )
             evals[split] = (e_in, e_out)
-        return TrainingData(name=dataset.name, vocab_size=dataset.vocab_size, train=batches, eval_examples=evals,
-                            eval_tokens={}, seq_len=seq_len)
-    batches = WindowBatches(dataset.split("train").tokens, seq_len, global_batch=global_batch, micro_steps=micro_steps,
-                            seed=seed, shard=shard, device=device, transform=transform, source=str(dataset.path))
-    return TrainingData(name=dataset.name, vocab_size=dataset.vocab_size, train=batches, eval_examples={},
-                        eval_tokens={s: dataset.split(s).tokens for s in eval_splits}, seq_len=seq_len)
+        return TrainingData(
+            name=dataset.name,
+            vocab_size=dataset.vocab_size,
+            train=batches,
+            eval_examples=evals,
+            eval_tokens={},
+            seq_len=seq_len,
+        )
+    batches = WindowBatches(
+        dataset.split("train").tokens,
+        seq_len,
+        global_batch=global_batch,
+        micro_steps=micro_steps,
+        seed=seed,
+        shard=shard,
+        device=device,
+        transform=transform,
+        source=str(dataset.path),
+    )
+    return TrainingData(
+        name=dataset.name,
+        vocab_size=dataset.vocab_size,
+        train=batches,
+        eval_examples={},
+        eval_tokens={s: dataset.split(s).tokens for s in eval_splits},
+        seq_len=seq_len,
+    )

@@ -3,6 +3,7 @@
 Under ``torchrun --nproc_per_node=N`` the environment has RANK / LOCAL_RANK / WORLD_SIZE; the
 backend is NCCL on CUDA and gloo on CPU. Without them the run is a single process (rank 0 of 1).
 """
+
 from __future__ import annotations
 
 import datetime
@@ -39,8 +40,9 @@ def setup_distributed(device: str = "auto") -> DistributedContext:
     use_cuda = resolve_device(device) == "cuda"
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size == 1:
-        return DistributedContext(device=torch.device("cuda", torch.cuda.current_device()) if use_cuda
-                                  else torch.device("cpu"))
+        return DistributedContext(
+            device=torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+        )
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     if use_cuda:
         torch.cuda.set_device(local_rank)
@@ -48,8 +50,11 @@ def setup_distributed(device: str = "auto") -> DistributedContext:
     else:
         target = torch.device("cpu")
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if use_cuda else "gloo", timeout=datetime.timedelta(minutes=30),
-                                device_id=target if use_cuda else None)
+        dist.init_process_group(
+            backend="nccl" if use_cuda else "gloo",
+            timeout=datetime.timedelta(minutes=30),
+            device_id=target if use_cuda else None,
+        )
     return DistributedContext(rank=rank, local_rank=local_rank, world_size=world_size, device=target)
 
 

@@ -1,6 +1,7 @@
 """Evaluation passes: one split during training (``evaluate_split``; the periodic evaluations of a token
 stream read ``recipe.eval_batches`` batches, the final one every target), and the accuracy of a trained
 model on a file of indirect-indexing examples (``task_accuracy``, `pope eval accuracy`)."""
+
 from __future__ import annotations
 
 import torch
@@ -11,8 +12,18 @@ from pope.train.distributed import all_reduce_sum
 
 
 @torch.no_grad()
-def evaluate_split(model, data, split: str, *, batch_size: int, max_batches: int | None, shard: Shard,
-                   device: torch.device, autocast_dtype: torch.dtype | None, progress=None) -> dict:
+def evaluate_split(
+    model,
+    data,
+    split: str,
+    *,
+    batch_size: int,
+    max_batches: int | None,
+    shard: Shard,
+    device: torch.device,
+    autocast_dtype: torch.dtype | None,
+    progress=None,
+) -> dict:
     """Mean loss and accuracy over the scored tokens of one split of ``data`` (TrainingData), summed
     over ranks. Example and document splits are always scored whole; token streams up to
     ``max_batches`` batches of non-overlapping windows, or every target once with ``max_batches=None``.
@@ -21,11 +32,18 @@ def evaluate_split(model, data, split: str, *, batch_size: int, max_batches: int
     Leaves ``model`` in train mode."""
     model.eval()
     if split in data.eval_examples:
-        batches = evaluation_batches(batch_size=batch_size, shard=shard, device=device,
-                                     examples=data.eval_examples[split])
+        batches = evaluation_batches(
+            batch_size=batch_size, shard=shard, device=device, examples=data.eval_examples[split]
+        )
     else:
-        batches = evaluation_batches(batch_size=batch_size, shard=shard, device=device,
-                                     tokens=data.eval_tokens[split], seq_len=data.seq_len, max_batches=max_batches)
+        batches = evaluation_batches(
+            batch_size=batch_size,
+            shard=shard,
+            device=device,
+            tokens=data.eval_tokens[split],
+            seq_len=data.seq_len,
+            max_batches=max_batches,
+        )
     totals = torch.zeros(3, device=device, dtype=torch.float64)  # loss sum, correct, scored
     for inputs, targets in batches:
         with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
@@ -41,8 +59,12 @@ def evaluate_split(model, data, split: str, *, batch_size: int, max_batches: int
     all_reduce_sum(totals)
     loss_sum, correct, count = totals.tolist()
     model.train()
-    return {f"{split}_loss": loss_sum / max(count, 1), f"{split}_accuracy": correct / max(count, 1),
-            f"{split}_scored_tokens": int(count), f"{split}_split_tokens": split_targets(data, split)}
+    return {
+        f"{split}_loss": loss_sum / max(count, 1),
+        f"{split}_accuracy": correct / max(count, 1),
+        f"{split}_scored_tokens": int(count),
+        f"{split}_split_tokens": split_targets(data, split),
+    }
 
 
 def split_targets(data, split: str) -> int:
@@ -70,7 +92,6 @@ def task_accuracy(run: str, data_file: str, *, batch_size: int = 256, device: st
     which offsets a model has learned to index."""
     from pope.checkpoint import load_model
     from pope.data import indirect_indexing as task
-
     from pope.devices import resolve_device
 
     device = resolve_device(device)
@@ -79,19 +100,22 @@ def task_accuracy(run: str, data_file: str, *, batch_size: int = 256, device: st
     examples = task.load_file(data_file)
     model, info = load_model(run, map_location=device)
     if model.config.vocab_size < task.VOCAB_SIZE or model.config.max_seq_len < task.SEQ_LEN:
-        raise ValueError(f"the model in {run} (vocab {model.config.vocab_size}, max_seq_len "
-                         f"{model.config.max_seq_len}) "
-                         f"was not trained on indirect indexing (needs vocab {task.VOCAB_SIZE}, {task.SEQ_LEN} tokens)")
+        raise ValueError(
+            f"the model in {run} (vocab {model.config.vocab_size}, max_seq_len "
+            f"{model.config.max_seq_len}) "
+            f"was not trained on indirect indexing (needs vocab {task.VOCAB_SIZE}, {task.SEQ_LEN} tokens)"
+        )
     inputs, targets = torch.from_numpy(examples.inputs), torch.from_numpy(examples.targets)
     hits, loss_sum = [], 0.0  # hits: (N,) bool, whether each example's target was predicted
     for start in range(0, len(inputs), batch_size):
-        x = inputs[start:start + batch_size].to(device)
-        y = targets[start:start + batch_size].to(device)
+        x = inputs[start : start + batch_size].to(device)
+        y = targets[start : start + batch_size].to(device)
         logits, _ = model(x)  # (b, T, vocab)
         scored = y != -100  # (b, T): one target per example
         hits.append(((logits.float().argmax(-1) == y) & scored).any(dim=1).cpu())
-        loss_sum += float(F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100,
-                                          reduction="sum"))
+        loss_sum += float(
+            F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100, reduction="sum")
+        )
     hits = torch.cat(hits)
     n, correct = len(inputs), int(hits.sum())
     shifts = task.shifts_of_file(data_file)  # (N,) signed shifts, in file order as the examples
@@ -102,5 +126,13 @@ def task_accuracy(run: str, data_file: str, *, batch_size: int = 256, device: st
         chosen = torch.from_numpy(shifts == shift)
         count, right = int(chosen.sum()), int(hits[chosen].sum())
         by_shift[f"{shift:+d}"] = {"examples": count, "correct": right, "accuracy": right / count}
-    return {"accuracy": correct / n, "correct": correct, "examples": n, "loss": loss_sum / n, "by_shift": by_shift,
-            "checkpoint": info["path"], "step": info["step"], "data": str(data_file)}
+    return {
+        "accuracy": correct / n,
+        "correct": correct,
+        "examples": n,
+        "loss": loss_sum / n,
+        "by_shift": by_shift,
+        "checkpoint": info["path"],
+        "step": info["step"],
+        "data": str(data_file),
+    }

@@ -9,6 +9,7 @@ Only rank 0 writes (``enabled=False`` elsewhere). Every record has ``step`` and 
 loss / accuracy over all evaluations (what the paper reports for JSB, MAESTRO and the genome); its
 state is stored in every checkpoint. ``summary()`` gives ``RUN/summary.json``.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,16 @@ from pathlib import Path
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: str | os.PathLike, *, enabled: bool, total_steps: int, start_step: int = 0,
-                 tensorboard: bool = True, progress: bool = True) -> None:
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        *,
+        enabled: bool,
+        total_steps: int,
+        start_step: int = 0,
+        tensorboard: bool = True,
+        progress: bool = True,
+    ) -> None:
         self.enabled, self.progress = enabled, progress
         self.path = Path(run_dir) / "metrics.jsonl"
         self._writer = None
@@ -33,21 +42,28 @@ class MetricsLogger:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as err:  # tensorboard is in the [train] extra
-                raise ImportError("TensorBoard logging needs tensorboard: pip install 'pope-attention[train]' "
-                                  "(or pass --set train.tensorboard=false)") from err
+                raise ImportError(
+                    "TensorBoard logging needs tensorboard: pip install 'pope-attention[train]' "
+                    "(or pass --set train.tensorboard=false)"
+                ) from err
             # events after the checkpoint's step are dropped (those steps run again); the step's own are kept
-            self._writer = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"),
-                                         purge_step=start_step + 1 if start_step else None)
+            self._writer = SummaryWriter(
+                log_dir=str(Path(run_dir) / "tensorboard"), purge_step=start_step + 1 if start_step else None
+            )
         if progress:
             from tqdm.auto import tqdm
+
             self._bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
 
     def _truncate_after(self, step: int) -> None:
         """On resume, drop records of steps after the checkpoint: those steps are run again."""
         if not self.path.exists():
             return
-        kept = [line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= step]
+        kept = [
+            line
+            for line in self.path.read_text().splitlines()
+            if line.strip() and json.loads(line).get("step", 0) <= step
+        ]
         tmp = self.path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(line + "\n" for line in kept))
         os.replace(tmp, self.path)
@@ -81,6 +97,7 @@ class MetricsLogger:
         if not (self.enabled and self.progress):
             return nullcontext(None)
         from tqdm.auto import tqdm
+
         return tqdm(total=total, desc=label, unit="batch", leave=False, dynamic_ncols=True)
 
     def close(self) -> None:
@@ -124,8 +141,13 @@ class BestTracker:
     def summary(self) -> dict:
         """The best-related keys of RUN/summary.json."""
         state = self.state
-        return {"best_metric": state.get("metric"), "best_value": state.get("value"), "best_step": state.get("step"),
-                "at_best_valid": state.get("metrics", {}),
-                "best_test_loss": state.get("best_test_loss"), "best_test_loss_step": state.get("best_test_loss_step"),
-                "best_test_accuracy": state.get("best_test_accuracy"),
-                "best_test_accuracy_step": state.get("best_test_accuracy_step")}
+        return {
+            "best_metric": state.get("metric"),
+            "best_value": state.get("value"),
+            "best_step": state.get("step"),
+            "at_best_valid": state.get("metrics", {}),
+            "best_test_loss": state.get("best_test_loss"),
+            "best_test_loss_step": state.get("best_test_loss_step"),
+            "best_test_accuracy": state.get("best_test_accuracy"),
+            "best_test_accuracy_step": state.get("best_test_accuracy_step"),
+        }

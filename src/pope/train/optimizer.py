@@ -13,6 +13,7 @@ practice). No decay for:
 checking a paper that does not say which parameters it decays. Decay then pulls PoPE's delta towards 0,
 which also brings an entry that stepped below -2pi (frozen by the forward clamp) back into [-2pi, 0].
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,8 +24,15 @@ def _positional_parameter_names(model: nn.Module) -> set[str]:
     names: set[str] = set()
     try:
         from pope import encodings
-        pe_types = tuple(t for t in (getattr(encodings, "PositionalEncoding", None),
-                                     getattr(encodings, "AbsolutePositionEmbedding", None)) if t is not None)
+
+        pe_types = tuple(
+            t
+            for t in (
+                getattr(encodings, "PositionalEncoding", None),
+                getattr(encodings, "AbsolutePositionEmbedding", None),
+            )
+            if t is not None
+        )
     except ImportError:
         pe_types = ()
     for module_name, module in model.named_modules():
@@ -49,22 +57,31 @@ def split_decay_groups(model: nn.Module, decay_params: str = "matrices") -> tupl
         if not param.requires_grad:
             continue
         leaf = name.rsplit(".", 1)[-1]
-        is_positional = (name in positional or leaf == "delta" or ".pe." in f".{name}"
-                         or "pos_emb" in name)
+        is_positional = name in positional or leaf == "delta" or ".pe." in f".{name}" or "pos_emb" in name
         (no_decay if param.ndim < 2 or is_positional else decay).append(name)
     return decay, no_decay
 
 
-def build_optimizer(model: nn.Module, *, lr: float | torch.Tensor, betas: tuple[float, float],
-                    weight_decay: float, decay_params: str = "matrices", eps: float = 1e-8, fused: bool = False,
-                    capturable: bool = False) -> torch.optim.AdamW:
+def build_optimizer(
+    model: nn.Module,
+    *,
+    lr: float | torch.Tensor,
+    betas: tuple[float, float],
+    weight_decay: float,
+    decay_params: str = "matrices",
+    eps: float = 1e-8,
+    fused: bool = False,
+    capturable: bool = False,
+) -> torch.optim.AdamW:
     """AdamW over two groups (decay / no decay; one group, decay, with ``decay_params="all"``). ``lr`` may be
     a 1-element tensor (with ``fused`` or ``capturable``) so a captured CUDA graph reads the current value
     from device memory."""
     decay, no_decay = split_decay_groups(model, decay_params)
     params = dict(model.named_parameters())
-    groups = [{"params": [params[n] for n in decay], "weight_decay": weight_decay, "names": decay},
-              {"params": [params[n] for n in no_decay], "weight_decay": 0.0, "names": no_decay}]
+    groups = [
+        {"params": [params[n] for n in decay], "weight_decay": weight_decay, "names": decay},
+        {"params": [params[n] for n in no_decay], "weight_decay": 0.0, "names": no_decay},
+    ]
     groups = [g for g in groups if g["params"]]
     kwargs = {"lr": lr, "betas": tuple(betas), "eps": eps}
     if fused:

@@ -24,9 +24,10 @@ What differs: a packed step holds about batch_size * seq_len scored targets, mor
 whenever pieces are shorter than seq_len, so an epoch takes fewer steps (the schedule counts steps); a
 transform (MAESTRO transposition) draws per piece from (seed, step, the piece's stream index).
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -35,11 +36,22 @@ from pope.train.data import Shard, _check_batch_layout, epoch_permutation
 
 
 class PackedDocumentBatches:
-    def __init__(self, tokens: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, *, seq_len: int,
-                 global_batch: int, micro_steps: int = 1, seed: int = 0, shard: Shard = Shard(),
-                 device: torch.device | str = "cpu",
-                 transform: Callable[[np.ndarray, np.random.Generator], np.ndarray] | None = None) -> None:
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        offsets: np.ndarray,
+        lengths: np.ndarray,
+        *,
+        seq_len: int,
+        global_batch: int,
+        micro_steps: int = 1,
+        seed: int = 0,
+        shard: Shard | None = None,
+        device: torch.device | str = "cpu",
+        transform: Callable[[np.ndarray, np.random.Generator], np.ndarray] | None = None,
+    ) -> None:
         """tokens: the split's token array; offsets, lengths (P,): its pieces (``document_pieces``)."""
+        shard = Shard() if shard is None else shard
         self.micro_batch = _check_batch_layout(global_batch, micro_steps, shard)
         if not (lengths >= 2).any():
             raise ValueError("the training split has no document of 2 or more tokens: nothing to train on")
@@ -78,9 +90,11 @@ class PackedDocumentBatches:
         first, end = self._step_start(step), self._step_start(step + 1)
         n = end - first
         if n < self.parts:
-            raise ValueError(f"step {step} packs {n} pieces, fewer than grad_accum x world size ({self.parts}): lower "
-                             "recipe.grad_accum or the process count, or raise recipe.batch_size")
-        before = self._cumulative[first: end + 1] - self._cumulative[first]  # (n + 1,) inputs before each piece
+            raise ValueError(
+                f"step {step} packs {n} pieces, fewer than grad_accum x world size ({self.parts}): lower "
+                "recipe.grad_accum or the process count, or raise recipe.batch_size"
+            )
+        before = self._cumulative[first : end + 1] - self._cumulative[first]  # (n + 1,) inputs before each piece
         bounds = [0]
         for k in range(1, self.parts):  # cut where k/P of the tokens lie before, leaving every part a piece
             cut = int(np.searchsorted(before, before[-1] * k / self.parts))
@@ -101,8 +115,9 @@ class PackedDocumentBatches:
         pieces = []
         for position in range(first, end):
             piece = self._order[position]
-            tokens = np.asarray(self.tokens[self.offsets[piece]: self.offsets[piece] + self.lengths[piece]],
-                                dtype=np.int64)
+            tokens = np.asarray(
+                self.tokens[self.offsets[piece] : self.offsets[piece] + self.lengths[piece]], dtype=np.int64
+            )
             if self.transform is not None:
                 tokens = self.transform(tokens, np.random.default_rng([self.seed, step, position])).astype(np.int64)
             pieces.append(tokens)
@@ -114,9 +129,18 @@ class PackedDocumentBatches:
         if self.device.type == "cuda":
             inputs, targets, cu_seqlens = (t.pin_memory() for t in (inputs, targets, cu_seqlens))
         moved = [t.to(self.device, non_blocking=True) for t in (inputs, targets, cu_seqlens)]
-        return moved[0], moved[1], {"cu_seqlens": moved[2], "max_seqlen": int(lengths.max()),
-                                    "cu_seqlens_host": cu_seqlens_host}
+        return (
+            moved[0],
+            moved[1],
+            {"cu_seqlens": moved[2], "max_seqlen": int(lengths.max()), "cu_seqlens_host": cu_seqlens_host},
+        )
 
     def state_dict(self, step: int) -> dict:
-        return {"kind": "packed-documents", "seed": self.seed, "step": step, "global_batch": self.global_batch,
-                "num_pieces": self.num_pieces, "tokens_per_step": self.tokens_per_step}
+        return {
+            "kind": "packed-documents",
+            "seed": self.seed,
+            "step": step,
+            "global_batch": self.global_batch,
+            "num_pieces": self.num_pieces,
+            "tokens_per_step": self.tokens_per_step,
+        }

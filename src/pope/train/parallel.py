@@ -11,6 +11,7 @@ processes, can resume it. The optimizer state is stored keyed by parameter name 
 - ``FSDP2``: ``fully_shard`` on each transformer block, then the root; full state dicts through
   ``torch.distributed.checkpoint.state_dict`` (collectives: every rank calls them).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -51,6 +52,7 @@ class DDP(SingleProcess):
 
     def wrap(self, model: nn.Module) -> nn.Module:
         from torch.nn.parallel import DistributedDataParallel
+
         device_ids = [self.context.local_rank] if self.context.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=device_ids)
 
@@ -63,6 +65,7 @@ class FSDP2(SingleProcess):
 
     def wrap(self, model: nn.Module) -> nn.Module:
         from torch.distributed.fsdp import fully_shard
+
         blocks = getattr(model, "blocks", None)
         if blocks is None:
             raise ValueError("FSDP2 wrapping expects the model to have `.blocks` (a list of transformer blocks)")
@@ -77,19 +80,27 @@ class FSDP2(SingleProcess):
 
     def model_state(self, model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
         return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def optimizer_state(self, model, optimizer):
         """The full optimizer state keyed by parameter name: collectives, every rank calls it; rank 0 gets the
         state, the others an empty dict."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-        return _plain_lr(get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True,
-                                                                                             cpu_offload=True)))
+
+        return _plain_lr(
+            get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        )
 
     def load_optimizer_state(self, model, optimizer, state):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-        set_optimizer_state_dict(model, optimizer, optim_state_dict=keyed_by_name(state, model, optimizer),
-                                 options=StateDictOptions(full_state_dict=True))
+
+        set_optimizer_state_dict(
+            model,
+            optimizer,
+            optim_state_dict=keyed_by_name(state, model, optimizer),
+            options=StateDictOptions(full_state_dict=True),
+        )
 
 
 def _plain_lr(state: dict) -> dict:
@@ -108,14 +119,17 @@ def keyed_by_name(state: dict, model: nn.Module, optimizer: torch.optim.Optimize
     """An optimizer state dict keyed by parameter name; one in ``Optimizer.state_dict()``'s layout
     (integer ids, written by single-process and DDP checkpoints before names) is renamed through
     ``optimizer``'s groups, which list the parameters in the order the ids count them."""
-    if all(isinstance(key, str) for key in state["state"]) and \
-            all(isinstance(key, str) for group in state["param_groups"] for key in group["params"]):
+    if all(isinstance(key, str) for key in state["state"]) and all(
+        isinstance(key, str) for group in state["param_groups"] for key in group["params"]
+    ):
         return state
     current = _parameter_names(model, optimizer)
     stored = [i for group in state["param_groups"] for i in group["params"]]
     if len(stored) != len(current):
-        raise ValueError(f"the checkpoint's optimizer state covers {len(stored)} parameters, this model has "
-                         f"{len(current)}; it was written for another model")
+        raise ValueError(
+            f"the checkpoint's optimizer state covers {len(stored)} parameters, this model has "
+            f"{len(current)}; it was written for another model"
+        )
     rename = dict(zip(stored, current))
     groups = [{**group, "params": [rename[i] for i in group["params"]]} for group in state["param_groups"]]
     return {"state": {rename[i]: value for i, value in state["state"].items()}, "param_groups": groups}
@@ -129,11 +143,13 @@ def _keyed_by_id(state: dict, model: nn.Module, optimizer: torch.optim.Optimizer
     stored = {frozenset(group["params"]): group for group in state["param_groups"]}
     groups, first = [], 0
     for group in optimizer.param_groups:
-        mine = names[first: first + len(group["params"])]
+        mine = names[first : first + len(group["params"])]
         first += len(mine)
         if frozenset(mine) not in stored:
-            raise ValueError(f"the checkpoint's optimizer state was written for another model: no parameter group "
-                             f"holds exactly {mine[:3]}{'...' if len(mine) > 3 else ''}")
+            raise ValueError(
+                f"the checkpoint's optimizer state was written for another model: no parameter group "
+                f"holds exactly {mine[:3]}{'...' if len(mine) > 3 else ''}"
+            )
         groups.append({**stored[frozenset(mine)], "params": [ids[name] for name in mine]})
     return {"state": {ids[name]: value for name, value in state["state"].items()}, "param_groups": groups}
 

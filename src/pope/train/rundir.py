@@ -10,6 +10,7 @@
 - ``describe_run``: what a directory holds (config, metrics, checkpoints and their steps), for error
   messages that say what exists and what to do.
 """
+
 from __future__ import annotations
 
 import json
@@ -57,12 +58,16 @@ class RunLock:
         except OSError:
             holder = self._read(handle)
             handle.close()
-            raise RuntimeError(f"{self.path.parent} is in use by another trainer ({holder}); wait for it to finish, "
-                               "stop it, or choose another --out") from None
+            raise RuntimeError(
+                f"{self.path.parent} is in use by another trainer ({holder}); wait for it to finish, "
+                "stop it, or choose another --out"
+            ) from None
         previous = self._read(handle)
         if previous:
-            print(f"notice: taking over the lock of {self.path.parent} from {previous}, which is no longer running",
-                  file=sys.stderr)
+            print(
+                f"notice: taking over the lock of {self.path.parent} from {previous}, which is no longer running",
+                file=sys.stderr,
+            )
         handle.seek(0)
         handle.truncate()
         handle.write(json.dumps({"pid": os.getpid(), "host": platform.node()}) + "\n")

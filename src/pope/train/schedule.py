@@ -11,6 +11,7 @@
 ``peak / warmup`` and the last (step ``total - 1``) uses a value just above ``min``. Both shapes have the
 same mean learning rate over the decay; the cosine spends more of it early, the line more of it late.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,11 +30,14 @@ class WarmupDecaySchedule:
 
     def __post_init__(self) -> None:
         if not (self.peak_lr > 0 and 0 <= self.min_lr <= self.peak_lr):
-            raise ValueError(f"need 0 <= min_lr <= peak_lr and peak_lr > 0, got peak_lr={self.peak_lr}, "
-                             f"min_lr={self.min_lr}")
+            raise ValueError(
+                f"need 0 <= min_lr <= peak_lr and peak_lr > 0, got peak_lr={self.peak_lr}, min_lr={self.min_lr}"
+            )
         if not (0 <= self.warmup_steps <= self.total_steps and self.total_steps >= 1):
-            raise ValueError(f"need 0 <= warmup_steps <= total_steps and total_steps >= 1, got "
-                             f"warmup_steps={self.warmup_steps}, total_steps={self.total_steps}")
+            raise ValueError(
+                f"need 0 <= warmup_steps <= total_steps and total_steps >= 1, got "
+                f"warmup_steps={self.warmup_steps}, total_steps={self.total_steps}"
+            )
         if self.decay not in DECAY_SHAPES:
             raise ValueError(f"decay must be one of {', '.join(DECAY_SHAPES)}; got {self.decay!r}")
 
@@ -47,5 +51,10 @@ class WarmupDecaySchedule:
         return self.min_lr + (self.peak_lr - self.min_lr) * remaining
 
     def state_dict(self) -> dict:
-        return {"peak_lr": self.peak_lr, "min_lr": self.min_lr, "warmup_steps": self.warmup_steps,
-                "total_steps": self.total_steps, "decay": self.decay}
+        return {
+            "peak_lr": self.peak_lr,
+            "min_lr": self.min_lr,
+            "warmup_steps": self.warmup_steps,
+            "total_steps": self.total_steps,
+            "decay": self.decay,
+        }

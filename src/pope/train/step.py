@@ -15,6 +15,7 @@ stream (real training steps: compilation and AdamW state happen here), then forw
 clipping and the fused, capturable AdamW are captured once into a CUDA graph; each later step copies
 its batch into static buffers, fills the lr tensor and replays. No host sync.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -36,27 +37,41 @@ def autocast_context(device: torch.device, dtype: torch.dtype | None, *, cache_e
 
 
 class EagerStep:
-    """One optimizer step over ``batches`` (ExampleBatches, WindowBatches or PackedDocumentBatches); returns this rank's share of
-    the global mean loss as a device scalar (no host sync)."""
+    """One optimizer step over ``batches`` (ExampleBatches, WindowBatches or PackedDocumentBatches); returns this
+    rank's share of the global mean loss as a device scalar (no host sync)."""
 
-    def __init__(self, *, model, train_model, strategy, optimizer, schedule, batches, micro_steps: int,
-                 grad_clip: float, device: torch.device, autocast_dtype: torch.dtype | None,
-                 autocast_cache: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        model,
+        train_model,
+        strategy,
+        optimizer,
+        schedule,
+        batches,
+        micro_steps: int,
+        grad_clip: float,
+        device: torch.device,
+        autocast_dtype: torch.dtype | None,
+        autocast_cache: bool = True,
+    ) -> None:
         self.model, self.train_model, self.strategy, self.optimizer = model, train_model, strategy, optimizer
         self.schedule, self.batches, self.micro_steps, self.grad_clip = schedule, batches, micro_steps, grad_clip
         self.device, self.autocast_dtype, self.autocast_cache = device, autocast_dtype, autocast_cache
         self.world_size = strategy.context.world_size
         self.projected_deltas = projected_deltas(model)  # clamped in place after each update (usually none)
 
-    def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor, scale,
-                         packing: dict | None = None) -> torch.Tensor:
+    def forward_backward(
+        self, inputs: torch.Tensor, targets: torch.Tensor, scale, packing: dict | None = None
+    ) -> torch.Tensor:
         """One micro-batch (m, T), or packed documents (1, total) with packing = {"cu_seqlens", "max_seqlen",
         "cu_seqlens_host"} (pope.train.packing): returns the detached summed loss; gradients get loss_sum * scale."""
         # cache_enabled=False under a CUDA graph: it must not capture autocast's weight-cast cache
         with autocast_context(self.device, self.autocast_dtype, cache_enabled=self.autocast_cache):
             logits, _ = self.train_model(inputs, **(packing or {}))  # (m, T, V)
-            loss_sum = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX,
-                                       reduction="sum")
+            loss_sum = F.cross_entropy(
+                logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+            )
         (loss_sum * scale).backward()
         return loss_sum.detach()
 
@@ -125,8 +140,9 @@ class GraphedStep:
         with torch.cuda.graph(graph):
             total = torch.zeros((), device=eager.device)
             for micro in range(eager.micro_steps):
-                total += eager.forward_backward(self.static_inputs[micro], self.static_targets[micro],
-                                                self.static_inverse_count)
+                total += eager.forward_backward(
+                    self.static_inputs[micro], self.static_targets[micro], self.static_inverse_count
+                )
             eager.clip_and_update()
             self.static_loss = total * self.static_inverse_count
         self.graph = graph

@@ -6,6 +6,7 @@ pope train ... --resume`` (the same line as a stop at ``stop_at_step`` or ``max_
 summary's ``stop_reason`` then gives the exit status: 0 for a finished run or a planned stop, 130
 after SIGINT and 143 after SIGTERM (128 + the signal number, as a shell reports them).
 """
+
 from __future__ import annotations
 
 import shlex
@@ -16,8 +17,13 @@ from pathlib import Path
 
 import torch
 
-EXIT_STATUS = {"finished": 0, "stop_at_step": 0, "max_seconds": 0, "SIGINT": 128 + signal.SIGINT,
-               "SIGTERM": 128 + signal.SIGTERM}
+EXIT_STATUS = {
+    "finished": 0,
+    "stop_at_step": 0,
+    "max_seconds": 0,
+    "SIGINT": 128 + signal.SIGINT,
+    "SIGTERM": 128 + signal.SIGTERM,
+}
 
 
 class StopSignals:
@@ -30,11 +36,14 @@ class StopSignals:
 
     def _handle(self, signum, frame) -> None:
         if self.received is None:
-            print(f"\n{signal.Signals(signum).name} received: finishing this step, then writing a checkpoint",
-                  file=sys.stderr, flush=True)
+            print(
+                f"\n{signal.Signals(signum).name} received: finishing this step, then writing a checkpoint",
+                file=sys.stderr,
+                flush=True,
+            )
         self.received = self.received or signal.Signals(signum).name
 
-    def __enter__(self) -> "StopSignals":
+    def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGINT, signal.SIGTERM):
                 self._previous[signum] = signal.signal(signum, self._handle)

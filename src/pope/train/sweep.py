@@ -35,6 +35,7 @@ report and analysis tool reads it unchanged. Around the children the sweep guara
   its GPU share for the others) is "stopped", not failed, and resumable.
 - ``DIR/sweep.json`` records every invocation's command and each seed's latest status.
 """
+
 from __future__ import annotations
 
 import functools
@@ -84,6 +85,7 @@ def __getattr__(name):
 
 def setting_of(config: dict) -> dict:
     """A run config flattened to {'section.key': value} without the EXECUTION_KEYS: what a sweep's seeds share."""
+
     def flatten(tree: dict, prefix: str) -> dict:
         flat = {}
         for key, value in tree.items():
@@ -145,9 +147,17 @@ class SeedRun:
     _log_offset: int = field(default=0, repr=False)  # where this attempt's output starts in the log
 
     def record(self) -> dict:
-        return {"status": self.status, "run_dir": self.run_dir.name, "log": self.log.name, "step": self.step,
-                "total_steps": self.total_steps, "gpu": self.gpu, "returncode": self.returncode,
-                "notes": self.notes, "reason": self.reason}
+        return {
+            "status": self.status,
+            "run_dir": self.run_dir.name,
+            "log": self.log.name,
+            "step": self.step,
+            "total_steps": self.total_steps,
+            "gpu": self.gpu,
+            "returncode": self.returncode,
+            "notes": self.notes,
+            "reason": self.reason,
+        }
 
     def note(self, text: str) -> None:
         if text not in self.notes:
@@ -206,8 +216,10 @@ def _why_not_start_over(run_dir: Path, seed: int, config: dict) -> str | None:
             kept.append(entry.name + ("/" if entry.is_dir() else ""))
     what_to_do = f"look at it, then delete {run_dir} to start seed {seed} over, or leave seed {seed} out of --seeds"
     if kept:
-        return (f"{run_dir} has no checkpoint to resume from, and starting over would lose what it holds besides "
-                f"start-up records ({', '.join(kept)}); {what_to_do}")
+        return (
+            f"{run_dir} has no checkpoint to resume from, and starting over would lose what it holds besides "
+            f"start-up records ({', '.join(kept)}); {what_to_do}"
+        )
     try:
         foreign = config_differences(json.loads((run_dir / "config.json").read_text()), config)
     except ValueError:
@@ -226,7 +238,7 @@ def run_finished(run_dir: Path) -> bool:
 
 
 def _stopped_by_own_signal(run_dir: Path, returncode: int) -> str | None:
-    """"SIGINT" / "SIGTERM" when a child ended cleanly on a signal sent to it alone (`kill`, a scheduler), not
+    """ "SIGINT" / "SIGTERM" when a child ended cleanly on a signal sent to it alone (`kill`, a scheduler), not
     to the sweep: its summary.json names the signal and its exit status is that signal's (pope.train.stopping),
     so its last checkpoint is written and --resume continues it. None otherwise (a crash, or SIGKILL)."""
     try:
@@ -257,9 +269,19 @@ def resolved_config(preset: str, pe: str, *, seed: int = 0, overrides: list[str]
 
 
 class Sweep:
-    def __init__(self, preset: str, pe: str, seeds: list[int], out: str | os.PathLike, *,
-                 overrides: list[str] | None = None, resume: bool = False, jobs_per_gpu: int | None = None,
-                 jobs: int | None = None, progress: bool | None = None) -> None:
+    def __init__(
+        self,
+        preset: str,
+        pe: str,
+        seeds: list[int],
+        out: str | os.PathLike,
+        *,
+        overrides: list[str] | None = None,
+        resume: bool = False,
+        jobs_per_gpu: int | None = None,
+        jobs: int | None = None,
+        progress: bool | None = None,
+    ) -> None:
         overrides = list(overrides or [])
         if not seeds:
             raise ValueError("a sweep needs at least one seed")
@@ -280,8 +302,10 @@ class Sweep:
         self.runs = [SeedRun(seed, self.out / f"seed-{seed}", self.out / f"seed-{seed}.log", total) for seed in seeds]
         existing = [r.run_dir for r in self.runs if r.run_dir.exists()]
         if existing and not resume:
-            raise ValueError(f"{', '.join(map(str, existing))} already exist(s); pass --resume to continue the "
-                             "unfinished seeds and skip the finished ones, or choose another --out")
+            raise ValueError(
+                f"{', '.join(map(str, existing))} already exist(s); pass --resume to continue the "
+                "unfinished seeds and skip the finished ones, or choose another --out"
+            )
         self._check_one_setting()
         for run in self.runs:
             if resume and run_finished(run.run_dir):
@@ -301,10 +325,13 @@ class Sweep:
                 continue  # a damaged run record: its own seed fails and is reported, the others run
             differences = sorted(k for k in set(wanted) | set(found) if wanted.get(k) != found.get(k))
             if differences:
-                shown = ", ".join(f"{k}: {json.dumps(found.get(k))} there, {json.dumps(wanted.get(k))} now"
-                                  for k in differences[:6])
-                raise ValueError(f"{self.out} holds runs of another setting ({config_path.parent.name}: {shown}); "
-                                 "a sweep directory holds one setting: choose another --out or the same --set values")
+                shown = ", ".join(
+                    f"{k}: {json.dumps(found.get(k))} there, {json.dumps(wanted.get(k))} now" for k in differences[:6]
+                )
+                raise ValueError(
+                    f"{self.out} holds runs of another setting ({config_path.parent.name}: {shown}); "
+                    "a sweep directory holds one setting: choose another --out or the same --set values"
+                )
 
     # -------------------------------------------------------------------------------------- children
     def child_sets(self) -> list[str]:
@@ -313,8 +340,20 @@ class Sweep:
         return [*([] if "train.progress" in given else ["train.progress=false"]), *self.overrides]
 
     def child_command(self, run: SeedRun) -> list[str]:
-        command = [sys.executable, "-m", "pope.cli", "train", self.preset, "--pe", self.pe, "--seed", str(run.seed),
-                   "--out", str(run.run_dir), *[x for s in self.child_sets() for x in ("--set", s)]]
+        command = [
+            sys.executable,
+            "-m",
+            "pope.cli",
+            "train",
+            self.preset,
+            "--pe",
+            self.pe,
+            "--seed",
+            str(run.seed),
+            "--out",
+            str(run.run_dir),
+            *[x for s in self.child_sets() for x in ("--set", s)],
+        ]
         if (run.run_dir / "config.json").exists():
             command.append("--resume")
         return command
@@ -340,12 +379,19 @@ class Sweep:
             return False
         command = self.child_command(run)
         handle = open(run.log, "a", buffering=1)
-        handle.write(f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} gpu={gpu} "
-                     f"{subprocess.list2cmdline(command)}\n")
+        handle.write(
+            f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} gpu={gpu} {subprocess.list2cmdline(command)}\n"
+        )
         run._log_offset = handle.tell()
-        run.process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       env=self._child_env(gpu), start_new_session=True,
-                                       preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+        run.process = subprocess.Popen(
+            command,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self._child_env(gpu),
+            start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+        )
         run._log_handle, run.gpu, run.status, run.returncode = handle, gpu, "running", None
         return True
 
@@ -417,8 +463,10 @@ class Sweep:
         self.limits[run.gpu] = others
         run.note("requeued after CUDA out of memory")
         where = "the CPU" if run.gpu is None else f"GPU {run.gpu}"
-        self._say(f"seed {run.seed} ran out of GPU memory (log {run.log}); it runs again when another seed ends "
-                  f"({where} now takes {others} seed(s) at a time)")
+        self._say(
+            f"seed {run.seed} ran out of GPU memory (log {run.log}); it runs again when another seed ends "
+            f"({where} now takes {others} seed(s) at a time)"
+        )
         return True
 
     # ------------------------------------------------------------------------------------ signals
@@ -439,9 +487,15 @@ class Sweep:
 
         if any(r.status != "skipped" for r in self.runs):  # once, not by several children at the same time
             prepare_data(self.config["recipe"], TrainOptions(**self.config["train"]))
-        invocation = {"command": portable_argv(), "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                      "seeds": [r.seed for r in self.runs], "resume": self.resume, "gpus": self.gpus,
-                      "jobs_per_gpu": self.jobs_per_gpu if self.gpus else None, "jobs": self.jobs}
+        invocation = {
+            "command": portable_argv(),
+            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "seeds": [r.seed for r in self.runs],
+            "resume": self.resume,
+            "gpus": self.gpus,
+            "jobs_per_gpu": self.jobs_per_gpu if self.gpus else None,
+            "jobs": self.jobs,
+        }
         self._write_record(invocation)
         handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         bar = self._bar = self._progress_bar()
@@ -508,8 +562,12 @@ class Sweep:
             return None
         from tqdm.auto import tqdm
 
-        return tqdm(total=sum(r.total_steps for r in self.runs), unit="step", dynamic_ncols=True,
-                    desc=f"sweep {self.pe} x{len(self.runs)}")
+        return tqdm(
+            total=sum(r.total_steps for r in self.runs),
+            unit="step",
+            dynamic_ncols=True,
+            desc=f"sweep {self.pe} x{len(self.runs)}",
+        )
 
     def _update_bar(self, bar) -> None:
         bar.n = sum(min(r.step, r.total_steps) for r in self.runs)
@@ -529,8 +587,11 @@ class Sweep:
                 record = {**record, **json.loads(path.read_text())}
             except ValueError:
                 pass  # a damaged record is rewritten from what this invocation knows
-        invocations = [i for i in record["invocations"] if i.get("started_utc") != invocation["started_utc"]
-                       or i.get("command") != invocation["command"]]
+        invocations = [
+            i
+            for i in record["invocations"]
+            if i.get("started_utc") != invocation["started_utc"] or i.get("command") != invocation["command"]
+        ]
         record["invocations"] = invocations + [invocation]
         record["seeds"].update({str(r.seed): r.record() for r in self.runs})
         if self.out.exists():
@@ -539,16 +600,20 @@ class Sweep:
 
 def report_lines(runs: list[SeedRun]) -> tuple[list[str], bool]:
     """(lines for the terminal, whether every seed ended well: finished, skipped or stopped on purpose)."""
-    lines = [f"seed {r.seed:>4}  {r.status:<11}  step {r.step}/{r.total_steps}  {r.run_dir}"
-             + (f"  ({'; '.join(r.notes)})" if r.notes else "") for r in runs]
+    lines = [
+        f"seed {r.seed:>4}  {r.status:<11}  step {r.step}/{r.total_steps}  {r.run_dir}"
+        + (f"  ({'; '.join(r.notes)})" if r.notes else "")
+        for r in runs
+    ]
     failed = [r for r in runs if r.status == "failed"]
     for run in failed:
         if run.reason is not None:
             lines.append(f"seed {run.seed} not started: {run.reason}")
             continue
         tail = run.log.read_text(errors="replace").strip().splitlines()[-1:] if run.log.exists() else []
-        lines.append(f"seed {run.seed} failed (exit {run.returncode}); log {run.log}"
-                     + (f": {tail[0]}" if tail else ""))
+        lines.append(
+            f"seed {run.seed} failed (exit {run.returncode}); log {run.log}" + (f": {tail[0]}" if tail else "")
+        )
     resumable = [r.seed for r in runs if r.status in ("interrupted", "stopped", "pending")]
     if resumable:
         lines.append(f"unfinished seed(s) {resumable}: continue them with the same command plus --resume")
@@ -556,14 +621,34 @@ def report_lines(runs: list[SeedRun]) -> tuple[list[str], bool]:
     return lines, ok
 
 
-def run_sweep_command(preset: str, pe: str, seeds_text: str, out: str, *, overrides: list[str], resume: bool,
-                      jobs_per_gpu: int | None, jobs: int | None) -> int:
+def run_sweep_command(
+    preset: str,
+    pe: str,
+    seeds_text: str,
+    out: str,
+    *,
+    overrides: list[str],
+    resume: bool,
+    jobs_per_gpu: int | None,
+    jobs: int | None,
+) -> int:
     """`pope train PRESET --pe PE --seeds ...`: run the sweep, print one line per seed; 1 if a seed failed."""
-    sweep = Sweep(preset, pe, parse_seeds(seeds_text), out, overrides=overrides, resume=resume,
-                  jobs_per_gpu=jobs_per_gpu, jobs=jobs)
-    placement = (f"{len(sweep.gpus)} GPU(s) x {sweep.jobs_per_gpu} job(s), at most {sweep.jobs} at once"
-                 if sweep.gpus else f"CPU, {sweep.jobs} at a time"
-                 + (" (no GPU visible: --jobs-per-gpu does not apply; --jobs sets how many)" if jobs_per_gpu else ""))
+    sweep = Sweep(
+        preset,
+        pe,
+        parse_seeds(seeds_text),
+        out,
+        overrides=overrides,
+        resume=resume,
+        jobs_per_gpu=jobs_per_gpu,
+        jobs=jobs,
+    )
+    placement = (
+        f"{len(sweep.gpus)} GPU(s) x {sweep.jobs_per_gpu} job(s), at most {sweep.jobs} at once"
+        if sweep.gpus
+        else f"CPU, {sweep.jobs} at a time"
+        + (" (no GPU visible: --jobs-per-gpu does not apply; --jobs sets how many)" if jobs_per_gpu else "")
+    )
     print(f"sweep: {preset} --pe {pe}, seeds {[r.seed for r in sweep.runs]} -> {out} ({placement})", flush=True)
     lines, ok = report_lines(sweep.run())
     print("\n".join(lines), flush=True)

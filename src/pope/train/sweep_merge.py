@@ -13,6 +13,7 @@ Then each source seed's directory is copied in whole before it replaces anything
 invocations and seed records are added to the destination's sweep.json (written atomically). The source is left as
 it was.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,9 @@ def _sweep_record(directory: Path, role: str) -> dict:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
-        raise ValueError(f"{role} {directory} has no sweep.json: give a directory written by pope train --seeds")
+        raise ValueError(
+            f"{role} {directory} has no sweep.json: give a directory written by pope train --seeds"
+        ) from None
     except ValueError as error:
         raise ValueError(f"{role} {path} is not valid JSON ({error}); restore it before merging") from None
 
@@ -51,8 +54,10 @@ def merge_sweep(source: str | Path, destination: str | Path, *, replace_unfinish
     theirs, ours = _sweep_record(source, "source"), _sweep_record(destination, "destination")
     for key in ("preset", "pe"):
         if theirs.get(key) != ours.get(key):
-            raise ValueError(f"the sweeps differ in {key}: {theirs.get(key)!r} (source) vs {ours.get(key)!r} "
-                             "(destination); only seeds of one setting can be merged")
+            raise ValueError(
+                f"the sweeps differ in {key}: {theirs.get(key)!r} (source) vs {ours.get(key)!r} "
+                "(destination); only seeds of one setting can be merged"
+            )
     existing = sorted(destination.glob("seed-*/config.json"))
     reference = _setting(existing[0].parent) if existing else None
     seeds = sorted(theirs.get("seeds", {}), key=int)
@@ -66,26 +71,35 @@ def merge_sweep(source: str | Path, destination: str | Path, *, replace_unfinish
         setting = _setting(run_dir)
         if reference is not None and setting != reference:
             differing = sorted(k for k in set(setting) | set(reference) if setting.get(k) != reference.get(k))
-            raise ValueError(f"source seed {seed} was not run with the destination's setting: "
-                             + "; ".join(f"{k}: {setting.get(k)!r} vs {reference.get(k)!r}" for k in differing))
+            raise ValueError(
+                f"source seed {seed} was not run with the destination's setting: "
+                + "; ".join(f"{k}: {setting.get(k)!r} vs {reference.get(k)!r}" for k in differing)
+            )
         reference = setting
         target = destination / run_dir.name
         if target.exists():
             if run_finished(target):
-                raise ValueError(f"seed {seed} is in both sweeps and {target} is finished; leave it out of the "
-                                 "source or remove one copy by hand")
+                raise ValueError(
+                    f"seed {seed} is in both sweeps and {target} is finished; leave it out of the "
+                    "source or remove one copy by hand"
+                )
             if not replace_unfinished:
-                raise ValueError(f"seed {seed} is in both sweeps ({target} is unfinished); pass "
-                                 "--replace-unfinished to replace it with the source's copy")
+                raise ValueError(
+                    f"seed {seed} is in both sweeps ({target} is unfinished); pass "
+                    "--replace-unfinished to replace it with the source's copy"
+                )
             theirs_step, ours_step = last_step(run_dir / "metrics.jsonl"), last_step(target / "metrics.jsonl")
             if not run_finished(run_dir) and theirs_step < ours_step:
-                raise ValueError(f"seed {seed}: the source's copy is unfinished at step {theirs_step}, short of the "
-                                 f"destination's unfinished copy at step {ours_step}; keep the destination's")
+                raise ValueError(
+                    f"seed {seed}: the source's copy is unfinished at step {theirs_step}, short of the "
+                    f"destination's unfinished copy at step {ours_step}; keep the destination's"
+                )
             replaced.append(seed)
         log = destination / theirs["seeds"][seed].get("log", f"seed-{seed}.log")
         if log.exists() and seed not in replaced:
-            raise ValueError(f"{log} exists without a seed-{seed} directory beside it; move it away before merging "
-                             f"seed {seed}")
+            raise ValueError(
+                f"{log} exists without a seed-{seed} directory beside it; move it away before merging seed {seed}"
+            )
     lines = []
     for seed in seeds:
         entry = dict(theirs["seeds"][seed])
@@ -93,8 +107,11 @@ def merge_sweep(source: str | Path, destination: str | Path, *, replace_unfinish
         if entry.get("status") == "running" and not run_finished(run_dir):
             # sweep.json is written as a seed starts: a copy archived mid-run still says "running", step 0
             entry.update(status="unfinished", step=last_step(run_dir / "metrics.jsonl"))
-            entry["notes"] = [*entry.get("notes", []), "archived while running; its process ended without a summary "
-                              "(its machine went away, or it was killed): step is the last one logged"]
+            entry["notes"] = [
+                *entry.get("notes", []),
+                "archived while running; its process ended without a summary "
+                "(its machine went away, or it was killed): step is the last one logged",
+            ]
         target = destination / run_dir.name
         staging = destination / f".{run_dir.name}.merging"  # copied whole before the old copy goes
         shutil.rmtree(staging, ignore_errors=True)
@@ -106,13 +123,17 @@ def merge_sweep(source: str | Path, destination: str | Path, *, replace_unfinish
         if log.is_file():
             shutil.copy2(log, destination / log.name)
         ours.setdefault("seeds", {})[seed] = entry
-        lines.append(f"seed {seed}: {entry.get('status', '?')} at step {entry.get('step', '?')}"
-                     + (" (replaced the destination's unfinished copy)" if seed in replaced else "")
-                     + f" -> {target}")
+        lines.append(
+            f"seed {seed}: {entry.get('status', '?')} at step {entry.get('step', '?')}"
+            + (" (replaced the destination's unfinished copy)" if seed in replaced else "")
+            + f" -> {target}"
+        )
     known = {json.dumps(i, sort_keys=True) for i in ours.get("invocations", [])}
     ours["invocations"] = ours.get("invocations", []) + [
-        {**i, "merged_from": source.name} for i in theirs.get("invocations", [])
-        if json.dumps(i, sort_keys=True) not in known]
+        {**i, "merged_from": source.name}
+        for i in theirs.get("invocations", [])
+        if json.dumps(i, sort_keys=True) not in known
+    ]
     ours["seeds"] = dict(sorted(ours["seeds"].items(), key=lambda item: int(item[0])))
     write_json_atomic(destination / "sweep.json", ours)
     return lines

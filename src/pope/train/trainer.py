@@ -16,6 +16,7 @@ Evaluation every ``recipe.eval_interval`` steps and at the end on ``train.eval_s
 ``checkpoints/best`` follows ``train.best_metric``; the summary reports the test metrics at the best
 validation step and the best test loss / accuracy over all evaluations.
 """
+
 from __future__ import annotations
 
 import json
@@ -52,8 +53,14 @@ class Trainer:
     A new run needs a directory without a run in it; ``resume=True`` continues ``checkpoints/last``
     (an error when there is none). The directory is locked until ``close()``."""
 
-    def __init__(self, config: RunConfig | dict, run_dir: str | os.PathLike, *, resume: bool = False,
-                 init_from: ckpt.Checkpoint | None = None) -> None:
+    def __init__(
+        self,
+        config: RunConfig | dict,
+        run_dir: str | os.PathLike,
+        *,
+        resume: bool = False,
+        init_from: ckpt.Checkpoint | None = None,
+    ) -> None:
         """init_from: start a new run from these weights (e.g. a fine-tune); ignored when resuming, where the
         run's own checkpoint wins. Loaded before the model is wrapped (DDP/FSDP2) or compiled."""
         from pope.model import GPT
@@ -69,9 +76,16 @@ class Trainer:
             seed_everything(self.config.seed)
             self.micro_steps = self.recipe.grad_accum
             shard = Shard(self.context.rank, self.context.world_size)
-            self.data = load_training_data(self.recipe.to_dict(), self.options, micro_steps=self.micro_steps,
-                                           seed=self.config.seed, shard=shard, device=self.device,
-                                           seq_len=self.recipe.seq_len, is_main=self.is_main)
+            self.data = load_training_data(
+                self.recipe.to_dict(),
+                self.options,
+                micro_steps=self.micro_steps,
+                seed=self.config.seed,
+                shard=shard,
+                device=self.device,
+                seq_len=self.recipe.seq_len,
+                is_main=self.is_main,
+            )
             on_main_then_everywhere(lambda: _check_vocabulary(self.data, self.config))
             self.model_config = self.config.model
             self.model = GPT(self.model_config).to(self.device)  # unwrapped: checkpoints and evaluation use it
@@ -79,11 +93,19 @@ class Trainer:
             # process-wide: torch.matmul, cuBLAS and pope's kernels (kernels.host.precision) read it
             torch.set_float32_matmul_precision("highest" if self.options.fp32_matmul == "ieee" else "high")
             # packed batches change shape every step: compiled only on request, then with dynamic shapes
-            self.compile = (self.options.compile if self.options.compile is not None
-                            else self.device.type == "cuda" and not self.options.pack)
+            self.compile = (
+                self.options.compile
+                if self.options.compile is not None
+                else self.device.type == "cuda" and not self.options.pack
+            )
             self.use_graph = self._use_cuda_graph()
-            self.schedule = WarmupDecaySchedule(self.recipe.lr, self.recipe.min_lr, self.recipe.warmup_steps,
-                                                self.recipe.max_steps, self.recipe.lr_decay)
+            self.schedule = WarmupDecaySchedule(
+                self.recipe.lr,
+                self.recipe.min_lr,
+                self.recipe.warmup_steps,
+                self.recipe.max_steps,
+                self.recipe.lr_decay,
+            )
             self.strategy = make_strategy(self.context, self.options.parallel)
             self.checkpoints = CheckpointManager(self.run_dir, self.strategy, is_main=self.is_main)
             self.step, self.resumed_from_world_size = 0, None
@@ -96,20 +118,32 @@ class Trainer:
             # wrap before building the optimizer: FSDP2 replaces the parameters by sharded DTensors
             self.train_model = self.strategy.wrap(self.model)
             self.lr_tensor = torch.tensor(self.schedule(0), device=self.device) if self.use_graph else None
-            self.optimizer = build_optimizer(self.model, lr=self.lr_tensor if self.use_graph else self.schedule(0),
-                                             betas=(self.recipe.beta1, self.recipe.beta2),
-                                             weight_decay=self.recipe.weight_decay,
-                                             decay_params=self.recipe.weight_decay_params,
-                                             fused=self.device.type == "cuda",
-                                             capturable=self.use_graph)
+            self.optimizer = build_optimizer(
+                self.model,
+                lr=self.lr_tensor if self.use_graph else self.schedule(0),
+                betas=(self.recipe.beta1, self.recipe.beta2),
+                weight_decay=self.recipe.weight_decay,
+                decay_params=self.recipe.weight_decay_params,
+                fused=self.device.type == "cuda",
+                capturable=self.use_graph,
+            )
             if loaded is not None:
                 self._restore(loaded.trainer_state)
             if self.compile:
                 self.train_model = torch.compile(self.train_model, dynamic=True if self.options.pack else None)
-            eager = EagerStep(model=self.model, train_model=self.train_model, strategy=self.strategy,
-                              optimizer=self.optimizer, schedule=self.schedule, batches=self.data.train,
-                              micro_steps=self.micro_steps, grad_clip=self.recipe.grad_clip, device=self.device,
-                              autocast_dtype=self.autocast_dtype, autocast_cache=not self.use_graph)
+            eager = EagerStep(
+                model=self.model,
+                train_model=self.train_model,
+                strategy=self.strategy,
+                optimizer=self.optimizer,
+                schedule=self.schedule,
+                batches=self.data.train,
+                micro_steps=self.micro_steps,
+                grad_clip=self.recipe.grad_clip,
+                device=self.device,
+                autocast_dtype=self.autocast_dtype,
+                autocast_cache=not self.use_graph,
+            )
             self.step_function = GraphedStep(eager, self.lr_tensor) if self.use_graph else eager
         except BaseException:
             self.lock.release()
@@ -119,16 +153,20 @@ class Trainer:
     def _open_run_dir(self, resume: bool) -> Path | None:
         """Rank 0: check --out, lock it, and find what to resume from (None for a new run)."""
         if resume and not self.run_dir.is_dir():
-            raise FileNotFoundError(f"--resume: {self.run_dir} does not exist, so it is not a run directory; "
-                                    "give the --out of the run to continue, or start a new run without --resume")
+            raise FileNotFoundError(
+                f"--resume: {self.run_dir} does not exist, so it is not a run directory; "
+                "give the --out of the run to continue, or start a new run without --resume"
+            )
         check_output_dir(self.run_dir)
         self.lock.acquire()
         try:
             if resume:
                 return resume_checkpoint(self.run_dir, self.config)
             if holds_run(self.run_dir):
-                raise ValueError(f"{self.run_dir} already holds a run ({describe_run(self.run_dir)}); pass --resume "
-                                 "to continue it, or choose a new --out")
+                raise ValueError(
+                    f"{self.run_dir} already holds a run ({describe_run(self.run_dir)}); pass --resume "
+                    "to continue it, or choose a new --out"
+                )
             return None
         except BaseException:
             self.lock.release()
@@ -141,14 +179,20 @@ class Trainer:
         return torch.bfloat16 if choice == "bf16" else None
 
     def _use_cuda_graph(self) -> bool:
-        possible = (self.device.type == "cuda" and not self.context.is_distributed
-                    and isinstance(self.data.train, ExampleBatches) and self.data.train.transform is None
-                    and self.model_config.dropout == 0.0)
+        possible = (
+            self.device.type == "cuda"
+            and not self.context.is_distributed
+            and isinstance(self.data.train, ExampleBatches)
+            and self.data.train.transform is None
+            and self.model_config.dropout == 0.0
+        )
         if self.options.cuda_graph is None:
             return possible
         if self.options.cuda_graph and not possible:
-            raise ValueError("train.cuda_graph=true needs one CUDA process, an example dataset without a train-time "
-                             "transform, and dropout 0; set train.cuda_graph=false")
+            raise ValueError(
+                "train.cuda_graph=true needs one CUDA process, an example dataset without a train-time "
+                "transform, and dropout 0; set train.cuda_graph=false"
+            )
         return self.options.cuda_graph
 
     def _best_metric(self) -> str:
@@ -173,10 +217,17 @@ class Trainer:
         """Loss and accuracy over a split with the uncompiled model (no recompiles for eval shapes); under
         FSDP2 that is the sharded module itself (fully_shard converts the module in place). Token streams:
         ``recipe.eval_batches`` batches, or every target once with ``whole`` (the final evaluation)."""
-        return evaluate_split(self.model, self.data, split, batch_size=self._eval_batch_size(),
-                              max_batches=None if whole else self.recipe.eval_batches, shard=Shard(self.context.rank,
-                                                                                self.context.world_size),
-                              device=self.device, autocast_dtype=self.autocast_dtype, progress=progress)
+        return evaluate_split(
+            self.model,
+            self.data,
+            split,
+            batch_size=self._eval_batch_size(),
+            max_batches=None if whole else self.recipe.eval_batches,
+            shard=Shard(self.context.rank, self.context.world_size),
+            device=self.device,
+            autocast_dtype=self.autocast_dtype,
+            progress=progress,
+        )
 
     def _eval_batch_size(self) -> int:
         return self.options.eval_batch_size or self.recipe.batch_size
@@ -185,9 +236,13 @@ class Trainer:
         metrics = {}
         for split in self.options.splits:
             if final:  # the last evaluation scores every target of the split and can be long: show it
-                total = evaluation_batch_count(self.data, split, batch_size=self._eval_batch_size(),
-                                               max_batches=None,
-                                               shard=Shard(self.context.rank, self.context.world_size))
+                total = evaluation_batch_count(
+                    self.data,
+                    split,
+                    batch_size=self._eval_batch_size(),
+                    max_batches=None,
+                    shard=Shard(self.context.rank, self.context.world_size),
+                )
                 with logger.evaluation_progress(f"final evaluation ({split})", total) as bar:
                     metrics.update(self.evaluate(split, bar, whole=True))
             else:
@@ -202,23 +257,45 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------ checkpoints
     def save(self, name: str, metrics: dict | None = None) -> None:
-        state = {"step": self.step, "world_size": self.context.world_size, "schedule": self.schedule.state_dict(),
-                 "data": self.data.train.state_dict(self.step), "best": self.best.state, "metrics": metrics or {},
-                 "run_config": self.config.to_dict()}
-        self.checkpoints.save(name, model=self.model, optimizer=self.optimizer,
-                              model_config=self.model_config.to_dict(), trainer_state=state)
+        state = {
+            "step": self.step,
+            "world_size": self.context.world_size,
+            "schedule": self.schedule.state_dict(),
+            "data": self.data.train.state_dict(self.step),
+            "best": self.best.state,
+            "metrics": metrics or {},
+            "run_config": self.config.to_dict(),
+        }
+        self.checkpoints.save(
+            name,
+            model=self.model,
+            optimizer=self.optimizer,
+            model_config=self.model_config.to_dict(),
+            trainer_state=state,
+        )
 
     def _write_records(self) -> None:
         if not self.is_main:
             return
         (self.run_dir / "config.json").write_text(json.dumps(self.config.to_dict(), indent=2, sort_keys=True) + "\n")
-        env = {"versions": library_versions(), "git": git_commit(), "device": str(self.device),
-               "device_name": device_name(self.device), "world_size": self.context.world_size, "host": platform.node(),
-               "command": portable_argv(), "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               "resumed_from_step": self.step, "resumed_from_world_size": self.resumed_from_world_size,
-               "compile": self.compile, "cuda_graph": self.use_graph, "cuda_mps": cuda_mps_active(),
-               "autocast": str(self.autocast_dtype), "fp32_matmul_precision": torch.get_float32_matmul_precision(),
-               "model_params": self.model.num_params()}
+        env = {
+            "versions": library_versions(),
+            "git": git_commit(),
+            "device": str(self.device),
+            "device_name": device_name(self.device),
+            "world_size": self.context.world_size,
+            "host": platform.node(),
+            "command": portable_argv(),
+            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "resumed_from_step": self.step,
+            "resumed_from_world_size": self.resumed_from_world_size,
+            "compile": self.compile,
+            "cuda_graph": self.use_graph,
+            "cuda_mps": cuda_mps_active(),
+            "autocast": str(self.autocast_dtype),
+            "fp32_matmul_precision": torch.get_float32_matmul_precision(),
+            "model_params": self.model.num_params(),
+        }
         name = "env.json" if self.step == 0 else f"env.resume-{self.step}.json"
         (self.run_dir / name).write_text(json.dumps(env, indent=2) + "\n")
 
@@ -230,8 +307,14 @@ class Trainer:
         total = self.recipe.max_steps
         stop = min(total, self.options.stop_at_step or total)
         self._write_records()
-        logger = MetricsLogger(self.run_dir, enabled=self.is_main, total_steps=total, start_step=self.step,
-                               tensorboard=self.options.tensorboard, progress=self.options.progress)
+        logger = MetricsLogger(
+            self.run_dir,
+            enabled=self.is_main,
+            total_steps=total,
+            start_step=self.step,
+            tensorboard=self.options.tensorboard,
+            progress=self.options.progress,
+        )
         checkpoint_every = self.options.checkpoint_interval or self.recipe.eval_interval
         tokens_per_step = self.recipe.batch_size * self.data.seq_len
         started = last_time = time.perf_counter()
@@ -255,13 +338,21 @@ class Trainer:
                     if self.step % self.options.log_interval == 0 or self.step == stop:
                         loss = all_reduce_sum(loss_sum.clone()).item() / loss_steps  # host sync
                         now = time.perf_counter()
-                        logger.log({"step": self.step, "kind": "train", "loss": loss, "lr": self.schedule(step),
-                                    "tokens_per_s": tokens_per_step * (self.step - last_step) / (now - last_time),
-                                    "scored_tokens_per_s": scored_tokens / (now - last_time),
-                                    "step_ms": 1000 * (now - last_time) / (self.step - last_step)})
+                        logger.log(
+                            {
+                                "step": self.step,
+                                "kind": "train",
+                                "loss": loss,
+                                "lr": self.schedule(step),
+                                "tokens_per_s": tokens_per_step * (self.step - last_step) / (now - last_time),
+                                "scored_tokens_per_s": scored_tokens / (now - last_time),
+                                "step_ms": 1000 * (now - last_time) / (self.step - last_step),
+                            }
+                        )
                         if not math.isfinite(loss):
-                            raise RuntimeError(f"training loss is {loss} at step {self.step}; lower recipe.lr or "
-                                               "check the data")
+                            raise RuntimeError(
+                                f"training loss is {loss} at step {self.step}; lower recipe.lr or check the data"
+                            )
                         loss_sum.zero_()
                         loss_steps, scored_tokens, last_time, last_step = 0, 0, now, self.step
                     if self.step % self.recipe.eval_interval == 0 or self.step == total:
@@ -287,8 +378,9 @@ class Trainer:
         return summary
 
     def resume_hint(self) -> str:
-        fallback = (f"pope train {self.config.preset} --pe '{self.config.pe}' --out {self.run_dir} [same --set ...] "
-                    "--resume")
+        fallback = (
+            f"pope train {self.config.preset} --pe '{self.config.pe}' --out {self.run_dir} [same --set ...] --resume"
+        )
         return resume_command(fallback=fallback)
 
     def _out_of_time(self, started: float) -> bool:
@@ -301,8 +393,14 @@ class Trainer:
         return bool(decision.item())
 
     def _summary(self, final_metrics: dict, seconds: float, reason: str) -> dict:
-        return {"step": self.step, "finished": self.step >= self.recipe.max_steps, "stop_reason": reason,
-                "seconds": seconds, "final": final_metrics, **self.best.summary()}
+        return {
+            "step": self.step,
+            "finished": self.step >= self.recipe.max_steps,
+            "stop_reason": reason,
+            "seconds": seconds,
+            "final": final_metrics,
+            **self.best.summary(),
+        }
 
     def close(self) -> None:
         """Release the run directory and the process group."""
@@ -317,11 +415,14 @@ def _check_vocabulary(data, config: RunConfig) -> None:
 
     vocab = config.model.vocab_size
     if vocab < data.vocab_size:
-        raise ValueError(f"model.vocab_size {vocab} is smaller than the data's vocabulary ({data.vocab_size} ids); "
-                         f"leave model.vocab_size unset or set it to at least {data.vocab_size}")
+        raise ValueError(
+            f"model.vocab_size {vocab} is smaller than the data's vocabulary ({data.vocab_size} ids); "
+            f"leave model.vocab_size unset or set it to at least {data.vocab_size}"
+        )
     source = config.train.data_dir or config.recipe.dataset
     if not data.is_task:  # name the prepared dataset's files
         from pope.data.prepared import resolve_dataset
+
         source = resolve_dataset(source).path
     splits = {split: [inputs, targets] for split, (inputs, targets) in data.eval_examples.items()}
     splits.update({split: [tokens] for split, tokens in data.eval_tokens.items()})
@@ -333,9 +434,10 @@ def _check_vocabulary(data, config: RunConfig) -> None:
             name = f"{source}/{split}.bin" if not data.is_task else f"the {split} split of {source}"
             check_token_range(np.array([largest]), vocab, data_name=name)
         except ValueError as err:
-            raise ValueError(f"{err} The data does not match its dataset's manifest ({data.vocab_size} ids): "
-                             "re-prepare it (pope data prepare NAME --force) or point train.data_dir at intact data"
-                             ) from None
+            raise ValueError(
+                f"{err} The data does not match its dataset's manifest ({data.vocab_size} ids): "
+                "re-prepare it (pope data prepare NAME --force) or point train.data_dir at intact data"
+            ) from None
 
 
 def run_training(config: RunConfig | dict, run_dir: str | os.PathLike, *, resume: bool = False) -> dict:
