@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import MappingProxyType
 
 import torch
 import torch.nn.functional as F
@@ -30,16 +29,17 @@ def _identity(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-MAGNITUDES = MappingProxyType(
-    {
-        m.name: m
-        for m in (
-            Magnitude("softplus", F.softplus, 0, "the paper's choice: magnitudes are positive and smooth"),
-            Magnitude("relu", F.relu, 1, "ablation"),
-            Magnitude("identity", _identity, 2, "ablation 'no softplus': signed magnitudes"),
-        )
-    }
-)
+# A plain dict, never changed after import: compiled code reads it on every attention call, and torch.compile
+# (torch 2.11) breaks the graph on a membership test of a read-only MappingProxyType, which splits a compiled model
+# in two around attention and leaves its LM head to run eagerly.
+MAGNITUDES: dict[str, Magnitude] = {
+    m.name: m
+    for m in (
+        Magnitude("softplus", F.softplus, 0, "the paper's choice: magnitudes are positive and smooth"),
+        Magnitude("relu", F.relu, 1, "ablation"),
+        Magnitude("identity", _identity, 2, "ablation 'no softplus': signed magnitudes"),
+    )
+}
 
 
 def magnitude(name: str) -> Magnitude:
