@@ -1,0 +1,271 @@
+"""The GPU check: is PoPE correct, and is it still as fast as it was? One command, one NVIDIA GPU, about 7 minutes.
+
+    python scripts/gpu_check.py [--out benchmarks/results] [--sections correctness,attention,gpt2,presets,hf]
+    python scripts/gpu_check.py --update-readme     # README's performance table from the CSV's latest run
+
+Correctness, against float64 by the kernel tests' rule (the kernels' error at most 2x what plain PyTorch makes in the
+same dtype, every output and gradient, fresh random inputs): the fused kernels forward + backward (bf16, fp16, fp32;
+MHA, GQA, head dim 64 and 128, positions past 10^6), decode (one query against a long cache), varlen (packed
+sequences), and the Hugging Face PoPE Llama (logits and every parameter gradient). Also: PoPE's compiled GPT is one
+graph with no break and no recompile, as RoPE's is.
+
+Speed, in the same process: attention forward and forward + backward at the standard shapes against SDPA without a
+positional encoding and against a compiled RoPE + SDPA; the GPT-2 124M training step against RoPE's in both
+torch.compile modes; each preset's model against RoPE's; the Hugging Face PoPE Llama step against Llama's.
+
+Every value is compared with benchmarks/gpu_check_thresholds.csv: its target (what we aim for) and its baseline (what
+the check read when the thresholds were last set) with a tolerance. A value worse than baseline by more than the
+tolerance is REGRESSED; a correctness failure is FAIL; either makes the exit status 1. Rows are appended to
+OUT/gpu_check.csv with the GPU, library versions, commit, date and command. --smoke runs tiny shapes on the CPU
+(kernels under TRITON_INTERPRET=1): it checks this script, and its numbers mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import math
+import os
+import statistics
+import sys
+import time
+import traceback
+import uuid
+from pathlib import Path
+
+import torch
+from gpu_check_parts import correctness, speed
+
+ROOT = Path(__file__).resolve().parent.parent
+THRESHOLDS = ROOT / "benchmarks" / "gpu_check_thresholds.csv"
+README = ROOT / "README.md"
+README_BEGIN, README_END = "<!-- gpu-check:begin -->", "<!-- gpu-check:end -->"
+SECTIONS = ("correctness", "attention", "gpt2", "presets", "hf")
+CSV_FIELDS = ("run", "date_utc", "gpu", "torch", "triton", "cuda", "commit", "command", "section", "check", "value",
+              "unit", "target", "baseline", "status")  # fmt: skip
+
+
+# ---------------------------------------------------------------- thresholds and verdicts
+
+
+def read_thresholds(path: Path = THRESHOLDS) -> dict:
+    """check -> {better: higher|lower, target, baseline, tolerance, readme label}; floats or None where empty."""
+    table = {}
+    with open(path, newline="") as f:
+        for row in csv.DictReader(line for line in f if not line.startswith("#")):
+            if row["better"] not in ("higher", "lower"):
+                raise ValueError(f"{path}: check {row['check']!r} has better={row['better']!r}; use higher or lower")
+            table[row["check"]] = {
+                "better": row["better"],
+                **{key: float(row[key]) if row[key] else None for key in ("target", "baseline", "tolerance")},
+                "readme": row.get("readme", ""),
+            }
+    return table
+
+
+def verdict(value: float | None, threshold: dict | None) -> str:
+    """PASS, REGRESSED (worse than baseline beyond its tolerance), NEW (no baseline yet) or ERROR (no value)."""
+    if value is None or not math.isfinite(value):
+        return "ERROR"
+    if threshold is None or threshold["baseline"] is None:
+        return "NEW"
+    allowed = threshold["baseline"] * (threshold["tolerance"] or 0.0)
+    if threshold["better"] == "higher":
+        return "PASS" if value >= threshold["baseline"] - allowed else "REGRESSED"
+    return "PASS" if value <= threshold["baseline"] + allowed else "REGRESSED"
+
+
+def target_met(value: float | None, threshold: dict | None) -> str:
+    if value is None or threshold is None or threshold["target"] is None:
+        return ""
+    met = value >= threshold["target"] if threshold["better"] == "higher" else value <= threshold["target"]
+    return "met" if met else "missed"
+
+
+def latest_run(path: Path) -> list[dict]:
+    """The rows of the last run in a gpu_check.csv (rows share the run id of its first row)."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        raise ValueError(f"{path} holds no rows: run python scripts/gpu_check.py first")
+    return [row for row in rows if row["run"] == rows[-1]["run"]]
+
+
+def readme_table(rows: list[dict], thresholds: dict) -> str:
+    """The README's performance section: the rows whose threshold has a readme label, with the run's provenance."""
+    first = rows[0]
+    lines = [
+        f"Measured by `python scripts/gpu_check.py` on one {first['gpu']} (torch {first['torch']}, triton "
+        f"{first['triton']}, commit {first['commit']}, {first['date_utc'][:10]}); bf16, causal.",
+        "",
+        "| measurement | PoPE / baseline | target |",
+        "|---|---|---|",
+    ]
+    for row in rows:
+        threshold = thresholds.get(row["check"])
+        if not threshold or not threshold["readme"] or not row["value"]:
+            continue
+        bound = "≥" if threshold["better"] == "higher" else "≤"
+        target = f"{bound} {threshold['target']:g}×" if threshold["target"] is not None else ""
+        lines.append(f"| {threshold['readme']} | {float(row['value']):.2f}× | {target} |")
+    return "\n".join(lines)
+
+
+def update_readme(csv_path: Path, readme: Path = README) -> None:
+    text = readme.read_text()
+    if README_BEGIN not in text or README_END not in text:
+        raise SystemExit(f"{readme} has no {README_BEGIN} ... {README_END} section to fill; add the two markers")
+    head, rest = text.split(README_BEGIN, 1)
+    _, tail = rest.split(README_END, 1)
+    table = readme_table(latest_run(csv_path), read_thresholds())
+    readme.write_text(f"{head}{README_BEGIN}\n{table}\n{README_END}{tail}")
+    print(f"updated the performance table in {readme} from {csv_path}")
+
+
+# ---------------------------------------------------------------- measurement helpers
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def bench_ms(fn, *, smoke: bool) -> float:
+    """Median milliseconds of fn(): triton.testing.do_bench (CUDA events, warm-up, many repeats) on a GPU."""
+    if DEVICE == "cuda":
+        import triton.testing
+
+        return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+    fn()
+    times = []
+    for _ in range(2 if smoke else 5):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def free_memory() -> None:
+    import gc
+
+    gc.collect()
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------- the checks (each yields (check, value, unit))
+
+MEASUREMENTS = {
+    "correctness": correctness.rows,
+    "attention": speed.attention_rows,
+    "gpt2": speed.gpt2_rows,
+    "presets": speed.preset_rows,
+    "hf": speed.hf_rows,
+}
+
+
+def provenance() -> dict:
+    from pope.provenance import command_line, commit_label, device_name, library_versions
+
+    versions = library_versions()
+    return {
+        "run": uuid.uuid4().hex[:12],
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "gpu": device_name(DEVICE),
+        "torch": versions["torch"],
+        "triton": versions["triton"] or "",
+        "cuda": torch.version.cuda or "",
+        "commit": commit_label() or "unknown",
+        "command": command_line(),
+    }
+
+
+def run_sections(sections: list[str], smoke: bool, out: Path, thresholds: dict) -> list[dict]:
+    """Run each section, writing each row to OUT/gpu_check.csv as it comes (a killed run keeps what it measured)."""
+    stamp = provenance()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "gpu_check.csv"
+    new_file = not path.exists()
+    rows = []
+    with open(path, "a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        if new_file:
+            writer.writeheader()
+        for section in sections:
+            print(f"== {section}", flush=True)
+            started = time.perf_counter()
+            try:
+                for check, value, unit in MEASUREMENTS[section](bench_ms=bench_ms, smoke=smoke, device=DEVICE):
+                    rows.append(record(writer, f, stamp, section, check, value, unit, thresholds))
+            except Exception as error:  # one broken section must not hide the others' results
+                traceback.print_exc()
+                rows.append(record(writer, f, stamp, section, f"{section}: {type(error).__name__}", None, "", {}))
+            free_memory()
+            print(f"   ({time.perf_counter() - started:.0f} s)", flush=True)
+    return rows
+
+
+def record(writer, f, stamp: dict, section: str, check: str, value, unit: str, thresholds: dict) -> dict:
+    threshold = thresholds.get(check)
+    if section == "correctness":  # value: worst error over what the rule allows (<= 1 passes), or a pass flag
+        status = "ERROR" if value is None else ("PASS" if value <= 1.0 else "FAIL")
+    else:
+        status = verdict(value, threshold)
+    row = {
+        **stamp,
+        "section": section,
+        "check": check,
+        "value": "" if value is None else f"{value:.4g}",
+        "unit": unit,
+        "target": "" if not threshold or threshold["target"] is None else f"{threshold['target']:g}",
+        "baseline": "" if not threshold or threshold["baseline"] is None else f"{threshold['baseline']:g}",
+        "status": status,
+    }
+    writer.writerow(row)
+    f.flush()
+    met = target_met(value, threshold)
+    print(f"   {status:<9} {check:<62} {row['value']:>9} {unit:<12} {('target ' + met) if met else ''}", flush=True)
+    return row
+
+
+def print_table(rows: list[dict], thresholds: dict) -> None:
+    print(f"\n{'status':<9} {'check':<62} {'value':>9}  {'baseline':>8}  {'target':>7}")
+    for row in rows:
+        met = target_met(float(row["value"]) if row["value"] else None, thresholds.get(row["check"]))
+        print(
+            f"{row['status']:<9} {row['check']:<62} {row['value']:>9}  {row['baseline']:>8}  {row['target']:>7} {met}"
+        )
+    counts = {s: sum(r["status"] == s for r in rows) for s in ("PASS", "NEW", "REGRESSED", "FAIL", "ERROR")}
+    print(", ".join(f"{n} {s}" for s, n in counts.items() if n))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="where gpu_check.csv grows")
+    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: checks the script, not PoPE")
+    parser.add_argument("--update-readme", action="store_true", help="fill README's table from OUT/gpu_check.csv")
+    args = parser.parse_args(argv)
+    if args.update_readme:
+        update_readme(args.out / "gpu_check.csv")
+        return 0
+    sections = [s for s in args.sections.split(",") if s]
+    unknown = [s for s in sections if s not in SECTIONS]
+    if unknown:
+        parser.error(f"unknown section(s) {unknown}; choose from {', '.join(SECTIONS)}")
+    if DEVICE != "cuda" and not args.smoke:
+        raise SystemExit("scripts/gpu_check.py needs an NVIDIA GPU (torch.cuda.is_available() is False); "
+                         "--smoke runs it on the CPU to test the script")  # fmt: skip
+    if args.smoke and os.environ.get("TRITON_INTERPRET") != "1":
+        raise SystemExit("--smoke runs the kernels through Triton's interpreter: set TRITON_INTERPRET=1")
+    thresholds = read_thresholds()
+    started = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        if args.smoke:
+            stack.enter_context(correctness.kernels_on_cpu())
+        rows = run_sections(sections, args.smoke, args.out, thresholds)
+    print_table(rows, thresholds)
+    print(f"{time.perf_counter() - started:.0f} s; rows appended to {args.out / 'gpu_check.csv'}")
+    return 1 if any(r["status"] in ("REGRESSED", "FAIL", "ERROR") for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
