@@ -162,12 +162,12 @@ MEASUREMENTS = {
 }
 
 
-def provenance() -> dict:
+def provenance(run: str | None) -> dict:
     from pope.provenance import command_line, commit_label, device_name, library_versions
 
     versions = library_versions()
     return {
-        "run": uuid.uuid4().hex[:12],
+        "run": run or uuid.uuid4().hex[:12],
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "gpu": device_name(DEVICE),
         "torch": versions["torch"],
@@ -178,9 +178,9 @@ def provenance() -> dict:
     }
 
 
-def run_sections(sections: list[str], smoke: bool, out: Path, thresholds: dict) -> list[dict]:
+def run_sections(sections: list[str], smoke: bool, out: Path, thresholds: dict, run: str | None = None) -> list[dict]:
     """Run each section, writing each row to OUT/gpu_check.csv as it comes (a killed run keeps what it measured)."""
-    stamp = provenance()
+    stamp = provenance(run)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "gpu_check.csv"
     new_file = not path.exists()
@@ -242,6 +242,11 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="where gpu_check.csv grows")
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: checks the script, not PoPE")
+    parser.add_argument(
+        "--run",
+        help="run id shared by several invocations (e.g. --sections split over two short jobs), so that README's "
+        "table, which reads the latest run, sees all of them; default: a new id",
+    )
     parser.add_argument("--update-readme", action="store_true", help="fill README's table from OUT/gpu_check.csv")
     args = parser.parse_args(argv)
     if args.update_readme:
@@ -261,7 +266,7 @@ def main(argv=None) -> int:
     with contextlib.ExitStack() as stack:
         if args.smoke:
             stack.enter_context(correctness.kernels_on_cpu())
-        rows = run_sections(sections, args.smoke, args.out, thresholds)
+        rows = run_sections(sections, args.smoke, args.out, thresholds, args.run)
     print_table(rows, thresholds)
     print(f"{time.perf_counter() - started:.0f} s; rows appended to {args.out / 'gpu_check.csv'}")
     return 1 if any(r["status"] in ("REGRESSED", "FAIL", "ERROR") for r in rows) else 0
