@@ -16,7 +16,7 @@ GQA shapes of Llama models written B x Hq x Hkv x N x d: (2,32,8,4096,128), (1,3
                        torch.compile user gets) + SDPA: the stricter RoPE baseline
     pope materialized  pope.attention's reference: 2d-channel q'/k' built in eager PyTorch + SDPA
     pope-pytorch       PoPE_pytorch 0.2.1's fused Triton kernel (flash_attn, its (B, N, H, d) layout;
-                       autotuning off unless --pope-pytorch-autotune, to spare device time)
+                       autotuning off unless --pope-pytorch-autotune, to save time)
     pope triton        this project's kernels via pope_attention(backend="triton")
 Per provider: forward and forward+backward median time (triton.testing.do_bench), peak memory allocated
 above the inputs during forward+backward, and TFLOP/s with the provider's own attention FLOPs: PoPE
