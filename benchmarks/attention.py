@@ -6,7 +6,7 @@ GQA shapes of Llama models written B x Hq x Hkv x N x d: (2,32,8,4096,128), (1,3
     sdpa               F.scaled_dot_product_attention without positional encoding, PyTorch's default backend
                        choice (GQA shapes with enable_gqa=True, as every provider below that calls SDPA). Not
                        FlashAttention-2 on a Hopper GPU with cuDNN 9: there PyTorch picks cuDNN's sm90 kernel
-                       (benchmarks/experiments/2026-12-04-sdpa-backends/ names it with the profiler)
+                       (the profiler names it)
     cudnn sdpa         the same restricted to the cuDNN backend (torch.nn.attention.sdpa_kernel); a row is left out,
                        with the error printed, where this torch has no cuDNN attention for the shape
     flash sdpa         the same restricted to the FLASH_ATTENTION backend (PyTorch's FlashAttention-2 kernels): the
@@ -16,7 +16,7 @@ GQA shapes of Llama models written B x Hq x Hkv x N x d: (2,32,8,4096,128), (1,3
                        torch.compile user gets) + SDPA: the stricter RoPE baseline
     pope materialized  pope.attention's reference: 2d-channel q'/k' built in eager PyTorch + SDPA
     pope-pytorch       PoPE_pytorch 0.2.1's fused Triton kernel (flash_attn, its (B, N, H, d) layout;
-                       autotuning off unless --pope-pytorch-autotune, to spare device time)
+                       autotuning off unless --pope-pytorch-autotune, to save time)
     pope triton        this project's kernels via pope_attention(backend="triton")
 Per provider: forward and forward+backward median time (triton.testing.do_bench), peak memory allocated
 above the inputs during forward+backward, and TFLOP/s with the provider's own attention FLOPs: PoPE

@@ -7,7 +7,7 @@ loop runs them (train_step + loss accumulation, no host sync inside the timed re
 synchronize at both ends. Prints a table last; writes JSON with provenance to --out.
 
     PYTHONPATH=src python benchmarks/train_step.py --variants eager,compile,graph,compile+graph \
-        --pe pope,pope:backend=reference,rope --out $OUT/train_step.json
+        --pe pope,pope:backend=reference,rope --out DIR/train_step.json
     PYTHONPATH=src python benchmarks/train_step.py --cases 'pope@compile+graph;pope@compile' --profile
 
 `--profile` adds where the step's GPU time goes: the summed kernel time per step against the step time.

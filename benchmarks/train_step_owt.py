@@ -3,12 +3,11 @@ kernels vs RoPE through SDPA. Batch 8 x 1024 tokens, bf16 autocast, torch.compil
 
 Issue-5 target: PoPE tokens/s >= 0.9 x RoPE tokens/s. Each model is compiled first (warm-up steps are
 not timed); the timed steps run back to back, timed with CUDA events; graph breaks counted by dynamo.
-In the default mode PoPE's step waits on the host when the host is slow (its operators' launchers are Python:
-benchmarks/experiments/host_delay_step.py), so its ratio moves with the machine; --compile-mode reduce-overhead replays
-CUDA graphs instead, taking the host out. At c49570b: PoPE 0.92x RoPE's tokens/s in both modes
-(benchmarks/experiments/2026-11-30-train-step-owt-runs/train_step_owt_c49570b.log, benchmarks/experiments/2026-11-30-train-step-owt-runs/train_step_owt_reduce_overhead_c49570b.log); b90054b's default-mode run read 0.88x on a
-slower host. Runs before b90054b (1.17-1.26x) timed a
-RoPE whose compiled rotation recomputed its cos/sin per element (--profile shows each model's top GPU kernels).
+In the default mode PoPE's step waits on the host when the host is slow (its operators' launchers are Python),
+so its ratio moves with the machine; --compile-mode reduce-overhead replays CUDA graphs instead, taking the host out.
+At c49570b: PoPE 0.92x RoPE's tokens/s in both modes; b90054b's default-mode run read 0.88x on a slower host.
+Runs before b90054b (1.17-1.26x) timed a RoPE whose compiled rotation recomputed its cos/sin per element
+(--profile shows each model's top GPU kernels).
 
     PYTHONPATH=src python benchmarks/train_step_owt.py [--steps 20] [--out benchmarks/results]
 Appends to OUT/train_step_owt.csv with GPU, versions, commit and date.
