@@ -406,7 +406,7 @@ def test_report_length_plot_keeps_its_legend_inside_the_figure(tmp_path, monkeyp
     runs = [
         _fake_run(
             tmp_path / f"genome-{pe.replace(':', '-').replace('=', '-')}-two-seeds" / f"seed-{s}",
-            "genome-h200",
+            "genome-small",
             pe,
             s,
             [6.7],
