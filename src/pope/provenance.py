@@ -73,7 +73,7 @@ def library_versions() -> dict:
 
 
 def cuda_mps_active(proc: Path = Path("/proc")) -> bool:
-    """Whether a CUDA MPS daemon or server runs on this machine (scripts/gpu_mps.sh): with MPS, processes that
+    """Whether a CUDA MPS daemon or server runs on this machine (scripts/cuda_mps.sh): with MPS, processes that
     share a GPU run their kernels side by side instead of time-slicing it, which changes their step times, so
     a run records it. Read from the process table (``comm`` of every process; Linux), False where there is none."""
     try:
