@@ -90,3 +90,43 @@ def test_attention_benchmark_plots_decode_rows_without_a_gpu(tmp_path):
         timeout=300,
     )
     assert run.returncode != 0 and "no rows of commit 'ccccccc'" in run.stderr
+
+
+def test_kernel_registers_writes_its_lines_to_out(tmp_path):
+    """scripts/kernel_registers.py --out DIR: the lines it prints (one per kernel, head dim and tile, compiled for
+    sm_90a without a GPU) are also DIR/kernel_registers.txt."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.path.join(ROOT, "src")
+    run = subprocess.run(
+        [
+            sys.executable,
+            "scripts/kernel_registers.py",
+            "--kernels",
+            "fwd",
+            "--head-dims",
+            "64",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    written = (tmp_path / "kernel_registers.txt").read_text().splitlines()
+    assert len(written) == 1 and written[0].startswith("fwd    d=64  tile ") and "registers" in written[0]
+    assert run.stdout.splitlines() == [*written, f"wrote {tmp_path / 'kernel_registers.txt'}"]
+
+
+def test_kernel_bitwise_ab_needs_an_out_directory():
+    run = subprocess.run(
+        [sys.executable, "scripts/kernel_bitwise_ab.py", "--old", "src", "--new", "src"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": os.path.join(ROOT, "src")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 2 and run.stderr.strip().endswith("error: --old, --new and --out are required")
