@@ -505,7 +505,7 @@ def test_merge_sweep_joins_seeds_of_one_setting_and_refuses_anything_else(tmp_pa
     (destination / "seed-6.log").unlink()
     assert _tree(destination) == merged
 
-    # An unfinished seed (stopped in one lease) is replaced by a whole rerun only when asked.
+    # An unfinished seed (stopped in one job) is replaced by a whole rerun only when asked.
     stopped = _fake_sweep(tmp_path / "stopped" / "pope-tf32", [5], finished=False)
     merge_sweep(stopped, destination)
     rerun = _fake_sweep(tmp_path / "rerun" / "pope-tf32-s5", [5], started="2026-12-04T08:00:00Z")

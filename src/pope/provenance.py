@@ -2,8 +2,8 @@
 device, date and command. One implementation for the trainer, the evaluation tools and the benchmarks.
 
 The environment variable POPE_GIT_COMMIT, when set, names the commit and wins over git: a copy of the tree
-shipped to another machine may carry no .git, or a stale one (seen on the GPU machine: its .git said an
-older commit + dirty). Without it, git decides, and a tree without .git reports None — never a guess.
+shipped to another machine (a cluster node, a container) may carry no .git, or a stale one that names an older
+commit + dirty. Without it, git decides, and a tree without .git reports None — never a guess.
 """
 
 from __future__ import annotations
