@@ -17,7 +17,8 @@ Without CUDA MPS the K processes time-slice the GPU; run it once with MPS on (``
 first) to see how much running their kernels side by side buys. Each row records whether MPS was on.
 
 Prints a table; appends one row per K to OUT/sweep_throughput.csv with GPU, torch/triton versions, commit
-(POPE_GIT_COMMIT or git), date and command. The best K is what pope.train.sweep.DEFAULT_JOBS_PER_GPU should be.
+(POPE_GIT_COMMIT or git), date and command. The best K under MPS is the --jobs-per-gpu to give that preset's
+sweeps (pope.train.sweep.DEFAULT_JOBS_PER_GPU says why the default is one).
 """
 
 from __future__ import annotations
