@@ -28,10 +28,12 @@ one). Small models gain from sharing a GPU under CUDA MPS (scripts/cuda_mps.sh s
 
 Time limit and resume, as on any time-limited cluster job: with --max-seconds N the script asks the running
 command to stop --grace-seconds before N (SIGINT: each training process finishes its step and writes
-checkpoints/last) and starts nothing after that; a command still running at N is killed. SIGINT or SIGTERM sent
-to the script (Ctrl-C, a scheduler's warning signal) stops it the same way. The same command with --resume then
-continues: finished seeds are skipped, stopped ones continue from their checkpoints, fine-tunes resume, and an
-evaluation runs again only where its results are missing or cover other runs. Without --resume the script
+checkpoints/last) and starts nothing after that; a command still running at N is killed (a second SIGINT, which
+makes a sweep kill its seeds; SIGKILL 10 s later), and its runs continue from their last checkpoint. SIGINT or
+SIGTERM sent to the script (Ctrl-C, a scheduler's warning signal) stops it the same way, a second one as the limit
+does. The same command with --resume then continues: finished seeds are skipped, stopped ones continue from their
+checkpoints, fine-tunes resume, and an evaluation runs again only where its results are missing or cover other
+runs. Without --resume the script
 refuses an --out that already holds a stage's runs, so nothing is overwritten.
 
 Exit status: 0 when every command ended well, 1 when one failed (the others still ran; the failed command's log
@@ -79,6 +81,8 @@ DEFAULT_ABLATIONS = "identity,relu,no-delta"
 LENGTH_FACTORS = (1, 2, 4, 8, 10)
 FINETUNE_FACTOR = 4
 STOPPED = 3
+KILL_SECONDS = 10.0
+"""After the second SIGINT (past the limit, or a second signal), how long a command has before it is killed."""
 
 
 class Stopped(Exception):
@@ -95,16 +99,20 @@ class Reproduction:
         self.deadline = None if args.max_seconds is None else self.started + args.max_seconds
         self.stop_at = None if self.deadline is None else self.deadline - args.grace_seconds
         self.signal_name: str | None = None
+        self.signals = 0
         self.process: subprocess.Popen | None = None
         self.failed: list[str] = []
         self.stop_reason: str | None = None
         self.killed: str | None = None  # a command still running at the limit
+        self.command = [sys.executable, "-m", "pope.cli"]  # what `pope` is
 
     # ------------------------------------------------------------------ running one command
     def on_signal(self, signum, frame) -> None:
-        if self.signal_name is not None and self.process is not None:  # a second signal: stop waiting
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.signal_name = signal.Signals(signum).name
+        self.signal_name = self.signal_name or signal.Signals(signum).name
+        self.signals += 1
+
+    def _past_deadline(self, now: float) -> bool:
+        return self.deadline is not None and now >= self.deadline
 
     def _stop_requested(self) -> str | None:
         if self.signal_name is not None:
@@ -128,24 +136,29 @@ class Reproduction:
             handle.flush()
             # its own session: a terminal's Ctrl-C reaches this script only, which passes it on as one SIGINT
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "pope.cli", *argv],
+                [*self.command, *argv],
                 stdout=handle,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-            asked = None
+            asked = pressed = None
             while True:
                 try:
                     returncode = self.process.wait(timeout=0.5)
                     break
                 except subprocess.TimeoutExpired:
                     pass
+                now = time.monotonic()
                 if asked is None and (reason := self._stop_requested()) is not None:
                     self.stop_reason = asked = reason
                     self.process.send_signal(signal.SIGINT)  # a sweep passes it on to every seed
-                if asked is not None and self.deadline is not None and time.monotonic() >= self.deadline:
-                    os.killpg(self.process.pid, signal.SIGKILL)
+                elif asked is not None and pressed is None and (self.signals > 1 or self._past_deadline(now)):
+                    # out of time, or a second signal: a second SIGINT makes a sweep kill its seeds
+                    pressed = now
+                    self.process.send_signal(signal.SIGINT)
                     self.killed = name
+                elif pressed is not None and now - pressed > KILL_SECONDS:
+                    os.killpg(self.process.pid, signal.SIGKILL)
             self.process = None
         if asked is not None:
             print(f"{name}: stopped ({asked}); log {log}", flush=True)
@@ -425,8 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     except Stopped:
         seconds = time.monotonic() - reproduction.started
         how = (
-            f"{reproduction.killed} was still running at the limit and was killed (its runs continue from their "
-            "last checkpoint)"
+            f"{reproduction.killed} did not stop in time and was killed (its runs continue from their last checkpoint)"
             if reproduction.killed
             else "every run checkpointed"
         )

@@ -478,3 +478,26 @@ def test_reproduce_indirect_stage_plan(tmp_path):
     deltas = [c[2] for c in commands if c[:2] == ["analyze", "delta"]]
     assert deltas == [f"{out}/indirect-pope/seed-{s}/checkpoints/last" for s in range(3)]
     assert commands[-1] == ["report", f"{out}/indirect-pope", f"{out}/indirect-rope", "--out", f"{out}/report-indirect"]
+
+
+def test_reproduce_kills_a_command_that_ignores_the_stop_at_the_limit(tmp_path):
+    """A command that ignores SIGINT gets a second one at the limit and SIGKILL KILL_SECONDS later; the call stops
+    (Stopped) and names it."""
+    reproduce = _load_reproduce()
+    args = reproduce.parse_args(["jsb", "--out", str(tmp_path), "--max-seconds", "2", "--grace-seconds", "1"])
+    plan = reproduce.Reproduction(args, [])
+    stubborn = (
+        "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); print('started', flush=True); "
+        "time.sleep(120)"
+    )
+    plan.command = [sys.executable, "-c", stubborn]
+    started = time.monotonic()
+    with pytest.raises(reproduce.Stopped):
+        plan.pope("stubborn", [])
+    seconds = time.monotonic() - started
+    assert plan.stop_reason == "--max-seconds" and plan.killed == "stubborn"
+    assert 2 + reproduce.KILL_SECONDS <= seconds < 2 + reproduce.KILL_SECONDS + 10, seconds
+    assert "started" in (tmp_path / "logs/stubborn.log").read_text()
+    with pytest.raises(reproduce.Stopped):  # nothing starts after the stop
+        plan.pope("next", [])
+    assert not (tmp_path / "logs/next.log").exists()
