@@ -1,4 +1,4 @@
-"""Issue-5 attention benchmark: fused PoPE Triton kernels against the alternatives, one GPU, one run.
+"""Attention benchmark: the fused PoPE Triton kernels against the alternatives, one GPU, one run.
 
 Shapes (B, H, N, d): (8,12,1024,64), (4,16,4096,64), (2,16,8192,64), (1,16,16384,64), (4,16,4096,128), and the
 GQA shapes of Llama models written B x Hq x Hkv x N x d: (2,32,8,4096,128), (1,32,8,8192,128), (2,32,4,4096,128)
@@ -6,7 +6,7 @@ GQA shapes of Llama models written B x Hq x Hkv x N x d: (2,32,8,4096,128), (1,3
     sdpa               F.scaled_dot_product_attention without positional encoding, PyTorch's default backend
                        choice (GQA shapes with enable_gqa=True, as every provider below that calls SDPA). Not
                        FlashAttention-2 on a Hopper GPU with cuDNN 9: there PyTorch picks cuDNN's sm90 kernel
-                       (the profiler names it)
+                       (a profiler names it)
     cudnn sdpa         the same restricted to the cuDNN backend (torch.nn.attention.sdpa_kernel); a row is left out,
                        with the error printed, where this torch has no cuDNN attention for the shape
     flash sdpa         the same restricted to the FLASH_ATTENTION backend (PyTorch's FlashAttention-2 kernels): the
@@ -16,7 +16,7 @@ GQA shapes of Llama models written B x Hq x Hkv x N x d: (2,32,8,4096,128), (1,3
                        torch.compile user gets) + SDPA: the stricter RoPE baseline
     pope materialized  pope.attention's reference: 2d-channel q'/k' built in eager PyTorch + SDPA
     pope-pytorch       PoPE_pytorch 0.2.1's fused Triton kernel (flash_attn, its (B, N, H, d) layout;
-                       autotuning off unless --pope-pytorch-autotune, to save time)
+                       autotuning off unless --pope-pytorch-autotune, to keep the run short)
     pope triton        this project's kernels via pope_attention(backend="triton")
 Per provider: forward and forward+backward median time (triton.testing.do_bench), peak memory allocated
 above the inputs during forward+backward, and TFLOP/s with the provider's own attention FLOPs: PoPE
@@ -25,7 +25,7 @@ backward 2.5x forward. Targets, as ratios in this run (targets(): each stated ME
 pope triton fwd+bwd <= 1.5x sdpa at d = 64 and N >= 4096 (issue 5), <= 1.6x at d > 64 and N >= 4096 and at the GQA
 shapes (issue 22), the same limits against flash sdpa (what the issues meant by "FlashAttention-2 efficiency"; on
 the H200 the default sdpa is cuDNN's faster kernel, so both are stated), at 1K tokens no slower relative to sdpa
-than issue 22's baseline (BEFORE_ISSUE22), <= 1.0x rope+sdpa and rope compiled+sdpa; peak memory <= 1.15x sdpa;
+than before the GQA work (EARLIER_RATIOS), <= 1.0x rope+sdpa and rope compiled+sdpa; peak memory <= 1.15x sdpa;
 >= 20x faster than pope-pytorch. Rows of providers since removed (REMOVED_PROVIDERS) in older CSVs are left out
 of the tables and targets, and the summary says so.
 
@@ -41,9 +41,10 @@ replays (triton.testing.do_bench_cudagraph): what each provider costs the GPU, w
 
 With --varlen: packed variable-length batches (flash-attn's varlen layout; lengths drawn from a fixed seed, summing
 to about 32K tokens; GQA 32/8, d = 64 and 128; bf16 causal): pope_attention_varlen's single packed launch per kernel
-vs one pope_attention call per sequence vs pope_attention over the padded batch (B, H, longest, d), and SDPA over the padded batch (no positional encoding) as the reference point; forward
-and forward+backward ms and real tokens/s, appended to OUT/attention_varlen.csv and plotted to
-OUT/attention_varlen.png. --varlen-only skips everything else.
+vs one pope_attention call per sequence vs pope_attention over the padded batch (B, H, longest, d), and SDPA over
+the padded batch (no positional encoding) as the reference point; forward and forward+backward ms and real
+tokens/s, appended to OUT/attention_varlen.csv and plotted to OUT/attention_varlen.png. --varlen-only skips
+everything else.
 
     PYTHONPATH=src python benchmarks/attention.py [--decode] [--varlen] [--out benchmarks/results]
 Appends to OUT/attention.csv (and OUT/decode.csv) with GPU, versions, commit and date; plots OUT/attention.png (and
@@ -53,6 +54,7 @@ OUT/decode.png; --plot-decode [COMMIT] re-plots a decode.csv without a GPU).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import datetime
 import math
@@ -86,9 +88,10 @@ PROVIDERS = [
 # default at every shape on an H200 and removed (docs/kernels.md, "The atomic backward that lost"). Their rows in
 # committed CSVs are history: summary_from leaves them out and says how many.
 REMOVED_PROVIDERS = ("pope triton atomic", "pope varlen packed atomic")
-# pope triton's fwd+bwd / sdpa's at the issue-22 baseline (31667a8, one H200), where a target is "no slower than
-# before" (the 1K-token shapes): compared as ratios to this run's sdpa, which moves less between runs than ms do.
-BEFORE_ISSUE22 = {"8x12x1024x64": (3.29, "31667a8")}
+# pope triton's fwd+bwd / sdpa's before the GQA and d=128 work of issue 22 (one H200), where the target is "no
+# slower than before" (the 1K-token shapes): compared as ratios to this run's sdpa, which moves less between runs
+# than ms do.
+EARLIER_RATIOS = {"8x12x1024x64": 3.29}
 DECODE_SHAPES = [
     (8, 16, 16, 1024, 64),
     (8, 16, 16, 4096, 64),
@@ -508,14 +511,62 @@ def provenance() -> dict:
 
 
 def append_csv(path, rows, meta):
-    fields = list(meta) + list(rows[0])
-    exists = os.path.exists(path)
+    """Append rows (each with the provenance columns ``meta``) to the CSV at path. A file whose header lacks a
+    column of the new rows is rewritten first with the union of the columns (earlier rows keep their values and
+    leave the new columns empty), so a benchmark that gains a column never writes rows under the wrong header."""
+    fields = list(meta) + [key for key in rows[0] if key not in meta]
+    if os.path.exists(path):
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            header, earlier = list(reader.fieldnames or []), list(reader)
+        missing = [field for field in fields if field not in header]
+        if missing:
+            header += missing
+            with open(path + ".partial", "w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=header)
+                writer.writeheader()
+                writer.writerows(earlier)
+            os.replace(path + ".partial", path)  # the earlier rows are never half-written
+        fields = header
+    else:
+        with open(path, "w", newline="") as f:
+            csv.DictWriter(f, fieldnames=fields).writeheader()
     with open(path, "a", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields)
-        if not exists:
-            writer.writeheader()
         for row in rows:
             writer.writerow({**meta, **row})
+
+
+class _Tee:
+    """A text stream that writes to several (the terminal and a file)."""
+
+    def __init__(self, *streams):
+        self.streams = streams
+
+    def write(self, text):
+        for stream in self.streams:
+            stream.write(text)
+        return len(text)
+
+    def flush(self):
+        for stream in self.streams:
+            stream.flush()
+
+
+@contextlib.contextmanager
+def printed_to(out_dir, name):
+    """For benchmarks whose result is what they print: inside the block, stdout also goes to OUT_DIR/NAME (the
+    file is rewritten) with the provenance columns on its first line; out_dir None prints only."""
+    if out_dir is None:
+        yield
+        return
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, name)
+    with open(path, "w") as f:
+        f.write("# " + ", ".join(f"{k}={v}" for k, v in provenance().items()) + "\n")
+        with contextlib.redirect_stdout(_Tee(sys.stdout, f)):
+            yield
+    print(f"wrote {path}")
 
 
 def plot(rows, path):
@@ -629,13 +680,13 @@ def targets(rows) -> list[str]:
             ratio = ours["fwd_bwd_ms"] / by[(shape, "sdpa")]["fwd_bwd_ms"]
             mem = ours["peak_mb"] / by[(shape, "sdpa")]["peak_mb"]
             limit, source = speed_target(shape)
-            before = BEFORE_ISSUE22.get(shape)  # (eager rows only: a labelled row's shape is not a key)
+            before = EARLIER_RATIOS.get(shape)  # (eager rows only: a labelled row's shape is not a key)
             if limit is not None:
                 parts.append(f"fwd+bwd {ratio:.2f}x sdpa ({verdict(ratio, limit)}, {source})")
             elif before is not None:
                 parts.append(
-                    f"fwd+bwd {ratio:.2f}x sdpa (no slower than {before[0]:.2f}x at {before[1]}: "
-                    f"{verdict(ratio, before[0])}, issue 22)"
+                    f"fwd+bwd {ratio:.2f}x sdpa (no slower than {before:.2f}x before issue 22: "
+                    f"{verdict(ratio, before)})"
                 )
             else:
                 parts.append(f"fwd+bwd {ratio:.2f}x sdpa ({source})")
@@ -720,7 +771,7 @@ def main(argv=None):
     try:
         shapes = SHAPES if args.shapes is None else [parse_shape(s) for s in args.shapes.split(",")]
     except ValueError as error:
-        raise SystemExit(f"benchmarks/attention.py: {error}")
+        raise SystemExit(f"benchmarks/attention.py: {error}") from None
     providers = args.providers.split(",")
     unknown = [name for name in providers if name not in PROVIDERS]
     if unknown:

@@ -4,7 +4,8 @@ GPU to matter: what limits eager-mode PoPE at short sequences (the 8x12x1024x64 
 Prints per-call wall time (CUDA-synchronised, mean of many calls) of forward and forward+backward for
 SDPA and for pope_attention(backend="triton"), then the cProfile functions where PoPE's host time goes.
 
-    PYTHONPATH=src python benchmarks/launch_overhead.py [--calls 300]
+    PYTHONPATH=src python benchmarks/launch_overhead.py [--calls 300] [--out DIR]
+With --out the printout is also DIR/launch_overhead.txt, its provenance on the first line.
 """
 
 from __future__ import annotations
@@ -13,13 +14,18 @@ import argparse
 import cProfile
 import io
 import math
+import os
 import pstats
 import statistics
+import sys
 import time
 
 import torch
 import torch.nn.functional as F
 from triton import cdiv as triton_cdiv
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from attention import printed_to  # noqa: E402  (same directory: shared benchmark helpers)
 
 
 def per_call_ms(fn, calls: int, *, host_only: bool = False) -> float:
@@ -40,9 +46,15 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--shape", default="1x2x128x64", help="B x H x N x d")
+    parser.add_argument("--out", default=None, help="also write the printout to DIR/launch_overhead.txt")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/launch_overhead.py needs a CUDA GPU")
+    with printed_to(args.out, "launch_overhead.txt"):
+        measure(args)
+
+
+def measure(args) -> None:
     from pope.attention import pope_attention
 
     batch, heads, seq, head_dim = (int(x) for x in args.shape.split("x"))
@@ -104,8 +116,8 @@ def main(argv=None):
     for name, fn in layers.items():
         print(f"{name:>22}: {per_call_ms(fn, args.calls):.3f} ms")
     # The operators (what a compiled model calls) with direct launches through Triton's Python launcher (which
-    # encodes every TMA descriptor again) and through the C launcher with kept encodings (direct_launch.RawLaunch), host time
-    # only (no_grad, as in a compiled graph), alternating over 10 rounds: this host's speed drifts by tens of
+    # encodes every TMA descriptor again) and through the C launcher with kept encodings (direct_launch.RawLaunch),
+    # host time only (no_grad, as in a compiled graph), alternating over 10 rounds: this host's speed drifts by tens of
     # percent within a run, so the minimum over rounds is the cost and the median shows the spread.
     timings = {False: [], True: []}
     with torch.no_grad():
@@ -152,15 +164,13 @@ def main(argv=None):
     compiled = prepass._pope_transform_kernel[grid](*positional, **constexprs, num_warps=4)
     ordered = positional + tuple(constexprs.values())
     direct_grid = (*grid, 1)
-    print(
-        f"{'transform via run()':>22}: {per_call_ms(lambda: prepass._pope_transform_kernel[grid](*positional, **constexprs, num_warps=4), args.calls, host_only=True):.4f} ms host"
-    )
-    print(
-        f"{'transform compiled[]':>22}: {per_call_ms(lambda: compiled[direct_grid](*ordered), args.calls, host_only=True):.4f} ms host"
-    )
-    print(
-        f"{'torch.empty x1':>22}: {per_call_ms(lambda: torch.empty(16, device=x.device), args.calls, host_only=True):.4f} ms host"
-    )
+    host_calls = {
+        "transform via run()": lambda: prepass._pope_transform_kernel[grid](*positional, **constexprs, num_warps=4),
+        "transform compiled[]": lambda: compiled[direct_grid](*ordered),
+        "torch.empty x1": lambda: torch.empty(16, device=x.device),
+    }
+    for name, fn in host_calls.items():
+        print(f"{name:>22}: {per_call_ms(fn, args.calls, host_only=True):.4f} ms host")
     # Eager pope_attention through the custom operators' autograd instead of the autograd.Function.
     SETTINGS.eager_autograd_function = False
     both = per_call_ms(lambda: torch.autograd.backward(calls["pope triton"](), grad), args.calls)

@@ -1,15 +1,17 @@
 """Host time of the kernel launchers alone (pope.kernels.forward / backward), on CPU, with every kernel launch
 replaced by a no-op: the Python and tensor-allocation work an eager call does around its launches, measured
-without a GPU (the GPU machine's host is too noisy to see changes of tens of microseconds; docs/kernels.md).
+without a GPU (a GPU server's host is too noisy to see changes of tens of microseconds; docs/kernels.md).
 
-    PYTHONPATH=src python benchmarks/launcher_host_time.py [--calls 3000]
+    PYTHONPATH=src python benchmarks/launcher_host_time.py [--calls 3000] [--out DIR]
 Prints microseconds per call at 8x12x1024x64 bf16, causal, without delta (delta's gradient adds a CPU reduction
-that a GPU does on the device).
+that a GPU does on the device); with --out also DIR/launcher_host_time.txt, its provenance on the first line.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import timeit
 
 import torch
@@ -17,10 +19,14 @@ import torch
 import pope.kernels as kernels
 from pope.kernels import direct_launch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from attention import printed_to  # noqa: E402  (same directory: shared benchmark helpers)
+
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=3000)
+    parser.add_argument("--out", default=None, help="also write the result to DIR/launcher_host_time.txt")
     args = parser.parse_args(argv)
     direct_launch.launch = lambda *args, **meta: None  # no kernel runs: only the launchers' own host work is timed
     batch, heads, seq, head_dim = 8, 12, 1024, 64
@@ -32,10 +38,11 @@ def main(argv=None) -> None:
     backward_us = timeit.timeit(
         lambda: kernels.backward(do, q, k, v, None, out, lse, theta, **options), number=args.calls
     )
-    print(
-        f"launcher host time, launches mocked: forward {forward_us / args.calls * 1e6:.1f} us, "
-        f"backward {backward_us / args.calls * 1e6:.1f} us per call"
-    )
+    with printed_to(args.out, "launcher_host_time.txt"):
+        print(
+            f"launcher host time, launches mocked: forward {forward_us / args.calls * 1e6:.1f} us, "
+            f"backward {backward_us / args.calls * 1e6:.1f} us per call"
+        )
 
 
 if __name__ == "__main__":

@@ -133,7 +133,8 @@ def measure(data_dir: Path, vocab_size: int, args, pe: str, mode: str, pack: boo
             for _ in range(args.repeats):
                 synchronize(device)
                 begin = time.perf_counter()
-                for step in range(step, step + args.steps):
+                first = step
+                for step in range(first, first + args.steps):
                     accumulated += trainer.train_step(step)
                 synchronize(device)
                 times.append(time.perf_counter() - begin)

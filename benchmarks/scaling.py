@@ -218,7 +218,7 @@ def plot(table: list[dict], path: str) -> None:
     lines = {}
     for row in table:
         lines.setdefault((row["preset"], row["pe"], row["parallel"], row["gpu"], row["commit"]), []).append(row)
-    for (preset, pe, parallel, gpu, commit), points in lines.items():
+    for (preset, pe, parallel, _gpu, commit), points in lines.items():
         sizes = [p["world_size"] for p in points]
         label = f"{preset} {pe} {parallel} ({commit})"
         axes[0].plot(sizes, [p["efficiency"] for p in points], marker="o", label=label)

@@ -13,11 +13,12 @@ the compile cache the others reuse).
 
     PYTHONPATH=src python benchmarks/sweep_throughput.py [--pe pope] [--jobs 1,2,4,8] [--out benchmarks/results]
 
-Without CUDA MPS the K processes time-slice the GPU; run it once with MPS on (``bash scripts/gpu_mps.sh start``
+Without CUDA MPS the K processes time-slice the GPU; run it once with MPS on (``bash scripts/cuda_mps.sh start``
 first) to see how much running their kernels side by side buys. Each row records whether MPS was on.
 
 Prints a table; appends one row per K to OUT/sweep_throughput.csv with GPU, torch/triton versions, commit
-(POPE_GIT_COMMIT or git), date and command. The best K is what pope.train.sweep.DEFAULT_JOBS_PER_GPU should be.
+(POPE_GIT_COMMIT or git), date and command. The best K under MPS is the --jobs-per-gpu to give that preset's
+sweeps (pope.train.sweep.DEFAULT_JOBS_PER_GPU says why the default is one).
 """
 
 from __future__ import annotations
@@ -161,7 +162,7 @@ def main() -> int:
     device = "cuda" if gpus else "cpu"
     max_steps = resolved_config(args.preset, args.pe, overrides=args.set)["recipe"]["max_steps"]
     stamp = provenance(device)
-    mps = cuda_mps_active()  # with MPS (scripts/gpu_mps.sh start) the K processes' kernels run side by side
+    mps = cuda_mps_active()  # with MPS (scripts/cuda_mps.sh start) the K processes' kernels run side by side
     rows = []
     with tempfile.TemporaryDirectory(prefix="sweep-throughput-") as workdir:
         for k in (int(x) for x in args.jobs.split(",")):

@@ -7,7 +7,7 @@ loop runs them (train_step + loss accumulation, no host sync inside the timed re
 synchronize at both ends. Prints a table last; writes JSON with provenance to --out.
 
     PYTHONPATH=src python benchmarks/train_step.py --variants eager,compile,graph,compile+graph \
-        --pe pope,pope:backend=reference,rope --out DIR/train_step.json
+        --pe pope,pope:backend=reference,rope --out runs/bench/train_step.json
     PYTHONPATH=src python benchmarks/train_step.py --cases 'pope@compile+graph;pope@compile' --profile
 
 `--profile` adds where the step's GPU time goes: the summed kernel time per step against the step time.
@@ -149,7 +149,7 @@ def main() -> int:
         cases = [tuple(case.rsplit("@", 1)) for case in args.cases.split(";") if case.strip()]
     else:
         cases = [(pe, mode) for pe in args.pe.split(",") for mode in args.variants.split(",")]
-    for pe, mode in cases:
+    for _pe, mode in cases:
         if mode not in MODES:
             parser.error(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
     results = []

@@ -1,13 +1,17 @@
 """End-to-end training-step throughput: GPT-2 124M (preset owt-124m), PoPE through the fused Triton
 kernels vs RoPE through SDPA. Batch 8 x 1024 tokens, bf16 autocast, torch.compile, fused AdamW.
 
-Issue-5 target: PoPE tokens/s >= 0.9 x RoPE tokens/s. Each model is compiled first (warm-up steps are
-not timed); the timed steps run back to back, timed with CUDA events; graph breaks counted by dynamo.
-In the default mode PoPE's step waits on the host when the host is slow (its operators' launchers are Python),
-so its ratio moves with the machine; --compile-mode reduce-overhead replays CUDA graphs instead, taking the host out.
-At c49570b: PoPE 0.92x RoPE's tokens/s in both modes; b90054b's default-mode run read 0.88x on a slower host.
-Runs before b90054b (1.17-1.26x) timed a RoPE whose compiled rotation recomputed its cos/sin per element
-(--profile shows each model's top GPU kernels).
+Target (issue 5): PoPE tokens/s >= 0.9 x RoPE tokens/s. Each model is compiled first (warm-up steps are not
+timed); the timed steps run back to back, timed with CUDA events. In the default mode PoPE's step waits on the
+host when the host is slow (its operators' launchers are Python), so its ratio moves with the machine;
+--compile-mode reduce-overhead replays CUDA graphs instead, taking the host out. --profile writes each model's top
+GPU kernels.
+
+What torch.compile made of each model is counted, because a graph break or a recompile can cost a step half its
+speed: the graphs dynamo compiled over the warm-up and timed steps, its graph breaks and its recompiles
+(torch._dynamo.utils counters and guard failures), and torch._dynamo.explain's graphs and breaks of one forward
+pass, with the reasons. Dynamo's break counter misses breaks that skip a frame instead of splitting it, so the
+graph counts are the check: a model is one graph, and any other count is printed as a warning with the reasons.
 
     PYTHONPATH=src python benchmarks/train_step_owt.py [--steps 20] [--out benchmarks/results]
 Appends to OUT/train_step_owt.csv with GPU, versions, commit and date.
@@ -27,24 +31,74 @@ from attention import append_csv, provenance  # noqa: E402  (same directory: sha
 SPECS = {"rope (sdpa)": "rope", "pope (triton)": "pope:backend=triton"}
 
 
-def build_train_step(pe: str, *, batch: int, seq_len: int, compile_mode: str = "default"):
-    """(train_step, cleanup): one compiled GPT-2 124M training step on random tokens (not yet run: the first calls
-    compile), and a function that frees the model. Dynamo's counters are cleared here (graph breaks)."""
-    from torch._dynamo.utils import counters
+def reset_dynamo() -> None:
+    """Forget every compiled graph and zero dynamo's counters (graphs, breaks, recompiles)."""
+    from torch._dynamo import utils
 
+    torch._dynamo.reset()
+    utils.counters.clear()
+    utils.guard_failures.clear()
+
+
+def dynamo_counts() -> dict:
+    """What dynamo compiled since `reset_dynamo`: {"graphs", "graph_breaks", "recompiles"}. A recompile is a
+    guard that failed on a compiled frame (its reasons are in torch._dynamo.utils.guard_failures)."""
+    from torch._dynamo import utils
+
+    return {
+        "graphs": utils.counters["stats"]["unique_graphs"],
+        "graph_breaks": sum(utils.counters["graph_break"].values()),
+        "recompiles": sum(len(reasons) for reasons in utils.guard_failures.values()),
+    }
+
+
+def explain_counts(model, *inputs) -> dict:
+    """torch._dynamo.explain of one forward pass: {"explain_graphs", "explain_breaks", "break_reasons"} (the
+    reasons as text). Dynamo is reset afterwards, so the counts of a later torch.compile start from zero."""
+    reset_dynamo()
+    explanation = torch._dynamo.explain(model)(*inputs)
+    reasons = [str(getattr(reason, "reason", reason)).splitlines()[0] for reason in explanation.break_reasons]
+    reset_dynamo()
+    return {
+        "explain_graphs": explanation.graph_count,
+        "explain_breaks": explanation.graph_break_count,
+        "break_reasons": reasons,
+    }
+
+
+def graph_warning(counts: dict) -> str | None:
+    """One line when the model is not one graph without breaks and recompiles (dynamo's or explain's count)."""
+    clean = (counts["graphs"], counts["graph_breaks"], counts["recompiles"]) == (1, 0, 0) and (
+        counts["explain_graphs"],
+        counts["explain_breaks"],
+    ) == (1, 0)
+    if clean:
+        return None
+    reasons = "; ".join(counts["break_reasons"]) or "none given"
+    return (
+        f"not one graph: {counts['graphs']} graphs, {counts['graph_breaks']} counted breaks, "
+        f"{counts['recompiles']} recompiles; explain: {counts['explain_graphs']} graphs, "
+        f"{counts['explain_breaks']} breaks (reasons: {reasons})"
+    )
+
+
+def build_train_step(pe: str, *, batch: int, seq_len: int, compile_mode: str = "default"):
+    """(train_step, cleanup, explained): one compiled GPT-2 124M training step on random tokens (not yet run: the
+    first calls compile), a function that frees the model, and explain_counts of its forward pass. Dynamo is
+    reset before compiling, so dynamo_counts() afterwards counts this model alone."""
     from pope.model import GPT
     from pope.presets import get_preset
 
-    torch._dynamo.reset()
-    counters.clear()
     config = get_preset("owt-124m").model_config(pe=pe)
     torch.manual_seed(0)
     model = GPT(config).cuda()
     optimizer = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.01, fused=True)
-    compiled = torch.compile(model, mode=compile_mode)
-    graphs = compile_mode == "reduce-overhead"  # CUDA-graph trees: each step replays recorded graphs
     idx = torch.randint(0, config.vocab_size, (batch, seq_len), device="cuda")
     targets = torch.randint(0, config.vocab_size, (batch, seq_len), device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        explained = explain_counts(model, idx, targets)
+    compiled = torch.compile(model, mode=compile_mode)
+    graphs = compile_mode == "reduce-overhead"  # CUDA-graph trees: each step replays recorded graphs
 
     def train_step():
         if graphs:
@@ -61,7 +115,7 @@ def build_train_step(pe: str, *, batch: int, seq_len: int, compile_mode: str = "
         del model, optimizer, compiled
         torch.cuda.empty_cache()
 
-    return train_step, cleanup
+    return train_step, cleanup, explained
 
 
 def time_steps(train_step, steps: int):
@@ -86,22 +140,20 @@ def step_time(
     compile_mode: str = "default",
     profile_path: str | None = None,
 ) -> dict:
-    from torch._dynamo.utils import counters
-
-    train_step, cleanup = build_train_step(pe, batch=batch, seq_len=seq_len, compile_mode=compile_mode)
+    train_step, cleanup, explained = build_train_step(pe, batch=batch, seq_len=seq_len, compile_mode=compile_mode)
     for _ in range(warmup):
         train_step()
     ms, loss = time_steps(train_step, steps)
+    counts = {**dynamo_counts(), **explained}  # before the profile, whose steps are not the timed ones
     if profile_path is not None:  # after the timed steps: the profiler's own overhead is not in ms
         write_profile(train_step, profile_path)
-    graph_breaks = sum(counters["graph_break"].values())
     cleanup()
     return {
         "pe": pe,
         "ms_per_step": ms,
         "tokens_per_s": batch * seq_len / ms * 1e3,
         "loss": float(loss.detach()),
-        "graph_breaks": graph_breaks,
+        **counts,
     }
 
 
@@ -160,10 +212,13 @@ def main(argv=None):
                 else None,
             ),
         }
+        warning = graph_warning(row)
+        row["break_reasons"] = " | ".join(row["break_reasons"])
         rows.append(row)
         print(
             f"{label:>26}: {row['ms_per_step']:.2f} ms/step, {row['tokens_per_s']:.0f} tokens/s, "
-            f"graph breaks {row['graph_breaks']}, loss {row['loss']:.3f}",
+            f"graphs {row['graphs']}, graph breaks {row['graph_breaks']}, recompiles {row['recompiles']}, "
+            f"loss {row['loss']:.3f}" + (f"\n{'':>26}  WARNING {warning}" if warning else ""),
             flush=True,
         )
     ratio = rows[1]["tokens_per_s"] / rows[0]["tokens_per_s"]

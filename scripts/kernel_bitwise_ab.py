@@ -1,8 +1,9 @@
 """Bitwise A/B of the kernels of two source trees: same inputs, same calls, every output tensor compared bit for bit.
 
-    PYTHONPATH=src python scripts/kernel_bitwise_ab.py --old OLD/src --new src [--out DIR]        # CUDA
-    TRITON_INTERPRET=1 python scripts/kernel_bitwise_ab.py --old OLD/src --new src --small       # CPU interpreter
-(e.g. `git archive 31667a8 src | tar -x -C OLD` gives OLD/src.) Each tree runs in its own subprocess, with only
+    PYTHONPATH=src python scripts/kernel_bitwise_ab.py --old OLD/src --new src --out DIR                # CUDA
+    TRITON_INTERPRET=1 python scripts/kernel_bitwise_ab.py --old OLD/src --new src --small --out DIR   # CPU
+A developer tool: a change meant to leave the kernels' arithmetic alone (a refactor, a launch path) should pass it
+(e.g. `git archive REV src | tar -x -C OLD` gives OLD/src). Each tree runs in its own subprocess, with only
 that tree's `src` on the path, through the entry points both trees have: pope.ops.flash_attention_forward
 (out and lse) and pope.ops.triton_pope_attention under autograd (out, dq, dk, dv, d_delta), each case called twice
 (the second call takes the direct launch path where there is one; its tensors are compared too, suffix "@2").
@@ -51,7 +52,7 @@ def worker(save: str, small: bool, device: str) -> None:
     """Run every case with the pope on sys.path (one tree); torch.save {case: {tensor name: tensor}} to save."""
     import torch
 
-    try:  # the kernels' own theta: fp32 frequencies up to 31667a8's module, fixed-point turn words since exact angles
+    try:  # the kernels' own theta: the package's (fixed-point turn words), or an older single-file module's fp32
         from pope.kernels import frequencies as kernel_theta
     except ImportError:
         from pope.kernels.pope_flash import frequencies as kernel_theta
@@ -153,15 +154,15 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--device", default=None, choices=["cuda", "cpu"], help="default: cuda, or cpu when TRITON_INTERPRET=1"
     )
-    parser.add_argument("--out", default=".", help="directory for kernel_bitwise_ab.json")
+    parser.add_argument("--out", help="directory for kernel_bitwise_ab.json (required with --old/--new)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     device = args.device or ("cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda")
     if args.worker:
         worker(args.worker, args.small, device)
         return 0
-    if not (args.old and args.new):
-        parser.error("--old and --new are required")
+    if not (args.old and args.new and args.out):
+        parser.error("--old, --new and --out are required")
     for tree in (args.old, args.new):
         if not os.path.isdir(os.path.join(tree, "pope")):
             parser.error(f"{tree} holds no pope package (give the src directory of a checkout)")

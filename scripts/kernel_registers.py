@@ -1,13 +1,14 @@
 """Registers, spills and shared memory of the PoPE kernels compiled for Hopper (sm_90a), on any machine:
 Triton compiles to PTX without a GPU and its bundled ptxas reports what each tile configuration costs.
 
-Why: this is how docs/kernels.md's register analysis was made, and how to check a kernel change before spending
-GPU time. Compile-only numbers are not speed: a spill-free tile can be slower (fewer stages, one program per SM).
+A developer tool: docs/kernels.md's register analysis comes from it, and it checks a kernel change before any GPU
+run. Compile-only numbers are not speed: a spill-free tile can be slower (fewer stages, one program per SM).
 
-    PYTHONPATH=src python scripts/kernel_registers.py [--kernels fwd,dq] [--head-dims 128] [--maxnreg N[,M]]
+    PYTHONPATH=src python scripts/kernel_registers.py [--out DIR] [--kernels fwd,dq] [--head-dims 128] [--maxnreg N[,M]]
         [--tile BM,BN,WARPS,STAGES ...] [--block-m 32,64,128 --block-n 32,64 --warps 4,8 --stages 2,3]
         [--dtype fp32 --precision ieee|tf32|tf32x3]
-Prints one line per (kernel, head dim, tile): shared memory bytes, wgmma instructions, layout conversions in the
+Prints one line per (kernel, head dim, tile), and with --out writes them to DIR/kernel_registers.txt (.md with
+--markdown): shared memory bytes, wgmma instructions, layout conversions in the
 TTGIR (each one a trip through shared memory), how many programs an SM holds at once (registers and shared
 memory), ptxas's report, and where the spills are in the SASS: spill instructions (STL / LDL) inside the kernel's
 loops (run every key or query block: what costs time) and outside them (a program's prologue / epilogue: once per
@@ -294,6 +295,7 @@ def main(argv=None) -> int:
         "as the launcher decides (configs.DKDV_KEYS_FROM_PREPASS_MAX_BLOCK_D)",
     )
     parser.add_argument("--markdown", action="store_true", help="print a markdown table instead of report lines")
+    parser.add_argument("--out", default=None, help="also write the lines to DIR/kernel_registers.txt (or .md)")
     parser.add_argument(
         "--varlen", action="store_true", help="compile the packed (varlen) specialisation of the kernels that have one"
     )
@@ -313,8 +315,14 @@ def main(argv=None) -> int:
             "16-bit dots have one precision"
         )
     head_dims = [int(d) for d in args.head_dims.split(",")]
+    lines = []
+
+    def emit(text: str) -> None:
+        print(text, flush=True)
+        lines.append(text)
+
     if args.markdown:
-        print(MARKDOWN_HEADER, flush=True)
+        emit(MARKDOWN_HEADER)
     caps = (
         [None]
         if args.maxnreg is None
@@ -356,10 +364,16 @@ def main(argv=None) -> int:
                     line = f"does not compile: {type(error).__name__}: {str(error).splitlines()[0][:160]}"
                 tile = (block_m, block_n, num_warps, num_stages)
                 if args.markdown:
-                    print(markdown_row(name, head_dim, tile, cap, line), flush=True)
+                    emit(markdown_row(name, head_dim, tile, cap, line))
                 else:
                     capped = f" maxnreg {cap}" if cap else ""
-                    print(f"{name:6s} d={head_dim:<3d} tile {tile}{capped}: {line}", flush=True)
+                    emit(f"{name:6s} d={head_dim:<3d} tile {tile}{capped}: {line}")
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        path = os.path.join(args.out, "kernel_registers." + ("md" if args.markdown else "txt"))
+        with open(path, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        print(f"wrote {path}")
     return 0
 
 

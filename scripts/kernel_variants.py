@@ -1,17 +1,18 @@
 """Time versions of the kernel module side by side on one GPU: forward and backward medians per shape and tile.
 
-For kernel work: put the version to compare against in a directory (e.g. `git archive REV src | tar -x -C old`),
-then, in one call on the GPU machine,
+A developer tool for kernel work and tile tuning: put the version to compare against in a directory (e.g.
+`git archive REV src | tar -x -C old`), then
 
     PYTHONPATH=src python3 scripts/kernel_variants.py --module old=old/src/pope/kernels --module new=src/pope/kernels \
-        --shapes 4x16x4096x64,1x16x16384x64 --dkdv 128,128,8,2 --dkdv 64,64,4,2 --out $OUT
+        --shapes 4x16x4096x64,1x16x16384x64 --dkdv 128,128,8,2 --dkdv 64,64,4,2 --out DIR
 
 A module is a kernels package directory, or a single-file kernel module of the commits before the package
 (`git show REV:src/pope/kernels/pope_flash.py > old.py`).
 Each (module, shape, tile) row times its forward and backward (bf16, causal, softplus, delta)
 with triton.testing.do_bench (median ms; --cuda-graph: CUDA-graph replays, GPU time without host overhead), after
 checking that the module's forward output and gradients agree with the first module's to bf16 rounding. Tiles not
-given are the module's defaults. Prints a table; writes JSON.
+given are the module's defaults. Prints a table; writes DIR/kernel_variants.json. A tile that wins becomes a
+POPE_KERNEL_CONFIGS file (pope.kernels.configs) for that GPU.
 `TRITON_INTERPRET=1 ... --device cpu --shapes 1x2x40x32` runs it on CPU through Triton's interpreter (a check of
 this script: its timings mean nothing there).
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -101,7 +103,7 @@ def main(argv=None) -> None:
         action="store_true",
         help="time CUDA-graph replays (GPU time without host overhead: short sequences)",
     )
-    parser.add_argument("--out", default=".")
+    parser.add_argument("--out", required=True, help="directory for kernel_variants.json")
     args = parser.parse_args(argv)
     modules = [(spec.split("=", 1)[0], load_module(*spec.split("=", 1))) for spec in args.module]
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
@@ -153,6 +155,7 @@ def main(argv=None) -> None:
         "timing": "cuda graph replay" if args.cuda_graph else "triton.testing.do_bench",
         "rows": rows,
     }
+    os.makedirs(args.out, exist_ok=True)
     with open(f"{args.out}/kernel_variants.json", "w") as f:
         json.dump(result, f, indent=1, default=str)
 

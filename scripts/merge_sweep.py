@@ -2,9 +2,9 @@
 
     PYTHONPATH=src python scripts/merge_sweep.py SOURCE DESTINATION [--replace-unfinished]
 
-e.g. a seed rerun in a later GPU lease (`/tmp/x/pope-tf32-s2`) into the sweep it belongs to
-(`results/indirect_indexing/sweep-2026-12-01/pope-tf32`), so that `pope report` sees one setting. Nothing is
-changed unless every check passes; an error is one line on stderr and exit status 2.
+e.g. a seed trained in a later job, or on another machine (`runs/pope-fp32-seed5`), into the sweep it belongs to
+(`runs/pope-fp32`), so that `pope report` sees one setting. Nothing is changed unless every check passes; an error
+is one line on stderr and exit status 2.
 """
 
 from __future__ import annotations

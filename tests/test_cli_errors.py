@@ -95,7 +95,7 @@ def test_train_list_and_help_name_the_presets(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    assert "presets: genome, genome-h200, genome-tiny," in help_text and "owt-774m" in help_text
+    assert "presets: genome, genome-small, genome-tiny," in help_text and "owt-774m" in help_text
 
 
 def test_data_commands_start_without_torch(tmp_path):

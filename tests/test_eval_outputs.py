@@ -168,7 +168,7 @@ def test_length_eval_flags_take_real_booleans(workspace):
 
 def test_length_keeps_each_finished_run_when_a_later_run_fails(workspace, tmp_path, capsys):
     """Results are written after every run: a call that stops at its third run (here: a corrupted checkpoint;
-    on a GPU lease, the lease's end) leaves the first two in --out and beside each run, and labels that a later
+    on a cluster, the job's time limit) leaves the first two in --out and beside each run, and labels that a later
     run made ambiguous are renamed in what was written."""
     import shutil
 

@@ -103,7 +103,7 @@ def test_eval_length_cli_writes_tables_and_counts_tokens(workspace, capsys):
 
 
 def test_eval_length_records_the_data_path_relative_to_the_working_directory(workspace, monkeypatch):
-    """An absolute --data below the working directory (as a GPU machine's checkout gives) is stored relative."""
+    """An absolute --data below the working directory (as a checkout on a cluster node gives) is stored relative."""
     monkeypatch.chdir(workspace["root"])
     data = Path(workspace["data"]).resolve()
     out = workspace["root"] / "length_relative"
@@ -406,7 +406,7 @@ def test_report_length_plot_keeps_its_legend_inside_the_figure(tmp_path, monkeyp
     runs = [
         _fake_run(
             tmp_path / f"genome-{pe.replace(':', '-').replace('=', '-')}-two-seeds" / f"seed-{s}",
-            "genome-h200",
+            "genome-small",
             pe,
             s,
             [6.7],

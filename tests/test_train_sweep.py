@@ -79,8 +79,8 @@ def test_parse_seeds():
 
 
 def test_run_finished_loads_without_torch(tmp_path):
-    """scripts/gpu_reproduce.sh asks run_finished about each run in a python process of its own (19 times in the
-    text stage): importing it must not import torch (~1.6 s a call)."""
+    """Shell scripts ask run_finished about a run in a python process of their own: importing it must not import
+    torch (~1.6 s a call)."""
     (tmp_path / "summary.json").write_text(json.dumps({"finished": True}))
     code = (
         "import sys; from pathlib import Path; from pope.train.sweep import run_finished; run = Path(sys.argv[1]); "
@@ -331,70 +331,6 @@ def _reads(path):
         return b""
 
 
-def test_gpu_sweep_script_runs_scores_and_archives_small_files(splits, tmp_path):
-    """scripts/gpu_sweep_indirect.sh on CPU with a tiny model: one archive with every seed's small files
-    (no checkpoints), the fp32 train/test re-score of finished seeds, and the table."""
-    # --jobs 2: both seeds at once (on CPU a sweep runs one at a time unless asked)
-    extra = " ".join(_sets(splits)).replace("train.log_interval=1", "train.log_interval=2") + " --jobs 2"
-    env = {
-        **_env(),
-        "RUNS": str(tmp_path / "runs"),
-        "OUT": str(tmp_path / "out"),
-        "SEEDS": "0-1",
-        "LIMIT": "60",
-        "EXTRA": extra,
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-    }
-    root = Path(__file__).resolve().parents[1]
-    result = subprocess.run(
-        ["bash", "scripts/gpu_sweep_indirect.sh"], cwd=root, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "sweep exit status 0" in result.stdout
-    rows = [line.split() for line in result.stdout.splitlines() if line.startswith("seed-")]
-    assert [row[:3] for row in rows] == [["seed-0", "4", "finished"], ["seed-1", "4", "finished"]]
-    import tarfile
-
-    with tarfile.open(tmp_path / "out" / "sweep-pope.tar.gz") as archive:
-        names = set(archive.getnames())
-    for seed in (0, 1):
-        assert {
-            f"pope/seed-{seed}/{name}"
-            for name in (
-                "metrics.jsonl",
-                "config.json",
-                "summary.json",
-                "env.json",
-                "eval/task_accuracy.json",
-                "eval/delta_state.json",
-            )
-        } | {f"pope/seed-{seed}.log"} <= names
-    assert "pope/sweep.json" in names and not any("checkpoints" in name for name in names)
-    scored = json.loads((tmp_path / "runs" / "pope" / "seed-0" / "eval" / "task_accuracy.json").read_text())
-    assert scored["step"] == 4 and scored["splits"]["test"]["examples"] == 64
-    assert scored["splits"]["train"]["examples"] == 512  # the first 10k training examples (here all 512)
-    delta = json.loads((tmp_path / "runs" / "pope" / "seed-0" / "eval" / "delta_state.json").read_text())
-    assert delta["step"] == 4 and delta["checkpoint"].endswith("checkpoints/last") and delta["entries"] > 0
-
-    # the lease monitor over the finished sweep: status lines, the archive, and an immediate end (the log is done)
-    log = tmp_path / "sweep-pope.log"
-    log.write_text(result.stdout)
-    (tmp_path / "out" / "sweep-pope.tar.gz").unlink()
-    watched = subprocess.run(
-        ["bash", "scripts/gpu_sweep_monitor.sh", "120", "pope"],
-        cwd=root,
-        capture_output=True,
-        env={**env, "LOG_DIR": str(tmp_path)},
-        text=True,
-        timeout=60,
-    )
-    assert watched.returncode == 0, watched.stdout + watched.stderr
-    assert "pope/seed-1: step 4 finished=True" in watched.stdout and "sweeps ended" in watched.stdout
-    with tarfile.open(tmp_path / "out" / "sweep-pope.tar.gz") as archive:
-        assert "pope/seed-0/metrics.jsonl" in archive.getnames()
-    assert (tmp_path / "out" / "sweep-pope.log").exists()
-
-
 @pytest.mark.slow
 def test_sweep_throughput_benchmark_runs_on_cpu(splits, tmp_path):
     """benchmarks/sweep_throughput.py end to end on a tiny CPU model (numbers meaningless here): one CSV row
@@ -569,7 +505,7 @@ def test_merge_sweep_joins_seeds_of_one_setting_and_refuses_anything_else(tmp_pa
     (destination / "seed-6.log").unlink()
     assert _tree(destination) == merged
 
-    # An unfinished seed (stopped in one lease) is replaced by a whole rerun only when asked.
+    # An unfinished seed (stopped in one job) is replaced by a whole rerun only when asked.
     stopped = _fake_sweep(tmp_path / "stopped" / "pope-tf32", [5], finished=False)
     merge_sweep(stopped, destination)
     rerun = _fake_sweep(tmp_path / "rerun" / "pope-tf32-s5", [5], started="2026-12-04T08:00:00Z")

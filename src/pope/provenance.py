@@ -2,8 +2,8 @@
 device, date and command. One implementation for the trainer, the evaluation tools and the benchmarks.
 
 The environment variable POPE_GIT_COMMIT, when set, names the commit and wins over git: a copy of the tree
-shipped to another machine may carry no .git, or a stale one (seen on the GPU machine: its .git said an
-older commit + dirty). Without it, git decides, and a tree without .git reports None — never a guess.
+shipped to another machine (a cluster node, a container) may carry no .git, or a stale one that names an older
+commit + dirty. Without it, git decides, and a tree without .git reports None — never a guess.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def library_versions() -> dict:
 
 
 def cuda_mps_active(proc: Path = Path("/proc")) -> bool:
-    """Whether a CUDA MPS daemon or server runs on this machine (scripts/gpu_mps.sh): with MPS, processes that
+    """Whether a CUDA MPS daemon or server runs on this machine (scripts/cuda_mps.sh): with MPS, processes that
     share a GPU run their kernels side by side instead of time-slicing it, which changes their step times, so
     a run records it. Read from the process table (``comm`` of every process; Linux), False where there is none."""
     try:

@@ -8,7 +8,7 @@
 
 Switches (`SETTINGS`, attributes of one object):
     poison_outputs          every buffer a kernel writes starts NaN-filled, so an element a kernel forgets to
-                            write fails a check (tests, scripts/gpu_kernel_check.py)
+                            write fails a check (tests, scripts/gpu_check.py)
     direct_launch           after a launch site's first call, call the compiled kernel directly instead of
                             through Triton's launch path (only on the Triton version pope.kernels.launch was
                             written for; False: always Triton's path)

@@ -4,7 +4,7 @@ The rule (flash-attention's): against a float64 computation, a low-precision res
 gradient) may be off by at most 2x what plain PyTorch (pope.attention's reference, in the same dtype) is off,
 plus, for fp32, a rounding-sized floor so that 2x of almost nothing passes. `check_within_rule` applies it.
 `tf32_reference` makes that reference TF32 arithmetic for fp32 checks under TF32.
-Used by tests/test_kernel_*.py, tests/test_core_attention.py and scripts/gpu_kernel_check.py; also
+Used by tests/test_kernel_*.py, tests/test_core_attention.py and scripts/gpu_check.py; also
 `load_kernels`, which loads a kernel package (or an old single-file kernel module) from any source tree, for
 scripts that compare versions. Importing this module imports torch only.
 """

@@ -25,7 +25,7 @@ import torch
 from pope.encodings import TWO_PI, PoPE
 
 DELTA_STATE_FILE = "eval/delta_state.json"
-"""Where ``pope analyze delta`` (and scripts/gpu_sweep_indirect.sh, for finished PoPE seeds) writes the result."""
+"""Where ``pope analyze delta`` writes the result."""
 
 
 def _learned_deltas(model: torch.nn.Module):

@@ -301,9 +301,9 @@ def run_length_eval(
     length.png over all runs, then RUN/eval/length-DATA-SPLIT-LENGTHS.json per run (LENGTHS: the shortest and longest
     evaluated, e.g. 256-2560, so evaluations of one run over other lengths are kept side by side).
 
-    Both are written after each run, not once at the end: a call stopped part-way (a killed job, a GPU lease that
-    ends) keeps every run already evaluated, and ``out_dir``'s length.json says how many of the runs asked for it
-    holds (``provenance.runs_done`` of ``runs_requested``).
+    Both are written after each run, not once at the end: a call stopped part-way (a killed job, a job that reaches
+    its time limit) keeps every run already evaluated, and ``out_dir``'s length.json says how many of the runs asked
+    for it holds (``provenance.runs_done`` of ``runs_requested``).
 
     ``out_dir`` is checked before any work and written first; a run directory that cannot be written
     (read-only, ``eval`` not a directory) gets a warning on stderr, not an error, since the results are

@@ -5,7 +5,7 @@ What they compute: for q (B, Hq, Nq, d), k/v (B, Hkv, Nk, d) (Hq % Hkv == 0, Nq 
 softmax over j of scale * sum_c f(q_ic) f(k_jc) cos((j - t_i) theta_c + delta_c) with t_i = q_offset + i,
 bottom-right causal (key j visible iff j <= t_i) or not; f = softplus / relu / identity (pope.magnitudes);
 bf16 / fp16 / fp32, head dims up to 128; out in q's dtype, lse fp32; dq, dk, dv, d(delta).
-Guarantees (held by the tests through Triton's interpreter and by scripts/gpu_kernel_check.py on a GPU): output
+Guarantees (held by the tests through Triton's interpreter and by scripts/gpu_check.py on a GPU): output
 and every gradient within 2x the error of the pure-PyTorch reference in the same dtype, against float64; the
 backward bitwise deterministic (no atomics); the backward's own buffers at most 5 |q| (SDPA's); a key masked from
 a query never reaches that query's output. Packed variable-length batches (flash-attn's varlen layout): `forward` and

@@ -9,10 +9,10 @@ TF32 tensor cores) unless PyTorch's float32 matmul precision allows TF32 (host.p
 dots take TF32X3_TILES[kind][(architecture, bucket)] instead (`shipped_tiles` picks by the launch's precision).
 
 A user override (tuning for another GPU): POPE_KERNEL_CONFIGS=FILE.json with
-{"fwd"|"dq"|"dkdv": {"64"|"128": [BLOCK_M, BLOCK_N, warps, stages]}}, as scripts/gpu_kernel_check.py --sweep
-writes it, for 16-bit inputs. `pick_tiles` reads it when a config is picked (each file once; pope.settings.
-clear_caches() re-reads); a malformed file is a ValueError naming it. The interpreter always runs (32, 32, 4, 1):
-small tiles keep it fast and exercise the multi-block paths.
+{"fwd"|"dq"|"dkdv": {"64"|"128": [BLOCK_M, BLOCK_N, warps, stages]}} for 16-bit inputs (time candidate tiles with
+scripts/kernel_variants.py --fwd/--dq/--dkdv). `pick_tiles` reads it when a config is picked (each file once;
+pope.settings.clear_caches() re-reads); a malformed file is a ValueError naming it. The interpreter always runs
+(32, 32, 4, 1): small tiles keep it fast and exercise the multi-block paths.
 """
 
 from __future__ import annotations
@@ -178,8 +178,8 @@ def read_tile_file(path: str) -> dict:
 # angles the kernel went 127 -> 156 registers at d=64 (three 4-warp programs per SM instead of four); ptxas fits it
 # in 128 without spills (four per SM). A cap pays only where it adds a program per SM: 128 at d=64, 96 (five per SM,
 # some spills) at d=64 and d=128 (124 uncapped, four per SM). POPE_DECODE_LANES_MAXNREG=N sets it for a process
-# (read at import: an A/B on the GPU); the candidates are what the GPU decode sweep times
-# (scripts/gpu_kernel_check.py --decode-sweep). The default changes only on a GPU timing.
+# (read at import: an A/B on the GPU, e.g. benchmarks/attention.py's decode rows with and without it); the
+# candidates are the caps worth timing. The default changes only on a GPU timing.
 DECODE_LANES_MAXNREG_VARIABLE = "POPE_DECODE_LANES_MAXNREG"
 DECODE_LANES_MAXNREG_CANDIDATES = {64: (128, 96), 128: (96,)}
 

@@ -76,7 +76,7 @@ def precision(dtype: torch.dtype, device: torch.device) -> str:
     tensor-core products, fp32 sums; the low x low product is dropped) where the GPU has TF32 tensor cores (compute
     capability >= 8.0, and the interpreter), exact FMA dots ("ieee") on older GPUs, where "high" gives "ieee" too
     (pope.ops runs the reference there; only direct kernel calls get this far). Either way the results are held to
-    the 2x rule against plain PyTorch fp32 (the tests; scripts/gpu_kernel_check.py on a GPU)."""
+    the 2x rule against plain PyTorch fp32 (the tests; scripts/gpu_check.py on a GPU)."""
     if dtype != torch.float32:
         return "tf32"
     if device.type == "cuda" and cuda_capability(device) < (8, 0):  # no TF32 tensor cores before Ampere

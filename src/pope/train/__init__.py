@@ -18,7 +18,7 @@ __all__ = sorted(_EXPORTS)
 
 def __getattr__(name):
     # Names load on first use: the config and trainer import torch, and light tools such as
-    # pope.train.sweep.run_finished (called once per run by scripts/gpu_reproduce.sh) must not pay for that.
+    # pope.train.sweep.run_finished (which shell scripts call once per run) must not pay for that.
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'pope.train' has no attribute {name!r}")

@@ -51,7 +51,7 @@ def register(subparsers) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="with --seeds: concurrent seeds per visible GPU (default pope.train.sweep.DEFAULT_JOBS_PER_GPU = 4)",
+        help="with --seeds: concurrent seeds per visible GPU (default pope.train.sweep.DEFAULT_JOBS_PER_GPU = 1)",
     )
     train.add_argument(
         "--jobs",

@@ -49,10 +49,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DEFAULT_JOBS_PER_GPU = 4
-"""Concurrent seeds per GPU for the indirect-indexing preset on one H200: four side by side finish together
-in about the time four would take one after another (docs/training.md, "Seed sweeps"), and a sweep of four
-seeds fits one 30-minute GPU lease. benchmarks/sweep_throughput.py measures 1/2/4/8 processes."""
+DEFAULT_JOBS_PER_GPU = 1
+"""Concurrent seeds per GPU: one. Sharing a GPU pays little even where it pays most: for the smallest preset
+(indirect-indexing) under CUDA MPS, two processes side by side gave 12 % more steps per second than one, and four
+or eight no more than two (benchmarks/results/sweep_throughput.csv, one H100; benchmarks/sweep_throughput.py
+measures it). Without MPS the processes time-slice the GPU, and a preset that fills the GPU gains nothing and may
+run out of memory. For small models, ``--jobs-per-gpu 2`` with MPS on (scripts/cuda_mps.sh) is the measured best."""
 STATUS_SECONDS = 60.0
 POLL_SECONDS = 0.2
 """How soon a finished child is noticed and the next seed started; a poll reads the tail of each running seed's

@@ -1,11 +1,11 @@
-"""Merging one seed sweep into another: seeds of one setting run at different times (e.g. in separate GPU leases,
+"""Merging one seed sweep into another: seeds of one setting run at different times (e.g. in separate time-limited jobs,
 each its own `pope train --seeds` directory) become one sweep directory, as if one sweep had run them all, so
 that `pope report` counts them as one setting.
 
 `merge_sweep(source, destination)` checks everything before it changes anything: both are sweep directories
 (sweep.json), of the same preset and encoding, and every source seed's config equals the destination's setting
 apart from the seed and execution keys (pope.train.sweep.setting_of). A seed present in both is refused, unless the
-destination's copy is unfinished and `replace_unfinished` is given (a seed stopped in one lease and rerun whole in
+destination's copy is unfinished and `replace_unfinished` is given (a seed stopped in one job and rerun whole in
 another), and refused when the source's copy is itself unfinished and got less far; so is a seed whose log the
 destination already holds. A seed the source records as running but that is not finished (its directory was
 archived while it ran, and its machine or process went away) is merged as "unfinished" at its last logged step.

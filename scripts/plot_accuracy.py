@@ -1,9 +1,9 @@
 """Accuracy-vs-step plot of indirect-indexing runs from their metrics, optionally with each run's learning rate.
 
-    PYTHONPATH=src python scripts/gpu_train_plot.py results/indirect_indexing/pope-seed0.jsonl \
-        results/indirect_indexing/rope-seed0.jsonl --out results/indirect_indexing/accuracy_vs_step.png
-    PYTHONPATH=src python scripts/gpu_train_plot.py "wrap, 100k steps, seed 0=results/.../pope-wrap/seed-0" \
-        "wrap, 200k steps, seed 0=results/.../pope-wrap-200k/seed-0" --lr --no-valid --out schedules.png
+    PYTHONPATH=src python scripts/plot_accuracy.py runs/reproduce/indirect-pope/seed-0 \
+        runs/reproduce/indirect-rope/seed-0 --out runs/accuracy_vs_step.png
+    PYTHONPATH=src python scripts/plot_accuracy.py "PoPE, seed 0=runs/reproduce/indirect-pope/seed-0" \
+        "PoPE, seed 1=runs/reproduce/indirect-pope/seed-1" --group --lr --no-valid --out runs/seeds.png
 
 Each argument is a metrics JSONL file or a run directory holding metrics.jsonl, optionally as LABEL=PATH (the
 label defaults to the file's stem, or the run directory's name). Prints the table of test accuracy per evaluation
@@ -37,13 +37,13 @@ def read_run(argument: str) -> tuple[str, list[dict]]:
         label = label or path.name
         path = path / "metrics.jsonl"
     if not path.is_file():
-        raise SystemExit(f"gpu_train_plot.py: no metrics file {path} (give a metrics.jsonl or a run directory)")
+        raise SystemExit(f"plot_accuracy.py: no metrics file {path} (give a metrics.jsonl or a run directory)")
     try:
         records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     except json.JSONDecodeError as error:
-        raise SystemExit(f"gpu_train_plot.py: {path} is not JSON lines ({error})") from None
+        raise SystemExit(f"plot_accuracy.py: {path} is not JSON lines ({error})") from None
     if not any(r.get("kind") == "eval" for r in records):
-        raise SystemExit(f"gpu_train_plot.py: {path} has no eval records")
+        raise SystemExit(f"plot_accuracy.py: {path} has no eval records")
     return label or path.stem, records
 
 
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.group and not args.no_valid:
         raise SystemExit(
-            "gpu_train_plot.py: --group gives each seed of a family its own line style, which the "
+            "plot_accuracy.py: --group gives each seed of a family its own line style, which the "
             "dashed validation lines would clash with; add --no-valid"
         )
     for pe in args.paper:
@@ -102,12 +102,12 @@ def main(argv: list[str] | None = None) -> int:
 
             known = ", ".join(k for k in PRESETS[PRESET].paper if k != "metric")
             raise SystemExit(
-                f"gpu_train_plot.py: the paper reports no {PRESET} number for --paper {pe!r}; give one of {known}"
+                f"plot_accuracy.py: the paper reports no {PRESET} number for --paper {pe!r}; give one of {known}"
             )
     runs = [read_run(argument) for argument in args.runs]
     if args.delta and not any("delta_below" in r for _, records in runs for r in records):
         raise SystemExit(
-            "gpu_train_plot.py: --delta: no run has delta counts in its eval records (delta_below, "
+            "plot_accuracy.py: --delta: no run has delta counts in its eval records (delta_below, "
             "delta_above: PoPE runs trained since the trainer logs them); leave --delta out"
         )
     try:
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         elif args.delta:
             print(
-                f"gpu_train_plot.py: --delta: {label} has no delta counts (not a PoPE run, or trained before the "
+                f"plot_accuracy.py: --delta: {label} has no delta counts (not a PoPE run, or trained before the "
                 "trainer logged them): it has no line in the delta panel",
                 file=sys.stderr,
             )
@@ -213,7 +213,10 @@ def main(argv: list[str] | None = None) -> int:
     for step in steps:
         print(
             f"{step:>8}"
-            + "".join(f"{100 * table[l][step]:>{width - 1}.2f}%" if step in table[l] else " " * width for l in labels)
+            + "".join(
+                f"{100 * table[label][step]:>{width - 1}.2f}%" if step in table[label] else " " * width
+                for label in labels
+            )
         )
     print(f"wrote {args.out}")
     return 0

@@ -1,10 +1,11 @@
 """Drive the fused PoPE kernels for a profiler: forward + backward at one shape, a few times.
 
-Nothing is timed here; run it under Nsight Compute to read where a kernel's time goes, e.g.
+A developer tool. Nothing is timed here; run it under Nsight Compute to read where a kernel's time goes (the
+profiler writes DIR/profile.ncu-rep), e.g.
 
-    ncu --clock-control none -k regex:_pope_ --launch-skip 4 --launch-count 4 \
+    ncu --clock-control none -k regex:_pope_ --launch-skip 4 --launch-count 4 -o DIR/profile \
         --section SpeedOfLight --section WarpStateStats --section SourceCounters \
-        python3 scripts/ncu_kernels.py --shape 4x16x4096x64
+        python3 scripts/kernel_profile.py --shape 4x16x4096x64
 
 Each iteration launches the k' pre-pass and the forward kernel, then the k' pre-pass, dq kernel, q' pre-pass
 and dk/dv kernel (the first iteration compiles: skip its launches). With --decode Q:KV (e.g. 32:8), one decode

@@ -1,4 +1,4 @@
-"""CUDA MPS for seed sweeps: scripts/gpu_mps.sh's start/stop paths (with a stand-in control program: this machine
+"""CUDA MPS for seed sweeps: scripts/cuda_mps.sh's start/stop paths (with a stand-in control program: this machine
 has no GPU) and the process-table check that runs record in env.json."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def _mps(action, tmp_path, path):
         "CUDA_VISIBLE_DEVICES": "",
     }
     return subprocess.run(
-        ["bash", "scripts/gpu_mps.sh", action], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        ["bash", "scripts/cuda_mps.sh", action], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )
 
 
@@ -53,7 +53,7 @@ def test_start_stops_the_daemon_again_when_no_cuda_context_opens(tmp_path):
 
 def test_usage_error(tmp_path):
     result = _mps("restart", tmp_path, os.environ["PATH"])
-    assert result.returncode == 2 and "usage: gpu_mps.sh start|status|stop" in result.stderr
+    assert result.returncode == 2 and "usage: cuda_mps.sh start|status|stop" in result.stderr
 
 
 def test_cuda_mps_active_reads_the_process_table(tmp_path):

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# CUDA MPS (Multi-Process Service) on the GPU machine, for seed sweeps that share one GPU:
+# CUDA MPS (Multi-Process Service), for seed sweeps that share one GPU (pope train --seeds ... --jobs-per-gpu N):
 #
-#   bash scripts/gpu_mps.sh start     # before starting the sweeps; every CUDA process started afterwards uses it
-#   bash scripts/gpu_mps.sh status
-#   bash scripts/gpu_mps.sh stop
+#   bash scripts/cuda_mps.sh start     # before starting the sweeps; every CUDA process started afterwards uses it
+#   bash scripts/cuda_mps.sh status
+#   bash scripts/cuda_mps.sh stop
 #
 # Without MPS, processes on one GPU time-slice it: four runs of a small model (indirect-indexing) take as long side
 # by side as one after another. Under MPS their kernels share the SMs at the same time, which is what a model too
-# small to fill an H200 needs. MPS changes no device setting (compute mode, clocks, MIG stay as they are); it is a
-# user-space daemon that ends with `stop` or with the machine. Numerics are those of the same kernels without it.
+# small to fill the GPU needs (benchmarks/results/sweep_throughput.csv: +12 % steps per second with two processes).
+# MPS changes no device setting (compute mode, clocks, MIG stay as they are); it is a user-space daemon that ends
+# with `stop` or with the machine. Numerics are those of the same kernels without it.
 # `start` prints one line and exits 0 only when MPS is on and a CUDA context opens through it; otherwise it leaves
 # MPS off and exits 1 (the sweeps then run as before, time-sliced). Runs record it: env.json "cuda_mps".
 # Settings (environment): CUDA_MPS_PIPE_DIRECTORY (default /tmp/nvidia-mps, the driver's own default, so clients
@@ -47,6 +48,6 @@ case "$action" in
     echo "MPS: off"
     ;;
   *)
-    echo "usage: gpu_mps.sh start|status|stop" >&2; exit 2
+    echo "usage: cuda_mps.sh start|status|stop" >&2; exit 2
     ;;
 esac

@@ -1,4 +1,4 @@
-"""scripts/gpu_train_plot.py: accuracy (and learning rate) against step from run directories or metrics files."""
+"""scripts/plot_accuracy.py: accuracy (and learning rate) against step from run directories or metrics files."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_train_plot.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "plot_accuracy.py"
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("gpu_train_plot", SCRIPT)
+    spec = importlib.util.spec_from_file_location("plot_accuracy", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -71,7 +71,7 @@ def test_delta_panel_plots_the_counts_and_refuses_runs_without_them(tmp_path, ca
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     err = capsys.readouterr().err.splitlines()
     assert err == [
-        "gpu_train_plot.py: --delta: plain has no delta counts (not a PoPE run, or trained before the "
+        "plot_accuracy.py: --delta: plain has no delta counts (not a PoPE run, or trained before the "
         "trainer logged them): it has no line in the delta panel"
     ]  # said, not silently left out
 
