@@ -85,8 +85,8 @@ def test_magnitude_registry_is_the_one_list():
     assert pope.attention.MAGNITUDES is MAGNITUDES  # what the reference and the modules use
     with pytest.raises(ValueError, match="choose one of"):
         magnitude("exp")
-    with pytest.raises(TypeError):
-        MAGNITUDES["tanh"] = torch.tanh  # frozen
+    # A plain dict, not a read-only mapping: torch.compile (2.11) breaks the graph on membership in a mappingproxy.
+    assert type(MAGNITUDES) is dict
     with pytest.raises(ValueError, match="unknown PoPE magnitude"):
         PoPE(n_heads=1, n_kv_heads=1, head_dim=4, magnitude="exp")
 
