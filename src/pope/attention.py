@@ -28,8 +28,10 @@ import numbers
 import torch
 import torch.nn.functional as F
 
+from pope.conventions import default_q_offset, resolve_defaults
 from pope.frequencies import angles, pope_frequencies
 from pope.magnitudes import MAGNITUDES
+from pope.ops import triton_pope_attention, triton_pope_attention_varlen, triton_unsupported_reason
 
 BACKENDS = ("auto", "reference", "triton")
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -96,8 +98,6 @@ def _run_backend(q, k, v, delta, backend: str, dropout_p: float, options: dict) 
     if backend != "reference":
         reason = _triton_unsupported_reason(q, k, v, rotary_dim=options["rotary_dim"], dropout_p=dropout_p)
         if reason is None:
-            from pope.ops import triton_pope_attention
-
             return triton_pope_attention(q, k, v, delta, **options, supported=True)
         if backend == "triton":
             raise ValueError(f"backend='triton' cannot run this call: {reason}. Use backend='reference' or 'auto'.")
@@ -191,8 +191,6 @@ def pope_attention_varlen(
                 _packed_lengths(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q, max_seqlen_k)
             if total_q == 0:
                 return q[:0] * 1  # (0, Hq, d), still part of q's graph
-            from pope.ops import triton_pope_attention_varlen
-
             return triton_pope_attention_varlen(
                 q, k, v, delta, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **options
             )
@@ -307,20 +305,6 @@ def _prefix_sums(lengths: list[int]) -> list[int]:
         starts.append(total)
         total += n
     return starts
-
-
-def resolve_defaults(
-    q: torch.Tensor, k: torch.Tensor, q_offset: int | None, softmax_scale: float | None
-) -> tuple[int, float]:
-    """(q_offset, softmax_scale) with the defaults filled in, the one place they are computed: q_offset = Nk - Nq
-    (the queries are the last Nq positions, as in a KV-cache decode), softmax_scale = 1 / sqrt(head_dim)."""
-    q_offset = default_q_offset(q.shape[2], k.shape[2]) if q_offset is None else int(q_offset)
-    softmax_scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
-    return q_offset, softmax_scale
-
-
-def default_q_offset(seq_q: int, seq_k: int) -> int:
-    return seq_k - seq_q
 
 
 def reference_pope_attention(
@@ -438,8 +422,6 @@ def _triton_unsupported_reason(q, k, v, *, rotary_dim, dropout_p) -> str | None:
     """Why the Triton backend cannot run this call, or None when it can ("auto" takes it on CUDA only)."""
     if q.device.type != "cuda":
         return f"the Triton kernels run on CUDA tensors only (got device {q.device})"
-    from pope.ops import triton_unsupported_reason
-
     return triton_unsupported_reason(q, k, v, rotary_dim=rotary_dim, dropout_p=dropout_p)
 
 
