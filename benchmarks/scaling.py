@@ -59,9 +59,9 @@ def measure(args, pe: str, context) -> dict:
     import torch.distributed as dist
 
     from pope.model import GPT
+    from pope.train.batches import Shard, WindowBatches
     from pope.train.checkpointing import seed_everything
     from pope.train.config import resolve_run_config
-    from pope.train.data import Shard, WindowBatches
     from pope.train.distributed import all_gather_object, all_reduce_sum, barrier
     from pope.train.optimizer import build_optimizer
     from pope.train.parallel import make_strategy

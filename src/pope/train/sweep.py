@@ -483,7 +483,7 @@ class Sweep:
         """Run every seed not skipped; returns the seeds with their final status."""
         from pope.provenance import portable_argv
         from pope.train.config import TrainOptions
-        from pope.train.data import prepare_data
+        from pope.train.training_data import prepare_data
 
         if any(r.status != "skipped" for r in self.runs):  # once, not by several children at the same time
             prepare_data(self.config["recipe"], TrainOptions(**self.config["train"]))

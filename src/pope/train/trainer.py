@@ -33,9 +33,9 @@ import torch
 from pope import checkpoint as ckpt
 from pope.eval.delta_state import delta_outside_counts
 from pope.provenance import cuda_mps_active, device_name, git_commit, library_versions, portable_argv
+from pope.train.batches import ExampleBatches, Shard
 from pope.train.checkpointing import CheckpointManager, resume_checkpoint, seed_everything
 from pope.train.config import RunConfig
-from pope.train.data import ExampleBatches, Shard, load_training_data
 from pope.train.distributed import all_reduce_sum, on_main_then_everywhere, setup_distributed, teardown_distributed
 from pope.train.evaluate import evaluate_split, evaluation_batch_count
 from pope.train.metrics import BestTracker, MetricsLogger
@@ -45,6 +45,7 @@ from pope.train.rundir import RunLock, check_output_dir, describe_run, holds_run
 from pope.train.schedule import WarmupDecaySchedule
 from pope.train.step import EagerStep, GraphedStep
 from pope.train.stopping import StopSignals, StopVote, resume_command
+from pope.train.training_data import load_training_data
 
 
 class Trainer:
