@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pope.cli import main
-from pope.data.prepared import PreparedWriter
+from pope.data.writer import PreparedWriter
 
 TEST_DOC_LENGTHS = (40, 100, 70, 9)
 

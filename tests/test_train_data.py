@@ -164,7 +164,7 @@ def test_fresh_task_variant_trains_and_resumes_exactly(tmp_path, spec):
 
 def _prepared_stream(out_dir, n_tokens: dict, vocab_size: int = 23):
     """A prepared token-stream dataset (no pad id): one document per split of n_tokens[split] tokens."""
-    from pope.data.prepared import PreparedWriter
+    from pope.data.writer import PreparedWriter
 
     rng = np.random.default_rng(0)
     with PreparedWriter(out_dir, vocab_size) as writer:

@@ -11,7 +11,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from pope.checkpoint import load_checkpoint
-from pope.data.prepared import PreparedWriter, TokenSplit
+from pope.data.prepared import TokenSplit
+from pope.data.writer import PreparedWriter
 from pope.model import GPT, GPTConfig
 from pope.train.batches import Shard, document_pieces, documents_as_examples, epoch_permutation
 from pope.train.config import TrainOptions, resolve_run_config

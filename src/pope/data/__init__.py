@@ -1,5 +1,6 @@
 """Datasets. Deliberately empty of imports so each submodule imports cheaply on its own:
 
+- pope.data.paths             where data live: $POPE_CACHE (sources, prepared data), $POPE_DATA_DIR (names)
 - pope.data.prepared          on-disk prepared format (PreparedDataset, TokenSplit, resolve_dataset)
 - pope.data.writer            writing it atomically (PreparedWriter, reuse_if_prepared; never deletes foreign files)
 - pope.data.registry          dataset names -> builders (used by `pope data prepare`)

@@ -43,7 +43,7 @@ DEFAULT_STEPS = 1200
 
 
 def demo_root() -> Path:
-    from pope.data.prepared import cache_root
+    from pope.data.paths import cache_root
 
     return cache_root() / "demo"
 
@@ -52,7 +52,8 @@ def chorale_stream_dataset(work_dir: Path):
     """The prepared chorales with the pad id dropped from the manifest, so pope.train samples random
     windows from the train split's token stream instead of padding whole chorales (up to 2048 tokens)
     to one example each. Tokens and document offsets are copied unchanged. Built once, then reused."""
-    from pope.data.prepared import PreparedWriter, resolve_dataset, reuse_if_prepared
+    from pope.data.prepared import resolve_dataset
+    from pope.data.writer import PreparedWriter, reuse_if_prepared
 
     chorales = resolve_dataset("jsb", prepare_if_missing=True)
     request = {
