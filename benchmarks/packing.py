@@ -41,7 +41,7 @@ from pope.data.prepared import resolve_dataset  # noqa: E402
 from pope.data.writer import PreparedWriter  # noqa: E402
 from pope.provenance import provenance  # noqa: E402
 from pope.train.batches import document_pieces  # noqa: E402
-from pope.train.config import resolve_run_config  # noqa: E402
+from pope.train.run_config import resolve_run_config  # noqa: E402
 from pope.train.trainer import Trainer  # noqa: E402
 
 MODES = {

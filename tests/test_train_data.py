@@ -120,7 +120,7 @@ def test_fresh_task_variant_trains_and_resumes_exactly(tmp_path, spec):
     import json
 
     from pope.data import indirect_indexing as task
-    from pope.train.config import resolve_run_config
+    from pope.train.run_config import resolve_run_config
     from pope.train.trainer import run_training
 
     splits = task.write_splits(
@@ -246,7 +246,7 @@ def test_final_evaluation_of_a_token_stream_run_is_the_whole_split(tmp_path):
     import json
 
     from pope.eval.report import headline_metric
-    from pope.train.config import resolve_run_config
+    from pope.train.run_config import resolve_run_config
     from pope.train.trainer import run_training
 
     _prepared_stream(tmp_path / "ds", {"train": 400, "valid": 150, "test": 203})

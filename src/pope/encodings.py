@@ -582,9 +582,9 @@ def describe_positional_encoding(name: str) -> dict:
 
 def parse_pe_spec(spec: str) -> tuple[str, dict]:
     """'name:key=value,key=value' -> (name, {key: value}), each value read by the type of the layer's
-    option (pope.config: booleans true/false/yes/no/on/off/1/0, integers without a fraction, 'none' for
+    option (pope.parsing: booleans true/false/yes/no/on/off/1/0, integers without a fraction, 'none' for
     optional values); unknown or repeated options are a ValueError listing the valid ones."""
-    from pope.config import parse_assignments
+    from pope.parsing import parse_assignments
 
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(

@@ -4,7 +4,6 @@ Sub-modules, each imported on demand so ``import pope`` stays light:
 
 - :mod:`pope.eval.windows`      how a token split is cut into scoring windows (every token scored once)
 - :mod:`pope.eval.length`       perplexity versus evaluation length (``pope eval length``)
-- :mod:`pope.eval.finetune`     YaRN / PoPE+ft context extension (``pope finetune``)
 - :mod:`pope.eval.frequency_usage`  per layer x frequency query/key magnitudes, learned delta
                                   (``pope analyze frequencies``)
 - :mod:`pope.eval.lm_eval_model`    lm-evaluation-harness model ``pope`` (``pope eval downstream``)

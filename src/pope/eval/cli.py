@@ -246,9 +246,9 @@ def _register_finetune(subparsers) -> None:
 
 
 def _finetune(args: argparse.Namespace) -> int:
-    from pope.eval.finetune import run_finetune
     from pope.eval.runs import run_dir_of
     from pope.files import check_output_dir
+    from pope.train.finetune import run_finetune
     from pope.train.stopping import exit_status
 
     out = args.out or f"{run_dir_of(args.run).as_posix().rstrip('/')}-ft{args.context}"

@@ -95,7 +95,7 @@ def _request_of(path: Path):
 
 
 def demo_run_config(pe: str, *, steps: int, data_dir: Path) -> dict:
-    from pope.train.config import resolve_run_config
+    from pope.train.run_config import resolve_run_config
 
     overrides = [f"model.{key}={value}" for key, value in MODEL.items()] + [
         f"model.max_seq_len={TRAIN_CONTEXT}",

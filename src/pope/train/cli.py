@@ -84,7 +84,7 @@ def _train(args: argparse.Namespace) -> int:
         raise ValueError("--jobs and --jobs-per-gpu apply to seed sweeps (--seeds)")
     args.seed = 0 if args.seed is None else args.seed
 
-    from pope.train.config import resolve_run_config
+    from pope.train.run_config import resolve_run_config
     from pope.train.stopping import exit_status
     from pope.train.trainer import run_training
 

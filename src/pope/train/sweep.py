@@ -69,7 +69,7 @@ directory holding nothing else has nothing to lose by starting over."""
 
 @functools.cache
 def _execution_keys() -> frozenset[str]:
-    from pope.train.config import RESUME_MUTABLE
+    from pope.train.run_config import RESUME_MUTABLE
 
     return frozenset(RESUME_MUTABLE) | {"seed", "train.eval_batch_size"}
 
@@ -77,7 +77,7 @@ def _execution_keys() -> frozenset[str]:
 def __getattr__(name):
     # EXECUTION_KEYS: config keys that say how a run is executed, not what it computes (the seed apart): the
     # seeds of one sweep share everything else, and `pope report` groups runs by everything else. Computed on
-    # first use because pope.train.config imports torch, and run_finished must stay light.
+    # first use because pope.train.run_config imports torch, and run_finished must stay light.
     if name == "EXECUTION_KEYS":
         return _execution_keys()
     raise AttributeError(f"module 'pope.train.sweep' has no attribute {name!r}")
@@ -201,7 +201,7 @@ def _why_not_start_over(run_dir: Path, seed: int, config: dict) -> str | None:
     """None when a run directory without checkpoints holds only what a run writes before its first logged step
     (STARTUP_RECORDS, an empty metrics.jsonl, a tensorboard/ of event files) and its config.json is ``config``
     up to resume-mutable keys; else one line saying what is there and what to do."""
-    from pope.train.config import config_differences
+    from pope.train.run_config import config_differences
 
     kept = []
     for entry in sorted(run_dir.iterdir()):
@@ -262,8 +262,8 @@ def _die_with_parent() -> None:
 
 
 def resolved_config(preset: str, pe: str, *, seed: int = 0, overrides: list[str] | None = None) -> dict:
-    """pope.train.config.resolve_run_config in config.json's layout (sections of plain values)."""
-    from pope.train.config import resolve_run_config
+    """pope.train.run_config.resolve_run_config in config.json's layout (sections of plain values)."""
+    from pope.train.run_config import resolve_run_config
 
     return resolve_run_config(preset, pe, seed=seed, overrides=overrides).to_dict()
 
@@ -399,7 +399,7 @@ class Sweep:
         """A run directory with a config.json and no checkpoints/ died before its first checkpoint: empty it when
         it holds only start-up records of this seed (see the module docstring), so the seed starts from scratch.
         Returns why the seed must not start (the directory is then left as it is), or None."""
-        from pope.train.config import config_differences
+        from pope.train.run_config import config_differences
         from pope.train.rundir import RunLock
 
         if not (run.run_dir / "config.json").is_file() or (run.run_dir / "checkpoints").exists():
@@ -482,7 +482,7 @@ class Sweep:
     def run(self) -> list[SeedRun]:
         """Run every seed not skipped; returns the seeds with their final status."""
         from pope.provenance import portable_argv
-        from pope.train.config import TrainOptions
+        from pope.train.run_config import TrainOptions
         from pope.train.training_data import prepare_data
 
         if any(r.status != "skipped" for r in self.runs):  # once, not by several children at the same time

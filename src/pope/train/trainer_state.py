@@ -18,8 +18,8 @@ import torch
 
 from pope import checkpoint as ckpt
 from pope.checkpoint import checkpoint_step
-from pope.train.config import RESUME_MUTABLE, RunConfig, config_differences
 from pope.train.distributed import all_gather_object, barrier
+from pope.train.run_config import RESUME_MUTABLE, RunConfig, config_differences
 from pope.train.rundir import describe_run
 
 
