@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pope.cli import main, preset_rows
+from pope.cli import main
+from pope.cli.listings import preset_rows
 from pope.data import registry
 
 

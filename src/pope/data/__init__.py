@@ -9,6 +9,7 @@
 - pope.data.genome            FASTA -> Nucleotide-Transformer 6-mer tokens
 - pope.data.text              GPT-2 BPE text: OpenWebText, PG-19, local .txt directories
 - pope.data.offline           `pope data offline fetch|status`: real offline sources into $POPE_CACHE
-- pope.data.cli               `pope data prepare|info|offline`
 - pope.data.indirect_indexing the synthetic indirect-indexing task
+
+The `pope data prepare|info|offline` commands are pope.cli.data.
 """

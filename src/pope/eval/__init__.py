@@ -9,5 +9,6 @@ Sub-modules, each imported on demand so ``import pope`` stays light:
 - :mod:`pope.eval.lm_eval_model`    lm-evaluation-harness model ``pope`` (``pope eval downstream``)
 - :mod:`pope.eval.report`       markdown tables over runs and seeds (``pope report``)
 - :mod:`pope.eval.demo`         the CPU demo behind ``make demo``
-- :mod:`pope.eval.cli`          ``register(subparsers)`` for the commands above
+
+The commands above are registered by :mod:`pope.cli.eval`.
 """
