@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 from pope.cli.arguments import non_negative_int, positive_int
-from pope.devices import resolve_device
 
 
 def register(subparsers) -> None:
@@ -125,6 +124,7 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 def _eval_length(args: argparse.Namespace) -> int:
     import torch
 
+    from pope.devices import resolve_device
     from pope.eval.length import length_table_markdown, run_length_eval
 
     device = resolve_device(args.device)
@@ -150,6 +150,7 @@ def _eval_length(args: argparse.Namespace) -> int:
 
 
 def _eval_downstream(args: argparse.Namespace) -> int:
+    from pope.devices import resolve_device
     from pope.eval.downstream import (
         downstream_table,
         extra_rows,
@@ -268,6 +269,7 @@ def _register_analyze(subparsers) -> None:
 def _analyze_frequencies(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from pope.devices import resolve_device
     from pope.eval.frequency_usage import (
         analyze_frequencies,
         chunk_tokens,
