@@ -75,15 +75,15 @@ def route_cpu_to_interpreter() -> bool:
     it sends only CUDA tensors otherwise), so the smoke run takes the GPU run's code path. True if routed."""
     if os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec("triton") is None:
         return False
-    import pope.attention
+    import pope.attention.api
     import pope.ops
 
-    if not hasattr(pope.attention, "_triton_unsupported_reason"):
+    if not hasattr(pope.attention.api, "_triton_unsupported_reason"):
         raise RuntimeError(
-            "scripts/gpu_hf_check.py --smoke: pope.attention._triton_unsupported_reason is gone; "
+            "scripts/gpu_hf_check.py --smoke: pope.attention.api._triton_unsupported_reason is gone; "
             "update route_cpu_to_interpreter"
         )
-    pope.attention._triton_unsupported_reason = pope.ops.triton_unsupported_reason  # same keyword-only options
+    pope.attention.api._triton_unsupported_reason = pope.ops.triton_unsupported_reason  # same keyword-only options
     return True
 
 

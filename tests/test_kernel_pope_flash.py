@@ -1017,7 +1017,7 @@ def test_tile_configs_load_from_json(kernels, tmp_path, monkeypatch):
 def test_unsupported_calls_have_reasons(kernels):
     if _delegated(kernels):
         return
-    import pope.attention
+    import pope.attention.api
     from pope.ops import triton_unsupported_reason
 
     q = torch.randn(1, 2, 8, 64, device=DEVICE)
@@ -1042,7 +1042,7 @@ def test_gpt_trains_and_generates_through_the_kernels(kernels, monkeypatch):
         return
     from torch._dynamo.utils import counters
 
-    import pope.attention
+    import pope.attention.api
     from pope.model import GPT
     from pope.ops import triton_unsupported_reason
     from pope.presets import get_preset
@@ -1052,7 +1052,7 @@ def test_gpt_trains_and_generates_through_the_kernels(kernels, monkeypatch):
         def reason(q, k, v, **options):
             return triton_unsupported_reason(q, k, v, **options)
 
-        monkeypatch.setattr(pope.attention, "_triton_unsupported_reason", reason)
+        monkeypatch.setattr(pope.attention.api, "_triton_unsupported_reason", reason)
 
     def model(backend):
         config = get_preset("owt-124m").model_config(
@@ -1218,12 +1218,12 @@ def test_garbage_past_the_cache_reaches_nothing(kernels, monkeypatch):
     preallocated cache's unused rows) changes no output and no gradient, and those keys get zero gradients."""
     if _delegated(kernels):
         return
-    import pope.attention
+    import pope.attention.api
     from pope.ops import triton_unsupported_reason
 
     if not ON_GPU:  # pope.attention sends CPU tensors to the reference; let the interpreted kernels take them
         monkeypatch.setattr(
-            pope.attention,
+            pope.attention.api,
             "_triton_unsupported_reason",
             lambda q, k, v, **options: triton_unsupported_reason(q, k, v, **options),
         )
@@ -1307,14 +1307,14 @@ def test_packed_kernels_within_twice_the_references_error(
     not one per sequence and not the reference."""
     if _delegated(kernels):
         return
-    import pope.attention
+    import pope.attention.api
     from pope.kernels import direct_launch
     from pope.ops import triton_unsupported_reason
     from pope.testing import packed_inputs
 
     if not ON_GPU:  # pope.attention sends CPU tensors to the reference; let interpreted kernels take them
         monkeypatch.setattr(
-            pope.attention,
+            pope.attention.api,
             "_triton_unsupported_reason",
             lambda q, k, v, **options: triton_unsupported_reason(q, k, v, **options),
         )
@@ -1416,13 +1416,13 @@ def test_packed_call_the_kernels_cannot_run_is_a_clear_error(kernels, monkeypatc
     """backend="triton" on a packed call outside what the kernels do (float64, head dim > 128) says why."""
     if _delegated(kernels):
         return
-    import pope.attention
+    import pope.attention.api
     from pope.ops import triton_unsupported_reason
     from pope.testing import packed_inputs
 
     if not ON_GPU:
         monkeypatch.setattr(
-            pope.attention,
+            pope.attention.api,
             "_triton_unsupported_reason",
             lambda q, k, v, **options: triton_unsupported_reason(q, k, v, **options),
         )
