@@ -88,13 +88,13 @@ def preset_names_help() -> str:
 
 def encodings_table(name: str | None = None) -> str:
     """Every positional encoding with its description and options (defaults), or just `name`'s."""
-    from pope.encodings import _spec, describe_positional_encoding, list_positional_encodings
+    from pope.encodings.registry import describe_positional_encoding, encoding_spec, list_positional_encodings
 
     names = [name.strip().lower()] if name is not None else list_positional_encodings()
     lines = []
     for pe in names:
         options = describe_positional_encoding(pe)  # ValueError naming the valid encodings for a bad name
-        lines.append(f"{pe:15s} {_spec(pe).description}")
+        lines.append(f"{pe:15s} {encoding_spec(pe).description}")
         listed = ", ".join(f"{key}={value!r}" for key, value in options.items())
         lines.append(f"{'':15s} options: {listed or 'none'}")
     lines.append(
