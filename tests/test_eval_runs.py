@@ -455,7 +455,7 @@ def test_report_plot_writes_off_scale_paper_values_under_the_title(tmp_path, mon
 
 
 def test_length_labels_of_same_named_runs_are_their_shortest_distinct_path_tails():
-    from pope.eval.length import RunLengthResults, _disambiguate_labels
+    from pope.eval.length_runs import RunLengthResults, _disambiguate_labels
 
     def entry(run):
         return RunLengthResults(label=Path(run).name, run=run, pe="rope", train_length=16, results=[])
@@ -486,7 +486,8 @@ def test_length_plot_puts_its_legend_under_the_panels_inside_the_figure(tmp_path
     import numpy as np
 
     import pope.files
-    from pope.eval.length import LengthResult, RunLengthResults, plot_length_curves
+    from pope.eval.length import LengthResult
+    from pope.eval.length_runs import RunLengthResults, plot_length_curves
 
     legends = _figure_legends(monkeypatch, pope.files)
 

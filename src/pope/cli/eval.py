@@ -125,7 +125,7 @@ def _eval_length(args: argparse.Namespace) -> int:
     import torch
 
     from pope.devices import resolve_device
-    from pope.eval.length import length_table_markdown, run_length_eval
+    from pope.eval.length_runs import length_table_markdown, run_length_eval
 
     device = resolve_device(args.device)
     if args.bf16 and not device.startswith("cuda"):

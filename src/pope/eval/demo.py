@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
 
-    from pope.eval.length import length_table_markdown, run_length_eval
+    from pope.eval.length_runs import length_table_markdown, run_length_eval
     from pope.files import write_text_atomic
 
     started = time.perf_counter()
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     table = length_table_markdown(entries)
     wall = time.perf_counter() - started
     verdict = _verdict(entries)
-    from pope.eval.length import write_length_outputs
+    from pope.eval.length_runs import write_length_outputs
     from pope.provenance import provenance
 
     stamp = provenance("cpu")
