@@ -206,7 +206,7 @@ def main(argv=None):
         (kernels, "backward", "kernels.backward"),
         (attention_module, "check_inputs", "_check_inputs"),
         (attention_module, "_triton_unsupported_reason", "_triton_unsupported_reason"),
-        (attention_module, "triton_pope_attention", "ops.triton_pope_attention"),
+        (ops, "triton_pope_attention", "ops.triton_pope_attention"),
     ]
     originals = [(owner, attribute, timed(owner, attribute, name)) for owner, attribute, name in patches]
     # Every kernel launch goes through direct_launch.launch: count it under the pass it is called from.

@@ -20,7 +20,6 @@ from pope.attention.checks import (
 )
 from pope.attention.reference import reference_pope_attention, varlen_reference
 from pope.conventions import resolve_defaults
-from pope.ops import triton_pope_attention, triton_pope_attention_varlen, triton_unsupported_reason
 
 
 def pope_attention(
@@ -82,6 +81,8 @@ def _run_backend(q, k, v, delta, backend: str, dropout_p: float, options: dict) 
     if backend != "reference":
         reason = _triton_unsupported_reason(q, k, v, rotary_dim=options["rotary_dim"], dropout_p=dropout_p)
         if reason is None:
+            from pope.ops import triton_pope_attention
+
             return triton_pope_attention(q, k, v, delta, **options, supported=True)
         if backend == "triton":
             raise ValueError(f"backend='triton' cannot run this call: {reason}. Use backend='reference' or 'auto'.")
@@ -175,6 +176,8 @@ def pope_attention_varlen(
                 packed_lengths(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q, max_seqlen_k)
             if total_q == 0:
                 return q[:0] * 1  # (0, Hq, d), still part of q's graph
+            from pope.ops import triton_pope_attention_varlen
+
             return triton_pope_attention_varlen(
                 q, k, v, delta, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **options
             )
@@ -187,4 +190,6 @@ def _triton_unsupported_reason(q, k, v, *, rotary_dim, dropout_p) -> str | None:
     """Why the Triton backend cannot run this call, or None when it can ("auto" takes it on CUDA only)."""
     if q.device.type != "cuda":
         return f"the Triton kernels run on CUDA tensors only (got device {q.device})"
+    from pope.ops import triton_unsupported_reason
+
     return triton_unsupported_reason(q, k, v, rotary_dim=rotary_dim, dropout_p=dropout_p)
