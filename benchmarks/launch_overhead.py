@@ -207,14 +207,14 @@ def measure(args) -> None:
         setattr(owner, attribute, wrapper)
         return original
 
-    import pope.attention as attention_module
+    import pope.attention.api as attention_module
 
     patches = [
         (ops, "_forward", "ops._forward"),
         (ops, "_backward_kernels", "ops._backward_kernels"),
         (kernels, "forward", "kernels.forward"),
         (kernels, "backward", "kernels.backward"),
-        (attention_module, "_check_inputs", "_check_inputs"),
+        (attention_module, "check_inputs", "_check_inputs"),
         (attention_module, "_triton_unsupported_reason", "_triton_unsupported_reason"),
         (ops, "triton_pope_attention", "ops.triton_pope_attention"),
     ]

@@ -37,10 +37,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from pope.data.prepared import PreparedWriter, resolve_dataset  # noqa: E402
+from pope.data.prepared import resolve_dataset  # noqa: E402
+from pope.data.writer import PreparedWriter  # noqa: E402
 from pope.provenance import provenance  # noqa: E402
-from pope.train.config import resolve_run_config  # noqa: E402
-from pope.train.data import document_pieces  # noqa: E402
+from pope.train.batches import document_pieces  # noqa: E402
+from pope.train.run_config import resolve_run_config  # noqa: E402
 from pope.train.trainer import Trainer  # noqa: E402
 
 MODES = {

@@ -59,14 +59,14 @@ def measure(args, pe: str, context) -> dict:
     import torch.distributed as dist
 
     from pope.model import GPT
-    from pope.train.checkpointing import seed_everything
-    from pope.train.config import resolve_run_config
-    from pope.train.data import Shard, WindowBatches
+    from pope.train.batches import Shard, WindowBatches
     from pope.train.distributed import all_gather_object, all_reduce_sum, barrier
     from pope.train.optimizer import build_optimizer
     from pope.train.parallel import make_strategy
+    from pope.train.run_config import resolve_run_config
     from pope.train.schedule import WarmupDecaySchedule
     from pope.train.step import EagerStep
+    from pope.train.trainer_state import seed_everything
 
     config = resolve_run_config(args.preset, pe, seed=args.seed, overrides=args.set)
     recipe, device = config.recipe, context.device

@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from pope.provenance import git_commit, library_versions  # noqa: E402
-from pope.train.config import resolve_run_config  # noqa: E402
+from pope.train.run_config import resolve_run_config  # noqa: E402
 from pope.train.trainer import Trainer  # noqa: E402
 
 MODES = {

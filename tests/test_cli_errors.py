@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pope.cli import main, preset_rows
+from pope.cli import main
+from pope.cli.listings import preset_rows
 from pope.data import registry
 
 
@@ -101,7 +102,7 @@ def test_train_list_and_help_name_the_presets(capsys):
 def test_data_commands_start_without_torch(tmp_path):
     """`pope data ...` needs no torch, so it does not import it (~1.5 s a call: scripts run `pope data info` once a
     stage); the parser names the presets in `pope train --help` only when that help is shown."""
-    from pope.data.prepared import PreparedWriter
+    from pope.data.writer import PreparedWriter
 
     with PreparedWriter(tmp_path / "tokens", 50) as writer:
         for split in ("train", "valid", "test"):

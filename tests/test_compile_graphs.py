@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-import pope.attention
+import pope.attention.api
 from pope.model import GPT
 from pope.ops import triton_unsupported_reason
 from pope.presets import get_preset
@@ -29,7 +29,7 @@ def kernels_on_cpu(monkeypatch):
     """pope.attention sends CPU tensors to the reference backend; let the interpreted kernels take them, so the
     compiled graph holds the custom operators a GPU run holds."""
     monkeypatch.setattr(
-        pope.attention,
+        pope.attention.api,
         "_triton_unsupported_reason",
         lambda q, k, v, **options: triton_unsupported_reason(q, k, v, **options),
     )

@@ -10,7 +10,8 @@ import pytest
 
 from pope.cli import main
 from pope.data import offline
-from pope.data.prepared import DamagedDatasetError, PreparedDataset, cache_root, data_root
+from pope.data.paths import cache_root, data_root
+from pope.data.prepared import DamagedDatasetError, PreparedDataset
 from pope.data.writer import MARKER_NAME, PreparedWriter
 
 CHORALE = [[60, 55, 52, 48]] * 8  # 8 sixteenth-note steps of one C-major chord

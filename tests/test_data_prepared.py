@@ -12,18 +12,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pope.data import prepared
+from pope.data import paths
 from pope.data.prepared import (
     MANIFEST_NAME,
     PreparedDataset,
-    PreparedWriter,
     TokenRangeShift,
     assign_splits,
     resolve_dataset,
-    reuse_if_prepared,
     split_counts,
     token_dtype_for,
 )
+from pope.data.writer import PreparedWriter, reuse_if_prepared
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -96,7 +95,7 @@ def test_killed_prepare_never_claims_completeness_and_is_cleaned_up(tmp_path):
     good_manifest = (tmp_path / "ds" / MANIFEST_NAME).read_text()
     script = textwrap.dedent(f"""
         import os, numpy as np
-        from pope.data.prepared import PreparedWriter
+        from pope.data.writer import PreparedWriter
         writer = PreparedWriter({str(tmp_path / "ds")!r}, 50)
         writer.add_document("train", np.arange(5))
         os._exit(9)  # killed before finish()
@@ -219,7 +218,7 @@ def test_resolve_dataset_by_name_and_path(tmp_path, monkeypatch):
     assert resolve_dataset(str(tmp_path / "data" / "maestro")).vocab_size == 50
     monkeypatch.delenv("POPE_DATA_DIR")
     monkeypatch.setenv("POPE_CACHE", str(tmp_path / "cache"))
-    assert prepared.data_root() == tmp_path / "cache" / "data"
+    assert paths.data_root() == tmp_path / "cache" / "data"
 
 
 @pytest.mark.data  # GPT-2 BPE files from the offline cache

@@ -160,7 +160,7 @@ def test_downstream_checks_the_run_eval_dir_before_starting_lm_eval(workspace, t
 
 
 def test_length_eval_flags_take_real_booleans(workspace):
-    from pope.eval.length import run_length_eval
+    from pope.eval.length_runs import run_length_eval
 
     with pytest.raises(TypeError, match="same_documents must be True or False, got 'no'"):
         run_length_eval([str(workspace / "run")], str(workspace / "data"), lengths=[8], same_documents="no")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pope.cli import main
-from pope.data.prepared import PreparedWriter
+from pope.data.writer import PreparedWriter
 
 TEST_DOC_LENGTHS = (40, 100, 70, 9)
 
@@ -38,7 +38,7 @@ def _write_dataset(path, vocab=90, name="toy"):
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
     """A prepared toy dataset and two 4-step runs (RoPE, PoPE) trained by pope.train at context 16."""
-    from pope.train.config import resolve_run_config
+    from pope.train.run_config import resolve_run_config
     from pope.train.trainer import run_training
 
     root = tmp_path_factory.mktemp("eval_runs")
@@ -188,7 +188,7 @@ def _hand_yarn(head_dim, base, scale, original, alpha=1.0, beta=32.0):
 
 def test_yarn_finetune_changes_frequencies_exactly_as_the_formula(workspace, tmp_path):
     from pope.checkpoint import load_model
-    from pope.eval.finetune import build_finetune_trainer
+    from pope.train.finetune import build_finetune_trainer
 
     original, _ = load_model(workspace["rope"])
     trainer = build_finetune_trainer(workspace["rope"], tmp_path / "yarn", context=64, steps=2, batch_size=4)
@@ -214,7 +214,7 @@ def test_yarn_finetune_changes_frequencies_exactly_as_the_formula(workspace, tmp
 
 
 def test_pope_finetune_does_not_interpolate(workspace, tmp_path):
-    from pope.eval.finetune import build_finetune_trainer, finetune_config
+    from pope.train.finetune import build_finetune_trainer, finetune_config
 
     trainer = build_finetune_trainer(workspace["pope"], tmp_path / "popeft", context=32, steps=1, batch_size=4)
     assert trainer.model.config.pe == json.loads((workspace["pope"] / "config.json").read_text())["model"]["pe"]
@@ -237,7 +237,7 @@ def test_pope_finetune_does_not_interpolate(workspace, tmp_path):
 
 
 def test_finetune_refuses_extended_and_absolute_encodings():
-    from pope.eval.finetune import extended_pe
+    from pope.train.finetune import extended_pe
 
     with pytest.raises(ValueError, match="already context-extended"):
         extended_pe("yarn:scale=2", head_dim=16, n_heads=2, scale=2, original_max_len=16)
@@ -455,7 +455,7 @@ def test_report_plot_writes_off_scale_paper_values_under_the_title(tmp_path, mon
 
 
 def test_length_labels_of_same_named_runs_are_their_shortest_distinct_path_tails():
-    from pope.eval.length import RunLengthResults, _disambiguate_labels
+    from pope.eval.length_runs import RunLengthResults, _disambiguate_labels
 
     def entry(run):
         return RunLengthResults(label=Path(run).name, run=run, pe="rope", train_length=16, results=[])
@@ -486,7 +486,8 @@ def test_length_plot_puts_its_legend_under_the_panels_inside_the_figure(tmp_path
     import numpy as np
 
     import pope.files
-    from pope.eval.length import LengthResult, RunLengthResults, plot_length_curves
+    from pope.eval.length import LengthResult
+    from pope.eval.length_runs import RunLengthResults, plot_length_curves
 
     legends = _figure_legends(monkeypatch, pope.files)
 

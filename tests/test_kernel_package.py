@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-if not torch.cuda.is_available():  # as test_kernel_pope_flash.py: Triton's first import in interpreter mode
+if not torch.cuda.is_available():  # as tests/kernel_fixtures.py: Triton's first import in interpreter mode
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton", reason="the Triton kernels need pip install 'pope-attention[triton]'")
 

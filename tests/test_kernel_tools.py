@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-# Not imported here: importing triton in this process (in compiled mode) would make test_kernel_pope_flash.py,
-# collected after this file, fall back to running its interpreter tests in a subprocess.
+# Not imported here: importing triton in this process (in compiled mode) would make the kernel test modules
+# (tests/test_kernel_*.py), collected after this file, fall back to running their interpreter tests in a subprocess.
 if importlib.util.find_spec("triton") is None:
     pytest.skip("the Triton kernels need pip install 'pope-attention[triton]'", allow_module_level=True)
 

@@ -1,7 +1,7 @@
 """Exact angles at long positions (pope.frequencies.angles in float32, what the reference and the kernels use):
 position x theta reduced mod 2 pi in exact integer arithmetic from the frequencies' fixed-point turns, so that the
 angle error against float64 at positions 2^20, 10^7 and 2^30 is within a few times the error at small positions,
-where the plain fp32 product was off by up to 0.8 rad at 10^7. The kernels' side: tests/test_kernel_pope_flash.py."""
+where the plain fp32 product was off by up to 0.8 rad at 10^7. The kernels' side: tests/test_kernel_accuracy.py."""
 
 from __future__ import annotations
 

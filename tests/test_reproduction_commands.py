@@ -25,7 +25,7 @@ import pytest
 
 from pope import cli
 from pope.data import indirect_indexing as task
-from pope.data.prepared import PreparedWriter
+from pope.data.writer import PreparedWriter
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {

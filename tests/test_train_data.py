@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from pope.train.data import ExampleBatches, Shard, WindowBatches, documents_as_examples, evaluation_batches
+from pope.train.batches import ExampleBatches, Shard, WindowBatches, documents_as_examples, evaluation_batches
 
 
 def _examples(n=50, t=6):
@@ -93,7 +93,7 @@ def test_evaluation_batches_split_by_rank():
 
 def test_fresh_batches_are_a_function_of_seed_and_step_and_shard_alike():
     from pope.data.indirect_indexing import TaskOptions
-    from pope.train.data import FreshExampleBatches
+    from pope.train.batches import FreshExampleBatches
 
     options = TaskOptions(fresh=True, max_len=32)
     whole = FreshExampleBatches(options, global_batch=8, seed=1)
@@ -120,7 +120,7 @@ def test_fresh_task_variant_trains_and_resumes_exactly(tmp_path, spec):
     import json
 
     from pope.data import indirect_indexing as task
-    from pope.train.config import resolve_run_config
+    from pope.train.run_config import resolve_run_config
     from pope.train.trainer import run_training
 
     splits = task.write_splits(
@@ -164,7 +164,7 @@ def test_fresh_task_variant_trains_and_resumes_exactly(tmp_path, spec):
 
 def _prepared_stream(out_dir, n_tokens: dict, vocab_size: int = 23):
     """A prepared token-stream dataset (no pad id): one document per split of n_tokens[split] tokens."""
-    from pope.data.prepared import PreparedWriter
+    from pope.data.writer import PreparedWriter
 
     rng = np.random.default_rng(0)
     with PreparedWriter(out_dir, vocab_size) as writer:
@@ -187,8 +187,8 @@ def test_whole_split_evaluation_scores_every_target_once(tmp_path, n_tokens):
     """Full-split NLL of a token stream == brute force: every target j (1..N-1) of the split, scored by
     one forward pass over a window that ends at or after it, summed once each."""
     from pope.model import GPT, GPTConfig
-    from pope.train.data import TrainingData
     from pope.train.evaluate import evaluate_split
+    from pope.train.training_data import TrainingData
 
     dataset = _prepared_stream(tmp_path / "ds", {"train": 40, "valid": 20, "test": n_tokens})
     tokens = np.asarray(dataset.split("test").tokens, dtype=np.int64)
@@ -246,7 +246,7 @@ def test_final_evaluation_of_a_token_stream_run_is_the_whole_split(tmp_path):
     import json
 
     from pope.eval.report import headline_metric
-    from pope.train.config import resolve_run_config
+    from pope.train.run_config import resolve_run_config
     from pope.train.trainer import run_training
 
     _prepared_stream(tmp_path / "ds", {"train": 400, "valid": 150, "test": 203})

@@ -10,7 +10,7 @@ import torch
 from pope import checkpoint as ckpt
 from pope.cli import main as pope_main
 from pope.data import indirect_indexing as task
-from pope.train.config import resolve_run_config
+from pope.train.run_config import resolve_run_config
 from pope.train.trainer import Trainer, run_training
 
 SETS = [

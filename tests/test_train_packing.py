@@ -11,14 +11,15 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from pope.checkpoint import load_checkpoint
-from pope.data.prepared import PreparedWriter, TokenSplit
+from pope.data.prepared import TokenSplit
+from pope.data.writer import PreparedWriter
 from pope.model import GPT, GPTConfig
-from pope.train.config import TrainOptions, resolve_run_config
-from pope.train.data import Shard, document_pieces, documents_as_examples, epoch_permutation
+from pope.train.batches import Shard, document_pieces, documents_as_examples, epoch_permutation
 from pope.train.distributed import DistributedContext
 from pope.train.metrics import read_metrics
 from pope.train.packing import PackedDocumentBatches
 from pope.train.parallel import SingleProcess
+from pope.train.run_config import TrainOptions, resolve_run_config
 from pope.train.step import EagerStep
 from pope.train.trainer import run_training
 

@@ -16,7 +16,7 @@ import torch
 
 from pope.cli import main as pope_main
 from pope.data import indirect_indexing as task
-from pope.train.config import resolve_run_config
+from pope.train.run_config import resolve_run_config
 from pope.train.stopping import exit_status, resume_command
 from pope.train.trainer import Trainer, run_training
 

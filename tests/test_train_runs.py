@@ -9,7 +9,7 @@ import torch
 
 from pope.checkpoint import load_checkpoint
 from pope.data import indirect_indexing as task
-from pope.train.config import resolve_run_config
+from pope.train.run_config import resolve_run_config
 from pope.train.trainer import run_training
 
 SMALL_MODEL = ["model.n_layer=2", "model.d_model=32", "model.n_head=2"]

@@ -26,8 +26,8 @@ import torch
 
 from pope.checkpoint import load_model
 from pope.data import indirect_indexing as task
-from pope.train.config import resolve_run_config
 from pope.train.metrics import read_metrics
+from pope.train.run_config import resolve_run_config
 from pope.train.trainer import Trainer, run_training
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")

@@ -186,12 +186,12 @@ def test_device_side_check_refuses_what_the_host_checks_refuse(cu_q, cu_k, max_q
     """On CUDA the kernel path checks cu_seqlens' values as one asynchronous device assertion (no host read); on CPU
     tensors torch._assert_async raises at once, so the same conditions can be checked here, and the host checks
     refuse each case too (ValueError)."""
-    from pope.attention import _assert_packing_on_device, _packed_lengths
+    from pope.attention.checks import assert_packing_on_device, packed_lengths
 
     cu_q, cu_k = (torch.tensor(x, dtype=torch.int32) for x in (cu_q, cu_k))
     with pytest.raises(RuntimeError, match="cu_seqlens_q / cu_seqlens_k must start at 0"):
-        _assert_packing_on_device(cu_q, cu_k, 5, 6, max_q, max_k)
+        assert_packing_on_device(cu_q, cu_k, 5, 6, max_q, max_k)
     with pytest.raises(ValueError):
-        _packed_lengths(cu_q, cu_k, 5, 6, max_q, max_k)
+        packed_lengths(cu_q, cu_k, 5, 6, max_q, max_k)
     good_q, good_k = torch.tensor([0, 3, 5], dtype=torch.int32), torch.tensor([0, 4, 6], dtype=torch.int32)
-    _assert_packing_on_device(good_q, good_k, 5, 6, 3, 4)  # no error
+    assert_packing_on_device(good_q, good_k, 5, 6, 3, 4)  # no error

@@ -11,7 +11,7 @@ import contextlib
 
 import torch
 
-import pope.attention
+import pope.attention.api
 from pope.attention import pope_attention, pope_attention_varlen
 from pope.ops import triton_unsupported_reason
 from pope.testing import GRADIENT_NAMES, attention_inputs, check_within_rule, outputs_and_gradients, packed_inputs
@@ -35,12 +35,14 @@ SMOKE_VARLEN = [(([3, 0, 9], [5, 1, 9], 2, 1, 32), ("bf16",))]
 def kernels_on_cpu():
     """--smoke: pope.attention sends CPU tensors to the reference; let the interpreted kernels take them instead, so
     the smoke run takes the GPU run's code path."""
-    original = pope.attention._triton_unsupported_reason
-    pope.attention._triton_unsupported_reason = lambda q, k, v, **options: triton_unsupported_reason(q, k, v, **options)
+    original = pope.attention.api._triton_unsupported_reason
+    pope.attention.api._triton_unsupported_reason = lambda q, k, v, **options: triton_unsupported_reason(
+        q, k, v, **options
+    )
     try:
         yield
     finally:
-        pope.attention._triton_unsupported_reason = original
+        pope.attention.api._triton_unsupported_reason = original
 
 
 def _generator(device: str) -> torch.Generator:

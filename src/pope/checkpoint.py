@@ -154,6 +154,15 @@ def verify_checkpoint(directory: str | os.PathLike) -> Path:
     return directory
 
 
+def checkpoint_step(path: str | os.PathLike) -> int | None:
+    """The step a checkpoint directory was written at, or None when it is incomplete or unreadable."""
+    try:
+        directory = verify_checkpoint(path)
+        return int(torch.load(directory / STATE_FILE, map_location="cpu", weights_only=True, mmap=True)["step"])
+    except (ValueError, FileNotFoundError, KeyError, RuntimeError, OSError):
+        return None
+
+
 def load_checkpoint(directory: str | os.PathLike, map_location: str | torch.device = "cpu") -> Checkpoint:
     """Verify and read a whole checkpoint into memory (nothing is applied to any model here)."""
     st = _require_safetensors()

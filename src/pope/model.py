@@ -17,8 +17,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from pope.config import check_fields, from_dict
 from pope.encodings import PackedSequences, build_absolute_embedding, build_positional_encoding, parse_pe_spec
+from pope.parsing import check_fields, from_dict
 
 
 @dataclass(kw_only=True)

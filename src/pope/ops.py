@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from pope.attention import resolve_defaults
+from pope.conventions import resolve_defaults
 from pope.devices import cuda_capability
 from pope.frequencies import pope_turn_words
 from pope.settings import SETTINGS

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Literal
 
-from pope.config import check_fields
 from pope.encodings import parse_pe_spec
 from pope.model import GPTConfig
+from pope.parsing import check_fields
 from pope.train.optimizer import DECAY_PARAMS
 from pope.train.schedule import DECAY_SHAPES
 

@@ -91,18 +91,18 @@ def tf32_reference():
     what PyTorch gives for every attention: SDPA's fused fp32 kernels ignore TF32, and cuBLAS computes a
     matrix-vector product (one query row) in exact fp32 even under TF32 (docs/kernels.md). Float64 calls are
     unchanged."""
-    import pope.attention
+    import pope.attention.reference
 
-    original = pope.attention.sdpa
+    original = pope.attention.reference.sdpa
 
     def emulated(q, k, v, **options):
         return (_tf32_sdpa if q.dtype == torch.float32 else original)(q, k, v, **options)
 
-    pope.attention.sdpa = emulated
+    pope.attention.reference.sdpa = emulated
     try:
         yield
     finally:
-        pope.attention.sdpa = original
+        pope.attention.reference.sdpa = original
 
 
 def attention_inputs(

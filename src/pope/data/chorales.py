@@ -39,7 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from pope.data.prepared import PreparedDataset, assign_splits, cache_root, file_fingerprint, warn
+from pope.data.paths import cache_root
+from pope.data.prepared import PreparedDataset, assign_splits, file_fingerprint, warn
 from pope.data.writer import PreparedWriter, reuse_if_prepared
 from pope.optional import require
 

@@ -314,7 +314,7 @@ def write_splits(
 
 
 def default_data_dir(seed: int = 0, options: TaskOptions = PAPER_TASK) -> Path:
-    from pope.data.prepared import cache_root  # $POPE_CACHE with ~ expanded, like every other dataset
+    from pope.data.paths import cache_root  # $POPE_CACHE with ~ expanded, like every other dataset
 
     key = options.split_key()
     return cache_root() / "data" / (f"indirect-indexing-seed{seed}" + (f"-{key}" if key else ""))

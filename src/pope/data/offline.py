@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pope.data.prepared import cache_root
+from pope.data.paths import cache_root
 from pope.files import exclusive_lock
 
 # tiktoken looks up the GPT-2 files in TIKTOKEN_CACHE_DIR under the SHA-1 of their download URL.

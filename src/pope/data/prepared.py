@@ -29,21 +29,12 @@ from typing import Any
 
 import numpy as np
 
+from pope.data.paths import data_root
 from pope.files import sha256_file
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 STANDARD_SPLITS = ("train", "valid", "test")
-# Writing lives in pope.data.writer; these names stay importable from here (loaded on first use).
-_WRITER_NAMES = ("PreparedWriter", "reuse_if_prepared", "replacement_plan", "remove_stale_partials", "MARKER_NAME")
-
-
-def __getattr__(name: str):
-    if name in _WRITER_NAMES:
-        from pope.data import writer
-
-        return getattr(writer, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class DamagedDatasetError(ValueError):
@@ -53,18 +44,6 @@ class DamagedDatasetError(ValueError):
     def __init__(self, problem: str, fix: str):
         super().__init__(f"{problem}; {fix}")
         self.problem = problem
-
-
-# --------------------------------------------------------------------------------------------- paths
-def cache_root() -> Path:
-    """$POPE_CACHE, default ~/.cache/pope: downloaded sources and prepared datasets live below it."""
-    return Path(os.environ.get("POPE_CACHE") or Path.home() / ".cache" / "pope").expanduser()
-
-
-def data_root() -> Path:
-    """Where dataset *names* resolve: $POPE_DATA_DIR, else $POPE_CACHE/data (default ~/.cache/pope/data)."""
-    explicit = os.environ.get("POPE_DATA_DIR")
-    return Path(explicit).expanduser() if explicit else cache_root() / "data"
 
 
 def token_dtype_for(vocab_size: int) -> np.dtype:

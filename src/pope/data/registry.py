@@ -75,7 +75,7 @@ def prepare(
     Safe when several processes prepare one directory at once (seed sweeps, torchrun ranks, two `pope data
     prepare`): the builder's check-then-write runs under ``pope.files.exclusive_lock(out_dir)``, so one
     builds the dataset and the others wait, then reuse it (checksums verified) instead of racing it."""
-    from pope.data.prepared import data_root
+    from pope.data.paths import data_root
     from pope.files import check_output_dir, exclusive_lock
 
     canonical = canonical_name(name)

@@ -43,7 +43,7 @@ DEFAULT_STEPS = 1200
 
 
 def demo_root() -> Path:
-    from pope.data.prepared import cache_root
+    from pope.data.paths import cache_root
 
     return cache_root() / "demo"
 
@@ -52,7 +52,8 @@ def chorale_stream_dataset(work_dir: Path):
     """The prepared chorales with the pad id dropped from the manifest, so pope.train samples random
     windows from the train split's token stream instead of padding whole chorales (up to 2048 tokens)
     to one example each. Tokens and document offsets are copied unchanged. Built once, then reused."""
-    from pope.data.prepared import PreparedWriter, resolve_dataset, reuse_if_prepared
+    from pope.data.prepared import resolve_dataset
+    from pope.data.writer import PreparedWriter, reuse_if_prepared
 
     chorales = resolve_dataset("jsb", prepare_if_missing=True)
     request = {
@@ -94,7 +95,7 @@ def _request_of(path: Path):
 
 
 def demo_run_config(pe: str, *, steps: int, data_dir: Path) -> dict:
-    from pope.train.config import resolve_run_config
+    from pope.train.run_config import resolve_run_config
 
     overrides = [f"model.{key}={value}" for key, value in MODEL.items()] + [
         f"model.max_seq_len={TRAIN_CONTEXT}",
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
 
-    from pope.eval.length import length_table_markdown, run_length_eval
+    from pope.eval.length_runs import length_table_markdown, run_length_eval
     from pope.files import write_text_atomic
 
     started = time.perf_counter()
@@ -220,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     table = length_table_markdown(entries)
     wall = time.perf_counter() - started
     verdict = _verdict(entries)
-    from pope.eval.length import write_length_outputs
+    from pope.eval.length_runs import write_length_outputs
     from pope.provenance import provenance
 
     stamp = provenance("cpu")

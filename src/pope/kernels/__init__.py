@@ -17,8 +17,12 @@ Modules, one concern each:
     jit_math       shared device functions (sincos, log1p, magnitudes, phases, block coordinates)
     prepass        x -> x' = [f(x) cos | f(x) sin] (transform, transform_queries_and_keys)
     fwd            forward kernel + launcher (forward)
-    bwd            dq, dk/dv and epilogue kernels + launcher (backward)
-    decode         split-K decode kernels, combine + launcher (decode_forward)
+    bwd            the backward's launcher (backward) and its epilogue kernel
+    bwd_dq         the dq kernel
+    bwd_dkdv       the dk/dv kernel
+    bwd_chain_rule the chain rule from q'/k' gradients to q/k gradients, shared by both
+    decode         the split-K decode launcher (decode_forward)
+    decode_kernels the decode kernels (tensor cores, lanes) and the combine kernel
     phase_tables   the tensor-core decode kernel's key-phase tables (release_phase_tables)
     configs        tile configurations (frozen tables, POPE_KERNEL_CONFIGS override), decode tiles
     direct_launch  Triton's launch path, or the direct path gated to the Triton version it was written for

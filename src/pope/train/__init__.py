@@ -6,9 +6,9 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "RunConfig": "config",
-    "TrainOptions": "config",
-    "resolve_run_config": "config",
+    "RunConfig": "run_config",
+    "TrainOptions": "run_config",
+    "resolve_run_config": "run_config",
     "WarmupDecaySchedule": "schedule",
     "Trainer": "trainer",
     "run_training": "trainer",

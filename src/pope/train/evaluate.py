@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from pope.train.data import IGNORE_INDEX, Shard, evaluation_batches, stream_windows
+from pope.train.batches import IGNORE_INDEX, Shard, evaluation_batches, stream_windows
 from pope.train.distributed import all_reduce_sum
 
 

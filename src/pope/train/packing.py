@@ -32,7 +32,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from pope.train.data import Shard, _check_batch_layout, epoch_permutation
+from pope.train.batches import Shard, check_batch_layout, epoch_permutation
 
 
 class PackedDocumentBatches:
@@ -52,7 +52,7 @@ class PackedDocumentBatches:
     ) -> None:
         """tokens: the split's token array; offsets, lengths (P,): its pieces (``document_pieces``)."""
         shard = Shard() if shard is None else shard
-        self.micro_batch = _check_batch_layout(global_batch, micro_steps, shard)
+        self.micro_batch = check_batch_layout(global_batch, micro_steps, shard)
         if not (lengths >= 2).any():
             raise ValueError("the training split has no document of 2 or more tokens: nothing to train on")
         self.tokens, self.offsets, self.lengths = tokens, offsets, lengths

@@ -101,7 +101,7 @@ class RunLock:
 
 def describe_run(run_dir: Path) -> str:
     """'config.json, metrics.jsonl (up to step 40), checkpoints/best (step 40)' — or 'nothing'."""
-    from pope.train.checkpointing import checkpoint_step
+    from pope.checkpoint import checkpoint_step
 
     parts = []
     if (run_dir / "config.json").exists():

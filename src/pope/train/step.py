@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from pope.encodings import project_deltas_, projected_deltas
-from pope.train.data import IGNORE_INDEX
+from pope.train.batches import IGNORE_INDEX
 
 CUDA_GRAPH_WARMUP_STEPS = 3
 

@@ -103,7 +103,7 @@ def resume_command(argv: list[str] | None = None, *, fallback: str) -> str:
     (e.g. from Python)."""
     argv = list(sys.argv if argv is None else argv)
     program = Path(argv[0]).parts[-2:] if argv else ()
-    if len(argv) < 2 or not (program[-1:] == ("pope",) or program in (("pope", "cli.py"), ("pope", "__main__.py"))):
+    if len(argv) < 2 or not (program[-1:] == ("pope",) or program in (("cli", "__main__.py"), ("pope", "__main__.py"))):
         return fallback
     words, skip = ["pope"], False
     for index, word in enumerate(argv[1:], start=1):

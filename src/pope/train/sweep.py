@@ -46,8 +46,18 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
+
+from pope.train.seed_runs import (
+    SeedRun,
+    die_with_parent,
+    last_step,
+    out_of_memory,
+    report_lines,
+    run_finished,
+    stopped_by_own_signal,
+    why_not_start_over,
+)
 
 DEFAULT_JOBS_PER_GPU = 1
 """Concurrent seeds per GPU: one. Sharing a GPU pays little even where it pays most: for the smallest preset
@@ -62,16 +72,11 @@ metrics.jsonl, so a short interval costs nothing, and short seeds (tiny presets)
 STOP_GRACE_SECONDS = 60.0
 OOM_RETRIES = 2
 """How many times a seed that ran out of GPU memory next to other seeds is put back in the queue."""
-OUT_OF_MEMORY = ("CUDA out of memory", "CUDA error: out of memory")
-"""What a child's log says when the GPU had no memory left (torch.OutOfMemoryError; a failed CUDA allocation)."""
-STARTUP_RECORDS = ("config.json", "env.json", ".lock")
-"""Files a run writes before its first step (with an empty metrics.jsonl and TensorBoard event files): a run
-directory holding nothing else has nothing to lose by starting over."""
 
 
 @functools.cache
 def _execution_keys() -> frozenset[str]:
-    from pope.train.config import RESUME_MUTABLE
+    from pope.train.run_config import RESUME_MUTABLE
 
     return frozenset(RESUME_MUTABLE) | {"seed", "train.eval_batch_size"}
 
@@ -79,7 +84,7 @@ def _execution_keys() -> frozenset[str]:
 def __getattr__(name):
     # EXECUTION_KEYS: config keys that say how a run is executed, not what it computes (the seed apart): the
     # seeds of one sweep share everything else, and `pope report` groups runs by everything else. Computed on
-    # first use because pope.train.config imports torch, and run_finished must stay light.
+    # first use because pope.train.run_config imports torch, and run_finished must stay light.
     if name == "EXECUTION_KEYS":
         return _execution_keys()
     raise AttributeError(f"module 'pope.train.sweep' has no attribute {name!r}")
@@ -131,141 +136,9 @@ def visible_gpus(overrides: list[str]) -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())]
 
 
-@dataclass
-class SeedRun:
-    seed: int
-    run_dir: Path
-    log: Path
-    total_steps: int
-    status: str = "pending"  # pending, running, finished, stopped, interrupted, failed, skipped
-    gpu: str | None = None
-    returncode: int | None = None
-    step: int = 0
-    notes: list[str] = field(default_factory=list)  # for the summary: restarted from scratch, requeued
-    reason: str | None = None  # why a failed seed was not started (it has no child and no exit status)
-    oom_retries: int = 0
-    process: subprocess.Popen | None = field(default=None, repr=False)
-    _log_handle: object = field(default=None, repr=False)
-    _log_offset: int = field(default=0, repr=False)  # where this attempt's output starts in the log
-
-    def record(self) -> dict:
-        return {
-            "status": self.status,
-            "run_dir": self.run_dir.name,
-            "log": self.log.name,
-            "step": self.step,
-            "total_steps": self.total_steps,
-            "gpu": self.gpu,
-            "returncode": self.returncode,
-            "notes": self.notes,
-            "reason": self.reason,
-        }
-
-    def note(self, text: str) -> None:
-        if text not in self.notes:
-            self.notes.append(text)
-
-    def log_line(self, text: str) -> None:
-        with open(self.log, "a") as handle:
-            handle.write(f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {text}\n")
-
-
-def last_step(metrics_path: Path) -> int:
-    """The step of the last record in a metrics.jsonl (0 when absent); reads only the file's tail."""
-    try:
-        with open(metrics_path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            handle.seek(max(0, size - 8192))
-            lines = handle.read().decode(errors="replace").splitlines()
-    except OSError:
-        return 0
-    for line in reversed(lines):
-        try:
-            return int(json.loads(line)["step"])
-        except (ValueError, KeyError, TypeError):
-            continue  # a partial first line of the tail, or a line being written
-    return 0
-
-
-def _out_of_memory(run: SeedRun) -> bool:
-    """Whether the seed's last attempt (its part of the log; the last 64 KiB of it) reports CUDA out of memory."""
-    try:
-        with open(run.log, "rb") as handle:
-            handle.seek(max(run._log_offset, handle.seek(0, os.SEEK_END) - 65536))
-            text = handle.read().decode(errors="replace")
-    except OSError:
-        return False
-    return any(marker in text for marker in OUT_OF_MEMORY)
-
-
-def _why_not_start_over(run_dir: Path, seed: int, config: dict) -> str | None:
-    """None when a run directory without checkpoints holds only what a run writes before its first logged step
-    (STARTUP_RECORDS, an empty metrics.jsonl, a tensorboard/ of event files) and its config.json is ``config``
-    up to resume-mutable keys; else one line saying what is there and what to do."""
-    from pope.train.config import config_differences
-
-    kept = []
-    for entry in sorted(run_dir.iterdir()):
-        if entry.name == "metrics.jsonl" and entry.is_file():
-            rows = sum(1 for line in entry.read_text(errors="replace").splitlines() if line.strip())
-            if rows:
-                kept.append(f"metrics.jsonl with {rows} record(s)")
-        elif entry.name == "tensorboard" and entry.is_dir():
-            if any(not (f.is_file() and f.name.startswith("events.out.tfevents.")) for f in entry.iterdir()):
-                kept.append("tensorboard/ with other files than event files")
-        elif not (entry.name in STARTUP_RECORDS and entry.is_file()):
-            kept.append(entry.name + ("/" if entry.is_dir() else ""))
-    what_to_do = f"look at it, then delete {run_dir} to start seed {seed} over, or leave seed {seed} out of --seeds"
-    if kept:
-        return (
-            f"{run_dir} has no checkpoint to resume from, and starting over would lose what it holds besides "
-            f"start-up records ({', '.join(kept)}); {what_to_do}"
-        )
-    try:
-        foreign = config_differences(json.loads((run_dir / "config.json").read_text()), config)
-    except ValueError:
-        return f"{run_dir / 'config.json'} is not valid JSON; {what_to_do}"
-    if foreign:  # what a single run's --resume would refuse too
-        return f"{run_dir / 'config.json'} is not this sweep's seed {seed} ({'; '.join(foreign[:4])}); {what_to_do}"
-    return None
-
-
-def run_finished(run_dir: Path) -> bool:
-    """True when the run's summary.json says its schedule is complete."""
-    try:
-        return bool(json.loads((run_dir / "summary.json").read_text()).get("finished"))
-    except (OSError, ValueError):
-        return False
-
-
-def _stopped_by_own_signal(run_dir: Path, returncode: int) -> str | None:
-    """ "SIGINT" / "SIGTERM" when a child ended cleanly on a signal sent to it alone (`kill`, a scheduler), not
-    to the sweep: its summary.json names the signal and its exit status is that signal's (pope.train.stopping),
-    so its last checkpoint is written and --resume continues it. None otherwise (a crash, or SIGKILL)."""
-    try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError):
-        return None
-    from pope.train.stopping import exit_status
-
-    reason = summary.get("stop_reason")
-    return reason if reason in ("SIGINT", "SIGTERM") and exit_status(summary) == returncode else None
-
-
-def _die_with_parent() -> None:
-    """Child-side (Linux): get SIGTERM if the sweep process dies, so no orphan keeps training."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def resolved_config(preset: str, pe: str, *, seed: int = 0, overrides: list[str] | None = None) -> dict:
-    """pope.train.config.resolve_run_config in config.json's layout (sections of plain values)."""
-    from pope.train.config import resolve_run_config
+    """pope.train.run_config.resolve_run_config in config.json's layout (sections of plain values)."""
+    from pope.train.run_config import resolve_run_config
 
     return resolve_run_config(preset, pe, seed=seed, overrides=overrides).to_dict()
 
@@ -392,7 +265,7 @@ class Sweep:
             stdin=subprocess.DEVNULL,
             env=self._child_env(gpu),
             start_new_session=True,
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
         )
         run._log_handle, run.gpu, run.status, run.returncode = handle, gpu, "running", None
         return True
@@ -401,13 +274,13 @@ class Sweep:
         """A run directory with a config.json and no checkpoints/ died before its first checkpoint: empty it when
         it holds only start-up records of this seed (see the module docstring), so the seed starts from scratch.
         Returns why the seed must not start (the directory is then left as it is), or None."""
-        from pope.train.config import config_differences
+        from pope.train.run_config import config_differences
         from pope.train.rundir import RunLock
 
         if not (run.run_dir / "config.json").is_file() or (run.run_dir / "checkpoints").exists():
             return None  # a new seed, or one that --resume continues (the child checks its checkpoint)
         config = resolved_config(self.preset, self.pe, seed=run.seed, overrides=self.child_sets())
-        if problem := _why_not_start_over(run.run_dir, run.seed, config):
+        if problem := why_not_start_over(run.run_dir, run.seed, config):
             return problem
         lock = RunLock(run.run_dir)  # no trainer may write there while it is emptied
         try:
@@ -415,7 +288,7 @@ class Sweep:
         except RuntimeError as err:
             return str(err)
         try:
-            if problem := _why_not_start_over(run.run_dir, run.seed, config):  # changed before the lock was taken
+            if problem := why_not_start_over(run.run_dir, run.seed, config):  # changed before the lock was taken
                 return problem
             changed = config_differences(json.loads((run.run_dir / "config.json").read_text()), config, ignore=set())
             for name in ("config.json", "env.json", "metrics.jsonl"):
@@ -438,7 +311,7 @@ class Sweep:
             run.status = "finished" if run_finished(run.run_dir) else "stopped"
         elif self._signal is not None:
             run.status = "interrupted"
-        elif (signal_name := _stopped_by_own_signal(run.run_dir, returncode)) is not None:
+        elif (signal_name := stopped_by_own_signal(run.run_dir, returncode)) is not None:
             run.status = "stopped"
             run.note(f"stopped by a {signal_name} sent to this seed alone; --resume continues it")
         else:
@@ -455,7 +328,7 @@ class Sweep:
     def _requeue_after_out_of_memory(self, run: SeedRun) -> bool:
         """True when a failed seed ran out of GPU memory next to other seeds of the sweep on its GPU (and has
         retries left): its GPU's limit drops to the seeds still running there, and it is to be queued again."""
-        if run.status != "failed" or run.oom_retries >= OOM_RETRIES or not _out_of_memory(run):
+        if run.status != "failed" or run.oom_retries >= OOM_RETRIES or not out_of_memory(run):
             return False
         others = sum(r.status == "running" and r.gpu == run.gpu for r in self.runs)
         if not others:
@@ -484,8 +357,8 @@ class Sweep:
     def run(self) -> list[SeedRun]:
         """Run every seed not skipped; returns the seeds with their final status."""
         from pope.provenance import portable_argv
-        from pope.train.config import TrainOptions
-        from pope.train.data import prepare_data
+        from pope.train.run_config import TrainOptions
+        from pope.train.training_data import prepare_data
 
         if any(r.status != "skipped" for r in self.runs):  # once, not by several children at the same time
             prepare_data(self.config["recipe"], TrainOptions(**self.config["train"]))
@@ -598,29 +471,6 @@ class Sweep:
         record["seeds"].update({str(r.seed): r.record() for r in self.runs})
         if self.out.exists():
             write_json_atomic(path, record)
-
-
-def report_lines(runs: list[SeedRun]) -> tuple[list[str], bool]:
-    """(lines for the terminal, whether every seed ended well: finished, skipped or stopped on purpose)."""
-    lines = [
-        f"seed {r.seed:>4}  {r.status:<11}  step {r.step}/{r.total_steps}  {r.run_dir}"
-        + (f"  ({'; '.join(r.notes)})" if r.notes else "")
-        for r in runs
-    ]
-    failed = [r for r in runs if r.status == "failed"]
-    for run in failed:
-        if run.reason is not None:
-            lines.append(f"seed {run.seed} not started: {run.reason}")
-            continue
-        tail = run.log.read_text(errors="replace").strip().splitlines()[-1:] if run.log.exists() else []
-        lines.append(
-            f"seed {run.seed} failed (exit {run.returncode}); log {run.log}" + (f": {tail[0]}" if tail else "")
-        )
-    resumable = [r.seed for r in runs if r.status in ("interrupted", "stopped", "pending")]
-    if resumable:
-        lines.append(f"unfinished seed(s) {resumable}: continue them with the same command plus --resume")
-    ok = not failed and not any(r.status in ("interrupted", "pending") for r in runs)
-    return lines, ok
 
 
 def run_sweep_command(

@@ -20,7 +20,8 @@ import json
 import shutil
 from pathlib import Path
 
-from pope.train.sweep import last_step, run_finished, setting_of
+from pope.train.seed_runs import last_step, run_finished
+from pope.train.sweep import setting_of
 
 
 def _sweep_record(directory: Path, role: str) -> dict:

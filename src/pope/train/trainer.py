@@ -3,10 +3,11 @@
 ``Trainer.train`` is the loop; the parts it is made of live beside it:
 
     rundir.py         --out checks, the run-directory lock, what a directory holds
-    checkpointing.py  what --resume continues from, saving/loading trainer state, RNG states
+    trainer_state.py  what --resume continues from, saving/loading trainer state, RNG states
     parallel.py       single process / DDP / FSDP2: wrapping, gradient sync, full state dicts
     step.py           one optimizer step, eager or replayed from a CUDA graph
-    data.py           training batches (a pure function of seed and step) and evaluation passes
+    training_data.py  the data a run trains and evaluates on, loaded as the samplers below
+    batches.py        training batches (a pure function of seed and step) and evaluation passes
     packing.py        packed document batches (train.pack): pieces end to end, no padding
     evaluate.py       loss and accuracy over a split
     metrics.py        metrics.jsonl, TensorBoard, progress bar, best-checkpoint bookkeeping
@@ -33,22 +34,23 @@ import torch
 from pope import checkpoint as ckpt
 from pope.eval.delta_state import delta_outside_counts
 from pope.provenance import cuda_mps_active, device_name, git_commit, library_versions, portable_argv
-from pope.train.checkpointing import CheckpointManager, resume_checkpoint, seed_everything
-from pope.train.config import RunConfig
-from pope.train.data import ExampleBatches, Shard, load_training_data
+from pope.train.batches import ExampleBatches, Shard
 from pope.train.distributed import all_reduce_sum, on_main_then_everywhere, setup_distributed, teardown_distributed
 from pope.train.evaluate import evaluate_split, evaluation_batch_count
 from pope.train.metrics import BestTracker, MetricsLogger
 from pope.train.optimizer import build_optimizer
 from pope.train.parallel import make_strategy
+from pope.train.run_config import RunConfig
 from pope.train.rundir import RunLock, check_output_dir, describe_run, holds_run
 from pope.train.schedule import WarmupDecaySchedule
 from pope.train.step import EagerStep, GraphedStep
 from pope.train.stopping import StopSignals, StopVote, resume_command
+from pope.train.trainer_state import CheckpointManager, resume_checkpoint, seed_everything
+from pope.train.training_data import load_training_data
 
 
 class Trainer:
-    """Build with a run config (``pope.train.config.resolve_run_config``, or its dict layout) and a run dir.
+    """Build with a run config (``pope.train.run_config.resolve_run_config``, or its dict layout) and a run dir.
 
     A new run needs a directory without a run in it; ``resume=True`` continues ``checkpoints/last``
     (an error when there is none). The directory is locked until ``close()``."""

@@ -1,4 +1,4 @@
-"""`pope eval length|downstream|accuracy`, `pope finetune`, `pope analyze frequencies|delta`, `pope report`.
+"""`pope eval length|downstream|accuracy`, `pope analyze frequencies|delta`, `pope report`.
 
 Thin argument parsing over pope.eval; every heavy import happens inside the command that needs it.
 """
@@ -9,14 +9,11 @@ import argparse
 import json
 from pathlib import Path
 
-from pope.cli import non_negative_int, positive_int
-from pope.devices import resolve_device
+from pope.cli.arguments import non_negative_int, positive_int
 
 
 def register(subparsers) -> None:
     _register_eval(subparsers)
-    if "finetune" not in subparsers.choices:  # pope.train.cli may mount it itself
-        _register_finetune(subparsers)
     _register_analyze(subparsers)
     _register_report(subparsers)
 
@@ -127,7 +124,8 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 def _eval_length(args: argparse.Namespace) -> int:
     import torch
 
-    from pope.eval.length import length_table_markdown, run_length_eval
+    from pope.devices import resolve_device
+    from pope.eval.length_runs import length_table_markdown, run_length_eval
 
     device = resolve_device(args.device)
     if args.bf16 and not device.startswith("cuda"):
@@ -152,6 +150,7 @@ def _eval_length(args: argparse.Namespace) -> int:
 
 
 def _eval_downstream(args: argparse.Namespace) -> int:
+    from pope.devices import resolve_device
     from pope.eval.downstream import (
         downstream_table,
         extra_rows,
@@ -217,58 +216,6 @@ def _eval_accuracy(args: argparse.Namespace) -> int:
     return 0
 
 
-# --------------------------------------------------------------------------------------- finetune
-def _register_finetune(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "finetune",
-        help="extend a run's context by fine-tuning (RoPE -> YaRN, PoPE -> PoPE+ft)",
-        description="The paper's context-extension fine-tune: batch 64, lr 6e-5, 20 warmup steps, no decay. "
-        "RoPE becomes YaRN with scale = context / training context (alpha 1, beta 32, temperature "
-        "(0.1 ln s + 1)^2 in the softmax scale); PoPE is fine-tuned without interpolation.",
-    )
-    parser.add_argument("run", help="trained run (or checkpoint) directory")
-    parser.add_argument("--context", type=positive_int, required=True, help="new context length, e.g. 4096")
-    parser.add_argument("--steps", type=positive_int, default=500, help="fine-tuning steps (default 500)")
-    parser.add_argument("--out", default=None, help="run directory of the fine-tune (default RUN-ft{context})")
-    parser.add_argument("--batch-size", type=positive_int, default=64)
-    parser.add_argument("--lr", type=float, default=6e-5)
-    parser.add_argument("--warmup", type=non_negative_int, default=20)
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="recipe/train overrides as in `pope train`, e.g. --set recipe.grad_accum=8",
-    )
-    parser.add_argument("--resume", action="store_true", help="continue an interrupted fine-tune in --out")
-    parser.set_defaults(func=_finetune)
-
-
-def _finetune(args: argparse.Namespace) -> int:
-    from pope.eval.finetune import run_finetune
-    from pope.eval.runs import run_dir_of
-    from pope.files import check_output_dir
-    from pope.train.stopping import exit_status
-
-    out = args.out or f"{run_dir_of(args.run).as_posix().rstrip('/')}-ft{args.context}"
-    check_output_dir(out, what="--out" if args.out else "the default --out (RUN-ft{context})")
-    summary = run_finetune(
-        args.run,
-        out,
-        context=args.context,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        warmup_steps=args.warmup,
-        overrides=args.overrides,
-        resume=args.resume,
-    )
-    print(json.dumps(summary, indent=2))
-    print(f"fine-tuned run: {out}  (evaluate it with `pope eval length {out} ...`)")
-    return exit_status(summary)  # 130 / 143 after SIGINT / SIGTERM (checkpoint written), else 0
-
-
 # ---------------------------------------------------------------------------------------- analyze
 def _register_analyze(subparsers) -> None:
     parser = subparsers.add_parser("analyze", help="analyses of trained runs (frequency usage, delta)")
@@ -322,6 +269,7 @@ def _register_analyze(subparsers) -> None:
 def _analyze_frequencies(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from pope.devices import resolve_device
     from pope.eval.frequency_usage import (
         analyze_frequencies,
         chunk_tokens,

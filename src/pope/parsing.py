@@ -1,6 +1,6 @@
 """One parser for option strings and one type check for config dataclasses, driven by annotations.
 
-Used for ``--set section.key=value`` (pope.train.config), positional-encoding specs
+Used for ``--set section.key=value`` (pope.train.run_config), positional-encoding specs
 ("pope:delta_init=zero,use_delta=false", pope.encodings) and the ``__post_init__`` of every config
 dataclass (GPTConfig, Recipe, TrainOptions, RunConfig), so text and Python values follow one rule:
 

@@ -62,7 +62,7 @@ def finetune_config(
     """The fine-tune's run config: the original one with the new PE, context and recipe (validated)."""
     from pope.model import GPTConfig
     from pope.presets import Recipe
-    from pope.train.config import TrainOptions, parse_overrides
+    from pope.train.run_config import TrainOptions, parse_overrides
 
     if not isinstance(context, int) or context < 2:
         raise ValueError(f"--context must be an integer >= 2, got {context!r}")

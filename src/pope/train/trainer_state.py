@@ -17,8 +17,10 @@ import numpy as np
 import torch
 
 from pope import checkpoint as ckpt
-from pope.train.config import RESUME_MUTABLE, RunConfig, config_differences
+from pope.checkpoint import checkpoint_step
 from pope.train.distributed import all_gather_object, barrier
+from pope.train.run_config import RESUME_MUTABLE, RunConfig, config_differences
+from pope.train.rundir import describe_run
 
 
 def rng_state() -> dict:
@@ -53,20 +55,9 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def checkpoint_step(path: Path) -> int | None:
-    """The step a checkpoint directory was written at, or None when it is incomplete or unreadable."""
-    try:
-        directory = ckpt.verify_checkpoint(path)
-        return int(torch.load(directory / ckpt.STATE_FILE, map_location="cpu", weights_only=True, mmap=True)["step"])
-    except (ValueError, FileNotFoundError, KeyError, RuntimeError, OSError):
-        return None
-
-
 def resume_checkpoint(run_dir: Path, config: RunConfig) -> Path:
     """The verified ``checkpoints/last`` of a run that ``config`` may continue; otherwise an error that
     says what is there and what to do."""
-    from pope.train.rundir import describe_run
-
     config_path = run_dir / "config.json"
     if not config_path.exists():
         raise FileNotFoundError(

@@ -9,7 +9,7 @@ A ``RunConfig`` carries typed sections; ``to_dict()`` is what ``RUN/config.json`
      "finetune": {...}   (fine-tunes only: where the weights came from)}
 
 ``--set`` keys are ``model.FIELD``, ``recipe.FIELD`` or ``train.FIELD``; values are read by the field's
-type with pope.config's rule (booleans true/false/yes/no/on/off/1/0, integers without a fraction,
+type with pope.parsing's rule (booleans true/false/yes/no/on/off/1/0, integers without a fraction,
 ``none`` for optional fields). An unknown or repeated key is a ValueError listing the valid keys.
 Every section validates itself on construction; ``RunConfig`` checks what spans sections. On
 ``--resume`` the stored config must equal the new one except ``RESUME_MUTABLE`` keys (how the run is
@@ -23,8 +23,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pope.config import check_fields, field_types, from_dict, parse_assignments
 from pope.model import GPTConfig
+from pope.parsing import check_fields, field_types, from_dict, parse_assignments
 from pope.presets import Recipe
 
 SECTIONS = ("model", "recipe", "train")
@@ -122,7 +122,7 @@ class RunConfig:
     recipe: Recipe
     train: TrainOptions = field(default_factory=TrainOptions)
     finetune: dict | None = None
-    """Fine-tunes only (pope.eval.finetune): the source checkpoint, scale and method."""
+    """Fine-tunes only (pope.train.finetune): the source checkpoint, scale and method."""
 
     def __post_init__(self):
         check_fields(self)

@@ -1,4 +1,4 @@
-"""`pope train` (thin: argument parsing over pope.train).
+"""`pope train` and `pope finetune` (thin: argument parsing over pope.train).
 
     pope train PRESET --pe NAME --out DIR [--set section.key=value ...] [--resume] [--seed N]
     pope train PRESET --pe NAME --seeds 0-7 --out DIR [--jobs-per-gpu N] [--jobs N] [--resume]
@@ -6,7 +6,7 @@
 With --seeds, one ordinary training process per seed writes DIR/seed-N/ (pope.train.sweep).
 
 The indirect-indexing accuracy of a trained run on a file of examples is `pope eval accuracy RUN
---data FILE` (registered by pope.eval.cli over pope.train.evaluate.task_accuracy).
+--data FILE` (registered by pope.cli.eval over pope.train.evaluate.task_accuracy).
 Under `torchrun --nproc_per_node=N pope train ...` the same command trains with DDP (or FSDP2 with
 --set train.parallel=fsdp).
 """
@@ -17,6 +17,8 @@ import argparse
 import json
 import os
 import sys
+
+from pope.cli.arguments import non_negative_int, positive_int
 
 
 def register(subparsers) -> None:
@@ -62,6 +64,7 @@ def register(subparsers) -> None:
     )
     train.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     train.set_defaults(func=_train)
+    _register_finetune(subparsers)
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -84,7 +87,7 @@ def _train(args: argparse.Namespace) -> int:
         raise ValueError("--jobs and --jobs-per-gpu apply to seed sweeps (--seeds)")
     args.seed = 0 if args.seed is None else args.seed
 
-    from pope.train.config import resolve_run_config
+    from pope.train.run_config import resolve_run_config
     from pope.train.stopping import exit_status
     from pope.train.trainer import run_training
 
@@ -103,4 +106,56 @@ def _train(args: argparse.Namespace) -> int:
         return 130
     if os.environ.get("RANK", "0") == "0":  # under torchrun only rank 0 reports
         print(json.dumps(summary, indent=2))
+    return exit_status(summary)  # 130 / 143 after SIGINT / SIGTERM (checkpoint written), else 0
+
+
+# --------------------------------------------------------------------------------------- finetune
+def _register_finetune(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "finetune",
+        help="extend a run's context by fine-tuning (RoPE -> YaRN, PoPE -> PoPE+ft)",
+        description="The paper's context-extension fine-tune: batch 64, lr 6e-5, 20 warmup steps, no decay. "
+        "RoPE becomes YaRN with scale = context / training context (alpha 1, beta 32, temperature "
+        "(0.1 ln s + 1)^2 in the softmax scale); PoPE is fine-tuned without interpolation.",
+    )
+    parser.add_argument("run", help="trained run (or checkpoint) directory")
+    parser.add_argument("--context", type=positive_int, required=True, help="new context length, e.g. 4096")
+    parser.add_argument("--steps", type=positive_int, default=500, help="fine-tuning steps (default 500)")
+    parser.add_argument("--out", default=None, help="run directory of the fine-tune (default RUN-ft{context})")
+    parser.add_argument("--batch-size", type=positive_int, default=64)
+    parser.add_argument("--lr", type=float, default=6e-5)
+    parser.add_argument("--warmup", type=non_negative_int, default=20)
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="recipe/train overrides as in `pope train`, e.g. --set recipe.grad_accum=8",
+    )
+    parser.add_argument("--resume", action="store_true", help="continue an interrupted fine-tune in --out")
+    parser.set_defaults(func=_finetune)
+
+
+def _finetune(args: argparse.Namespace) -> int:
+    from pope.eval.runs import run_dir_of
+    from pope.files import check_output_dir
+    from pope.train.finetune import run_finetune
+    from pope.train.stopping import exit_status
+
+    out = args.out or f"{run_dir_of(args.run).as_posix().rstrip('/')}-ft{args.context}"
+    check_output_dir(out, what="--out" if args.out else "the default --out (RUN-ft{context})")
+    summary = run_finetune(
+        args.run,
+        out,
+        context=args.context,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        warmup_steps=args.warmup,
+        overrides=args.overrides,
+        resume=args.resume,
+    )
+    print(json.dumps(summary, indent=2))
+    print(f"fine-tuned run: {out}  (evaluate it with `pope eval length {out} ...`)")
     return exit_status(summary)  # 130 / 143 after SIGINT / SIGTERM (checkpoint written), else 0

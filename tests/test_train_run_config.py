@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from pope.config import parse_value
 from pope.encodings import parse_pe_spec
 from pope.model import GPTConfig
+from pope.parsing import parse_value
 from pope.presets import PRESETS, Recipe, get_preset
-from pope.train.config import RunConfig, TrainOptions, parse_overrides, resolve_run_config
+from pope.train.run_config import RunConfig, TrainOptions, parse_overrides, resolve_run_config
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "indirect_indexing"
 MODEL = dict(vocab_size=10, n_layer=1, n_head=2, d_model=8, max_seq_len=8)

@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from pope.cli import positive_int
+from pope.cli.arguments import positive_int
 
 
 def register(subparsers) -> None:

@@ -1,0 +1,39 @@
+"""`pope_attention`: the functional PoPE attention API (api), its input checks (checks), the reference (reference).
+
+Backends:
+  "reference"  pure PyTorch: materialise the 2d-channel q'/k' (fp32 trigonometry, then the input dtype)
+               and call scaled_dot_product_attention. Clear, differentiable, any device.
+  "triton"     the fused Triton kernels (pope.ops / pope.kernels), CUDA only.
+  "auto"       "triton" when the inputs are on CUDA, Triton is importable and the kernels can run the
+               call; "reference" otherwise.
+
+Score between the query at position t and the key at position s (r = rotary_dim, f = magnitude):
+    softmax_scale * ( sum_{c<r} f(q_c) f(k_c) cos((s - t) theta_c + delta_c) + sum_{c>=r} q_c k_c )
+which is the real dot product of
+    q' = [f(q) cos(t theta - delta), f(q) sin(t theta - delta), q[r:]]
+    k' = [f(k) cos(s theta),         f(k) sin(s theta),         k[r:]]
+delta sits in the query phase so that k' does not depend on the query head (GQA shares keys).
+
+The inputs are checked here, once, for every backend (the kernels' layer asks only whether it can run a call:
+device, dtype, head dim); bad input is a ValueError or TypeError saying what is wrong. Masked keys do not count:
+keys past every query's position are not read at all, and a key masked from a query (causal) reaches none of that
+query's outputs whatever its values, NaN and inf included (the masks select, they do not add).
+"""
+
+from pope.attention.api import pope_attention, pope_attention_varlen
+from pope.attention.checks import BACKENDS, MAX_POSITION, check_cu_seqlens, check_max_seqlen, sequence_lengths
+from pope.attention.reference import reference_pope_attention, sdpa
+from pope.magnitudes import MAGNITUDES
+
+__all__ = [
+    "BACKENDS",
+    "MAGNITUDES",
+    "MAX_POSITION",
+    "check_cu_seqlens",
+    "check_max_seqlen",
+    "pope_attention",
+    "pope_attention_varlen",
+    "reference_pope_attention",
+    "sdpa",
+    "sequence_lengths",
+]
