@@ -64,7 +64,18 @@ def _run(path: Path, *, preset="indirect-indexing", pe="pope", seed=0, accuracie
         "same_documents": True,
         "step": 2000,
         "git_commit": "abc1234",
-        "results": [{"length": n, "mean_nll": 0.1 * n, "perplexity": 1.0 + n / 3, "n_targets": 7} for n in (64, 128)],
+        "results": [
+            {
+                "length": n,
+                "mean_nll": 0.1 * n,
+                "perplexity": 1.0 + n / 3,
+                "n_targets": 7,
+                "bucket_edges": [0, n // 2, n],
+                "bucket_nll": [0.5, 0.7],
+                "bucket_count": [3, 4],
+            }
+            for n in (64, 128)
+        ],
     }
     (path / "eval" / "length-jsb-test-64-128.json").write_text(json.dumps(length))
     by_shift = {f"{s:+d}": {"correct": 3 + s, "examples": 20} for s in (-2, 1, 3)}
@@ -101,6 +112,14 @@ def test_tables_hold_every_value_of_the_runs_and_read_back_to_the_same_report(tm
     assert back[2].value == 0.1 + 0.2 != 0.3  # written as repr: every float reads back to itself
     assert (3000, "model", "delta_below", 2) in first.curves and (3000, "train", "lr", 1e-3 * 0.1) in first.curves
     assert isinstance(dict((m, v) for s, sp, m, v in back[0].curves if sp == "test")["scored_tokens"], int)
+    assert first.length_ppl == {
+        "jsb/test, the same documents at every length to 128": {64: 1.0 + 64 / 3, 128: 1.0 + 128 / 3}
+    }
+    assert [(r["length"], r["position_from"], r["position_to"], r["nll"], r["targets"]) for r in first.lengths][:3] == [
+        (64, None, None, 6.4, 7),
+        (64, 0, 32, 0.5, 3),
+        (64, 32, 64, 0.7, 4),
+    ]
     assert first.test_by_shift == {-2: (1, 20), 1: (4, 20), 3: (6, 20)} and first.task_accuracy == {
         "test": 0.45,
         "train": 0.5,

@@ -13,6 +13,7 @@ from pathlib import Path
 from pope.eval.delta_state import DELTA_STATE_FILE
 from pope.eval.report_records import (
     CURVE_SPLITS,
+    LENGTH_KEYS,
     TRAIN_CURVE_METRICS,
     RunRecord,
     best_valid_value,
@@ -108,27 +109,47 @@ def run_provenance(run_dir: Path, summary: dict, records: list[dict]) -> dict:
 
 
 def length_rows(run_dir: Path) -> list[dict]:
+    """The rows of ``pope eval length``'s records of this run (LENGTH_KEYS): per length, the whole window and then
+    each range of positions inside it."""
     rows = []
     for path in sorted((run_dir / "eval").glob("length-*.json")):
         data = json.loads(path.read_text())
-        for result in data.get("results", []):
-            rows.append(
-                {
-                    "evaluation": path.stem,
-                    "data": data.get("data_name", "?"),
-                    "split": data.get("split", "?"),
-                    "same_documents": bool(data.get("same_documents")),
-                    "step": data.get("step"),
-                    "length": int(result["length"]),
-                    "nll": result.get("mean_nll"),
-                    "perplexity": float(result["perplexity"]),
-                    "targets": result.get("n_targets"),
-                    "commit": data.get("git_commit"),
-                    "device": data.get("device"),
-                    "date": data.get("date_utc"),
-                    "command": data.get("command"),
-                }
+        shared = {
+            **dict.fromkeys((*LENGTH_KEYS, "commit", "device", "date", "command")),
+            "evaluation": path.stem,
+            "data": data.get("data_name", "?"),
+            "split": data.get("split", "?"),
+            "same_documents": bool(data.get("same_documents")),
+            "step": data.get("step"),
+        }
+        provenance = {
+            key: data.get(name)
+            for key, name in (
+                ("commit", "git_commit"),
+                ("device", "device"),
+                ("date", "date_utc"),
+                ("command", "command"),
             )
+        }
+        for result in data.get("results", []):
+            length = int(result["length"])
+            whole = {"nll": result.get("mean_nll"), "perplexity": float(result["perplexity"])}
+            rows.append({**shared, "length": length, **whole, "targets": result.get("n_targets"), **provenance})
+            edges = result.get("bucket_edges") or []
+            for start, end, nll, count in zip(
+                edges, edges[1:], result.get("bucket_nll") or [], result.get("bucket_count") or []
+            ):
+                rows.append(
+                    {
+                        **shared,
+                        "length": length,
+                        "position_from": start,
+                        "position_to": end,
+                        "nll": nll,
+                        "targets": count,
+                        **provenance,
+                    }
+                )
     return rows
 
 

@@ -124,9 +124,23 @@ PROVENANCE_KEYS = (
 versions, start date (UTC) and command (env.json, summary.json, metrics.jsonl)."""
 
 
-LENGTH_KEYS = ("evaluation", "data", "split", "same_documents", "step", "length", "nll", "perplexity", "targets")
-"""One evaluated length of a ``pope eval length`` record (eval/length-*.json; ``evaluation`` names the file), with
-the evaluation's own provenance (commit, device, date, command) beside it."""
+LENGTH_KEYS = (
+    "evaluation",
+    "data",
+    "split",
+    "same_documents",
+    "step",
+    "length",
+    "position_from",
+    "position_to",
+    "nll",
+    "perplexity",
+    "targets",
+)
+"""One evaluated length of a ``pope eval length`` record (eval/length-*.json; ``evaluation`` names the file): a row
+for the whole window (no positions), then one per range of positions inside it [position_from, position_to) with
+that range's NLL and targets (the record's ``bucket_nll``); the evaluation's provenance (commit, device, date,
+command) beside it."""
 
 
 def finite(values) -> list[float]:
@@ -278,7 +292,8 @@ def length_tables(rows: list[dict]) -> dict[str, dict[int, float]]:
     documents at every length is keyed apart (its own table in the report)."""
     by_evaluation: dict[str, list[dict]] = {}
     for row in rows:
-        by_evaluation.setdefault(row["evaluation"], []).append(row)
+        if row.get("position_from") is None:  # the whole window, not a range of positions inside it
+            by_evaluation.setdefault(row["evaluation"], []).append(row)
     tables = {}
     for members in by_evaluation.values():
         by_length = {int(r["length"]): float(r["perplexity"]) for r in members}

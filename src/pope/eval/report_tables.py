@@ -58,7 +58,19 @@ downstream_<task> (when a run has them), the provenance (PROVENANCE_KEYS), note 
 CURVE_COLUMNS = ("run", "step", "split", "metric", "value")
 LENGTH_COLUMNS = ("run", *LENGTH_KEYS, "commit", "device", "date", "command")
 SHIFT_COLUMNS = ("run", "step", "split", "shift", "correct", "examples")
-_INTEGERS = {"seed", "step", "max_steps", "best_step", "rescored_step", "params", "world_size", "length", "targets"}
+_INTEGERS = {
+    "seed",
+    "step",
+    "max_steps",
+    "best_step",
+    "rescored_step",
+    "params",
+    "world_size",
+    "length",
+    "targets",
+    "position_from",
+    "position_to",
+}
 _BOOLEANS = {"finished", "dirty", "same_documents"}
 _FLOATS = {"headline", "at_best_valid", "delta_outside", "seconds", "median_step_ms", "nll", "perplexity", *FINAL_KEYS}
 
