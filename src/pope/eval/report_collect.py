@@ -109,8 +109,8 @@ def run_provenance(run_dir: Path, summary: dict, records: list[dict]) -> dict:
 
 
 def length_rows(run_dir: Path) -> list[dict]:
-    """The rows of ``pope eval length``'s records of this run (LENGTH_KEYS): per length, the whole window and then
-    each range of positions inside it."""
+    """The rows of ``pope eval length``'s records of this run (LENGTH_KEYS): per length, the whole window with the
+    evaluation's provenance, then each range of positions inside it."""
     rows = []
     for path in sorted((run_dir / "eval").glob("length-*.json")):
         data = json.loads(path.read_text())
@@ -147,7 +147,6 @@ def length_rows(run_dir: Path) -> list[dict]:
                         "position_to": end,
                         "nll": nll,
                         "targets": count,
-                        **provenance,
                     }
                 )
     return rows

@@ -139,8 +139,8 @@ LENGTH_KEYS = (
 )
 """One evaluated length of a ``pope eval length`` record (eval/length-*.json; ``evaluation`` names the file): a row
 for the whole window (no positions), then one per range of positions inside it [position_from, position_to) with
-that range's NLL and targets (the record's ``bucket_nll``); the evaluation's provenance (commit, device, date,
-command) beside it."""
+that range's NLL and targets (the record's ``bucket_nll``); the whole-window rows carry the evaluation's provenance
+(commit, device, date, command)."""
 
 
 def finite(values) -> list[float]:
