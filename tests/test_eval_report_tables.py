@@ -232,3 +232,11 @@ def test_report_modules_form_no_import_cycle_and_none_exceeds_500_lines():
         visit(name, [])
     for name, path in modules.items():
         assert len(path.read_text().splitlines()) <= 500, name
+
+
+def test_a_run_directory_that_holds_tables_is_still_read_as_a_run(tmp_path):
+    run = _run(tmp_path / "run")
+    write_report([str(run)], run)  # the tables written into the run directory itself
+    assert (run / "runs.csv").is_file()
+    (record,) = load_records([str(run)])
+    assert not record.from_table and record.run == str(run)

@@ -325,7 +325,7 @@ def load_records(inputs: list[str], only: list[str] | None = None) -> list[RunRe
         raise ValueError("give at least one run directory, sweep directory or folder of run tables")
     records = []
     for text in inputs:
-        table = tables_path(text)
+        table = None if (Path(text) / "config.json").is_file() else tables_path(text)  # a run dir is a run dir
         records += read_tables(table) if table else [collect_run(run) for run in expand_runs([text])]
     _unique_ids(records)
     if only:
