@@ -21,6 +21,7 @@ REPRODUCTION = (RESULTS / "REPRODUCTION.md").read_text()
 
 # (folder, --only globs, --against, the report it regenerates): the commands in each folder's README
 REPORTS = [
+    ("demo", None, None, "demo/report.md"),
     ("jsb", None, None, "jsb/report.md"),
     ("maestro", None, None, "maestro/report.md"),
     ("genome", ["genome-*"], None, "genome/report.md"),
@@ -62,13 +63,23 @@ def test_each_committed_report_is_what_pope_report_makes_of_the_tables(folder, o
     assert report_markdown(load_records([str(RESULTS / folder)], only), against) == (RESULTS / report).read_text()
 
 
-@pytest.mark.parametrize("folder", ["jsb", "maestro", "genome", "text", "indirect_indexing"])
+@pytest.mark.parametrize("folder", ["demo", "jsb", "maestro", "genome", "text", "indirect_indexing"])
 def test_each_runs_headline_is_the_one_its_curves_give(folder):
     records = read_tables(RESULTS / folder)
     assert records and all(r.provenance.get("commit") and r.provenance.get("gpu") for r in records)
     for record in records:
         metric, value = headline_metric(eval_records(record.curves), run_metric(record.preset, record.config))
         assert (metric, value) == (record.metric, record.value), record.run_id
+
+
+def test_demo_tables_give_make_demos_table():
+    """The tables come from a second `make demo` run; its NLL per length is demo.md's at every printed digit."""
+    demo = (RESULTS / "demo" / "demo.md").read_text()
+    for record in read_tables(RESULTS / "demo"):
+        cells = [f"{row['nll']:.4f}" for row in record.lengths if row["position_from"] is None]
+        assert len(cells) == 4
+        row = next(line for line in demo.splitlines() if line.startswith("| ") and f"| {record.pe} |" in line)
+        assert [cell.split(" (")[0] for cell in row.strip(" |").split(" | ")[3:]] == cells, record.run_id
 
 
 def test_jsb_numbers():
