@@ -760,6 +760,10 @@ def test_report_lift_off_table_from_sweep_directories(tmp_path):
     rope = _sweep(tmp_path / "rope", "rope", [0.11, 0.12])
     fp32 = _sweep(tmp_path / "pope-fp32", "pope", [0.9, 0.8], overrides=["train.autocast=none"])
     markdown, written = write_report([pope, rope, fp32], tmp_path / "report")
+    # the report's folder holds its tables (runs.csv, curves.csv); a report of them is the same report
+    assert {p.name for p in written} >= {"runs.csv", "curves.csv"}
+    again, rewritten = write_report([str(tmp_path / "report")], tmp_path / "r2")
+    assert again == markdown and "runs.csv" not in {p.name for p in rewritten}  # tables in, report and plots out
     # PoPE: finals 95, 5, 40, 6 % -> mean 36.50, sample std 42.26, median 23.00; 2/4 lift off; seed 4 left out;
     # gaps 1, 6, 5, 4 points -> 4.00 ± 2.16
     lo, hi = wilson_interval(2, 4)
@@ -811,8 +815,9 @@ def test_report_lift_off_table_from_sweep_directories(tmp_path):
     assert "| rope |" not in delta
     assert (tmp_path / "report" / "accuracy_vs_step.png").stat().st_size > 10_000
     assert {p.name for p in written} >= {"report.md", "report.png", "accuracy_vs_step.png"}
-    with pytest.raises(FileNotFoundError, match="neither a `pope train` run directory nor a sweep"):
-        write_report([str(tmp_path / "report")], tmp_path / "r2")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="neither a `pope train` run directory, a sweep"):
+        write_report([str(tmp_path / "empty")], tmp_path / "r3")
 
 
 def test_report_lists_a_settings_seeds_in_seed_order_whatever_the_argument_order(tmp_path):
@@ -939,7 +944,7 @@ def test_report_against_compares_every_other_setting_with_one_sweep(tmp_path):
     assert len(paired) == 2 and all("2 pairs (seeds 0,1; 1 above)" in line for line in paired)
     assert any("| +0.3500 |" in line for line in paired) and any("| -0.3850 |" in line for line in paired)
     assert "## Against" not in write_report([pope, rope], tmp_path / "r1")[0]
-    with pytest.raises(ValueError, match="none of the RUN arguments is inside it"):
+    with pytest.raises(ValueError, match="no run given is inside it"):
         write_report([rope, fp32], tmp_path / "r2", against=pope)
     with pytest.raises(ValueError, match="not one setting"):
         write_report([pope, fp32], tmp_path / "r3", against=tmp_path)

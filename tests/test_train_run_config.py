@@ -1,5 +1,6 @@
 """Typed configs and the one option parser: --set, PE specs and Python values follow the same rules."""
 
+import csv
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -12,7 +13,7 @@ from pope.parsing import parse_value
 from pope.presets import PRESETS, Recipe, get_preset
 from pope.train.run_config import RunConfig, TrainOptions, parse_overrides, resolve_run_config
 
-RESULTS = Path(__file__).resolve().parents[1] / "results" / "indirect_indexing"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 MODEL = dict(vocab_size=10, n_layer=1, n_head=2, d_model=8, max_seq_len=8)
 
 
@@ -111,10 +112,12 @@ def test_run_config_is_typed_and_config_json_keeps_its_layout():
         RunConfig.from_dict({**data, "extra": 1})
     with pytest.raises(ValueError, match="unknown TrainOptions fields"):
         RunConfig.from_dict({**data, "train": {**data["train"], "devices": "cpu"}})
-    # config.json of runs written before the typed config load unchanged (and would resume)
-    for record in sorted(RESULTS.glob("*.run.json")):
-        stored = json.loads(record.read_text())["config"]
-        assert RunConfig.from_dict(stored).to_dict() == stored
+    # config.json of runs written before the typed config (every run of results/*/runs.csv) load unchanged (and
+    # would resume)
+    stored = [json.loads(row["config"]) for table in RESULTS.glob("*/runs.csv") for row in csv.DictReader(table.open())]
+    assert len(stored) > 100
+    for config in stored:
+        assert RunConfig.from_dict(config).to_dict() == config
 
 
 # The *-tiny presets as they were written out by hand before tiny() derived them from the full presets:

@@ -364,31 +364,49 @@ def _analyze_delta(args: argparse.Namespace) -> int:
 def _register_report(subparsers) -> None:
     parser = subparsers.add_parser(
         "report",
-        help="one markdown table (+ plot) over runs and seeds",
-        description="Metric per preset x positional encoding, mean ± std over seeds, "
-        "with the paper's number where the preset matches; plus length "
-        "and downstream tables when those evaluations exist.",
+        help="summary, plots and tidy tables (runs.csv, curves.csv) over runs and seeds",
+        description="Metric per preset x positional encoding x setting, mean ± std over seeds, with the paper's "
+        "number where the preset matches; comparisons against RoPE; for accuracy tasks (indirect indexing) test "
+        "accuracy and lift-off; length and downstream tables when those evaluations exist. From run directories it "
+        "also writes the tables runs.csv and curves.csv (lengths.csv, shifts.csv); from a folder of such tables it "
+        "regenerates the summary and the plots.",
     )
     parser.add_argument(
-        "runs", nargs="+", metavar="RUN", help="run directories or sweep directories (pope train --seeds)"
+        "runs",
+        nargs="+",
+        metavar="INPUT",
+        help="run directories, sweep directories (pope train --seeds), or folders of tables (or their runs.csv)",
     )
-    parser.add_argument("--out", default="pope-report", help="directory for report.md and report.png")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="directory for report.md, the plots and the tables; default INPUT/report, allowed only with a "
+        "single INPUT (never the current directory)",
+    )
     parser.add_argument(
         "--against",
         metavar="DIR",
         default=None,
         help="also compare every other setting of the same preset with this sweep directory "
-        "(one of the RUN arguments), e.g. recipe knobs against the paper's recipe",
+        "(one of the inputs; for runs read from tables, a prefix of their run ids), e.g. recipe knobs against "
+        "the paper's recipe",
+    )
+    parser.add_argument(
+        "--only",
+        metavar="GLOB",
+        action="append",
+        default=None,
+        help="keep only the runs whose run id (runs.csv's run column, e.g. 'pope/seed-*') matches; repeatable",
     )
     parser.set_defaults(func=_report)
 
 
 def _report(args: argparse.Namespace) -> int:
-    from pope.eval.report import write_report
+    from pope.eval.report import default_out, write_report
     from pope.files import check_output_dir
 
-    check_output_dir(args.out)
-    markdown, written = write_report(args.runs, args.out, against=args.against)
+    out = check_output_dir(args.out) if args.out is not None else check_output_dir(default_out(args.runs))
+    markdown, written = write_report(args.runs, out, against=args.against, only=args.only)
     print(markdown)
     print("wrote " + ", ".join(str(p) for p in written))
     return 0

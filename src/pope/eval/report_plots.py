@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pope.eval.report import (
+from pope.eval.report_records import (
     LIFT_OFF_ACCURACY,
     RunRecord,
     by_shift_groups,
