@@ -77,9 +77,8 @@ def launch(kernel, grid: tuple, site: tuple | None, args: tuple, **meta):
     kernel is called directly: Triton's launch path (binding and specialising ~30 arguments, cache lookup,
     checks) costs several times the launch itself in host time, which is what an eager call at short
     sequences waits on (docs/kernels.md, host overhead), and so does a compiled model's step in torch.compile's
-    default mode (benchmarks/experiments/host_delay_step.py). Where it can (RawLaunch), the direct call skips
-    Triton's Python launcher as well and reuses each TMA descriptor's encoding. site=None (or the interpreter,
-    or a Triton launch hook) always takes Triton's path."""
+    default mode. Where it can (RawLaunch), the direct call skips Triton's Python launcher as well and reuses each
+    TMA descriptor's encoding. site=None (or the interpreter, or a Triton launch hook) always takes Triton's path."""
     if site is None or not DIRECT_PATH or not SETTINGS.direct_launch or INTERPRET or launch_hooks_active():
         return kernel[grid](*args, **meta)
     device = torch.cuda.current_device()  # Triton launches on the current device, and loads kernels per device
