@@ -10,12 +10,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pope.data.vocabulary import check_token_range, check_vocab_compatible
 from pope.eval.length import (
     LengthResult,
     check_bool,
     check_positive,
-    check_token_range,
-    check_vocab_compatible,
     evaluate_lengths,
     parse_lengths,
 )

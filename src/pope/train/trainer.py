@@ -32,7 +32,8 @@ import numpy as np
 import torch
 
 from pope import checkpoint as ckpt
-from pope.eval.delta_state import delta_outside_counts
+from pope.data.vocabulary import check_token_range
+from pope.encodings import delta_outside_counts
 from pope.provenance import cuda_mps_active, device_name, git_commit, library_versions, portable_argv
 from pope.train.batches import ExampleBatches, Shard
 from pope.train.distributed import all_reduce_sum, on_main_then_everywhere, setup_distributed, teardown_distributed
@@ -250,7 +251,7 @@ class Trainer:
             else:
                 metrics.update(self.evaluate(split))
         # how many of PoPE's δ entries lie outside [-2π, 0] (stopped learning under the forward clamp): its course
-        # over training, next to the accuracy, shows when entries freeze (pope.eval.delta_state)
+        # over training, next to the accuracy, shows when entries freeze (pope.encodings.polar)
         metrics.update(delta_outside_counts(self.model))
         logger.log({"step": self.step, "kind": "eval", **metrics})
         if self.best.update(self.step, metrics):
@@ -413,8 +414,6 @@ class Trainer:
 def _check_vocabulary(data, config: RunConfig) -> None:
     """The model must cover the data's vocabulary and every token id actually in it (a file that
     disagrees with its manifest would otherwise fail deep inside the embedding). Reads every split once."""
-    from pope.eval.length import check_token_range
-
     vocab = config.model.vocab_size
     if vocab < data.vocab_size:
         raise ValueError(
