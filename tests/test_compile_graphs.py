@@ -104,7 +104,7 @@ def test_capability_lookup_leaves_no_guard_on_the_cache(monkeypatch):
     """Compiled code asks a CUDA device's capability on every attention call. The lookup fills a process-wide
     cache; if dynamo traced into it, its guard on that cache would fail on the next call and recompile the model.
     On CPU, a stand-in capability lets the same code run."""
-    from pope.devices import cuda_capability
+    from pope.kernels.capability import cuda_capability
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     SETTINGS.caches.capabilities.clear()

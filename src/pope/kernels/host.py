@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import torch
 
-from pope.devices import cuda_capability
+from pope.kernels.capability import cuda_capability
 from pope.settings import SETTINGS
 
 
