@@ -32,8 +32,10 @@ import numpy as np
 import torch
 
 from pope import checkpoint as ckpt
+from pope.data.prepared import resolve_dataset
 from pope.data.vocabulary import check_token_range
 from pope.encodings import delta_outside_counts
+from pope.model import GPT
 from pope.provenance import cuda_mps_active, device_name, git_commit, library_versions, portable_argv
 from pope.train.batches import ExampleBatches, Shard
 from pope.train.distributed import all_reduce_sum, on_main_then_everywhere, setup_distributed, teardown_distributed
@@ -66,8 +68,6 @@ class Trainer:
     ) -> None:
         """init_from: start a new run from these weights (e.g. a fine-tune); ignored when resuming, where the
         run's own checkpoint wins. Loaded before the model is wrapped (DDP/FSDP2) or compiled."""
-        from pope.model import GPT
-
         self.config = RunConfig.coerce(config)
         self.run_dir = Path(run_dir)
         self.options, self.recipe = self.config.train, self.config.recipe
@@ -422,8 +422,6 @@ def _check_vocabulary(data, config: RunConfig) -> None:
         )
     source = config.train.data_dir or config.recipe.dataset
     if not data.is_task:  # name the prepared dataset's files
-        from pope.data.prepared import resolve_dataset
-
         source = resolve_dataset(source).path
     splits = {split: [inputs, targets] for split, (inputs, targets) in data.eval_examples.items()}
     splits.update({split: [tokens] for split, tokens in data.eval_tokens.items()})
