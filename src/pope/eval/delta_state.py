@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 
 from pope.encodings import delta_outside, learned_deltas
+from pope.eval.runs import load_run_model, run_dir_of
+from pope.files import write_json_atomic
 
 DELTA_STATE_FILE = "eval/delta_state.json"
 """Where ``pope analyze delta`` writes the result."""
@@ -84,9 +86,6 @@ def write_delta_state(path: str | Path, out: str | Path | None = None) -> tuple[
     """Load the model of a run directory (its best checkpoint if it has one, else its last) or of a checkpoint
     directory, and write its :func:`delta_state`, with the checkpoint's path and step, to ``out`` (default
     RUN/eval/delta_state.json, atomically). Returns (state, the file written)."""
-    from pope.eval.runs import load_run_model, run_dir_of
-    from pope.files import write_json_atomic
-
     model, info = load_run_model(path)
     state = {"checkpoint": info["path"], "step": info["step"], **delta_state(model)}
     out = Path(out) if out is not None else run_dir_of(path) / DELTA_STATE_FILE

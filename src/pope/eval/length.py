@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from pope.eval.windows import WindowPlan, describe_split, plan_windows, validate_doc_offsets
 
@@ -91,8 +92,6 @@ def score_windows(
     description: str = "",
 ) -> LengthResult:
     """Score every window of ``plan`` over the flat ``tokens`` array with ``model``."""
-    from tqdm.auto import tqdm
-
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     length = plan.length
