@@ -93,6 +93,11 @@ def test_import_pope_is_light():
     assert not {"torch", "numpy"} & _imported_after("import pope")
 
 
+def test_the_command_line_parser_is_light():
+    """`pope --help` builds the whole parser, every command module imported: neither torch nor numpy."""
+    assert not {"torch", "numpy"} & _imported_after("import pope.cli; pope.cli.build_parser()")
+
+
 @pytest.mark.parametrize("module", ["pope.attention", "pope.encodings", "pope.model", "pope.ops"])
 def test_the_model_stack_imports_no_triton(module):
     """The model stack imports torch only: Triton and torch._dynamo (~1.2 s) load on the first kernel call."""

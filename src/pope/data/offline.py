@@ -33,7 +33,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pope.data.chorales import build_music21_chorales, music21_grid_cache_path
 from pope.data.paths import cache_root
 from pope.files import exclusive_lock
 
@@ -328,6 +327,9 @@ def fetch(names: list[str] | None = None) -> None:
         start = time.perf_counter()
         try:
             if name == CHORALES:
+                # here: chorales imports numpy and tqdm (~0.1 s), and `pope --help` reads this module's names
+                from pope.data.chorales import build_music21_chorales, music21_grid_cache_path
+
                 cached = music21_grid_cache_path().is_file()
                 chorales, _ = build_music21_chorales(progress=True)
                 where, state = music21_grid_cache_path(), "cached" if cached else f"built ({len(chorales)} chorales)"
@@ -354,6 +356,8 @@ def status() -> int:
         if state != "ok":
             print(f"{'':15s} {detail}; fix: {_refetch_command(name)}")
     try:
+        from pope.data.chorales import music21_grid_cache_path  # here, as in fetch: `pope --help` stays light
+
         chorale_cache = music21_grid_cache_path()
         ok = chorale_cache.is_file()
     except ImportError:
