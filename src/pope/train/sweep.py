@@ -48,8 +48,6 @@ import sys
 import time
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 import pope
 from pope.files import write_json_atomic
 from pope.provenance import portable_argv
@@ -439,6 +437,8 @@ class Sweep:
     def _progress_bar(self):
         if not self.progress:
             return None
+        from tqdm.auto import tqdm  # here: ~50 ms, and shell scripts import this module once per run (run_finished)
+
         return tqdm(
             total=sum(r.total_steps for r in self.runs),
             unit="step",
