@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export POPE_CACHE ?= $(HOME)/.cache/pope
 
-.PHONY: setup data test test-fast demo clean
+.PHONY: setup data lint test test-fast demo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,14 @@ setup: $(STAMP)
 data: $(STAMP)
 	$(PY) -m pope.data.offline fetch
 
-test: setup data
+# ruff (lint and format) and import-linter's contracts, as configured in pyproject.toml (docs/ARCHITECTURE.md).
+LINT_PATHS := src tests scripts benchmarks examples
+lint: setup
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
+	$(VENV)/bin/lint-imports
+
+test: setup lint data
 	$(PY) -m pytest -q --timeout=600 tests
 
 test-fast: setup

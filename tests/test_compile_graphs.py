@@ -103,15 +103,16 @@ def test_parameters_outside_attention_are_the_same_for_both_encodings():
 def test_capability_lookup_leaves_no_guard_on_the_cache(monkeypatch):
     """Compiled code asks a CUDA device's capability on every attention call. The lookup fills a process-wide
     cache; if dynamo traced into it, its guard on that cache would fail on the next call and recompile the model.
-    On CPU, a stand-in capability lets the same code run."""
-    from pope.devices import cuda_capability
+    On CPU, a stand-in capability lets the same code run. Looked up as pope.ops looks it up: a lazy name of
+    pope.kernels, loaded on first use (importing it imports torch._dynamo)."""
+    from pope import kernels
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     SETTINGS.caches.capabilities.clear()
     torch._dynamo.reset()
 
     def scaled(x):
-        major, _ = cuda_capability(x.device)
+        major, _ = kernels.cuda_capability(x.device)
         return x * major
 
     compiled = torch.compile(scaled, fullgraph=True, backend="eager")

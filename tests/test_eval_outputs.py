@@ -75,12 +75,14 @@ def test_length_writes_out_first_and_warns_when_the_run_dir_cannot_be_written(wo
 
 @pytest.mark.parametrize("where", ["file", "under_file"])
 def test_bad_out_fails_before_any_model_is_loaded(workspace, tmp_path, capsys, monkeypatch, where):
+    import pope.eval.length_runs
     import pope.eval.runs
 
     def must_not_load(*args, **kwargs):
         raise AssertionError("the model was loaded before --out was checked")
 
-    monkeypatch.setattr(pope.eval.runs, "load_run_model", must_not_load)
+    for module in (pope.eval.runs, pope.eval.length_runs):  # each module that looks the name up
+        monkeypatch.setattr(module, "load_run_model", must_not_load)
     (tmp_path / "afile").write_text("x")
     out = tmp_path / "afile" if where == "file" else tmp_path / "afile" / "sub"
     assert _length(workspace, workspace / "run", out) == 1

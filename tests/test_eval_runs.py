@@ -485,11 +485,11 @@ def test_length_plot_puts_its_legend_under_the_panels_inside_the_figure(tmp_path
     curves, and every entry lies inside the PNG."""
     import numpy as np
 
-    import pope.files
+    import pope.eval.length_runs
     from pope.eval.length import LengthResult
     from pope.eval.length_runs import RunLengthResults, plot_length_curves
 
-    legends = _figure_legends(monkeypatch, pope.files)
+    legends = _figure_legends(monkeypatch, pope.eval.length_runs)
 
     def result(length, nll):
         return LengthResult(
@@ -633,7 +633,7 @@ def test_eval_accuracy_by_shift_counts_each_example_under_its_own_shift(tmp_path
     """by_shift holds, per signed shift, the examples with that shift and how many of them the model gets right;
     the totals are the overall numbers; the CLI prints it. The model is a stand-in that always answers one letter,
     so the examples it gets right are exactly those whose target is that letter."""
-    import pope.checkpoint
+    import pope.train.evaluate
     from pope.data import indirect_indexing as task
     from pope.model import GPTConfig
     from pope.train.evaluate import task_accuracy
@@ -651,8 +651,8 @@ def test_eval_accuracy_by_shift_counts_each_example_under_its_own_shift(tmp_path
         def forward(self, x):  # (b, T) -> logits (b, T, vocab) with the letter on top everywhere
             return torch.nn.functional.one_hot(torch.full_like(x, letter_id), task.VOCAB_SIZE).float(), None
 
-    monkeypatch.setattr(
-        pope.checkpoint, "load_model", lambda run, map_location: (AlwaysOneLetter(), {"path": run, "step": 7})
+    monkeypatch.setattr(  # in the module that looks it up
+        pope.train.evaluate, "load_model", lambda run, map_location: (AlwaysOneLetter(), {"path": run, "step": 7})
     )
     result = task_accuracy("stand-in", str(data), device="cpu", batch_size=7)
     expected = {}

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from pope.files import fsync_dir, fsync_file, sha256_file
+from pope.model import GPT, GPTConfig
 from pope.optional import require
 
 MODEL_FILE = "model.safetensors"
@@ -219,8 +220,6 @@ def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu"
     """Rebuild a trained GPT. ``path``: run dir (best checkpoint if present, else last) or checkpoint dir.
     Returns ``(model, info)``; ``info`` has ``path``, ``step``, ``run_config`` and ``metrics``
     (the best/last evaluation recorded with the checkpoint). The model is in eval mode."""
-    from pope.model import GPT, GPTConfig
-
     checkpoint = load_checkpoint(find_checkpoint(path), map_location="cpu")
     model = GPT(GPTConfig.from_dict(checkpoint.model_config))
     apply_model_state(model, checkpoint.model_state, source=f"checkpoint {checkpoint.path}")

@@ -14,8 +14,16 @@ import hashlib
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from pope.optional import require
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: exclusive_lock takes no lock
+    fcntl = None
 
 
 def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 22) -> str:
@@ -74,9 +82,7 @@ def exclusive_lock(target: str | os.PathLike) -> Iterator[None]:
 def _lock_file(path: Path, holder: str) -> int | None:
     """A descriptor of ``path`` holding its exclusive flock (created if missing), or None when no lock can be
     taken. Retries when the file it locked was deleted or replaced meanwhile (by the previous holder)."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX
+    if fcntl is None:  # not POSIX
         return None
     waiting = False
     while True:
@@ -133,8 +139,7 @@ def savefig_atomic(fig, path: str | os.PathLike, **kwargs) -> Path:
 
 def finish_figure(fig, path: str | os.PathLike, *, title: str = "", tight_layout: bool = True) -> Path:
     """The project's plots end alike: optional suptitle, tight layout, atomic PNG at 120 dpi, figure closed."""
-    import matplotlib.pyplot as plt
-
+    plt = require("matplotlib.pyplot")
     if title:
         fig.suptitle(title)
     if tight_layout:
@@ -164,16 +169,16 @@ def plain_log_ticks(axis) -> None:
     """Plain numbers ('80', '1,500') on a log-scaled axis instead of matplotlib's '8 × 10^1'. Call it after the
     data are drawn: over less than a decade (a perplexity from 60 to 160) the labels are about six round values
     spread over the range, where the decade ticks alone would label one value or none; over more, the decades."""
-    from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
+    ticker = require("matplotlib.ticker")
 
     def plain(value: float, _position) -> str:  # whole numbers with thousands separators, others to 3 digits
         return f"{value:,.0f}" if value >= 1 and abs(value - round(value)) <= 1e-9 * value else f"{value:.3g}"
 
-    formatter = FuncFormatter(plain)
+    formatter = ticker.FuncFormatter(plain)
     low, high = sorted(axis.get_view_interval())
     if low > 0 and high / low < 10:
-        axis.set_major_locator(MaxNLocator(nbins=6))
-        axis.set_minor_formatter(NullFormatter())
+        axis.set_major_locator(ticker.MaxNLocator(nbins=6))
+        axis.set_minor_formatter(ticker.NullFormatter())
     axis.set_major_formatter(formatter)
 
 
@@ -185,8 +190,6 @@ def check_output_dir(path: str | os.PathLike, *, what: str = "--out") -> Path:
     and removing a probe file there, which also catches read-only mounts where ``os.access`` says yes).
     Creates nothing that remains.
     """
-    import tempfile
-
     if not str(path).strip():
         raise ValueError(f"{what} is empty; give a directory path")
     path = Path(path).expanduser()

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import torch
 
+from pope import kernels
 from pope.conventions import resolve_defaults
-from pope.devices import cuda_capability
 from pope.frequencies import pope_turn_words
 from pope.settings import SETTINGS
 
@@ -36,12 +36,6 @@ MAX_HEAD_DIM = 128
 # Few query rows per key head (generation with a KV cache): the split-K decode kernel instead.
 DECODE_MAX_QUERIES = 16
 DECODE_MAX_ROWS = 64
-
-
-def _kernels():
-    import pope.kernels
-
-    return pope.kernels
 
 
 def _theta(head_dim: int, base: float, device: torch.device) -> torch.Tensor:
@@ -71,9 +65,7 @@ def _packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int):
     """The kernels' description of a packed batch (pope.kernels.host.Packed), or None for a batched call."""
     if cu_seqlens_q is None:
         return None
-    from pope.kernels.host import Packed
-
-    return Packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    return kernels.Packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
 
 
 def _forward(q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude, eager: bool = False, packed=None):
@@ -81,7 +73,6 @@ def _forward(q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude, 
     eager: theta is the frequency cache's (it lives on), so the decode kernel may keep its key-phase table for the
     next step; an operator call (compiled code) may not keep anything (module docstring). packed: a packed
     (varlen) batch, run by the block kernels whatever its sequences' lengths."""
-    kernels = _kernels()
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     delta = delta.contiguous() if delta is not None else None
     options = dict(causal=causal, softmax_scale=softmax_scale, q_offset=q_offset, magnitude=magnitude)
@@ -96,7 +87,7 @@ def _backward_kernels(do, q, k, v, delta, out, lse, theta, causal, softmax_scale
     """(dq, dk, dv, d_delta or None) from the kernels."""
     q, k, v, out, do = (_last_dim_contiguous(t) for t in (q, k, v, out, do))
     delta = delta.contiguous() if delta is not None else None
-    return _kernels().backward(
+    return kernels.backward(
         do,
         q,
         k,
@@ -350,13 +341,13 @@ def triton_unsupported_reason(q, k, v, *, rotary_dim=None, dropout_p=0.0) -> str
     can do (Triton present, device, dtype, head dim, 32-bit sizes, full rotary, no dropout): whether the call is
     valid is pope.attention's question, answered before this one."""
     try:
-        interpret = _kernels().INTERPRET
+        interpret = kernels.INTERPRET
     except ImportError as err:
         return f"Triton is not importable ({err}); install it with pip install 'pope-attention[triton]'"
     head_dim = q.shape[-1]
     if q.device.type != "cuda" and not (interpret and q.device.type == "cpu"):
         return f"the Triton kernels need CUDA tensors (got {q.device}; CPU runs only under TRITON_INTERPRET=1)"
-    if q.device.type == "cuda" and cuda_capability(q.device) < (8, 0):
+    if q.device.type == "cuda" and kernels.cuda_capability(q.device) < (8, 0):
         return "the Triton kernels need an NVIDIA GPU of compute capability 8.0 or newer"
     if q.dtype not in SUPPORTED_DTYPES:
         return f"dtype {q.dtype} is not supported (use float16, bfloat16 or float32)"

@@ -15,8 +15,12 @@ from typing import Literal
 from pope.encodings import parse_pe_spec
 from pope.model import GPTConfig
 from pope.parsing import check_fields
-from pope.train.optimizer import DECAY_PARAMS
-from pope.train.schedule import DECAY_SHAPES
+
+DECAY_SHAPES = ("cosine", "linear")
+"""The learning-rate decays a recipe may name (`Recipe.lr_decay`; pope.train.schedule computes them)."""
+DECAY_PARAMS = ("matrices", "all")
+"""The parameter groups a recipe's weight decay may apply to (`Recipe.weight_decay_params`; pope.train.optimizer
+builds them)."""
 
 
 @dataclass(kw_only=True, frozen=True)

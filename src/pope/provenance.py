@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from pope.version import __version__
+
 _SOURCE_ROOT = Path(__file__).resolve().parent
 
 
@@ -53,10 +55,8 @@ def commit_label() -> str | None:
 
 def library_versions() -> dict:
     """Versions of Python, torch, numpy, pope and the optional libraries (None where absent)."""
-    import numpy as np
+    import numpy as np  # on first use, as torch in device_name: sweeps and the CLI use this module without torch
     import torch
-
-    from pope.version import __version__
 
     versions = {
         "python": platform.python_version(),
@@ -91,7 +91,7 @@ def cuda_mps_active(proc: Path = Path("/proc")) -> bool:
 
 
 def device_name(device="cpu") -> str:
-    import torch
+    import torch  # on first use: sweeps and the CLI use this module's argv and path helpers without torch
 
     device = torch.device(device)
     if device.type == "cuda":

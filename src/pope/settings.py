@@ -38,7 +38,7 @@ class Caches:
     direct_launches: dict = field(default_factory=dict)  # pope.kernels.launch: compiled kernels by launch site
     phase_tables: dict = field(default_factory=dict)  # pope.kernels.phase_tables: decode key-phase tables
     frequencies: dict = field(default_factory=dict)  # pope.ops: theta per (head dim, base, device), eager calls
-    capabilities: dict = field(default_factory=dict)  # pope.devices: CUDA compute capability per device
+    capabilities: dict = field(default_factory=dict)  # pope.kernels.capability: CUDA compute capability per device
     sm_counts: dict = field(default_factory=dict)  # pope.kernels.host: multiprocessors per device
     block_d: dict = field(default_factory=dict)  # pope.kernels.host: head dim -> tile channels
     tile_files: dict = field(default_factory=dict)  # pope.kernels.configs: parsed POPE_KERNEL_CONFIGS files

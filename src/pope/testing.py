@@ -22,6 +22,9 @@ import sys
 import torch
 import torch.nn.functional as F
 
+import pope.attention.reference
+from pope.optional import require
+
 GRADIENT_NAMES = ("out", "dq", "dk", "dv", "d_delta")
 
 
@@ -91,8 +94,6 @@ def tf32_reference():
     what PyTorch gives for every attention: SDPA's fused fp32 kernels ignore TF32, and cuBLAS computes a
     matrix-vector product (one query row) in exact fp32 even under TF32 (docs/kernels.md). Float64 calls are
     unchanged."""
-    import pope.attention.reference
-
     original = pope.attention.reference.sdpa
 
     def emulated(q, k, v, **options):
@@ -235,14 +236,12 @@ def kernel_test_setup() -> tuple[bool, str, bool]:
     interpreter (TRITON_INTERPRET=1, unless set); the module skipped without Triton. Returns (on a GPU, the tests'
     device, whether this process can run the kernels: on a GPU, or Triton's library made in interpreter mode; if
     not, Triton was imported in compiled mode earlier: `interpreter_subprocess_results`)."""
-    import pytest
-
+    pytest = require("pytest")
     on_gpu = torch.cuda.is_available()
     if not on_gpu:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     pytest.importorskip("triton", reason="the Triton kernels need pip install 'pope-attention[triton]'")
-    import triton.language as tl
-
+    tl = require("triton.language")  # after TRITON_INTERPRET is set: Triton reads it when first imported
     return on_gpu, "cuda" if on_gpu else "cpu", on_gpu or type(tl.zeros).__name__ == "InterpretedFunction"
 
 

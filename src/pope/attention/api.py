@@ -8,6 +8,7 @@ import math
 
 import torch
 
+from pope import ops
 from pope.attention.checks import (
     MAX_POSITION,
     assert_packing_on_device,
@@ -81,9 +82,7 @@ def _run_backend(q, k, v, delta, backend: str, dropout_p: float, options: dict) 
     if backend != "reference":
         reason = _triton_unsupported_reason(q, k, v, rotary_dim=options["rotary_dim"], dropout_p=dropout_p)
         if reason is None:
-            from pope.ops import triton_pope_attention
-
-            return triton_pope_attention(q, k, v, delta, **options, supported=True)
+            return ops.triton_pope_attention(q, k, v, delta, **options, supported=True)
         if backend == "triton":
             raise ValueError(f"backend='triton' cannot run this call: {reason}. Use backend='reference' or 'auto'.")
     return reference_pope_attention(q, k, v, delta, dropout_p=dropout_p, **options)
@@ -176,9 +175,7 @@ def pope_attention_varlen(
                 packed_lengths(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q, max_seqlen_k)
             if total_q == 0:
                 return q[:0] * 1  # (0, Hq, d), still part of q's graph
-            from pope.ops import triton_pope_attention_varlen
-
-            return triton_pope_attention_varlen(
+            return ops.triton_pope_attention_varlen(
                 q, k, v, delta, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **options
             )
         if backend == "triton":
@@ -190,6 +187,4 @@ def _triton_unsupported_reason(q, k, v, *, rotary_dim, dropout_p) -> str | None:
     """Why the Triton backend cannot run this call, or None when it can ("auto" takes it on CUDA only)."""
     if q.device.type != "cuda":
         return f"the Triton kernels run on CUDA tensors only (got device {q.device})"
-    from pope.ops import triton_unsupported_reason
-
-    return triton_unsupported_reason(q, k, v, rotary_dim=rotary_dim, dropout_p=dropout_p)
+    return ops.triton_unsupported_reason(q, k, v, rotary_dim=rotary_dim, dropout_p=dropout_p)

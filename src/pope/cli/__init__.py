@@ -8,6 +8,10 @@
 
 Every user-facing error ends as one line `pope CMD: error: ...` and exit status 1 (Ctrl-C: 130);
 `pope --debug CMD ...` shows the traceback instead.
+
+The command modules import what a command runs inside the command's function, when it runs (the one layer of pope
+that imports its own modules lazily): `pope --help` and `pope data ...` start without torch, and a missing optional
+extra breaks only its own command.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+
+from pope.version import __version__
 
 # Modules that contribute sub-commands; each defines `register(subparsers)`.
 # Imported lazily so `pope --help` stays fast and a missing optional extra only breaks its own command.
@@ -37,8 +43,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from pope.version import __version__
-
     parser = _Parser(prog="pope", description="Polar Coordinate Positional Embeddings toolkit")
     parser.add_argument("--version", action="version", version=f"pope {__version__}")
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")

@@ -269,6 +269,7 @@ def _register_analyze(subparsers) -> None:
 def _analyze_frequencies(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from pope.data.vocabulary import check_token_range, check_vocab_compatible
     from pope.devices import resolve_device
     from pope.eval.frequency_usage import (
         analyze_frequencies,
@@ -278,7 +279,6 @@ def _analyze_frequencies(args: argparse.Namespace) -> int:
         position_bias_summary,
         write_frequency_report,
     )
-    from pope.eval.length import check_token_range, check_vocab_compatible
     from pope.eval.runs import load_run_model, run_config, run_dir_of, run_label
     from pope.files import check_output_dir
     from pope.provenance import portable_path

@@ -4,6 +4,7 @@
 - pope.data.prepared          on-disk prepared format (PreparedDataset, TokenSplit, resolve_dataset)
 - pope.data.writer            writing it atomically (PreparedWriter, reuse_if_prepared; never deletes foreign files)
 - pope.data.registry          dataset names -> builders (used by `pope data prepare`)
+- pope.data.vocabulary        whether data fit a model's vocabulary (check_vocab_compatible, check_token_range)
 - pope.data.chorales          JSB chorales (canonical JSON or music21's Bach corpus)
 - pope.data.maestro           MAESTRO MIDI -> REMI tokens (miditok)
 - pope.data.genome            FASTA -> Nucleotide-Transformer 6-mer tokens

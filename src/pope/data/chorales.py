@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from pope.data.paths import cache_root
 from pope.data.prepared import PreparedDataset, assign_splits, file_fingerprint, warn
@@ -189,7 +191,7 @@ def _require_music21():
 
 def _music21_score_to_grid(path: str) -> dict[str, Any]:
     """Worker: parse one corpus file -> {"id", "grid" | "skip", "unsampled", "overlaps"}."""
-    from music21 import chord, converter
+    chord, converter = require("music21.chord"), require("music21.converter")
 
     chorale_id = Path(path).name.removesuffix(".mxl")
     score = converter.parse(path)
@@ -229,7 +231,7 @@ def _music21_score_to_grid(path: str) -> dict[str, Any]:
 
 def music21_chorale_paths() -> list[str]:
     music21 = _require_music21()
-    from music21 import corpus
+    corpus = require("music21.corpus")
 
     paths = sorted(str(p) for p in corpus.getComposer("bach") if str(p).endswith(".mxl"))
     if not paths:
@@ -253,15 +255,11 @@ def build_music21_chorales(*, progress: bool = True, workers: int | None = None)
     cache_path = music21_grid_cache_path()
     if cache_path.is_file():
         return _load_grid_cache(cache_path)
-    from tqdm import tqdm
-
     paths = music21_chorale_paths()
     workers = workers or max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1, 8))
     results = []
     bar = tqdm(total=len(paths), desc="music21 chorales", unit="score", disable=not progress)
     if workers > 1:
-        import multiprocessing
-
         with multiprocessing.get_context("spawn").Pool(workers) as pool:
             for result in pool.imap(_music21_score_to_grid, paths, chunksize=4):
                 results.append(result)
@@ -346,8 +344,6 @@ def prepare_jsb(
     out_dir: str | os.PathLike, *, source: str | os.PathLike | None = None, force: bool = False, progress: bool = True
 ) -> PreparedDataset:
     """Write the prepared "jsb" dataset: canonical JSON when `source` is given, else music21's corpus."""
-    from tqdm import tqdm
-
     if source is not None:
         source_path = Path(source).expanduser().absolute()
         if not source_path.exists():

@@ -46,9 +46,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
+from pope.data.offline import source_path
 from pope.data.prepared import PreparedDataset, check_max_docs, file_fingerprint, split_counts, stable_order_key, warn
 from pope.data.writer import PreparedWriter, reuse_if_prepared
+from pope.optional import require
 
 SPECIAL_TOKENS = ("<unk>", "<pad>", "<mask>", "<cls>", "<eos>", "<bos>")
 PAD_TOKEN_ID = SPECIAL_TOKENS.index("<pad>")
@@ -263,11 +266,7 @@ def prepare_genome(
     ambiguous_as_n: bool = False,
 ) -> PreparedDataset:
     """Write the prepared "genome" dataset from a FASTA file (default: the offline human chrX)."""
-    from tqdm import tqdm
-
     if source is None:
-        from pope.data.offline import source_path
-
         fasta = source_path("chrx") / "hs37chrXtrunc.fa.gz"
         description = "human chrX, GRCh37 (NC_000023.10, first 69,999,930 bp), Debian smalt-examples 0.7.6-12"
     else:
@@ -389,12 +388,8 @@ def prepare_genome_hf(
     tokenised as they stream and each chunk is one document (a chunk of the 6kbp config is about 1,000
     tokens, so `pope eval length` on this data reaches about that length; the FASTA preparation has whole
     regions). The manifest's ``seq_len`` is `window_tokens`, as in :func:`prepare_genome`."""
-    from tqdm import tqdm
-
-    from pope.data.text import _require_datasets
-
     check_max_docs(max_docs)
-    datasets = _require_datasets()
+    datasets = require("datasets", purpose="Hugging Face dataset loading")
     request = {
         "dataset": "genome",
         "hf": dataset_id,

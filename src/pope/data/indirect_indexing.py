@@ -57,6 +57,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pope.data.paths import cache_root  # $POPE_CACHE with ~ expanded, like every other dataset
 from pope.files import exclusive_lock, write_json_atomic, write_text_atomic
 from pope.files import sha256_file as _sha256
 
@@ -314,8 +315,6 @@ def write_splits(
 
 
 def default_data_dir(seed: int = 0, options: TaskOptions = PAPER_TASK) -> Path:
-    from pope.data.paths import cache_root  # $POPE_CACHE with ~ expanded, like every other dataset
-
     key = options.split_key()
     return cache_root() / "data" / (f"indirect-indexing-seed{seed}" + (f"-{key}" if key else ""))
 

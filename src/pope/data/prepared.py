@@ -24,11 +24,13 @@ import os
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from pope.data import registry  # light: only names and lazy builders
 from pope.data.paths import data_root
 from pope.files import sha256_file
 
@@ -110,8 +112,6 @@ def assign_splits(item_ids: Iterable[str], fractions: tuple[float, float, float]
 
 def library_version(distribution: str) -> str | None:
     """Installed version of a distribution (for manifests), None when it is not installed."""
-    from importlib import metadata
-
     try:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:
@@ -397,8 +397,6 @@ def resolve_dataset(name_or_path: str | os.PathLike, *, prepare_if_missing: bool
     looks_like_path = os.sep in str(name_or_path) or str(name_or_path).startswith((".", "~"))
     if looks_like_path or (candidate / MANIFEST_NAME).is_file():
         return PreparedDataset(candidate)
-    from pope.data import registry  # light: only names and lazy builders
-
     try:
         canonical = registry.canonical_name(str(name_or_path))
     except ValueError:

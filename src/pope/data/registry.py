@@ -17,6 +17,9 @@ import importlib
 import os
 from typing import Any
 
+from pope.data.paths import data_root
+from pope.files import check_output_dir, exclusive_lock
+
 # canonical name -> (module, function); the function takes (out_dir, *, source, force, progress, **options)
 BUILDERS: dict[str, tuple[str, str]] = {
     "jsb": ("pope.data.chorales", "prepare_jsb"),
@@ -75,9 +78,6 @@ def prepare(
     Safe when several processes prepare one directory at once (seed sweeps, torchrun ranks, two `pope data
     prepare`): the builder's check-then-write runs under ``pope.files.exclusive_lock(out_dir)``, so one
     builds the dataset and the others wait, then reuse it (checksums verified) instead of racing it."""
-    from pope.data.paths import data_root
-    from pope.files import check_output_dir, exclusive_lock
-
     canonical = canonical_name(name)
     _check_option_types(force=force, progress=progress, **options)
     if out_dir is not None:

@@ -27,13 +27,16 @@ Sources:
 from __future__ import annotations
 
 import itertools
+import json
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
+from pope.data.offline import WIKI_LEADS_FILE, source_path, source_state
 from pope.data.prepared import (
     PreparedDataset,
     assign_splits,
@@ -68,8 +71,6 @@ def gpt2_encoding():
     """tiktoken's "gpt2" encoding, from the offline cache when it has been fetched."""
     tiktoken = _require_tiktoken()
     if not os.environ.get("TIKTOKEN_CACHE_DIR"):
-        from pope.data.offline import source_path, source_state
-
         if source_state("gpt2-tokenizer")[0] != "MISSING":  # a modified copy: ValueError saying so, not a download
             os.environ["TIKTOKEN_CACHE_DIR"] = str(source_path("gpt2-tokenizer"))
     try:
@@ -133,22 +134,16 @@ def read_text_file(path: Path) -> str:
 
 
 def default_prose_files() -> tuple[Path, list[Path]]:
-    from pope.data.offline import source_path
-
     root = source_path("prose")
     return root, sorted(root.rglob("*.txt"))
 
 
 def wiki_leads_file() -> Path:
-    from pope.data.offline import WIKI_LEADS_FILE, source_path
-
     return source_path("wiki-leads") / WIKI_LEADS_FILE
 
 
 def read_wiki_leads(path: Path) -> dict[str, str]:
     """title -> lead text of every article in the offline wiki-leads JSON (title -> {"extract": ...})."""
-    import json
-
     try:
         articles = json.loads(path.read_text(encoding="utf-8"))
         leads = {str(title): entry["extract"] for title, entry in articles.items()}
@@ -178,8 +173,6 @@ def prepare_text(
     """Prepare a directory of .txt files as GPT-2 tokens, one doc per file. Default (no ``source``): the
     offline prose files and the offline Wikipedia leads (one doc per article), each source split 90/5/5 on
     its own (by sha256 of the file path / article title), so the prose splits do not depend on the leads."""
-    from tqdm import tqdm
-
     leads: dict[str, str] = {}
     if source is None:
         root, files = default_prose_files()
@@ -274,8 +267,6 @@ def prepare_openwebtext(
     valid_fraction: float = OPENWEBTEXT_VALID_FRACTION,
 ) -> PreparedDataset:
     """OpenWebText (streamed): train + a deterministic `valid_fraction` of documents as valid."""
-    from tqdm import tqdm
-
     dataset_id = source or OPENWEBTEXT_ID
     check_max_docs(max_docs)
     if not 0.0 < valid_fraction < 1.0:
@@ -327,8 +318,6 @@ def prepare_pg19(
     max_docs: int | None = None,
 ) -> PreparedDataset:
     """PG-19 books (streamed), one document per book; the HF copy's splits that exist are kept."""
-    from tqdm import tqdm
-
     dataset_id = source or PG19_ID
     check_max_docs(max_docs)
     request = {

@@ -40,6 +40,7 @@ from pope.data.prepared import (
     warn,
 )
 from pope.files import check_output_dir, fsync_dir, sha256_file, write_json_atomic
+from pope.version import __version__
 
 MARKER_NAME = ".pope-dataset"
 _PARTIAL_MARKER = ".partial-"
@@ -222,8 +223,6 @@ class PreparedWriter:
             }
         vocab = dict(manifest_fields.pop("vocab"))
         vocab["size"] = self.vocab_size
-        from pope.version import __version__
-
         manifest = {
             "format_version": FORMAT_VERSION,
             "name": manifest_fields.pop("name"),

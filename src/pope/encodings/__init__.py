@@ -19,7 +19,16 @@ gives the names; `describe_positional_encoding(name)` their options.
 
 from pope.encodings.base import NoPE, PackedSequences, PositionalEncoding
 from pope.encodings.baselines import AbsolutePositionEmbedding, ALiBi, RoPE, alibi_slopes
-from pope.encodings.polar import DELTA_RANGES, TWO_PI, PoPE, project_deltas_, projected_deltas
+from pope.encodings.polar import (
+    DELTA_RANGES,
+    TWO_PI,
+    PoPE,
+    delta_outside,
+    delta_outside_counts,
+    learned_deltas,
+    project_deltas_,
+    projected_deltas,
+)
 from pope.encodings.registry import (
     EncodingSpec,
     build_absolute_embedding,
@@ -44,7 +53,10 @@ __all__ = [
     "alibi_slopes",
     "build_absolute_embedding",
     "build_positional_encoding",
+    "delta_outside",
+    "delta_outside_counts",
     "describe_positional_encoding",
+    "learned_deltas",
     "list_positional_encodings",
     "option_types",
     "parse_pe_spec",

@@ -1,5 +1,6 @@
 """`PoPE`, Polar Coordinate Positional Embedding for one attention layer (its key-phase bias delta kept in
-[-2π, 0]), and the projection of delta after optimizer steps (`projected_deltas`, `project_deltas_`)."""
+[-2π, 0]), the projection of delta after optimizer steps (`projected_deltas`, `project_deltas_`), and how much of a
+model's delta lies outside [-2π, 0] (`learned_deltas`, `delta_outside`, `delta_outside_counts`)."""
 
 from __future__ import annotations
 
@@ -195,3 +196,30 @@ def project_deltas_(deltas: nn.Module | list[torch.Tensor]) -> None:
     trainer does); in-place, so it can be captured in a CUDA graph with the step."""
     for delta in projected_deltas(deltas) if isinstance(deltas, nn.Module) else deltas:
         delta.clamp_(-TWO_PI, 0.0)
+
+
+def learned_deltas(model: nn.Module):
+    """(block index, PoPE module, δ as a whole (n_head, F) tensor on the CPU) for every PoPE layer with a learned δ of
+    a model whose attention layers are ``model.blocks[i].attn`` (pope.model.GPT). Under FSDP2 δ is a sharded
+    DTensor, gathered here: a collective, so every rank must call this."""
+    for index, block in enumerate(model.blocks):
+        pe = block.attn.pe
+        if isinstance(pe, PoPE) and pe.delta is not None:
+            raw = pe.delta.detach()
+            yield index, pe, (raw.full_tensor() if hasattr(raw, "full_tensor") else raw).cpu()
+
+
+def delta_outside(raw: torch.Tensor) -> tuple[int, int]:
+    """(entries of δ below −2π, entries above 0)."""
+    # compared in δ's own dtype, as the clamp compares it: -2π rounded to fp32 lies below -2π and is inside
+    return int((raw < -TWO_PI).sum()), int((raw > 0).sum())
+
+
+def delta_outside_counts(model: nn.Module) -> dict:
+    """{"delta_below": entries below −2π, "delta_above": entries above 0} over every PoPE layer with a learned δ
+    (the trainer logs them at each evaluation; pope.eval.delta_state reports them per layer); {} when there is none.
+    A collective under FSDP2 (every rank)."""
+    counts = [delta_outside(raw) for _, _, raw in learned_deltas(model)]
+    if not counts:
+        return {}
+    return {"delta_below": sum(below for below, _ in counts), "delta_above": sum(above for _, above in counts)}

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pope.encodings.base import NoPE, PositionalEncoding
 from pope.encodings.baselines import AbsolutePositionEmbedding, ALiBi, RoPE
 from pope.encodings.polar import PoPE
+from pope.parsing import parse_assignments
 
 
 @dataclass(frozen=True)
@@ -61,8 +62,6 @@ def parse_pe_spec(spec: str) -> tuple[str, dict]:
     """'name:key=value,key=value' -> (name, {key: value}), each value read by the type of the layer's
     option (pope.parsing: booleans true/false/yes/no/on/off/1/0, integers without a fraction, 'none' for
     optional values); unknown or repeated options are a ValueError listing the valid ones."""
-    from pope.parsing import parse_assignments
-
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(
             f"a positional-encoding spec must be a non-empty string like 'pope' or 'rope:base=500000'; got {spec!r}"

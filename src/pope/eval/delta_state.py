@@ -22,34 +22,12 @@ from pathlib import Path
 
 import torch
 
-from pope.encodings import TWO_PI, PoPE
+from pope.encodings import delta_outside, learned_deltas
+from pope.eval.runs import load_run_model, run_dir_of
+from pope.files import write_json_atomic
 
 DELTA_STATE_FILE = "eval/delta_state.json"
 """Where ``pope analyze delta`` writes the result."""
-
-
-def _learned_deltas(model: torch.nn.Module):
-    """(block index, PoPE module, δ as a whole (n_head, F) tensor on the CPU) for every PoPE layer with a learned δ.
-    Under FSDP2 δ is a sharded DTensor, gathered here: a collective, so every rank must call this."""
-    for index, block in enumerate(model.blocks):
-        pe = block.attn.pe
-        if isinstance(pe, PoPE) and pe.delta is not None:
-            raw = pe.delta.detach()
-            yield index, pe, (raw.full_tensor() if hasattr(raw, "full_tensor") else raw).cpu()
-
-
-def _below_and_above(raw: torch.Tensor) -> tuple[int, int]:
-    # compared in δ's own dtype, as the clamp compares it: -2π rounded to fp32 lies below -2π and is inside
-    return int((raw < -TWO_PI).sum()), int((raw > 0).sum())
-
-
-def delta_outside_counts(model: torch.nn.Module) -> dict:
-    """{"delta_below": entries below −2π, "delta_above": entries above 0} over every PoPE layer with a learned δ
-    (the trainer logs them at each evaluation); {} when there is none. A collective under FSDP2 (every rank)."""
-    counts = [_below_and_above(raw) for _, _, raw in _learned_deltas(model)]
-    if not counts:
-        return {}
-    return {"delta_below": sum(below for below, _ in counts), "delta_above": sum(above for _, above in counts)}
 
 
 def delta_state(model: torch.nn.Module) -> dict:
@@ -57,8 +35,8 @@ def delta_state(model: torch.nn.Module) -> dict:
     above 0, their share, and the raw values' range; plus the totals and the layers' ``delta_range`` /
     ``delta_init``. ValueError when no layer has a δ."""
     layers, ranges, inits = [], set(), set()
-    for index, pe, raw in _learned_deltas(model):
-        below, above = _below_and_above(raw)
+    for index, pe, raw in learned_deltas(model):
+        below, above = delta_outside(raw)
         layers.append(
             {
                 "layer": index,
@@ -108,9 +86,6 @@ def write_delta_state(path: str | Path, out: str | Path | None = None) -> tuple[
     """Load the model of a run directory (its best checkpoint if it has one, else its last) or of a checkpoint
     directory, and write its :func:`delta_state`, with the checkpoint's path and step, to ``out`` (default
     RUN/eval/delta_state.json, atomically). Returns (state, the file written)."""
-    from pope.eval.runs import load_run_model, run_dir_of
-    from pope.files import write_json_atomic
-
     model, info = load_run_model(path)
     state = {"checkpoint": info["path"], "step": info["step"], **delta_state(model)}
     out = Path(out) if out is not None else run_dir_of(path) / DELTA_STATE_FILE

@@ -23,12 +23,24 @@ CPU thread (the default, see --threads): about 2 minutes per model (1200 steps) 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shutil
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+import torch
+
+from pope.data.paths import cache_root
+from pope.data.prepared import resolve_dataset
+from pope.data.writer import PreparedWriter, reuse_if_prepared
+from pope.eval.length_runs import length_table_markdown, run_length_eval, write_length_outputs
+from pope.files import check_output_dir, write_text_atomic
+from pope.provenance import provenance
+from pope.train.run_config import resolve_run_config
+from pope.train.trainer import run_training
 
 TRAIN_CONTEXT = 64
 EVAL_MULTIPLES = (1, 2, 4, 8)
@@ -43,8 +55,6 @@ DEFAULT_STEPS = 1200
 
 
 def demo_root() -> Path:
-    from pope.data.paths import cache_root
-
     return cache_root() / "demo"
 
 
@@ -52,9 +62,6 @@ def chorale_stream_dataset(work_dir: Path):
     """The prepared chorales with the pad id dropped from the manifest, so pope.train samples random
     windows from the train split's token stream instead of padding whole chorales (up to 2048 tokens)
     to one example each. Tokens and document offsets are copied unchanged. Built once, then reused."""
-    from pope.data.prepared import resolve_dataset
-    from pope.data.writer import PreparedWriter, reuse_if_prepared
-
     chorales = resolve_dataset("jsb", prepare_if_missing=True)
     request = {
         "derived_from": str(chorales.path),
@@ -86,8 +93,6 @@ def chorale_stream_dataset(work_dir: Path):
 
 
 def _request_of(path: Path):
-    import json
-
     try:
         return json.loads((path / "manifest.json").read_text()).get("request")
     except (OSError, ValueError):
@@ -95,8 +100,6 @@ def _request_of(path: Path):
 
 
 def demo_run_config(pe: str, *, steps: int, data_dir: Path) -> dict:
-    from pope.train.run_config import resolve_run_config
-
     overrides = [f"model.{key}={value}" for key, value in MODEL.items()] + [
         f"model.max_seq_len={TRAIN_CONTEXT}",
         f"recipe.seq_len={TRAIN_CONTEXT}",
@@ -116,8 +119,6 @@ def demo_run_config(pe: str, *, steps: int, data_dir: Path) -> dict:
 
 
 def train_demo_run(pe: str, run_dir: Path, *, steps: int, data_dir: Path) -> dict:
-    from pope.train.trainer import run_training
-
     config = demo_run_config(pe, steps=steps, data_dir=data_dir)
     if (run_dir / "config.json").exists() and not (run_dir / "checkpoints" / "last").exists():
         # the demo's own cache directory, interrupted before its first checkpoint: nothing to continue
@@ -162,19 +163,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--steps must be positive")
     if args.threads < 1:
         parser.error("--threads must be positive")
-    from pope.files import check_output_dir
-
     try:  # before minutes of training: the table, the plot and the runs can be written where asked
         check_output_dir(args.out)
         check_output_dir(args.work or demo_root(), what="--work" if args.work else "the demo's work directory")
     except ValueError as err:
         parser.error(str(err))
-    import torch
-
     torch.set_num_threads(args.threads)
-
-    from pope.eval.length_runs import length_table_markdown, run_length_eval
-    from pope.files import write_text_atomic
 
     started = time.perf_counter()
     load_before = _load_average()
@@ -221,9 +215,6 @@ def main(argv: list[str] | None = None) -> int:
     table = length_table_markdown(entries)
     wall = time.perf_counter() - started
     verdict = _verdict(entries)
-    from pope.eval.length_runs import write_length_outputs
-    from pope.provenance import provenance
-
     stamp = provenance("cpu")
     write_length_outputs(entries, out_dir, title="Bach chorales (test), trained at 64 tokens", provenance_stamp=stamp)
     summary = (
@@ -243,8 +234,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _load_average() -> str:
     try:
-        import os
-
         return "/".join(f"{value:.1f}" for value in os.getloadavg())
     except (AttributeError, OSError):
         return "unknown"

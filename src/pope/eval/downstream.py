@@ -20,6 +20,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from pope.eval.runs import run_dir_of
+from pope.files import write_json_atomic
+from pope.optional import require
+from pope.provenance import provenance
+
 # (column, lm-eval task names whose metric is averaged, metric key)
 PAPER_COLUMNS = (
     ("LAMBADA", ("lambada_openai",), "acc"),
@@ -124,11 +129,9 @@ def run_downstream(
 ) -> dict:
     """Run lm-eval's ``simple_evaluate`` on the model of ``run`` (a pope run/checkpoint or a Hugging Face model
     directory; tokenizer "hf" takes the latter's own tokenizer) or on a ready ``lm``. Returns its results."""
-    from pope.optional import require
-
     evaluator = require("lm_eval", "eval")
     task_module = require("lm_eval.tasks", "eval")
-    from pope.eval.lm_eval_model import PoPELM
+    from pope.eval.lm_eval_model import PoPELM  # here: it imports lm_eval (the eval extra) at its top
 
     if lm is None:
         lm = PoPELM(path=run, tokenizer=tokenizer, device=device, batch_size=batch_size)
@@ -214,10 +217,6 @@ def downstream_table(rows: dict[str, dict]) -> str:
 def write_downstream(run: str, out: dict, label: str, output: str | Path | None = None) -> Path:
     """The results with provenance, written atomically to ``output`` (default RUN/eval/downstream.json, RUN
     being the run directory, or the Hugging Face model directory itself); returns the path."""
-    from pope.eval.runs import run_dir_of
-    from pope.files import write_json_atomic
-    from pope.provenance import provenance
-
     path = Path(output) if output is not None else run_dir_of(run) / "eval" / "downstream.json"
     if path.is_dir():
         raise ValueError(f"output {path} is a directory; give the path of the JSON file to write")

@@ -31,10 +31,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from pope.attention import MAGNITUDES
 from pope.encodings import PoPE, RoPE
 from pope.files import finish_figure, write_json_atomic
+from pope.frequencies import pope_frequencies
+from pope.optional import pyplot
 
 
 @dataclass
@@ -187,8 +190,6 @@ def frequency_magnitudes(projection: torch.Tensor, n_heads: int, pe: torch.nn.Mo
 def encoding_frequencies(pe: torch.nn.Module, head_dim: int) -> tuple[str, np.ndarray]:
     """("pope" | "rope", the layer's frequencies in row order), from pope.frequencies / the layer's buffer."""
     if isinstance(pe, PoPE):
-        from pope.frequencies import pope_frequencies
-
         return "pope", pope_frequencies(pe.rotary_dim or head_dim, pe.base).numpy()
     if isinstance(pe, RoPE):
         return "rope", pe.frequencies()[0].detach().float().cpu().numpy()
@@ -205,8 +206,6 @@ def analyze_frequencies(
     progress: bool = True,
 ) -> FrequencyUsage:
     """Mean query/key magnitude per layer × frequency over all tokens of ``sequences`` (each (T,) long)."""
-    from tqdm.auto import tqdm
-
     if not sequences:
         raise ValueError("frequency analysis needs at least one token sequence")
     blocks = model.blocks
@@ -266,8 +265,6 @@ def chunk_tokens(tokens: list[int] | np.ndarray, max_len: int) -> list[torch.Ten
 
 def plot_frequency_usage(usage: FrequencyUsage, path: Path, *, title: str = "") -> Path:
     """Heatmaps layer × frequency for queries and keys (like the paper's figure)."""
-    from pope.optional import pyplot
-
     plt = pyplot()
     n_layer, n_freq = usage.query.shape
     fig, axes = plt.subplots(1, 2, figsize=(min(16, 4 + 0.12 * n_freq * 2), 1.5 + 0.35 * n_layer), squeeze=False)
@@ -285,8 +282,6 @@ def plot_delta(delta: np.ndarray, path: Path, *, title: str = "") -> Path:
     """One heatmap per layer: head × frequency of delta as a phase in (-π, π] (``delta_phase``), on a diverging
     scale symmetric about 0 that reaches the largest distance, so small moves and a wrapped delta's positive
     phases show (a clamped delta is never positive)."""
-    from pope.optional import pyplot
-
     plt = pyplot()
     phase = delta_phase(delta)
     n_layer, n_head, n_freq = phase.shape
@@ -315,8 +310,6 @@ def plot_position_bias(
     usage: FrequencyUsage, path: Path, *, train_length: int, max_distance: int, title: str = ""
 ) -> Path:
     """One panel per layer: every head's position-only score against the distance, the training length marked."""
-    from pope.optional import pyplot
-
     plt = pyplot()
     distances = np.unique(np.geomspace(1, max_distance, 400).round().astype(int))
     bias = position_bias(usage, distances)

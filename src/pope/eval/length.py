@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from pope.eval.windows import WindowPlan, describe_split, plan_windows, validate_doc_offsets
 
@@ -59,30 +60,6 @@ class LengthResult:
         }
 
 
-def check_vocab_compatible(data_vocab_size: int, model_vocab_size: int, *, data_name: str = "the data") -> None:
-    """Refuse to score data with a vocabulary the model was not built for.
-
-    A model whose vocabulary is larger than the data's (e.g. padded to a multiple of 64) can score it;
-    a smaller one cannot, and equal sizes are the normal case. The data's maximum token id is checked
-    separately by :func:`check_token_range`.
-    """
-    if int(data_vocab_size) > int(model_vocab_size):
-        raise ValueError(
-            f"vocabulary mismatch: {data_name} has {data_vocab_size:,} token ids but the model's vocabulary has "
-            f"{model_vocab_size:,}; this model was trained on another tokenisation. Evaluate it on data "
-            f"prepared with its own tokenizer."
-        )
-
-
-def check_token_range(tokens: np.ndarray, model_vocab_size: int, *, data_name: str = "the data") -> None:
-    max_token = int(tokens.max(initial=0)) if tokens.size else 0
-    if max_token >= model_vocab_size:
-        raise ValueError(
-            f"vocabulary mismatch: {data_name} contains token id {max_token:,} but the model only has "
-            f"{model_vocab_size:,} ids; evaluate it on data prepared with its own tokenizer."
-        )
-
-
 def model_logits(model: torch.nn.Module, idx: torch.Tensor) -> torch.Tensor:
     """Logits (B, T, V) from a model following the GPT contract (returns (logits, loss)) or plain logits."""
     out = model(idx)
@@ -115,8 +92,6 @@ def score_windows(
     description: str = "",
 ) -> LengthResult:
     """Score every window of ``plan`` over the flat ``tokens`` array with ``model``."""
-    from tqdm.auto import tqdm
-
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     length = plan.length

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,16 +12,28 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pope.data.prepared import resolve_dataset
+from pope.data.vocabulary import check_token_range, check_vocab_compatible
 from pope.eval.length import (
     LengthResult,
     check_bool,
     check_positive,
-    check_token_range,
-    check_vocab_compatible,
     evaluate_lengths,
     parse_lengths,
 )
+from pope.eval.runs import load_run_model, run_dir_of, run_label, short_pe_spec
 from pope.eval.windows import plan_windows, validate_doc_offsets
+from pope.files import (
+    check_output_dir,
+    finish_figure,
+    height_with_legend_below,
+    legend_below,
+    plain_log_ticks,
+    write_json_atomic,
+    write_text_atomic,
+)
+from pope.optional import pyplot, require
+from pope.provenance import portable_path, provenance
 
 
 @dataclass
@@ -59,10 +73,6 @@ def run_length_eval(
     (read-only, ``eval`` not a directory) gets a warning on stderr, not an error, since the results are
     already in ``out_dir``. The scored split is re-hashed first: a modified file is named, not scored.
     """
-    from pope.data.prepared import resolve_dataset
-    from pope.eval.runs import load_run_model, run_label
-    from pope.files import check_output_dir
-    from pope.provenance import portable_path, provenance
 
     lengths = parse_lengths(lengths)
     check_positive(batch_size=batch_size, n_buckets=n_buckets)
@@ -144,8 +154,6 @@ def run_length_eval(
 
 def write_beside_run(run: str, name: str, record: dict, *, saved_in=None) -> Path | None:
     """Write ``record`` to RUN/eval/NAME; on failure warn (naming where the results are) and return None."""
-    from pope.eval.runs import run_dir_of
-    from pope.files import write_json_atomic
 
     path = run_dir_of(run) / "eval" / name
     try:
@@ -160,7 +168,6 @@ def _disambiguate_labels(entries: list[RunLengthResults]) -> None:
     """Label each entry by its run's ``run_label``; runs that share one ('seed-0' of two sweeps) are named by the
     shortest tail of their paths that tells them apart ('genome-pope/seed-0', 'genome-rope/seed-0'); the full path
     stays in each entry's ``run``. Idempotent: labels are derived from the paths alone."""
-    from pope.eval.runs import run_label
 
     groups: dict[str, list[RunLengthResults]] = {}
     for entry in entries:
@@ -214,10 +221,6 @@ def write_length_outputs(
     provenance_stamp: dict | None = None,
 ) -> list:
     """length.csv, length.md, length.json and length.png in ``out_dir``."""
-    import csv
-    import io
-
-    from pope.files import write_json_atomic, write_text_atomic
 
     out_dir = Path(out_dir)
     buffer = io.StringIO()
@@ -303,12 +306,6 @@ def write_length_outputs(
 def plot_length_curves(entries: list[RunLengthResults], path, *, n_buckets: int = 8, title: str = ""):
     """Left: perplexity vs length (one line per run). Right: NLL per window-position bucket at the
     longest length (does the loss rise past the training length?)."""
-    from matplotlib.ticker import NullLocator
-
-    from pope.eval.runs import short_pe_spec
-    from pope.files import finish_figure, height_with_legend_below, legend_below, plain_log_ticks
-    from pope.optional import pyplot
-
     plt = pyplot()
     # the legend goes under both panels (inside the left one it hid the curves of six or more runs): the figure
     # grows by one legend row per two runs
@@ -330,7 +327,7 @@ def plot_length_curves(entries: list[RunLengthResults], path, *, n_buckets: int 
     plain_log_ticks(left.yaxis)
     evaluated = sorted({r.length for e in entries for r in e.results})
     left.set_xticks(evaluated, [f"{L:,}" for L in evaluated], fontsize=8)  # the lengths run, not powers of 2
-    left.xaxis.set_minor_locator(NullLocator())
+    left.xaxis.set_minor_locator(require("matplotlib.ticker").NullLocator())
     left.set_xlabel("evaluation length L (tokens); dotted: training length")
     left.set_ylabel("perplexity")
     left.set_title("perplexity vs window length")

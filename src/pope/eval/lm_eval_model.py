@@ -29,11 +29,16 @@ Requests (all scoring is fp32 log-softmax over the model's logits):
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
+from pope.eval.runs import load_run_model
 from pope.eval.tokenizers import Tokenizer, get_tokenizer
 from pope.optional import require
 
@@ -102,8 +107,6 @@ class PoPELM(_lm_eval_api_model.LM):
         Each pair is cut to the last max_length + 1 tokens; sequences are sorted by length (longest
         first) and right-padded in batches — causal attention keeps padding from affecting real positions.
         """
-        from tqdm.auto import tqdm
-
         items = []
         for index, (context, continuation) in enumerate(pairs):
             if not continuation:
@@ -217,9 +220,6 @@ class PoPELM(_lm_eval_api_model.LM):
 
 def is_hf_model_dir(path) -> bool:
     """True for a Hugging Face model directory (config.json with a model_type), not a pope run/checkpoint."""
-    import json
-    from pathlib import Path
-
     config = Path(path) / "config.json"
     if not config.is_file() or (Path(path) / "model_config.json").is_file():
         return False
@@ -235,8 +235,6 @@ def load_model_for_eval(path, device):
         require("pope.hf", "hf", "Hugging Face model directories")
         transformers = require("transformers", "hf")
         return HFCausalLM(transformers.AutoModelForCausalLM.from_pretrained(str(path)))
-    from pope.eval.runs import load_run_model
-
     return load_run_model(path, device)[0]
 
 
@@ -247,8 +245,6 @@ class HFCausalLM(torch.nn.Module):
 
     def __init__(self, hf_model):
         super().__init__()
-        from types import SimpleNamespace
-
         self.hf = hf_model
         hf_config = hf_model.config
         self.config = SimpleNamespace(
@@ -261,9 +257,7 @@ class HFCausalLM(torch.nn.Module):
         return self.hf(input_ids=ids, past_key_values=kv_cache, use_cache=True).logits, None
 
     def new_kv_cache(self, batch_size: int, max_len: int, device=None):
-        from pope.hf.compat import new_dynamic_cache
-
-        return new_dynamic_cache(self.hf.config)
+        return require("pope.hf.compat").new_dynamic_cache(self.hf.config)
 
 
 def hf_tokenizer(path) -> Tokenizer:
@@ -307,8 +301,7 @@ def _parse_batch_size(batch_size) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """lm-eval's own command line with the ``pope`` model registered (lm-eval does not load entry points)."""
-    from lm_eval.__main__ import cli_evaluate
-
+    cli_evaluate = require("lm_eval.__main__").cli_evaluate
     sys.argv = [sys.argv[0], *(sys.argv[1:] if argv is None else argv)]
     return cli_evaluate() or 0
 

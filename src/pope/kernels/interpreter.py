@@ -8,6 +8,7 @@ CPU tests check the arithmetic the GPU does (bf16 products and roundings include
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -25,7 +26,7 @@ def _fix_triton_interpreter() -> None:
     * its fp32 -> bf16 cast truncates, where compiled Triton rounds to nearest even: round like the GPU;
     * its tl.dot ignores input_precision "tf32" and multiplies fp32 operands exactly, where the tensor cores read
       only their top 19 bits (sign, exponent, 10 mantissa bits): drop the other 13 bits like the GPU."""
-    import numpy as np
+    # the interpreter's internals, imported in interpreter mode only
     from triton._C.libtriton import ir
     from triton.runtime import interpreter
 

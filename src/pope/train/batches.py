@@ -33,6 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from pope.data.indirect_indexing import fresh_examples
+
 IGNORE_INDEX = -100
 
 
@@ -348,8 +350,6 @@ class FreshExampleBatches(ExampleBatches):
     def _batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Step `step`'s whole global batch on `device`: inputs, targets (global_batch, T)."""
         if self._cached is None or self._cached[0] != step:
-            from pope.data.indirect_indexing import fresh_examples
-
             rng = np.random.default_rng([self.seed, step, FRESH_STREAM])
             examples = fresh_examples(self.global_batch, rng, self.task_options, self.held_out)
             tensors = [torch.from_numpy(a) for a in (examples.inputs, examples.targets)]

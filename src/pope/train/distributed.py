@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from pope.devices import resolve_device
+
 
 @dataclass(frozen=True)
 class DistributedContext:
@@ -33,8 +35,6 @@ class DistributedContext:
 def setup_distributed(device: str = "auto") -> DistributedContext:
     """Initialise the process group if launched by torchrun; choose this process's device.
     ``device``: "auto" (CUDA if available), "cpu" or "cuda"."""
-    from pope.devices import resolve_device
-
     if device not in ("auto", "cpu", "cuda"):  # the process picks its own GPU (LOCAL_RANK): no "cuda:N"
         raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
     use_cuda = resolve_device(device) == "cuda"

@@ -7,6 +7,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from pope.checkpoint import load_model
+from pope.data import indirect_indexing as task
+from pope.devices import resolve_device
 from pope.train.batches import IGNORE_INDEX, Shard, evaluation_batches, stream_windows
 from pope.train.distributed import all_reduce_sum
 
@@ -90,10 +93,6 @@ def task_accuracy(run: str, data_file: str, *, batch_size: int = 256, device: st
     (best checkpoint if present, else last) on every example of ``data_file``; ``by_shift`` splits the accuracy
     by the example's signed shift ({"-15": {"examples", "correct", "accuracy"}, ..., "+15": ...}, in shift order):
     which offsets a model has learned to index."""
-    from pope.checkpoint import load_model
-    from pope.data import indirect_indexing as task
-    from pope.devices import resolve_device
-
     device = resolve_device(device)
     if batch_size <= 0:
         raise ValueError(f"--batch-size must be positive, got {batch_size}")

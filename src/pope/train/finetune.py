@@ -20,6 +20,13 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+from pope.checkpoint import find_checkpoint, load_checkpoint
+from pope.encodings import RoPE, build_positional_encoding, parse_pe_spec
+from pope.model import GPTConfig
+from pope.presets import Recipe
+from pope.train.run_config import TrainOptions, parse_overrides
+from pope.train.trainer import Trainer
+
 FINETUNE_RECIPE = {"batch_size": 64, "lr": 6e-5, "warmup_steps": 20}
 YARN_ALPHA, YARN_BETA = 1.0, 32.0
 _EXTENDED = ("yarn", "pi", "ntk")
@@ -27,8 +34,6 @@ _EXTENDED = ("yarn", "pi", "ntk")
 
 def extended_pe(pe: str, *, head_dim: int, n_heads: int, scale: float, original_max_len: int) -> str:
     """The PE spec for fine-tuning at ``scale`` × the training context (see module docstring)."""
-    from pope.encodings import RoPE, build_positional_encoding, parse_pe_spec
-
     name, _ = parse_pe_spec(pe)
     if name in _EXTENDED:
         raise ValueError(f"the run's encoding {pe!r} is already context-extended; fine-tune the original RoPE run")
@@ -60,10 +65,6 @@ def finetune_config(
     source: dict | None = None,
 ) -> dict:
     """The fine-tune's run config: the original one with the new PE, context and recipe (validated)."""
-    from pope.model import GPTConfig
-    from pope.presets import Recipe
-    from pope.train.run_config import TrainOptions, parse_overrides
-
     if not isinstance(context, int) or context < 2:
         raise ValueError(f"--context must be an integer >= 2, got {context!r}")
     if not isinstance(steps, int) or steps < 1:
@@ -128,9 +129,6 @@ def build_finetune_trainer(
 ):
     """A pope.train Trainer for the fine-tune, holding the original weights (or the fine-tune's own
     checkpoint when resuming)."""
-    from pope.checkpoint import find_checkpoint, load_checkpoint
-    from pope.train.trainer import Trainer
-
     checkpoint = load_checkpoint(find_checkpoint(run), map_location="cpu")
     run_config = checkpoint.trainer_state.get("run_config")
     if not run_config:

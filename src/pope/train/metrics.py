@@ -15,7 +15,12 @@ from __future__ import annotations
 import json
 import math
 import os
+from contextlib import nullcontext
 from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from pope.optional import require
 
 
 class MetricsLogger:
@@ -39,20 +44,14 @@ class MetricsLogger:
         self._truncate_after(start_step)
         self._file = open(self.path, "a", buffering=1)
         if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as err:  # tensorboard is in the [train] extra
-                raise ImportError(
-                    "TensorBoard logging needs tensorboard: pip install 'pope-attention[train]' "
-                    "(or pass --set train.tensorboard=false)"
-                ) from err
+            tensorboard_module = require(
+                "torch.utils.tensorboard", purpose="TensorBoard logging; or pass --set train.tensorboard=false"
+            )
             # events after the checkpoint's step are dropped (those steps run again); the step's own are kept
-            self._writer = SummaryWriter(
+            self._writer = tensorboard_module.SummaryWriter(
                 log_dir=str(Path(run_dir) / "tensorboard"), purge_step=start_step + 1 if start_step else None
             )
         if progress:
-            from tqdm.auto import tqdm
-
             self._bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
 
     def _truncate_after(self, step: int) -> None:
@@ -92,12 +91,8 @@ class MetricsLogger:
 
     def evaluation_progress(self, label: str, total: int):
         """A labelled bar over ``total`` evaluation batches (a no-op without a progress bar)."""
-        from contextlib import nullcontext
-
         if not (self.enabled and self.progress):
             return nullcontext(None)
-        from tqdm.auto import tqdm
-
         return tqdm(total=total, desc=label, unit="batch", leave=False, dynamic_ncols=True)
 
     def close(self) -> None:

@@ -19,30 +19,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from pope.encodings import AbsolutePositionEmbedding, PositionalEncoding
+from pope.presets import DECAY_PARAMS
+
 
 def _positional_parameter_names(model: nn.Module) -> set[str]:
     names: set[str] = set()
-    try:
-        from pope import encodings
-
-        pe_types = tuple(
-            t
-            for t in (
-                getattr(encodings, "PositionalEncoding", None),
-                getattr(encodings, "AbsolutePositionEmbedding", None),
-            )
-            if t is not None
-        )
-    except ImportError:
-        pe_types = ()
+    pe_types = (PositionalEncoding, AbsolutePositionEmbedding)
     for module_name, module in model.named_modules():
-        if pe_types and isinstance(module, pe_types):
+        if isinstance(module, pe_types):
             for param_name, _ in module.named_parameters():
                 names.add(f"{module_name}.{param_name}" if module_name else param_name)
     return names
-
-
-DECAY_PARAMS = ("matrices", "all")
 
 
 def split_decay_groups(model: nn.Module, decay_params: str = "matrices") -> tuple[list[str], list[str]]:

@@ -23,9 +23,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pope.data.indirect_indexing import VOCAB_SIZE as TASK_VOCAB_SIZE
+from pope.encodings import parse_pe_spec
 from pope.model import GPTConfig
 from pope.parsing import check_fields, field_types, from_dict, parse_assignments
-from pope.presets import Recipe
+from pope.presets import Recipe, get_preset, with_recipe
 
 SECTIONS = ("model", "recipe", "train")
 EVAL_SPLITS = ("valid", "test")
@@ -234,9 +236,6 @@ def resolve_run_config(
     preset_name: str, pe: str, *, seed: int = 0, overrides: list[str] | None = None, vocab_size: int | None = None
 ) -> RunConfig:
     """The full, validated run config. ``vocab_size`` comes from the data when the preset has none."""
-    from pope.encodings import parse_pe_spec
-    from pope.presets import get_preset, with_recipe
-
     preset = get_preset(preset_name)  # unknown -> ValueError listing valid presets
     parse_pe_spec(pe)  # unknown -> ValueError listing valid encodings
     changes = parse_overrides(overrides)
@@ -244,7 +243,7 @@ def resolve_run_config(
     model_fields = {**preset.model, **changes["model"]}
     if "vocab_size" not in model_fields:
         if vocab_size is None and preset.recipe.dataset.partition(":")[0] == "indirect-indexing":
-            from pope.data.indirect_indexing import VOCAB_SIZE as vocab_size
+            vocab_size = TASK_VOCAB_SIZE
         if vocab_size is None:
             raise ValueError(f"preset {preset_name!r} takes its vocab_size from the data; none was given")
         model_fields["vocab_size"] = vocab_size

@@ -13,11 +13,15 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import platform
 import sys
 from pathlib import Path
+
+from pope.checkpoint import checkpoint_step
+from pope.files import check_output_dir as check_writable
 
 LOCK_FILE = ".lock"
 RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "checkpoints")
@@ -26,8 +30,6 @@ RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "checkpoints")
 def check_output_dir(path: Path) -> None:
     """Create ``path`` if needed; ValueError saying what is wrong when it is a file, lies under a file or
     cannot be written (the checks of pope.files.check_output_dir, shared with the data and eval commands)."""
-    from pope.files import check_output_dir as check_writable
-
     check_writable(path, what="--out")
     path.mkdir(parents=True, exist_ok=True)
 
@@ -50,8 +52,6 @@ class RunLock:
         self._handle = None
 
     def acquire(self) -> None:
-        import fcntl
-
         handle = open(self.path, "a+")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -90,8 +90,6 @@ class RunLock:
     def release(self) -> None:
         if self._handle is None:
             return
-        import fcntl
-
         self._handle.seek(0)
         self._handle.truncate()
         fcntl.flock(self._handle, fcntl.LOCK_UN)
@@ -101,8 +99,6 @@ class RunLock:
 
 def describe_run(run_dir: Path) -> str:
     """'config.json, metrics.jsonl (up to step 40), checkpoints/best (step 40)' — or 'nothing'."""
-    from pope.checkpoint import checkpoint_step
-
     parts = []
     if (run_dir / "config.json").exists():
         parts.append("config.json")

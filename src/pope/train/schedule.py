@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-DECAY_SHAPES = ("cosine", "linear")
+from pope.presets import DECAY_SHAPES
 
 
 @dataclass(frozen=True)

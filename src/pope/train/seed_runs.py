@@ -5,6 +5,7 @@ call `run_finished` once per run."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -92,7 +93,7 @@ def why_not_start_over(run_dir: Path, seed: int, config: dict) -> str | None:
     """None when a run directory without checkpoints holds only what a run writes before its first logged step
     (STARTUP_RECORDS, an empty metrics.jsonl, a tensorboard/ of event files) and its config.json is ``config``
     up to resume-mutable keys; else one line saying what is there and what to do."""
-    from pope.train.run_config import config_differences
+    from pope.train.run_config import config_differences  # here: it imports torch, which this module does without
 
     kept = []
     for entry in sorted(run_dir.iterdir()):
@@ -136,7 +137,7 @@ def stopped_by_own_signal(run_dir: Path, returncode: int) -> str | None:
         summary = json.loads((run_dir / "summary.json").read_text())
     except (OSError, ValueError):
         return None
-    from pope.train.stopping import exit_status
+    from pope.train.stopping import exit_status  # here: it imports torch, which this module does without
 
     reason = summary.get("stop_reason")
     return reason if reason in ("SIGINT", "SIGTERM") and exit_status(summary) == returncode else None
@@ -145,8 +146,6 @@ def stopped_by_own_signal(run_dir: Path, returncode: int) -> str | None:
 def die_with_parent() -> None:
     """Child-side (Linux): get SIGTERM if the sweep process dies, so no orphan keeps training."""
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass

@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 EXIT_STATUS = {
     "finished": 0,
@@ -63,8 +64,6 @@ class StopVote:
     step loop never waits for the GPU; the ranks then stop together one step after the signal."""
 
     def __init__(self, device: torch.device) -> None:
-        import torch.distributed as dist
-
         self.distributed = dist.is_initialized() and dist.get_world_size() > 1
         self.lagged = self.distributed and device.type == "cuda"
         if self.distributed:
@@ -76,8 +75,6 @@ class StopVote:
     def poll(self, local: bool) -> bool:
         if not self.distributed:
             return local
-        import torch.distributed as dist
-
         decided = False
         if self.lagged and self.pending:
             self.event.synchronize()  # the previous call's all-reduce: finished a step ago

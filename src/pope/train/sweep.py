@@ -48,6 +48,9 @@ import sys
 import time
 from pathlib import Path
 
+import pope
+from pope.files import write_json_atomic
+from pope.provenance import portable_argv
 from pope.train.seed_runs import (
     SeedRun,
     die_with_parent,
@@ -76,7 +79,7 @@ OOM_RETRIES = 2
 
 @functools.cache
 def _execution_keys() -> frozenset[str]:
-    from pope.train.run_config import RESUME_MUTABLE
+    from pope.train.run_config import RESUME_MUTABLE  # here: it imports torch, and importing a sweep must not
 
     return frozenset(RESUME_MUTABLE) | {"seed", "train.eval_batch_size"}
 
@@ -131,14 +134,14 @@ def visible_gpus(overrides: list[str]) -> list[str]:
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
     if listed is not None:
         return [gpu.strip() for gpu in listed.split(",") if gpu.strip() and gpu.strip() != "-1"]
-    import torch
+    import torch  # here: importing a sweep must not import torch (run_finished, called once per run)
 
     return [str(i) for i in range(torch.cuda.device_count())]
 
 
 def resolved_config(preset: str, pe: str, *, seed: int = 0, overrides: list[str] | None = None) -> dict:
     """pope.train.run_config.resolve_run_config in config.json's layout (sections of plain values)."""
-    from pope.train.run_config import resolve_run_config
+    from pope.train.run_config import resolve_run_config  # here: it imports torch, and importing a sweep must not
 
     return resolve_run_config(preset, pe, seed=seed, overrides=overrides).to_dict()
 
@@ -234,8 +237,6 @@ class Sweep:
         return command
 
     def _child_env(self, gpu: str | None) -> dict:
-        import pope
-
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         source_root = str(Path(pope.__file__).resolve().parents[1])  # children import this same pope
         env["PYTHONPATH"] = os.pathsep.join([source_root, *filter(None, [env.get("PYTHONPATH")])])
@@ -274,6 +275,7 @@ class Sweep:
         """A run directory with a config.json and no checkpoints/ died before its first checkpoint: empty it when
         it holds only start-up records of this seed (see the module docstring), so the seed starts from scratch.
         Returns why the seed must not start (the directory is then left as it is), or None."""
+        # here: they import torch, and importing a sweep must not
         from pope.train.run_config import config_differences
         from pope.train.rundir import RunLock
 
@@ -356,7 +358,7 @@ class Sweep:
     # --------------------------------------------------------------------------------------- loop
     def run(self) -> list[SeedRun]:
         """Run every seed not skipped; returns the seeds with their final status."""
-        from pope.provenance import portable_argv
+        # here: they import torch, and importing a sweep must not
         from pope.train.run_config import TrainOptions
         from pope.train.training_data import prepare_data
 
@@ -435,7 +437,7 @@ class Sweep:
     def _progress_bar(self):
         if not self.progress:
             return None
-        from tqdm.auto import tqdm
+        from tqdm.auto import tqdm  # here: ~50 ms, and shell scripts import this module once per run (run_finished)
 
         return tqdm(
             total=sum(r.total_steps for r in self.runs),
@@ -453,8 +455,6 @@ class Sweep:
         bar.refresh()
 
     def _write_record(self, invocation: dict) -> None:
-        from pope.files import write_json_atomic
-
         path = self.out / "sweep.json"
         record = {"preset": self.preset, "pe": self.pe, "overrides": self.overrides, "invocations": [], "seeds": {}}
         if path.exists():

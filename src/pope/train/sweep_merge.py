@@ -20,6 +20,7 @@ import json
 import shutil
 from pathlib import Path
 
+from pope.files import write_json_atomic
 from pope.train.seed_runs import last_step, run_finished
 from pope.train.sweep import setting_of
 
@@ -47,8 +48,6 @@ def _setting(run_dir: Path) -> dict:
 def merge_sweep(source: str | Path, destination: str | Path, *, replace_unfinished: bool = False) -> list[str]:
     """Copies source's seeds into destination (see the module docstring); returns one line per merged seed.
     Raises ValueError, having changed nothing, when the sweeps differ or a seed would be overwritten."""
-    from pope.files import write_json_atomic
-
     source, destination = Path(source), Path(destination)
     if source.resolve() == destination.resolve():
         raise ValueError(f"source and destination are the same directory ({source})")

@@ -32,7 +32,10 @@ import numpy as np
 import torch
 
 from pope import checkpoint as ckpt
-from pope.eval.delta_state import delta_outside_counts
+from pope.data.prepared import resolve_dataset
+from pope.data.vocabulary import check_token_range
+from pope.encodings import delta_outside_counts
+from pope.model import GPT
 from pope.provenance import cuda_mps_active, device_name, git_commit, library_versions, portable_argv
 from pope.train.batches import ExampleBatches, Shard
 from pope.train.distributed import all_reduce_sum, on_main_then_everywhere, setup_distributed, teardown_distributed
@@ -65,8 +68,6 @@ class Trainer:
     ) -> None:
         """init_from: start a new run from these weights (e.g. a fine-tune); ignored when resuming, where the
         run's own checkpoint wins. Loaded before the model is wrapped (DDP/FSDP2) or compiled."""
-        from pope.model import GPT
-
         self.config = RunConfig.coerce(config)
         self.run_dir = Path(run_dir)
         self.options, self.recipe = self.config.train, self.config.recipe
@@ -250,7 +251,7 @@ class Trainer:
             else:
                 metrics.update(self.evaluate(split))
         # how many of PoPE's δ entries lie outside [-2π, 0] (stopped learning under the forward clamp): its course
-        # over training, next to the accuracy, shows when entries freeze (pope.eval.delta_state)
+        # over training, next to the accuracy, shows when entries freeze (pope.encodings.polar)
         metrics.update(delta_outside_counts(self.model))
         logger.log({"step": self.step, "kind": "eval", **metrics})
         if self.best.update(self.step, metrics):
@@ -413,8 +414,6 @@ class Trainer:
 def _check_vocabulary(data, config: RunConfig) -> None:
     """The model must cover the data's vocabulary and every token id actually in it (a file that
     disagrees with its manifest would otherwise fail deep inside the embedding). Reads every split once."""
-    from pope.eval.length import check_token_range
-
     vocab = config.model.vocab_size
     if vocab < data.vocab_size:
         raise ValueError(
@@ -423,8 +422,6 @@ def _check_vocabulary(data, config: RunConfig) -> None:
         )
     source = config.train.data_dir or config.recipe.dataset
     if not data.is_task:  # name the prepared dataset's files
-        from pope.data.prepared import resolve_dataset
-
         source = resolve_dataset(source).path
     splits = {split: [inputs, targets] for split, (inputs, targets) in data.eval_examples.items()}
     splits.update({split: [tokens] for split, tokens in data.eval_tokens.items()})

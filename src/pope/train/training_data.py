@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pope.data import indirect_indexing as task
+from pope.data.prepared import resolve_dataset
 from pope.train.batches import (
     ExampleBatches,
     FreshExampleBatches,
@@ -18,6 +20,8 @@ from pope.train.batches import (
     document_pieces,
     documents_as_examples,
 )
+from pope.train.distributed import barrier
+from pope.train.packing import PackedDocumentBatches
 
 INDIRECT_INDEXING = "indirect-indexing"
 
@@ -41,8 +45,6 @@ def _data_source(recipe: dict, options):
     whether the source is an explicit split directory). The task variant is the spec's
     (``indirect-indexing:OPTION=VALUE,...`` in the source or in recipe.dataset); an explicit split
     directory must have been generated for it."""
-    from pope.data import indirect_indexing as task
-
     source = str(options.data_dir or recipe["dataset"])
     manifest_path = Path(source) / "manifest.json"
     is_task_dir = manifest_path.is_file() and '"indirect-indexing"' in manifest_path.read_text()
@@ -67,19 +69,13 @@ def prepare_data(recipe: dict, options) -> None:
     if is_task_dir:
         return
     if task_options is not None:
-        from pope.data import indirect_indexing as task
-
         task.ensure_splits(None, seed=options.data_seed, options=task_options)
         return
-    from pope.data.prepared import resolve_dataset
-
     resolve_dataset(source, prepare_if_missing=True)
 
 
 def _held_out_strings(directory: Path) -> frozenset:
     """The letter strings of the valid and test splits (fresh training examples never use them)."""
-    from pope.data import indirect_indexing as task
-
     strings = set()
     for split in ("valid", "test"):
         path = directory / f"{split}.txt"
@@ -107,8 +103,6 @@ def load_training_data(
     - a prepared dataset (pope.data.prepared) with a pad id: documents, padded;
     - a prepared dataset without one: a token stream, random windows of seq_len + 1 tokens.
     """
-    from pope.train.distributed import barrier
-
     source, task_options, is_task_dir = _data_source(recipe, options)
     if options.pack and task_options is not None:
         raise ValueError(
@@ -121,8 +115,6 @@ def load_training_data(
         prepare_data(recipe, options)
     barrier()
     if task_options is not None:
-        from pope.data import indirect_indexing as task
-
         # an explicit split directory (any sizes, e.g. written by write_splits), else the cached default
         directory = Path(source) if is_task_dir else task.default_data_dir(options.data_seed, task_options)
         if seq_len < task.SEQ_LEN:
@@ -162,8 +154,6 @@ def load_training_data(
             is_task=True,
         )
 
-    from pope.data.prepared import resolve_dataset
-
     dataset = resolve_dataset(source)
     transform = dataset.train_transform
     if dataset.pad_id is None and options.pack:
@@ -174,8 +164,6 @@ def load_training_data(
         )
     if dataset.pad_id is not None:  # documents: padded, or packed end to end (train.pack, pope.train.packing)
         if options.pack:
-            from pope.train.packing import PackedDocumentBatches
-
             train_split = dataset.split("train")
             offsets, lengths = document_pieces(train_split, seq_len, source=str(dataset.path))
             batches = PackedDocumentBatches(
