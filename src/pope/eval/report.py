@@ -25,6 +25,7 @@ import math
 import statistics
 from pathlib import Path
 
+from pope.eval.downstream import PAPER_COLUMNS, paper_downstream
 from pope.eval.report_collect import collect_run, expand_runs
 from pope.eval.report_compare import against_markdown, comparison_markdown
 from pope.eval.report_plots import (
@@ -263,8 +264,6 @@ def report_markdown(records: list[RunRecord], against: str | Path | None = None)
             lines.append(f"| {preset} | {pe} | {label} | " + " | ".join(cells) + " |")
 
     if any(m.downstream for m in records):
-        from pope.eval.downstream import PAPER_COLUMNS, paper_downstream
-
         columns = [c for c, _, _ in PAPER_COLUMNS] + ["Average"]
         lines += [
             "",

@@ -19,6 +19,7 @@ from pope.eval.report_records import (
 )
 from pope.eval.runs import short_pe_spec
 from pope.files import finish_figure, height_with_legend_below, legend_below, plain_log_ticks
+from pope.optional import pyplot
 
 
 def _sweep_directory(label: str) -> str:
@@ -75,7 +76,6 @@ def plot_report(records: list[RunRecord], path: Path) -> Path | None:
     dots = seeds, cross = paper. Points, not bars from zero, so gaps of a few hundredths in an NLL stay
     visible; the axis spans the values shown. Paper values that would shrink our runs to under a quarter of the
     axis (paper_marks_fit) are written under the panel's title, not drawn."""
-    from pope.optional import pyplot
 
     finished = {key: [m for m in members if m.finished] for key, members in setting_groups(records).items()}
     groups = [(key, done) for key, done in sorted(finished.items()) if finite(m.value for m in done)]
@@ -123,7 +123,6 @@ def plot_report(records: list[RunRecord], path: Path) -> Path | None:
 def plot_report_lengths(records: list[RunRecord], path: Path) -> Path | None:
     """Perplexity vs evaluation length per (preset, PE, setting): mean over seeds, error bars = std; one panel
     per set of documents, one colour per setting in every panel, one legend under the panels."""
-    from pope.optional import pyplot
 
     keys = sorted({key for record in records for key in record.length_ppl})
     if not keys:
@@ -169,7 +168,6 @@ def plot_report_lengths(records: list[RunRecord], path: Path) -> Path | None:
 def plot_accuracy_curves(records: list[RunRecord], path: Path) -> Path | None:
     """Every run's test accuracy against the step, one colour per setting (named by its sweep directory in the
     legend under the axes); unfinished runs dashed."""
-    from pope.optional import pyplot
 
     groups = [
         (key, members) for key, members in sorted(setting_groups(records).items()) if any(m.curve for m in members)
@@ -213,7 +211,6 @@ def plot_lift_off_share(records: list[RunRecord], path: Path) -> Path | None:
     setting, drawn to the last step its seeds ran. Where the accuracy curves of dozens of seeds tangle, this shows
     what separates settings on this task: how soon and how often their seeds leave the plateau. None when no
     finished run has a test-accuracy curve."""
-    from pope.optional import pyplot
 
     groups = [(key, [m for m in members if m.curve]) for key, members in sorted(finished_groups(records).items())]
     groups = [(key, members) for key, members in groups if members]
@@ -247,7 +244,6 @@ def plot_accuracy_by_shift(records: list[RunRecord], path: Path) -> Path | None:
     """Test accuracy against the signed shift (eval/task_accuracy.json's by_shift), one line per setting: the mean
     over its finished seeds that have it, a band of one std; chance (1/52) dotted. Which offsets each encoding has
     learned to index. None when no finished run has a per-shift record."""
-    from pope.optional import pyplot
 
     groups = sorted(by_shift_groups(records).items())
     if not groups:
@@ -291,7 +287,6 @@ def plot_loss_curves(records: list[RunRecord], path: Path) -> Path | None:
     """Every run's validation NLL (solid) and test NLL (dotted) against the step, one colour per setting, the
     best-validation step of each finished run marked with a dot: where the minimum lies in the budget and how
     far the runs overfit after it."""
-    from pope.optional import pyplot
 
     groups = [
         (key, members) for key, members in sorted(setting_groups(records).items()) if any(m.loss_curve for m in members)

@@ -33,6 +33,9 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pope.data.indirect_indexing import is_task_spec
+from pope.encodings import parse_pe_spec
+from pope.presets import PRESETS
 from pope.train.sweep import setting_of
 
 METRIC_RULES = {"test_nll": "min over evaluations", "test_accuracy": "last evaluation", "valid_ppl": "last evaluation"}
@@ -182,8 +185,6 @@ def paper_encoding(preset_name: str, pe: str) -> str | None:
     """ "rope" or "pope" when ``pe`` is the paper's own setting of that encoding for this preset; a baseline's
     name (e.g. "rope-half") when the preset lists the paper's number for it and ``pe`` sets no option; else
     None."""
-    from pope.encodings import parse_pe_spec
-    from pope.presets import PRESETS
 
     preset = PRESETS.get(preset_name)
     if preset is None:
@@ -206,7 +207,6 @@ def paper_encoding(preset_name: str, pe: str) -> str | None:
 
 def paper_value(preset_name: str, pe: str) -> float | None:
     """The paper's number for this preset and encoding when the encoding is the paper's own setting."""
-    from pope.presets import PRESETS
 
     encoding = paper_encoding(preset_name, pe)
     preset = PRESETS.get(preset_name)
@@ -230,8 +230,6 @@ def fingerprint_of(config: dict) -> str:
 def run_metric(preset: str, config: dict) -> str | None:
     """The metric a run is scored by: its preset's paper metric; for a preset without one, test accuracy when the
     run trained on the indirect-indexing task (an accuracy task: the report shows accuracy and lift-off)."""
-    from pope.data.indirect_indexing import is_task_spec
-    from pope.presets import PRESETS
 
     paper_metric = (PRESETS[preset].paper or {}).get("metric") if preset in PRESETS else None
     if paper_metric is None and is_task_spec(str((config.get("recipe") or {}).get("dataset", ""))):

@@ -7,6 +7,11 @@ from pathlib import Path
 
 import torch
 
+from pope.checkpoint import load_model
+from pope.data import indirect_indexing as task
+from pope.files import write_json_atomic
+from pope.train.evaluate import task_accuracy
+
 
 def load_run_model(path: str | Path, device: str | torch.device = "cpu"):
     """(model in eval mode on ``device``, info) from a run or checkpoint directory via pope.checkpoint."""
@@ -18,7 +23,6 @@ def load_run_model(path: str | Path, device: str | torch.device = "cpu"):
             f"{path} is not a directory; give a run directory (made by `pope train`) or one of "
             f"its checkpoints/<name> directories"
         )
-    from pope.checkpoint import load_model
 
     return load_model(path, map_location=str(device))  # already on the device and in eval mode
 
@@ -55,7 +59,6 @@ def task_splits_of(run: str | Path) -> Path:
     dataset spec (the paper's task or a variant such as ``indirect-indexing:min_len=20,max_len=32``) and data
     seed name, generated if missing. Scoring a variant's run on the paper's splits would compare it on a task
     it was not trained for."""
-    from pope.data import indirect_indexing as task
 
     config = run_config(run)
     if not config:
@@ -85,8 +88,6 @@ def score_task_accuracy(
     """Score ``RUN/checkpoints/<checkpoint>`` on each file (e.g. {"train": first 10k training examples,
     "test": test.txt}) with pope.train.evaluate.task_accuracy, all in fp32 with the same weights, and write
     RUN/eval/task_accuracy.json: the one place the train-vs-test (memorisation) gap of a run comes from."""
-    from pope.files import write_json_atomic
-    from pope.train.evaluate import task_accuracy
 
     run = run_dir_of(run)
     weights = run / "checkpoints" / checkpoint
