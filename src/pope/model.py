@@ -23,7 +23,8 @@ from pope.parsing import check_fields, from_dict
 
 @dataclass(kw_only=True)
 class GPTConfig:
-    """Model shape and positional encoding. Every field is validated on construction."""
+    """Model shape and positional encoding. Every field is validated on construction, the positional encoding's
+    options against the head layout included, so a config that builds gives a model that builds."""
 
     vocab_size: int
     """Number of token ids."""
@@ -67,6 +68,9 @@ class GPTConfig:
         if not self.norm_eps > 0:
             raise ValueError(f"GPTConfig.norm_eps must be positive; got {self.norm_eps}")
         parse_pe_spec(self.pe)  # raises with the valid names/options
+        # the option values against this head layout (rope:rotary_dim=3, an odd head_dim for RoPE, pope:backend=x):
+        # one layer built here (a few bytes) says so now, not when GPT(config) builds the model
+        build_positional_encoding(self.pe, n_heads=self.n_head, n_kv_heads=self.kv_heads, head_dim=self.head_dim)
 
     @property
     def head_dim(self) -> int:
