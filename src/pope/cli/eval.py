@@ -270,6 +270,7 @@ def _analyze_frequencies(args: argparse.Namespace) -> int:
     import numpy as np
 
     from pope.devices import resolve_device
+    from pope.eval.data_match import check_prepared_data, check_tokenizer, run_config_of
     from pope.eval.frequency_usage import (
         analyze_frequencies,
         chunk_tokens,
@@ -291,6 +292,11 @@ def _analyze_frequencies(args: argparse.Namespace) -> int:
         if getattr(args, option) is not None and not getattr(args, applies_to):  # never silently ignored
             raise ValueError(f"--{option.replace('_', '-')} applies to --{applies_to} only")
     device = resolve_device(args.device)
+    config = run_config_of(args.run)  # the run's data against what it is given, before the model is loaded
+    if args.text:
+        check_tokenizer(args.run, config, args.tokenizer or "gpt2")
+    else:
+        check_prepared_data(args.run, config, args.data)
     model, _ = load_run_model(args.run, device)
     vocab = model.config.vocab_size
     if args.text:

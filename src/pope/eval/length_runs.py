@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pope.eval.data_match import check_prepared_data, run_config_of
 from pope.eval.length import (
     LengthResult,
     check_bool,
@@ -57,7 +58,9 @@ def run_length_eval(
 
     ``out_dir`` is checked before any work and written first; a run directory that cannot be written
     (read-only, ``eval`` not a directory) gets a warning on stderr, not an error, since the results are
-    already in ``out_dir``. The scored split is re-hashed first: a modified file is named, not scored.
+    already in ``out_dir``. The scored split is re-hashed first: a modified file is named, not scored. ``data`` must
+    have the vocabulary of every run's training data (pope.eval.data_match): other data is a ValueError naming both,
+    raised before any model is loaded.
     """
     from pope.data.prepared import resolve_dataset
     from pope.eval.runs import load_run_model, run_label
@@ -71,6 +74,9 @@ def run_length_eval(
         raise ValueError("give at least one run directory")
     if out_dir is not None:
         out_dir = check_output_dir(out_dir)
+    for run in runs:  # every run's data against --data before any model is loaded (a missing run: its load says so)
+        if Path(run).expanduser().exists():
+            check_prepared_data(run, run_config_of(run), data)
     dataset = resolve_dataset(data)
     token_split = dataset.split(split)
     dataset.verify([split])
