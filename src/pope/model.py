@@ -88,6 +88,31 @@ class GPTConfig:
         return from_dict(cls, data)
 
 
+def check_token_ids(ids: torch.Tensor, vocab_size: int, *, name: str = "idx", ignore: int | None = None) -> None:
+    """ValueError naming the first id of ``ids`` outside [0, vocab_size) (``ignore``: a value left out, e.g. -100 in
+    targets), its position and what to do. Checks CPU tensors outside torch.compile only, where that costs no device
+    synchronisation and no graph break; elsewhere it does nothing (see GPT._check_call). The test is
+    torch._assert_async, which on CPU raises at once and reads nothing back through the dispatcher, so the step keeps
+    the form a CUDA graph captures; the position is looked up only once it failed."""
+    if ids.device.type != "cpu" or torch.compiler.is_compiling() or ids.numel() == 0:
+        return
+    outside = (ids < 0) | (ids >= vocab_size)
+    if ignore is not None:
+        outside &= ids != ignore
+    try:
+        torch._assert_async(~outside.any(), "token id outside the vocabulary")
+        return
+    except RuntimeError:
+        pass
+    position = tuple(outside.nonzero()[0].tolist())
+    what = "a token id" if ignore is None else f"a token id (or {ignore}, for positions left out of the loss)"
+    raise ValueError(
+        f"{name} holds {int(ids[position])} at position {position}, outside the model's vocabulary [0, {vocab_size}) "
+        f"(each entry must be {what}); encode the input with the tokenizer the model was trained with, or build the "
+        "model with a larger vocab_size"
+    )
+
+
 class KVCache:
     """Preallocated keys/values for every layer: (n_layer, B, Hkv, max_len, head_dim) each.
 
@@ -98,6 +123,11 @@ class KVCache:
     """
 
     def __init__(self, config: GPTConfig, batch_size: int, max_len: int, device=None, dtype=torch.float32):
+        for name, value in (("batch_size", batch_size), ("max_len", max_len)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"KVCache {name} must be a positive int; got {value!r}")
+        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"KVCache dtype must be a floating-point torch.dtype; got {dtype!r}")
         shape = (config.n_layer, batch_size, config.kv_heads, max_len, config.head_dim)
         self.k = torch.empty(shape, device=device, dtype=dtype)
         self.v = torch.empty(shape, device=device, dtype=dtype)
@@ -247,6 +277,7 @@ class GPT(nn.Module):
             packed = PackedSequences.build(cu_seqlens, max_seqlen, idx.numel(), idx.device, cu_seqlens_host)
         if idx.dtype not in (torch.int64, torch.int32) or (idx.dim() != 2 and packed is None):
             raise TypeError(f"idx must be a (batch, seq) integer tensor; got {idx.dtype} of shape {tuple(idx.shape)}")
+        self._check_call(idx, targets)
         tokens = idx.view(1, -1) if packed is not None else idx
         b, t = tokens.shape
         start = kv_cache.length if kv_cache is not None else 0
@@ -265,10 +296,38 @@ class GPT(nn.Module):
         logits = self.lm_head(self.final_norm(x)).view(*idx.shape, -1)
         loss = None
         if targets is not None:
-            if targets.shape != idx.shape:
-                raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}; got {tuple(targets.shape)}")
             loss = F.cross_entropy(logits.float().flatten(0, -2), targets.flatten(), ignore_index=-100)
         return logits, loss
+
+    def _check_call(self, idx: torch.Tensor, targets: torch.Tensor | None) -> None:
+        """What forward's inputs must be beyond their dtype: no empty sequence, on the model's device, targets of
+        idx's shape as int64 class ids, and every id in range. Shapes, dtypes and devices are metadata (free, and
+        constant to torch.compile). The id ranges are values: they are read only from CPU tensors outside
+        torch.compile, where reading them costs no device synchronisation; a CUDA forward is never made to sync
+        (the trainer checks every token id of its data before training, the evaluation tools theirs, generate() its
+        prompt; a bad id on CUDA ends in torch's device-side assertion)."""
+        if idx.shape[-1] == 0:
+            raise ValueError(f"idx has no tokens (shape {tuple(idx.shape)}); give at least one token per sequence")
+        weight = self.token_embedding.weight
+        if idx.device != weight.device and weight.device.type != "meta":
+            raise ValueError(
+                f"idx is on {idx.device} but the model is on {weight.device}; move one to the other "
+                f"(idx.to('{weight.device}') or model.to('{idx.device}'))"
+            )
+        if targets is not None:
+            if not isinstance(targets, torch.Tensor) or targets.shape != idx.shape:
+                shape = tuple(targets.shape) if isinstance(targets, torch.Tensor) else type(targets).__name__
+                raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}; got {shape}")
+            if targets.dtype not in (torch.int64, torch.uint8):  # what cross_entropy takes as class ids
+                raise TypeError(
+                    f"targets must be int64 token ids (-100 for positions left out of the loss); got {targets.dtype}: "
+                    "pass targets.long()"
+                )
+            if targets.device != idx.device:
+                raise ValueError(f"targets are on {targets.device} but idx is on {idx.device}; put them on one device")
+        check_token_ids(idx, self.config.vocab_size, name="idx")
+        if targets is not None:
+            check_token_ids(targets, self.config.vocab_size, name="targets", ignore=-100)
 
     def new_kv_cache(self, batch_size: int, max_len: int, device=None, dtype=None) -> KVCache:
         param = self.token_embedding.weight
