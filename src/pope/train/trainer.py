@@ -163,11 +163,22 @@ class Trainer:
     def _open_run_dir(self, resume: bool) -> Path | None:
         """Rank 0: check --out, lock it, and find what to resume from (None for a new run)."""
         if resume and not self.run_dir.is_dir():
+            what = "is a file" if self.run_dir.exists() else "does not exist"
             raise FileNotFoundError(
-                f"--resume: {self.run_dir} does not exist, so it is not a run directory; "
+                f"--resume: {self.run_dir} {what}, so it is not a run directory; "
                 "give the --out of the run to continue, or start a new run without --resume"
             )
-        check_output_dir(self.run_dir)
+        try:
+            check_output_dir(self.run_dir)
+        except ValueError as err:
+            if not resume:
+                raise
+            cause = err.__cause__
+            reason = getattr(cause, "strerror", None) or str(cause or err)
+            raise ValueError(
+                f"--resume: {self.run_dir} cannot be written ({reason}); nothing was changed: make it writable "
+                f"(chmod -R u+w {self.run_dir}), or copy the run to a writable place and resume the copy"
+            ) from None
         self.lock.acquire()
         try:
             if resume:
@@ -469,15 +480,23 @@ class Trainer:
 
     def _archive_finished_summary(self) -> None:
         """Extending a finished run: its summary.json (the whole-split evaluation at its end, its wall time) is kept
-        as summary.step-N.json; summary.json returns when this invocation ends."""
+        as summary.step-N.json; summary.json returns when this invocation ends. A summary.json a crash tore is kept
+        as summary.json.damaged (with a notice) whatever the run."""
         path = self.run_dir / "summary.json"
-        if not (self.is_main and self.extended_from is not None and path.is_file()):
+        if not (self.is_main and self.resume_from is not None and path.is_file()):
             return
         try:
             previous = json.loads(path.read_text())
         except (ValueError, UnicodeDecodeError):
+            kept = keep_aside(path)
+            print(f"notice: {path} was torn (not valid JSON); kept as {kept.name}", file=sys.stderr)
             return
-        if isinstance(previous, dict) and previous.get("finished") and isinstance(previous.get("step"), int):
+        if (
+            self.extended_from is not None
+            and isinstance(previous, dict)
+            and previous.get("finished")
+            and isinstance(previous.get("step"), int)
+        ):
             kept = path.with_name(f"summary.step-{previous['step']}.json")
             os.replace(path, kept)
             print(
@@ -493,8 +512,8 @@ class Trainer:
         what = f"{err.filename}: " if err.filename else ""
         return type(err)(
             err.errno,
-            f"{what}{err.strerror or err} while training {self.run_dir} at step {self.step}; {where}: free space or "
-            f"make the directory writable, then continue with: pope train --resume {self.run_dir}",
+            f"{what}{err.strerror or err}; training {self.run_dir} stopped at step {self.step}; {where}: free space "
+            f"or make the directory writable, then continue with: pope train --resume {self.run_dir}",
         )
 
     def _out_of_time(self, started: float) -> bool:

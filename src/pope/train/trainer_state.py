@@ -20,6 +20,7 @@ import torch
 from pope import checkpoint as ckpt
 from pope.checkpoint import checkpoint_step
 from pope.train.distributed import all_gather_object, barrier
+from pope.train.metrics import parse_metrics
 from pope.train.run_config import RESUME_EXTENDABLE, RESUME_MUTABLE, RunConfig, resume_differences
 from pope.train.rundir import describe_run
 
@@ -66,6 +67,8 @@ def resume_checkpoint(run_dir: Path, config: RunConfig) -> Path:
     keeps the torn file as config.json.damaged)."""
     last = run_dir / "checkpoints" / "last"
     stored = stored_run_config(run_dir)
+    if (run_dir / "metrics.jsonl").is_file():
+        parse_metrics(run_dir / "metrics.jsonl")  # a damaged record (not a torn last line) is refused before any write
     differences = resume_differences(stored, config.to_dict())
     if differences:
         raise ValueError(
@@ -97,6 +100,12 @@ def stored_run_config(run_dir: Path, *, quiet: bool = False) -> dict:
     while it was written), the run config stored in its ``checkpoints/last`` (with a notice on stderr). An error
     saying what the directory holds and what to do when neither can be read. ``quiet``: no notice (a caller that
     reads it again later, where the notice is printed)."""
+    if not run_dir.is_dir():
+        what = "is a file" if run_dir.exists() else "does not exist"
+        raise FileNotFoundError(
+            f"--resume: {run_dir} {what}, so it is not a run directory; give the --out of the run to continue, or "
+            "start a new run without --resume"
+        )
     config_path = run_dir / "config.json"
     problem = None
     if config_path.is_file():
