@@ -212,3 +212,12 @@ def test_frequencies_refuse_data_and_text_of_another_kind(world, tmp_path, capsy
     assert pope_main(["analyze", "frequencies", str(world["task-run"]), "--data", str(world["docs"]), *out]) == 1
     assert "was trained on the indirect-indexing task" in _error(capsys)
     assert not (tmp_path / "f").exists() or not any((tmp_path / "f").iterdir())
+
+
+def test_a_fine_tune_on_a_dataset_of_another_vocabulary_is_refused(world, tmp_path, capsys):
+    run = world["docs-run"]
+    args = ["finetune", str(run), "--context", "64", "--steps", "1", "--out", str(tmp_path / "ft")]
+    assert pope_main([*args, "--set", f"train.data_dir={world['other-vocab']}"]) == 1
+    line = _error(capsys)
+    assert f"{run} was trained on dataset '{world['docs']}'" in line and "dataset 'events'" in line
+    assert not (tmp_path / "ft" / "checkpoints").exists()

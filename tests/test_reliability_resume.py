@@ -340,3 +340,10 @@ def test_a_sweep_record_that_cannot_say_its_sweep_is_refused(tmp_path, capsys):
     assert pope_main(["train", "--resume", str(out)]) == 1
     line = _one_error_line(capsys.readouterr().err)
     assert "cannot say which sweep to resume" in line and f"--seeds LIST --out {out} --resume" in line
+
+
+def test_seeds_with_a_single_run_to_resume_is_refused(finished, tmp_path, capsys):
+    run = _copy(finished, "stopped", tmp_path)
+    assert pope_main(["train", "--resume", str(run), "--seeds", "0-1"]) == 1
+    line = _one_error_line(capsys.readouterr().err)
+    assert f"{run} holds no sweep record (sweep.json)" in line and "--resume SWEEP_DIR" in line

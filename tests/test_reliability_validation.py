@@ -239,3 +239,14 @@ def test_the_hugging_face_model_refuses_ids_outside_its_vocabulary():
     model = PoPELlamaForCausalLM(config)
     _raises(lambda: model(torch.tensor([[5, 100]])), ValueError, "input_ids holds 100 at position (0, 1)", "[0, 100)")
     assert model(torch.tensor([[5, 99]])).logits.shape == (1, 2, 100)
+
+
+def test_the_hugging_face_model_refuses_ids_that_are_not_integers():
+    pytest.importorskip("transformers")
+    from pope.hf import PoPELlamaConfig, PoPELlamaForCausalLM
+
+    config = PoPELlamaConfig(
+        vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4
+    )
+    model = PoPELlamaForCausalLM(config)
+    _raises(lambda: model(torch.zeros(1, 4)), TypeError, "input_ids must hold integer token ids", "input_ids.long()")

@@ -224,3 +224,15 @@ def test_a_run_killed_mid_write_resumes_from_its_last_checkpoint(splits, tmp_pat
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [r["step"] for r in records if r["kind"] == "train"] == list(range(1, stop + 1))
     assert json.loads((run / "summary.json").read_text())["step"] == stop
+
+
+def test_any_command_whose_write_the_disk_refuses_says_to_rerun(splits, tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    assert pope_main(_train_args(splits, run, "train.stop_at_step=2")) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(files.os, "fsync", _full_disk)
+    assert pope_main(["analyze", "delta", str(run)]) == 1
+    line = _one_error_line(capsys.readouterr().err)
+    out = run / "eval" / "delta_state.json"
+    assert f"No space left on device: '{out}'" in line and "free space or make the directory writable" in line
+    assert not out.exists() and _hidden_temporaries(run) == []

@@ -90,10 +90,15 @@ class GPTConfig:
 
 def check_token_ids(ids: torch.Tensor, vocab_size: int, *, name: str = "idx", ignore: int | None = None) -> None:
     """ValueError naming the first id of ``ids`` outside [0, vocab_size) (``ignore``: a value left out, e.g. -100 in
-    targets), its position and what to do. Checks CPU tensors outside torch.compile only, where that costs no device
-    synchronisation and no graph break; elsewhere it does nothing (see GPT._check_call). The test is
-    torch._assert_async, which on CPU raises at once and reads nothing back through the dispatcher, so the step keeps
-    the form a CUDA graph captures; the position is looked up only once it failed."""
+    targets), its position and what to do; TypeError for ids that are not integers (a dtype: checked everywhere).
+    The range is checked for CPU tensors outside torch.compile only, where that costs no device synchronisation and
+    no graph break; elsewhere it is not (see GPT._check_call). The test is torch._assert_async, which on CPU raises at
+    once and reads nothing back through the dispatcher, so the step keeps the form a CUDA graph captures; the
+    position is looked up only once it failed."""
+    if not isinstance(ids, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor of token ids; got {type(ids).__name__}")
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer token ids; got {ids.dtype}: pass {name}.long()")
     if ids.device.type != "cpu" or torch.compiler.is_compiling() or ids.numel() == 0:
         return
     outside = (ids < 0) | (ids >= vocab_size)

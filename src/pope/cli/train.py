@@ -157,11 +157,17 @@ def _resolve_resume_target(args: argparse.Namespace) -> None:
                 "(the run's config.json says them)"
             )
         sweep_record = Path(args.out).expanduser() / "sweep.json"
-        if args.seeds is None and sweep_record.is_file() and not (Path(args.out).expanduser() / "config.json").exists():
+        if sweep_record.is_file() and not (Path(args.out).expanduser() / "config.json").exists():
             from pope.train.sweep import merge_overrides, recorded_sweep
 
-            args.preset, args.pe, recorded_sets, args.seeds = recorded_sweep(sweep_record)
+            args.preset, args.pe, recorded_sets, recorded_seeds = recorded_sweep(sweep_record)
             args.overrides = merge_overrides(recorded_sets, args.overrides)
+            args.seeds = recorded_seeds if args.seeds is None else args.seeds
+        elif args.seeds is not None:
+            raise ValueError(
+                f"--seeds with --resume {args.out}: {args.out} holds no sweep record (sweep.json); resume a sweep "
+                "with --resume SWEEP_DIR, or give PRESET --pe PE --seeds LIST --out DIR --resume"
+            )
 
 
 # --------------------------------------------------------------------------------------- finetune

@@ -20,6 +20,8 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+from pope.eval.data_match import check_prepared_data, trained_data
+
 FINETUNE_RECIPE = {"batch_size": 64, "lr": 6e-5, "warmup_steps": 20}
 YARN_ALPHA, YARN_BETA = 1.0, 32.0
 _EXTENDED = ("yarn", "pi", "ntk")
@@ -98,6 +100,11 @@ def finetune_config(
             f"a fine-tune keeps the trained model's shape; --set model.* is not allowed "
             f"(got {sorted(changes['model'])})"
         )
+    trained = trained_data(run_config)
+    data = changes["train"].get("data_dir") or changes["recipe"].get("dataset")
+    if data and trained is not None and not trained.is_task and str(data) != (trained.location or trained.spec):
+        # another dataset to fine-tune on: it must have the vocabulary the weights were trained with
+        check_prepared_data((source or {}).get("run") or "the run", run_config, str(data))
     config["recipe"].update(changes["recipe"])
     config["train"].update(changes["train"])
     Recipe(**config["recipe"])  # validation
