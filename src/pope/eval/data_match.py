@@ -257,7 +257,8 @@ def check_prepared_data(run: str | Path, config: dict | None, data: str) -> None
     except FileNotFoundError:  # a known name not prepared here: refuse at once if it could not fit anyway
         if trained is not None and _family(str(data)) not in (None, _family(trained.spec, own)):
             raise ValueError(
-                f"{ran}, but --data {data!r} is another dataset with another vocabulary; give {wanted}"
+                f"vocabulary mismatch: {ran}, but --data {data!r} is another dataset with another vocabulary; "
+                f"give {wanted}"
             ) from None
         raise
     if trained is None:
@@ -272,7 +273,8 @@ def check_prepared_data(run: str | Path, config: dict | None, data: str) -> None
                 )
             return
         raise ValueError(
-            f"{ran} (dataset {own.get('name')!r}, {own['vocab'].get('size')} token ids), but --data is dataset "
+            f"vocabulary mismatch: {ran} (dataset {own.get('name')!r}, {own['vocab'].get('size')} token ids), but "
+            "--data is dataset "
             f"{given.name!r} ({given.path}, {given.vocab_size} token ids) with another vocabulary: its token ids mean "
             f"other things to this model; give {wanted} or data prepared with the same tokenizer"
         )
@@ -281,7 +283,8 @@ def check_prepared_data(run: str | Path, config: dict | None, data: str) -> None
         _notice(f"{trained.describe()} ({run}'s data) is not on this machine; {given.name!r} is scored unchecked")
     elif family != _family(given.name, given.manifest):
         raise ValueError(
-            f"{ran}, but --data is dataset {given.name!r} ({given.path}) with another vocabulary; give {wanted} "
+            f"vocabulary mismatch: {ran}, but --data is dataset {given.name!r} ({given.path}) with another "
+            f"vocabulary; give {wanted} "
             f"(`pope data prepare {trained.spec}` prepares it) or data prepared with the same tokenizer"
         )
     elif _family(trained.spec) != given.name:
@@ -331,7 +334,8 @@ def check_tokenizer(run: str | Path, config: dict | None, tokenizer_name: str) -
         return
     if trained.is_task:
         raise ValueError(
-            f"{run} was trained on {trained.describe()}, not on text, so it cannot read --text with the "
+            f"vocabulary mismatch: {run} was trained on {trained.describe()}, not on text, so it cannot read --text "
+            "with the "
             f"{tokenizer_name} tokenizer; analyse it on its own data with --data"
         )
     own = _trained_manifest(trained)
@@ -341,7 +345,7 @@ def check_tokenizer(run: str | Path, config: dict | None, tokenizer_name: str) -
         if encoding != tokenizer_name:
             what = f"the {encoding} tokenizer" if encoding else "its own vocabulary, not a text tokenizer"
             raise ValueError(
-                f"{run} was trained on {trained.describe()} ({what}), but --text is read with the "
+                f"vocabulary mismatch: {run} was trained on {trained.describe()} ({what}), but --text is read with the "
                 f"{tokenizer_name} tokenizer; "
                 + (f"pass --tokenizer {encoding}" if encoding else f"analyse it with --data {trained.spec}")
             )
