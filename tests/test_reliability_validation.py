@@ -149,6 +149,18 @@ def _ids(*shape, high=50):
         (lambda m: m(_ids(2, 0)), ValueError, ["idx has no tokens", "at least one token"]),
         (lambda m: m(_ids(2, 4).to("meta")), ValueError, ["idx is on meta but the model is on cpu", "idx.to('cpu')"]),
         (lambda m: m.generate(torch.tensor([[60]]), 2), ValueError, ["prompt token ids must lie in [0, 50)"]),
+        (lambda m: m(_ids(2, 4), kv_cache={}), TypeError, ["kv_cache must be a KVCache"]),
+        (
+            lambda m: m(_ids(2, 4), kv_cache=m.new_kv_cache(3, 8)),
+            ValueError,
+            ["kv_cache was made for (layers, batch, kv heads, head_dim) = (1, 3, 4, 8)", "needs (1, 2, 4, 8)"],
+        ),
+        (
+            lambda m: m(_ids(2, 4), kv_cache=GPT(GPTConfig(**{**SMALL, "n_layer": 2})).new_kv_cache(2, 8)),
+            ValueError,
+            ["= (2, 2, 4, 8), this call needs (1, 2, 4, 8)", "new_kv_cache(2, max_len)"],
+        ),
+        (lambda m: GPT(dict(SMALL)), TypeError, ["GPT takes a GPTConfig; got dict", "GPTConfig.from_dict(d)"]),
     ],
 )
 def test_gpt_calls_are_checked_where_they_are_made(model, call, kind, fragments):

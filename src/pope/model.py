@@ -220,6 +220,11 @@ class Block(nn.Module):
 
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
+        if not isinstance(config, GPTConfig):
+            raise TypeError(
+                f"GPT takes a GPTConfig; got {type(config).__name__} (for a dict of its fields: "
+                "GPT(GPTConfig.from_dict(d)))"
+            )
         super().__init__()
         self.config = config
         self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)
@@ -283,6 +288,8 @@ class GPT(nn.Module):
         if idx.dtype not in (torch.int64, torch.int32) or (idx.dim() != 2 and packed is None):
             raise TypeError(f"idx must be a (batch, seq) integer tensor; got {idx.dtype} of shape {tuple(idx.shape)}")
         self._check_call(idx, targets)
+        if kv_cache is not None:
+            self._check_cache(kv_cache, idx)
         tokens = idx.view(1, -1) if packed is not None else idx
         b, t = tokens.shape
         start = kv_cache.length if kv_cache is not None else 0
@@ -303,6 +310,25 @@ class GPT(nn.Module):
         if targets is not None:
             loss = F.cross_entropy(logits.float().flatten(0, -2), targets.flatten(), ignore_index=-100)
         return logits, loss
+
+    def _check_cache(self, cache: KVCache, idx: torch.Tensor) -> None:
+        """A KV cache made for this model (new_kv_cache): its layers, heads and head size, idx's batch and device
+        (metadata only; its dtype may differ from the weights', e.g. bf16 under autocast)."""
+        if not isinstance(cache, KVCache):
+            raise TypeError(f"kv_cache must be a KVCache (model.new_kv_cache(...)); got {type(cache).__name__}")
+        config = self.config
+        expected = (config.n_layer, idx.shape[0], config.kv_heads, config.head_dim)
+        found = (cache.k.shape[0], cache.k.shape[1], cache.k.shape[2], cache.k.shape[4])
+        if found != expected:
+            raise ValueError(
+                f"kv_cache was made for (layers, batch, kv heads, head_dim) = {found}, this call needs {expected}; "
+                f"make it with this model's new_kv_cache({idx.shape[0]}, max_len)"
+            )
+        if cache.k.device != idx.device:
+            raise ValueError(
+                f"kv_cache is on {cache.k.device} but idx is on {idx.device}; make it with new_kv_cache(..., "
+                f"device='{idx.device}')"
+            )
 
     def _check_call(self, idx: torch.Tensor, targets: torch.Tensor | None) -> None:
         """What forward's inputs must be beyond their dtype: no empty sequence, on the model's device, targets of

@@ -220,12 +220,13 @@ def _task_test_file(config: dict) -> Path | None:
 # -------------------------------------------------------------------------------------- prepared data
 def vocabulary_key(manifest: dict) -> tuple:
     """What makes two prepared datasets' token ids mean the same: the vocabulary size, the token strings (small
-    vocabularies list them) and the tokenizer's encoding (large ones name it); not the library version."""
+    vocabularies list them) and the tokenizer's encoding (large ones name it); not the library version, nor the pad
+    id (how training batches documents, not what an id means: the demo trains on the chorales without it)."""
     vocab = manifest.get("vocab") or {}
     tokens = vocab.get("tokens")
     tokenizer = vocab.get("tokenizer") or {}
     encoding = tokenizer.get("encoding") if isinstance(tokenizer, dict) else tokenizer
-    return (vocab.get("size"), tuple(tokens) if tokens else None, encoding, vocab.get("pad_id"))
+    return (vocab.get("size"), tuple(tokens) if tokens else None, encoding)
 
 
 def check_prepared_data(run: str | Path, config: dict | None, data: str) -> None:
