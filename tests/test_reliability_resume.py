@@ -347,3 +347,14 @@ def test_seeds_with_a_single_run_to_resume_is_refused(finished, tmp_path, capsys
     assert pope_main(["train", "--resume", str(run), "--seeds", "0-1"]) == 1
     line = _one_error_line(capsys.readouterr().err)
     assert f"{run} holds no sweep record (sweep.json)" in line and "--resume SWEEP_DIR" in line
+
+
+def test_a_torn_best_checkpoint_is_named_and_the_run_continues_from_last(finished, tmp_path, capsys):
+    run = _copy(finished, "stopped", tmp_path)
+    weights = run / "checkpoints" / "best" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    assert pope_main(["train", "--resume", str(run)]) == 0
+    err = capsys.readouterr().err
+    assert f"checkpoint {run / 'checkpoints' / 'best'}: model.safetensors is truncated" in err
+    assert "evaluate RUN/checkpoints/last" in err
+    assert _losses(run) == _losses(finished / "finished")

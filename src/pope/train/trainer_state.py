@@ -78,9 +78,12 @@ def resume_checkpoint(run_dir: Path, config: RunConfig) -> Path:
             "start a new run with another --out"
         )
     try:
-        return ckpt.verify_checkpoint(last)
+        verified = ckpt.verify_checkpoint(last)
     except (ValueError, FileNotFoundError) as err:
         problem = str(err)
+    else:
+        _say_if_best_is_damaged(run_dir / "checkpoints" / "best")
+        return verified
     best = run_dir / "checkpoints" / "best"
     best_step = checkpoint_step(best) if best.exists() else None
     advice = (
@@ -93,6 +96,22 @@ def resume_checkpoint(run_dir: Path, config: RunConfig) -> Path:
         f"--resume: no valid checkpoints/last in {run_dir} ({problem}); the directory holds "
         f"{describe_run(run_dir)}; {advice} with a new --out (or delete {run_dir})"
     )
+
+
+def _say_if_best_is_damaged(best: Path) -> None:
+    """A notice when checkpoints/best is torn (sizes against its manifest; the weights are not re-hashed): the run
+    continues from last, and best is replaced when an evaluation beats the one it holds."""
+    if not best.exists():
+        return
+    try:
+        ckpt.verify_checkpoint(best, hashes=False)
+    except (ValueError, FileNotFoundError) as err:
+        print(
+            f"notice: {err}; training continues from checkpoints/last, and checkpoints/best is replaced when an "
+            "evaluation beats the one it held (until then, evaluate RUN/checkpoints/last)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def stored_run_config(run_dir: Path, *, quiet: bool = False) -> dict:
