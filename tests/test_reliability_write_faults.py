@@ -236,3 +236,15 @@ def test_any_command_whose_write_the_disk_refuses_says_to_rerun(splits, tmp_path
     out = run / "eval" / "delta_state.json"
     assert f"No space left on device: '{out}'" in line and "free space or make the directory writable" in line
     assert not out.exists() and _hidden_temporaries(run) == []
+
+
+def test_evaluating_a_run_whose_best_checkpoint_is_torn_names_the_other_one(splits, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert pope_main(_train_args(splits, run, "train.stop_at_step=3")) == 0
+    capsys.readouterr()
+    weights = run / "checkpoints" / "best" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    assert pope_main(["eval", "accuracy", str(run), "--data", str(splits / "test.txt")]) == 1
+    line = _one_error_line(capsys.readouterr().err)
+    assert "model.safetensors is truncated" in line and f"give {run / 'checkpoints' / 'last'} instead" in line
+    assert pope_main(["eval", "accuracy", str(run / "checkpoints" / "last"), "--data", str(splits / "test.txt")]) == 0

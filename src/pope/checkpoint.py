@@ -248,7 +248,13 @@ def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu"
     (the best/last evaluation recorded with the checkpoint). The model is in eval mode."""
     from pope.model import GPT, GPTConfig
 
-    checkpoint = load_checkpoint(find_checkpoint(path), map_location="cpu")
+    found = find_checkpoint(path)
+    try:
+        checkpoint = load_checkpoint(found, map_location="cpu")
+    except ValueError as err:  # torn or corrupt: say which other checkpoint of the run to use
+        others = [found.parent / n for n in ("last", "best") if n != found.name and (found.parent / n).is_dir()]
+        advice = f"give {others[0]} instead" if others else "no other checkpoint of the run is there; retrain it"
+        raise ValueError(f"{err}; {advice}") from None
     model = GPT(GPTConfig.from_dict(checkpoint.model_config))
     apply_model_state(model, checkpoint.model_state, source=f"checkpoint {checkpoint.path}")
     model.to(map_location).eval()
