@@ -185,13 +185,15 @@ def test_execution_settings_may_change(finished, tmp_path):
     assert json.loads((run / "summary.json").read_text())["finished"]
 
 
-def test_a_stop_at_step_already_passed_is_refused(finished, tmp_path, capsys):
+def test_a_stop_at_step_already_reached_trains_nothing_and_changes_nothing(finished, tmp_path, capsys):
     run = _copy(finished, "stopped", tmp_path)
     before = _snapshot(run)
-    assert pope_main(["train", "--resume", str(run), "--set", "train.stop_at_step=3"]) == 1
-    line = _one_error_line(capsys.readouterr().err)
-    assert "train.stop_at_step 3 is not after the step" in line and "(4)" in line and "give a later step" in line
-    assert _snapshot(run) == before
+    for stop in (3, 4):
+        assert pope_main(["train", "--resume", str(run), "--set", f"train.stop_at_step={stop}"]) == 0
+        err = capsys.readouterr().err
+        assert f"is at step 4, and train.stop_at_step {stop} is not after it: nothing to train and nothing" in err
+        assert f"leave train.stop_at_step out (pope train --resume {run}) or give a step after 4" in err
+        assert _snapshot(run) == before
 
 
 # ------------------------------------------------------------------------------------------------- torn files
@@ -358,3 +360,15 @@ def test_a_torn_best_checkpoint_is_named_and_the_run_continues_from_last(finishe
     assert f"checkpoint {run / 'checkpoints' / 'best'}: model.safetensors is truncated" in err
     assert "evaluate RUN/checkpoints/last" in err
     assert _losses(run) == _losses(finished / "finished")
+
+
+def test_a_sweep_stopped_at_a_step_resumes_from_its_record_to_the_end(finished, splits, tmp_path, capsys):
+    out = _sweep_dir(finished, splits, tmp_path)
+    shutil.rmtree(out / "seed-0")
+    shutil.copytree(finished / "stopped", out / "seed-0")
+    record = json.loads((out / "sweep.json").read_text())
+    record["overrides"].append("train.stop_at_step=4")  # the first invocation stopped its seeds at step 4
+    (out / "sweep.json").write_text(json.dumps(record))
+    assert pope_main(["train", "--resume", str(out)]) == 0
+    assert "seed    0  finished     step 6/6" in capsys.readouterr().out
+    assert _losses(out / "seed-0") == _losses(finished / "finished")

@@ -498,7 +498,9 @@ def _extends(key: str, before, after) -> bool:
 
 def recorded_sweep(path: Path) -> tuple[str, str, list[str], str]:
     """(preset, pe, --set overrides, seeds as '0,1,...') of the sweep DIR/sweep.json records, for `pope train
-    --resume DIR`; a ValueError saying what to give instead when the record cannot say."""
+    --resume DIR`; a recorded train.stop_at_step is left out (an earlier invocation's stop, as resume_command and
+    pope.train.run_config.resume_config leave it out). A ValueError saying what to give instead when the record
+    cannot say."""
     try:
         record = json.loads(Path(path).read_text())
         preset, pe, overrides = record["preset"], record["pe"], list(record.get("overrides") or [])
@@ -510,7 +512,8 @@ def recorded_sweep(path: Path) -> tuple[str, str, list[str], str]:
             f"{path} cannot say which sweep to resume ({err}); give it in full: pope train PRESET --pe PE --seeds "
             f"LIST --out {Path(path).parent} --resume"
         ) from None
-    return preset, pe, [str(item) for item in overrides], ",".join(map(str, seeds))
+    kept = [str(item) for item in overrides if str(item).partition("=")[0].strip() != "train.stop_at_step"]
+    return preset, pe, kept, ",".join(map(str, seeds))
 
 
 def run_sweep_command(

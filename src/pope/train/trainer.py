@@ -238,13 +238,6 @@ class Trainer:
             self.schedule = WarmupDecaySchedule(
                 self.recipe.lr, self.recipe.min_lr, self.recipe.warmup_steps, horizon, self.recipe.lr_decay
             )
-        stop = self.options.stop_at_step
-        if stop is not None and stop <= self.step < self.recipe.max_steps:
-            raise ValueError(
-                f"train.stop_at_step {stop} is not after the step {self.run_dir}/checkpoints/last was written at "
-                f"({self.step}), so this invocation would train nothing; give a later step, or leave "
-                "train.stop_at_step unset to train to recipe.max_steps"
-            )
 
     # ------------------------------------------------------------------------------- steps, evaluation
     def train_step(self, step: int) -> torch.Tensor:
@@ -355,9 +348,9 @@ class Trainer:
         before the end (stop_at_step, max_seconds, SIGINT, SIGTERM) writes checkpoints/last first and
         prints how to continue; the summary's ``stop_reason`` says why it ended."""
         total = self.recipe.max_steps
-        if self.resume_from is not None and self.step >= total:
-            return self._already_finished()
         stop = min(total, self.options.stop_at_step or total)
+        if self.resume_from is not None and self.step >= stop:
+            return self._nothing_to_train(stop)
         self._started = time.perf_counter()
         try:
             return self._train(total, stop)
@@ -447,9 +440,12 @@ class Trainer:
         started = getattr(self, "_started", None)
         return self.seconds_before + (time.perf_counter() - started if started is not None else 0.0)
 
-    def _already_finished(self) -> dict:
-        """--resume of a run whose checkpoint is at recipe.max_steps: nothing is trained or written, except a
-        summary.json that is missing or torn, which is rebuilt from the checkpoint (a torn one kept aside)."""
+    def _nothing_to_train(self, stop: int) -> dict:
+        """--resume of a run whose checkpoint is at recipe.max_steps (finished) or at or past train.stop_at_step:
+        nothing is trained or written, except a summary.json that is missing or torn, which is rebuilt from the
+        checkpoint (a torn one kept aside). Returns the run's summary."""
+        finished = self.step >= self.recipe.max_steps
+        reason = "finished" if finished else "stop_at_step"
         path = self.run_dir / "summary.json"
         summary = None
         if path.is_file():
@@ -457,9 +453,13 @@ class Trainer:
                 summary = json.loads(path.read_text())
             except (ValueError, UnicodeDecodeError):
                 summary = "damaged"
-        usable = isinstance(summary, dict) and summary.get("finished") and summary.get("step") == self.step
+        usable = (
+            isinstance(summary, dict)
+            and summary.get("step") == self.step
+            and bool(summary.get("finished")) == (finished)
+        )
         if not usable:
-            rebuilt = self._summary(self.last_metrics, self.seconds_before or None, "finished")
+            rebuilt = self._summary(self.last_metrics, self.seconds_before or None, reason)
             if self.is_main:
                 if summary == "damaged":
                     kept = keep_aside(path)
@@ -467,12 +467,20 @@ class Trainer:
                 write_text_atomic(path, json.dumps(rebuilt, indent=2) + "\n")
                 print(f"notice: rebuilt {path} from checkpoints/last (step {self.step})", file=sys.stderr)
             summary = rebuilt
-        if self.is_main:
+        if self.is_main and finished:
             print(
                 f"{self.run_dir} is finished (step {self.step} of recipe.max_steps {self.recipe.max_steps}); nothing "
                 f"to train and nothing changed. To train it further, extend it: pope train --resume {self.run_dir} "
                 f"--set recipe.max_steps=N with N > {self.recipe.max_steps} (the added steps run at min_lr, where "
                 "its schedule ended)",
+                file=sys.stderr,
+                flush=True,
+            )
+        elif self.is_main:
+            print(
+                f"{self.run_dir} is at step {self.step}, and train.stop_at_step {stop} is not after it: nothing to "
+                f"train and nothing changed. To continue, leave train.stop_at_step out (pope train --resume "
+                f"{self.run_dir}) or give a step after {self.step}",
                 file=sys.stderr,
                 flush=True,
             )
