@@ -248,3 +248,13 @@ def test_evaluating_a_run_whose_best_checkpoint_is_torn_names_the_other_one(spli
     line = _one_error_line(capsys.readouterr().err)
     assert "model.safetensors is truncated" in line and f"give {run / 'checkpoints' / 'last'} instead" in line
     assert pope_main(["eval", "accuracy", str(run / "checkpoints" / "last"), "--data", str(splits / "test.txt")]) == 0
+
+
+def test_a_full_disk_before_the_first_checkpoint_says_to_start_again(splits, tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    monkeypatch.setattr(ckpt.torch, "save", _full_disk)
+    assert pope_main(_train_args(splits, run)) == 1
+    line = _one_error_line(capsys.readouterr().err)
+    assert "No space left on device" in line and "no checkpoint was written yet" in line
+    assert "start the run again with another --out" in line
+    assert not (run / "checkpoints" / "last").exists() and _hidden_temporaries(run) == []

@@ -516,12 +516,19 @@ class Trainer:
         """A write of the run's records that failed mid-run (a full disk, a read-only or vanished directory): one
         error naming the file, the cause and how to continue from the last checkpoint, which is intact."""
         step = checkpoint_step(self.run_dir / "checkpoints" / "last")
-        where = f"checkpoints/last (step {step}) is intact" if step is not None else "no checkpoint was written yet"
+        if step is not None:
+            then = (
+                f"checkpoints/last (step {step}) is intact: free space or make the directory writable, then "
+                f"continue with: pope train --resume {self.run_dir}"
+            )
+        else:
+            then = (
+                "no checkpoint was written yet: free space or make the directory writable, then start the run "
+                "again with another --out"
+            )
         what = f"{err.filename}: " if err.filename else ""
         return type(err)(
-            err.errno,
-            f"{what}{err.strerror or err}; training {self.run_dir} stopped at step {self.step}; {where}: free space "
-            f"or make the directory writable, then continue with: pope train --resume {self.run_dir}",
+            err.errno, f"{what}{err.strerror or err}; training {self.run_dir} stopped at step {self.step}; {then}"
         )
 
     def _out_of_time(self, started: float) -> bool:
