@@ -27,17 +27,20 @@ TINY = [
 ]
 
 
-def _prepared(directory: Path, name: str, tokens: list[str], pad_id: int | None = 0) -> Path:
-    """A small prepared dataset of documents of 40 tokens (ids 1..len(tokens)-1)."""
-    rng = np.random.default_rng(len(tokens))
-    with PreparedWriter(directory, len(tokens)) as writer:
+def _prepared(directory: Path, name: str, tokens: list[str] | int, pad_id: int | None = 0, tokenizer=None) -> Path:
+    """A small prepared dataset of documents of 40 tokens (ids 1..size-1); ``tokens`` lists the token strings or
+    gives the size of a vocabulary a tokenizer names (``tokenizer``, as text datasets record GPT-2's)."""
+    size = tokens if isinstance(tokens, int) else len(tokens)
+    vocab = {"tokens": None, "tokenizer": tokenizer} if isinstance(tokens, int) else {"tokens": tokens}
+    rng = np.random.default_rng(size)
+    with PreparedWriter(directory, size) as writer:
         for split, count in (("train", 8), ("valid", 2), ("test", 2)):
             for _ in range(count):
-                writer.add_document(split, rng.integers(1, len(tokens), 40))
+                writer.add_document(split, rng.integers(1, size, 40))
         writer.finish(
             {
                 "name": name,
-                "vocab": {"tokens": tokens, "pad_id": pad_id},
+                "vocab": {**vocab, "pad_id": pad_id},
                 "seq_len": 32,
                 "request": {"dataset": name},
                 "source": {"description": "test"},
@@ -221,3 +224,32 @@ def test_a_fine_tune_on_a_dataset_of_another_vocabulary_is_refused(world, tmp_pa
     line = _error(capsys)
     assert f"{run} was trained on dataset '{world['docs']}'" in line and "dataset 'events'" in line
     assert not (tmp_path / "ft" / "checkpoints").exists()
+
+
+def test_a_text_run_read_with_another_tokenizer_is_refused(world, tmp_path, capsys):
+    """A run on GPT-2 tokens (a vocabulary a tokenizer names, as the text datasets record it) given text read with
+    the bytes tokenizer: 256 ids fit its vocabulary, so only the recorded tokenizer tells them apart."""
+    data = _prepared(
+        tmp_path / "text", "prose", 300, pad_id=None, tokenizer={"library": "tiktoken", "encoding": "gpt2"}
+    )
+    config = resolve_run_config(
+        "jsb-tiny",
+        "pope",
+        overrides=[
+            *TINY,
+            f"train.data_dir={data}",
+            "model.vocab_size=300",
+            "model.max_seq_len=32",
+            "recipe.seq_len=32",
+        ],
+    )
+    run_training(config, tmp_path / "run")
+    text = tmp_path / "sonnet.txt"
+    text.write_text("Shall I compare thee to a summer's day?\n")
+    args = ["analyze", "frequencies", str(tmp_path / "run"), "--text", str(text), "--tokenizer", "bytes"]
+    assert pope_main([*args, "--out", str(tmp_path / "f")]) == 1
+    line = _error(capsys)
+    assert "(the gpt2 tokenizer), but --text is read with the bytes tokenizer; pass --tokenizer gpt2" in line
+    lm_eval_model = pytest.importorskip("pope.eval.lm_eval_model")
+    with pytest.raises(ValueError, match="read with the bytes tokenizer; pass --tokenizer gpt2"):
+        lm_eval_model.PoPELM(path=str(tmp_path / "run"), tokenizer="bytes")

@@ -34,6 +34,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from pope.eval.data_match import check_tokenizer, run_config_of
 from pope.eval.tokenizers import Tokenizer, get_tokenizer
 from pope.optional import require
 
@@ -74,6 +75,8 @@ class PoPELM(_lm_eval_api_model.LM):
         if (path is None) == (model is None):
             raise ValueError("give the pope model exactly one of path=RUN_DIR (model_args) or model= (in-process)")
         self._device = torch.device(device or "cpu")
+        if path is not None and isinstance(tokenizer, str) and tokenizer != "hf":
+            check_tokenizer(path, run_config_of(path), tokenizer)  # the run's own tokenizer, before loading it
         if model is None:
             model = load_model_for_eval(path, self._device)
         self.model = model.to(self._device).eval()
