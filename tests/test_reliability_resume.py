@@ -372,3 +372,15 @@ def test_a_sweep_stopped_at_a_step_resumes_from_its_record_to_the_end(finished, 
     assert pope_main(["train", "--resume", str(out)]) == 0
     assert "seed    0  finished     step 6/6" in capsys.readouterr().out
     assert _losses(out / "seed-0") == _losses(finished / "finished")
+
+
+def test_resuming_on_other_data_is_refused_saying_which(finished, tmp_path, capsys):
+    run = _copy(finished, "stopped", tmp_path)
+    other = task.write_splits(tmp_path / "other", seed=0, sizes={"train": 128, "valid": 32, "test": 32})
+    before = _snapshot(run)
+    assert pope_main(["train", "--resume", str(run), "--set", f"train.data_dir={other}"]) == 1
+    line = _one_error_line(capsys.readouterr().err)
+    assert "was written for other data" in line and "resume it on the data it trained on" in line
+    assert {k: v for k, v in _snapshot(run).items() if k != ".lock"} == {
+        k: v for k, v in before.items() if k != ".lock"
+    }

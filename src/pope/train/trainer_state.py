@@ -197,7 +197,10 @@ class CheckpointManager:
         stored = loaded.trainer_state.get("data")
         expected = data_state(loaded.trainer_state.get("step"))
         if stored != expected:
-            raise ValueError(f"checkpoint {path} was written for other data ({stored}); this run has {expected}")
+            raise ValueError(
+                f"checkpoint {path} was written for other data ({stored}); this run has {expected}: resume it on the "
+                "data it trained on (the train.data_dir it was trained with, or none)"
+            )
         ckpt.apply_model_state(model, loaded.model_state, source=f"checkpoint {path}")
         return loaded
 
