@@ -155,11 +155,8 @@ def test_signal_finishes_the_step_checkpoints_and_says_how_to_continue(splits, t
         trainer.close()
     assert summary["step"] == 4 and summary["stop_reason"] == signal.Signals(signum).name
     assert exit_status(summary) == status
-    # not started by the pope CLI here: the hint names the preset, encoding and directory
-    assert (
-        f"stopped at step 4; continue with: pope train indirect-indexing-tiny --pe 'pope' --out {tmp_path / 'run'}"
-        in capsys.readouterr().err
-    )
+    # not started by the pope CLI here: the hint is the command that continues the run from its own config
+    assert f"stopped at step 4; continue with: pope train --resume {tmp_path / 'run'}\n" in capsys.readouterr().err
     state = torch.load(tmp_path / "run" / "checkpoints" / "last" / "trainer_state.pt", weights_only=True)
     assert state["step"] == 4
     assert signal.getsignal(signum) is not None and signal.getsignal(signum) != trainer  # handlers restored

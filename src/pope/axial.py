@@ -24,7 +24,9 @@ import torch
 import torch.nn as nn
 
 from pope.attention import MAGNITUDES, sdpa
+from pope.attention.checks import check_tensors
 from pope.encodings import PoPE
+from pope.encodings.base import check_head_layout
 from pope.frequencies import angles, pope_frequencies
 
 
@@ -75,8 +77,37 @@ def phase_attention(
     return sdpa(q_cart, k_cart, v, causal=causal, softmax_scale=softmax_scale, attn_bias=attn_bias, dropout_p=dropout_p)
 
 
+def _check_positions(name: str, positions, n: int, device: torch.device) -> None:
+    """Positions of n tokens: a tensor of integer or float coordinates, (n, n_axes) or (batch, n, n_axes), on the
+    device of q (metadata only: no value is read)."""
+    if not isinstance(positions, torch.Tensor):
+        raise TypeError(
+            f"{name} must be a tensor of coordinates, (N, n_axes) or (batch, N, n_axes) (e.g. grid_positions((rows, "
+            f"cols))); got {type(positions).__name__}"
+        )
+    if positions.dtype == torch.bool or positions.is_complex():
+        raise TypeError(f"{name} must hold integer or float coordinates; got {positions.dtype}")
+    if positions.dim() not in (2, 3) or positions.shape[-2] != n:
+        raise ValueError(f"{name} must have shape ({n}, n_axes) or (batch, {n}, n_axes); got {tuple(positions.shape)}")
+    if positions.device != device:
+        raise ValueError(f"{name} is on {positions.device} but q is on {device}; move them to one device")
+
+
+def _check_axis_dims(axis_dims: tuple, head_dim: int) -> None:
+    if (
+        not all(isinstance(g, int) and not isinstance(g, bool) and g >= 1 for g in axis_dims)
+        or sum(axis_dims) > head_dim
+    ):
+        raise ValueError(
+            f"axis_dims {axis_dims} must be positive ints (rotated channels per axis) that sum to at most "
+            f"head_dim={head_dim}"
+        )
+
+
 def split_axis_dims(head_dim: int, n_axes: int) -> tuple[int, ...]:
     """An even split of head_dim channels over n_axes axes (the first axes take the remainder)."""
+    if not isinstance(n_axes, int) or isinstance(n_axes, bool):
+        raise TypeError(f"n_axes must be an int (the number of position axes, e.g. 2 for images); got {n_axes!r}")
     if n_axes < 1 or head_dim < n_axes:
         raise ValueError(f"cannot split head_dim={head_dim} over {n_axes} axes: every axis needs >= 1 channel")
     share, extra = divmod(head_dim, n_axes)
@@ -128,14 +159,16 @@ def axial_pope_attention(
     positions_k likewise (default positions_q); axis_dims: rotated channels per axis (default: d split evenly;
     sum(axis_dims) = r <= d, channels past r are a plain dot product); delta: (Hq, r) or None.
     Non-causal by default (a grid of patches). Returns (B, Hq, Nq, d)."""
+    check_tensors(q, k, v, 4, "(batch, heads, seq, head_dim)")
     d = q.shape[-1]
     positions_k = positions_q if positions_k is None else positions_k
-    axis_dims = tuple(axis_dims) if axis_dims is not None else split_axis_dims(d, positions_q.shape[-1])
-    if any(int(g) < 1 for g in axis_dims) or sum(axis_dims) > d:
-        raise ValueError(f"axis_dims {axis_dims} must be positive and sum to at most head_dim={d}")
     for name, pos, n in (("positions_q", positions_q, q.shape[2]), ("positions_k", positions_k, k.shape[2])):
-        if pos.dim() not in (2, 3) or pos.shape[-2] != n:
-            raise ValueError(f"{name} must have shape ({n}, n_axes) or (batch, {n}, n_axes); got {tuple(pos.shape)}")
+        _check_positions(name, pos, n, q.device)
+    axis_dims = tuple(axis_dims) if axis_dims is not None else split_axis_dims(d, positions_q.shape[-1])
+    _check_axis_dims(axis_dims, d)
+    if delta is not None and (not isinstance(delta, torch.Tensor) or delta.device != q.device):
+        where = delta.device if isinstance(delta, torch.Tensor) else type(delta).__name__
+        raise ValueError(f"delta must be a tensor on q's device {q.device}; got {where}")
     compute = _compute_dtype(q)
     phase_q = axial_phases(positions_q, axis_dims, base, compute)  # (Nq, r) or (B, Nq, r)
     phase_k = axial_phases(positions_k, axis_dims, base, compute)
@@ -188,14 +221,16 @@ class AxialPoPE(PoPE):
         use_delta: bool = True,
         softmax_scale: float | None = None,
     ):
+        check_head_layout(
+            "AxialPoPE", n_heads=n_heads, n_kv_heads=n_heads if n_kv_heads is None else n_kv_heads, head_dim=head_dim
+        )
         axis_dims = tuple(axis_dims) if axis_dims is not None else split_axis_dims(head_dim, n_axes)
         if len(axis_dims) != n_axes:
             raise ValueError(f"axis_dims {axis_dims} name {len(axis_dims)} axes but n_axes={n_axes}")
-        if any(int(g) < 1 for g in axis_dims) or sum(axis_dims) > head_dim:
-            raise ValueError(f"axis_dims {axis_dims} must be positive and sum to at most head_dim={head_dim}")
+        _check_axis_dims(axis_dims, head_dim)
         super().__init__(
             n_heads=n_heads,
-            n_kv_heads=n_kv_heads or n_heads,
+            n_kv_heads=n_heads if n_kv_heads is None else n_kv_heads,
             head_dim=head_dim,
             base=base,
             magnitude=magnitude,
@@ -254,14 +289,23 @@ class AxialPoPEAttention(nn.Module):
         self, dim: int, n_heads: int, *, n_axes: int = 2, qkv_bias: bool = True, dropout: float = 0.0, **pope_options
     ):
         super().__init__()
+        for name, value in (("dim", dim), ("n_heads", n_heads)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"AxialPoPEAttention {name} must be a positive int; got {value!r}")
         if dim % n_heads:
             raise ValueError(f"dim ({dim}) must be divisible by n_heads ({n_heads})")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"AxialPoPEAttention dropout must be in [0, 1); got {dropout!r}")
         self.n_heads, self.head_dim, self.dropout = n_heads, dim // n_heads, dropout
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
         self.pe = AxialPoPE(n_heads=n_heads, head_dim=self.head_dim, n_axes=n_axes, **pope_options)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        width = self.n_heads * self.head_dim
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != width:
+            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"AxialPoPEAttention takes x of shape (batch, tokens, {width}); got {shape}")
         b, n, c = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3 x (B, H, N, hd)
         y = self.pe(q, k, v, positions, dropout_p=self.dropout if self.training else 0.0)

@@ -12,7 +12,9 @@ Layout (docs/ARCHITECTURE.md)::
 A checkpoint is written into a hidden temporary directory, fsynced, then renamed into place; the
 previous one is renamed aside first and deleted only after the new one is in place, so a crash at
 any moment leaves either the old or the new checkpoint complete (``.NAME.old`` is picked up if the
-crash fell between the two renames). Loading verifies the manifest (missing / truncated / corrupt
+crash fell between the two renames). A write that fails (a full disk) removes its temporary directory and
+raises an OSError naming the checkpoint; the temporary directory of a process killed mid-write is removed by
+the next write of that checkpoint. Loading verifies the manifest (missing / truncated / corrupt
 files give a ValueError naming the file) and reads everything into memory before any tensor is
 copied into a model, so a bad checkpoint never leaves a half-loaded model.
 """
@@ -78,22 +80,30 @@ def save_checkpoint(
     parent.mkdir(parents=True, exist_ok=True)
     tmp = parent / f".{directory.name}.tmp-{os.getpid()}"
     old = parent / f".{directory.name}.old"
+    _remove_stale_temporaries(parent, directory.name)
     if tmp.exists():
         shutil.rmtree(tmp)
-    tmp.mkdir()
-    tensors, aliases = _dedup_tied(model_state)
-    st.save_file(
-        tensors, str(tmp / MODEL_FILE), metadata={"aliases": json.dumps(aliases), "format": str(CHECKPOINT_FORMAT)}
-    )
-    (tmp / CONFIG_FILE).write_text(json.dumps(model_config, indent=2, sort_keys=True) + "\n")
-    torch.save(trainer_state or {}, tmp / STATE_FILE)
-    manifest = {"format": CHECKPOINT_FORMAT, "files": {}}
-    for name in (MODEL_FILE, CONFIG_FILE, STATE_FILE):
-        fsync_file(tmp / name)
-        manifest["files"][name] = {"bytes": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)}
-    (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
-    fsync_file(tmp / MANIFEST_FILE)
-    fsync_dir(tmp)
+    try:
+        tmp.mkdir()
+        tensors, aliases = _dedup_tied(model_state)
+        st.save_file(
+            tensors, str(tmp / MODEL_FILE), metadata={"aliases": json.dumps(aliases), "format": str(CHECKPOINT_FORMAT)}
+        )
+        (tmp / CONFIG_FILE).write_text(json.dumps(model_config, indent=2, sort_keys=True) + "\n")
+        torch.save(trainer_state or {}, tmp / STATE_FILE)
+        manifest = {"format": CHECKPOINT_FORMAT, "files": {}}
+        for name in (MODEL_FILE, CONFIG_FILE, STATE_FILE):
+            fsync_file(tmp / name)
+            manifest["files"][name] = {"bytes": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)}
+        (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+        fsync_file(tmp / MANIFEST_FILE)
+        fsync_dir(tmp)
+    except BaseException as err:  # a full disk, a signal: the half-written copy goes, the previous one stays
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, OSError) and err.errno is not None:
+            kept = "the previous checkpoint there is unchanged" if directory.exists() else "none was there before"
+            raise type(err)(err.errno, f"{err.strerror} while writing checkpoint {directory} ({kept})") from err
+        raise
     if old.exists():
         shutil.rmtree(old)
     if directory.exists():
@@ -103,6 +113,22 @@ def save_checkpoint(
     if old.exists():
         shutil.rmtree(old)
     return directory
+
+
+def _remove_stale_temporaries(parent: Path, name: str) -> None:
+    """Delete the temporary directories of earlier writes of checkpoint ``name`` whose process is gone (killed
+    mid-write): never a checkpoint, only disk space. A temporary of a live process is left alone."""
+    for stale in parent.glob(f".{name}.tmp-*"):
+        pid = stale.name.rpartition("-")[2]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # alive (or not ours to judge)
+        except ProcessLookupError:
+            shutil.rmtree(stale, ignore_errors=True)
+        except PermissionError:
+            continue
 
 
 @dataclass
@@ -122,8 +148,9 @@ def _resolve_checkpoint_dir(path: Path) -> Path:
     return path
 
 
-def verify_checkpoint(directory: str | os.PathLike) -> Path:
-    """Check that a checkpoint directory is complete and intact; returns the directory to read."""
+def verify_checkpoint(directory: str | os.PathLike, *, hashes: bool = True) -> Path:
+    """Check that a checkpoint directory is complete and intact; returns the directory to read. ``hashes=False``
+    checks every file's presence and size only (a torn write), without reading the files."""
     directory = _resolve_checkpoint_dir(Path(directory))
     if not directory.is_dir():
         raise FileNotFoundError(f"checkpoint directory {directory} does not exist")
@@ -150,7 +177,7 @@ def verify_checkpoint(directory: str | os.PathLike) -> Path:
                 f"checkpoint {directory}: {name} is truncated or altered ({size} bytes, "
                 f"expected {files[name]['bytes']})"
             )
-        if sha256_file(path) != files[name]["sha256"]:
+        if hashes and sha256_file(path) != files[name]["sha256"]:
             raise ValueError(f"checkpoint {directory}: {name} is corrupt (SHA-256 does not match its manifest)")
     return directory
 
@@ -220,7 +247,13 @@ def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu"
     """Rebuild a trained GPT. ``path``: run dir (best checkpoint if present, else last) or checkpoint dir.
     Returns ``(model, info)``; ``info`` has ``path``, ``step``, ``run_config`` and ``metrics``
     (the best/last evaluation recorded with the checkpoint). The model is in eval mode."""
-    checkpoint = load_checkpoint(find_checkpoint(path), map_location="cpu")
+    found = find_checkpoint(path)
+    try:
+        checkpoint = load_checkpoint(found, map_location="cpu")
+    except ValueError as err:  # torn or corrupt: say which other checkpoint of the run to use
+        others = [found.parent / n for n in ("last", "best") if n != found.name and (found.parent / n).is_dir()]
+        advice = f"give {others[0]} instead" if others else "no other checkpoint of the run is there; retrain it"
+        raise ValueError(f"{err}; {advice}") from None
     model = GPT(GPTConfig.from_dict(checkpoint.model_config))
     apply_model_state(model, checkpoint.model_state, source=f"checkpoint {checkpoint.path}")
     model.to(map_location).eval()

@@ -112,15 +112,39 @@ def _lock_file(path: Path, holder: str) -> int | None:
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` whole or not at all: into a temporary file beside it, flushed to disk, then
+    renamed over it. When the write fails (a full disk, a read-only directory, a signal) the temporary file is
+    removed and ``path`` keeps its previous content; the OSError says which file could not be written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if isinstance(err, OSError) and err.errno is not None:  # name the file meant, not the temporary one
+            raise type(err)(err.errno, err.strerror, str(path)) from err
+        raise
+    fsync_dir(path.parent)
     return path
+
+
+def keep_aside(path: str | os.PathLike, label: str = "damaged") -> Path:
+    """Rename ``path`` to ``NAME.LABEL`` beside it (``NAME.LABEL-2``, ... when taken) and return the new path: a file
+    that is about to be rewritten but may still matter to its owner (a record torn by a crash) is kept, not lost."""
+    path = Path(path)
+    target = path.with_name(f"{path.name}.{label}")
+    number = 1
+    while target.exists():
+        number += 1
+        target = path.with_name(f"{path.name}.{label}-{number}")
+    os.replace(path, target)
+    return target
 
 
 def write_json_atomic(path: str | os.PathLike, data, indent: int = 2) -> Path:

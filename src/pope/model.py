@@ -23,7 +23,8 @@ from pope.parsing import check_fields, from_dict
 
 @dataclass(kw_only=True)
 class GPTConfig:
-    """Model shape and positional encoding. Every field is validated on construction."""
+    """Model shape and positional encoding. Every field is validated on construction, the positional encoding's
+    options against the head layout included, so a config that builds gives a model that builds."""
 
     vocab_size: int
     """Number of token ids."""
@@ -67,6 +68,9 @@ class GPTConfig:
         if not self.norm_eps > 0:
             raise ValueError(f"GPTConfig.norm_eps must be positive; got {self.norm_eps}")
         parse_pe_spec(self.pe)  # raises with the valid names/options
+        # the option values against this head layout (rope:rotary_dim=3, an odd head_dim for RoPE, pope:backend=x):
+        # one layer built here (a few bytes) says so now, not when GPT(config) builds the model
+        build_positional_encoding(self.pe, n_heads=self.n_head, n_kv_heads=self.kv_heads, head_dim=self.head_dim)
 
     @property
     def head_dim(self) -> int:
@@ -84,6 +88,36 @@ class GPTConfig:
         return from_dict(cls, data)
 
 
+def check_token_ids(ids: torch.Tensor, vocab_size: int, *, name: str = "idx", ignore: int | None = None) -> None:
+    """ValueError naming the first id of ``ids`` outside [0, vocab_size) (``ignore``: a value left out, e.g. -100 in
+    targets), its position and what to do; TypeError for ids that are not integers (a dtype: checked everywhere).
+    The range is checked for CPU tensors outside torch.compile only, where that costs no device synchronisation and
+    no graph break; elsewhere it is not (see GPT._check_call). The test is torch._assert_async, which on CPU raises at
+    once and reads nothing back through the dispatcher, so the step keeps the form a CUDA graph captures; the
+    position is looked up only once it failed."""
+    if not isinstance(ids, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor of token ids; got {type(ids).__name__}")
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer token ids; got {ids.dtype}: pass {name}.long()")
+    if ids.device.type != "cpu" or torch.compiler.is_compiling() or ids.numel() == 0:
+        return
+    outside = (ids < 0) | (ids >= vocab_size)
+    if ignore is not None:
+        outside &= ids != ignore
+    try:
+        torch._assert_async(~outside.any(), "token id outside the vocabulary")
+        return
+    except RuntimeError:
+        pass
+    position = tuple(outside.nonzero()[0].tolist())
+    what = "a token id" if ignore is None else f"a token id (or {ignore}, for positions left out of the loss)"
+    raise ValueError(
+        f"{name} holds {int(ids[position])} at position {position}, outside the model's vocabulary [0, {vocab_size}) "
+        f"(each entry must be {what}); encode the input with the tokenizer the model was trained with, or build the "
+        "model with a larger vocab_size"
+    )
+
+
 class KVCache:
     """Preallocated keys/values for every layer: (n_layer, B, Hkv, max_len, head_dim) each.
 
@@ -94,6 +128,11 @@ class KVCache:
     """
 
     def __init__(self, config: GPTConfig, batch_size: int, max_len: int, device=None, dtype=torch.float32):
+        for name, value in (("batch_size", batch_size), ("max_len", max_len)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"KVCache {name} must be a positive int; got {value!r}")
+        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"KVCache dtype must be a floating-point torch.dtype; got {dtype!r}")
         shape = (config.n_layer, batch_size, config.kv_heads, max_len, config.head_dim)
         self.k = torch.empty(shape, device=device, dtype=dtype)
         self.v = torch.empty(shape, device=device, dtype=dtype)
@@ -181,6 +220,11 @@ class Block(nn.Module):
 
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
+        if not isinstance(config, GPTConfig):
+            raise TypeError(
+                f"GPT takes a GPTConfig; got {type(config).__name__} (for a dict of its fields: "
+                "GPT(GPTConfig.from_dict(d)))"
+            )
         super().__init__()
         self.config = config
         self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)
@@ -243,6 +287,9 @@ class GPT(nn.Module):
             packed = PackedSequences.build(cu_seqlens, max_seqlen, idx.numel(), idx.device, cu_seqlens_host)
         if idx.dtype not in (torch.int64, torch.int32) or (idx.dim() != 2 and packed is None):
             raise TypeError(f"idx must be a (batch, seq) integer tensor; got {idx.dtype} of shape {tuple(idx.shape)}")
+        self._check_call(idx, targets)
+        if kv_cache is not None:
+            self._check_cache(kv_cache, idx)
         tokens = idx.view(1, -1) if packed is not None else idx
         b, t = tokens.shape
         start = kv_cache.length if kv_cache is not None else 0
@@ -261,10 +308,57 @@ class GPT(nn.Module):
         logits = self.lm_head(self.final_norm(x)).view(*idx.shape, -1)
         loss = None
         if targets is not None:
-            if targets.shape != idx.shape:
-                raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}; got {tuple(targets.shape)}")
             loss = F.cross_entropy(logits.float().flatten(0, -2), targets.flatten(), ignore_index=-100)
         return logits, loss
+
+    def _check_cache(self, cache: KVCache, idx: torch.Tensor) -> None:
+        """A KV cache made for this model (new_kv_cache): its layers, heads and head size, idx's batch and device
+        (metadata only; its dtype may differ from the weights', e.g. bf16 under autocast)."""
+        if not isinstance(cache, KVCache):
+            raise TypeError(f"kv_cache must be a KVCache (model.new_kv_cache(...)); got {type(cache).__name__}")
+        config = self.config
+        expected = (config.n_layer, idx.shape[0], config.kv_heads, config.head_dim)
+        found = (cache.k.shape[0], cache.k.shape[1], cache.k.shape[2], cache.k.shape[4])
+        if found != expected:
+            raise ValueError(
+                f"kv_cache was made for (layers, batch, kv heads, head_dim) = {found}, this call needs {expected}; "
+                f"make it with this model's new_kv_cache({idx.shape[0]}, max_len)"
+            )
+        if cache.k.device != idx.device:
+            raise ValueError(
+                f"kv_cache is on {cache.k.device} but idx is on {idx.device}; make it with new_kv_cache(..., "
+                f"device='{idx.device}')"
+            )
+
+    def _check_call(self, idx: torch.Tensor, targets: torch.Tensor | None) -> None:
+        """What forward's inputs must be beyond their dtype: no empty sequence, on the model's device, targets of
+        idx's shape as int64 class ids, and every id in range. Shapes, dtypes and devices are metadata (free, and
+        constant to torch.compile). The id ranges are values: they are read only from CPU tensors outside
+        torch.compile, where reading them costs no device synchronisation; a CUDA forward is never made to sync
+        (the trainer checks every token id of its data before training, the evaluation tools theirs, generate() its
+        prompt; a bad id on CUDA ends in torch's device-side assertion)."""
+        if idx.shape[-1] == 0:
+            raise ValueError(f"idx has no tokens (shape {tuple(idx.shape)}); give at least one token per sequence")
+        weight = self.token_embedding.weight
+        if idx.device != weight.device and weight.device.type != "meta":
+            raise ValueError(
+                f"idx is on {idx.device} but the model is on {weight.device}; move one to the other "
+                f"(idx.to('{weight.device}') or model.to('{idx.device}'))"
+            )
+        if targets is not None:
+            if not isinstance(targets, torch.Tensor) or targets.shape != idx.shape:
+                shape = tuple(targets.shape) if isinstance(targets, torch.Tensor) else type(targets).__name__
+                raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}; got {shape}")
+            if targets.dtype not in (torch.int64, torch.uint8):  # what cross_entropy takes as class ids
+                raise TypeError(
+                    f"targets must be int64 token ids (-100 for positions left out of the loss); got {targets.dtype}: "
+                    "pass targets.long()"
+                )
+            if targets.device != idx.device:
+                raise ValueError(f"targets are on {targets.device} but idx is on {idx.device}; put them on one device")
+        check_token_ids(idx, self.config.vocab_size, name="idx")
+        if targets is not None:
+            check_token_ids(targets, self.config.vocab_size, name="targets", ignore=-100)
 
     def new_kv_cache(self, batch_size: int, max_len: int, device=None, dtype=None) -> KVCache:
         param = self.token_embedding.weight

@@ -119,13 +119,17 @@ def check_inputs(q, k, v, delta, *, base, causal, softmax_scale, q_offset, magni
     if hkv == 0 or hq % hkv:
         raise ValueError(
             f"query heads ({hq}) must be a multiple of key/value heads ({hkv}) for grouped-query attention"
+            + layout_hint(q, k, delta)
         )
     if nq == 0 or nk == 0:
         raise ValueError(f"empty sequence: q has {nq} positions, k has {nk}")
     if b == 0 or hq == 0 or d == 0:
         raise ValueError(f"empty input: q has shape {tuple(q.shape)}; batch, heads and head_dim must be >= 1")
     if nq > nk:
-        raise ValueError(f"q has {nq} positions but k/v only {nk}: queries must be the last Nq <= Nk positions")
+        raise ValueError(
+            f"q has {nq} positions but k/v only {nk}: queries must be the last Nq <= Nk positions"
+            + layout_hint(q, k, delta)
+        )
     check_options(
         q,
         delta,
@@ -137,6 +141,7 @@ def check_inputs(q, k, v, delta, *, base, causal, softmax_scale, q_offset, magni
         magnitude=magnitude,
         rotary_dim=rotary_dim,
         backend=backend,
+        k=k,
     )
     if q_offset is not None:
         if not is_int(q_offset):
@@ -152,6 +157,20 @@ def check_inputs(q, k, v, delta, *, base, causal, softmax_scale, q_offset, magni
         raise TypeError(f"dropout_p must be a number; got {dropout_p!r}")
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1); got {dropout_p}")
+
+
+def layout_hint(q, k, delta=None) -> str:
+    """A sentence for a shape error when q and k read as (batch, seq, heads, head_dim), flash-attn's layout, would make
+    a valid call (heads a multiple of kv heads, Nq <= Nk, delta's rows the query heads); else ''. Shapes only."""
+    (_, nq, hq, _), (_, nk, hkv, _) = q.shape, k.shape
+    fits = hkv > 0 and hq % hkv == 0 and 0 < nq <= nk and (delta is None or delta.shape[0] == hq)
+    if not fits:
+        return ""
+    return (
+        f". q {tuple(q.shape)} and k {tuple(k.shape)} look like (batch, seq, heads, head_dim), flash-attn's layout; "
+        "pope_attention takes (batch, heads, seq, head_dim): pass q.transpose(1, 2), k.transpose(1, 2), "
+        "v.transpose(1, 2) (and transpose the output back)"
+    )
 
 
 def check_tensors(q, k, v, dims: int, layout: str) -> None:
@@ -171,9 +190,10 @@ def check_tensors(q, k, v, dims: int, layout: str) -> None:
         raise ValueError(f"k and v must have the same shape {layout}; got {tuple(k.shape)} and {tuple(v.shape)}")
 
 
-def check_options(q, delta, *, hq, d, base, causal, softmax_scale, magnitude, rotary_dim, backend) -> None:
+def check_options(q, delta, *, hq, d, base, causal, softmax_scale, magnitude, rotary_dim, backend, k=None) -> None:
     """The options shared by pope_attention and pope_attention_varlen: causal, magnitude, backend, rotary_dim,
-    delta (hq, r), base, softmax_scale."""
+    delta (hq, r), base, softmax_scale. ``k`` (pope_attention's) lets a delta of the wrong shape point at a transposed
+    layout."""
     if type(causal) is not bool:
         raise TypeError(f"causal must be True or False; got {causal!r}")
     if not isinstance(magnitude, str) or magnitude not in MAGNITUDES:
@@ -187,7 +207,10 @@ def check_options(q, delta, *, hq, d, base, causal, softmax_scale, magnitude, ro
         if not isinstance(delta, torch.Tensor) or not delta.is_floating_point():
             raise TypeError(f"delta must be a floating-point tensor of shape ({hq}, {r}) or None")
         if tuple(delta.shape) != (hq, r):
-            raise ValueError(f"delta must have shape (query_heads, rotary_dim) = ({hq}, {r}); got {tuple(delta.shape)}")
+            raise ValueError(
+                f"delta must have shape (query_heads, rotary_dim) = ({hq}, {r}); got {tuple(delta.shape)}"
+                + (layout_hint(q, k, delta) if k is not None and q.dim() == 4 else "")
+            )
         if delta.device != q.device:
             raise ValueError(f"delta is on {delta.device} but q is on {q.device}")
     if not is_real(base):

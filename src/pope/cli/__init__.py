@@ -17,6 +17,7 @@ extra breaks only its own command.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import sys
 
@@ -29,6 +30,10 @@ _COMMAND_MODULES = ("pope.cli.train", "pope.cli.data", "pope.cli.eval", "pope.cl
 # Exceptions that carry a message meant for the user (our code raises them with what is wrong and what to
 # do). OSError covers FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError.
 USER_ERRORS = (ValueError, TypeError, OSError, RuntimeError, ImportError)
+
+
+# A write the disk or the directory refused (full, over quota, read-only, not permitted).
+_REFUSED_WRITES = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 # ----------------------------------------------------------------------------------------- main
@@ -81,6 +86,9 @@ def _one_line(err: BaseException) -> str:
     message = str(err).strip() or type(err).__name__
     if isinstance(err, OSError) and err.filename is not None and str(err.filename) not in message:
         message = f"{err.filename}: {message}"
+    if isinstance(err, OSError) and err.errno in _REFUSED_WRITES and "; " not in message:
+        # a bare "No space left on device": what was written is whole (atomic writes), so the fix is to rerun
+        message += "; free space or make the directory writable, then run the command again"
     if not _raised_by_pope(err):
         message += f" ({type(err).__name__}; `pope --debug ...` shows the traceback)"
     return message

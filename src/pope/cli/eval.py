@@ -282,6 +282,7 @@ def _analyze_frequencies(args: argparse.Namespace) -> int:
     from pope.eval.runs import load_run_model, run_config, run_dir_of, run_label
     from pope.files import check_output_dir
     from pope.provenance import portable_path
+    from pope.train.data_match import check_prepared_data, check_tokenizer, run_config_of
 
     out = check_output_dir(
         args.out if args.out else run_dir_of(args.run) / "eval" / "frequencies",
@@ -291,6 +292,11 @@ def _analyze_frequencies(args: argparse.Namespace) -> int:
         if getattr(args, option) is not None and not getattr(args, applies_to):  # never silently ignored
             raise ValueError(f"--{option.replace('_', '-')} applies to --{applies_to} only")
     device = resolve_device(args.device)
+    config = run_config_of(args.run)  # the run's data against what it is given, before the model is loaded
+    if args.text:
+        check_tokenizer(args.run, config, args.tokenizer or "gpt2")
+    else:
+        check_prepared_data(args.run, config, args.data)
     model, _ = load_run_model(args.run, device)
     vocab = model.config.vocab_size
     if args.text:

@@ -1,6 +1,7 @@
 """`pope train` and `pope finetune` (thin: argument parsing over pope.train).
 
     pope train PRESET --pe NAME --out DIR [--set section.key=value ...] [--resume] [--seed N]
+    pope train --resume RUN [--set ...]          (RUN's own config; --set recipe.max_steps=N extends it)
     pope train PRESET --pe NAME --seeds 0-7 --out DIR [--jobs-per-gpu N] [--jobs N] [--resume]
 
 With --seeds, one ordinary training process per seed writes DIR/seed-N/ (pope.train.sweep).
@@ -17,6 +18,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 from pope.cli.arguments import non_negative_int, positive_int
 
@@ -27,9 +29,11 @@ def register(subparsers) -> None:
         help="train a preset (see docs/training.md)",
         description="Train one of the paper's presets with a positional encoding.",
     )
-    train.add_argument("preset", help="preset name, e.g. indirect-indexing, jsb, owt-124m, indirect-indexing-tiny")
-    train.add_argument("--pe", required=True, help="positional encoding spec, e.g. pope, rope, 'rope:base=500000'")
-    train.add_argument("--out", required=True, help="run directory (config, metrics, checkpoints)")
+    train.add_argument(
+        "preset", nargs="?", help="preset name, e.g. indirect-indexing, jsb, owt-124m, indirect-indexing-tiny"
+    )
+    train.add_argument("--pe", help="positional encoding spec, e.g. pope, rope, 'rope:base=500000'")
+    train.add_argument("--out", help="run directory (config, metrics, checkpoints)")
     train.add_argument(
         "--set",
         dest="overrides",
@@ -39,7 +43,15 @@ def register(subparsers) -> None:
         help="override a model/recipe/train field, e.g. --set recipe.lr=1e-3 --set model.n_layer=2 "
         "--set train.compile=false (repeatable)",
     )
-    train.add_argument("--resume", action="store_true", help="continue the run in --out from checkpoints/last")
+    train.add_argument(
+        "--resume",
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="RUN",
+        help="continue a run from its checkpoints/last: `--resume RUN` alone reads RUN's own config (a larger "
+        "--set recipe.max_steps=N extends it); with PRESET --pe --out, that config must match RUN's",
+    )
     train.add_argument("--seed", type=int, default=None, help="training seed (model init, data order); default 0")
     train.add_argument(
         "--seeds",
@@ -68,6 +80,7 @@ def register(subparsers) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
+    _resolve_resume_target(args)
     if args.seeds is not None:
         if args.seed is not None or args.print_config:
             raise ValueError("--seeds runs a sweep; it cannot be combined with --seed or --print-config")
@@ -85,13 +98,20 @@ def _train(args: argparse.Namespace) -> int:
         )
     if args.jobs_per_gpu is not None or args.jobs is not None:
         raise ValueError("--jobs and --jobs-per-gpu apply to seed sweeps (--seeds)")
-    args.seed = 0 if args.seed is None else args.seed
+    if args.preset is not None:
+        args.seed = 0 if args.seed is None else args.seed
 
     from pope.train.run_config import resolve_run_config
     from pope.train.stopping import exit_status
     from pope.train.trainer import run_training
 
-    config = resolve_run_config(args.preset, args.pe, seed=args.seed, overrides=args.overrides)
+    if args.preset is None:  # `pope train --resume RUN`: the run's own config, --set values on top
+        from pope.train.run_config import resume_config
+        from pope.train.trainer_state import stored_run_config
+
+        config = resume_config(stored_run_config(Path(args.out), quiet=True), args.overrides, seed=args.seed)
+    else:
+        config = resolve_run_config(args.preset, args.pe, seed=args.seed, overrides=args.overrides)
     if args.print_config:
         print(json.dumps(config.to_dict(), indent=2))
         return 0
@@ -107,6 +127,47 @@ def _train(args: argparse.Namespace) -> int:
     if os.environ.get("RANK", "0") == "0":  # under torchrun only rank 0 reports
         print(json.dumps(summary, indent=2))
     return exit_status(summary)  # 130 / 143 after SIGINT / SIGTERM (checkpoint written), else 0
+
+
+def _resolve_resume_target(args: argparse.Namespace) -> None:
+    """`--resume RUN` names the run directory (as --out); PRESET and --pe may then be left out (the run's config.json
+    says them), and a sweep directory (its sweep.json) resumes the sweep as it was recorded. Refuses, with what to
+    give, a command that names no run or names two."""
+    if isinstance(args.resume, str):
+        run = args.resume
+        if args.preset is None and not Path(run).expanduser().is_dir() and args.out is not None:
+            args.preset, run = run, None  # `--out RUN --resume PRESET --pe PE`: --resume took the preset
+        elif args.out is not None and Path(args.out).expanduser() != Path(run).expanduser():
+            raise ValueError(f"--resume {run} and --out {args.out} name two directories; give the run directory once")
+        if run is not None:
+            args.out = run
+        args.resume = True
+    if args.out is None:
+        raise ValueError("give PRESET --pe PE --out DIR for a new run, or --resume RUN to continue one")
+    if args.preset is None or args.pe is None:
+        if not args.resume:
+            missing = "PRESET" if args.preset is None else "--pe"
+            raise ValueError(
+                f"a new run needs PRESET and --pe ({missing} is missing); to continue the run in {args.out}, "
+                f"use --resume {args.out}"
+            )
+        if (args.preset is None) != (args.pe is None):
+            raise ValueError(
+                f"--resume {args.out}: give both PRESET and --pe (checked against the run's config) or neither "
+                "(the run's config.json says them)"
+            )
+        sweep_record = Path(args.out).expanduser() / "sweep.json"
+        if sweep_record.is_file() and not (Path(args.out).expanduser() / "config.json").exists():
+            from pope.train.sweep import merge_overrides, recorded_sweep
+
+            args.preset, args.pe, recorded_sets, recorded_seeds = recorded_sweep(sweep_record)
+            args.overrides = merge_overrides(recorded_sets, args.overrides)
+            args.seeds = recorded_seeds if args.seeds is None else args.seeds
+        elif args.seeds is not None:
+            raise ValueError(
+                f"--seeds with --resume {args.out}: {args.out} holds no sweep record (sweep.json); resume a sweep "
+                "with --resume SWEEP_DIR, or give PRESET --pe PE --seeds LIST --out DIR --resume"
+            )
 
 
 # --------------------------------------------------------------------------------------- finetune

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,6 +75,22 @@ class PackedSequences:
         return cls(cu_seqlens, max_seqlen, token - starts[sequence_ids], sequence_ids)
 
 
+def check_head_layout(owner: str, *, n_heads, n_kv_heads, head_dim) -> None:
+    """n_heads, n_kv_heads and head_dim are positive ints and n_heads a multiple of n_kv_heads; else a
+    TypeError/ValueError naming ``owner``, the bad value and what would work."""
+    for name, value in (("n_heads", n_heads), ("n_kv_heads", n_kv_heads), ("head_dim", head_dim)):
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+            raise TypeError(f"{owner}: {name} must be an int; got {value!r} ({type(value).__name__})")
+        if value < 1:
+            raise ValueError(f"{owner}: {name} must be a positive int; got {value}")
+    if n_heads % n_kv_heads:
+        divisors = [h for h in range(1, n_heads + 1) if n_heads % h == 0]
+        raise ValueError(
+            f"{owner}: n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads}) for grouped-query "
+            f"attention (each kv head serves n_heads / n_kv_heads query heads); use n_kv_heads in {divisors}"
+        )
+
+
 class PositionalEncoding(nn.Module):
     """Base class: a relative positional encoding that computes attention for one layer."""
 
@@ -81,7 +98,11 @@ class PositionalEncoding(nn.Module):
     qk_channel_factor: float = 1.0
 
     def __init__(self, *, n_heads: int, n_kv_heads: int, head_dim: int):
+        """Raises ValueError/TypeError here, at construction, for head counts no call could satisfy: positive ints
+        with n_heads a multiple of n_kv_heads (grouped-query attention), so a wrong shape is not found only when
+        the layer is first called."""
         super().__init__()
+        check_head_layout(type(self).__name__, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim)
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
 
     @property
@@ -121,10 +142,23 @@ class PositionalEncoding(nn.Module):
         return out.transpose(1, 2)[rows]
 
     def _check(self, q, k) -> None:
+        """Shapes only (no tensor values are read: nothing synchronises with the device)."""
+        if q.dim() != k.dim() or q.dim() not in (3, 4):
+            raise ValueError(
+                f"{type(self).__name__} takes q, k, v of shape (batch, heads, seq, head_dim) (or (total, heads, "
+                f"head_dim) packed); got q {tuple(q.shape)} and k {tuple(k.shape)}"
+            )
         if q.shape[1] != self.n_heads or q.shape[-1] != self.head_dim or k.shape[1] != self.n_kv_heads:
+            hint = ""
+            if q.dim() == 4 and q.shape[2] == self.n_heads and k.shape[2] == self.n_kv_heads:
+                hint = (
+                    ": these look like (batch, seq, heads, head_dim), flash-attn's layout; pass q.transpose(1, 2), "
+                    "k.transpose(1, 2), v.transpose(1, 2)"
+                )
             raise ValueError(
                 f"{type(self).__name__} was built for {self.n_heads} query heads, {self.n_kv_heads} kv heads and "
-                f"head_dim {self.head_dim}; got q {tuple(q.shape)} and k {tuple(k.shape)}"
+                f"head_dim {self.head_dim}, in the layout (batch, heads, seq, head_dim); got q {tuple(q.shape)} and "
+                f"k {tuple(k.shape)}{hint}"
             )
 
 

@@ -52,6 +52,8 @@ class RoPE(PositionalEncoding):
         super().__init__(n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim)
         if layout not in ("half", "interleaved"):
             raise ValueError(f"unknown RoPE layout {layout!r}; choose 'half' or 'interleaved'")
+        if not (isinstance(base, (int, float)) and not isinstance(base, bool) and math.isfinite(base) and base > 0):
+            raise ValueError(f"RoPE base must be a positive finite number; got {base!r}")
         rotary_dim = head_dim if rotary_dim is None else rotary_dim
         if not 0 < rotary_dim <= head_dim or rotary_dim % 2:
             raise ValueError(

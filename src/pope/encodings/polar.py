@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 
 from pope.attention import (
+    BACKENDS,
     MAGNITUDES,
     pope_attention,
     pope_attention_varlen,
@@ -71,8 +72,10 @@ class PoPE(PositionalEncoding):
             )
         if rotary_dim is not None and not 0 < rotary_dim <= head_dim:
             raise ValueError(f"PoPE rotary_dim must be in [1, head_dim={head_dim}]; got {rotary_dim}")
-        if not base > 0:
-            raise ValueError(f"PoPE base must be positive; got {base}")
+        if not (isinstance(base, (int, float)) and not isinstance(base, bool) and math.isfinite(base) and base > 0):
+            raise ValueError(f"PoPE base must be a positive finite number; got {base!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown PoPE backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         self.base, self.magnitude, self.delta_init, self.backend = float(base), magnitude, delta_init, backend
         self.delta_range = delta_range
         self._softmax_scale = super().softmax_scale if softmax_scale is None else float(softmax_scale)

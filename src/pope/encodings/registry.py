@@ -82,13 +82,18 @@ def option_types(name: str) -> dict:
 def build_positional_encoding(
     spec: str, *, n_heads: int, n_kv_heads: int | None = None, head_dim: int
 ) -> PositionalEncoding:
-    """Build the per-layer encoding named by `spec` (see module docstring)."""
+    """Build the per-layer encoding named by `spec` (see module docstring). Every option and the head layout are
+    checked here (n_heads a multiple of n_kv_heads, positive sizes, option values), so a layer that builds is
+    one that its calls can use; n_kv_heads None means n_heads."""
     name, options = parse_pe_spec(spec)
     entry = _REGISTRY[name]
     if entry.option_rules is not None:
         options = entry.option_rules(options, head_dim)
     return entry.layer(
-        n_heads=n_heads, n_kv_heads=n_kv_heads or n_heads, head_dim=head_dim, **{**entry.defaults, **options}
+        n_heads=n_heads,
+        n_kv_heads=n_heads if n_kv_heads is None else n_kv_heads,
+        head_dim=head_dim,
+        **{**entry.defaults, **options},
     )
 
 

@@ -34,6 +34,7 @@ from pope.files import (
 )
 from pope.optional import pyplot, require
 from pope.provenance import portable_path, provenance
+from pope.train.data_match import check_prepared_data, run_config_of
 
 
 @dataclass
@@ -71,7 +72,9 @@ def run_length_eval(
 
     ``out_dir`` is checked before any work and written first; a run directory that cannot be written
     (read-only, ``eval`` not a directory) gets a warning on stderr, not an error, since the results are
-    already in ``out_dir``. The scored split is re-hashed first: a modified file is named, not scored.
+    already in ``out_dir``. The scored split is re-hashed first: a modified file is named, not scored. ``data`` must
+    have the vocabulary of every run's training data (pope.train.data_match): other data is a ValueError naming both,
+    raised before any model is loaded.
     """
 
     lengths = parse_lengths(lengths)
@@ -81,6 +84,9 @@ def run_length_eval(
         raise ValueError("give at least one run directory")
     if out_dir is not None:
         out_dir = check_output_dir(out_dir)
+    for run in runs:  # every run's data against --data before any model is loaded (a missing run: its load says so)
+        if Path(run).expanduser().exists():
+            check_prepared_data(run, run_config_of(run), data)
     dataset = resolve_dataset(data)
     token_split = dataset.split(split)
     dataset.verify([split])

@@ -41,6 +41,7 @@ from tqdm.auto import tqdm
 from pope.eval.runs import load_run_model
 from pope.eval.tokenizers import Tokenizer, get_tokenizer
 from pope.optional import require
+from pope.train.data_match import check_tokenizer, run_config_of
 
 _lm_eval_api_model = require("lm_eval.api.model", "eval")
 _lm_eval_registry = require("lm_eval.api.registry", "eval")
@@ -79,6 +80,8 @@ class PoPELM(_lm_eval_api_model.LM):
         if (path is None) == (model is None):
             raise ValueError("give the pope model exactly one of path=RUN_DIR (model_args) or model= (in-process)")
         self._device = torch.device(device or "cpu")
+        if path is not None and isinstance(tokenizer, str) and tokenizer != "hf":
+            check_tokenizer(path, run_config_of(path), tokenizer)  # the run's own tokenizer, before loading it
         if model is None:
             model = load_model_for_eval(path, self._device)
         self.model = model.to(self._device).eval()

@@ -47,6 +47,7 @@ class PoPELlamaConfig(LlamaConfig):
         self.pope_use_delta = pope_use_delta
         self.pope_rotary_dim = pope_rotary_dim
         self.pope_backend = pope_backend
+        _check_sizes(kwargs)
         super().__init__(**kwargs)
         self.validate_pope()
 
@@ -72,6 +73,7 @@ class PoPELlamaConfig(LlamaConfig):
             raise ValueError(f"PoPELlamaConfig.pope_use_delta must be True or False; got {self.pope_use_delta!r}")
         if self.pope_backend not in BACKENDS:
             raise ValueError(f"PoPELlamaConfig.pope_backend must be one of {BACKENDS}; got {self.pope_backend!r}")
+        _check_sizes({name: getattr(self, name, None) for name in (*_SIZES, "head_dim")})
         head_dim = self.head_dim_or_default
         r = self.pope_rotary_dim
         if r is not None and (isinstance(r, bool) or not isinstance(r, int) or not 0 < r <= head_dim):
@@ -88,6 +90,42 @@ class PoPELlamaConfig(LlamaConfig):
     @property
     def head_dim_or_default(self) -> int:
         return getattr(self, "head_dim", None) or self.hidden_size // self.num_attention_heads
+
+
+_SIZES = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "max_position_embeddings",
+)
+
+
+def _check_sizes(fields: dict) -> None:
+    """The model sizes among ``fields`` are positive ints and the heads divide as attention needs (query heads a
+    multiple of key/value heads; hidden_size a multiple of the heads unless head_dim is given): a ValueError naming
+    the field, before transformers' own checks (some of which divide by them)."""
+    for name in _SIZES:
+        value = fields.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"PoPELlamaConfig.{name} must be a positive int; got {value!r}")
+    heads, kv_heads = fields.get("num_attention_heads"), fields.get("num_key_value_heads")
+    if heads is not None and kv_heads is not None and heads % kv_heads:
+        divisors = [h for h in range(1, heads + 1) if heads % h == 0]
+        raise ValueError(
+            f"PoPELlamaConfig.num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads}) "
+            f"(grouped-query attention); use num_key_value_heads in {divisors}"
+        )
+    hidden, head_dim = fields.get("hidden_size"), fields.get("head_dim")
+    if heads is not None and hidden is not None and head_dim is None and hidden % heads:
+        raise ValueError(
+            f"PoPELlamaConfig.hidden_size ({hidden}) must be a multiple of num_attention_heads ({heads}); change "
+            "one of them"
+        )
 
 
 def rope_theta_of(config) -> float | None:

@@ -31,6 +31,7 @@ from pope.encodings import PoPE
 from pope.frequencies import pope_frequencies
 from pope.hf.compat import CACHE_FIELD, EagerAttentionOnly, new_dynamic_cache, tied_weights_keys, transformers
 from pope.hf.config import PoPELlamaConfig
+from pope.model import check_token_ids
 
 _ACCEPTED_KWARGS = {"cache_position", "return_dict", "num_items_in_batch", "output_attentions"}
 
@@ -266,6 +267,7 @@ class PoPELlamaModel(PoPELlamaPreTrainedModel):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("give exactly one of input_ids or inputs_embeds")
         if inputs_embeds is None:
+            check_token_ids(input_ids, self.config.vocab_size, name="input_ids")  # CPU ids only: no device sync
             inputs_embeds = self.embed_tokens(input_ids)  # (B, n, C)
         if use_cache is None:  # training steps make no cache unless asked (the fused kernels' fastest path)
             use_cache = self.config.use_cache and not self.training

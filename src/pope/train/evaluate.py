@@ -11,6 +11,7 @@ from pope.checkpoint import load_model
 from pope.data import indirect_indexing as task
 from pope.devices import resolve_device
 from pope.train.batches import IGNORE_INDEX, Shard, evaluation_batches, stream_windows
+from pope.train.data_match import check_task_file, run_config_of
 from pope.train.distributed import all_reduce_sum
 
 
@@ -92,10 +93,12 @@ def task_accuracy(run: str, data_file: str, *, batch_size: int = 256, device: st
     """Final-token accuracy (argmax over the whole vocabulary) and loss of the model in ``run``
     (best checkpoint if present, else last) on every example of ``data_file``; ``by_shift`` splits the accuracy
     by the example's signed shift ({"-15": {"examples", "correct", "accuracy"}, ..., "+15": ...}, in shift order):
-    which offsets a model has learned to index."""
+    which offsets a model has learned to index. ``data_file`` must hold examples of the task ``run`` trained on
+    (pope.train.data_match): another kind of run or file is a ValueError naming both, before any work."""
     device = resolve_device(device)
     if batch_size <= 0:
         raise ValueError(f"--batch-size must be positive, got {batch_size}")
+    check_task_file(run, run_config_of(run), data_file)  # before any model is loaded
     examples = task.load_file(data_file)
     model, info = load_model(run, map_location=device)
     if model.config.vocab_size < task.VOCAB_SIZE or model.config.max_seq_len < task.SEQ_LEN:

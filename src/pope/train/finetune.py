@@ -24,6 +24,7 @@ from pope.checkpoint import find_checkpoint, load_checkpoint
 from pope.encodings import RoPE, build_positional_encoding, parse_pe_spec
 from pope.model import GPTConfig
 from pope.presets import Recipe
+from pope.train.data_match import check_prepared_data, trained_data
 from pope.train.run_config import TrainOptions, parse_overrides
 from pope.train.trainer import Trainer
 
@@ -99,6 +100,11 @@ def finetune_config(
             f"a fine-tune keeps the trained model's shape; --set model.* is not allowed "
             f"(got {sorted(changes['model'])})"
         )
+    trained = trained_data(run_config)
+    data = changes["train"].get("data_dir") or changes["recipe"].get("dataset")
+    if data and trained is not None and not trained.is_task and str(data) != (trained.location or trained.spec):
+        # another dataset to fine-tune on: it must have the vocabulary the weights were trained with
+        check_prepared_data((source or {}).get("run") or "the run", run_config, str(data))
     config["recipe"].update(changes["recipe"])
     config["train"].update(changes["train"])
     Recipe(**config["recipe"])  # validation

@@ -15,11 +15,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from contextlib import nullcontext
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from pope.files import write_text_atomic
 from pope.optional import require
 
 
@@ -55,17 +57,22 @@ class MetricsLogger:
             self._bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
 
     def _truncate_after(self, step: int) -> None:
-        """On resume, drop records of steps after the checkpoint: those steps are run again."""
+        """On resume, drop records of steps after the checkpoint: those steps are run again. A last line cut off by a
+        crash mid-write is dropped with a notice; a damaged line before it is an error (the file is left as it
+        is). The shortened file replaces the old one atomically."""
         if not self.path.exists():
             return
-        kept = [
-            line
-            for line in self.path.read_text().splitlines()
-            if line.strip() and json.loads(line).get("step", 0) <= step
-        ]
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
-        os.replace(tmp, self.path)
+        records, torn = parse_metrics(self.path)
+        if torn is not None:
+            print(
+                f"notice: {self.path}: its last line was cut off by a crash mid-write ({torn[:60]!r}...); dropped "
+                "(its step runs again)",
+                file=sys.stderr,
+            )
+        kept = [line for line, record in records if record.get("step", 0) <= step]
+        if torn is None and len(kept) == len(records):
+            return  # nothing to drop: the file stays as it is
+        write_text_atomic(self.path, "".join(line + "\n" for line in kept))
 
     def log(self, record: dict) -> None:
         if not self.enabled:
@@ -106,10 +113,45 @@ class MetricsLogger:
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
+    """Every record of RUN/metrics.jsonl. A last line cut off by a crash mid-write (the run is being written, or
+    died) is left out with a notice on stderr; a damaged line before it is a ValueError naming it."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: is {run_dir} a `pope train` run directory?")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records, torn = parse_metrics(path)
+    if torn is not None:
+        print(
+            f"notice: {path}: its last line is incomplete (a crash mid-write, or a run still writing); left out",
+            file=sys.stderr,
+        )
+    return [record for _, record in records]
+
+
+def parse_metrics(path: Path) -> tuple[list[tuple[str, dict]], str | None]:
+    """([(line, record), ...] of a metrics.jsonl's complete records, the torn last line or None). Records are
+    appended one line at a time, so a crash can cut off only the last line; a line before it that is not a JSON
+    object is damage from elsewhere: ValueError naming the file and the line, and what to do."""
+    lines = path.read_text(errors="replace").splitlines()
+    while lines and not lines[-1].strip():
+        lines.pop()
+    records, torn = [], None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as err:
+            if number == len(lines):
+                torn = line
+                break
+            raise ValueError(
+                f"{path} line {number} is not a metrics record ({err}); the file was damaged or edited: repair or "
+                "delete that line (keep a copy), then run the command again"
+            ) from None
+        records.append((line, record))
+    return records, torn
 
 
 class BestTracker:

@@ -13,7 +13,7 @@ type with pope.parsing's rule (booleans true/false/yes/no/on/off/1/0, integers w
 ``none`` for optional fields). An unknown or repeated key is a ValueError listing the valid keys.
 Every section validates itself on construction; ``RunConfig`` checks what spans sections. On
 ``--resume`` the stored config must equal the new one except ``RESUME_MUTABLE`` keys (how the run is
-executed, not what it computes).
+executed, not what it computes) and ``RESUME_EXTENDABLE`` ones, which may grow (a longer run).
 """
 
 from __future__ import annotations
@@ -208,6 +208,45 @@ RESUME_MUTABLE = {
     "train.data_dir",
     "train.max_seconds",
 }
+
+
+RESUME_EXTENDABLE = {"recipe.max_steps"}
+"""Keys that may grow on ``--resume``, extending a run (a finished one included): the added steps continue its
+learning-rate schedule as pope.train.schedule says (the decay keeps its end, the added steps run at min_lr).
+Shrinking is refused (train.stop_at_step stops a run early)."""
+
+
+def resume_differences(stored: dict, new: dict) -> list[str]:
+    """Why ``new`` may not continue a run recorded as ``stored`` (config.json's layout): each changed key that is
+    neither resume-mutable nor extendable, and an extendable key that shrinks; empty when it may."""
+    differences = config_differences(stored, new, ignore=RESUME_MUTABLE | RESUME_EXTENDABLE)
+    for key in sorted(RESUME_EXTENDABLE):
+        section, _, name = key.partition(".")
+        before, after = (stored.get(section) or {}).get(name), (new.get(section) or {}).get(name)
+        if isinstance(before, int) and isinstance(after, int) and after < before:
+            differences.append(f"{key}: {before} -> {after} (it may only grow, to extend the run)")
+        elif before != after and not (isinstance(before, int) and isinstance(after, int)):
+            differences.append(f"{key}: {json.dumps(before)} -> {json.dumps(after)}")
+    return differences
+
+
+def resume_config(stored: dict, overrides: list[str] | None, *, seed: int | None = None) -> RunConfig:
+    """The config that continues a run from its own ``config.json`` (``stored``) with ``--set`` ``overrides`` on top
+    (what `pope train --resume RUN` runs): ``train.stop_at_step`` is the stored invocation's own stop and is not
+    carried over (it would end the new invocation at once); any other stored key is (``seed`` replaces the seed,
+    to be refused by the check when it differs). The result is checked by
+    ``resume_differences`` when the trainer opens the run."""
+    changes = parse_overrides(overrides)
+    data = json.loads(json.dumps(stored))  # a deep copy of plain JSON values
+    data.setdefault("train", {}).pop("stop_at_step", None)
+    for section in SECTIONS:
+        data.setdefault(section, {}).update(changes[section])
+    if seed is not None:
+        data["seed"] = seed
+    try:
+        return RunConfig.from_dict(data)
+    except TypeError as err:  # a config.json edited into something RunConfig cannot hold
+        raise ValueError(f"the run's config.json cannot be read as a run config ({err})") from None
 
 
 def _section_types() -> dict[str, dict]:

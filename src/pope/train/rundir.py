@@ -22,6 +22,7 @@ from pathlib import Path
 
 from pope.checkpoint import checkpoint_step
 from pope.files import check_output_dir as check_writable
+from pope.train.metrics import parse_metrics
 
 LOCK_FILE = ".lock"
 RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "checkpoints")
@@ -104,8 +105,13 @@ def describe_run(run_dir: Path) -> str:
         parts.append("config.json")
     metrics = run_dir / "metrics.jsonl"
     if metrics.exists():
-        steps = [json.loads(line).get("step", 0) for line in metrics.read_text().splitlines() if line.strip()]
-        parts.append(f"metrics.jsonl (up to step {max(steps)})" if steps else "an empty metrics.jsonl")
+        try:
+            records, torn = parse_metrics(metrics)
+            steps = [record.get("step", 0) for _, record in records]
+            text = f"metrics.jsonl (up to step {max(steps)})" if steps else "an empty metrics.jsonl"
+            parts.append(text + (" with a torn last line" if torn is not None else ""))
+        except ValueError:
+            parts.append("a damaged metrics.jsonl")
     for name in ("last", "best"):
         if (run_dir / "checkpoints" / name).exists():
             step = checkpoint_step(run_dir / "checkpoints" / name)

@@ -10,6 +10,11 @@
 ``step`` is the index of the optimiser step about to be taken (0-based), so the first update uses
 ``peak / warmup`` and the last (step ``total - 1``) uses a value just above ``min``. Both shapes have the
 same mean learning rate over the decay; the cosine spends more of it early, the line more of it late.
+
+Extending a run (``--resume`` with a larger ``recipe.max_steps``) keeps the schedule it was trained with, stored
+in its checkpoints: the decay still ends at the original ``total``, and the added steps run at ``min`` (the
+``step > total`` line). Every step already taken, and every step an unextended run would take, keeps its
+learning rate, and a finished run continues from where its learning rate ended, without a jump back up.
 """
 
 from __future__ import annotations

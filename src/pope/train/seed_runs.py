@@ -121,11 +121,16 @@ def why_not_start_over(run_dir: Path, seed: int, config: dict) -> str | None:
     return None
 
 
-def run_finished(run_dir: Path) -> bool:
-    """True when the run's summary.json says its schedule is complete."""
+def run_finished(run_dir: Path, max_steps: int | None = None) -> bool:
+    """True when the run's summary.json says its schedule is complete (and, given ``max_steps``, that it reached
+    that step: a run being extended to more steps is not finished). A missing or torn summary.json is False: the
+    run's --resume then says whether it is finished, and rebuilds the summary from its checkpoint."""
     try:
-        return bool(json.loads((run_dir / "summary.json").read_text()).get("finished"))
-    except (OSError, ValueError):
+        summary = json.loads((run_dir / "summary.json").read_text())
+        if not isinstance(summary, dict) or not summary.get("finished"):
+            return False
+        return max_steps is None or int(summary.get("step") or 0) >= max_steps
+    except (OSError, ValueError, TypeError):
         return False
 
 

@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 
 import pope
-from pope.files import write_json_atomic
+from pope.files import keep_aside, write_json_atomic
 from pope.provenance import portable_argv
 from pope.train.seed_runs import (
     SeedRun,
@@ -186,7 +186,7 @@ class Sweep:
             )
         self._check_one_setting()
         for run in self.runs:
-            if resume and run_finished(run.run_dir):
+            if resume and run_finished(run.run_dir, total):
                 run.status, run.step = "skipped", last_step(run.run_dir / "metrics.jsonl")
         self._signal: int | None = None
         self._killed = False
@@ -200,8 +200,10 @@ class Sweep:
             try:
                 found = setting_of(json.loads(config_path.read_text()))
             except ValueError:
-                continue  # a damaged run record: its own seed fails and is reported, the others run
+                continue  # a damaged run record: its own seed resumes from its checkpoint's copy, or is reported
             differences = sorted(k for k in set(wanted) | set(found) if wanted.get(k) != found.get(k))
+            if self.resume:  # a sweep extended on --resume (a larger recipe.max_steps): each seed continues
+                differences = [k for k in differences if not _extends(k, found.get(k), wanted.get(k))]
             if differences:
                 shown = ", ".join(
                     f"{k}: {json.dumps(found.get(k))} there, {json.dumps(wanted.get(k))} now" for k in differences[:6]
@@ -455,13 +457,20 @@ class Sweep:
         bar.refresh()
 
     def _write_record(self, invocation: dict) -> None:
+        """Update DIR/sweep.json atomically. A record that is not valid JSON (damaged outside pope: its writes are
+        atomic) is kept as sweep.json.damaged, with a notice, and a new one is written from this invocation."""
         path = self.out / "sweep.json"
         record = {"preset": self.preset, "pe": self.pe, "overrides": self.overrides, "invocations": [], "seeds": {}}
         if path.exists():
             try:
-                record = {**record, **json.loads(path.read_text())}
-            except ValueError:
-                pass  # a damaged record is rewritten from what this invocation knows
+                stored = json.loads(path.read_text())
+                if not isinstance(stored, dict):
+                    raise ValueError("not a JSON object")
+                record = {**record, **stored}
+                record["overrides"] = merge_overrides(record.get("overrides") or [], self.overrides)
+            except (ValueError, UnicodeDecodeError) as err:
+                kept = keep_aside(path)
+                self._say(f"{path} was damaged ({err}); kept as {kept.name}, a new record is written")
         invocations = [
             i
             for i in record["invocations"]
@@ -471,6 +480,40 @@ class Sweep:
         record["seeds"].update({str(r.seed): r.record() for r in self.runs})
         if self.out.exists():
             write_json_atomic(path, record)
+
+
+def merge_overrides(earlier: list[str], later: list[str]) -> list[str]:
+    """``--set`` items of ``earlier`` whose key ``later`` does not set, then ``later``'s: the overrides a sweep ran
+    with after an invocation that changed some of them (recipe.max_steps, to extend it)."""
+    given = {item.partition("=")[0].strip() for item in later}
+    return [item for item in earlier if item.partition("=")[0].strip() not in given] + list(later)
+
+
+def _extends(key: str, before, after) -> bool:
+    """Whether a setting's change from ``before`` to ``after`` extends its runs (RESUME_EXTENDABLE, growing)."""
+    from pope.train.run_config import RESUME_EXTENDABLE  # imports torch, which this module's importers do without
+
+    return key in RESUME_EXTENDABLE and isinstance(before, int) and isinstance(after, int) and after >= before
+
+
+def recorded_sweep(path: Path) -> tuple[str, str, list[str], str]:
+    """(preset, pe, --set overrides, seeds as '0,1,...') of the sweep DIR/sweep.json records, for `pope train
+    --resume DIR`; a recorded train.stop_at_step is left out (an earlier invocation's stop, as resume_command and
+    pope.train.run_config.resume_config leave it out). A ValueError saying what to give instead when the record
+    cannot say."""
+    try:
+        record = json.loads(Path(path).read_text())
+        preset, pe, overrides = record["preset"], record["pe"], list(record.get("overrides") or [])
+        seeds = sorted(int(seed) for seed in record["seeds"])
+        if not (isinstance(preset, str) and isinstance(pe, str) and seeds):
+            raise ValueError("no preset, pe or seeds")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(
+            f"{path} cannot say which sweep to resume ({err}); give it in full: pope train PRESET --pe PE --seeds "
+            f"LIST --out {Path(path).parent} --resume"
+        ) from None
+    kept = [str(item) for item in overrides if str(item).partition("=")[0].strip() != "train.stop_at_step"]
+    return preset, pe, kept, ",".join(map(str, seeds))
 
 
 def run_sweep_command(

@@ -20,6 +20,7 @@ validation step and the best test loss / accuracy over all evaluations.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -32,9 +33,11 @@ import numpy as np
 import torch
 
 from pope import checkpoint as ckpt
+from pope.checkpoint import checkpoint_step
 from pope.data.prepared import resolve_dataset
 from pope.data.vocabulary import check_token_range
 from pope.encodings import delta_outside_counts
+from pope.files import keep_aside, write_text_atomic
 from pope.model import GPT
 from pope.provenance import cuda_mps_active, device_name, git_commit, library_versions, portable_argv
 from pope.train.batches import ExampleBatches, Shard
@@ -50,6 +53,10 @@ from pope.train.step import EagerStep, GraphedStep
 from pope.train.stopping import StopSignals, StopVote, resume_command
 from pope.train.trainer_state import CheckpointManager, resume_checkpoint, seed_everything
 from pope.train.training_data import load_training_data
+
+WRITE_FAILURES = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG)
+"""errno values of a write the disk or the directory refused: a run stopped by one is continued from its last
+checkpoint once that is fixed."""
 
 
 class Trainer:
@@ -113,6 +120,7 @@ class Trainer:
             self.checkpoints = CheckpointManager(self.run_dir, self.strategy, is_main=self.is_main)
             self.step, self.resumed_from_world_size = 0, None
             self.best = BestTracker(self._best_metric())
+            self.seconds_before, self.last_metrics, self.extended_from = 0.0, {}, None
             loaded = None
             if self.resume_from is not None:
                 loaded = self.checkpoints.load_model(self.resume_from, self.model, self.data.train.state_dict)
@@ -156,11 +164,22 @@ class Trainer:
     def _open_run_dir(self, resume: bool) -> Path | None:
         """Rank 0: check --out, lock it, and find what to resume from (None for a new run)."""
         if resume and not self.run_dir.is_dir():
+            what = "is a file" if self.run_dir.exists() else "does not exist"
             raise FileNotFoundError(
-                f"--resume: {self.run_dir} does not exist, so it is not a run directory; "
+                f"--resume: {self.run_dir} {what}, so it is not a run directory; "
                 "give the --out of the run to continue, or start a new run without --resume"
             )
-        check_output_dir(self.run_dir)
+        try:
+            check_output_dir(self.run_dir)
+        except ValueError as err:
+            if not resume:
+                raise
+            cause = err.__cause__
+            reason = getattr(cause, "strerror", None) or str(cause or err)
+            raise ValueError(
+                f"--resume: {self.run_dir} cannot be written ({reason}); nothing was changed: make it writable "
+                f"(chmod -R u+w {self.run_dir}), or copy the run to a writable place and resume the copy"
+            ) from None
         self.lock.acquire()
         try:
             if resume:
@@ -209,6 +228,17 @@ class Trainer:
         self.step = int(state["step"])
         self.resumed_from_world_size = state.get("world_size")  # None: written before checkpoints recorded it
         self.best = BestTracker(self._best_metric(), state.get("best", {}))
+        self.seconds_before = float(state.get("seconds") or 0.0)
+        if "seconds" not in state:  # a checkpoint written before they kept it: the run's summary at that step has it
+            self.seconds_before = _summary_seconds(self.run_dir, self.step)
+        self.last_metrics = dict(state.get("metrics") or {})  # the last evaluation, until this run evaluates again
+        # an extended run (a larger recipe.max_steps) keeps the schedule it was trained with (pope.train.schedule)
+        horizon = (state.get("schedule") or {}).get("total_steps", self.recipe.max_steps)
+        if isinstance(horizon, int) and self.recipe.warmup_steps <= horizon < self.recipe.max_steps:
+            self.extended_from = horizon
+            self.schedule = WarmupDecaySchedule(
+                self.recipe.lr, self.recipe.min_lr, self.recipe.warmup_steps, horizon, self.recipe.lr_decay
+            )
 
     # ------------------------------------------------------------------------------- steps, evaluation
     def train_step(self, step: int) -> torch.Tensor:
@@ -268,6 +298,7 @@ class Trainer:
             "best": self.best.state,
             "metrics": metrics or {},
             "run_config": self.config.to_dict(),
+            "seconds": self._seconds(),
         }
         self.checkpoints.save(
             name,
@@ -278,9 +309,17 @@ class Trainer:
         )
 
     def _write_records(self) -> None:
+        """config.json and env.json (env.resume-STEP.json on resume), each written atomically; a config.json a crash
+        tore is kept as config.json.damaged (resume_checkpoint read the checkpoint's copy instead)."""
         if not self.is_main:
             return
-        (self.run_dir / "config.json").write_text(json.dumps(self.config.to_dict(), indent=2, sort_keys=True) + "\n")
+        config_path = self.run_dir / "config.json"
+        if config_path.is_file():
+            try:
+                json.loads(config_path.read_text())
+            except (ValueError, UnicodeDecodeError):
+                keep_aside(config_path)
+        write_text_atomic(config_path, json.dumps(self.config.to_dict(), indent=2, sort_keys=True) + "\n")
         env = {
             "versions": library_versions(),
             "git": git_commit(),
@@ -299,8 +338,10 @@ class Trainer:
             "fp32_matmul_precision": torch.get_float32_matmul_precision(),
             "model_params": self.model.num_params(),
         }
+        if self.extended_from is not None:
+            env["extended"] = {"schedule_steps": self.extended_from, "max_steps": self.recipe.max_steps}
         name = "env.json" if self.step == 0 else f"env.resume-{self.step}.json"
-        (self.run_dir / name).write_text(json.dumps(env, indent=2) + "\n")
+        write_text_atomic(self.run_dir / name, json.dumps(env, indent=2) + "\n")
 
     # ------------------------------------------------------------------------------------------- loop
     def train(self) -> dict:
@@ -309,6 +350,18 @@ class Trainer:
         prints how to continue; the summary's ``stop_reason`` says why it ended."""
         total = self.recipe.max_steps
         stop = min(total, self.options.stop_at_step or total)
+        if self.resume_from is not None and self.step >= stop:
+            return self._nothing_to_train(stop)
+        self._started = time.perf_counter()
+        try:
+            return self._train(total, stop)
+        except OSError as err:
+            if err.errno not in WRITE_FAILURES:
+                raise
+            raise self._write_failure(err) from err
+
+    def _train(self, total: int, stop: int) -> dict:
+        self._archive_finished_summary()
         self._write_records()
         logger = MetricsLogger(
             self.run_dir,
@@ -322,7 +375,7 @@ class Trainer:
         tokens_per_step = self.recipe.batch_size * self.data.seq_len
         started = last_time = time.perf_counter()
         last_step = last_saved = self.step
-        metrics, reason = {}, "finished"
+        metrics, reason = dict(self.last_metrics), "finished"  # a stop before the next evaluation reports the last
         loss_sum, loss_steps = torch.zeros((), device=self.device), 0  # per-step losses since the last log
         scored_tokens = 0  # scored (non-padding) targets since the last log
         votes = StopVote(self.device)
@@ -373,18 +426,111 @@ class Trainer:
                     self.save("last", metrics)
             finally:
                 logger.close()
-        summary = self._summary(metrics, time.perf_counter() - started, reason)
+        summary = self._summary(metrics, self._seconds(), reason)
         if self.is_main:
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
             if reason != "finished":
                 print(f"stopped at step {self.step}; continue with: {self.resume_hint()}", file=sys.stderr, flush=True)
         return summary
 
     def resume_hint(self) -> str:
-        fallback = (
-            f"pope train {self.config.preset} --pe '{self.config.pe}' --out {self.run_dir} [same --set ...] --resume"
+        return resume_command(fallback=f"pope train --resume {self.run_dir}")
+
+    def _seconds(self) -> float:
+        """Wall time of training: the invocations up to the checkpoint resumed from, plus this one so far."""
+        started = getattr(self, "_started", None)
+        return self.seconds_before + (time.perf_counter() - started if started is not None else 0.0)
+
+    def _nothing_to_train(self, stop: int) -> dict:
+        """--resume of a run whose checkpoint is at recipe.max_steps (finished) or at or past train.stop_at_step:
+        nothing is trained or written, except a summary.json that is missing or torn, which is rebuilt from the
+        checkpoint (a torn one kept aside). Returns the run's summary."""
+        finished = self.step >= self.recipe.max_steps
+        reason = "finished" if finished else "stop_at_step"
+        path = self.run_dir / "summary.json"
+        summary = None
+        if path.is_file():
+            try:
+                summary = json.loads(path.read_text())
+            except (ValueError, UnicodeDecodeError):
+                summary = "damaged"
+        usable = (
+            isinstance(summary, dict)
+            and summary.get("step") == self.step
+            and bool(summary.get("finished")) == (finished)
         )
-        return resume_command(fallback=fallback)
+        if not usable:
+            rebuilt = self._summary(self.last_metrics, self.seconds_before or None, reason)
+            if self.is_main:
+                if summary == "damaged":
+                    kept = keep_aside(path)
+                    print(f"notice: {path} was torn (not valid JSON); kept as {kept.name}", file=sys.stderr)
+                write_text_atomic(path, json.dumps(rebuilt, indent=2) + "\n")
+                print(f"notice: rebuilt {path} from checkpoints/last (step {self.step})", file=sys.stderr)
+            summary = rebuilt
+        if self.is_main and finished:
+            print(
+                f"{self.run_dir} is finished (step {self.step} of recipe.max_steps {self.recipe.max_steps}); nothing "
+                f"to train and nothing changed. To train it further, extend it: pope train --resume {self.run_dir} "
+                f"--set recipe.max_steps=N with N > {self.recipe.max_steps} (the added steps run at min_lr, where "
+                "its schedule ended)",
+                file=sys.stderr,
+                flush=True,
+            )
+        elif self.is_main:
+            print(
+                f"{self.run_dir} is at step {self.step}, and train.stop_at_step {stop} is not after it: nothing to "
+                f"train and nothing changed. To continue, leave train.stop_at_step out (pope train --resume "
+                f"{self.run_dir}) or give a step after {self.step}",
+                file=sys.stderr,
+                flush=True,
+            )
+        return summary
+
+    def _archive_finished_summary(self) -> None:
+        """Extending a finished run: its summary.json (the whole-split evaluation at its end, its wall time) is kept
+        as summary.step-N.json; summary.json returns when this invocation ends. A summary.json a crash tore is kept
+        as summary.json.damaged (with a notice) whatever the run."""
+        path = self.run_dir / "summary.json"
+        if not (self.is_main and self.resume_from is not None and path.is_file()):
+            return
+        try:
+            previous = json.loads(path.read_text())
+        except (ValueError, UnicodeDecodeError):
+            kept = keep_aside(path)
+            print(f"notice: {path} was torn (not valid JSON); kept as {kept.name}", file=sys.stderr)
+            return
+        if (
+            self.extended_from is not None
+            and isinstance(previous, dict)
+            and previous.get("finished")
+            and isinstance(previous.get("step"), int)
+        ):
+            kept = path.with_name(f"summary.step-{previous['step']}.json")
+            os.replace(path, kept)
+            print(
+                f"notice: extending {self.run_dir}: its summary at step {previous['step']} is kept as {kept.name}",
+                file=sys.stderr,
+            )
+
+    def _write_failure(self, err: OSError) -> OSError:
+        """A write of the run's records that failed mid-run (a full disk, a read-only or vanished directory): one
+        error naming the file, the cause and how to continue from the last checkpoint, which is intact."""
+        step = checkpoint_step(self.run_dir / "checkpoints" / "last")
+        if step is not None:
+            then = (
+                f"checkpoints/last (step {step}) is intact: free space or make the directory writable, then "
+                f"continue with: pope train --resume {self.run_dir}"
+            )
+        else:
+            then = (
+                "no checkpoint was written yet: free space or make the directory writable, then start the run "
+                "again with another --out"
+            )
+        what = f"{err.filename}: " if err.filename else ""
+        return type(err)(
+            err.errno, f"{what}{err.strerror or err}; training {self.run_dir} stopped at step {self.step}; {then}"
+        )
 
     def _out_of_time(self, started: float) -> bool:
         """Every rank stops at the same step: rank 0 decides (a broadcast every 100 steps)."""
@@ -409,6 +555,15 @@ class Trainer:
         """Release the run directory and the process group."""
         self.lock.release()
         teardown_distributed()
+
+
+def _summary_seconds(run_dir: Path, step: int) -> float:
+    """The wall time summary.json records for ``step`` (0.0 when it records another step or cannot be read)."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        return float(summary["seconds"]) if summary.get("step") == step else 0.0
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return 0.0
 
 
 def _check_vocabulary(data, config: RunConfig) -> None:
