@@ -326,70 +326,39 @@ def test_reproduce_stops_cleanly_at_its_time_limit_and_resumes(tmp_path):
     assert json.loads((run / f"env.resume-{stopped_at}.json").read_text())["resumed_from_step"] == stopped_at
 
 
-@pytest.mark.slow
-def test_reproduce_genome_stage_on_cpu(tmp_path):
-    """The genome stage (genome-tiny at context 16, random 6-mer documents): PoPE d=U, RoPE and PoPE d=0, ALiBi and
-    NoPE; YaRN and PoPE+ft fine-tuned at 4x from the last seed; all seven evaluated at 1x..10x on the same
-    documents; frequency usage of the last seed's three; one report."""
-    data = tmp_path / "data"
-    _write(data / "genome", 4107, {"train": [300] * 4, "valid": [200], "test": [400] * 2}, None)
+def test_reproduce_genome_stage_plan(tmp_path):
+    """genome: PoPE d=U, RoPE and PoPE d=0 over the seeds, ALiBi and NoPE on the first; YaRN and PoPE+ft fine-tuned at
+    4x from the first seed; all seven evaluated at 1x..10x; frequency usage of the first seed's three; one report.
+    (The stages' commands run end to end in test_reproduce_maestro_stage_then_resume_skips_finished_seeds.)"""
+    commands = _plan(tmp_path, "genome", "--seeds", "2")
     out = tmp_path / "out"
-    args = ["genome", "--out", out, "--preset", "genome-tiny", "--seeds", "2", "--device", "cpu"]
-    args += _sets(*TINY_SETS, *SMALL_CONTEXT, "model.n_layer=1")
-    args += ["--finetune-steps", "2", "--finetune-args", FINETUNE_ARGS + " --set recipe.grad_accum=2"]
-    result = _reproduce(tmp_path, *args, data=data)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == [
-        *(f"genome-{name}" for name in ("alibi", "nope", "pope", "pope-d0", "pope-d0-ft64", "rope", "rope-ft64")),
-        "length-genome",
-        "logs",
-        "report-genome",
+    trained = [(c[1], c[c.index("--pe") + 1], c[c.index("--seeds") + 1]) for c in commands if c[0] == "train"]
+    pes = ["pope", "rope", "pope:delta_init=zero", "alibi", "nope"]
+    assert trained == [("genome-small", pe, "2") for pe in pes]
+    tuned = [(c[1], c[c.index("--context") + 1]) for c in commands if c[0] == "finetune"]
+    assert tuned == [(f"{out}/genome-rope/seed-2", "64"), (f"{out}/genome-pope-d0/seed-2", "64")]
+    (length,) = [c for c in commands if c[:2] == ["eval", "length"]]
+    names = ["pope", "rope", "pope-d0", "alibi", "nope"]
+    assert length[2:9] == [f"{out}/genome-{n}/seed-2" for n in names] + [
+        f"{out}/genome-{n}-ft64" for n in ("rope", "pope-d0")
     ]
-    assert [p.name for p in (out / "genome-alibi").iterdir() if p.is_dir()] == ["seed-2"]
-    assert json.loads((out / "genome-pope-d0/seed-2/config.json").read_text())["model"]["pe"] == "pope:delta_init=zero"
-    assert json.loads((out / "genome-rope-ft64/config.json").read_text())["model"]["pe"].startswith("yarn:")
-    tuned = json.loads((out / "genome-pope-d0-ft64/config.json").read_text())
-    assert tuned["model"]["pe"] == "pope:delta_init=zero" and tuned["recipe"]["grad_accum"] == 2
-    evaluated = json.loads((out / "length-genome/length.json").read_text())["runs"]
-    assert len(evaluated) == 7 and all(
-        {r["length"] for r in run["results"]} == {16, 32, 64, 128, 160} for run in evaluated
-    )
-    for sweep in ("genome-pope", "genome-rope", "genome-pope-d0"):
-        assert (out / sweep / "seed-2/eval/frequencies/frequency_usage.json").is_file()
-    report = (out / "report-genome/report.md").read_text()
-    assert "| genome-tiny | alibi |" in report and "genome-rope-ft64/" in report
-    assert "## Perplexity vs evaluation length (genome/test" in report
-
-    # everything is done: a resumed call trains, fine-tunes and evaluates nothing again, and reports again
-    again = _reproduce(tmp_path, *args, "--resume", data=data)
-    assert again.returncode == 0, again.stdout + again.stderr
-    commands = [line.split(":")[0] for line in again.stdout.splitlines() if ": pope " in line]
-    assert commands == [f"genome-{name}" for name in ("pope", "rope", "pope-d0", "alibi", "nope")] + ["report-genome"]
+    usage = [c[2] for c in commands if c[:2] == ["analyze", "frequencies"]]
+    assert usage == [f"{out}/genome-{name}/seed-2" for name in ("pope", "rope", "pope-d0")]
+    assert commands[-1][0] == "report" and commands[-1][-2:] == ["--out", f"{out}/report-genome"]
 
 
-@pytest.mark.slow
-def test_reproduce_text_ablations_stage_on_cpu(tmp_path):
-    """The text-ablations stage (text-256-tiny at context 16, random tokens): the full PoPE beside the settings of
-    --ablations, their length evaluation, frequency usage of the first seed, and the report against the full
-    PoPE."""
-    data = tmp_path / "data"
-    _write(data / "text", TEXT_VOCAB, {"train": [300] * 4, "valid": [200], "test": [400] * 2}, None)
+def test_reproduce_text_ablations_stage_plan(tmp_path):
+    """text-ablations: the full PoPE beside the settings of --ablations, their length evaluation, frequency usage,
+    and the report against the full PoPE."""
+    commands = _plan(tmp_path, "text-ablations", "--seeds", "0", "--ablations", "relu,wrap")
     out = tmp_path / "out"
-    args = ["text-ablations", "--out", out, "--preset", "text-256-tiny", "--seeds", "0", "--device", "cpu"]
-    args += _sets(*TINY_SETS, *SMALL_CONTEXT, "model.n_layer=1", f"model.vocab_size={TEXT_VOCAB}")
-    result = _reproduce(tmp_path, *args, "--ablations", "relu,wrap", data=data)
-    assert result.returncode == 0, result.stdout + result.stderr
-    specs = {"full": "pope:delta_init=zero", "relu": ABLATION_SPECS["relu"], "wrap": ABLATION_SPECS["wrap"]}
-    for name, spec in specs.items():
-        assert json.loads((out / f"ablation-{name}/seed-0/config.json").read_text())["model"]["pe"] == spec
-        assert (out / f"ablation-{name}/seed-0/eval/frequencies/frequency_usage.json").is_file()
-    assert not (out / "ablation-identity").exists()
-    evaluated = json.loads((out / "length-ablations/length.json").read_text())["runs"]
-    assert len(evaluated) == 3
-    report = (out / "report-text-ablations/report.md").read_text()
-    against = report[report.index("## Against") :]
-    assert "ablation-full/" in against.splitlines()[0]
-    assert any(f"| ablation-{name}/ " in line for line in against.splitlines()[1:] for name in ("relu", "wrap"))
+    specs = {"full": "pope:delta_init=zero", **ABLATION_SPECS}
+    trained = [(c[c.index("--pe") + 1], c[c.index("--out") + 1]) for c in commands if c[0] == "train"]
+    assert trained == [(spec, f"{out}/ablation-{name}") for name, spec in specs.items()]
+    (length,) = [c for c in commands if c[:2] == ["eval", "length"]]
+    assert length[2:5] == [f"{out}/ablation-{name}/seed-0" for name in specs]
+    assert [c[2] for c in commands if c[:2] == ["analyze", "frequencies"]] == length[2:5]
+    assert commands[-1][-2:] == ["--against", f"{out}/ablation-full"]
 
 
 ABLATION_SPECS = {
