@@ -3,6 +3,7 @@
     pope train PRESET --pe NAME --out DIR        (pope.cli.train; `pope train --list` lists the presets)
     pope finetune RUN --context N                (pope.cli.train)
     pope data prepare NAME | info DIR | offline  (pope.cli.data)
+    pope export hf RUN OUT                       (pope.cli.export: a transformers model directory)
     pope eval ... | analyze ... | report ...     (pope.cli.eval)
     pope presets [NAME] | pe [--list] [NAME]     (pope.cli.listings: what the presets and positional encodings are)
 
@@ -18,7 +19,7 @@ import sys
 
 # Modules that contribute sub-commands; each defines `register(subparsers)`.
 # Imported lazily so `pope --help` stays fast and a missing optional extra only breaks its own command.
-_COMMAND_MODULES = ("pope.cli.train", "pope.cli.data", "pope.cli.eval", "pope.cli.listings")
+_COMMAND_MODULES = ("pope.cli.train", "pope.cli.data", "pope.cli.eval", "pope.cli.export", "pope.cli.listings")
 
 # Exceptions that carry a message meant for the user (our code raises them with what is wrong and what to
 # do). OSError covers FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError.
@@ -58,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _command_name(args: argparse.Namespace) -> str:
     """'data prepare', 'eval length', 'train', ... for the error line."""
     parts = [args.command]
-    for key in ("data_command", "eval_command", "analyze_command", "offline_command"):
+    for key in ("data_command", "eval_command", "analyze_command", "offline_command", "export_command"):
         if getattr(args, key, None):
             parts.append(getattr(args, key))
     return " ".join(parts)
