@@ -17,6 +17,8 @@ import argparse
 import importlib
 import sys
 
+from pope.parsing import did_you_mean
+
 # Modules that contribute sub-commands; each defines `register(subparsers)`.
 # Imported lazily so `pope --help` stays fast and a missing optional extra only breaks its own command.
 _COMMAND_MODULES = ("pope.cli.train", "pope.cli.data", "pope.cli.eval", "pope.cli.export", "pope.cli.listings")
@@ -56,6 +58,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """parse_args, with "did you mean" for a misspelled option (argparse exits 2 with the usage line)."""
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        command = _innermost_parser(parser, args)
+        options = [option for action in command._actions for option in action.option_strings]
+        shown = [f"{x}{did_you_mean(x.split('=')[0], options)}" if x.startswith("-") else x for x in extras]
+        command.error(f"unrecognized arguments: {' '.join(shown)}")
+    return args
+
+
+def _innermost_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the sub-command the arguments chose ('pope eval length' -> its parser)."""
+    while True:
+        chosen = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        name = getattr(args, chosen[0].dest, None) if chosen else None
+        if name not in (chosen[0].choices if chosen else {}):
+            return parser
+        parser = chosen[0].choices[name]
+
+
 def _command_name(args: argparse.Namespace) -> str:
     """'data prepare', 'eval length', 'train', ... for the error line."""
     parts = [args.command]
@@ -88,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv  # accepted anywhere on the line, not only before the command
     argv = [a for a in argv if a != "--debug"]
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
