@@ -1,15 +1,20 @@
 """The command line of a first hour: --print-config alone and complete, the start banner and plain logs when stdout is
-not a terminal, a shortened schedule's warmup, "did you mean" on misspelled names."""
+not a terminal, a shortened schedule's warmup, "did you mean" on misspelled names, and evaluation defaults that come
+from the run (its data, its directory)."""
 
 import json
 import re
 
+import numpy as np
 import pytest
+import torch
 
+from pope.checkpoint import save_checkpoint
 from pope.cli import main
 from pope.cli.listings import encodings_table
 from pope.data import indirect_indexing as task
-from pope.model import GPT
+from pope.data.writer import PreparedWriter
+from pope.model import GPT, GPTConfig
 from pope.presets import PRESETS, get_preset
 from pope.train import metrics
 from pope.train.finetune import finetune_config
@@ -141,3 +146,59 @@ def test_misspelled_names_get_a_suggestion(capsys):
         main(["train", "jsb-tiny", "--pee", "pope", "--out", "x"])
     assert exited.value.code == 2
     assert "pope train: error: unrecognized arguments: --pee (did you mean '--pe'?) pope" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------- evaluation defaults
+def test_eval_accuracy_defaults_to_the_runs_own_task_data(tmp_path, capsys):
+    splits = task.write_splits(tmp_path / "ii", seed=0, sizes={"train": 256, "valid": 32, "test": 24})
+    overrides = TINY + [f"train.data_dir={splits}", "train.progress=false"]
+    run_training(resolve_run_config("indirect-indexing-tiny", "rope", overrides=overrides), tmp_path / "run")
+    capsys.readouterr()
+    assert main(["eval", "accuracy", str(tmp_path / "run"), "--json", "--device", "cpu"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["examples"] == 24 and result["data"].endswith("test.txt")
+    assert main(["eval", "accuracy", str(tmp_path / "run"), "--split", "valid", "--json", "--device", "cpu"]) == 0
+    assert json.loads(capsys.readouterr().out)["examples"] == 32
+
+
+@pytest.fixture
+def toy_runs(tmp_path):
+    """Two untrained runs whose config.json names a toy prepared dataset (vocab 90), and one on other data."""
+    rng = np.random.default_rng(0)
+    for name in ("data", "other"):
+        with PreparedWriter(tmp_path / name, 90) as writer:
+            for split, lengths in (("train", (40,)), ("valid", (40,)), ("test", (70, 50))):
+                for n in lengths:
+                    writer.add_document(split, rng.integers(0, 88, size=n))
+            writer.finish({"name": f"toy-{name}", "vocab": {"pad_id": None}})
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=90, n_layer=1, n_head=2, d_model=16, max_seq_len=16, pe="pope")
+    for run, data in (("a", "data"), ("b", "data"), ("c", "other")):
+        save_checkpoint(
+            tmp_path / run / "checkpoints" / "last",
+            model_state=GPT(config).state_dict(),
+            model_config=config.to_dict(),
+            trainer_state={"step": 0},
+        )
+        run_config = {"preset": "toy", "pe": "pope", "train": {"data_dir": str(tmp_path / data)}, "recipe": {}}
+        (tmp_path / run / "config.json").write_text(json.dumps(run_config))
+    return tmp_path
+
+
+def test_eval_length_defaults_to_the_runs_data_and_directory(toy_runs, monkeypatch, capsys):
+    work = toy_runs / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    args = ["--lengths", "8,16", "--device", "cpu"]
+    assert main(["eval", "length", str(toy_runs / "a"), *args]) == 0
+    out = toy_runs / "a" / "eval" / "length-toy-data-test-8-16"
+    assert {"length.csv", "length.md", "length.json", "length.png"} <= {p.name for p in out.iterdir()}
+    assert (toy_runs / "a" / "eval" / "length-toy-data-test-8-16.json").is_file()
+    assert list(work.iterdir()) == []  # nothing in the current directory
+    assert f"wrote {out / 'length.csv'}" in capsys.readouterr().out
+    assert main(["eval", "length", str(toy_runs / "a"), str(toy_runs / "b"), *args]) == 1
+    assert "give --out DIR for the table of several runs" in capsys.readouterr().err
+    assert main(["eval", "length", str(toy_runs / "a"), str(toy_runs / "c"), *args, "--out", "both"]) == 1
+    error = capsys.readouterr().err
+    assert "the runs trained on different data" in error and "give --data NAME" in error
+    assert not (work / "both").exists()

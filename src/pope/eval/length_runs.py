@@ -142,6 +142,32 @@ def run_length_eval(
     return collected
 
 
+def dataset_of_runs(runs: list[str]) -> str:
+    """The prepared dataset ``runs`` trained on (each one's train.data_dir, else its recipe.dataset): ``pope eval
+    length``'s default --data. ValueError, saying to give --data, when a run records none, the runs differ, or they
+    trained on the indirect-indexing task (no documents to score at several lengths)."""
+    from pope.data.indirect_indexing import is_task_spec
+    from pope.eval.runs import run_config
+
+    found = {}
+    for run in runs:
+        config = run_config(run)
+        data = (config.get("train") or {}).get("data_dir") or (config.get("recipe") or {}).get("dataset")
+        if not data:
+            raise ValueError(f"{run} records no dataset (no config.json beside it); give --data NAME")
+        found[str(run)] = str(data)
+    if len(set(found.values())) > 1:
+        listed = ", ".join(f"{run}: {data}" for run, data in found.items())
+        raise ValueError(f"the runs trained on different data ({listed}); give --data NAME to score them on one")
+    data = next(iter(found.values()))
+    if is_task_spec(data):
+        raise ValueError(
+            f"the runs trained on the indirect-indexing task ({data}), which has no documents to score at several "
+            f"lengths; give --data NAME of a prepared dataset"
+        )
+    return data
+
+
 def write_beside_run(run: str, name: str, record: dict, *, saved_in=None) -> Path | None:
     """Write ``record`` to RUN/eval/NAME; on failure warn (naming where the results are) and return None."""
     from pope.eval.runs import run_dir_of
