@@ -333,6 +333,13 @@ def test_export_refuses_what_would_overwrite_or_mismatch(tmp_path, capsys):
     assert json.loads((tmp_path / "hf" / "pope_export.json").read_text())["tokenizer"] == "none"
 
 
+def test_the_command_offers_the_exporters_tokenizers():
+    from pope.cli.export import EXPORT_TOKENIZERS
+    from pope.hf.export import TOKENIZERS
+
+    assert EXPORT_TOKENIZERS == TOKENIZERS
+
+
 def test_hf_config_validates_through_gpt_config():
     with pytest.raises(ValueError, match="d_model"):
         pope.hf.PoPEGPTConfig(d_model=30, n_head=4)
