@@ -195,7 +195,9 @@ def test_eval_length_defaults_to_the_runs_data_and_directory(toy_runs, monkeypat
     assert {"length.csv", "length.md", "length.json", "length.png"} <= {p.name for p in out.iterdir()}
     assert (toy_runs / "a" / "eval" / "length-toy-data-test-8-16.json").is_file()
     assert list(work.iterdir()) == []  # nothing in the current directory
-    assert f"wrote {out / 'length.csv'}" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert f"wrote {out / 'length.csv'}" in captured.out
+    assert "\r" not in captured.out + captured.err and "win/s" not in captured.err  # no bar frames in a redirected log
     assert main(["eval", "length", str(toy_runs / "a"), str(toy_runs / "b"), *args]) == 1
     assert "give --out DIR for the table of several runs" in capsys.readouterr().err
     assert main(["eval", "length", str(toy_runs / "a"), str(toy_runs / "c"), *args, "--out", "both"]) == 1

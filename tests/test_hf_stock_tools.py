@@ -328,8 +328,9 @@ def test_export_refuses_what_would_overwrite_or_mismatch(tmp_path, capsys):
     assert "the bytes tokenizer has 256 ids but the model's vocabulary has 61" in error and "\n" not in error
     assert not (tmp_path / "hf").exists() and not list(tmp_path.glob(".hf.partial-*"))
     assert main(["export", "hf", str(run), str(tmp_path / "hf")]) == 0  # auto: no tokenizer for 61 ids
-    printed = capsys.readouterr().out
-    assert "no tokenizer written" in printed and not (tmp_path / "hf" / "tokenizer.json").exists()
+    captured = capsys.readouterr()
+    assert "no tokenizer written" in captured.out and not (tmp_path / "hf" / "tokenizer.json").exists()
+    assert "\r" not in captured.err  # no progress-bar frames in a redirected log
     assert json.loads((tmp_path / "hf" / "pope_export.json").read_text())["tokenizer"] == "none"
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from pope.cli.arguments import non_negative_int, positive_int
@@ -165,6 +166,7 @@ def _eval_length(args: argparse.Namespace) -> int:
         n_buckets=args.buckets,
         device=device,
         autocast_dtype=torch.bfloat16 if args.bf16 else None,
+        progress=sys.stderr.isatty(),  # a redirected log gets the table, not progress-bar frames
     )
     print(length_table_markdown(entries))
     print(f"wrote {Path(out) / 'length.csv'}, length.md, length.json, length.png")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 EXPORT_TOKENIZERS = ("auto", "gpt2", "bytes", "none")  # pope.hf.export.TOKENIZERS (that module imports transformers)
 
@@ -44,6 +45,10 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 def _export_hf(args: argparse.Namespace) -> int:
     from pope.hf.export import export_run  # imports transformers: only for this command
 
+    if not sys.stderr.isatty():  # a redirected log gets the summary lines, not transformers' progress-bar frames
+        from transformers.utils import logging
+
+        logging.disable_progress_bar()
     record = export_run(args.run, args.out, tokenizer=args.tokenizer)
     print(f"wrote {args.out}: {record['model_type']} ({record['pe']}), step {record['source']['step']} of {args.run}")
     if record["tokenizer"] == "none":
