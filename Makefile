@@ -1,19 +1,22 @@
-# `make test` and `make demo` work on a fresh CPU machine: they create the virtualenv, install the
-# project (CPU torch first, so pip never pulls a CUDA build), fetch the offline data into the cache
-# ($POPE_CACHE, default ~/.cache/pope, kept between runs) and run.
+# `make test` and `make demo` work on a fresh machine: they create the virtualenv, install the project, fetch the
+# offline data into the cache ($POPE_CACHE, default ~/.cache/pope, kept between runs) and run.
+# `make setup` (scripts/install.py) installs PyTorch's CPU build where no NVIDIA GPU is present (from
+# https://download.pytorch.org/whl/cpu; where that index does not answer within seconds, from the default index and
+# pip's find-links) and the CUDA build otherwise (TORCH=cpu or TORCH=cuda to choose); it says which build it took.
+# Every extra is installed at the versions of constraints.txt, the ones the tests use.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+TORCH ?= auto
 export POPE_CACHE ?= $(HOME)/.cache/pope
 
 .PHONY: setup data lint test test-fast demo clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt scripts/install.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[all]' triton==3.6.0
+	$(PY) scripts/install.py --torch $(TORCH)
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -57,11 +57,12 @@ def test_readme_command_parses(argv):
     args = build_parser().parse_args(argv)
     if argv[0] == "train":
         assert args.preset in pope.list_presets(), args.preset
-        name = args.pe.split(":", 1)[0]
+        assert args.pe is not None or args.print_config, argv  # only --print-config runs without --pe
+        name = (args.pe or "pope").split(":", 1)[0]
         assert name in pope.list_positional_encodings(), args.pe
 
 
-@pytest.mark.parametrize("argv", [["presets"], ["pe", "--list"], ["--help"]])
+@pytest.mark.parametrize("argv", [["presets"], ["pe", "--list"], ["--help"], ["train", "jsb-tiny", "--print-config"]])
 def test_readme_listing_commands_run(argv, capsys):
     try:
         code = main(argv)

@@ -219,7 +219,7 @@ def test_frequencies_refuse_data_and_text_of_another_kind(world, tmp_path, capsy
 
 def test_a_fine_tune_on_a_dataset_of_another_vocabulary_is_refused(world, tmp_path, capsys):
     run = world["docs-run"]
-    args = ["finetune", str(run), "--context", "64", "--steps", "1", "--out", str(tmp_path / "ft")]
+    args = ["finetune", str(run), "--context", "64", "--steps", "1", "--warmup", "1", "--out", str(tmp_path / "ft")]
     assert pope_main([*args, "--set", f"train.data_dir={world['other-vocab']}"]) == 1
     line = _error(capsys)
     assert f"{run} was trained on dataset '{world['docs']}'" in line and "dataset 'events'" in line

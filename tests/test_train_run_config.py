@@ -85,9 +85,9 @@ def test_python_configs_take_real_types():
         ("train.log_interval=0", r"train\.log_interval must be positive"),
         ("train.data_seed=-2", r"train\.data_seed must be non-negative"),
         (
-            "recipe.max_steps=2",
-            r"recipe\.warmup_steps \(20\) must be in \[0, recipe\.max_steps = 2\].*also set "
-            r"recipe\.warmup_steps.*--set recipe\.warmup_steps=0",
+            "recipe.warmup_steps=301",
+            r"recipe\.warmup_steps \(301\) must be in \[0, recipe\.max_steps = 300\]; set one that fits, e\.g\. "
+            r"--set recipe\.warmup_steps=30, or leave it unset",
         ),
     ],
 )

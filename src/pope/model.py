@@ -118,7 +118,24 @@ def check_token_ids(ids: torch.Tensor, vocab_size: int, *, name: str = "idx", ig
     )
 
 
-class KVCache:
+class KVCacheInterface:
+    """What GPT.forward needs of a key/value cache: ``length`` (positions already cached), ``update(layer, k, v)``
+    (store a layer's new keys/values (B, Hkv, T, hd) after the cached ones; return all of them) and ``advance(n)``.
+    `KVCache` is the one pope allocates; pope.hf adapts transformers' caches to it."""
+
+    length: int
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def advance(self, n: int) -> None:
+        raise NotImplementedError
+
+    def check_fits(self, config: GPTConfig, idx: torch.Tensor) -> None:
+        """Raise ValueError, saying how to make a fitting one, if this cache cannot serve a forward of ``idx``."""
+
+
+class KVCache(KVCacheInterface):
     """Preallocated keys/values for every layer: (n_layer, B, Hkv, max_len, head_dim) each.
 
     Keys are stored as the layer's encoding caches them (`PositionalEncoding.cache_keys`): raw keys, RoPE's
@@ -152,6 +169,22 @@ class KVCache:
 
     def advance(self, n: int) -> None:
         self.length += n
+
+    def check_fits(self, config: GPTConfig, idx: torch.Tensor) -> None:
+        """Made for this model (new_kv_cache): its layers, heads and head size, idx's batch and device (its dtype may
+        differ from the weights', e.g. bf16 under autocast)."""
+        expected = (config.n_layer, idx.shape[0], config.kv_heads, config.head_dim)
+        found = (self.k.shape[0], self.k.shape[1], self.k.shape[2], self.k.shape[4])
+        if found != expected:
+            raise ValueError(
+                f"kv_cache was made for (layers, batch, kv heads, head_dim) = {found}, this call needs {expected}; "
+                f"make it with this model's new_kv_cache({idx.shape[0]}, max_len)"
+            )
+        if self.k.device != idx.device:
+            raise ValueError(
+                f"kv_cache is on {self.k.device} but idx is on {idx.device}; make it with new_kv_cache(..., "
+                f"device='{idx.device}')"
+            )
 
 
 class CausalSelfAttention(nn.Module):
@@ -311,24 +344,12 @@ class GPT(nn.Module):
             loss = F.cross_entropy(logits.float().flatten(0, -2), targets.flatten(), ignore_index=-100)
         return logits, loss
 
-    def _check_cache(self, cache: KVCache, idx: torch.Tensor) -> None:
-        """A KV cache made for this model (new_kv_cache): its layers, heads and head size, idx's batch and device
-        (metadata only; its dtype may differ from the weights', e.g. bf16 under autocast)."""
-        if not isinstance(cache, KVCache):
+    def _check_cache(self, cache: KVCacheInterface, idx: torch.Tensor) -> None:
+        """A key/value cache (KVCacheInterface) that fits this model and idx (KVCache checks its layers, heads, head
+        size, idx's batch and device: metadata only)."""
+        if not isinstance(cache, KVCacheInterface):
             raise TypeError(f"kv_cache must be a KVCache (model.new_kv_cache(...)); got {type(cache).__name__}")
-        config = self.config
-        expected = (config.n_layer, idx.shape[0], config.kv_heads, config.head_dim)
-        found = (cache.k.shape[0], cache.k.shape[1], cache.k.shape[2], cache.k.shape[4])
-        if found != expected:
-            raise ValueError(
-                f"kv_cache was made for (layers, batch, kv heads, head_dim) = {found}, this call needs {expected}; "
-                f"make it with this model's new_kv_cache({idx.shape[0]}, max_len)"
-            )
-        if cache.k.device != idx.device:
-            raise ValueError(
-                f"kv_cache is on {cache.k.device} but idx is on {idx.device}; make it with new_kv_cache(..., "
-                f"device='{idx.device}')"
-            )
+        cache.check_fits(self.config, idx)
 
     def _check_call(self, idx: torch.Tensor, targets: torch.Tensor | None) -> None:
         """What forward's inputs must be beyond their dtype: no empty sequence, on the model's device, targets of

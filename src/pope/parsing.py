@@ -17,6 +17,7 @@ of the wrong type is a TypeError saying the same.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import types
 import typing
 from collections.abc import Iterable
@@ -52,6 +53,13 @@ def describe_type(annotation, *, text: bool = True) -> str:
         else:
             words.append(names.get(kind, getattr(kind, "__name__", str(kind))))
     return " or ".join(words + (["none" if text else "None"] if optional else []))
+
+
+def did_you_mean(name, choices: Iterable[str]) -> str:
+    """' (did you mean 'x'?)' naming the choice closest to a misspelled ``name`` (difflib), or '' when none is
+    close: for the one-line errors that list the valid names."""
+    match = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {match[0]!r}?)" if match else ""
 
 
 def parse_value(text: str, annotation, *, key: str):
@@ -144,7 +152,10 @@ def parse_assignments(
         if not eq:
             raise ValueError(f"{where}: {item!r} must look like {noun}=value")
         if key not in types_by_key:
-            raise ValueError(f"{where}: no {noun} {key!r}; valid {noun}s: {', '.join(types_by_key) or 'none'}")
+            raise ValueError(
+                f"{where}: no {noun} {key!r}{did_you_mean(key, types_by_key)}; valid {noun}s: "
+                f"{', '.join(types_by_key) or 'none'}"
+            )
         if key in result:
             raise ValueError(f"{where}: {noun} {key!r} is given twice; give each {noun} once")
         try:
@@ -161,5 +172,6 @@ def from_dict(cls, data: dict):
     known = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(data) - set(known))
     if unknown:
-        raise ValueError(f"unknown {cls.__name__} fields {unknown}; valid fields: {', '.join(known)}")
+        hint = did_you_mean(unknown[0], known) if len(unknown) == 1 else ""
+        raise ValueError(f"unknown {cls.__name__} fields {unknown}{hint}; valid fields: {', '.join(known)}")
     return cls(**data)

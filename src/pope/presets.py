@@ -14,7 +14,7 @@ from typing import Literal
 
 from pope.encodings import parse_pe_spec
 from pope.model import GPTConfig
-from pope.parsing import check_fields
+from pope.parsing import check_fields, did_you_mean
 
 DECAY_SHAPES = ("cosine", "linear")
 """The learning-rate decays a recipe may name (`Recipe.lr_decay`; pope.train.schedule computes them)."""
@@ -71,8 +71,9 @@ class Recipe:
         if self.warmup_steps < 0 or self.warmup_steps > self.max_steps:
             raise ValueError(
                 f"recipe.warmup_steps ({self.warmup_steps}) must be in [0, recipe.max_steps = "
-                f"{self.max_steps}]; when lowering max_steps also set recipe.warmup_steps, e.g. "
-                f"--set recipe.warmup_steps={min(max(self.warmup_steps, 0), self.max_steps // 10)}"
+                f"{self.max_steps}]; set one that fits, e.g. --set recipe.warmup_steps="
+                f"{min(max(self.warmup_steps, 0), self.max_steps // 10)}, or leave it unset (a max_steps set "
+                f"alone scales the preset's warmup)"
             )
         if not 0 < self.min_lr <= self.lr:
             raise ValueError(
@@ -347,7 +348,9 @@ def get_preset(name: str) -> Preset:
     try:
         return PRESETS[PRESET_ALIASES.get(name, name)]
     except KeyError:
-        raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(list_presets())}") from None
+        raise ValueError(
+            f"unknown preset {name!r}{did_you_mean(name, list_presets())}; valid presets: {', '.join(list_presets())}"
+        ) from None
 
 
 def recipe_fields() -> list[str]:
@@ -358,5 +361,6 @@ def with_recipe(preset: Preset, **changes) -> Preset:
     """A copy of preset with recipe fields changed (validated)."""
     unknown = set(changes) - set(recipe_fields())
     if unknown:
-        raise ValueError(f"unknown recipe fields {sorted(unknown)}; valid: {', '.join(recipe_fields())}")
+        hint = did_you_mean(min(unknown), recipe_fields()) if len(unknown) == 1 else ""
+        raise ValueError(f"unknown recipe fields {sorted(unknown)}{hint}; valid: {', '.join(recipe_fields())}")
     return replace(preset, recipe=replace(preset.recipe, **changes))

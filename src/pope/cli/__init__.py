@@ -3,6 +3,7 @@
     pope train PRESET --pe NAME --out DIR        (pope.cli.train; `pope train --list` lists the presets)
     pope finetune RUN --context N                (pope.cli.train)
     pope data prepare NAME | info DIR | offline  (pope.cli.data)
+    pope export hf RUN OUT                       (pope.cli.export: a transformers model directory)
     pope eval ... | analyze ... | report ...     (pope.cli.eval)
     pope presets [NAME] | pe [--list] [NAME]     (pope.cli.listings: what the presets and positional encodings are)
 
@@ -21,11 +22,12 @@ import errno
 import importlib
 import sys
 
+from pope.parsing import did_you_mean
 from pope.version import __version__
 
 # Modules that contribute sub-commands; each defines `register(subparsers)`.
 # Imported lazily so `pope --help` stays fast and a missing optional extra only breaks its own command.
-_COMMAND_MODULES = ("pope.cli.train", "pope.cli.data", "pope.cli.eval", "pope.cli.listings")
+_COMMAND_MODULES = ("pope.cli.train", "pope.cli.data", "pope.cli.eval", "pope.cli.export", "pope.cli.listings")
 
 # Exceptions that carry a message meant for the user (our code raises them with what is wrong and what to
 # do). OSError covers FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError.
@@ -64,10 +66,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """parse_args, with "did you mean" for a misspelled option (argparse exits 2 with the usage line)."""
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        command = _innermost_parser(parser, args)
+        options = [option for action in command._actions for option in action.option_strings]
+        shown = [f"{x}{did_you_mean(x.split('=')[0], options)}" if x.startswith("-") else x for x in extras]
+        command.error(f"unrecognized arguments: {' '.join(shown)}")
+    return args
+
+
+def _innermost_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the sub-command the arguments chose ('pope eval length' -> its parser)."""
+    while True:
+        chosen = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        name = getattr(args, chosen[0].dest, None) if chosen else None
+        if name not in (chosen[0].choices if chosen else {}):
+            return parser
+        parser = chosen[0].choices[name]
+
+
 def _command_name(args: argparse.Namespace) -> str:
     """'data prepare', 'eval length', 'train', ... for the error line."""
     parts = [args.command]
-    for key in ("data_command", "eval_command", "analyze_command", "offline_command"):
+    for key in ("data_command", "eval_command", "analyze_command", "offline_command", "export_command"):
         if getattr(args, key, None):
             parts.append(getattr(args, key))
     return " ".join(parts)
@@ -99,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv  # accepted anywhere on the line, not only before the command
     argv = [a for a in argv if a != "--debug"]
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from pope.cli.arguments import non_negative_int, positive_int
@@ -36,11 +37,18 @@ def _register_eval(subparsers) -> None:
         "every target scored once (docs/evaluation.md).",
     )
     length.add_argument("runs", nargs="+", metavar="RUN", help="run or checkpoint directories")
-    length.add_argument("--data", required=True, help="prepared dataset name or directory (pope data prepare)")
+    length.add_argument(
+        "--data",
+        default=None,
+        help="prepared dataset name or directory (pope data prepare); default: the one the runs trained on",
+    )
     length.add_argument("--split", default="test", help="split to score (default test)")
     length.add_argument("--lengths", required=True, help="comma-separated window lengths, e.g. 1024,2048,4096")
     length.add_argument(
-        "--out", default="pope-eval-length", help="directory for length.csv/.md/.json/.png (default ./pope-eval-length)"
+        "--out",
+        default=None,
+        help="directory for length.csv/.md/.json/.png; default for one run RUN/eval/length-DATA-SPLIT-LENGTHS, "
+        "needed for several",
     )
     length.add_argument(
         "--tail",
@@ -109,7 +117,10 @@ def _register_eval(subparsers) -> None:
         "examples, one per line (pope.train.evaluate.task_accuracy).",
     )
     accuracy.add_argument("run", help="run or checkpoint directory")
-    accuracy.add_argument("--data", required=True, help="file of examples, one per line")
+    accuracy.add_argument(
+        "--data", default=None, help="file of examples, one per line; default: the --split of the run's own task data"
+    )
+    accuracy.add_argument("--split", default="test", help="split of the run's task data without --data (default test)")
     accuracy.add_argument("--batch-size", type=positive_int, default=256)
     accuracy.add_argument("--device", default="auto", help="auto, cpu or cuda")
     accuracy.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -124,18 +135,30 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 def _eval_length(args: argparse.Namespace) -> int:
     import torch
 
+    from pope.data.prepared import resolve_dataset
     from pope.devices import resolve_device
-    from pope.eval.length_runs import length_table_markdown, run_length_eval
+    from pope.eval.length import parse_lengths
+    from pope.eval.length_runs import dataset_of_runs, length_table_markdown, run_length_eval
+    from pope.eval.runs import run_dir_of
 
     device = resolve_device(args.device)
     if args.bf16 and not device.startswith("cuda"):
         raise ValueError("--bf16 needs a CUDA device")
+    data = args.data if args.data is not None else dataset_of_runs(args.runs)
+    out = args.out
+    if out is None:  # the comparison of several runs belongs to none of them
+        if len(args.runs) > 1:
+            raise ValueError("give --out DIR for the table of several runs (one run's goes under RUN/eval/ by default)")
+        lengths = parse_lengths(args.lengths)
+        span = f"{min(lengths)}-{max(lengths)}" if len(set(lengths)) > 1 else f"{lengths[0]}"
+        name = resolve_dataset(data).name
+        out = run_dir_of(args.runs[0]) / "eval" / f"length-{name}-{args.split}-{span}"
     entries = run_length_eval(
         args.runs,
-        args.data,
+        data,
         lengths=args.lengths,
         split=args.split,
-        out_dir=args.out,
+        out_dir=out,
         tail=args.tail,
         same_documents=not args.all_documents,
         max_docs=args.max_docs,
@@ -143,9 +166,10 @@ def _eval_length(args: argparse.Namespace) -> int:
         n_buckets=args.buckets,
         device=device,
         autocast_dtype=torch.bfloat16 if args.bf16 else None,
+        progress=sys.stderr.isatty(),  # a redirected log gets the table, not progress-bar frames
     )
     print(length_table_markdown(entries))
-    print(f"wrote {Path(args.out) / 'length.csv'}, length.md, length.json, length.png")
+    print(f"wrote {Path(out) / 'length.csv'}, length.md, length.json, length.png")
     return 0
 
 
@@ -199,9 +223,16 @@ def _eval_downstream(args: argparse.Namespace) -> int:
 
 
 def _eval_accuracy(args: argparse.Namespace) -> int:
-    from pope.train.evaluate import task_accuracy  # the trainer's implementation (issue 3)
+    from pope.eval.runs import task_splits_of
+    from pope.train.evaluate import task_accuracy  # the trainer's implementation
 
-    result = task_accuracy(args.run, args.data, batch_size=args.batch_size, device=args.device)
+    if args.data is None:
+        data = task_splits_of(args.run) / f"{args.split}.txt"
+    elif args.split != "test":
+        raise ValueError("--split chooses a split of the run's own task data; with --data give the file alone")
+    else:
+        data = args.data
+    result = task_accuracy(args.run, str(data), batch_size=args.batch_size, device=args.device)
     if args.json:
         print(json.dumps(result))
     else:

@@ -97,10 +97,27 @@ def encodings_table(name: str | None = None) -> str:
         lines.append(f"{pe:15s} {encoding_spec(pe).description}")
         listed = ", ".join(f"{key}={value!r}" for key, value in options.items())
         lines.append(f"{'':15s} options: {listed or 'none'}")
+        if pe == "pope":
+            lines.append(f"{'':15s} {preset_delta_init_note()}")
     lines.append(
         "spec syntax: NAME or NAME:key=value,key=value, e.g. --pe pope:delta_init=zero or --pe rope:base=500000"
     )
     return "\n".join(lines)
+
+
+def preset_delta_init_note() -> str:
+    """How `pope train` fills PoPE's delta_init from the preset when --pe leaves it out (Preset.resolve_pe)."""
+    from pope.presets import PRESETS
+
+    by_init: dict[str, list[str]] = {}
+    for name in sorted(PRESETS):
+        by_init.setdefault(PRESETS[name].pope_delta_init, []).append(name)
+    common = max(by_init, key=lambda init: len(by_init[init]))
+    others = "; ".join(f"{init} for {', '.join(names)}" for init, names in by_init.items() if init != common)
+    return (
+        f"under `pope train`, a --pe without delta_init takes the preset's: {others}; {common} for the other "
+        f"presets (the banner and --print-config show it)"
+    )
 
 
 class _PrintAndExit(argparse.Action):

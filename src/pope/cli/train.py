@@ -2,12 +2,13 @@
 
     pope train PRESET --pe NAME --out DIR [--set section.key=value ...] [--resume] [--seed N]
     pope train --resume RUN [--set ...]          (RUN's own config; --set recipe.max_steps=N extends it)
+    pope train PRESET [--pe NAME] [--set ...] --print-config     (every setting, nothing run)
     pope train PRESET --pe NAME --seeds 0-7 --out DIR [--jobs-per-gpu N] [--jobs N] [--resume]
 
 With --seeds, one ordinary training process per seed writes DIR/seed-N/ (pope.train.sweep).
 
-The indirect-indexing accuracy of a trained run on a file of examples is `pope eval accuracy RUN
---data FILE` (registered by pope.cli.eval over pope.train.evaluate.task_accuracy).
+The indirect-indexing accuracy of a trained run is `pope eval accuracy RUN [--data FILE]` (registered by
+pope.cli.eval over pope.train.evaluate.task_accuracy).
 Under `torchrun --nproc_per_node=N pope train ...` the same command trains with DDP (or FSDP2 with
 --set train.parallel=fsdp).
 """
@@ -32,7 +33,9 @@ def register(subparsers) -> None:
     train.add_argument(
         "preset", nargs="?", help="preset name, e.g. indirect-indexing, jsb, owt-124m, indirect-indexing-tiny"
     )
-    train.add_argument("--pe", help="positional encoding spec, e.g. pope, rope, 'rope:base=500000'")
+    train.add_argument(
+        "--pe", help="positional encoding spec, e.g. pope, rope, 'rope:base=500000' (`pope pe` lists them)"
+    )
     train.add_argument("--out", help="run directory (config, metrics, checkpoints)")
     train.add_argument(
         "--set",
@@ -74,13 +77,22 @@ def register(subparsers) -> None:
         metavar="N",
         help="with --seeds: at most N seeds at once (default: GPUs x --jobs-per-gpu; 1 on CPU)",
     )
-    train.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    train.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print every setting of the resolved run config and exit (alone: with --pe pope)",
+    )
     train.set_defaults(func=_train)
     _register_finetune(subparsers)
 
 
 def _train(args: argparse.Namespace) -> int:
-    _resolve_resume_target(args)
+    if args.print_config and args.preset is not None and not args.resume:  # the preset's settings; nothing is run
+        if args.pe is None:
+            args.pe = "pope"
+            print("pope train: --pe not given; showing the config with --pe pope", file=sys.stderr)
+    else:
+        _resolve_resume_target(args)
     if args.seeds is not None:
         if args.seed is not None or args.print_config:
             raise ValueError("--seeds runs a sweep; it cannot be combined with --seed or --print-config")
@@ -113,7 +125,7 @@ def _train(args: argparse.Namespace) -> int:
     else:
         config = resolve_run_config(args.preset, args.pe, seed=args.seed, overrides=args.overrides)
     if args.print_config:
-        print(json.dumps(config.to_dict(), indent=2))
+        print(json.dumps(config.to_dict(complete=True), indent=2))
         return 0
     try:
         summary = run_training(config, args.out, resume=args.resume)
@@ -143,7 +155,13 @@ def _resolve_resume_target(args: argparse.Namespace) -> None:
             args.out = run
         args.resume = True
     if args.out is None:
-        raise ValueError("give PRESET --pe PE --out DIR for a new run, or --resume RUN to continue one")
+        if args.preset is None:
+            raise ValueError("give PRESET --pe PE --out DIR for a new run, or --resume RUN to continue one")
+        raise ValueError(
+            f"--out is needed, e.g. `pope train {args.preset} --pe {args.pe or 'pope'} --out runs/{args.preset}-"
+            f"{(args.pe or 'pope').split(':')[0]}` (`--print-config` alone shows the preset's settings; --resume RUN "
+            "continues a run)"
+        )
     if args.preset is None or args.pe is None:
         if not args.resume:
             missing = "PRESET" if args.preset is None else "--pe"
@@ -185,7 +203,12 @@ def _register_finetune(subparsers) -> None:
     parser.add_argument("--out", default=None, help="run directory of the fine-tune (default RUN-ft{context})")
     parser.add_argument("--batch-size", type=positive_int, default=64)
     parser.add_argument("--lr", type=float, default=6e-5)
-    parser.add_argument("--warmup", type=non_negative_int, default=20)
+    parser.add_argument(
+        "--warmup",
+        type=non_negative_int,
+        default=None,
+        help="warmup steps (default 20, the paper's for 500 steps; scaled for fewer --steps)",
+    )
     parser.add_argument(
         "--set",
         dest="overrides",

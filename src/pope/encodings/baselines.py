@@ -135,10 +135,19 @@ class ALiBi(PositionalEncoding):
         if heads not in ("all", "half"):
             raise ValueError(f"ALiBi heads must be 'all' or 'half'; got {heads!r}")
         self.heads = heads
-        n_biased = n_heads if heads == "all" else max(1, n_heads // 2)
-        slopes = torch.zeros(n_heads)
+        self.register_buffer("slopes", self._head_slopes(), persistent=False)  # (H,) fp32
+
+    def _head_slopes(self) -> torch.Tensor:
+        n_biased = self.n_heads if self.heads == "all" else max(1, self.n_heads // 2)
+        slopes = torch.zeros(self.n_heads)
         slopes[:n_biased] = alibi_slopes(n_biased)
-        self.register_buffer("slopes", slopes, persistent=False)  # (H,) fp32
+        return slopes
+
+    @torch.no_grad()
+    def reset_buffers(self) -> None:
+        """Recompute the slopes in place. They are a non-persistent buffer (no checkpoint holds them), so a loader
+        that builds the module on the meta device and fills only the saved tensors calls this."""
+        self.slopes.copy_(self._head_slopes())
 
     def forward(self, q, k, v, *, q_offset=None, causal=True, dropout_p=0.0):
         self._check(q, k)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pope.encodings.base import NoPE, PositionalEncoding
 from pope.encodings.baselines import AbsolutePositionEmbedding, ALiBi, RoPE
 from pope.encodings.polar import PoPE
-from pope.parsing import parse_assignments
+from pope.parsing import did_you_mean, parse_assignments
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,16 @@ def build_positional_encoding(
     )
 
 
+def resolved_options(spec: str, *, head_dim: int) -> dict:
+    """Every option the layer that ``spec`` builds gets, with its value: the spec's own, the name's fixed ones and
+    head-size rules (rope-half's rotary_dim), else the defaults (`describe_positional_encoding`)."""
+    name, options = parse_pe_spec(spec)
+    entry = encoding_spec(name)
+    if entry.option_rules is not None:
+        options = entry.option_rules(options, head_dim)
+    return {**describe_positional_encoding(name), **options}
+
+
 def build_absolute_embedding(spec: str, *, d_model: int, max_seq_len: int) -> AbsolutePositionEmbedding | None:
     """The model-level absolute embedding for `spec`, or None for relative encodings."""
     name, _ = parse_pe_spec(spec)
@@ -109,6 +119,7 @@ def encoding_spec(name: str) -> EncodingSpec:
     try:
         return _REGISTRY[name]
     except KeyError:
+        names = list_positional_encodings()
         raise ValueError(
-            f"unknown positional encoding {name!r}; valid names: {', '.join(list_positional_encodings())}"
+            f"unknown positional encoding {name!r}{did_you_mean(name, names)}; valid names: {', '.join(names)}"
         ) from None

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pope.data.indirect_indexing import is_task_spec
 from pope.data.prepared import resolve_dataset
 from pope.data.vocabulary import check_token_range, check_vocab_compatible
 from pope.eval.length import (
@@ -21,7 +22,7 @@ from pope.eval.length import (
     evaluate_lengths,
     parse_lengths,
 )
-from pope.eval.runs import load_run_model, run_dir_of, run_label, short_pe_spec
+from pope.eval.runs import load_run_model, run_config, run_dir_of, run_label, short_pe_spec
 from pope.eval.windows import plan_windows, validate_doc_offsets
 from pope.files import (
     check_output_dir,
@@ -156,6 +157,30 @@ def run_length_eval(
             )
         write_beside_run(str(run), f"length-{dataset.name}-{split}-{span}.json", record, saved_in=out_dir)
     return collected
+
+
+def dataset_of_runs(runs: list[str]) -> str:
+    """The prepared dataset ``runs`` trained on (each one's train.data_dir, else its recipe.dataset): ``pope eval
+    length``'s default --data. ValueError, saying to give --data, when a run records none, the runs differ, or they
+    trained on the indirect-indexing task (no documents to score at several lengths)."""
+
+    found = {}
+    for run in runs:
+        config = run_config(run)
+        data = (config.get("train") or {}).get("data_dir") or (config.get("recipe") or {}).get("dataset")
+        if not data:
+            raise ValueError(f"{run} records no dataset (no config.json beside it); give --data NAME")
+        found[str(run)] = str(data)
+    if len(set(found.values())) > 1:
+        listed = ", ".join(f"{run}: {data}" for run, data in found.items())
+        raise ValueError(f"the runs trained on different data ({listed}); give --data NAME to score them on one")
+    data = next(iter(found.values()))
+    if is_task_spec(data):
+        raise ValueError(
+            f"the runs trained on the indirect-indexing task ({data}), which has no documents to score at several "
+            f"lengths; give --data NAME of a prepared dataset"
+        )
+    return data
 
 
 def write_beside_run(run: str, name: str, record: dict, *, saved_in=None) -> Path | None:

@@ -1,12 +1,11 @@
 """An lm-evaluation-harness model named ``pope`` for checkpoints of this project and pope.hf model directories.
 
-    pope eval downstream RUN_OR_HF_DIR --tasks ...  (the documented command: in-process, the paper's table)
+    pope eval downstream RUN_OR_HF_DIR --tasks ...  (in-process, the paper's table)
     python -m pope.eval.lm_eval_model --model pope --model_args path=RUN ...   (lm_eval's CLI, model registered)
-    lm_eval --model pope --model_args path=RUN,tokenizer=gpt2 --tasks ...   (only lm-eval versions that load
-                                                                           the ``lm_eval.models`` entry points)
 
-Importing this module registers the class with lm-eval's registry; pyproject.toml also declares it in the
-``lm_eval.models`` entry-point group (lm-eval up to 0.4.13 does not read that group).
+Importing this module registers the class with lm-eval's registry (lm-eval up to 0.4.13 reads no entry-point group,
+so the package declares none). Plain ``lm_eval --model hf`` scores a run once ``pope export hf`` has written it as a
+transformers model directory (pope.hf.export).
 ``path`` is a run or checkpoint directory of this project (``pope train``) or a Hugging Face model directory
 (``save_pretrained``: config.json with a model_type, e.g. pope.hf's "pope_llama"); the latter decodes with a
 transformers DynamicCache, and ``tokenizer=hf`` takes the tokenizer saved in that directory.

@@ -6,6 +6,7 @@ import warnings
 
 from pope.attention import BACKENDS, MAGNITUDES
 from pope.hf.compat import transformers
+from pope.hf.remote import RemoteCodeConfig
 
 LlamaConfig = transformers.LlamaConfig
 
@@ -21,13 +22,16 @@ POPE_OPTIONS = {
 }
 
 
-class PoPELlamaConfig(LlamaConfig):
+class PoPELlamaConfig(RemoteCodeConfig, LlamaConfig):
     """Every LlamaConfig field, plus PoPE's options as ``pope_base``, ``pope_magnitude``, ``pope_delta_init``,
     ``pope_delta_range``, ``pope_use_delta``, ``pope_rotary_dim`` and ``pope_backend`` (see POPE_OPTIONS). RoPE's fields
     (rope_theta / rope_scaling / rope_parameters) are kept for the record but unused: PoPE's frequencies
-    come from pope_base, and a RoPE scaling other than the default is refused."""
+    come from pope_base, and a RoPE scaling other than the default is refused. ``auto_map`` always names
+    pope.hf's remote-code classes (pope.hf.remote), whatever a loaded config.json held."""
 
     model_type = "pope_llama"
+    remote_config = "PoPELlamaConfig"
+    remote_models = {"AutoModel": "PoPELlamaModel", "AutoModelForCausalLM": "PoPELlamaForCausalLM"}
 
     def __init__(
         self,
@@ -47,8 +51,10 @@ class PoPELlamaConfig(LlamaConfig):
         self.pope_use_delta = pope_use_delta
         self.pope_rotary_dim = pope_rotary_dim
         self.pope_backend = pope_backend
+        kwargs.pop("auto_map", None)
         _check_sizes(kwargs)
         super().__init__(**kwargs)
+        self.set_auto_map()
         self.validate_pope()
 
     def validate_pope(self) -> None:

@@ -31,6 +31,7 @@ from pope.encodings import PoPE
 from pope.frequencies import pope_frequencies
 from pope.hf.compat import CACHE_FIELD, EagerAttentionOnly, new_dynamic_cache, tied_weights_keys, transformers
 from pope.hf.config import PoPELlamaConfig
+from pope.hf.remote import RemoteCodeModel
 from pope.model import check_token_ids
 
 _ACCEPTED_KWARGS = {"cache_position", "return_dict", "num_items_in_batch", "output_attentions"}
@@ -190,7 +191,7 @@ class PoPELlamaDecoderLayer(nn.Module):
         return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
 
 
-class PoPELlamaPreTrainedModel(EagerAttentionOnly, transformers.PreTrainedModel):
+class PoPELlamaPreTrainedModel(RemoteCodeModel, EagerAttentionOnly, transformers.PreTrainedModel):
     config_class = PoPELlamaConfig
     config: PoPELlamaConfig
     base_model_prefix = "model"

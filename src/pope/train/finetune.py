@@ -18,6 +18,7 @@ checkpoints/last like any run.
 from __future__ import annotations
 
 import copy
+import sys
 from pathlib import Path
 
 from pope.checkpoint import find_checkpoint, load_checkpoint
@@ -26,9 +27,11 @@ from pope.model import GPTConfig
 from pope.presets import Recipe
 from pope.train.data_match import check_prepared_data, trained_data
 from pope.train.run_config import TrainOptions, parse_overrides
+from pope.train.schedule import fit_warmup
 from pope.train.trainer import Trainer
 
 FINETUNE_RECIPE = {"batch_size": 64, "lr": 6e-5, "warmup_steps": 20}
+FINETUNE_STEPS = 500  # the paper's fine-tune length, which its 20 warmup steps are for
 YARN_ALPHA, YARN_BETA = 1.0, 32.0
 _EXTENDED = ("yarn", "pi", "ntk")
 
@@ -61,11 +64,12 @@ def finetune_config(
     steps: int,
     batch_size: int = FINETUNE_RECIPE["batch_size"],
     lr: float = FINETUNE_RECIPE["lr"],
-    warmup_steps: int = FINETUNE_RECIPE["warmup_steps"],
+    warmup_steps: int | None = None,
     overrides: list[str] | None = None,
     source: dict | None = None,
 ) -> dict:
-    """The fine-tune's run config: the original one with the new PE, context and recipe (validated)."""
+    """The fine-tune's run config: the original one with the new PE, context and recipe (validated). ``warmup_steps``
+    None: the paper's 20 steps, scaled when ``steps`` is shorter (pope.train.schedule.fit_warmup)."""
     if not isinstance(context, int) or context < 2:
         raise ValueError(f"--context must be an integer >= 2, got {context!r}")
     if not isinstance(steps, int) or steps < 1:
@@ -85,11 +89,19 @@ def finetune_config(
     )
     model.update(pe=new_pe, max_seq_len=max(context, model["max_seq_len"]))
     config["pe"] = new_pe
+    if warmup_steps is None:  # the paper's 20 of 500 steps, scaled to a shorter fine-tune
+        warmup_steps, notice = fit_warmup(
+            FINETUNE_RECIPE["warmup_steps"], steps, FINETUNE_STEPS, what=f"--steps {steps}"
+        )
+        if notice:
+            print(f"pope finetune: notice: {notice} (--warmup)", file=sys.stderr)
+    elif warmup_steps > steps:
+        raise ValueError(f"--warmup {warmup_steps} is longer than --steps {steps}; give a warmup of at most {steps}")
     config["recipe"].update(
         batch_size=batch_size,
         lr=lr,
         min_lr=lr,
-        warmup_steps=min(warmup_steps, steps),
+        warmup_steps=warmup_steps,
         max_steps=steps,
         seq_len=context,
         eval_interval=min(config["recipe"].get("eval_interval", steps), steps),
@@ -129,7 +141,7 @@ def build_finetune_trainer(
     steps: int,
     batch_size: int = FINETUNE_RECIPE["batch_size"],
     lr: float = FINETUNE_RECIPE["lr"],
-    warmup_steps: int = FINETUNE_RECIPE["warmup_steps"],
+    warmup_steps: int | None = None,
     overrides: list[str] | None = None,
     resume: bool = False,
 ):

@@ -1,9 +1,11 @@
 """Run records and best-checkpoint bookkeeping.
 
-``MetricsLogger``: ``metrics.jsonl`` (one JSON object per line), TensorBoard events and a tqdm bar.
-Only rank 0 writes (``enabled=False`` elsewhere). Every record has ``step`` and ``kind``
-(``"train"`` or ``"eval"``); train records carry ``loss``, ``lr``, ``tokens_per_s``; eval records carry
-``{split}_loss`` / ``{split}_accuracy`` (accuracy = argmax over the vocabulary on the scored tokens).
+``MetricsLogger``: ``metrics.jsonl`` (one JSON object per line), TensorBoard events, and on the console a tqdm bar
+where stdout and stderr are terminals, else one plain line per log interval (logs redirected to a file hold no bar
+frames); every evaluation is printed as one line in both. Only rank 0 writes (``enabled=False`` elsewhere). Every
+record has ``step`` and ``kind`` (``"train"`` or ``"eval"``); train records carry ``loss``, ``lr``, ``tokens_per_s``;
+eval records carry ``{split}_loss`` / ``{split}_accuracy`` (accuracy = argmax over the vocabulary on the scored
+tokens).
 
 ``BestTracker``: which evaluation ``checkpoints/best`` holds (``train.best_metric``), and the best test
 loss / accuracy over all evaluations (what the paper reports for JSB, MAESTRO and the genome); its
@@ -36,10 +38,11 @@ class MetricsLogger:
         tensorboard: bool = True,
         progress: bool = True,
     ) -> None:
-        self.enabled, self.progress = enabled, progress
+        self.enabled, self.progress, self.total_steps = enabled, progress, total_steps
         self.path = Path(run_dir) / "metrics.jsonl"
         self._writer = None
         self._bar = None
+        self._plain = False  # progress as one printed line per log interval
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -53,8 +56,10 @@ class MetricsLogger:
             self._writer = tensorboard_module.SummaryWriter(
                 log_dir=str(Path(run_dir) / "tensorboard"), purge_step=start_step + 1 if start_step else None
             )
-        if progress:
+        if progress and interactive():
             self._bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
+        elif progress:
+            self._plain = True
 
     def _truncate_after(self, step: int) -> None:
         """On resume, drop records of steps after the checkpoint: those steps are run again. A last line cut off by a
@@ -85,8 +90,10 @@ class MetricsLogger:
                     self._writer.add_scalar(f"{record.get('kind', 'train')}/{key}", value, record["step"])
         if self._bar is not None and record.get("kind") == "train":
             self._bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}")
+        elif self._plain and record.get("kind") == "train":
+            print(train_line(record, self.total_steps), flush=True)
         if record.get("kind") == "eval":  # evaluations are always echoed (also without a progress bar)
-            line = " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items())
+            line = eval_line(record)
             if self._bar is not None:
                 self._bar.write(line)
             else:
@@ -98,7 +105,9 @@ class MetricsLogger:
 
     def evaluation_progress(self, label: str, total: int):
         """A labelled bar over ``total`` evaluation batches (a no-op without a progress bar)."""
-        if not (self.enabled and self.progress):
+        if not (self.enabled and self._bar is not None):
+            if self._plain:
+                print(f"{label}: {total} batches", flush=True)
             return nullcontext(None)
         return tqdm(total=total, desc=label, unit="batch", leave=False, dynamic_ncols=True)
 
@@ -110,6 +119,40 @@ class MetricsLogger:
             self._writer.close()
         if self._bar is not None:
             self._bar.close()
+
+
+def interactive() -> bool:
+    """Whether the console is a terminal (stdout and stderr): a live bar there, plain lines otherwise."""
+    return sys.stdout.isatty() and sys.stderr.isatty()
+
+
+def _number(value, spec: str) -> str:
+    return "nan" if value is None else format(value, spec)
+
+
+def train_line(record: dict, total_steps: int) -> str:
+    """One log interval as a plain line: 'step 200/300  loss 1.2345  lr 1.2e-03  4,321 tokens/s  12.3 ms/step'."""
+    return (
+        f"step {record['step']}/{total_steps}  loss {_number(record.get('loss'), '.4f')}  "
+        f"lr {_number(record.get('lr'), '.2e')}  {_number(record.get('tokens_per_s'), ',.0f')} tokens/s  "
+        f"{_number(record.get('step_ms'), '.1f')} ms/step"
+    )
+
+
+def eval_line(record: dict) -> str:
+    """One evaluation as a line: 'eval step 100: valid_loss 0.7012  ...', then, for PoPE with a learned delta, how
+    many delta entries lie outside [-2pi, 0] (the record's delta_below / delta_above; pope.eval.delta_state: under
+    delta_range=clamp they no longer learn)."""
+    hidden = ("step", "kind", "delta_below", "delta_above")  # token counts stay in metrics.jsonl
+    shown = {k: v for k, v in record.items() if k not in hidden and not k.endswith("_tokens")}
+    parts = [f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in shown.items()]
+    line = f"eval step {record.get('step')}: " + "  ".join(parts)
+    if "delta_below" in record:
+        line += (
+            f"  | PoPE delta entries outside [-2pi, 0]: {record['delta_below']} below, {record['delta_above']} above "
+            "(`pope analyze delta`)"
+        )
+    return line
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -28,6 +29,7 @@ from pope.encodings import parse_pe_spec
 from pope.model import GPTConfig
 from pope.parsing import check_fields, field_types, from_dict, parse_assignments
 from pope.presets import Recipe, get_preset, with_recipe
+from pope.train.schedule import fit_warmup
 
 SECTIONS = ("model", "recipe", "train")
 EVAL_SPLITS = ("valid", "test")
@@ -80,7 +82,10 @@ class TrainOptions:
     """Stop (after checkpointing) once this invocation has trained this long; resume with --resume.
     For machines that allow only bounded jobs."""
     tensorboard: bool = True
+    """Write TensorBoard events under RUN/tensorboard."""
     progress: bool = True
+    """Show training progress: a live bar where stdout and stderr are terminals, else one plain line per log interval;
+    false: the evaluation lines only."""
 
     def __post_init__(self):
         check_fields(self)
@@ -143,12 +148,16 @@ class RunConfig:
                 f"give a step in 1..{self.recipe.max_steps} (or none to finish the schedule)"
             )
 
-    def to_dict(self) -> dict:
+    def to_dict(self, *, complete: bool = False) -> dict:
+        """config.json's content: every setting except the WRITTEN_WHEN_SET keys at their default, or, ``complete``,
+        every setting (what ``pope train --print-config`` prints)."""
+
         def recorded(section: str, values: dict) -> dict:
             return {
                 key: value
                 for key, value in values.items()
-                if not (f"{section}.{key}" in WRITTEN_WHEN_SET and value == WRITTEN_WHEN_SET[f"{section}.{key}"])
+                if complete
+                or not (f"{section}.{key}" in WRITTEN_WHEN_SET and value == WRITTEN_WHEN_SET[f"{section}.{key}"])
             }
 
         data = {
@@ -278,7 +287,14 @@ def resolve_run_config(
     preset = get_preset(preset_name)  # unknown -> ValueError listing valid presets
     parse_pe_spec(pe)  # unknown -> ValueError listing valid encodings
     changes = parse_overrides(overrides)
-    preset = with_recipe(preset, **changes["recipe"])
+    recipe = changes["recipe"]
+    if "max_steps" in recipe and "warmup_steps" not in recipe:  # a shorter run keeps the preset's warmup share
+        base = preset.recipe
+        what = f"recipe.max_steps={recipe['max_steps']}"
+        recipe["warmup_steps"], notice = fit_warmup(base.warmup_steps, recipe["max_steps"], base.max_steps, what=what)
+        if notice:
+            print(f"pope train: notice: {notice} (recipe.warmup_steps)", file=sys.stderr)
+    preset = with_recipe(preset, **recipe)
     model_fields = {**preset.model, **changes["model"]}
     if "vocab_size" not in model_fields:
         if vocab_size is None and preset.recipe.dataset.partition(":")[0] == "indirect-indexing":

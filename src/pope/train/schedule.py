@@ -63,3 +63,18 @@ class WarmupDecaySchedule:
             "total_steps": self.total_steps,
             "decay": self.decay,
         }
+
+
+def fit_warmup(warmup_steps: int, max_steps: int, schedule_steps: int, *, what: str) -> tuple[int, str | None]:
+    """The warmup for a run of ``max_steps`` steps whose recipe warms up for ``warmup_steps`` of ``schedule_steps``:
+    unchanged when it fits, else the same fraction of the run (at least 1 step), with the notice to print (None when
+    unchanged). ``what`` names the shortened setting in the notice, e.g. "recipe.max_steps=2". One rule for
+    ``pope train --set recipe.max_steps=N`` and ``pope finetune --steps N``."""
+    if warmup_steps <= max_steps:
+        return warmup_steps, None
+    scaled = min(max_steps, max(1, round(warmup_steps * max_steps / max(schedule_steps, 1))))
+    notice = (
+        f"{what} is shorter than the warmup ({warmup_steps} of {schedule_steps} steps): warmup scaled to "
+        f"{scaled} step{'s' if scaled != 1 else ''}, the same fraction of the run; set the warmup to choose another"
+    )
+    return scaled, notice

@@ -37,6 +37,7 @@ from pope.checkpoint import checkpoint_step
 from pope.data.prepared import resolve_dataset
 from pope.data.vocabulary import check_token_range
 from pope.encodings import delta_outside_counts
+from pope.encodings.registry import parse_pe_spec, resolved_options
 from pope.files import keep_aside, write_text_atomic
 from pope.model import GPT
 from pope.provenance import cuda_mps_active, device_name, git_commit, library_versions, portable_argv
@@ -362,6 +363,8 @@ class Trainer:
 
     def _train(self, total: int, stop: int) -> dict:
         self._archive_finished_summary()
+        if self.is_main:
+            print(self.start_banner(), flush=True)
         self._write_records()
         logger = MetricsLogger(
             self.run_dir,
@@ -432,6 +435,30 @@ class Trainer:
             if reason != "finished":
                 print(f"stopped at step {self.step}; continue with: {self.resume_hint()}", file=sys.stderr, flush=True)
         return summary
+
+    def start_banner(self) -> str:
+        """What is about to run, in a few lines: the preset, the encoding with every option resolved (and what the
+        preset added to --pe), the model and its parameter count, the schedule, the device, the run directory."""
+        config, model, recipe = self.config, self.model_config, self.recipe
+        options = resolved_options(model.pe, head_dim=model.head_dim)
+        given = parse_pe_spec(config.pe)[1] if config.pe != model.pe else {}
+        added = {key: value for key, value in parse_pe_spec(model.pe)[1].items() if key not in given}
+        origin = f" (--pe {config.pe} with the preset's {_options_text(added)})" if config.pe != model.pe else ""
+        state = f"resuming at step {self.step}" if self.step else "new run"
+        autocast = "bf16 autocast" if self.autocast_dtype is not None else "fp32"
+        return "\n".join(
+            [
+                f"pope train: preset {config.preset}, seed {config.seed}, {self.run_dir} ({state})",
+                f"  encoding  {model.pe}{origin}: {_options_text(options)}",
+                f"  model     {model.n_layer} layers, d_model {model.d_model}, {model.n_head} heads, "
+                f"{self.model.num_params() / 1e6:.2f}M parameters",
+                f"  schedule  {recipe.max_steps} steps (warmup {recipe.warmup_steps}, {recipe.lr_decay} lr "
+                f"{recipe.lr:g} -> {recipe.min_lr:g}), batch {recipe.batch_size} x {self.data.seq_len} tokens, "
+                f"evaluated every {recipe.eval_interval} steps",
+                f"  device    {device_name(self.device)}, {autocast}, compile "
+                f"{'on' if self.compile else 'off'}, world size {self.context.world_size}",
+            ]
+        )
 
     def resume_hint(self) -> str:
         return resume_command(fallback=f"pope train --resume {self.run_dir}")
@@ -564,6 +591,10 @@ def _summary_seconds(run_dir: Path, step: int) -> float:
         return float(summary["seconds"]) if summary.get("step") == step else 0.0
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return 0.0
+
+
+def _options_text(options: dict) -> str:
+    return ", ".join(f"{key}={value}" for key, value in options.items()) or "no options"
 
 
 def _check_vocabulary(data, config: RunConfig) -> None:
