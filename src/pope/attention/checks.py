@@ -215,10 +215,16 @@ def check_options(q, delta, *, hq, d, base, causal, softmax_scale, magnitude, ro
             raise ValueError(f"delta is on {delta.device} but q is on {q.device}")
     if not is_real(base):
         raise TypeError(f"base must be a number; got {base!r}")
-    if not (base > 0 and math.isfinite(base)):
+    if not (base > 0 and _finite(base)):
         raise ValueError(f"base must be a positive finite number; got {base!r}")
     if softmax_scale is not None:
         if not is_real(softmax_scale):
             raise TypeError(f"softmax_scale must be a number or None; got {softmax_scale!r}")
-        if not (softmax_scale > 0 and math.isfinite(softmax_scale)):
+        if not (softmax_scale > 0 and _finite(softmax_scale)):
             raise ValueError(f"softmax_scale must be positive and finite; got {softmax_scale!r}")
+
+
+def _finite(x) -> bool:
+    """math.isfinite written with comparisons only: compiled code may see a float argument as symbolic (dynamo's
+    automatic dynamic shapes), and torch.compile breaks the graph on math.isfinite of a symbolic float."""
+    return x == x and x != math.inf and x != -math.inf
