@@ -136,3 +136,16 @@ def test_attention_checks_trace_without_a_break():
 
     out = torch.compile(attend, fullgraph=True, backend="eager")(q)
     assert torch.allclose(out, attend(q))
+
+
+@pytest.mark.parametrize("pe", ["rope", "pope:backend=reference", "pope:backend=triton"])
+def test_a_compiled_gpt_called_at_another_length_still_traces_whole(pe, kernels_on_cpu):
+    """The second length makes dynamo retrace with symbolic sizes (automatic dynamic shapes): attention's checks and
+    the reference's causal decision must still trace without a break (fullgraph=True raises on one)."""
+    torch._dynamo.reset()
+    model = small_gpt(pe)
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    for length in (32, 24, 16):
+        idx = torch.randint(0, model.config.vocab_size, (2, length))
+        logits, _ = compiled(idx)
+        torch.testing.assert_close(logits, model(idx)[0])

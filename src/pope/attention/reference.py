@@ -80,8 +80,12 @@ def sdpa(
     nq, nk = q.shape[2], k.shape[2]
     q_offset = default_q_offset(nq, nk) if q_offset is None else q_offset
     n_rep = q.shape[1] // k.shape[1]
-    # SDPA's is_causal is top-left aligned, which is only right when queries and keys coincide.
-    use_fused_causal = causal and attn_bias is None and nq == nk and q_offset == 0
+    # SDPA's is_causal is top-left aligned, which is only right when queries and keys coincide. Decided by an `if`:
+    # with dynamic shapes (a compiled model called at another length) the comparisons are symbolic, the branch makes
+    # torch.compile guard on them, and SDPA gets the plain bool it takes.
+    use_fused_causal = False
+    if causal and attn_bias is None and nq == nk and q_offset == 0:
+        use_fused_causal = True
     rows_seeing_bad_keys = None
     # An additive mask lets a masked key's NaN / inf into the scores; so does SDPA's math kernel under is_causal
     # (CPU, float64, or key and value widths that differ, as PoPE's 2d / d). Its CUDA flash and memory-efficient
