@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from pope.attention import pope_attention
+from pope.data import indirect_indexing
 from pope.frequencies import rope_frequencies
 
 # (batch, Hq, Hkv, N, d): GPT-2's shape, long MHA at d = 64 and 128, a Llama GQA shape. bf16, causal.
@@ -75,7 +76,9 @@ def _gpt_step_ms(preset: str, pe: str, batch: int, *, mode: str, smoke: bool, de
     from pope.presets import get_preset
 
     recipe = get_preset(preset).recipe
-    config = get_preset(preset).model_config(pe=pe)
+    # Presets whose vocabulary comes from the data: indirect indexing's task vocabulary is fixed.
+    vocab = {"vocab_size": indirect_indexing.VOCAB_SIZE} if preset.startswith("indirect-indexing") else {}
+    config = get_preset(preset).model_config(pe=pe, **vocab)
     seq_len = recipe.seq_len
     if smoke:
         config, seq_len, batch = replace(config, n_layer=1, d_model=32, n_head=2, max_seq_len=32), 32, 2
