@@ -64,16 +64,17 @@ def test_readme_performance_table_comes_from_the_latest_gpu_check_run():
     readme = (ROOT / "README.md").read_text()
     assert gpu_check.README_BEGIN in readme and gpu_check.README_END in readme
     section = readme.split(gpu_check.README_BEGIN, 1)[1].split(gpu_check.README_END, 1)[0].strip()
-    expected = gpu_check.readme_table(gpu_check.latest_run(csv_path), gpu_check.read_thresholds())
+    expected = gpu_check.readme_table(gpu_check.latest_rows(csv_path), gpu_check.read_thresholds())
     assert section == expected.strip(), "README's table is stale: run python scripts/gpu_check.py --update-readme"
-    latest = gpu_check.latest_run(csv_path)
-    assert all(row["gpu"].startswith("NVIDIA") for row in latest), "the committed run must come from a GPU"
+    latest = gpu_check.latest_rows(csv_path)
+    assert all(row["gpu"].startswith("NVIDIA") for row in latest), "the committed rows must come from a GPU"
 
 
 def test_update_readme_rewrites_only_the_marked_section(tmp_path):
     rows = [
         dict(run="r1", date_utc="2026-01-01T00:00:00Z", gpu="NVIDIA X", torch="2", triton="3", cuda="13", commit="c1",
-             command="", section="gpt2", check="old", value="0.5", unit="", target="", baseline="", status="NEW"),
+             command="", section="gpt2", check="GPT-2 124M train step 8x1024 [default]: PoPE / RoPE tokens/s",
+             value="0.5", unit="", target="", baseline="", status="NEW"),
         dict(run="r2", date_utc="2026-01-02T00:00:00Z", gpu="NVIDIA X", torch="2", triton="3", cuda="13", commit="c2",
              command="", section="gpt2", check="GPT-2 124M train step 8x1024 [default]: PoPE / RoPE tokens/s",
              value="0.912", unit="", target="", baseline="", status="NEW"),
@@ -88,7 +89,8 @@ def test_update_readme_rewrites_only_the_marked_section(tmp_path):
     gpu_check.update_readme(csv_path, readme)
     text = readme.read_text()
     assert text.startswith("intro\n") and text.endswith("outro\n") and "old table" not in text
-    assert "commit c2" in text and "| 0.91× | ≥ 0.95× |" in text  # the latest run only, with its target
+    assert "| 0.91× | ≥ 0.95× |" in text and "0.50×" not in text  # the check's latest row, with its target
+    assert "NVIDIA X (torch 2, triton 3)" in text and "benchmarks/results/gpu_check.csv" in text
 
 
 @pytest.mark.slow
