@@ -52,7 +52,8 @@ import sys
 import time
 from pathlib import Path
 
-from pope.train.sweep import parse_seeds, run_finished
+from pope.train.sweep import run_finished
+from pope.train.sweep_settings import parse_seeds
 
 STAGES = ("indirect", "jsb", "maestro", "genome", "text", "text-ablations")
 PRESETS = {

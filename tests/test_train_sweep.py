@@ -15,7 +15,8 @@ import torch
 from pope.checkpoint import load_checkpoint
 from pope.cli import main
 from pope.data import indirect_indexing as task
-from pope.train.sweep import Sweep, parse_seeds, report_lines, resolved_config, run_finished
+from pope.train.sweep import Sweep, report_lines, resolved_config, run_finished
+from pope.train.sweep_settings import parse_seeds
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 

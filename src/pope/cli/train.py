@@ -176,7 +176,7 @@ def _resolve_resume_target(args: argparse.Namespace) -> None:
             )
         sweep_record = Path(args.out).expanduser() / "sweep.json"
         if sweep_record.is_file() and not (Path(args.out).expanduser() / "config.json").exists():
-            from pope.train.sweep import merge_overrides, recorded_sweep
+            from pope.train.sweep_settings import merge_overrides, recorded_sweep
 
             args.preset, args.pe, recorded_sets, recorded_seeds = recorded_sweep(sweep_record)
             args.overrides = merge_overrides(recorded_sets, args.overrides)

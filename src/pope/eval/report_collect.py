@@ -27,7 +27,7 @@ from pope.eval.report_records import (
     run_metric,
     shift_tables,
 )
-from pope.train.sweep import EXECUTION_KEYS
+from pope.train.sweep_settings import EXECUTION_KEYS
 
 
 def _records(run_dir: Path) -> list[dict]:

@@ -36,7 +36,7 @@ from pathlib import Path
 from pope.data.indirect_indexing import is_task_spec
 from pope.encodings import parse_pe_spec
 from pope.presets import PRESETS
-from pope.train.sweep import setting_of
+from pope.train.sweep_settings import setting_of
 
 METRIC_RULES = {"test_nll": "min over evaluations", "test_accuracy": "last evaluation", "valid_ppl": "last evaluation"}
 """How each paper metric's headline value is taken from a run's evaluations (module docstring)."""

@@ -4,9 +4,9 @@ that `pope report` counts them as one setting.
 
 `merge_sweep(source, destination)` checks everything before it changes anything: both are sweep directories
 (sweep.json), of the same preset and encoding, and every source seed's config equals the destination's setting
-apart from the seed and execution keys (pope.train.sweep.setting_of). A seed present in both is refused, unless the
-destination's copy is unfinished and `replace_unfinished` is given (a seed stopped in one job and rerun whole in
-another), and refused when the source's copy is itself unfinished and got less far; so is a seed whose log the
+apart from the seed and execution keys (pope.train.sweep_settings.setting_of). A seed present in both is refused,
+unless the destination's copy is unfinished and `replace_unfinished` is given (a seed stopped in one job and rerun
+whole in another), and refused when the source's copy is itself unfinished and got less far; so is a seed whose log the
 destination already holds. A seed the source records as running but that is not finished (its directory was
 archived while it ran, and its machine or process went away) is merged as "unfinished" at its last logged step.
 Then each source seed's directory is copied in whole before it replaces anything, with its log, and the source's
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from pope.files import write_json_atomic
 from pope.train.seed_runs import last_step, run_finished
-from pope.train.sweep import setting_of
+from pope.train.sweep_settings import setting_of
 
 
 def _sweep_record(directory: Path, role: str) -> dict:

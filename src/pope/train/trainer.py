@@ -12,6 +12,7 @@
     evaluate.py       loss and accuracy over a split
     metrics.py        metrics.jsonl, TensorBoard, progress bar, best-checkpoint bookkeeping
     stopping.py       SIGINT/SIGTERM, stop_at_step and max_seconds end with a checkpoint and a resume line
+    run_records.py    config.json, env.json, the start banner, summaries of finished and extended runs, write failures
 
 Evaluation every ``recipe.eval_interval`` steps and at the end on ``train.eval_splits``;
 ``checkpoints/best`` follows ``train.best_metric``; the summary reports the test metrics at the best
@@ -24,7 +25,6 @@ import errno
 import json
 import math
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -33,14 +33,12 @@ import numpy as np
 import torch
 
 from pope import checkpoint as ckpt
-from pope.checkpoint import checkpoint_step
 from pope.data.prepared import resolve_dataset
 from pope.data.vocabulary import check_token_range
 from pope.encodings import delta_outside_counts
-from pope.encodings.registry import parse_pe_spec, resolved_options
-from pope.files import keep_aside, write_text_atomic
+from pope.files import write_text_atomic
 from pope.model import GPT
-from pope.provenance import cuda_mps_active, device_name, git_commit, library_versions, portable_argv
+from pope.train import run_records
 from pope.train.batches import ExampleBatches, Shard
 from pope.train.distributed import all_reduce_sum, on_main_then_everywhere, setup_distributed, teardown_distributed
 from pope.train.evaluate import evaluate_split, evaluation_batch_count
@@ -231,7 +229,7 @@ class Trainer:
         self.best = BestTracker(self._best_metric(), state.get("best", {}))
         self.seconds_before = float(state.get("seconds") or 0.0)
         if "seconds" not in state:  # a checkpoint written before they kept it: the run's summary at that step has it
-            self.seconds_before = _summary_seconds(self.run_dir, self.step)
+            self.seconds_before = run_records.summary_seconds(self.run_dir, self.step)
         self.last_metrics = dict(state.get("metrics") or {})  # the last evaluation, until this run evaluates again
         # an extended run (a larger recipe.max_steps) keeps the schedule it was trained with (pope.train.schedule)
         horizon = (state.get("schedule") or {}).get("total_steps", self.recipe.max_steps)
@@ -309,41 +307,6 @@ class Trainer:
             trainer_state=state,
         )
 
-    def _write_records(self) -> None:
-        """config.json and env.json (env.resume-STEP.json on resume), each written atomically; a config.json a crash
-        tore is kept as config.json.damaged (resume_checkpoint read the checkpoint's copy instead)."""
-        if not self.is_main:
-            return
-        config_path = self.run_dir / "config.json"
-        if config_path.is_file():
-            try:
-                json.loads(config_path.read_text())
-            except (ValueError, UnicodeDecodeError):
-                keep_aside(config_path)
-        write_text_atomic(config_path, json.dumps(self.config.to_dict(), indent=2, sort_keys=True) + "\n")
-        env = {
-            "versions": library_versions(),
-            "git": git_commit(),
-            "device": str(self.device),
-            "device_name": device_name(self.device),
-            "world_size": self.context.world_size,
-            "host": platform.node(),
-            "command": portable_argv(),
-            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "resumed_from_step": self.step,
-            "resumed_from_world_size": self.resumed_from_world_size,
-            "compile": self.compile,
-            "cuda_graph": self.use_graph,
-            "cuda_mps": cuda_mps_active(),
-            "autocast": str(self.autocast_dtype),
-            "fp32_matmul_precision": torch.get_float32_matmul_precision(),
-            "model_params": self.model.num_params(),
-        }
-        if self.extended_from is not None:
-            env["extended"] = {"schedule_steps": self.extended_from, "max_steps": self.recipe.max_steps}
-        name = "env.json" if self.step == 0 else f"env.resume-{self.step}.json"
-        write_text_atomic(self.run_dir / name, json.dumps(env, indent=2) + "\n")
-
     # ------------------------------------------------------------------------------------------- loop
     def train(self) -> dict:
         """Run (or continue) the schedule; returns the summary also written to RUN/summary.json. A stop
@@ -352,20 +315,20 @@ class Trainer:
         total = self.recipe.max_steps
         stop = min(total, self.options.stop_at_step or total)
         if self.resume_from is not None and self.step >= stop:
-            return self._nothing_to_train(stop)
+            return run_records.nothing_to_train(self, stop)
         self._started = time.perf_counter()
         try:
             return self._train(total, stop)
         except OSError as err:
             if err.errno not in WRITE_FAILURES:
                 raise
-            raise self._write_failure(err) from err
+            raise run_records.write_failure(self, err) from err
 
     def _train(self, total: int, stop: int) -> dict:
-        self._archive_finished_summary()
+        run_records.archive_finished_summary(self)
         if self.is_main:
-            print(self.start_banner(), flush=True)
-        self._write_records()
+            print(run_records.start_banner(self), flush=True)
+        run_records.write_records(self)
         logger = MetricsLogger(
             self.run_dir,
             enabled=self.is_main,
@@ -429,36 +392,12 @@ class Trainer:
                     self.save("last", metrics)
             finally:
                 logger.close()
-        summary = self._summary(metrics, self._seconds(), reason)
+        summary = self.summary(metrics, self._seconds(), reason)
         if self.is_main:
             write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
             if reason != "finished":
                 print(f"stopped at step {self.step}; continue with: {self.resume_hint()}", file=sys.stderr, flush=True)
         return summary
-
-    def start_banner(self) -> str:
-        """What is about to run, in a few lines: the preset, the encoding with every option resolved (and what the
-        preset added to --pe), the model and its parameter count, the schedule, the device, the run directory."""
-        config, model, recipe = self.config, self.model_config, self.recipe
-        options = resolved_options(model.pe, head_dim=model.head_dim)
-        given = parse_pe_spec(config.pe)[1] if config.pe != model.pe else {}
-        added = {key: value for key, value in parse_pe_spec(model.pe)[1].items() if key not in given}
-        origin = f" (--pe {config.pe} with the preset's {_options_text(added)})" if config.pe != model.pe else ""
-        state = f"resuming at step {self.step}" if self.step else "new run"
-        autocast = "bf16 autocast" if self.autocast_dtype is not None else "fp32"
-        return "\n".join(
-            [
-                f"pope train: preset {config.preset}, seed {config.seed}, {self.run_dir} ({state})",
-                f"  encoding  {model.pe}{origin}: {_options_text(options)}",
-                f"  model     {model.n_layer} layers, d_model {model.d_model}, {model.n_head} heads, "
-                f"{self.model.num_params() / 1e6:.2f}M parameters",
-                f"  schedule  {recipe.max_steps} steps (warmup {recipe.warmup_steps}, {recipe.lr_decay} lr "
-                f"{recipe.lr:g} -> {recipe.min_lr:g}), batch {recipe.batch_size} x {self.data.seq_len} tokens, "
-                f"evaluated every {recipe.eval_interval} steps",
-                f"  device    {device_name(self.device)}, {autocast}, compile "
-                f"{'on' if self.compile else 'off'}, world size {self.context.world_size}",
-            ]
-        )
 
     def resume_hint(self) -> str:
         return resume_command(fallback=f"pope train --resume {self.run_dir}")
@@ -467,97 +406,6 @@ class Trainer:
         """Wall time of training: the invocations up to the checkpoint resumed from, plus this one so far."""
         started = getattr(self, "_started", None)
         return self.seconds_before + (time.perf_counter() - started if started is not None else 0.0)
-
-    def _nothing_to_train(self, stop: int) -> dict:
-        """--resume of a run whose checkpoint is at recipe.max_steps (finished) or at or past train.stop_at_step:
-        nothing is trained or written, except a summary.json that is missing or torn, which is rebuilt from the
-        checkpoint (a torn one kept aside). Returns the run's summary."""
-        finished = self.step >= self.recipe.max_steps
-        reason = "finished" if finished else "stop_at_step"
-        path = self.run_dir / "summary.json"
-        summary = None
-        if path.is_file():
-            try:
-                summary = json.loads(path.read_text())
-            except (ValueError, UnicodeDecodeError):
-                summary = "damaged"
-        usable = (
-            isinstance(summary, dict)
-            and summary.get("step") == self.step
-            and bool(summary.get("finished")) == (finished)
-        )
-        if not usable:
-            rebuilt = self._summary(self.last_metrics, self.seconds_before or None, reason)
-            if self.is_main:
-                if summary == "damaged":
-                    kept = keep_aside(path)
-                    print(f"notice: {path} was torn (not valid JSON); kept as {kept.name}", file=sys.stderr)
-                write_text_atomic(path, json.dumps(rebuilt, indent=2) + "\n")
-                print(f"notice: rebuilt {path} from checkpoints/last (step {self.step})", file=sys.stderr)
-            summary = rebuilt
-        if self.is_main and finished:
-            print(
-                f"{self.run_dir} is finished (step {self.step} of recipe.max_steps {self.recipe.max_steps}); nothing "
-                f"to train and nothing changed. To train it further, extend it: pope train --resume {self.run_dir} "
-                f"--set recipe.max_steps=N with N > {self.recipe.max_steps} (the added steps run at min_lr, where "
-                "its schedule ended)",
-                file=sys.stderr,
-                flush=True,
-            )
-        elif self.is_main:
-            print(
-                f"{self.run_dir} is at step {self.step}, and train.stop_at_step {stop} is not after it: nothing to "
-                f"train and nothing changed. To continue, leave train.stop_at_step out (pope train --resume "
-                f"{self.run_dir}) or give a step after {self.step}",
-                file=sys.stderr,
-                flush=True,
-            )
-        return summary
-
-    def _archive_finished_summary(self) -> None:
-        """Extending a finished run: its summary.json (the whole-split evaluation at its end, its wall time) is kept
-        as summary.step-N.json; summary.json returns when this invocation ends. A summary.json a crash tore is kept
-        as summary.json.damaged (with a notice) whatever the run."""
-        path = self.run_dir / "summary.json"
-        if not (self.is_main and self.resume_from is not None and path.is_file()):
-            return
-        try:
-            previous = json.loads(path.read_text())
-        except (ValueError, UnicodeDecodeError):
-            kept = keep_aside(path)
-            print(f"notice: {path} was torn (not valid JSON); kept as {kept.name}", file=sys.stderr)
-            return
-        if (
-            self.extended_from is not None
-            and isinstance(previous, dict)
-            and previous.get("finished")
-            and isinstance(previous.get("step"), int)
-        ):
-            kept = path.with_name(f"summary.step-{previous['step']}.json")
-            os.replace(path, kept)
-            print(
-                f"notice: extending {self.run_dir}: its summary at step {previous['step']} is kept as {kept.name}",
-                file=sys.stderr,
-            )
-
-    def _write_failure(self, err: OSError) -> OSError:
-        """A write of the run's records that failed mid-run (a full disk, a read-only or vanished directory): one
-        error naming the file, the cause and how to continue from the last checkpoint, which is intact."""
-        step = checkpoint_step(self.run_dir / "checkpoints" / "last")
-        if step is not None:
-            then = (
-                f"checkpoints/last (step {step}) is intact: free space or make the directory writable, then "
-                f"continue with: pope train --resume {self.run_dir}"
-            )
-        else:
-            then = (
-                "no checkpoint was written yet: free space or make the directory writable, then start the run "
-                "again with another --out"
-            )
-        what = f"{err.filename}: " if err.filename else ""
-        return type(err)(
-            err.errno, f"{what}{err.strerror or err}; training {self.run_dir} stopped at step {self.step}; {then}"
-        )
 
     def _out_of_time(self, started: float) -> bool:
         """Every rank stops at the same step: rank 0 decides (a broadcast every 100 steps)."""
@@ -568,7 +416,8 @@ class Trainer:
             torch.distributed.broadcast(decision, src=0)
         return bool(decision.item())
 
-    def _summary(self, final_metrics: dict, seconds: float, reason: str) -> dict:
+    def summary(self, final_metrics: dict, seconds: float, reason: str) -> dict:
+        """summary.json's record of this run at its current step."""
         return {
             "step": self.step,
             "finished": self.step >= self.recipe.max_steps,
@@ -582,19 +431,6 @@ class Trainer:
         """Release the run directory and the process group."""
         self.lock.release()
         teardown_distributed()
-
-
-def _summary_seconds(run_dir: Path, step: int) -> float:
-    """The wall time summary.json records for ``step`` (0.0 when it records another step or cannot be read)."""
-    try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-        return float(summary["seconds"]) if summary.get("step") == step else 0.0
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return 0.0
-
-
-def _options_text(options: dict) -> str:
-    return ", ".join(f"{key}={value}" for key, value in options.items()) or "no options"
 
 
 def _check_vocabulary(data, config: RunConfig) -> None:
