@@ -18,6 +18,10 @@ GQA shapes of Llama models written B x Hq x Hkv x N x d: (2,32,8,4096,128), (1,3
     pope-pytorch       PoPE_pytorch 0.2.1's fused Triton kernel (flash_attn, its (B, N, H, d) layout;
                        autotuning off unless --pope-pytorch-autotune, to keep the run short)
     pope triton        this project's kernels via pope_attention(backend="triton")
+    pope cudnn         pope_attention(backend="cudnn"): the Triton pre-pass, cuDNN's fused attention on q', k' (through
+                       SDPA, d_qk = 2d, d_v = d) and the Triton pass from dq', dk' back to dq, dk, d(delta)
+    cudnn on q'k'      cuDNN's fused attention alone on q', k' made beforehand (leaves): the library kernel's own time
+                       on PoPE's math, the bar a fused PoPE kernel is held to (no pre- or post-pass)
 Per provider: forward and forward+backward median time (triton.testing.do_bench), peak memory allocated
 above the inputs during forward+backward, and TFLOP/s with the provider's own attention FLOPs: PoPE
 forward 6*B*H*N^2*d (the QK product has 2d channels), standard 4*B*H*N^2*d, halved when causal;
@@ -83,6 +87,8 @@ PROVIDERS = [
     "pope materialized",
     "pope-pytorch",
     "pope triton",
+    "pope cudnn",
+    "cudnn on q'k'",
 ]
 # Providers of earlier runs whose code is gone: the atomic backward (deterministic=False, issue 22), slower than the
 # default at every shape on an H200 and removed (docs/kernels.md, "The atomic backward that lost"). Their rows in
@@ -196,6 +202,31 @@ def make_provider(name, q, k, v, delta, *, autotune_pope_pytorch=False):
         from pope.attention import pope_attention
 
         return lambda: pope_attention(q, k, v, delta, base=BASE, causal=True, backend="triton")
+    if name == "pope cudnn":
+        from pope.attention import pope_attention
+
+        return lambda: pope_attention(q, k, v, delta, base=BASE, causal=True, backend="cudnn")
+    if name == "cudnn on q'k'":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        from pope import kernels
+        from pope.frequencies import pope_turn_words
+
+        theta = pope_turn_words(head_dim, BASE, device=q.device)
+        with torch.no_grad():
+            q_wide, k_wide = kernels.transform_queries_and_keys(
+                q, k, theta, delta.detach(), q_offset=0, magnitude="softplus"
+            )
+        q_wide, k_wide = q_wide.requires_grad_(), k_wide.requires_grad_()
+
+        def library_kernel():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return F.scaled_dot_product_attention(
+                    q_wide, k_wide, v, is_causal=True, scale=head_dim**-0.5, enable_gqa=gqa
+                )
+
+        library_kernel.leaves = [q_wide, k_wide, v]
+        return library_kernel
     raise ValueError(f"unknown provider {name!r}; choose from {PROVIDERS}")
 
 
@@ -251,7 +282,7 @@ def bench_provider(name, shape, *, autotune_pope_pytorch=False, cuda_graph=False
     else:
         fwd_ms = do_bench(provider, warmup=25, rep=100, return_mode="median")
         fwd_bwd_ms = do_bench(forward_backward, warmup=25, rep=100, grad_to_none=leaves, return_mode="median")
-    pope = name.startswith("pope")
+    pope = name.startswith("pope") or name.endswith("on q'k'")  # 2d-channel scores
     flops_fwd, flops_fwd_bwd = attention_flops(batch, heads, seq, head_dim, pope=pope)
     return {
         "shape": "x".join(map(str, shape)),

@@ -24,6 +24,11 @@ BATCHED = [
     ((2, 8, 2, 777, 1999, 64, None), ("bf16",)),
     ((2, 8, 2, 1000, 1000, 64, 10**6), ("bf16", "fp32")),
 ]
+LIBRARY_BATCHED = [
+    ((8, 12, 12, 1024, 1024, 64, None), ("bf16", "fp16")),
+    ((2, 32, 8, 1024, 1024, 128, None), ("bf16", "fp16")),
+    ((2, 8, 2, 777, 777, 80, None), ("bf16",)),
+]
 DECODE = [((4, 32, 8, 1, 8192, 128, None), ("bf16", "fp16", "fp32")), ((8, 12, 12, 1, 3001, 64, 10**7), ("bf16",))]
 VARLEN = [(([0, 1, 7, 300, 1000, 2047, 130], [5, 1, 900, 300, 1000, 2047, 130], 8, 2, 64), ("bf16", "fp16", "fp32"))]
 SMOKE_BATCHED = [((1, 2, 1, 17, 33, 32, None), ("bf16",))]
@@ -69,7 +74,7 @@ def worst_ratio(ours: list, theirs: list, exact: list, dtype: torch.dtype) -> fl
     return worst
 
 
-def batched_row(shape, dtype_name: str, device: str, *, decode: bool) -> float:
+def batched_row(shape, dtype_name: str, device: str, *, decode: bool, backend: str = "triton") -> float:
     batch, hq, hkv, nq, nk, d, q_offset = shape
     q, k, v, delta, grad_out = attention_inputs(batch, hq, hkv, nq, nk, d, device=device, generator=_generator(device))
     options = dict(causal=True, q_offset=q_offset)
@@ -91,7 +96,7 @@ def batched_row(shape, dtype_name: str, device: str, *, decode: bool) -> float:
     reference = outputs_and_gradients(
         pope_attention, q, k, v, delta, grad_out, dtype, {**options, "backend": "reference"}
     )
-    ours = outputs_and_gradients(pope_attention, q, k, v, delta, grad_out, dtype, {**options, "backend": "triton"})
+    ours = outputs_and_gradients(pope_attention, q, k, v, delta, grad_out, dtype, {**options, "backend": backend})
     return worst_ratio(ours, reference, exact, dtype)
 
 
@@ -170,6 +175,11 @@ def rows(*, bench_ms, smoke: bool, device: str):
     for shape, dtypes in SMOKE_BATCHED if smoke else BATCHED:
         for name in dtypes:
             yield f"kernels fwd+bwd {_label(shape)} {name}", batched_row(shape, name, device, decode=False), unit
+    if device == "cuda":  # backend "cudnn": the pre-pass and its gradient around cuDNN's fused attention
+        for shape, dtypes in LIBRARY_BATCHED:
+            for name in dtypes:
+                yield f"cudnn fwd+bwd {_label(shape)} {name}", batched_row(shape, name, device, decode=False,
+                                                                           backend="cudnn"), unit  # fmt: skip
     for shape, dtypes in SMOKE_DECODE if smoke else DECODE:
         for name in dtypes:
             yield f"kernels decode {_label(shape)} {name}", batched_row(shape, name, device, decode=True), unit

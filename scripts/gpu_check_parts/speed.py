@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from pope.attention import pope_attention
 from pope.data import indirect_indexing
 from pope.frequencies import rope_frequencies
+from pope.ops import cudnn_unsupported_reason
 
 # (batch, Hq, Hkv, N, d): GPT-2's shape, long MHA at d = 64 and 128, a Llama GQA shape. bf16, causal.
 ATTENTION_SHAPES = [(8, 12, 12, 1024, 64), (4, 16, 16, 4096, 64), (4, 16, 16, 4096, 128), (2, 32, 8, 4096, 128)]
@@ -34,7 +35,8 @@ _compiled_rope = torch.compile(_rope)
 
 
 def _attention_times(batch: int, hq: int, hkv: int, n: int, d: int, *, bench_ms, smoke: bool, device: str) -> dict:
-    """{provider: (forward ms, forward+backward ms)} for SDPA without PE, compiled RoPE + SDPA and PoPE's kernels."""
+    """{provider: (forward ms, forward+backward ms)} for SDPA without PE, compiled RoPE + SDPA and PoPE: backend
+    "auto" (what a user gets), and each backend it chooses from ("cudnn" where it can run)."""
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     g = torch.Generator(device=device).manual_seed(0)
     q = torch.randn(batch, hq, n, d, device=device, dtype=dtype, generator=g, requires_grad=True)
@@ -49,8 +51,11 @@ def _attention_times(batch: int, hq: int, hkv: int, n: int, d: int, *, bench_ms,
         "rope": lambda: F.scaled_dot_product_attention(
             _compiled_rope(q, cos, sin), _compiled_rope(k, cos, sin), v, is_causal=True, enable_gqa=gqa
         ),
-        "pope": lambda: pope_attention(q, k, v, delta, causal=True, backend="triton"),
+        "pope": lambda: pope_attention(q, k, v, delta, causal=True, backend="auto"),
+        "pope triton": lambda: pope_attention(q, k, v, delta, causal=True, backend="triton"),
     }
+    if device == "cuda" and cudnn_unsupported_reason(q, k, v, causal=True, q_offset=0) is None:
+        providers["pope cudnn"] = lambda: pope_attention(q, k, v, delta, causal=True, backend="cudnn")
     times = {}
     for name, fn in providers.items():
         with torch.no_grad():
@@ -68,6 +73,13 @@ def attention_rows(*, bench_ms, smoke: bool, device: str):
         yield f"attention fwd {label}: PoPE / SDPA", pope_fwd / sdpa_fwd, "time ratio"
         yield f"attention fwd+bwd {label}: PoPE / SDPA", pope_both / sdpa_both, "time ratio"
         yield f"attention fwd+bwd {label}: PoPE / compiled RoPE+SDPA", pope_both / rope_both, "time ratio"
+        # Each backend on its own, so that "auto" choosing one cannot hide the other's regression.
+        for backend in ("triton", "cudnn"):
+            if f"pope {backend}" in times:
+                fwd, both = times[f"pope {backend}"]
+                print(f"   {label}: PoPE {backend} fwd {fwd:.3f} ms, fwd+bwd {both:.3f} ms", flush=True)
+                yield f"attention fwd {label}: PoPE {backend} / SDPA", fwd / sdpa_fwd, "time ratio"
+                yield f"attention fwd+bwd {label}: PoPE {backend} / SDPA", both / sdpa_both, "time ratio"
 
 
 def _gpt_step_ms(preset: str, pe: str, batch: int, *, mode: str, smoke: bool, device: str) -> float:

@@ -3,9 +3,14 @@
 Backends:
   "reference"  pure PyTorch: materialise the 2d-channel q'/k' (fp32 trigonometry, then the input dtype)
                and call scaled_dot_product_attention. Clear, differentiable, any device.
-  "triton"     the fused Triton kernels (pope.ops / pope.kernels), CUDA only.
-  "auto"       "triton" when the inputs are on CUDA, Triton is importable and the kernels can run the
-               call; "reference" otherwise.
+  "triton"     the fused Triton kernels (pope.ops / pope.kernels), CUDA only; deterministic.
+  "cudnn"      the Triton pre-pass makes q', k', cuDNN's fused attention (through SDPA, d_qk = 2d, d_v = d) runs
+               on them, and a Triton pass takes dq', dk' back to dq, dk, d(delta). CUDA, compute capability 9.0+,
+               fp16/bf16, batched calls with queries and keys at the same positions (training); whether its
+               backward is deterministic is cuDNN's (docs/kernels.md).
+  "auto"       "cudnn" where it measured faster (pope.ops.CUDNN_PREFERRED) and can run the call, else "triton"
+               when the inputs are on CUDA, Triton is importable and the kernels can run the call; else
+               "reference".
 
 Score between the query at position t and the key at position s (r = rotary_dim, f = magnitude):
     softmax_scale * ( sum_{c<r} f(q_c) f(k_c) cos((s - t) theta_c + delta_c) + sum_{c>=r} q_c k_c )

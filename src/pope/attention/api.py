@@ -79,6 +79,13 @@ def pope_attention(
 def _run_backend(q, k, v, delta, backend: str, dropout_p: float, options: dict) -> torch.Tensor:
     """The checked call on the backend it asks for: the kernels where they can run it ("triton" raises saying why
     they cannot), else the reference. options: base, causal, softmax_scale, q_offset, magnitude, rotary_dim."""
+    if backend == "cudnn" or (backend == "auto" and _auto_prefers_cudnn(q, k)):
+        reason = _cudnn_unsupported_reason(q, k, v, options, dropout_p)
+        if reason is None:
+            library_options = {name: value for name, value in options.items() if name != "rotary_dim"}
+            return ops.cudnn_pope_attention(q, k, v, delta, **library_options)
+        if backend == "cudnn":
+            raise ValueError(f"backend='cudnn' cannot run this call: {reason}. Use backend='triton' or 'auto'.")
     if backend != "reference":
         reason = _triton_unsupported_reason(q, k, v, rotary_dim=options["rotary_dim"], dropout_p=dropout_p)
         if reason is None:
@@ -86,6 +93,15 @@ def _run_backend(q, k, v, delta, backend: str, dropout_p: float, options: dict) 
         if backend == "triton":
             raise ValueError(f"backend='triton' cannot run this call: {reason}. Use backend='reference' or 'auto'.")
     return reference_pope_attention(q, k, v, delta, dropout_p=dropout_p, **options)
+
+
+def _auto_prefers_cudnn(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether "auto" tries backend "cudnn" first: on CUDA, where it measured faster than the fused kernels
+    (ops.CUDNN_PREFERRED: head dims and the shortest sequence). A cheap question, asked on every call."""
+    if q.device.type != "cuda":
+        return False
+    min_seq = ops.CUDNN_PREFERRED.get(q.shape[-1])
+    return min_seq is not None and k.shape[2] >= min_seq
 
 
 def pope_attention_varlen(
@@ -148,6 +164,8 @@ def pope_attention_varlen(
         rotary_dim=None,
         backend=backend,
     )
+    if backend == "cudnn":
+        raise ValueError("backend='cudnn' does not take packed (varlen) batches; use backend='triton' or 'auto'")
     for name, cu_seqlens in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         check_cu_seqlens(name, cu_seqlens, q.device)
     if cu_seqlens_q.shape != cu_seqlens_k.shape:
@@ -181,6 +199,16 @@ def pope_attention_varlen(
         if backend == "triton":
             raise ValueError(f"backend='triton' cannot run this call: {reason}. Use backend='reference' or 'auto'.")
     return varlen_reference(q, k, v, delta, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, options)
+
+
+def _cudnn_unsupported_reason(q, k, v, options: dict, dropout_p: float) -> str | None:
+    """Why backend "cudnn" cannot run this call, or None when it can (CUDA only)."""
+    if q.device.type != "cuda":
+        return f"cuDNN's fused attention runs on CUDA tensors only (got device {q.device})"
+    return ops.cudnn_unsupported_reason(
+        q, k, v, causal=options["causal"], q_offset=options["q_offset"], rotary_dim=options["rotary_dim"],
+        dropout_p=dropout_p,
+    )  # fmt: skip
 
 
 def _triton_unsupported_reason(q, k, v, *, rotary_dim, dropout_p) -> str | None:

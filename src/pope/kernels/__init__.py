@@ -16,6 +16,7 @@ each sequence alone (d(delta) up to its summation order).
 Modules, one concern each:
     jit_math       shared device functions (sincos, log1p, magnitudes, phases, block coordinates)
     prepass        x -> x' = [f(x) cos | f(x) sin] (transform, transform_queries_and_keys)
+    prepass_grad   dq', dk' -> dq, dk, d(delta): the pre-pass's gradient, for a library kernel's backward
     fwd            forward kernel + launcher (forward)
     bwd            the backward's launcher (backward) and its epilogue kernel
     bwd_dq         the dq kernel
@@ -44,6 +45,7 @@ _EXPORTS = {
     "decode_tile": "configs",
     "transform": "prepass",
     "transform_queries_and_keys": "prepass",
+    "transform_grad": "prepass_grad",
     "release_phase_tables": "phase_tables",
     "frequencies": "host",
     "Packed": "host",

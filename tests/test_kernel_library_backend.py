@@ -1,0 +1,118 @@
+"""Backend "cudnn": the pre-pass (pope::cartesian) and its gradient pass (pope::cartesian_backward) around a library
+attention kernel. On CPU the passes run under Triton's interpreter and SDPA's math kernel stands in for cuDNN's, so
+these tests hold what is ours (the passes, the autograd wiring, the call's options, the compiled graph); the GPU check
+(scripts/gpu_check.py) holds the same rule with cuDNN itself.
+
+Shared set-up and the acceptance rule: tests/kernel_fixtures.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_fixtures import (  # before pope's imports: it sets Triton's interpreter up
+    DEVICE,
+    delegated,
+    kernel_inputs,
+    kernels_fixture,  # noqa: F401  (the autouse fixture `kernels`)
+    subprocess_results_fixture,  # noqa: F401  (the fixture `subprocess_results`)
+)
+
+from pope.attention import pope_attention, pope_attention_varlen, reference_pope_attention
+from pope.testing import check_within_rule, outputs_and_gradients
+
+
+def library_attention(q, k, v, delta, **options):
+    from pope.ops import cudnn_pope_attention
+
+    options = {name: value for name, value in options.items() if name != "rotary_dim"}
+    return cudnn_pope_attention(q, k, v, delta, **options)
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "with_delta", "magnitude"),
+    [
+        ((2, 4, 4, 33, 33, 32), torch.bfloat16, True, "softplus"),
+        ((1, 4, 2, 40, 40, 64), torch.float16, True, "softplus"),
+        ((1, 2, 1, 17, 17, 128), torch.bfloat16, True, "softplus"),
+        ((1, 2, 2, 24, 24, 48), torch.bfloat16, False, "relu"),
+    ],
+    ids=["mha-d32-bf16", "gqa-d64-fp16", "gqa-d128-bf16", "d48-padded-no-delta-relu"],
+)
+def test_library_backend_within_twice_the_reference_error(kernels, shape, dtype, with_delta, magnitude):
+    """Output, dq, dk, dv and d(delta) against float64, within 2x plain PyTorch's error in the same dtype; head dims
+    whose halves are padded (48 -> 64 channels) and 128 (the chain rule in quarters) included."""
+    if delegated(kernels):
+        return
+    generator = torch.Generator().manual_seed(sum(shape))
+    q, k, v, delta, grad_out = kernel_inputs(*shape, torch.float64, with_delta, generator)
+    options = dict(base=10000.0, causal=True, softmax_scale=shape[-1] ** -0.5, q_offset=0, magnitude=magnitude)
+    reference = dict(options, rotary_dim=None)
+    truth = outputs_and_gradients(reference_pope_attention, q, k, v, delta, grad_out, torch.float64, reference)
+    theirs = outputs_and_gradients(reference_pope_attention, q, k, v, delta, grad_out, dtype, reference)
+    ours = outputs_and_gradients(library_attention, q, k, v, delta, grad_out, dtype, options)
+    names = ["out", "dq", "dk", "dv", "d_delta"]
+    for name, mine, plain, exact in zip(names, ours, theirs, truth):
+        result = check_within_rule(mine, plain, exact, dtype)
+        assert result["ok"], (name, result)
+
+
+def test_cartesian_operators_pass_opcheck(kernels):
+    """Schema, fake (meta) implementation and autograd registration of the pre-pass operator."""
+    if delegated(kernels):
+        return
+    from pope.ops import cartesian
+
+    generator = torch.Generator().manual_seed(9)
+    q, k, _, delta, _ = kernel_inputs(1, 4, 2, 17, 17, 32, torch.float32, True, generator)
+    args = (
+        q.float().requires_grad_(),
+        k.float().requires_grad_(),
+        delta.float().requires_grad_(),
+        kernels.frequencies(32, 10000.0, q.device),
+        0,
+        "softplus",
+    )
+    torch.library.opcheck(cartesian, args, test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+
+
+def test_library_backend_compiles_to_one_graph(kernels):
+    """torch.compile traces the pre-pass operators and SDPA under its backend choice with no graph break, and the
+    compiled call gives the eager call's output and gradients."""
+    if delegated(kernels):
+        return
+    torch._dynamo.reset()
+    generator = torch.Generator().manual_seed(10)
+    q, k, v, delta, grad_out = kernel_inputs(1, 4, 2, 24, 24, 32, torch.float32, True, generator)
+    options = dict(base=10000.0, causal=True, softmax_scale=32**-0.5, q_offset=0, magnitude="softplus")
+    explanation = torch._dynamo.explain(library_attention)(q, k, v, delta, **options)
+    assert explanation.graph_count == 1 and explanation.graph_break_count == 0, explanation.break_reasons
+    compiled = torch.compile(library_attention, backend="aot_eager", fullgraph=True)
+    eager = outputs_and_gradients(library_attention, q, k, v, delta, grad_out, torch.float32, options)
+    traced = outputs_and_gradients(compiled, q, k, v, delta, grad_out, torch.float32, options)
+    for name, a, b in zip(["out", "dq", "dk", "dv", "d_delta"], eager, traced):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_library_backend_says_what_it_cannot_run(kernels):
+    """Calls backend "cudnn" cannot take are refused in one line naming the reason and the way out, never run wrong:
+    CPU tensors, fp32, bottom-right causal alignment (fewer queries than keys), packed batches."""
+    if delegated(kernels):
+        return
+    from pope.ops import cudnn_unsupported_reason
+
+    generator = torch.Generator().manual_seed(11)
+    q, k, v, delta, _ = kernel_inputs(1, 2, 2, 8, 8, 32, torch.bfloat16, True, generator)
+    q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
+    if DEVICE == "cpu":
+        with pytest.raises(ValueError, match=r"backend='cudnn' cannot run this call: .*CUDA.*Use backend='triton'"):
+            pope_attention(q, k, v, delta, backend="cudnn")
+    assert "float16 and bfloat16" in cudnn_unsupported_reason(q.float(), k.float(), v.float(), causal=True, q_offset=0)
+    fewer_queries = cudnn_unsupported_reason(q[:, :, :3], k, v, causal=True, q_offset=5)
+    assert "as many queries as keys" in fewer_queries
+    assert cudnn_unsupported_reason(q[:, :, :3], k, v, causal=False, q_offset=5) is None
+    assert cudnn_unsupported_reason(q, k, v, causal=True, q_offset=0) is None
+    packed = q[0].transpose(0, 1).contiguous(), k[0].transpose(0, 1).contiguous(), v[0].transpose(0, 1).contiguous()
+    cu_seqlens = torch.tensor([0, 8], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="does not take packed"):
+        pope_attention_varlen(*packed, delta, cu_seqlens, cu_seqlens, 8, 8, backend="cudnn")
