@@ -61,19 +61,25 @@ def test_cartesian_operators_pass_opcheck(kernels):
     """Schema, fake (meta) implementation and autograd registration of the pre-pass operator."""
     if delegated(kernels):
         return
-    from pope.ops import cartesian
+    from pope.ops import cartesian, cartesian_backward
 
     generator = torch.Generator().manual_seed(9)
     q, k, _, delta, _ = kernel_inputs(1, 4, 2, 17, 17, 32, torch.float32, True, generator)
+    # q and k as views of a (B, N, H, d) projection, as a model hands them over: the fake outputs' strides must be
+    # the kernel's (contiguous), or a compiled graph asserts on them.
+    q, k = (t.float().transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k))
     args = (
-        q.float().requires_grad_(),
-        k.float().requires_grad_(),
+        q.requires_grad_(),
+        k.requires_grad_(),
         delta.float().requires_grad_(),
         kernels.frequencies(32, 10000.0, q.device),
         0,
         "softplus",
     )
     torch.library.opcheck(cartesian, args, test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    q_wide, k_wide = (torch.randn_like(t) for t in cartesian(*args))
+    backward_args = (q_wide, k_wide, *(t.detach() for t in args[:3]), *args[3:])
+    torch.library.opcheck(cartesian_backward, backward_args, test_utils=("test_schema", "test_faketensor"))
 
 
 def test_library_backend_compiles_to_one_graph(kernels):

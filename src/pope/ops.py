@@ -420,8 +420,8 @@ def cartesian_backward(
 @cartesian_backward.register_fake
 def _(dq_wide, dk_wide, q, k, delta, theta, q_offset, magnitude):
     return (
-        torch.empty_like(q),
-        torch.empty_like(k),
+        q.new_empty(q.shape),  # contiguous, as the kernel writes them (empty_like would keep a view's strides)
+        k.new_empty(k.shape),
         (delta.new_empty(delta.shape) if delta is not None else q.new_empty((0,))),
     )
 

@@ -6,11 +6,12 @@ Backends:
   "triton"     the fused Triton kernels (pope.ops / pope.kernels), CUDA only; deterministic.
   "cudnn"      the Triton pre-pass makes q', k', cuDNN's fused attention (through SDPA, d_qk = 2d, d_v = d) runs
                on them, and a Triton pass takes dq', dk' back to dq, dk, d(delta). CUDA, compute capability 9.0+,
-               fp16/bf16, batched calls with queries and keys at the same positions (training); whether its
-               backward is deterministic is cuDNN's (docs/kernels.md).
-  "auto"       "cudnn" where it measured faster (pope.ops.CUDNN_PREFERRED) and can run the call, else "triton"
-               when the inputs are on CUDA, Triton is importable and the kernels can run the call; else
-               "reference".
+               fp16/bf16, batched calls with queries and keys at the same positions (training). Not
+               deterministic: cuDNN's backward sums dq' with atomics (dq and d(delta) differ run to run in the last
+               bits). It keeps q', k' for the backward: more memory than "triton" (docs/kernels.md).
+  "auto"       "cudnn" where it measured faster (pope.ops.CUDNN_PREFERRED: head dim 128 from 2K tokens) and can
+               run the call, unless torch.use_deterministic_algorithms(True) is on; else "triton" when the inputs
+               are on CUDA, Triton is importable and the kernels can run the call; else "reference".
 
 Score between the query at position t and the key at position s (r = rotary_dim, f = magnitude):
     softmax_scale * ( sum_{c<r} f(q_c) f(k_c) cos((s - t) theta_c + delta_c) + sum_{c>=r} q_c k_c )

@@ -97,8 +97,10 @@ def _run_backend(q, k, v, delta, backend: str, dropout_p: float, options: dict) 
 
 def _auto_prefers_cudnn(q: torch.Tensor, k: torch.Tensor) -> bool:
     """Whether "auto" tries backend "cudnn" first: on CUDA, where it measured faster than the fused kernels
-    (ops.CUDNN_PREFERRED: head dims and the shortest sequence). A cheap question, asked on every call."""
-    if q.device.type != "cuda":
+    (ops.CUDNN_PREFERRED: head dims and the shortest sequence), unless torch.use_deterministic_algorithms(True) is on:
+    cuDNN's backward sums dq' with atomics (two runs differ in the last bits), the fused kernels' backward does not.
+    A cheap question, asked on every call."""
+    if q.device.type != "cuda" or torch.are_deterministic_algorithms_enabled():
         return False
     min_seq = ops.CUDNN_PREFERRED.get(q.shape[-1])
     return min_seq is not None and k.shape[2] >= min_seq
