@@ -25,6 +25,7 @@ Importing this module imports torch only; Triton is imported on the first kernel
 from __future__ import annotations
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pope import kernels
 from pope.conventions import resolve_defaults
@@ -449,8 +450,6 @@ torch.library.register_autograd("pope::cartesian", _cartesian_grad, setup_contex
 def _library_backends(device: torch.device) -> list:
     """SDPA's backends the "cudnn" backend allows: cuDNN on CUDA; the math kernel elsewhere (the CPU tests, where the
     pre-pass runs under Triton's interpreter)."""
-    from torch.nn.attention import SDPBackend
-
     return [SDPBackend.CUDNN_ATTENTION if device.type == "cuda" else SDPBackend.MATH]
 
 
@@ -458,8 +457,6 @@ def cudnn_pope_attention(q, k, v, delta, *, base, causal, softmax_scale, q_offse
     """PoPE attention as cuDNN's fused attention on the pre-pass's q', k' (backend "cudnn"). Inputs already checked
     by pope.attention, and cudnn_unsupported_reason None for them: q (B, Hq, N, d), k/v (B, Hkv, N, d), causal only
     with queries and keys at the same positions (q_offset 0). Returns (B, Hq, N, d) in q's dtype."""
-    from torch.nn.attention import sdpa_kernel
-
     if torch.compiler.is_compiling():  # the frequencies are computed in the compiled graph itself (module docstring)
         theta = pope_turn_words(q.shape[-1], float(base), device=q.device)
     else:
@@ -471,12 +468,6 @@ def cudnn_pope_attention(q, k, v, delta, *, base, causal, softmax_scale, q_offse
         )
 
 
-@torch.compiler.assume_constant_result
-def _cudnn_attention_enabled() -> bool:
-    """cuDNN present and SDPA's cuDNN backend enabled: a constant to torch.compile (asking is not traceable)."""
-    return torch.backends.cudnn.is_available() and torch.backends.cuda.cudnn_sdp_enabled()
-
-
 def cudnn_unsupported_reason(q, k, v, *, causal, q_offset, rotary_dim=None, dropout_p=0.0) -> str | None:
     """Why backend "cudnn" cannot run a call, or None when it can: the pre-pass's needs (triton_unsupported_reason),
     cuDNN's fused attention present (compute capability 9.0 or newer), fp16 / bf16, and causal masking only where
@@ -485,7 +476,7 @@ def cudnn_unsupported_reason(q, k, v, *, causal, q_offset, rotary_dim=None, drop
     if reason is not None:
         return reason
     if q.device.type == "cuda":
-        if not _cudnn_attention_enabled():
+        if not kernels.cudnn_attention_enabled():
             return "cuDNN's fused attention is not available in this PyTorch build (or is disabled)"
         if kernels.cuda_capability(q.device) < (9, 0):
             return "backend 'cudnn' needs an NVIDIA GPU of compute capability 9.0 or newer"

@@ -29,7 +29,8 @@ Modules, one concern each:
     direct_launch  Triton's launch path, or the direct path gated to the Triton version it was written for
     host           buffers, layouts, plan keys and integer helpers of the launchers
     interpreter    TRITON_INTERPRET=1: INTERPRET and the fixes that make the interpreter compute as the GPU does
-    capability     a CUDA device's compute capability, asked once per device, a constant to torch.compile
+    capability     a CUDA device's compute capability, asked once per device, and whether cuDNN attention is on:
+                   constants to torch.compile
 The design and its measurements: docs/kernels.md. Importing this package does not import Triton; the first use
 of a name below does.
 """
@@ -50,6 +51,7 @@ _EXPORTS = {
     "frequencies": "host",
     "Packed": "host",
     "cuda_capability": "capability",
+    "cudnn_attention_enabled": "capability",
     "INTERPRET": "interpreter",
 }
 __all__ = sorted(_EXPORTS)

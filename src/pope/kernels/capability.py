@@ -24,3 +24,10 @@ def cuda_capability(device) -> tuple[int, int]:
     if capability is None:
         capability = capabilities[device] = torch.cuda.get_device_capability(device)
     return capability
+
+
+@torch.compiler.assume_constant_result
+def cudnn_attention_enabled() -> bool:
+    """cuDNN present and SDPA's cuDNN backend enabled (backend "cudnn"). Asking is not traceable (torch.compile breaks
+    its graph on torch.backends.cudnn.is_available()), so compiled code keeps the answer as a constant."""
+    return torch.backends.cudnn.is_available() and torch.backends.cuda.cudnn_sdp_enabled()
