@@ -1227,3 +1227,43 @@ def test_lift_off_plot_counts_each_finished_seed_at_its_first_evaluation_past_th
     jsb = [_fake_run(tmp_path / "jsb" / f"seed-{s}", "jsb", "pope", s, [0.5]) for s in (0, 1)]
     _, written = write_report(jsb, tmp_path / "report-jsb")
     assert "lift_off_vs_step.png" not in {p.name for p in written}
+
+
+@pytest.mark.parametrize(
+    ("damaged", "fix"),
+    [
+        ("summary.json", "pope train --resume RUN` rebuilds it"),
+        ("config.json", "pope train --resume RUN` rebuilds it"),
+        ("sweep.json", "restore or delete it"),
+        ("env.json", "restore or delete it"),
+        ("eval/length-jsb-test.json", "restore or delete it"),
+    ],
+)
+def test_report_names_a_torn_record_and_the_fix(tmp_path, capsys, damaged, fix):
+    """A run record cut by a crash or an edit elsewhere: `pope report` stops with one line naming the file and what
+    to do, writes no report, and leaves every file as it was."""
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "sweep.json").write_text(json.dumps({"overrides": []}))
+    run = Path(_fake_run(sweep / "seed-0", "jsb-tiny", "pope", 0, [1.0, 0.9], length_ppl={256: 3.0}))
+    (run / "env.json").write_text(json.dumps({"command": ["pope", "train"]}))
+    target = sweep / damaged if damaged == "sweep.json" else run / damaged
+    torn = target.read_text()[:7]
+    target.write_text(torn)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert main(["report", str(run), "--out", str(tmp_path / "report")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(target) in err[0] and "is damaged" in err[0] and fix in err[0], err
+    assert not (tmp_path / "report" / "report.md").exists()
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and "report" not in p.parts} == before
+
+
+def test_report_leaves_out_a_torn_last_metrics_line_with_a_notice(tmp_path, capsys):
+    """The last metrics line cut by a crash mid-write (a run still writing, or killed): left out with a notice, as the
+    trainer reads it; the report is written from the complete records."""
+    run = Path(_fake_run(tmp_path / "run", "jsb-tiny", "pope", 0, [1.0, 0.9]))
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 300, "kind": "ev')
+    assert main(["report", str(run), "--out", str(tmp_path / "report")]) == 0
+    assert "last line is incomplete" in capsys.readouterr().err
+    assert (tmp_path / "report" / "report.md").is_file()

@@ -147,6 +147,21 @@ def keep_aside(path: str | os.PathLike, label: str = "damaged") -> Path:
     return target
 
 
+def read_json_record(path: str | os.PathLike, *, fix: str) -> dict:
+    """The JSON object in path, {} when there is none. A file that is not a JSON object (pope writes its records
+    atomically, so it was cut or edited elsewhere) is one ValueError naming it and `fix`, what to do about it."""
+    path = Path(path)
+    if not path.is_file():
+        return {}
+    try:
+        record = json.loads(path.read_text(errors="replace"))
+        if not isinstance(record, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as err:
+        raise ValueError(f"{path} is damaged ({err}): {fix}") from None
+    return record
+
+
 def write_json_atomic(path: str | os.PathLike, data, indent: int = 2) -> Path:
     return write_text_atomic(path, json.dumps(data, indent=indent, allow_nan=True) + "\n")
 

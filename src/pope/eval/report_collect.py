@@ -3,7 +3,6 @@ says what is read from each file)."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -27,23 +26,17 @@ from pope.eval.report_records import (
     run_metric,
     shift_tables,
 )
+from pope.eval.runs import read_run_record
+from pope.train.metrics import read_metrics
 from pope.train.sweep_settings import EXECUTION_KEYS
 
 
 def _records(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
+    """metrics.jsonl's records as the trainer reads them: a last line torn by a crash is left out with a notice, a
+    damaged line before it is one error naming it."""
+    if not (run_dir / "metrics.jsonl").is_file():
         return []
-    records = []
-    for line_number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{line_number} is not valid JSON ({err}); the run's log is damaged") from None
-        records.append(record)
-    return records
+    return read_metrics(run_dir)
 
 
 def _setting_label(run_dir: Path) -> str:
@@ -51,7 +44,7 @@ def _setting_label(run_dir: Path) -> str:
     a fine-tune), the run's own directory."""
     sweep_file = run_dir.parent / "sweep.json"
     if sweep_file.is_file():
-        overrides = json.loads(sweep_file.read_text()).get("overrides", [])
+        overrides = read_run_record(sweep_file).get("overrides", [])
         kept = [o for o in overrides if o.partition("=")[0].strip() not in EXECUTION_KEYS]
         return " ".join([run_dir.parent.name + "/", *kept])
     return run_dir.name + "/"
@@ -86,7 +79,7 @@ def final_values(summary: dict, evals: list[dict]) -> dict:
 
 def run_provenance(run_dir: Path, summary: dict, records: list[dict]) -> dict:
     env_path = run_dir / "env.json"
-    env = json.loads(env_path.read_text()) if env_path.is_file() else {}
+    env = read_run_record(env_path)
     versions, git = env.get("versions") or {}, env.get("git") or {}
     step_ms = finite(r.get("step_ms") for r in records if r.get("kind") == "train")
     command = env.get("command")
@@ -113,7 +106,7 @@ def length_rows(run_dir: Path) -> list[dict]:
     evaluation's provenance, then each range of positions inside it."""
     rows = []
     for path in sorted((run_dir / "eval").glob("length-*.json")):
-        data = json.loads(path.read_text())
+        data = read_run_record(path)
         shared = {
             **dict.fromkeys((*LENGTH_KEYS, "commit", "device", "date", "command")),
             "evaluation": path.stem,
@@ -163,16 +156,14 @@ def collect_run(path: str | Path) -> RunRecord:
     """The RunRecord of one run directory made by ``pope train`` / ``pope finetune`` (module docstring)."""
     run_dir = Path(path)
     config_path = run_dir / "config.json"
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path} not found: is {run_dir} a `pope train` run directory?")
-    config = json.loads(config_path.read_text())
+    config = read_run_record(config_path, required=True)
     preset = str(config.get("preset", "?"))
     records = _records(run_dir)
     curves = curve_rows(records)
     evals = eval_records(curves)
     metric, value = headline_metric(evals, run_metric(preset, config))
     summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    summary = read_run_record(summary_path)
     record = RunRecord(
         run=str(run_dir),
         preset=preset,
@@ -198,7 +189,7 @@ def collect_run(path: str | Path) -> RunRecord:
     record.length_ppl = length_tables(record.lengths)
     task_file = run_dir / "eval" / "task_accuracy.json"
     if task_file.is_file():
-        task = json.loads(task_file.read_text())
+        task = read_run_record(task_file)
         splits = task.get("splits", {})
         record.task_accuracy = {name: float(info["accuracy"]) for name, info in splits.items()}
         record.rescored_step = task.get("step")
@@ -210,10 +201,11 @@ def collect_run(path: str | Path) -> RunRecord:
         record.test_by_shift = shift_tables(record.shifts)
     delta_file = run_dir / DELTA_STATE_FILE
     if delta_file.is_file():
-        record.delta_outside = float(json.loads(delta_file.read_text())["outside_share"])
+        share = read_run_record(delta_file).get("outside_share")
+        record.delta_outside = float(share) if share is not None else None
     downstream_file = run_dir / "eval" / "downstream.json"
     if downstream_file.is_file():
-        record.downstream = json.loads(downstream_file.read_text()).get("paper_row")
+        record.downstream = read_run_record(downstream_file).get("paper_row")
     return record
 
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from pope.checkpoint import load_model
 from pope.data import indirect_indexing as task
-from pope.files import write_json_atomic
+from pope.files import read_json_record, write_json_atomic
 from pope.train.evaluate import task_accuracy
 
 
@@ -32,7 +31,7 @@ def run_config(path: str | Path) -> dict:
     path = Path(path)
     for candidate in (path / "config.json", path.parent.parent / "config.json"):
         if candidate.is_file():
-            return json.loads(candidate.read_text())
+            return read_run_record(candidate)
     return {}
 
 
@@ -103,3 +102,13 @@ def score_task_accuracy(
     record = {"checkpoint": checkpoint, "step": step, "splits": splits}
     write_json_atomic(run / TASK_ACCURACY_FILE, record)
     return record
+
+
+def read_run_record(path: Path, *, required: bool = False) -> dict:
+    """A JSON record a run keeps (config.json, summary.json, sweep.json, env.json, eval/*.json): {} when absent (unless
+    required); a damaged one is one error naming the file and what to do (pope.files.read_json_record)."""
+    if not path.is_file() and required:
+        raise FileNotFoundError(f"{path} not found: is {path.parent} a `pope train` run directory?")
+    rebuilt = path.name in ("summary.json", "config.json")
+    fix = "`pope train --resume RUN` rebuilds it from the checkpoint" if rebuilt else "restore or delete it"
+    return read_json_record(path, fix=f"{fix}, or leave this run out")
