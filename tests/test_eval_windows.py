@@ -148,3 +148,14 @@ def test_evaluate_lengths_same_documents_and_max_docs():
     assert limited[0].plan["n_docs_not_reached"] == 1 and limited[0].plan["max_docs"] == 2
     with pytest.raises(ValueError, match="longest has 50 tokens"):
         evaluate_lengths(model, tokens, offsets, [64], progress=False)
+
+
+def test_progress_into_a_redirected_log_is_one_plain_line_per_length(capsys):
+    """progress=True with stderr not a terminal (a log file, `make demo > log`): one line per length, no bar frames."""
+    rng = np.random.default_rng(2)
+    offsets = np.concatenate([[0], np.cumsum([40, 50])])
+    tokens = rng.integers(0, 7, size=offsets[-1])
+    evaluate_lengths(BigramModel(7), tokens, offsets, [8, 16], progress=True)
+    err = capsys.readouterr().err
+    assert "\r" not in err and "win/s" not in err, err
+    assert [line.split(":")[0] for line in err.splitlines()] == ["L=8", "L=16"], err

@@ -10,6 +10,7 @@ length?).
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -103,9 +104,12 @@ def score_windows(
     was_training = model.training
     model.eval()
     try:
-        bar = tqdm(
-            total=plan.n_windows, desc=description or f"L={length}", unit="win", disable=not progress, leave=False
-        )
+        label = description or f"L={length}"
+        # A redirected log gets one plain line instead of a bar's carriage-return frames.
+        interactive = progress and sys.stderr.isatty()
+        if progress and not interactive:
+            print(f"{label}: {plan.n_windows} windows", file=sys.stderr, flush=True)
+        bar = tqdm(total=plan.n_windows, desc=label, unit="win", disable=not interactive, leave=False)
         for first in range(0, plan.n_windows, batch_size):
             starts = plan.starts[first : first + batch_size]  # (B,)
             chunk = np.asarray(tokens[starts[:, None] + offsets[None, :]], dtype=np.int64)  # (B, L+1)
