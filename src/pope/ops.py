@@ -19,6 +19,10 @@ frequencies from a per-(head dim, base, device) cache.
 given cu_seqlens) is what pope.attention dispatches backend="triton" to; the inputs are checked there, once.
 `triton_unsupported_reason` answers only what the kernels can do (device, dtype, head dim, sizes, partial rotary,
 dropout): None when they can run a call. Switches and caches live in pope.settings.
+
+Backend "cudnn" (`cudnn_pope_attention`, `cudnn_unsupported_reason`): two more operators, the pre-pass
+pope::cartesian(q, k, delta, theta, q_offset, magnitude) -> (q', k') and its gradient pope::cartesian_backward, with
+cuDNN's fused attention (SDPA) between them, traced by torch.compile as it is.
 Importing this module imports torch only; Triton is imported on the first kernel call.
 """
 

@@ -23,7 +23,8 @@ delta sits in the query phase so that k' does not depend on the query head (GQA 
 The inputs are checked here, once, for every backend (the kernels' layer asks only whether it can run a call:
 device, dtype, head dim); bad input is a ValueError or TypeError saying what is wrong. Masked keys do not count:
 keys past every query's position are not read at all, and a key masked from a query (causal) reaches none of that
-query's outputs whatever its values, NaN and inf included (the masks select, they do not add).
+query's outputs whatever its values, NaN and inf included (the masks select, they do not add; on backend "cudnn"
+this is cuDNN's causal mask, not checked here).
 """
 
 from pope.attention.api import pope_attention, pope_attention_varlen
