@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_runs import TINY_RUN_SETS, splits_fixture, tiny_run_sets  # noqa: F401  (the fixture `splits`)
 
 from pope.cli import main as pope_main
 from pope.data import indirect_indexing as task
@@ -18,29 +19,11 @@ from pope.train.run_config import resolve_run_config
 from pope.train.sweep import Sweep
 from pope.train.trainer import run_training
 
-SETS = [
-    "model.n_layer=1",
-    "model.d_model=32",
-    "model.n_head=2",
-    "recipe.max_steps=6",
-    "recipe.warmup_steps=1",
-    "recipe.eval_interval=3",
-    "recipe.batch_size=8",
-    "train.log_interval=1",
-    "train.checkpoint_interval=1",
-    "train.tensorboard=false",
-    "train.progress=false",
-]
-
-
-@pytest.fixture(scope="module")
-def splits(tmp_path_factory):
-    return task.write_splits(tmp_path_factory.mktemp("ii"), seed=0, sizes={"train": 256, "valid": 32, "test": 32})
+SETS = [*TINY_RUN_SETS, "train.checkpoint_interval=1"]
 
 
 def _sets(splits, *extra):
-    replaced = {item.partition("=")[0] for item in extra}
-    return [s for s in SETS if s.partition("=")[0] not in replaced] + [f"train.data_dir={splits}", *extra]
+    return tiny_run_sets(splits, *extra, base=SETS)
 
 
 def _command(splits, run_dir, *extra, resume=True):

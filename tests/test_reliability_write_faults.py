@@ -13,39 +13,21 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_runs import TINY_RUN_SETS, splits_fixture, tiny_run_sets  # noqa: F401  (the fixture `splits`)
 
 from pope import checkpoint as ckpt
 from pope import files
 from pope.cli import main as pope_main
-from pope.data import indirect_indexing as task
 from pope.train import trainer as trainer_module
 from pope.train.metrics import MetricsLogger, read_metrics
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
-SETS = [
-    "model.n_layer=1",
-    "model.d_model=32",
-    "model.n_head=2",
-    "recipe.max_steps=6",
-    "recipe.warmup_steps=1",
-    "recipe.eval_interval=3",
-    "recipe.batch_size=8",
-    "train.log_interval=1",
-    "train.checkpoint_interval=1",
-    "train.tensorboard=false",
-    "train.progress=false",
-]
-
-
-@pytest.fixture(scope="module")
-def splits(tmp_path_factory):
-    return task.write_splits(tmp_path_factory.mktemp("ii"), seed=0, sizes={"train": 256, "valid": 32, "test": 32})
+SETS = [*TINY_RUN_SETS, "train.checkpoint_interval=1"]
 
 
 def _train_args(splits, run_dir, *extra):
     args = ["train", "indirect-indexing-tiny", "--pe", "pope", "--out", str(run_dir)]
-    replaced = {item.partition("=")[0] for item in extra}
-    for item in [s for s in SETS if s.partition("=")[0] not in replaced] + [f"train.data_dir={splits}", *extra]:
+    for item in tiny_run_sets(splits, *extra, base=SETS):
         args += ["--set", item]
     return args
 

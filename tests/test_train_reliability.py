@@ -12,41 +12,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tiny_runs import splits_fixture, tiny_run_sets  # noqa: F401  (the fixture `splits`)
 
 from pope.cli import main as pope_main
-from pope.data import indirect_indexing as task
 from pope.train.run_config import resolve_run_config
 from pope.train.stopping import exit_status, resume_command
 from pope.train.trainer import Trainer, run_training
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
-SETS = [
-    "model.n_layer=1",
-    "model.d_model=32",
-    "model.n_head=2",
-    "recipe.max_steps=6",
-    "recipe.warmup_steps=1",
-    "recipe.eval_interval=3",
-    "recipe.batch_size=8",
-    "train.log_interval=1",
-    "train.tensorboard=false",
-    "train.progress=false",
-]
-
-
-@pytest.fixture(scope="module")
-def splits(tmp_path_factory):
-    return task.write_splits(tmp_path_factory.mktemp("ii"), seed=0, sizes={"train": 256, "valid": 32, "test": 32})
-
-
-def _sets(splits, *extra, drop=()):
-    """SETS with the keys of ``extra`` replaced (a key given twice is an error) and ``drop`` left out."""
-    replaced = {item.partition("=")[0] for item in extra} | set(drop)
-    return [s for s in SETS if s.partition("=")[0] not in replaced] + [f"train.data_dir={splits}", *extra]
 
 
 def _config(splits, *extra, drop=()):
-    return resolve_run_config("indirect-indexing-tiny", "pope", overrides=_sets(splits, *extra, drop=drop))
+    return resolve_run_config("indirect-indexing-tiny", "pope", overrides=tiny_run_sets(splits, *extra, drop=drop))
 
 
 def _snapshot(directory: Path) -> dict:
@@ -123,7 +100,7 @@ def test_bad_out_paths_fail_before_any_work(splits, tmp_path, capsys, kind):
         "not_writable": "cannot be written",
     }[kind]
     args = ["train", "indirect-indexing-tiny", "--pe", "pope", "--out", str(out)]
-    for item in _sets(splits):
+    for item in tiny_run_sets(splits):
         args += ["--set", item]
     assert pope_main(args) == 1
     err = capsys.readouterr().err
@@ -195,7 +172,7 @@ def test_sigterm_through_the_cli_exits_143_and_resumes(splits, tmp_path):
     continues it to the end."""
     run_dir = tmp_path / "run"
     args = ["indirect-indexing-tiny", "--pe", "pope", "--out", str(run_dir)]
-    for item in _sets(splits, "recipe.max_steps=100000", "recipe.eval_interval=100000"):
+    for item in tiny_run_sets(splits, "recipe.max_steps=100000", "recipe.eval_interval=100000"):
         args += ["--set", item]
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen(
@@ -295,7 +272,7 @@ def test_signal_to_one_rank_stops_every_rank_at_the_same_step(splits, tmp_path):
     stop within a few steps of it: 150 steps leave a wide margin (each is time the resume spends)."""
     run_dir, steps = tmp_path / "run", 150
     args = ["indirect-indexing-tiny", "--pe", "pope", "--out", str(run_dir)]
-    for item in _sets(splits, f"recipe.max_steps={steps}", f"recipe.eval_interval={steps}", "train.device=cpu"):
+    for item in tiny_run_sets(splits, f"recipe.max_steps={steps}", f"recipe.eval_interval={steps}", "train.device=cpu"):
         args += ["--set", item]
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
     launcher = [
