@@ -375,7 +375,7 @@ def triton_unsupported_reason(q, k, v, *, rotary_dim=None, dropout_p=0.0) -> str
 LIBRARY_DTYPES = (torch.float16, torch.bfloat16)
 # Where backend "auto" takes "cudnn" over the fused kernels: {head_dim: the shortest key sequence}. Measured on an
 # H100 (benchmarks/attention.py, the GPU check's attention rows): at d = 128 and 4K-8K tokens, MHA and GQA, cuDNN's
-# fwd+bwd takes 0.82-0.87x the fused kernels' time; at d = 64 the two are even (4K) or within host noise (1K).
+# fwd+bwd takes 0.81-0.86x the fused kernels' time; at d = 64 the two are even (4K) or within host noise (1K).
 CUDNN_PREFERRED: dict[int, int] = {128: 2048}
 
 
