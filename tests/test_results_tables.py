@@ -72,6 +72,13 @@ def test_each_runs_headline_is_the_one_its_curves_give(folder):
         assert (metric, value) == (record.metric, record.value), record.run_id
 
 
+@pytest.mark.parametrize("folder", ["demo", "jsb", "maestro", "genome", "text", "indirect_indexing"])
+def test_each_run_names_its_own_folder_as_experiment(folder):
+    # runs merged in from another folder's report keep that folder's name unless the merge sets it
+    rows = (RESULTS / folder / "runs.csv").read_text().splitlines()[1:]
+    assert {row.split(",")[1] for row in rows} == {folder}
+
+
 def test_demo_tables_give_make_demos_table():
     """The tables come from a second `make demo` run; its NLL per length is demo.md's at every printed digit."""
     demo = (RESULTS / "demo" / "demo.md").read_text()
