@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from triton import cdiv as triton_cdiv
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from attention import printed_to  # noqa: E402  (same directory: shared benchmark helpers)
+from bench_io import printed_to  # noqa: E402  (same directory: shared benchmark helpers)
 
 
 def per_call_ms(fn, calls: int, *, host_only: bool = False) -> float:

@@ -20,7 +20,7 @@ import pope.kernels as kernels
 from pope.kernels import direct_launch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from attention import printed_to  # noqa: E402  (same directory: shared benchmark helpers)
+from bench_io import printed_to  # noqa: E402  (same directory: shared benchmark helpers)
 
 
 def main(argv=None) -> None:

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from attention import append_csv  # noqa: E402  (same directory: the shared CSV helper)
+from bench_io import append_csv  # noqa: E402  (same directory: the shared CSV helper)
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 GROUP_KEYS = ("preset", "pe", "parallel", "gpu", "commit")

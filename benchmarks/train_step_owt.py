@@ -26,7 +26,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from attention import append_csv, provenance  # noqa: E402  (same directory: shared provenance/CSV helpers)
+from bench_io import append_csv, provenance  # noqa: E402  (same directory: shared provenance/CSV helpers)
 
 SPECS = {"rope (sdpa)": "rope", "pope (triton)": "pope:backend=triton"}
 

@@ -70,12 +70,12 @@ def test_a_recompile_is_counted_and_a_clean_model_is_one_graph():
 
 
 def test_append_csv_adds_new_columns_without_losing_earlier_rows(tmp_path):
-    attention = _load("attention")
+    bench_io = _load("bench_io")
     path = tmp_path / "rows.csv"
     meta = {"gpu": "H100", "commit": "abc"}
-    attention.append_csv(str(path), [{"model": "a", "graph_breaks": 0}], meta)
-    attention.append_csv(str(path), [{"model": "b", "graph_breaks": 0}], meta)
-    attention.append_csv(str(path), [{"model": "c", "graphs": 2, "graph_breaks": 1}], {**meta, "commit": "def"})
+    bench_io.append_csv(str(path), [{"model": "a", "graph_breaks": 0}], meta)
+    bench_io.append_csv(str(path), [{"model": "b", "graph_breaks": 0}], meta)
+    bench_io.append_csv(str(path), [{"model": "c", "graphs": 2, "graph_breaks": 1}], {**meta, "commit": "def"})
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
         header, rows = reader.fieldnames, list(reader)

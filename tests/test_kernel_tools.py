@@ -71,7 +71,10 @@ def test_attention_benchmark_plots_decode_rows_without_a_gpu(tmp_path):
     ]
     (tmp_path / "decode.csv").write_text(header + "".join(rows))
     script = os.path.join(ROOT, "benchmarks", "attention.py")
-    spec = importlib.util.spec_from_file_location("attention_benchmark", script)
+    # (plot_decode and plot_decode_csv live in attention_decode.py, which attention.py imports them from)
+    spec = importlib.util.spec_from_file_location(
+        "attention_decode_benchmark", os.path.join(ROOT, "benchmarks", "attention_decode.py")
+    )
     benchmark = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(benchmark)
     plotted = []
