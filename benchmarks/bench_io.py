@@ -17,12 +17,15 @@ import sys
 
 
 def provenance() -> dict:
-    """The benchmark CSVs' provenance columns (commit from git, or POPE_GIT_COMMIT on a copy without .git)."""
+    """The benchmark CSVs' provenance columns (commit from git, or POPE_GIT_COMMIT on a copy without .git). The
+    "gpu" column names the CUDA device, or the CPU where there is none (benchmarks of host time run there)."""
+    import torch
+
     from pope.provenance import commit_label, device_name, library_versions
 
     versions = library_versions()
     return {
-        "gpu": device_name("cuda"),
+        "gpu": device_name("cuda" if torch.cuda.is_available() else "cpu"),
         "torch": versions["torch"],
         "triton": versions["triton"],
         "commit": commit_label() or "unknown",

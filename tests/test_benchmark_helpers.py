@@ -86,3 +86,16 @@ def test_append_csv_adds_new_columns_without_losing_earlier_rows(tmp_path):
         ("c", "def", "1", "2"),
     ]
     assert not (tmp_path / "rows.csv.partial").exists()
+
+
+def test_host_time_benchmark_writes_its_result_with_provenance_on_a_machine_without_a_gpu(tmp_path, monkeypatch):
+    # benchmarks/launcher_host_time.py runs on CPU by design; its --out file's provenance line once asked CUDA for
+    # a device name and crashed where torch has no CUDA
+    from pope.kernels import direct_launch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(direct_launch, "launch", direct_launch.launch)  # the benchmark mocks it: restored after
+    _load("launcher_host_time").main(["--calls", "3", "--out", str(tmp_path)])
+    first, result = (tmp_path / "launcher_host_time.txt").read_text().splitlines()[:2]
+    assert first.startswith("# gpu=cpu (") and "commit=" in first
+    assert result.startswith("launcher host time, launches mocked: forward ")
