@@ -3,6 +3,7 @@ report.md exactly, and the numbers its README and results/REPRODUCTION.md quote 
 with the report's own statistics (pope.eval.stats). A number edited in a document, or a table edited without its
 documents, fails here."""
 
+import csv
 import re
 import statistics
 import subprocess
@@ -75,8 +76,9 @@ def test_each_runs_headline_is_the_one_its_curves_give(folder):
 @pytest.mark.parametrize("folder", ["demo", "jsb", "maestro", "genome", "text", "indirect_indexing"])
 def test_each_run_names_its_own_folder_as_experiment(folder):
     # runs merged in from another folder's report keep that folder's name unless the merge sets it
-    rows = (RESULTS / folder / "runs.csv").read_text().splitlines()[1:]
-    assert {row.split(",")[1] for row in rows} == {folder}
+    with open(RESULTS / folder / "runs.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert rows and {row["experiment"] for row in rows} == {folder}
 
 
 def test_demo_tables_give_make_demos_table():
