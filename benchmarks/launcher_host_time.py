@@ -1,6 +1,8 @@
-"""Host time of the kernel launchers alone (pope.kernels.forward / backward), on CPU, with every kernel launch
-replaced by a no-op: the Python and tensor-allocation work an eager call does around its launches, measured
-without a GPU (a GPU server's host is too noisy to see changes of tens of microseconds; docs/kernels.md).
+"""Host time of the kernel launchers alone (pope.kernels.forward / backward), and of the pope:: operators around
+them as compiled code calls them, on CPU, with every kernel launch replaced by a no-op: the Python and
+tensor-allocation work a call does around its launches, measured without a GPU (a GPU server's host is too noisy to
+see changes of tens of microseconds; docs/kernels.md). In torch.compile's default mode a PoPE model's step waits on
+this work when the host is slow: per layer one forward and one backward operator call.
 
     PYTHONPATH=src python benchmarks/launcher_host_time.py [--calls 3000] [--out DIR]
 Prints microseconds per call at 8x12x1024x64 bf16, causal, without delta (delta's gradient adds a CPU reduction
@@ -17,6 +19,7 @@ import timeit
 import torch
 
 import pope.kernels as kernels
+import pope.ops  # noqa: F401  (registers the pope:: operators)
 from pope.kernels import direct_launch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -38,10 +41,25 @@ def main(argv=None) -> None:
     backward_us = timeit.timeit(
         lambda: kernels.backward(do, q, k, v, None, out, lse, theta, **options), number=args.calls
     )
+    # The operators as compiled code calls them (torch.ops.pope.*.default under no_grad): the dispatcher and
+    # torch.library's custom-op layers around the same launchers, what a compiled step's host waits on per layer.
+    operator_args = (q, k, v, None, out, lse, theta, True, head_dim**-0.5, 0, "softplus")
+    with torch.no_grad():
+        forward_op_us = timeit.timeit(
+            lambda: torch.ops.pope.flash_attention_forward.default(*operator_args[:4], *operator_args[6:]),
+            number=args.calls,
+        )
+        backward_op_us = timeit.timeit(
+            lambda: torch.ops.pope.flash_attention_backward.default(do, *operator_args), number=args.calls
+        )
     with printed_to(args.out, "launcher_host_time.txt"):
         print(
             f"launcher host time, launches mocked: forward {forward_us / args.calls * 1e6:.1f} us, "
             f"backward {backward_us / args.calls * 1e6:.1f} us per call"
+        )
+        print(
+            f"operator host time (compiled code's call), launches mocked: forward "
+            f"{forward_op_us / args.calls * 1e6:.1f} us, backward {backward_op_us / args.calls * 1e6:.1f} us per call"
         )
 
 

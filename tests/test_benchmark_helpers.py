@@ -96,6 +96,7 @@ def test_host_time_benchmark_writes_its_result_with_provenance_on_a_machine_with
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(direct_launch, "launch", direct_launch.launch)  # the benchmark mocks it: restored after
     _load("launcher_host_time").main(["--calls", "3", "--out", str(tmp_path)])
-    first, result = (tmp_path / "launcher_host_time.txt").read_text().splitlines()[:2]
+    first, result, operators = (tmp_path / "launcher_host_time.txt").read_text().splitlines()[:3]
     assert first.startswith("# gpu=cpu (") and "commit=" in first
     assert result.startswith("launcher host time, launches mocked: forward ")
+    assert operators.startswith("operator host time (compiled code's call), launches mocked: forward ")
