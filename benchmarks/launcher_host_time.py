@@ -43,14 +43,16 @@ def main(argv=None) -> None:
     )
     # The operators as compiled code calls them (torch.ops.pope.*.default under no_grad): the dispatcher and
     # torch.library's custom-op layers around the same launchers, what a compiled step's host waits on per layer.
-    operator_args = (q, k, v, None, out, lse, theta, True, head_dim**-0.5, 0, "softplus")
+    # (the operators take the same options positionally, in the schema's order: theta, causal, scale, offset, magnitude)
+    operator_options = (theta, *options.values())
     with torch.no_grad():
         forward_op_us = timeit.timeit(
-            lambda: torch.ops.pope.flash_attention_forward.default(*operator_args[:4], *operator_args[6:]),
+            lambda: torch.ops.pope.flash_attention_forward.default(q, k, v, None, *operator_options),
             number=args.calls,
         )
         backward_op_us = timeit.timeit(
-            lambda: torch.ops.pope.flash_attention_backward.default(do, *operator_args), number=args.calls
+            lambda: torch.ops.pope.flash_attention_backward.default(do, q, k, v, None, out, lse, *operator_options),
+            number=args.calls,
         )
     with printed_to(args.out, "launcher_host_time.txt"):
         print(
