@@ -34,6 +34,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from pope import kernels
 from pope.conventions import resolve_defaults
 from pope.frequencies import pope_turn_words
+from pope.kernels import buffers as kernel_buffers  # outputs' layouts (torch only: no Triton import)
 from pope.settings import SETTINGS
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -156,7 +157,9 @@ def _(
     max_seqlen_q=0,
     max_seqlen_k=0,
 ):
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    # The kernels' out is in q's layout (kernel_buffers.empty_in_layout_of); the decode kernel's is contiguous.
+    decode = cu_seqlens_q is None and _use_decode_kernel(q, k)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if decode else kernel_buffers.empty_in_layout_of(q)
     lse_shape = q.shape[:3] if cu_seqlens_q is None else (q.shape[1], q.shape[0])
     lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
     return out, lse
@@ -226,12 +229,7 @@ def _(
         if delta is not None
         else torch.empty((0,), dtype=q.dtype, device=q.device)
     )
-    return (
-        torch.empty(q.shape, dtype=q.dtype, device=q.device),
-        torch.empty(k.shape, dtype=k.dtype, device=k.device),
-        torch.empty(v.shape, dtype=v.dtype, device=v.device),
-        d_delta,
-    )
+    return (*(kernel_buffers.empty_in_layout_of(t) for t in (q, k, v)), d_delta)  # in the inputs' layouts
 
 
 def _setup_context(ctx, inputs, output):

@@ -27,7 +27,8 @@ Modules, one concern each:
     phase_tables   the tensor-core decode kernel's key-phase tables (release_phase_tables)
     configs        tile configurations (frozen tables, POPE_KERNEL_CONFIGS override), decode tiles
     direct_launch  Triton's launch path, or the direct path gated to the Triton version it was written for
-    host           buffers, layouts, plan keys and integer helpers of the launchers
+    host           layouts, plan keys and integer helpers of the launchers
+    buffers        the buffers kernels write, outputs and gradients in their inputs' layouts (torch only)
     interpreter    TRITON_INTERPRET=1: INTERPRET and the fixes that make the interpreter compute as the GPU does
     capability     a CUDA device's compute capability, asked once per device, and whether cuDNN attention is on:
                    constants to torch.compile

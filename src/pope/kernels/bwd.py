@@ -32,6 +32,14 @@ def _backward_epilogue_kernel(
     OutA,
     OutB,
     n_rows,
+    n1,
+    n2,
+    stride_a0,
+    stride_a1,
+    stride_a2,
+    stride_b0,
+    stride_b1,
+    stride_b2,
     n_split_programs,
     Partial,
     DDelta,
@@ -44,8 +52,9 @@ def _backward_epilogue_kernel(
 ):
     """The backward's last launch, two jobs by program id:
     * programs < n_split_programs: rows [a | b] of X (n_rows, 2 BLOCK_D), each half zero-padded to BLOCK_D ->
-      contiguous OutA, OutB (n_rows, d): the dk/dv kernel's gradients, written over k' rows, copied out in one
-      pass (two strided torch copies cost twice the time on an H200);
+      OutA, OutB: the dk/dv kernel's gradients, written over k' rows, copied out in one pass (two strided torch
+      copies cost twice the time on an H200); row r = (i0 n1 + i1) n2 + i2 goes to i0 s0 + i1 s1 + i2 s2 of each
+      output (its own strides: dk and dv in k's and v's layouts);
     * the programs after them, one per query head: d(delta)[h] (d,) = the sum of the dq kernel's partials
       Partial (B, Hq, n_m_blocks, d) fp32 over batches and query blocks, in a fixed order (deterministic), stored
       in DDelta's dtype: one launch instead of a torch sum and cast after the kernels."""
@@ -56,9 +65,13 @@ def _backward_epilogue_kernel(
         offs_r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
         mask = (offs_r < n_rows)[:, None] & mask_d[None, :]
         rows = X + offs_r[:, None] * (2 * BLOCK_D) + offs_d[None, :]
-        out = offs_r[:, None] * HEAD_DIM + offs_d[None, :]
-        tl.store(OutA + out, tl.load(rows, mask=mask), mask=mask)
-        tl.store(OutB + out, tl.load(rows + BLOCK_D, mask=mask), mask=mask)
+        i2 = offs_r % n2
+        i1 = (offs_r // n2) % n1
+        i0 = offs_r // (n1 * n2)
+        out_a = (i0 * stride_a0 + i1 * stride_a1 + i2 * stride_a2)[:, None] + offs_d[None, :]
+        out_b = (i0 * stride_b0 + i1 * stride_b1 + i2 * stride_b2)[:, None] + offs_d[None, :]
+        tl.store(OutA + out_a, tl.load(rows, mask=mask), mask=mask)
+        tl.store(OutB + out_b, tl.load(rows + BLOCK_D, mask=mask), mask=mask)
     else:
         h = pid - n_split_programs
         total = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)  # (blocks, channels) partial sums
@@ -70,6 +83,12 @@ def _backward_epilogue_kernel(
                 mask = (blocks < n_m_blocks)[:, None] & mask_d[None, :]
                 total += tl.load(head_rows + blocks[:, None] * HEAD_DIM + offs_d[None, :], mask=mask, other=0.0)
         tl.store(DDelta + h * HEAD_DIM + offs_d, tl.sum(total, 0).to(DDelta.dtype.element_ty), mask=mask_d)
+
+
+def epilogue_strides(grad: torch.Tensor, packed: host.Packed | None) -> tuple:
+    """(s0, s1, s2) of a dk or dv for the epilogue's row split: (B, H, N) strides; packed (total, H, d): (row, 0,
+    head) strides, as its k' rows run (total_k, Hkv) with n1 = 1."""
+    return (grad.stride(0), 0, grad.stride(1)) if packed else grad.stride()[:3]
 
 
 def statistics_buffers(rows: int, seq_q: int, packed: host.Packed | None, device: torch.device):
@@ -143,8 +162,8 @@ def backward(
     # Pre-pass buffers and gradients are made as late and freed as early as they can be, so that what the
     # backward allocates peaks at 5 |q| at MHA (dq + q' + k'), as SDPA's dq, dk, dv and fp32 dq accumulator.
     # Gradients are allocated in the inputs' own shapes (packed: (total, H, d)); the kernels see batch views.
-    dq = host.empty(q.shape, device=q.device, dtype=q.dtype)
-    k_shape, v_shape = k.shape, v.shape
+    dq = host.empty_in_layout_of(q)  # each gradient in its input's layout (packed: (total, H, d) contiguous)
+    k_in, v_in = k, v
     dq_view = dq
     if packed is not None:  # batch-1 views of the packed tensors
         do, q, k, v, out, dq_view = (host.batch_view(t, packed) for t in (do, q, k, v, out, dq))
@@ -234,8 +253,7 @@ def backward(
         )
     else:
         del k_prime, k_rows, kp_desc  # k' dies before dk and dv exist (peak memory; a descriptor holds its tensor)
-        dk = host.empty(k_shape, device=k.device, dtype=k.dtype)
-        dv = host.empty(v_shape, device=v.device, dtype=v.dtype)
+        dk, dv = host.empty_in_layout_of(k_in), host.empty_in_layout_of(v_in)
         dk_out, dv_out = host.batch_view(dk, packed), host.batch_view(dv, packed)
         key_descriptors = (None, None)
     # q', dO, lse and D stream in by TMA.
@@ -283,14 +301,17 @@ def backward(
     )
     del q_prime, q_rows, qp_desc, descriptors, key_descriptors
     # One last launch: dk and dv copied out of k' (d <= 64) and d(delta) summed from its partials, by one kernel.
-    # (k' rows are in the order of k's own: (B, Hkv, Nk) or packed (total_k, Hkv), so dk and dv come out contiguous.)
+    # k' rows are in the order (B, Hkv, Nk), packed (total_k, Hkv): row r = (i0 n1 + i1) n2 + i2 goes to
+    # i0 s0 + i1 s1 + i2 s2 of dk (dv), which may be laid out as k (v) is.
     if keys_from_prepass:
-        dk = host.empty(k_shape, device=k.device, dtype=k.dtype)
-        dv = host.empty(v_shape, device=v.device, dtype=v.dtype)
+        dk, dv = host.empty_in_layout_of(k_in), host.empty_in_layout_of(v_in)
         n_rows = batch * n_kv_heads * seq_k
         source = k_prime
+        row_split = (1, n_kv_heads) if packed else (n_kv_heads, seq_k)  # (n1, n2)
+        dk_strides, dv_strides = (epilogue_strides(t, packed) for t in (dk, dv))
     else:
         n_rows, source = 0, dk  # nothing to split: source, outputs unused
+        row_split, dk_strides, dv_strides = (1, 1), (0, 0, 0), (0, 0, 0)
     d_delta = host.empty(delta.shape, device=q.device, dtype=delta.dtype) if delta is not None else None
     n_split_programs = host.cdiv(n_rows, TRANSFORM_ROWS)
     n_programs = n_split_programs + (n_q_heads if delta is not None else 0)
@@ -304,6 +325,9 @@ def backward(
                 dk,
                 dv,
                 n_rows,
+                *row_split,
+                *dk_strides,
+                *dv_strides,
                 n_split_programs,
                 d_delta_partial,
                 d_delta if d_delta is not None else d_delta_partial,

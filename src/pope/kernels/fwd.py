@@ -198,13 +198,14 @@ def forward(
     config=None,
     packed: host.Packed | None = None,
 ):
-    """Returns (out (B, Hq, Nq, d) in q's dtype, lse (B, Hq, Nq) fp32, natural log).
+    """Returns (out (B, Hq, Nq, d) in q's dtype and layout (host.empty_in_layout_of), lse (B, Hq, Nq) fp32, natural
+    log).
 
     packed: q (total_q, Hq, d), k/v (total_k, Hkv, d) hold the sequences of a packed batch, all run by one launch per
     kernel (q_offset unused: each sequence is bottom-right aligned); returns out (total_q, Hq, d), lse (Hq, total_q)."""
     precision = host.precision(q.dtype, q.device)  # a constexpr of the kernel: part of the launch site's plan key
     plan = host.plan(q, k, v, delta, theta, causal, q_offset, magnitude, config, precision, *(packed or ()))
-    out_shape = q.shape
+    out_like = q  # out in q's layout (host.empty_in_layout_of); packed: (total_q, Hq, d) contiguous
     if packed is not None:  # batch-1 views of the packed tensors
         q, k, v = (host.batch_view(t, packed) for t in (q, k, v))
     # q' and k' from the pre-pass (freed on return): q' by (BLOCK_M, 2 BLOCK_D) and k' by (BLOCK_N, 2 BLOCK_D)
@@ -212,7 +213,7 @@ def forward(
     q_prime, k_prime = prepass.transform_queries_and_keys(
         q, k, theta, delta, q_offset=q_offset, magnitude=magnitude, site=plan + ("forward q' k'",), packed=packed
     )
-    out = host.empty(out_shape, device=q.device, dtype=q.dtype)
+    out = host.empty_in_layout_of(out_like)
     out_view = out if packed is None else host.batch_view(out, packed)
     batch, n_q_heads, seq_q, head_dim = q.shape
     n_kv_heads, seq_k = k.shape[1], k.shape[2]

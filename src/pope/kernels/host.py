@@ -1,11 +1,11 @@
 """Host-side helpers of the launchers: buffers, integer arithmetic, layouts, plan keys, device facts.
 
-Guarantees: `empty` gives a buffer for a kernel to write, NaN-filled when pope.settings' poison_outputs is on;
-`block_d` is a head dim's tile width (padded to a power of two, >= 16); `tma_ready` returns a tensor a TMA copy can
-read (the input itself when it already can); `plan` keys every argument Triton specialises on; `Packed` describes a
-packed (varlen) batch and `batch_view` shows its (total, H, d) tensors to the kernels as a batch of one. Integer helpers
-are plain Python: Triton 3.6's triton.cdiv / triton.next_power_of_2 are constexpr functions whose host calls
-cost ~4 us each (argument unwrapping), a dozen times per eager forward+backward.
+Guarantees: `empty` and `empty_in_layout_of` are pope.kernels.buffers' (the buffers kernels write, in their
+inputs' layouts); `block_d` is a head dim's tile width (padded to a power of two, >= 16); `tma_ready` returns a
+tensor a TMA copy can read (the input itself when it already can); `plan` keys every argument Triton specialises on;
+`Packed` describes a packed (varlen) batch and `batch_view` shows its (total, H, d) tensors to the kernels as a batch
+of one. Integer helpers are plain Python: Triton 3.6's triton.cdiv / triton.next_power_of_2 are constexpr functions
+whose host calls cost ~4 us each (argument unwrapping), a dozen times per eager forward+backward.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from typing import NamedTuple
 import torch
 
 from pope.frequencies import pope_turn_words
+from pope.kernels.buffers import empty as empty  # re-exported: the launchers' buffers
+from pope.kernels.buffers import empty_in_layout_of as empty_in_layout_of
 from pope.kernels.capability import cuda_capability
 from pope.settings import SETTINGS
 
@@ -44,11 +46,6 @@ def batch_view(x: torch.Tensor, packed: Packed | None) -> torch.Tensor:
 def cu_seqlens(packed: Packed | None) -> tuple:
     """The kernels' (CuSeqlensQ, CuSeqlensK) arguments: None, None (constexprs, the batched kernels) when not packed."""
     return (None, None) if packed is None else (packed.cu_seqlens_q, packed.cu_seqlens_k)
-
-
-def empty(shape, *, device, dtype) -> torch.Tensor:
-    buffer = torch.empty(shape, device=device, dtype=dtype)
-    return buffer.fill_(float("nan")) if SETTINGS.poison_outputs else buffer
 
 
 def block_d(head_dim: int) -> int:
