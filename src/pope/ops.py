@@ -44,6 +44,14 @@ DECODE_MAX_QUERIES = 16
 DECODE_MAX_ROWS = 64
 
 
+# The operators' outputs follow their inputs' layouts (pope.kernels.buffers.empty_in_layout_of), and so do the fake
+# implementations: torch.compile must hand the operators inputs in the strides it traced them with, not a layout of
+# its choosing, or a fake output's strides would not be the kernel's.
+EXACT_STRIDES = tuple(getattr(torch.Tag, name) for name in ("needs_exact_strides",) if hasattr(torch.Tag, name)) or (
+    torch.Tag.needs_fixed_stride_order,  # older PyTorch: the stride order, all the layout test asks
+)
+
+
 def _theta(head_dim: int, base: float, device: torch.device) -> torch.Tensor:
     cache = SETTINGS.caches.frequencies
     key = (head_dim, float(base), str(device))
@@ -110,7 +118,7 @@ def _backward_kernels(do, q, k, v, delta, out, lse, theta, causal, softmax_scale
     )
 
 
-@torch.library.custom_op("pope::flash_attention_forward", mutates_args=())
+@torch.library.custom_op("pope::flash_attention_forward", mutates_args=(), tags=EXACT_STRIDES)
 def flash_attention_forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -165,7 +173,7 @@ def _(
     return out, lse
 
 
-@torch.library.custom_op("pope::flash_attention_backward", mutates_args=())
+@torch.library.custom_op("pope::flash_attention_backward", mutates_args=(), tags=EXACT_STRIDES)
 def flash_attention_backward(
     do: torch.Tensor,
     q: torch.Tensor,
