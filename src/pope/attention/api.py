@@ -44,7 +44,9 @@ def pope_attention(
     Nq <= Nk; delta: (Hq, rotary_dim or d) key-phase bias (already in [-2π, 0]: pope.PoPE brings it there) or None.
     Query i sits at position q_offset + i (default Nk - Nq: the queries are the last Nq positions, as
     in a KV-cache decode), key j at position j; causal masking is by position (bottom-right aligned).
-    softmax_scale defaults to 1/sqrt(d). Returns (B, Hq, Nq, d) in the dtype of q.
+    softmax_scale defaults to 1/sqrt(d). Returns (B, Hq, Nq, d) in the dtype of q; on the fused kernels the output and
+    the gradients are laid out as their inputs (q, k, v transposed from (B, N, H, d) projections give out, dq, dk, dv
+    the same way, as SDPA does), so a model's transpose back to (B, N, H * d) costs no copy.
     """
     check_inputs(
         q,
