@@ -19,7 +19,7 @@ import timeit
 import torch
 
 import pope.kernels as kernels
-import pope.ops  # noqa: F401  (registers the pope:: operators)
+import pope.ops as ops  # registers the pope:: operators
 from pope.kernels import direct_launch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -41,17 +41,21 @@ def main(argv=None) -> None:
     backward_us = timeit.timeit(
         lambda: kernels.backward(do, q, k, v, None, out, lse, theta, **options), number=args.calls
     )
-    # The operators as compiled code calls them (torch.ops.pope.*.default under no_grad): the dispatcher and
+    # The operators as compiled code calls them (torch.ops.pope.*.default, under no_grad): the dispatcher and
     # torch.library's custom-op layers around the same launchers, what a compiled step's host waits on per layer.
     # (the operators take the same options positionally, in the schema's order: theta, causal, scale, offset, magnitude)
     operator_options = (theta, *options.values())
+    forward_op, backward_op = (
+        getattr(torch.ops.pope, f"flash_attention_{direction}_{ops.OPERATOR_CONTRACT}").default
+        for direction in ("forward", "backward")
+    )
     with torch.no_grad():
         forward_op_us = timeit.timeit(
-            lambda: torch.ops.pope.flash_attention_forward.default(q, k, v, None, *operator_options),
+            lambda: forward_op(q, k, v, None, *operator_options),
             number=args.calls,
         )
         backward_op_us = timeit.timeit(
-            lambda: torch.ops.pope.flash_attention_backward.default(do, q, k, v, None, out, lse, *operator_options),
+            lambda: backward_op(do, q, k, v, None, out, lse, *operator_options),
             number=args.calls,
         )
     with printed_to(args.out, "launcher_host_time.txt"):

@@ -3,8 +3,8 @@
 Two operators, each with a fake (meta) implementation so that `torch.compile` traces through them with
 no graph break (eager calls take an equivalent autograd.Function over the same launchers, which costs
 less host time per call):
-    pope::flash_attention_forward(q, k, v, delta, theta, ...) -> (out, lse)
-    pope::flash_attention_backward(do, q, k, v, delta, out, lse, theta, ...) -> (dq, dk, dv, d_delta)
+    pope::flash_attention_forward_v2(q, k, v, delta, theta, ...) -> (out, lse)
+    pope::flash_attention_backward_v2(do, q, k, v, delta, out, lse, theta, ...) -> (dq, dk, dv, d_delta)
 wired together with `torch.library.register_autograd` (the forward saves q, k, v, delta, out, lse and the
 frequencies theta only, and for a packed batch its cu_seqlens). theta is (2, d) int32: the frequencies as
 fixed-point turns (pope.frequencies.pope_turn_words), from which the kernels compute exactly reduced angles.
@@ -47,6 +47,10 @@ DECODE_MAX_ROWS = 64
 # The operators' outputs follow their inputs' layouts (pope.kernels.buffers.empty_in_layout_of), and so do the fake
 # implementations: torch.compile must hand the operators inputs in the strides it traced them with, not a layout of
 # its choosing, or a fake output's strides would not be the kernel's.
+# The operators' names carry the version of that contract (shapes, dtypes, strides of what they return): PyTorch's
+# compile caches key a graph on the operators' names, not on their fake implementations, so a graph compiled against
+# an older contract and found in the cache would assert strides the kernels no longer give. A new contract, a new name.
+OPERATOR_CONTRACT = "v2"
 EXACT_STRIDES = tuple(getattr(torch.Tag, name) for name in ("needs_exact_strides",) if hasattr(torch.Tag, name)) or (
     torch.Tag.needs_fixed_stride_order,  # older PyTorch: the stride order, all the layout test asks
 )
@@ -118,7 +122,7 @@ def _backward_kernels(do, q, k, v, delta, out, lse, theta, causal, softmax_scale
     )
 
 
-@torch.library.custom_op("pope::flash_attention_forward", mutates_args=(), tags=EXACT_STRIDES)
+@torch.library.custom_op(f"pope::flash_attention_forward_{OPERATOR_CONTRACT}", mutates_args=(), tags=EXACT_STRIDES)
 def flash_attention_forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -173,7 +177,7 @@ def _(
     return out, lse
 
 
-@torch.library.custom_op("pope::flash_attention_backward", mutates_args=(), tags=EXACT_STRIDES)
+@torch.library.custom_op(f"pope::flash_attention_backward_{OPERATOR_CONTRACT}", mutates_args=(), tags=EXACT_STRIDES)
 def flash_attention_backward(
     do: torch.Tensor,
     q: torch.Tensor,
@@ -259,7 +263,9 @@ def _backward(ctx, grad_out, grad_lse):
     return dq, dk, dv, (d_delta if ctx.has_delta else None), None, None, None, None, None, None, None, None, None
 
 
-torch.library.register_autograd("pope::flash_attention_forward", _backward, setup_context=_setup_context)
+torch.library.register_autograd(
+    f"pope::flash_attention_forward_{OPERATOR_CONTRACT}", _backward, setup_context=_setup_context
+)
 
 
 class _EagerFlashAttention(torch.autograd.Function):
