@@ -121,8 +121,14 @@ def readme_table(rows: list[dict], thresholds: dict) -> str:
     for row in shown:
         threshold = thresholds[row["check"]]
         bound = "≥" if threshold["better"] == "higher" else "≤"
-        target = f"{bound} {threshold['target']:g}×" if threshold["target"] is not None else ""
-        lines.append(f"| {threshold['readme']} | {float(row['value']):.2f}× | {target} |")
+        value = float(row["value"])
+        # three significant digits and the verdict spelled out: 0.947 must not read as meeting 0.95
+        target = (
+            f"{bound} {threshold['target']:g}×, {target_met(value, threshold)}"
+            if threshold["target"] is not None
+            else ""
+        )
+        lines.append(f"| {threshold['readme']} | {value:.3g}× | {target} |")
     return "\n".join(lines)
 
 
