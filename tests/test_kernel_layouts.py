@@ -87,3 +87,52 @@ def test_fake_implementations_give_the_kernels_strides(kernels):
     expected = attention(x.detach())
     assert out.stride() == expected.stride() and torch.equal(out.detach(), expected)
     assert torch.isfinite(x.grad).all()
+
+
+# What the operators return, for each contract version (pope.ops.OPERATOR_CONTRACT). PyTorch's compile caches key a
+# graph on operator names, not on fake implementations: a layout change under an unchanged name lets a cached graph
+# assert the old strides (reproduced on CPU: a graph cached by the contiguous-output operators, then run by the
+# heads-inner ones, fails "expected ... stride 32==2048 at dim=1").
+OUTPUT_STRIDES = {
+    "v2": {  # q (2, 4, 5, 8), k and v (2, 2, 5, 8): GQA; decode: one query over 9 keys
+        "forward, heads inner": [(160, 8, 32, 1), (20, 5, 1)],
+        "forward, contiguous": [(160, 40, 8, 1), (20, 5, 1)],
+        "forward, decode": [(32, 8, 8, 1), (4, 1, 1)],
+        "backward, heads inner": [(160, 8, 32, 1), (80, 8, 16, 1), (80, 8, 16, 1), (8, 1)],
+        "backward, contiguous": [(160, 40, 8, 1), (80, 40, 8, 1), (80, 40, 8, 1), (8, 1)],
+    }
+}
+
+
+def test_operator_names_carry_their_output_layouts():
+    """The fake implementations' output strides (meta tensors, no kernel runs) are the ones recorded for the
+    operators' contract version: a change of layout must come with a new version, hence new operator names."""
+    from pope.ops import OPERATOR_CONTRACT
+
+    operators = torch.ops.pope
+    forward = getattr(operators, f"flash_attention_forward_{OPERATOR_CONTRACT}").default
+    backward = getattr(operators, f"flash_attention_backward_{OPERATOR_CONTRACT}").default
+
+    def projections(batch, rows, heads, head_dim):  # (B, N, H, d) buffers seen as (B, H, N, d)
+        return torch.empty(batch, rows, heads, head_dim, device="meta").transpose(1, 2)
+
+    theta = torch.empty(2, 8, dtype=torch.int32, device="meta")
+    options = (theta, True, 0.3, 0, "softplus")
+    delta = torch.empty(4, 8, device="meta")
+    q, k, v = projections(2, 5, 4, 8), projections(2, 5, 2, 8), projections(2, 5, 2, 8)  # GQA
+    q_c, k_c, v_c = (t.contiguous() for t in (q, k, v))
+    decode_q = torch.empty(2, 4, 1, 8, device="meta")
+    decode_kv = torch.empty(2, 2, 9, 8, device="meta")
+    out, lse = forward(q, k, v, delta, *options)
+    out_c, lse_c = forward(q_c, k_c, v_c, delta, *options)
+    seen = {
+        "forward, heads inner": [out.stride(), lse.stride()],
+        "forward, contiguous": [out_c.stride(), lse_c.stride()],
+        "forward, decode": [t.stride() for t in forward(decode_q, decode_kv, decode_kv, None, *options)],
+        "backward, heads inner": [t.stride() for t in backward(out, q, k, v, delta, out, lse, *options)],
+        "backward, contiguous": [t.stride() for t in backward(out_c, q_c, k_c, v_c, delta, out_c, lse_c, *options)],
+    }
+    assert seen == OUTPUT_STRIDES[OPERATOR_CONTRACT], (
+        "the operators' output layouts changed: bump pope.ops.OPERATOR_CONTRACT (new operator names) and record the "
+        "new layouts in OUTPUT_STRIDES"
+    )
