@@ -263,9 +263,7 @@ def _backward(ctx, grad_out, grad_lse):
     return dq, dk, dv, (d_delta if ctx.has_delta else None), None, None, None, None, None, None, None, None, None
 
 
-torch.library.register_autograd(
-    f"pope::flash_attention_forward_{OPERATOR_CONTRACT}", _backward, setup_context=_setup_context
-)
+flash_attention_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
 class _EagerFlashAttention(torch.autograd.Function):
