@@ -46,8 +46,9 @@ def test_outputs_and_gradients_in_the_inputs_layout_same_bits(kernels, head_dim,
         return
     generator = torch.Generator().manual_seed(11)
     q, k, v, delta, grad_out = kernel_inputs(2, *heads, 40, 40, head_dim, torch.bfloat16, True, generator)
-    options = dict(base=10000.0, causal=True, softmax_scale=head_dim**-0.5, q_offset=0, magnitude="softplus")
-    options["rotary_dim"] = None
+    options = dict(
+        base=10000.0, causal=True, softmax_scale=head_dim**-0.5, q_offset=0, magnitude="softplus", rotary_dim=None
+    )
     contiguous = outputs_and_gradients(triton_attention, q, k, v, delta, grad_out, torch.bfloat16, options)
     q_t, k_t, v_t = (heads_inner_copy(t.to(torch.bfloat16)) for t in (q, k, v))
     leaves = [t.detach().requires_grad_() for t in (q_t, k_t, v_t)]
