@@ -7,18 +7,19 @@ bottom-right causal (key j visible iff j <= t_i) or not; f = softplus / relu / i
 bf16 / fp16 / fp32, head dims up to 128; out in q's dtype, lse fp32; dq, dk, dv, d(delta).
 Guarantees (held by the tests through Triton's interpreter and by scripts/gpu_check.py on a GPU): output
 and every gradient within 2x the error of the pure-PyTorch reference in the same dtype, against float64; the
-backward bitwise deterministic (no atomics); the backward's own buffers at most 5 |q| (SDPA's); a key masked from
-a query never reaches that query's output. Packed variable-length batches (flash-attn's varlen layout): `forward` and
-`backward` take packed=host.Packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) and run every sequence
-in one launch per kernel (a constexpr IS_VARLEN in the same kernels), equal bit for bit to the same kernels run on
-each sequence alone (d(delta) up to its summation order).
+backward bitwise deterministic (no atomics); the backward's own buffers at most 5 |q| at MHA for d > 64 (SDPA's),
+7 |q| for d <= 64 (SDPA's gradients and the pre-pass's q', k'); a key masked from a query never reaches that query's
+output. Packed variable-length batches (flash-attn's varlen layout): `forward` and `backward` take
+packed=host.Packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) and run every sequence in one launch per
+kernel (a constexpr IS_VARLEN in the same kernels), equal bit for bit to the same kernels run on each sequence alone
+(d(delta) up to its summation order).
 
 Modules, one concern each:
     jit_math       shared device functions (sincos, log1p, magnitudes, phases, block coordinates)
     prepass        x -> x' = [f(x) cos | f(x) sin] (transform, transform_queries_and_keys)
     prepass_grad   dq', dk' -> dq, dk, d(delta): the pre-pass's gradient, for a library kernel's backward
     fwd            forward kernel + launcher (forward)
-    bwd            the backward's launcher (backward) and its epilogue kernel
+    bwd            the backward's launcher (backward) and its d(delta) sum kernel
     bwd_dq         the dq kernel
     bwd_dkdv       the dk/dv kernel
     bwd_chain_rule the chain rule from q'/k' gradients to q/k gradients, shared by both

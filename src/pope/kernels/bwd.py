@@ -3,13 +3,15 @@
   1. `_pope_bwd_dq_kernel` (pope.kernels.bwd_dq), one program per query block: D = rowsum(dO * O), dq, and one
      partial sum of d(delta) per block, iterating over key blocks;
   2. `_pope_bwd_dkdv_kernel` (pope.kernels.bwd_dkdv), one program per key block: dk and dv, iterating over the
-     query blocks of every query head of its key head's GQA group; at BLOCK_D <= 64 it reads its key block from k'
-     and writes [dk | dv] over its own k' rows (after reading them);
-  3. `_backward_epilogue_kernel` (here): copies dk and dv out of those rows and sums d(delta)'s partials.
+     query blocks of every query head of its key head's GQA group (at BLOCK_D <= 64 its key block comes from k'),
+     writing dk and dv in their inputs' layouts;
+  3. `_d_delta_sum_kernel` (here): d(delta) summed from the dq kernel's partials.
 The chain rule both gradient kernels end with is pope.kernels.bwd_chain_rule.
 Guarantees: no atomics anywhere: d(delta) is summed in a fixed order, so two runs give bitwise-identical gradients;
-the buffers the backward allocates peak at 5 |q| at MHA (dq + q' + k'), as SDPA's dq, dk, dv and fp32 dq
-accumulator; every pre-pass buffer is freed before the call returns. Same inputs and layouts as the forward.
+the buffers the backward allocates peak at MHA at 5 |q| for BLOCK_D > 64 (dq + q' + k', then dq + q' + dk + dv: as
+SDPA's dq, dk, dv and fp32 dq accumulator) and at 7 |q| for BLOCK_D <= 64 (dq + q' + k' + dk + dv: SDPA's
+gradients and the pre-pass's q' and k'); every pre-pass buffer is freed before the call returns. Same inputs and
+layouts as the forward.
 """
 
 from __future__ import annotations
@@ -27,20 +29,7 @@ from .configs import DKDV_KEYS_FROM_PREPASS_MAX_BLOCK_D, TRANSFORM_ROWS, pick_ti
 
 
 @triton.jit
-def _backward_epilogue_kernel(
-    X,
-    OutA,
-    OutB,
-    n_rows,
-    n1,
-    n2,
-    stride_a0,
-    stride_a1,
-    stride_a2,
-    stride_b0,
-    stride_b1,
-    stride_b2,
-    n_split_programs,
+def _d_delta_sum_kernel(
     Partial,
     DDelta,
     batch,
@@ -50,45 +39,21 @@ def _backward_epilogue_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_R: tl.constexpr,
 ):
-    """The backward's last launch, two jobs by program id:
-    * programs < n_split_programs: rows [a | b] of X (n_rows, 2 BLOCK_D), each half zero-padded to BLOCK_D ->
-      OutA, OutB: the dk/dv kernel's gradients, written over k' rows, copied out in one pass (two strided torch
-      copies cost twice the time on an H200); row r = (i0 n1 + i1) n2 + i2 goes to i0 s0 + i1 s1 + i2 s2 of each
-      output (its own strides: dk and dv in k's and v's layouts);
-    * the programs after them, one per query head: d(delta)[h] (d,) = the sum of the dq kernel's partials
-      Partial (B, Hq, n_m_blocks, d) fp32 over batches and query blocks, in a fixed order (deterministic), stored
-      in DDelta's dtype: one launch instead of a torch sum and cast after the kernels."""
-    pid = tl.program_id(0)
+    """The backward's last launch, one program per query head: d(delta)[h] (d,) = the sum of the dq kernel's
+    partials Partial (B, Hq, n_m_blocks, d) fp32 over batches and query blocks, in a fixed order (deterministic),
+    stored in DDelta's dtype: one launch instead of a torch sum and cast after the kernels."""
+    h = tl.program_id(0)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
-    if pid < n_split_programs:
-        offs_r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
-        mask = (offs_r < n_rows)[:, None] & mask_d[None, :]
-        rows = X + offs_r[:, None] * (2 * BLOCK_D) + offs_d[None, :]
-        i2 = offs_r % n2
-        i1 = (offs_r // n2) % n1
-        i0 = offs_r // (n1 * n2)
-        out_a = (i0 * stride_a0 + i1 * stride_a1 + i2 * stride_a2)[:, None] + offs_d[None, :]
-        out_b = (i0 * stride_b0 + i1 * stride_b1 + i2 * stride_b2)[:, None] + offs_d[None, :]
-        tl.store(OutA + out_a, tl.load(rows, mask=mask), mask=mask)
-        tl.store(OutB + out_b, tl.load(rows + BLOCK_D, mask=mask), mask=mask)
-    else:
-        h = pid - n_split_programs
-        total = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)  # (blocks, channels) partial sums
-        offs_m = tl.arange(0, BLOCK_R)
-        for b in range(0, batch):
-            head_rows = Partial + (b * n_q_heads + h).to(tl.int64) * n_m_blocks * HEAD_DIM
-            for start in range(0, n_m_blocks, BLOCK_R):
-                blocks = start + offs_m
-                mask = (blocks < n_m_blocks)[:, None] & mask_d[None, :]
-                total += tl.load(head_rows + blocks[:, None] * HEAD_DIM + offs_d[None, :], mask=mask, other=0.0)
-        tl.store(DDelta + h * HEAD_DIM + offs_d, tl.sum(total, 0).to(DDelta.dtype.element_ty), mask=mask_d)
-
-
-def epilogue_strides(grad: torch.Tensor, packed: host.Packed | None) -> tuple:
-    """(s0, s1, s2) of a dk or dv for the epilogue's row split: (B, H, N) strides; packed (total, H, d): (row, 0,
-    head) strides, as its k' rows run (total_k, Hkv) with n1 = 1."""
-    return (grad.stride(0), 0, grad.stride(1)) if packed else grad.stride()[:3]
+    total = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)  # (blocks, channels) partial sums
+    offs_m = tl.arange(0, BLOCK_R)
+    for b in range(0, batch):
+        head_rows = Partial + (b * n_q_heads + h).to(tl.int64) * n_m_blocks * HEAD_DIM
+        for start in range(0, n_m_blocks, BLOCK_R):
+            blocks = start + offs_m
+            mask = (blocks < n_m_blocks)[:, None] & mask_d[None, :]
+            total += tl.load(head_rows + blocks[:, None] * HEAD_DIM + offs_d[None, :], mask=mask, other=0.0)
+    tl.store(DDelta + h * HEAD_DIM + offs_d, tl.sum(total, 0).to(DDelta.dtype.element_ty), mask=mask_d)
 
 
 def statistics_buffers(rows: int, seq_q: int, packed: host.Packed | None, device: torch.device):
@@ -159,8 +124,7 @@ def backward(
         precision,
         *(packed or ()),
     )
-    # Pre-pass buffers and gradients are made as late and freed as early as they can be, so that what the
-    # backward allocates peaks at 5 |q| at MHA (dq + q' + k'), as SDPA's dq, dk, dv and fp32 dq accumulator.
+    # Pre-pass buffers and gradients are made as late and freed as early as they can be (peaks: module docstring).
     # Gradients are allocated in the inputs' own shapes (packed: (total, H, d)); the kernels see batch views.
     dq = host.empty_in_layout_of(q)  # each gradient in its input's layout (packed: (total, H, d) contiguous)
     k_in, v_in = k, v
@@ -179,8 +143,7 @@ def backward(
     )
     padded_q, row_delta, packed_lse = statistics_buffers(batch * n_q_heads, seq_q, packed, q.device)
     # q' serves both parts: part 1's query blocks and part 2's streamed queries. k' serves part 1's streamed keys
-    # (freed after part 1, or at d <= 64 after part 2, which reads its key blocks from it and writes dk and dv
-    # over it). Both from one launch.
+    # (freed after part 1, or at d <= 64 after part 2, which reads its key blocks from it). Both from one launch.
     q_prime, k_prime = prepass.transform_queries_and_keys(
         q, k, theta, delta, q_offset=q_offset, magnitude=magnitude, site=plan + ("backward q' k'",), packed=packed
     )
@@ -243,19 +206,17 @@ def backward(
     block_m, block_n, num_warps, num_stages = pick_tiles("dkdv", head_dim, dkdv_config, q.dtype, q.device, precision)
     keys_from_prepass = block_d <= DKDV_KEYS_FROM_PREPASS_MAX_BLOCK_D
     if keys_from_prepass:
-        # Each program reads its key block from k' and writes its dk and dv over those same k' rows, [dk | dv]
-        # (no new memory: k' and dq + dk + dv are the same 5 |q|); dk and dv are copied out below.
-        kp_rows = k_prime.view(batch, n_kv_heads, seq_k, 2 * block_d)
-        dk_out, dv_out = kp_rows[..., :head_dim], kp_rows[..., block_d : block_d + head_dim]
+        # Each program reads its key block from k' (kept alive until part 2 ends: 2 |k| more than at d = 128, the
+        # price of not transforming keys in registers) and writes dk and dv straight into their own buffers.
         key_descriptors = (
             direct_launch.same_tiles(kp_desc, k_rows, [1, block_n, 2 * block_d]),
             direct_launch.same_tiles(v_desc, v_tma, [1, 1, block_n, block_d]),
         )
     else:
         del k_prime, k_rows, kp_desc  # k' dies before dk and dv exist (peak memory; a descriptor holds its tensor)
-        dk, dv = host.empty_in_layout_of(k_in), host.empty_in_layout_of(v_in)
-        dk_out, dv_out = host.batch_view(dk, packed), host.batch_view(dv, packed)
         key_descriptors = (None, None)
+    dk, dv = host.empty_in_layout_of(k_in), host.empty_in_layout_of(v_in)
+    dk_out, dv_out = host.batch_view(dk, packed), host.batch_view(dv, packed)
     # q', dO, lse and D stream in by TMA.
     lse_rows = lse_statistics_rows(lse, row_delta, packed_lse)
     descriptors = (
@@ -300,46 +261,20 @@ def backward(
         num_stages=num_stages,
     )
     del q_prime, q_rows, qp_desc, descriptors, key_descriptors
-    # One last launch: dk and dv copied out of k' (d <= 64) and d(delta) summed from its partials, by one kernel.
-    # k' rows are in the order (B, Hkv, Nk), packed (total_k, Hkv): row r = (i0 n1 + i1) n2 + i2 goes to
-    # i0 s0 + i1 s1 + i2 s2 of dk (dv), which may be laid out as k (v) is.
     if keys_from_prepass:
-        dk, dv = host.empty_in_layout_of(k_in), host.empty_in_layout_of(v_in)
-        n_rows = batch * n_kv_heads * seq_k
-        source = k_prime
-        row_split = (1, n_kv_heads) if packed else (n_kv_heads, seq_k)  # (n1, n2)
-        dk_strides, dv_strides = (epilogue_strides(t, packed) for t in (dk, dv))
-    else:
-        n_rows, source = 0, dk  # nothing to split: source, outputs unused
-        row_split, dk_strides, dv_strides = (1, 1), (0, 0, 0), (0, 0, 0)
-    d_delta = host.empty(delta.shape, device=q.device, dtype=delta.dtype) if delta is not None else None
-    n_split_programs = host.cdiv(n_rows, TRANSFORM_ROWS)
-    n_programs = n_split_programs + (n_q_heads if delta is not None else 0)
-    if n_programs:
+        del k_prime, k_rows, kp_desc
+    # One last launch: d(delta) summed from its partials (deterministic: a fixed order, no atomics).
+    d_delta = None
+    if delta is not None:
+        d_delta = host.empty(delta.shape, device=q.device, dtype=delta.dtype)
         direct_launch.launch(
-            _backward_epilogue_kernel,
-            (n_programs,),
-            plan + ("dk dv out, d delta",),
-            (
-                source,
-                dk,
-                dv,
-                n_rows,
-                *row_split,
-                *dk_strides,
-                *dv_strides,
-                n_split_programs,
-                d_delta_partial,
-                d_delta if d_delta is not None else d_delta_partial,
-                n_sequences,
-                n_q_heads,
-                n_m_blocks,
-            ),
+            _d_delta_sum_kernel,
+            (n_q_heads,),
+            plan + ("d delta",),
+            (d_delta_partial, d_delta, n_sequences, n_q_heads, n_m_blocks),
             HEAD_DIM=head_dim,
             BLOCK_D=block_d,
             BLOCK_R=TRANSFORM_ROWS,
             num_warps=4,
         )
-    if keys_from_prepass:
-        del k_prime, k_rows, kp_desc, kp_rows, dk_out, dv_out
     return dq, dk, dv, d_delta

@@ -1,7 +1,6 @@
 """The dk/dv kernel of the backward, `_pope_bwd_dkdv_kernel`: one program per key block computes dk and dv,
-iterating over the query blocks of every query head of its key head's GQA group; at BLOCK_D <= 64 it reads its key
-block from k' and writes [dk | dv] over its own k' rows (after reading them). Launched by
-pope.kernels.bwd.backward."""
+iterating over the query blocks of every query head of its key head's GQA group, and writes them in their inputs'
+layouts; at BLOCK_D <= 64 it reads its key block from the pre-pass's k'. Launched by pope.kernels.bwd.backward."""
 
 from __future__ import annotations
 
@@ -150,9 +149,8 @@ def _pope_bwd_dkdv_kernel(
     k_rows = K + b * stride_kb + hk * stride_kh + rows[:, None] * stride_kn  # (BLOCK_N, 1) row pointers
     if KEYS_FROM_PREPASS:
         # This program's key block k' and its v, by TMA into shared memory (the products' operands there, no
-        # register copies: d=64 spills 136 B -> none). DK and DV point into the same k' rows: each program reads
-        # its own rows here and overwrites them only in its epilogue (the launcher copies dk and dv out).
-        # (In a packed batch, rows past the sequence are the next one's: they reach only their own, unstored rows.)
+        # register copies: d=64 spills 136 B -> none). (In a packed batch, rows past the sequence are the next
+        # one's: they reach only their own rows, masked from the stores.)
         k_wide = kp_desc.load([kv_row, start_k + pid_n * BLOCK_N, 0]).reshape(BLOCK_N, 2 * BLOCK_D)
         v = v_desc.load([b, hk, start_k + pid_n * BLOCK_N, 0]).reshape(BLOCK_N, BLOCK_D)
     else:

@@ -84,8 +84,8 @@ INTERPRETER_TILES = Tiles(32, 32, 4, 1)
 
 # Pre-pass rows per program (half at BLOCK_D > 64: 4K elements a program).
 TRANSFORM_ROWS = 64
-# Up to this BLOCK_D the dk/dv kernel reads its key block from the backward's k' (kept alive, dk and dv written over
-# it) instead of transforming it in registers: faster at d <= 64, slower at d = 128 on an H200 (docs/kernels.md).
+# Up to this BLOCK_D the dk/dv kernel reads its key block from the backward's k' (kept alive until it ends) instead of
+# transforming it in registers: faster at d <= 64, slower at d = 128 on an H200 (docs/kernels.md).
 DKDV_KEYS_FROM_PREPASS_MAX_BLOCK_D = 64
 
 
