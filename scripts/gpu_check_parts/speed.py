@@ -84,8 +84,9 @@ def attention_rows(*, bench_ms, smoke: bool, device: str):
                 yield f"attention fwd+bwd {label}: PoPE {backend} / SDPA", both / sdpa_both, "time ratio"
 
 
-def _gpt_step_ms(preset: str, pe: str, batch: int, *, mode: str, smoke: bool, device: str) -> float:
-    """Milliseconds per compiled training step (bf16 autocast, fused AdamW) of a preset's GPT on random tokens."""
+def _gpt_step_ms(preset: str, pe: str, batch: int, *, mode: str, smoke: bool, device: str) -> list[float]:
+    """Milliseconds of each timed compiled training step (bf16 autocast, fused AdamW) of a preset's GPT on random
+    tokens, in order."""
     from pope.model import GPT
     from pope.presets import get_preset
 
@@ -115,8 +116,6 @@ def _gpt_step_ms(preset: str, pe: str, batch: int, *, mode: str, smoke: bool, de
     steps = 2 if smoke else TRAIN_STEPS
     for _ in range(WARMUP_STEPS):
         step()
-    # Each step timed on its own and the median reported: the mean of 20 steps of the same code read 23 to 27 ms a
-    # step from one run to the next (torch.compile default mode, one H100); a few slow steps do not move a median.
     if device != "cuda":
         import time
 
@@ -125,7 +124,7 @@ def _gpt_step_ms(preset: str, pe: str, batch: int, *, mode: str, smoke: bool, de
             start = time.perf_counter()
             step()
             times.append((time.perf_counter() - start) * 1e3)
-        return statistics.median(times)
+        return times
     torch.cuda.synchronize()
     events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
     events[0].record()
@@ -133,15 +132,20 @@ def _gpt_step_ms(preset: str, pe: str, batch: int, *, mode: str, smoke: bool, de
         step()
         event.record()
     torch.cuda.synchronize()
-    return statistics.median(begin.elapsed_time(end) for begin, end in zip(events, events[1:]))
+    return [begin.elapsed_time(end) for begin, end in zip(events, events[1:])]
 
 
 def _pope_over_rope(preset: str, batch: int, *, mode: str, smoke: bool, device: str) -> float:
-    """PoPE's tokens/s over RoPE's = RoPE's step time over PoPE's."""
-    rope = _gpt_step_ms(preset, "rope", batch, mode=mode, smoke=smoke, device=device)
-    pope = _gpt_step_ms(preset, "pope", batch, mode=mode, smoke=smoke, device=device)
-    print(f"   {preset} [{mode}]: RoPE {rope:.2f} ms/step, PoPE {pope:.2f} ms/step", flush=True)
-    return rope / pope
+    """PoPE's tokens/s over RoPE's = RoPE's median step time over PoPE's. Medians, because the mean of 20 steps of
+    the same code read 23 to 27 ms a step from one run to the next (torch.compile default mode, one H100), and a few
+    slow steps do not move a median; the slowest step is printed beside it."""
+    rope, pope = (_gpt_step_ms(preset, pe, batch, mode=mode, smoke=smoke, device=device) for pe in ("rope", "pope"))
+    spread = ", ".join(
+        f"{name} {statistics.median(times):.2f} ms/step (slowest {max(times):.2f})"
+        for name, times in (("RoPE", rope), ("PoPE", pope))
+    )
+    print(f"   {preset} [{mode}]: {spread}", flush=True)
+    return statistics.median(rope) / statistics.median(pope)
 
 
 def gpt2_rows(*, bench_ms, smoke: bool, device: str):
