@@ -1,6 +1,7 @@
-"""The GPU check: is PoPE correct, and is it still as fast as it was? One command, one NVIDIA GPU, about 7 minutes.
+"""The GPU check: is PoPE correct, and is it still as fast as it was? One command, one NVIDIA GPU, about 5 minutes.
 
-    python scripts/gpu_check.py [--out benchmarks/results] [--sections correctness,attention,gpt2,presets,hf]
+    python scripts/gpu_check.py [--out benchmarks/results] [--sections correctness,attention,gpt2,hf]
+    python scripts/gpu_check.py --sections all      # also each preset's model (about 3 more minutes)
     python scripts/gpu_check.py --update-readme     # README's performance table from the CSV's latest run
 
 Correctness, against float64 by the kernel tests' rule (the kernels' error at most 2x what plain PyTorch makes in the
@@ -11,9 +12,10 @@ graph with no break and no recompile, as RoPE's is.
 
 Speed, each ratio PoPE's over a baseline's timed side by side in one process: attention forward and forward +
 backward at the standard shapes against SDPA without a positional encoding and against a compiled RoPE + SDPA; the
-GPT-2 124M training step against RoPE's in both torch.compile modes; each preset's model against RoPE's; the Hugging
-Face PoPE Llama step against Llama's. Each section runs in a process of its own: in one process, the earlier
-sections' state slowed the host side of a later compiled PoPE step (GPT-2, default mode: 0.33x instead of 0.77x).
+GPT-2 124M training step against RoPE's in both torch.compile modes; the Hugging Face PoPE Llama step against
+Llama's; with --sections all (or presets), each preset's model against RoPE's, which compiles eight more models.
+Each section runs in a process of its own: in one process, the earlier sections' state slowed the host side of a
+later compiled PoPE step (GPT-2, default mode: 0.33x instead of 0.77x).
 
 Every value is compared with benchmarks/gpu_check_thresholds.csv: its target (what we aim for) and its baseline (what
 the check read when the thresholds were last set) with a tolerance. A value worse than baseline by more than the
@@ -45,6 +47,8 @@ THRESHOLDS = ROOT / "benchmarks" / "gpu_check_thresholds.csv"
 README = ROOT / "README.md"
 README_BEGIN, README_END = "<!-- gpu-check:begin -->", "<!-- gpu-check:end -->"
 SECTIONS = ("correctness", "attention", "gpt2", "presets", "hf")
+# What a plain run checks: everything but "presets", whose eight compiled models would take the check past 8 minutes.
+DEFAULT_SECTIONS = ("correctness", "attention", "gpt2", "hf")
 CSV_FIELDS = ("run", "date_utc", "gpu", "torch", "triton", "cuda", "commit", "command", "section", "check", "value",
               "unit", "target", "baseline", "status")  # fmt: skip
 
@@ -257,10 +261,25 @@ def print_table(rows: list[dict], thresholds: dict) -> None:
     print(", ".join(f"{n} {s}" for s, n in counts.items() if n))
 
 
+def parse_sections(text: str) -> list[str]:
+    """The sections a --sections value names, in the check's order: "all" for every one; ValueError otherwise."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if names == ["all"]:
+        return list(SECTIONS)
+    unknown = [name for name in names if name not in SECTIONS]
+    if unknown or not names:
+        raise ValueError(f"unknown section(s) {unknown or [text]}; choose from {', '.join(SECTIONS)}, or all")
+    return [name for name in SECTIONS if name in names]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="where gpu_check.csv grows")
-    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
+    parser.add_argument(
+        "--sections",
+        default=",".join(DEFAULT_SECTIONS),
+        help=f"comma-separated subset of {', '.join(SECTIONS)}, or all (default: {','.join(DEFAULT_SECTIONS)})",
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: checks the script, not PoPE")
     parser.add_argument(
         "--run",
@@ -272,10 +291,10 @@ def main(argv=None) -> int:
     if args.update_readme:
         update_readme(args.out / "gpu_check.csv")
         return 0
-    sections = [s for s in args.sections.split(",") if s]
-    unknown = [s for s in sections if s not in SECTIONS]
-    if unknown:
-        parser.error(f"unknown section(s) {unknown}; choose from {', '.join(SECTIONS)}")
+    try:
+        sections = parse_sections(args.sections)
+    except ValueError as error:
+        parser.error(str(error))
     if DEVICE != "cuda" and not args.smoke:
         raise SystemExit("scripts/gpu_check.py needs an NVIDIA GPU (torch.cuda.is_available() is False); "
                          "--smoke runs it on the CPU to test the script")  # fmt: skip

@@ -97,7 +97,7 @@ def test_update_readme_rewrites_only_the_marked_section(tmp_path):
 def test_smoke_run_measures_every_section_and_appends_rows(tmp_path):
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT / "src")}
     result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--smoke", "--out", str(tmp_path)],
+        [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--smoke", "--sections", "all", "--out", tmp_path],
         capture_output=True,
         text=True,
         env=env,
@@ -110,6 +110,15 @@ def test_smoke_run_measures_every_section_and_appends_rows(tmp_path):
     assert correctness and all(row["status"] == "PASS" for row in correctness), result.stdout
     assert all(row["value"] and row["gpu"].startswith("cpu") and row["commit"] for row in rows)
     assert not [row for row in rows if row["status"] == "ERROR"], result.stdout + result.stderr
+
+
+def test_a_plain_run_checks_all_but_the_presets_and_all_names_every_section():
+    assert gpu_check.parse_sections(",".join(gpu_check.DEFAULT_SECTIONS)) == ["correctness", "attention", "gpt2", "hf"]
+    assert gpu_check.parse_sections("all") == list(gpu_check.SECTIONS)
+    assert gpu_check.parse_sections("hf, gpt2") == ["gpt2", "hf"]  # the check's order, whatever the order given
+    for bad in ("gpt3", "", "all,hf"):
+        with pytest.raises(ValueError, match="choose from"):
+            gpu_check.parse_sections(bad)
 
 
 def test_without_a_gpu_the_check_says_so_in_one_line():
