@@ -152,11 +152,14 @@ def update_readme(csv_path: Path, readme: Path = README) -> None:
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def bench_ms(fn, *, smoke: bool) -> float:
-    """Median milliseconds of fn(): triton.testing.do_bench (CUDA events, warm-up, many repeats) on a GPU."""
+def bench_ms(fn, *, smoke: bool, cuda_graph: bool = False) -> float:
+    """Median milliseconds of fn(): triton.testing.do_bench (CUDA events, warm-up, many repeats) on a GPU; with
+    cuda_graph, of fn's launches captured in a CUDA graph and replayed (GPU time without the host's)."""
     if DEVICE == "cuda":
         import triton.testing
 
+        if cuda_graph:
+            return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
         return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
     fn()
     times = []
