@@ -32,7 +32,7 @@ lint: setup
 	$(VENV)/bin/lint-imports
 
 # The suite runs in TEST_WORKERS processes (pytest-xdist): most tests use one core, so two workers on a 2-core
-# machine take it from about 17 to about 11 minutes. Each worker imports torch: keep it near the core count.
+# machine take it from about 17 to about 10 minutes. Each worker imports torch: keep it near the core count.
 TEST_WORKERS ?= 2
 
 test: setup lint data

@@ -1,4 +1,4 @@
-"""The GPU check: is PoPE correct, and is it still as fast as it was? One command, one NVIDIA GPU, about 5 minutes.
+"""The GPU check: is PoPE correct, and is it still as fast as it was? One command, one NVIDIA GPU, about 7 minutes.
 
     python scripts/gpu_check.py [--out benchmarks/results] [--sections correctness,attention,gpt2,hf]
     python scripts/gpu_check.py --sections all      # also each preset's model (about 3 more minutes)
@@ -269,9 +269,12 @@ def parse_sections(text: str) -> list[str]:
     names = [name.strip() for name in text.split(",") if name.strip()]
     if names == ["all"]:
         return list(SECTIONS)
+    choices = f"choose from {', '.join(SECTIONS)}, or all alone"
+    if not names:
+        raise ValueError(f"--sections {text!r} names no section; {choices}")
     unknown = [name for name in names if name not in SECTIONS]
-    if unknown or not names:
-        raise ValueError(f"unknown section(s) {unknown or [text]}; choose from {', '.join(SECTIONS)}, or all")
+    if unknown:
+        raise ValueError(f"unknown section(s) {', '.join(unknown)} in --sections {text!r}; {choices}")
     return [name for name in SECTIONS if name in names]
 
 
