@@ -210,8 +210,8 @@ def measure(args) -> None:
     import pope.attention.api as attention_module
 
     patches = [
-        (ops, "_forward", "ops._forward"),
-        (ops, "_backward_kernels", "ops._backward_kernels"),
+        (ops.fused, "_forward", "ops._forward"),
+        (ops.fused, "_backward_kernels", "ops._backward_kernels"),
         (kernels, "forward", "kernels.forward"),
         (kernels, "backward", "kernels.backward"),
         (attention_module, "check_inputs", "_check_inputs"),

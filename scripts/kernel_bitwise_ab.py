@@ -79,7 +79,7 @@ def worker(save: str, small: bool, device: str) -> None:
         theta = kernel_theta(d, 10000.0, device)
         tensors = {}
         for call in ("", "@2"):
-            out, lse = flash_attention_forward(q, k, v, delta, theta, causal, scale, q_offset, magnitude)
+            out, lse = flash_attention_forward(q, k, v, delta, theta, causal, scale, q_offset, magnitude)[:2]
             tensors["forward out" + call], tensors["lse" + call] = out.cpu(), lse.cpu()
             leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, delta)]
             out = triton_pope_attention(

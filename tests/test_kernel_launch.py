@@ -28,42 +28,55 @@ from pope.settings import SETTINGS
 from pope.testing import RecordingKernel, outputs_and_gradients
 
 
-# dk/dv kernel: key block from k' (d <= 64: 7 |q|), or transformed in registers (5 |q|)
-@pytest.mark.parametrize("head_dim, backward_peak", [(32, 7), (128, 5)])
-def test_backward_buffers_peak_where_documented(kernels, monkeypatch, head_dim, backward_peak):
-    """Peak memory: the gradients and q'/k' pre-pass buffers that the backward allocates never hold more than
-    pope.kernels.bwd documents (MHA, |q| = |k|). d > 64: dq + q' + k' while dq runs, dq + q' + dk + dv while dk/dv
-    run (k' freed): 5 |q|, as SDPA's dq, dk, dv and fp32 dq accumulator. d <= 64: the dk/dv kernel reads its keys
-    from k', so dq + q' + k' + dk + dv: 7 |q|. A buffer kept alive too long (a TMA descriptor held k' once) or made too
-    early (dk, dv before part 1) exceeds it. The forward's q' and k' and the backward's buffers all die with the
-    call."""
+# dk/dv kernel: key block from k' (d <= 64: 7 |q|), or transformed in registers (5 |q|); with the forward's q', k'
+# kept for the backward (reuse_prepass), both live through it: 7 |q|.
+@pytest.mark.parametrize(
+    "head_dim, reuse_prepass, backward_peak", [(32, False, 7), (128, False, 5), (32, True, 7), (128, True, 7)]
+)
+def test_backward_buffers_peak_where_documented(kernels, monkeypatch, head_dim, reuse_prepass, backward_peak):
+    """Peak memory: the gradients and q'/k' pre-pass buffers live during the backward never hold more than
+    pope.kernels.bwd documents (MHA, |q| = |k|). Its own pre-pass, d > 64: dq + q' + k' while dq runs, dq + q' + dk +
+    dv while dk/dv run (k' freed): 5 |q|, as SDPA's dq, dk, dv and fp32 dq accumulator; d <= 64: the dk/dv kernel
+    reads its keys from k', so dq + q' + k' + dk + dv: 7 |q|. The forward's q', k' (pope.settings' reuse_prepass):
+    no pre-pass, and q' + k' + dq + dk + dv: 7 |q| at any d. A buffer kept alive too long (a TMA descriptor held k'
+    once) or made too early (dk, dv before part 1) exceeds it. Every pre-pass buffer dies with the call."""
     if delegated(kernels):
         return
     import weakref
 
+    from pope.kernels import buffers
+
+    monkeypatch.setattr(SETTINGS, "reuse_prepass", reuse_prepass)
     generator = torch.Generator().manual_seed(3)
     q, k, v, delta, grad_out = kernel_inputs(1, 2, 2, 40, 40, head_dim, torch.bfloat16, True, generator)
     q_bytes = q.numel() * 2  # |q| in bf16, the dtype the kernels run in (the test's inputs are fp64 masters)
-    made = []  # (phase, weakref, bytes) of every buffer the launchers allocate
+    prime_width = 2 * buffers.block_d(head_dim)
+    made = []  # (phase, weakref, bytes, pre-pass buffer?) of every buffer the launchers allocate
     peak = {"forward": 0, "backward": 0}
     phase = ["forward"]
-    from pope.kernels import host
+    original_empty, original_backward = buffers.empty, kernels.backward
 
-    original_empty, original_backward = host.empty, kernels.backward
+    def live_bytes():  # buffers of at least |q| (gradients, q', k', out; not the row statistics) the phase holds
+        return sum(
+            size
+            for when, ref, size, prime in made
+            if ref() is not None and size >= q_bytes and (when == phase[0] or prime)
+        )
 
     def recording_empty(shape, *, device, dtype):
         out = original_empty(shape, device=device, dtype=dtype)
-        made.append((phase[0], weakref.ref(out), out.numel() * out.element_size()))
-        # Buffers of at least |q| made in this phase (gradients, q', k', out); the row statistics are left out.
-        live = sum(size for when, ref, size in made if when == phase[0] and ref() is not None and size >= q_bytes)
-        peak[phase[0]] = max(peak[phase[0]], live)
+        made.append((phase[0], weakref.ref(out), out.numel() * out.element_size(), shape[-1] == prime_width))
+        peak[phase[0]] = max(peak[phase[0]], live_bytes())
         return out
 
     def recording_backward(*args, **kwargs):
         phase[0] = "backward"
         return original_backward(*args, **kwargs)
 
-    monkeypatch.setattr(host, "empty", recording_empty)
+    from pope.kernels import host
+
+    monkeypatch.setattr(host, "empty", recording_empty)  # the launchers' buffers
+    monkeypatch.setattr(buffers, "empty", recording_empty)  # the pre-pass's (buffers.prime_buffer)
     monkeypatch.setattr(kernels, "backward", recording_backward)
     options = dict(
         base=10000.0, causal=True, softmax_scale=head_dim**-0.5, q_offset=0, magnitude="softplus", rotary_dim=None
@@ -72,8 +85,9 @@ def test_backward_buffers_peak_where_documented(kernels, monkeypatch, head_dim, 
     assert phase[0] == "backward", "the backward did not go through pope.kernels.backward"
     assert peak["backward"] <= backward_peak * q_bytes, f"backward held {peak['backward'] / q_bytes:.2f} |q| at once"
     assert peak["forward"] <= 5 * q_bytes, f"forward held {peak['forward'] / q_bytes:.2f} |q| at once"
-    prepass = [ref for _, ref, size in made if size >= 2 * q_bytes]
-    assert len(prepass) == 4, "expected the forward's q' and k', then the backward's q' and k'"
+    prepass = [ref for _, ref, _, prime in made if prime]
+    expected = 2 if reuse_prepass else 4
+    assert len(prepass) == expected, f"expected {expected} pre-pass buffers (q', k' per pre-pass), got {len(prepass)}"
     assert all(ref() is None for ref in prepass), "a pre-pass buffer outlived the call"
 
 

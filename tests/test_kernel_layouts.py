@@ -95,10 +95,12 @@ def test_fake_implementations_give_the_kernels_strides(kernels):
 # assert the old strides (reproduced on CPU: a graph cached by the contiguous-output operators, then run by the
 # heads-inner ones, fails "expected ... stride 32==2048 at dim=1").
 OUTPUT_STRIDES = {
-    "v2": {  # q (2, 4, 5, 8), k and v (2, 2, 5, 8): GQA; decode: one query over 9 keys
-        "forward, heads inner": [(160, 8, 32, 1), (20, 5, 1)],
-        "forward, contiguous": [(160, 40, 8, 1), (20, 5, 1)],
-        "forward, decode": [(32, 8, 8, 1), (4, 1, 1)],
+    "v3": {  # q (2, 4, 5, 8), k and v (2, 2, 5, 8): GQA; decode: one query over 9 keys; q', k' empty unless saved
+        "forward, heads inner": [(160, 8, 32, 1), (20, 5, 1), (1,), (1,)],
+        "forward, contiguous": [(160, 40, 8, 1), (20, 5, 1), (1,), (1,)],
+        "forward, saving q' k'": [(160, 8, 32, 1), (20, 5, 1), (640, 160, 32, 1), (320, 160, 32, 1)],
+        "forward, packed, saving q' k'": [(32, 8, 1), (10, 1), (128, 32, 128, 1), (64, 32, 64, 1)],
+        "forward, decode": [(32, 8, 8, 1), (4, 1, 1), (1,), (1,)],
         "backward, heads inner": [(160, 8, 32, 1), (80, 8, 16, 1), (80, 8, 16, 1), (8, 1)],
         "backward, contiguous": [(160, 40, 8, 1), (80, 40, 8, 1), (80, 40, 8, 1), (8, 1)],
     }
@@ -124,11 +126,16 @@ def test_operator_names_carry_their_output_layouts():
     q_c, k_c, v_c = (t.contiguous() for t in (q, k, v))
     decode_q = torch.empty(2, 4, 1, 8, device="meta")
     decode_kv = torch.empty(2, 2, 9, 8, device="meta")
-    out, lse = forward(q, k, v, delta, *options)
-    out_c, lse_c = forward(q_c, k_c, v_c, delta, *options)
+    out, lse, *no_primes = forward(q, k, v, delta, *options)
+    out_c, lse_c, *no_primes_c = forward(q_c, k_c, v_c, delta, *options)
+    packed_q, packed_kv = torch.empty(10, 4, 8, device="meta"), torch.empty(10, 2, 8, device="meta")
+    cu_seqlens = torch.empty(3, dtype=torch.int32, device="meta")
+    packed = forward(packed_q, packed_kv, packed_kv, delta, *options, cu_seqlens, cu_seqlens, 5, 5, True)
     seen = {
-        "forward, heads inner": [out.stride(), lse.stride()],
-        "forward, contiguous": [out_c.stride(), lse_c.stride()],
+        "forward, heads inner": [t.stride() for t in (out, lse, *no_primes)],
+        "forward, contiguous": [t.stride() for t in (out_c, lse_c, *no_primes_c)],
+        "forward, saving q' k'": [t.stride() for t in forward(q, k, v, delta, *options, None, None, 0, 0, True)],
+        "forward, packed, saving q' k'": [t.stride() for t in packed],
         "forward, decode": [t.stride() for t in forward(decode_q, decode_kv, decode_kv, None, *options)],
         "backward, heads inner": [t.stride() for t in backward(out, q, k, v, delta, out, lse, *options)],
         "backward, contiguous": [t.stride() for t in backward(out_c, q_c, k_c, v_c, delta, out_c, lse_c, *options)],

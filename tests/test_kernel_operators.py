@@ -44,9 +44,12 @@ def test_custom_ops_pass_opcheck(kernels):
         0,
         "softplus",
     )
-    torch.library.opcheck(
-        flash_attention_forward, args, test_utils=("test_schema", "test_faketensor", "test_autograd_registration")
-    )
+    for save_primes in (False, True):  # the forward's q', k' empty, or saved for the backward
+        torch.library.opcheck(
+            flash_attention_forward,
+            (*args, None, None, 0, 0, save_primes),
+            test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
+        )
 
 
 def test_eager_function_and_custom_operators_agree_bitwise(kernels, monkeypatch):
@@ -62,6 +65,50 @@ def test_eager_function_and_custom_operators_agree_bitwise(kernels, monkeypatch)
     operators = outputs_and_gradients(triton_attention, q, k, v, delta, grad_out, torch.bfloat16, options)
     for name, a, b in zip(["out", "dq", "dk", "dv", "d_delta"], eager, operators):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("eager_function", [True, False], ids=["eager-function", "operators"])
+def test_backward_reusing_the_forwards_prepass_agrees_bitwise(kernels, monkeypatch, eager_function):
+    """pope.settings' reuse_prepass: the backward takes the forward's q', k' instead of running the pre-pass again
+    (one launch fewer), with the same bits as without; a call nothing differentiates keeps no q', k'."""
+    if delegated(kernels):
+        return
+    from pope.kernels import direct_launch
+
+    launches = []
+    original_launch = direct_launch.launch
+    monkeypatch.setattr(
+        direct_launch,
+        "launch",
+        lambda kernel, *args, **meta: (launches.append(kernel.__name__), original_launch(kernel, *args, **meta))[1],
+    )
+    monkeypatch.setattr(SETTINGS, "eager_autograd_function", eager_function)
+    generator = torch.Generator().manual_seed(7)
+    q, k, v, delta, grad_out = kernel_inputs(2, 4, 2, 40, 40, 32, torch.bfloat16, True, generator)
+    options = dict(base=10000.0, causal=True, softmax_scale=32**-0.5, q_offset=0, magnitude="softplus", rotary_dim=None)
+    results, transforms = {}, {}
+    for reuse in (True, False):
+        monkeypatch.setattr(SETTINGS, "reuse_prepass", reuse)
+        launches.clear()
+        results[reuse] = outputs_and_gradients(triton_attention, q, k, v, delta, grad_out, torch.bfloat16, options)
+        transforms[reuse] = launches.count("_pope_transform_kernel")
+    assert transforms == {True: 1, False: 2}, transforms
+    for name, a, b in zip(["out", "dq", "dk", "dv", "d_delta"], results[True], results[False]):
+        assert torch.equal(a, b), name
+    if not eager_function:  # a call nothing differentiates asks the operator for no q', k'
+        from pope.ops import fused
+
+        asked = []
+        monkeypatch.setattr(SETTINGS, "reuse_prepass", True)
+        operator = fused.flash_attention_forward
+        monkeypatch.setattr(
+            fused, "flash_attention_forward", lambda *args: (asked.append(args[-1]), operator(*args))[1]
+        )
+        q, k, v, delta = (t.to(torch.bfloat16) for t in (q, k, v, delta))
+        with torch.no_grad():
+            triton_attention(q, k, v, delta, **options)
+        triton_attention(q, k, v, delta.requires_grad_(), **options)
+        assert asked == [False, True]
 
 
 def test_torch_compile_traces_without_graph_break(kernels):
@@ -83,7 +130,7 @@ def test_torch_compile_traces_without_graph_break(kernels):
     loss = compiled(q, k, v, delta)
     loss.backward()
     # Compiled code computes the frequencies in its graph and never fills the eager cache: a cached tensor made
-    # inside a CUDA-graph tree's warm-up call would stay live in the graph's private pool (pope.ops docstring).
+    # inside a CUDA-graph tree's warm-up call would stay live in the graph's private pool (pope.ops.fused docstring).
     assert not SETTINGS.caches.frequencies, "a compiled call cached the frequencies"
     expected = loss_fn(q.detach(), k.detach(), v.detach(), delta.detach())
     assert SETTINGS.caches.frequencies, "an eager call should cache the frequencies"

@@ -10,8 +10,9 @@ The chain rule both gradient kernels end with is pope.kernels.bwd_chain_rule.
 Guarantees: no atomics anywhere: d(delta) is summed in a fixed order, so two runs give bitwise-identical gradients;
 the buffers the backward allocates peak at MHA at 5 |q| for BLOCK_D > 64 (dq + q' + k', then dq + q' + dk + dv: as
 SDPA's dq, dk, dv and fp32 dq accumulator) and at 7 |q| for BLOCK_D <= 64 (dq + q' + k' + dk + dv: SDPA's
-gradients and the pre-pass's q' and k'); every pre-pass buffer is freed before the call returns. Same inputs and
-layouts as the forward.
+gradients and the pre-pass's q' and k'); every pre-pass buffer is freed before the call returns. Given the forward's
+q', k' (primes) it runs no pre-pass and they live through the call: 7 |q| at any d. Same inputs and layouts as the
+forward.
 """
 
 from __future__ import annotations
@@ -103,9 +104,11 @@ def backward(
     dq_config=None,
     dkdv_config=None,
     packed: host.Packed | None = None,
+    primes: tuple | None = None,
 ):
     """Returns (dq, dk, dv, d_delta or None). Deterministic: no atomics anywhere. packed: a packed batch as the
-    forward's (do, q, out (total_q, Hq, d), k, v (total_k, Hkv, d), lse (Hq, total_q)), one launch per kernel."""
+    forward's (do, q, out (total_q, Hq, d), k, v (total_k, Hkv, d), lse (Hq, total_q)), one launch per kernel.
+    primes: the (q', k') the forward returned for these inputs (forward(..., return_primes=True)): no pre-pass."""
     precision = host.precision(q.dtype, q.device)  # a constexpr of the kernels: part of the launch sites' plan key
     plan = host.plan(
         do,
@@ -144,9 +147,12 @@ def backward(
     padded_q, row_delta, packed_lse = statistics_buffers(batch * n_q_heads, seq_q, packed, q.device)
     # q' serves both parts: part 1's query blocks and part 2's streamed queries. k' serves part 1's streamed keys
     # (freed after part 1, or at d <= 64 after part 2, which reads its key blocks from it). Both from one launch.
-    q_prime, k_prime = prepass.transform_queries_and_keys(
-        q, k, theta, delta, q_offset=q_offset, magnitude=magnitude, site=plan + ("backward q' k'",), packed=packed
-    )
+    if primes is None:
+        q_prime, k_prime = prepass.transform_queries_and_keys(
+            q, k, theta, delta, q_offset=q_offset, magnitude=magnitude, site=plan + ("backward q' k'",), packed=packed
+        )
+    else:
+        q_prime, k_prime = primes
 
     # Part 1: dq, D and the d delta partials.
     block_m, block_n, num_warps, num_stages = pick_tiles("dq", head_dim, dq_config, q.dtype, q.device, precision)

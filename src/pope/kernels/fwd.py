@@ -7,7 +7,8 @@ FMA dots on GPUs without TF32 tensor cores — unless torch.set_float32_matmul_p
 host.precision); d <= 128 (padded to a power of two inside); any length (masked tails). Guarantees: softmax
 statistics in fp32; lse is the natural-log log-sum-exp (B, Hq, Nq) fp32; a key masked from a query (causal or past
 Nk) enters its scores through tl.where(..., -inf), so no value of it, finite or not, reaches that query's output; q'
-and k' come from one pre-pass launch and are freed on return (the forward saves nothing beyond its inputs, out and lse).
+and k' come from one pre-pass launch and are freed on return unless the caller asks for them (return_primes: for the
+backward, which then skips its own pre-pass).
 How: score(i, j) = scale * (q'_i . k'_j), q' and k' held as one wide (rows, 2 BLOCK_D) tile [cos | sin] read by TMA
 (one dot over 2d channels); online softmax in base 2, the scale riding in the exponent's FMA (scale > 0).
 """
@@ -197,9 +198,11 @@ def forward(
     magnitude: str,
     config=None,
     packed: host.Packed | None = None,
+    return_primes: bool = False,
 ):
     """Returns (out (B, Hq, Nq, d) in q's dtype and layout (host.empty_in_layout_of), lse (B, Hq, Nq) fp32, natural
-    log).
+    log); return_primes: (out, lse, (q', k')), the pre-pass's q' (B, Hq, Nq, 2 BLOCK_D) and k' (B, Hkv, Nk, 2 BLOCK_D)
+    (packed: host.prime_buffer's batch views) that `backward(..., primes=)` takes instead of computing them again.
 
     packed: q (total_q, Hq, d), k/v (total_k, Hkv, d) hold the sequences of a packed batch, all run by one launch per
     kernel (q_offset unused: each sequence is bottom-right aligned); returns out (total_q, Hq, d), lse (Hq, total_q)."""
@@ -208,8 +211,8 @@ def forward(
     out_like = q  # out in q's layout (host.empty_in_layout_of); packed: (total_q, Hq, d) contiguous
     if packed is not None:  # batch-1 views of the packed tensors
         q, k, v = (host.batch_view(t, packed) for t in (q, k, v))
-    # q' and k' from the pre-pass (freed on return): q' by (BLOCK_M, 2 BLOCK_D) and k' by (BLOCK_N, 2 BLOCK_D)
-    # [cos | sin] tiles, v by (BLOCK_N, BLOCK_D) tiles, all by TMA (zeros past the rows).
+    # q' and k' from the pre-pass (freed on return unless returned): q' by (BLOCK_M, 2 BLOCK_D) and k' by
+    # (BLOCK_N, 2 BLOCK_D) [cos | sin] tiles, v by (BLOCK_N, BLOCK_D) tiles, all by TMA (zeros past the rows).
     q_prime, k_prime = prepass.transform_queries_and_keys(
         q, k, theta, delta, q_offset=q_offset, magnitude=magnitude, site=plan + ("forward q' k'",), packed=packed
     )
@@ -254,4 +257,5 @@ def forward(
         num_warps=num_warps,
         num_stages=num_stages,
     )
-    return out, (lse[0] if packed else lse)
+    lse = lse[0] if packed else lse
+    return (out, lse, (q_prime, k_prime)) if return_primes else (out, lse)

@@ -15,8 +15,11 @@ from typing import NamedTuple
 import torch
 
 from pope.frequencies import pope_turn_words
-from pope.kernels.buffers import empty as empty  # re-exported: the launchers' buffers
+from pope.kernels.buffers import block_d as block_d  # re-exported: the launchers' buffers and tile widths
+from pope.kernels.buffers import empty as empty
 from pope.kernels.buffers import empty_in_layout_of as empty_in_layout_of
+from pope.kernels.buffers import next_power_of_2 as next_power_of_2
+from pope.kernels.buffers import prime_buffer as prime_buffer
 from pope.kernels.capability import cuda_capability
 from pope.settings import SETTINGS
 
@@ -48,22 +51,8 @@ def cu_seqlens(packed: Packed | None) -> tuple:
     return (None, None) if packed is None else (packed.cu_seqlens_q, packed.cu_seqlens_k)
 
 
-def block_d(head_dim: int) -> int:
-    """Channels of a kernel's tiles: head_dim padded to a power of two, at least 16. Looked up, not computed:
-    it is asked ~10 times per eager forward+backward (host time)."""
-    cache = SETTINGS.caches.block_d
-    width = cache.get(head_dim)
-    if width is None:
-        width = cache[head_dim] = max(16, next_power_of_2(head_dim))
-    return width
-
-
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def next_power_of_2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 def precision(dtype: torch.dtype, device: torch.device) -> str:

@@ -197,7 +197,7 @@ def _transform(x, theta, delta, position_offset, magnitude, site, keys, packed=N
     batch, heads, seq, head_dim = x.shape
     block_d = host.block_d(head_dim)
     rows = TRANSFORM_ROWS if block_d <= 64 else TRANSFORM_ROWS // 2  # 4K elements a program
-    out = _prime_buffer(batch, heads, seq, block_d, x, packed)
+    out = host.prime_buffer(batch, heads, seq, block_d, like=x, packed=packed is not None)
     if packed is not None:  # the grid covers the longest sequence, its second axis (sequence, head)
         batch, seq, seq_k = packed.batch, packed.max_seqlen_q, packed.max_seqlen_k
     n_programs = batch * heads
@@ -206,7 +206,7 @@ def _transform(x, theta, delta, position_offset, magnitude, site, keys, packed=N
     else:
         kv_heads = keys.shape[1]
         seq_k = seq_k if packed is not None else keys.shape[2]
-        keys_out = _prime_buffer(keys.shape[0], kv_heads, keys.shape[2], block_d, x, packed)
+        keys_out = host.prime_buffer(keys.shape[0], kv_heads, keys.shape[2], block_d, like=x, packed=packed is not None)
         grid = (host.cdiv(max(seq, seq_k), rows), n_programs + batch * kv_heads)
     direct_launch.launch(
         _pope_transform_kernel,
@@ -238,11 +238,3 @@ def _transform(x, theta, delta, position_offset, magnitude, site, keys, packed=N
         num_warps=4,
     )
     return out, (keys_out if keys is not None else None)
-
-
-def _prime_buffer(batch, heads, rows, block_d, like, packed):
-    """x' for (batch, heads, rows) of x: contiguous (B, H, N, 2 BLOCK_D); packed (batch 1, rows = total), the
-    (1, H, total, 2 BLOCK_D) view of a token-major (total, H, 2 BLOCK_D) buffer."""
-    if packed is None:
-        return host.empty((batch, heads, rows, 2 * block_d), device=like.device, dtype=like.dtype)
-    return host.batch_view(host.empty((rows, heads, 2 * block_d), device=like.device, dtype=like.dtype), packed)

@@ -1,13 +1,16 @@
-"""PoPE flash attention as PyTorch operators: `torch.library.custom_op`s over the Triton kernels.
+"""The fused Triton kernels as PyTorch operators: `torch.library.custom_op`s over pope.kernels' launchers.
 
 Two operators, each with a fake (meta) implementation so that `torch.compile` traces through them with
 no graph break (eager calls take an equivalent autograd.Function over the same launchers, which costs
 less host time per call):
-    pope::flash_attention_forward_v2(q, k, v, delta, theta, ...) -> (out, lse)
-    pope::flash_attention_backward_v2(do, q, k, v, delta, out, lse, theta, ...) -> (dq, dk, dv, d_delta)
-wired together with `torch.library.register_autograd` (the forward saves q, k, v, delta, out, lse and the
-frequencies theta only, and for a packed batch its cu_seqlens). theta is (2, d) int32: the frequencies as
-fixed-point turns (pope.frequencies.pope_turn_words), from which the kernels compute exactly reduced angles.
+    pope::flash_attention_forward_v3(q, k, v, delta, theta, ..., save_primes) -> (out, lse, q', k')
+    pope::flash_attention_backward_v3(do, q, k, v, delta, out, lse, theta, ..., q', k') -> (dq, dk, dv, d_delta)
+wired together with `torch.library.register_autograd` (the forward saves q, k, v, delta, out, lse, the frequencies
+theta, for a packed batch its cu_seqlens, and with save_primes the pre-pass's q', k', so that the backward does not
+compute them again; without, q' and k' are empty (0,) tensors). pope.settings' reuse_prepass decides save_primes:
+on, a call that will be differentiated saves 2 |q| + 2 |k| more (the price of one pre-pass launch less). theta is
+(2, d) int32: the frequencies as fixed-point turns (pope.frequencies.pope_turn_words), from which the kernels
+compute exactly reduced angles.
 
 theta is an input, not something the operators look up: in a compiled graph the frequencies are computed by the
 graph itself, so no operator call made by compiled code ever creates a tensor that outlives it (CUDA-graph
@@ -19,17 +22,12 @@ frequencies from a per-(head dim, base, device) cache.
 given cu_seqlens) is what pope.attention dispatches backend="triton" to; the inputs are checked there, once.
 `triton_unsupported_reason` answers only what the kernels can do (device, dtype, head dim, sizes, partial rotary,
 dropout): None when they can run a call. Switches and caches live in pope.settings.
-
-Backend "cudnn" (`cudnn_pope_attention`, `cudnn_unsupported_reason`): two more operators, the pre-pass
-pope::cartesian(q, k, delta, theta, q_offset, magnitude) -> (q', k') and its gradient pope::cartesian_backward, with
-cuDNN's fused attention (SDPA) between them, traced by torch.compile as it is.
 Importing this module imports torch only; Triton is imported on the first kernel call.
 """
 
 from __future__ import annotations
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pope import kernels
 from pope.conventions import resolve_defaults
@@ -50,7 +48,7 @@ DECODE_MAX_ROWS = 64
 # The operators' names carry the version of that contract (shapes, dtypes, strides of what they return): PyTorch's
 # compile caches key a graph on the operators' names, not on their fake implementations, so a graph compiled against
 # an older contract and found in the cache would assert strides the kernels no longer give. A new contract, a new name.
-OPERATOR_CONTRACT = "v2"
+OPERATOR_CONTRACT = "v3"
 EXACT_STRIDES = tuple(getattr(torch.Tag, name) for name in ("needs_exact_strides",) if hasattr(torch.Tag, name)) or (
     torch.Tag.needs_fixed_stride_order,  # older PyTorch: the stride order, all the layout test asks
 )
@@ -86,23 +84,41 @@ def _packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int):
     return kernels.Packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
 
 
-def _forward(q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude, eager: bool = False, packed=None):
-    """(out, lse) from the kernels; the body of both the custom operator and the eager autograd Function.
-    eager: theta is the frequency cache's (it lives on), so the decode kernel may keep its key-phase table for the
-    next step; an operator call (compiled code) may not keep anything (module docstring). packed: a packed
-    (varlen) batch, run by the block kernels whatever its sequences' lengths."""
+def _forward(
+    q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude, save_primes, eager: bool = False, packed=None
+):
+    """(out, lse, q', k') from the kernels; the body of both the custom operator and the eager autograd Function.
+    save_primes: return the block kernels' pre-pass q', k' for the backward (else, and from the decode kernel, which
+    makes none, empty (0,) tensors). eager: theta is the frequency cache's (it lives on), so the decode kernel may
+    keep its key-phase table for the next step; an operator call (compiled code) may not keep anything (module
+    docstring). packed: a packed (varlen) batch, run by the block kernels whatever its sequences' lengths."""
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     delta = delta.contiguous() if delta is not None else None
     options = dict(causal=causal, softmax_scale=softmax_scale, q_offset=q_offset, magnitude=magnitude)
-    if packed is not None:
-        return kernels.forward(q, k, v, delta, theta, **options, packed=packed)
-    if _use_decode_kernel(q, k):
-        return kernels.decode_forward(q, k, v, delta, theta, keep_phase_table=eager, **options)
-    return kernels.forward(q, k, v, delta, theta, **options)
+    if packed is None and _use_decode_kernel(q, k):
+        return *kernels.decode_forward(q, k, v, delta, theta, keep_phase_table=eager, **options), *_no_primes(q)
+    if not save_primes:
+        return *kernels.forward(q, k, v, delta, theta, **options, packed=packed), *_no_primes(q)
+    out, lse, primes = kernels.forward(q, k, v, delta, theta, **options, packed=packed, return_primes=True)
+    return out, lse, *primes
 
 
-def _backward_kernels(do, q, k, v, delta, out, lse, theta, causal, softmax_scale, q_offset, magnitude, packed=None):
-    """(dq, dk, dv, d_delta or None) from the kernels."""
+def _no_primes(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # The operators' tensor outputs cannot be None: no q', k' is two empty tensors.
+    return q.new_empty((0,)), q.new_empty((0,))
+
+
+def _saved_primes(q_prime: torch.Tensor | None, k_prime: torch.Tensor | None) -> tuple | None:
+    """The backward's primes argument (pope.kernels.backward): None when the forward saved no q', k'."""
+    if q_prime is None or q_prime.numel() == 0:
+        return None
+    return q_prime, k_prime
+
+
+def _backward_kernels(
+    do, q, k, v, delta, out, lse, theta, causal, softmax_scale, q_offset, magnitude, packed=None, primes=None
+):
+    """(dq, dk, dv, d_delta or None) from the kernels; primes: the forward's (q', k'), or None to compute them."""
     q, k, v, out, do = (_last_dim_contiguous(t) for t in (q, k, v, out, do))
     delta = delta.contiguous() if delta is not None else None
     return kernels.backward(
@@ -119,6 +135,7 @@ def _backward_kernels(do, q, k, v, delta, out, lse, theta, causal, softmax_scale
         q_offset=q_offset,
         magnitude=magnitude,
         packed=packed,
+        primes=primes,
     )
 
 
@@ -137,8 +154,10 @@ def flash_attention_forward(
     cu_seqlens_k: torch.Tensor | None = None,
     max_seqlen_q: int = 0,
     max_seqlen_k: int = 0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Batched, or with cu_seqlens_q: a packed batch (q (total_q, Hq, d) -> out, lse (Hq, total_q))."""
+    save_primes: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Batched, or with cu_seqlens_q: a packed batch (q (total_q, Hq, d) -> out, lse (Hq, total_q)). Returns
+    (out, lse, q', k'); q', k' are empty (0,) tensors unless save_primes (module docstring)."""
     return _forward(
         q,
         k,
@@ -149,6 +168,7 @@ def flash_attention_forward(
         softmax_scale,
         q_offset,
         magnitude,
+        save_primes,
         packed=_packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
     )
 
@@ -168,13 +188,26 @@ def _(
     cu_seqlens_k=None,
     max_seqlen_q=0,
     max_seqlen_k=0,
+    save_primes=False,
 ):
     # The kernels' out is in q's layout (kernel_buffers.empty_in_layout_of); the decode kernel's is contiguous.
     decode = cu_seqlens_q is None and _use_decode_kernel(q, k)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if decode else kernel_buffers.empty_in_layout_of(q)
     lse_shape = q.shape[:3] if cu_seqlens_q is None else (q.shape[1], q.shape[0])
     lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
-    return out, lse
+    if decode or not save_primes:
+        return out, lse, *_no_primes(q)
+    block_d, packed = kernel_buffers.block_d(q.shape[-1]), cu_seqlens_q is not None
+    # Packed tensors are (total, H, d): the kernels' batch view is (1, H, total, d).
+    (batch, heads, rows), (kv_batch, kv_heads, kv_rows) = (
+        ((1, t.shape[1], t.shape[0]) for t in (q, k)) if packed else (q.shape[:3], k.shape[:3])
+    )
+    return (
+        out,
+        lse,
+        kernel_buffers.prime_buffer(batch, heads, rows, block_d, like=q, packed=packed),
+        kernel_buffers.prime_buffer(kv_batch, kv_heads, kv_rows, block_d, like=q, packed=packed),
+    )
 
 
 @torch.library.custom_op(f"pope::flash_attention_backward_{OPERATOR_CONTRACT}", mutates_args=(), tags=EXACT_STRIDES)
@@ -195,8 +228,11 @@ def flash_attention_backward(
     cu_seqlens_k: torch.Tensor | None = None,
     max_seqlen_q: int = 0,
     max_seqlen_k: int = 0,
+    q_prime: torch.Tensor | None = None,
+    k_prime: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Returns (dq, dk, dv, d_delta); d_delta is an empty (0,) tensor when delta is None."""
+    """Returns (dq, dk, dv, d_delta); d_delta is an empty (0,) tensor when delta is None. q_prime, k_prime: what
+    the forward returned (its pre-pass's q', k', or empty tensors: the backward computes them)."""
     dq, dk, dv, d_delta = _backward_kernels(
         do,
         q,
@@ -211,6 +247,7 @@ def flash_attention_backward(
         q_offset,
         magnitude,
         _packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
+        _saved_primes(q_prime, k_prime),
     )
     if d_delta is None:
         d_delta = torch.empty((0,), dtype=q.dtype, device=q.device)
@@ -235,6 +272,8 @@ def _(
     cu_seqlens_k=None,
     max_seqlen_q=0,
     max_seqlen_k=0,
+    q_prime=None,
+    k_prime=None,
 ):
     d_delta = (
         torch.empty(delta.shape, dtype=delta.dtype, device=delta.device)
@@ -246,21 +285,34 @@ def _(
 
 def _setup_context(ctx, inputs, output):
     q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude, *varlen = inputs
-    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k = varlen or (None, None, 0, 0)
-    out, lse = output
-    ctx.save_for_backward(q, k, v, delta, out, lse, theta, cu_seqlens_q, cu_seqlens_k)
+    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k = (varlen + [None, None, 0, 0][len(varlen) :])[:4]
+    out, lse, q_prime, k_prime = output
+    ctx.save_for_backward(q, k, v, delta, out, lse, theta, cu_seqlens_q, cu_seqlens_k, q_prime, k_prime)
     ctx.options = (causal, softmax_scale, q_offset, magnitude)
     ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
     ctx.has_delta = delta is not None
 
 
-def _backward(ctx, grad_out, grad_lse):
-    # lse is an internal output: nothing downstream differentiates it (pope attention returns `out` only).
-    q, k, v, delta, out, lse, theta, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+def _backward(ctx, grad_out, grad_lse, grad_q_prime, grad_k_prime):
+    # lse, q' and k' are internal outputs: nothing downstream differentiates them (pope attention returns `out` only).
+    q, k, v, delta, out, lse, theta, cu_seqlens_q, cu_seqlens_k, q_prime, k_prime = ctx.saved_tensors
     dq, dk, dv, d_delta = flash_attention_backward(
-        grad_out, q, k, v, delta, out, lse, theta, *ctx.options, cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlens
+        grad_out,
+        q,
+        k,
+        v,
+        delta,
+        out,
+        lse,
+        theta,
+        *ctx.options,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        *ctx.max_seqlens,
+        q_prime,
+        k_prime,
     )
-    return dq, dk, dv, (d_delta if ctx.has_delta else None), None, None, None, None, None, None, None, None, None
+    return dq, dk, dv, (d_delta if ctx.has_delta else None), *(None,) * 10
 
 
 flash_attention_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -272,19 +324,21 @@ class _EagerFlashAttention(torch.autograd.Function):
     the operators instead."""
 
     @staticmethod
-    def forward(ctx, q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude, packed=None):
-        out, lse = _forward(
-            q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude, eager=True, packed=packed
+    def forward(ctx, q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude, save_primes, packed=None):
+        out, lse, q_prime, k_prime = _forward(
+            q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude, save_primes, eager=True, packed=packed
         )
-        ctx.save_for_backward(q, k, v, delta, out, lse, theta)
+        ctx.save_for_backward(q, k, v, delta, out, lse, theta, q_prime, k_prime)
         ctx.options = (causal, softmax_scale, q_offset, magnitude, packed)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, delta, out, lse, theta = ctx.saved_tensors
-        dq, dk, dv, d_delta = _backward_kernels(grad_out, q, k, v, delta, out, lse, theta, *ctx.options)
-        return dq, dk, dv, d_delta, None, None, None, None, None, None
+        q, k, v, delta, out, lse, theta, q_prime, k_prime = ctx.saved_tensors
+        dq, dk, dv, d_delta = _backward_kernels(
+            grad_out, q, k, v, delta, out, lse, theta, *ctx.options, _saved_primes(q_prime, k_prime)
+        )
+        return dq, dk, dv, d_delta, *(None,) * 7
 
 
 def triton_pope_attention(
@@ -346,9 +400,15 @@ def _apply(q, k, v, delta, base, causal, softmax_scale, q_offset, magnitude, var
     else:
         theta = _theta(q.shape[-1], base, q.device)
     args = (q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude)
+    # q', k' are worth keeping only for a backward (pope.settings' reuse_prepass).
+    save_primes = (
+        SETTINGS.reuse_prepass
+        and torch.is_grad_enabled()
+        and any(t is not None and t.requires_grad for t in (q, k, v, delta))
+    )
     if compiling or not SETTINGS.eager_autograd_function:
-        return flash_attention_forward(*args, *varlen)[0]
-    return _EagerFlashAttention.apply(*args, _packed(*varlen) if varlen else None)
+        return flash_attention_forward(*args, *(varlen or (None, None, 0, 0)), save_primes)[0]
+    return _EagerFlashAttention.apply(*args, save_primes, _packed(*varlen) if varlen else None)
 
 
 def triton_unsupported_reason(q, k, v, *, rotary_dim=None, dropout_p=0.0) -> str | None:
@@ -375,127 +435,4 @@ def triton_unsupported_reason(q, k, v, *, rotary_dim=None, dropout_p=0.0) -> str
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.numel() >= 2**31:
             return f"{name} has {t.numel()} elements; the kernels index with 32-bit offsets (< 2**31)"
-    return None
-
-
-# ---------------------------------------------------------------- backend "cudnn": a library kernel on q', k'
-# PoPE's score is a real dot product over 2d channels, so any attention kernel that takes d_qk = 2d and d_v = d
-# computes it: the pre-pass makes q', k' (pope::cartesian), cuDNN's fused attention (through SDPA) runs on q', k', v,
-# and the pre-pass's gradient (pope::cartesian_backward) takes dq', dk' back to dq, dk and d(delta).
-LIBRARY_DTYPES = (torch.float16, torch.bfloat16)
-# Where backend "auto" takes "cudnn" over the fused kernels: {head_dim: the shortest key sequence}. Measured on an
-# H100 (benchmarks/attention.py, the GPU check's attention rows): at d = 128 and 4K-8K tokens, MHA and GQA, cuDNN's
-# fwd+bwd takes 0.81-0.86x the fused kernels' time; at d = 64 the two are even (4K) or within host noise (1K).
-CUDNN_PREFERRED: dict[int, int] = {128: 2048}
-
-
-def _wide_channels(head_dim: int) -> int:
-    """Channels of q' and k': 2 BLOCK_D (pope.kernels.host.block_d), each half padded to a power of two >= 16."""
-    return 2 * max(16, 1 << (head_dim - 1).bit_length())
-
-
-@torch.library.custom_op("pope::cartesian", mutates_args=())
-def cartesian(
-    q: torch.Tensor, k: torch.Tensor, delta: torch.Tensor | None, theta: torch.Tensor, q_offset: int, magnitude: str
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q', k'): q (B, Hq, Nq, d) -> (B, Hq, Nq, 2 BLOCK_D) with delta, at positions q_offset..; k from 0."""
-    q, k = _last_dim_contiguous(q), _last_dim_contiguous(k)
-    delta = delta.contiguous() if delta is not None else None
-    return kernels.transform_queries_and_keys(q, k, theta, delta, q_offset=q_offset, magnitude=magnitude)
-
-
-@cartesian.register_fake
-def _(q, k, delta, theta, q_offset, magnitude):
-    wide = _wide_channels(q.shape[-1])
-    return q.new_empty((*q.shape[:3], wide)), k.new_empty((*k.shape[:3], wide))
-
-
-@torch.library.custom_op("pope::cartesian_backward", mutates_args=())
-def cartesian_backward(
-    dq_wide: torch.Tensor,
-    dk_wide: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    delta: torch.Tensor | None,
-    theta: torch.Tensor,
-    q_offset: int,
-    magnitude: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, d_delta); d_delta is an empty (0,) tensor when delta is None."""
-    dq, dk, d_delta = kernels.transform_grad(
-        *(_last_dim_contiguous(t) for t in (dq_wide, dk_wide, q, k)),
-        theta,
-        delta.contiguous() if delta is not None else None,
-        q_offset=q_offset,
-        magnitude=magnitude,
-    )
-    return dq, dk, d_delta if d_delta is not None else q.new_empty((0,))
-
-
-@cartesian_backward.register_fake
-def _(dq_wide, dk_wide, q, k, delta, theta, q_offset, magnitude):
-    return (
-        q.new_empty(q.shape),  # contiguous, as the kernel writes them (empty_like would keep a view's strides)
-        k.new_empty(k.shape),
-        (delta.new_empty(delta.shape) if delta is not None else q.new_empty((0,))),
-    )
-
-
-def _cartesian_setup(ctx, inputs, output):
-    q, k, delta, theta, q_offset, magnitude = inputs
-    ctx.save_for_backward(q, k, delta, theta)
-    ctx.options = (q_offset, magnitude)
-    ctx.has_delta = delta is not None
-
-
-def _cartesian_grad(ctx, dq_wide, dk_wide):
-    q, k, delta, theta = ctx.saved_tensors
-    q_offset, magnitude = ctx.options
-    wide = _wide_channels(q.shape[-1])
-    dq_wide = dq_wide if dq_wide is not None else q.new_zeros((*q.shape[:3], wide))
-    dk_wide = dk_wide if dk_wide is not None else k.new_zeros((*k.shape[:3], wide))
-    dq, dk, d_delta = cartesian_backward(dq_wide, dk_wide, q, k, delta, theta, q_offset, magnitude)
-    return dq, dk, (d_delta if ctx.has_delta else None), None, None, None
-
-
-torch.library.register_autograd("pope::cartesian", _cartesian_grad, setup_context=_cartesian_setup)
-
-
-def _library_backends(device: torch.device) -> list:
-    """SDPA's backends the "cudnn" backend allows: cuDNN on CUDA; the math kernel elsewhere (the CPU tests, where the
-    pre-pass runs under Triton's interpreter)."""
-    return [SDPBackend.CUDNN_ATTENTION if device.type == "cuda" else SDPBackend.MATH]
-
-
-def cudnn_pope_attention(q, k, v, delta, *, base, causal, softmax_scale, q_offset, magnitude):
-    """PoPE attention as cuDNN's fused attention on the pre-pass's q', k' (backend "cudnn"). Inputs already checked
-    by pope.attention, and cudnn_unsupported_reason None for them: q (B, Hq, N, d), k/v (B, Hkv, N, d), causal only
-    with queries and keys at the same positions (q_offset 0). Returns (B, Hq, N, d) in q's dtype."""
-    if torch.compiler.is_compiling():  # the frequencies are computed in the compiled graph itself (module docstring)
-        theta = pope_turn_words(q.shape[-1], float(base), device=q.device)
-    else:
-        theta = _theta(q.shape[-1], base, q.device)
-    q_wide, k_wide = cartesian(q, k, delta, theta, int(q_offset), magnitude)
-    with sdpa_kernel(_library_backends(q.device)):
-        return torch.nn.functional.scaled_dot_product_attention(
-            q_wide, k_wide, v, is_causal=causal, scale=softmax_scale, enable_gqa=q.shape[1] != k.shape[1]
-        )
-
-
-def cudnn_unsupported_reason(q, k, v, *, causal, q_offset, rotary_dim=None, dropout_p=0.0) -> str | None:
-    """Why backend "cudnn" cannot run a call, or None when it can: the pre-pass's needs (triton_unsupported_reason),
-    cuDNN's fused attention present (compute capability 9.0 or newer), fp16 / bf16, and causal masking only where
-    SDPA's top-left alignment is PoPE's bottom-right one (as many queries as keys, q_offset 0)."""
-    reason = triton_unsupported_reason(q, k, v, rotary_dim=rotary_dim, dropout_p=dropout_p)
-    if reason is not None:
-        return reason
-    if q.device.type == "cuda":
-        if not kernels.cudnn_attention_enabled():
-            return "cuDNN's fused attention is not available in this PyTorch build (or is disabled)"
-        if kernels.cuda_capability(q.device) < (9, 0):
-            return "backend 'cudnn' needs an NVIDIA GPU of compute capability 9.0 or newer"
-    if q.dtype not in LIBRARY_DTYPES:
-        return f"cuDNN's fused attention takes float16 and bfloat16 only (got {q.dtype})"
-    if causal and (q.shape[2] != k.shape[2] or q_offset not in (None, 0)):
-        return "causal masking on backend 'cudnn' needs as many queries as keys at the same positions (q_offset 0)"
     return None

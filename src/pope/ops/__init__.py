@@ -1,0 +1,53 @@
+"""PoPE attention as PyTorch operators over the kernels, in two modules:
+
+    fused    the fused Triton kernels as `torch.library.custom_op`s (pope::flash_attention_forward_v3 / _backward_v3)
+             with fake (meta) implementations and autograd; an eager autograd.Function over the same launchers;
+             `triton_pope_attention`, `triton_pope_attention_varlen`, `triton_unsupported_reason`
+    library  backend "cudnn": the pre-pass as operators (pope::cartesian, pope::cartesian_backward) with cuDNN's
+             fused attention (SDPA) on q', k' between them; `cudnn_pope_attention`, `cudnn_unsupported_reason`
+
+pope.attention dispatches to the functions below; the inputs are checked there, once. Switches and caches live in
+pope.settings. Importing this package imports torch only; Triton is imported on the first kernel call.
+"""
+
+from __future__ import annotations
+
+from .fused import (
+    DECODE_MAX_QUERIES,
+    DECODE_MAX_ROWS,
+    MAX_HEAD_DIM,
+    OPERATOR_CONTRACT,
+    SUPPORTED_DTYPES,
+    flash_attention_backward,
+    flash_attention_forward,
+    triton_pope_attention,
+    triton_pope_attention_varlen,
+    triton_unsupported_reason,
+)
+from .library import (
+    CUDNN_PREFERRED,
+    LIBRARY_DTYPES,
+    cartesian,
+    cartesian_backward,
+    cudnn_pope_attention,
+    cudnn_unsupported_reason,
+)
+
+__all__ = [
+    "CUDNN_PREFERRED",
+    "DECODE_MAX_QUERIES",
+    "DECODE_MAX_ROWS",
+    "LIBRARY_DTYPES",
+    "MAX_HEAD_DIM",
+    "OPERATOR_CONTRACT",
+    "SUPPORTED_DTYPES",
+    "cartesian",
+    "cartesian_backward",
+    "cudnn_pope_attention",
+    "cudnn_unsupported_reason",
+    "flash_attention_backward",
+    "flash_attention_forward",
+    "triton_pope_attention",
+    "triton_pope_attention_varlen",
+    "triton_unsupported_reason",
+]

@@ -1,0 +1,137 @@
+"""Backend "cudnn": PoPE as a library attention kernel on q', k'.
+
+PoPE's score is a real dot product over 2d channels, so any attention kernel that takes d_qk = 2d and d_v = d
+computes it: the pre-pass makes q', k' (operator pope::cartesian(q, k, delta, theta, q_offset, magnitude) -> (q', k')),
+cuDNN's fused attention (through SDPA) runs on q', k', v, and the pre-pass's gradient (pope::cartesian_backward) takes
+dq', dk' back to dq, dk and d(delta); torch.compile traces the three as they are. `cudnn_pope_attention` is what
+pope.attention dispatches backend="cudnn" to, `cudnn_unsupported_reason` says why it cannot run a call.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from pope import kernels
+from pope.frequencies import pope_turn_words
+from pope.kernels import buffers as kernel_buffers  # tile widths (torch only: no Triton import)
+
+from .fused import _last_dim_contiguous, _theta, triton_unsupported_reason
+
+LIBRARY_DTYPES = (torch.float16, torch.bfloat16)
+# Where backend "auto" takes "cudnn" over the fused kernels: {head_dim: the shortest key sequence}. Measured on an
+# H100 (benchmarks/attention.py, the GPU check's attention rows): at d = 128 and 4K-8K tokens, MHA and GQA, cuDNN's
+# fwd+bwd takes 0.81-0.86x the fused kernels' time; at d = 64 the two are even (4K) or within host noise (1K).
+CUDNN_PREFERRED: dict[int, int] = {128: 2048}
+
+
+def _wide_channels(head_dim: int) -> int:
+    """Channels of q' and k': 2 BLOCK_D, each half padded to a power of two >= 16."""
+    return 2 * kernel_buffers.block_d(head_dim)
+
+
+@torch.library.custom_op("pope::cartesian", mutates_args=())
+def cartesian(
+    q: torch.Tensor, k: torch.Tensor, delta: torch.Tensor | None, theta: torch.Tensor, q_offset: int, magnitude: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q', k'): q (B, Hq, Nq, d) -> (B, Hq, Nq, 2 BLOCK_D) with delta, at positions q_offset..; k from 0."""
+    q, k = _last_dim_contiguous(q), _last_dim_contiguous(k)
+    delta = delta.contiguous() if delta is not None else None
+    return kernels.transform_queries_and_keys(q, k, theta, delta, q_offset=q_offset, magnitude=magnitude)
+
+
+@cartesian.register_fake
+def _(q, k, delta, theta, q_offset, magnitude):
+    wide = _wide_channels(q.shape[-1])
+    return q.new_empty((*q.shape[:3], wide)), k.new_empty((*k.shape[:3], wide))
+
+
+@torch.library.custom_op("pope::cartesian_backward", mutates_args=())
+def cartesian_backward(
+    dq_wide: torch.Tensor,
+    dk_wide: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    delta: torch.Tensor | None,
+    theta: torch.Tensor,
+    q_offset: int,
+    magnitude: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, d_delta); d_delta is an empty (0,) tensor when delta is None."""
+    dq, dk, d_delta = kernels.transform_grad(
+        *(_last_dim_contiguous(t) for t in (dq_wide, dk_wide, q, k)),
+        theta,
+        delta.contiguous() if delta is not None else None,
+        q_offset=q_offset,
+        magnitude=magnitude,
+    )
+    return dq, dk, d_delta if d_delta is not None else q.new_empty((0,))
+
+
+@cartesian_backward.register_fake
+def _(dq_wide, dk_wide, q, k, delta, theta, q_offset, magnitude):
+    return (
+        q.new_empty(q.shape),  # contiguous, as the kernel writes them (empty_like would keep a view's strides)
+        k.new_empty(k.shape),
+        (delta.new_empty(delta.shape) if delta is not None else q.new_empty((0,))),
+    )
+
+
+def _cartesian_setup(ctx, inputs, output):
+    q, k, delta, theta, q_offset, magnitude = inputs
+    ctx.save_for_backward(q, k, delta, theta)
+    ctx.options = (q_offset, magnitude)
+    ctx.has_delta = delta is not None
+
+
+def _cartesian_grad(ctx, dq_wide, dk_wide):
+    q, k, delta, theta = ctx.saved_tensors
+    q_offset, magnitude = ctx.options
+    wide = _wide_channels(q.shape[-1])
+    dq_wide = dq_wide if dq_wide is not None else q.new_zeros((*q.shape[:3], wide))
+    dk_wide = dk_wide if dk_wide is not None else k.new_zeros((*k.shape[:3], wide))
+    dq, dk, d_delta = cartesian_backward(dq_wide, dk_wide, q, k, delta, theta, q_offset, magnitude)
+    return dq, dk, (d_delta if ctx.has_delta else None), None, None, None
+
+
+torch.library.register_autograd("pope::cartesian", _cartesian_grad, setup_context=_cartesian_setup)
+
+
+def _library_backends(device: torch.device) -> list:
+    """SDPA's backends the "cudnn" backend allows: cuDNN on CUDA; the math kernel elsewhere (the CPU tests, where the
+    pre-pass runs under Triton's interpreter)."""
+    return [SDPBackend.CUDNN_ATTENTION if device.type == "cuda" else SDPBackend.MATH]
+
+
+def cudnn_pope_attention(q, k, v, delta, *, base, causal, softmax_scale, q_offset, magnitude):
+    """PoPE attention as cuDNN's fused attention on the pre-pass's q', k' (backend "cudnn"). Inputs already checked
+    by pope.attention, and cudnn_unsupported_reason None for them: q (B, Hq, N, d), k/v (B, Hkv, N, d), causal only
+    with queries and keys at the same positions (q_offset 0). Returns (B, Hq, N, d) in q's dtype."""
+    if torch.compiler.is_compiling():  # the frequencies are computed in the compiled graph itself (module docstring)
+        theta = pope_turn_words(q.shape[-1], float(base), device=q.device)
+    else:
+        theta = _theta(q.shape[-1], base, q.device)
+    q_wide, k_wide = cartesian(q, k, delta, theta, int(q_offset), magnitude)
+    with sdpa_kernel(_library_backends(q.device)):
+        return torch.nn.functional.scaled_dot_product_attention(
+            q_wide, k_wide, v, is_causal=causal, scale=softmax_scale, enable_gqa=q.shape[1] != k.shape[1]
+        )
+
+
+def cudnn_unsupported_reason(q, k, v, *, causal, q_offset, rotary_dim=None, dropout_p=0.0) -> str | None:
+    """Why backend "cudnn" cannot run a call, or None when it can: the pre-pass's needs (triton_unsupported_reason),
+    cuDNN's fused attention present (compute capability 9.0 or newer), fp16 / bf16, and causal masking only where
+    SDPA's top-left alignment is PoPE's bottom-right one (as many queries as keys, q_offset 0)."""
+    reason = triton_unsupported_reason(q, k, v, rotary_dim=rotary_dim, dropout_p=dropout_p)
+    if reason is not None:
+        return reason
+    if q.device.type == "cuda":
+        if not kernels.cudnn_attention_enabled():
+            return "cuDNN's fused attention is not available in this PyTorch build (or is disabled)"
+        if kernels.cuda_capability(q.device) < (9, 0):
+            return "backend 'cudnn' needs an NVIDIA GPU of compute capability 9.0 or newer"
+    if q.dtype not in LIBRARY_DTYPES:
+        return f"cuDNN's fused attention takes float16 and bfloat16 only (got {q.dtype})"
+    if causal and (q.shape[2] != k.shape[2] or q_offset not in (None, 0)):
+        return "causal masking on backend 'cudnn' needs as many queries as keys at the same positions (q_offset 0)"
+    return None
