@@ -36,10 +36,14 @@ def main(argv=None) -> None:
     q, k, v, do = (torch.randn(batch, heads, seq, head_dim, dtype=torch.bfloat16) for _ in range(4))
     theta = kernels.frequencies(head_dim, 10000.0, "cpu")
     options = dict(causal=True, softmax_scale=head_dim**-0.5, q_offset=0, magnitude="softplus")
-    out, lse = kernels.forward(q, k, v, None, theta, **options)
-    forward_us = timeit.timeit(lambda: kernels.forward(q, k, v, None, theta, **options), number=args.calls)
+    # As a training step runs them (pope.settings' reuse_prepass): the forward returns its pre-pass's q', k' and
+    # the backward takes them.
+    out, lse, primes = kernels.forward(q, k, v, None, theta, **options, return_primes=True)
+    forward_us = timeit.timeit(
+        lambda: kernels.forward(q, k, v, None, theta, **options, return_primes=True), number=args.calls
+    )
     backward_us = timeit.timeit(
-        lambda: kernels.backward(do, q, k, v, None, out, lse, theta, **options), number=args.calls
+        lambda: kernels.backward(do, q, k, v, None, out, lse, theta, **options, primes=primes), number=args.calls
     )
     # The operators as compiled code calls them (torch.ops.pope.*.default, under no_grad): the dispatcher and
     # torch.library's custom-op layers around the same launchers, what a compiled step's host waits on per layer.
@@ -51,11 +55,11 @@ def main(argv=None) -> None:
     )
     with torch.no_grad():
         forward_op_us = timeit.timeit(
-            lambda: forward_op(q, k, v, None, *operator_options),
+            lambda: forward_op(q, k, v, None, *operator_options, None, None, 0, 0, True),
             number=args.calls,
         )
         backward_op_us = timeit.timeit(
-            lambda: backward_op(do, q, k, v, None, out, lse, *operator_options),
+            lambda: backward_op(do, q, k, v, None, out, lse, *operator_options, None, None, 0, 0, *primes),
             number=args.calls,
         )
     with printed_to(args.out, "launcher_host_time.txt"):
