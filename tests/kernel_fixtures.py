@@ -68,3 +68,18 @@ def triton_attention(q, k, v, delta, **options):
     from pope.ops import triton_pope_attention
 
     return triton_pope_attention(q, k, v, delta, **options)
+
+
+def recorded_launches(monkeypatch) -> list:
+    """The names of the kernels launched from now on, in order (every launch still runs)."""
+    from pope.kernels import direct_launch
+
+    launches = []
+    original_launch = direct_launch.launch
+
+    def recording_launch(kernel, *args, **meta):
+        launches.append(kernel.__name__)
+        return original_launch(kernel, *args, **meta)
+
+    monkeypatch.setattr(direct_launch, "launch", recording_launch)
+    return launches

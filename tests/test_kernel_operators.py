@@ -15,6 +15,7 @@ from kernel_fixtures import (  # before pope's imports: it sets Triton's interpr
     delegated,
     kernel_inputs,
     kernels_fixture,  # noqa: F401  (the autouse fixture `kernels`)
+    recorded_launches,
     subprocess_results_fixture,  # noqa: F401  (the fixture `subprocess_results`)
     triton_attention,
 )
@@ -73,15 +74,7 @@ def test_backward_reusing_the_forwards_prepass_agrees_bitwise(kernels, monkeypat
     (one launch fewer), with the same bits as without; a call nothing differentiates keeps no q', k'."""
     if delegated(kernels):
         return
-    from pope.kernels import direct_launch
-
-    launches = []
-    original_launch = direct_launch.launch
-    monkeypatch.setattr(
-        direct_launch,
-        "launch",
-        lambda kernel, *args, **meta: (launches.append(kernel.__name__), original_launch(kernel, *args, **meta))[1],
-    )
+    launches = recorded_launches(monkeypatch)
     monkeypatch.setattr(SETTINGS, "eager_autograd_function", eager_function)
     generator = torch.Generator().manual_seed(7)
     q, k, v, delta, grad_out = kernel_inputs(2, 4, 2, 40, 40, 32, torch.bfloat16, True, generator)

@@ -14,6 +14,7 @@ from kernel_fixtures import (  # before pope's imports: it sets Triton's interpr
     ON_GPU,
     delegated,
     kernels_fixture,  # noqa: F401  (the autouse fixture `kernels`)
+    recorded_launches,
     subprocess_results_fixture,  # noqa: F401  (the fixture `subprocess_results`)
 )
 
@@ -94,7 +95,6 @@ def test_packed_kernels_within_twice_the_references_error(
     if delegated(kernels):
         return
     import pope.attention.api
-    from pope.kernels import direct_launch
     from pope.ops import triton_unsupported_reason
     from pope.testing import packed_inputs
 
@@ -104,13 +104,7 @@ def test_packed_kernels_within_twice_the_references_error(
             "_triton_unsupported_reason",
             lambda q, k, v, **options: triton_unsupported_reason(q, k, v, **options),
         )
-    launches = []
-    original_launch = direct_launch.launch
-    monkeypatch.setattr(
-        direct_launch,
-        "launch",
-        lambda kernel, *args, **meta: (launches.append(kernel.__name__), original_launch(kernel, *args, **meta))[1],
-    )
+    launches = recorded_launches(monkeypatch)
     q, k, v, delta, grad_out, cu_q, cu_k = (
         t.to(DEVICE) if t is not None else None
         for t in packed_inputs(
