@@ -22,6 +22,10 @@ GQA shapes of Llama models written B x Hq x Hkv x N x d: (2,32,8,4096,128), (1,3
                        SDPA, d_qk = 2d, d_v = d) and the Triton pass from dq', dk' back to dq, dk, d(delta)
     cudnn on q'k'      cuDNN's fused attention alone on q', k' made beforehand (leaves): the library kernel's own time
                        on PoPE's math, the bar a fused PoPE kernel is held to (no pre- or post-pass)
+    flash-attn-4       the pip package flash-attn-4 (CuTe DSL kernels), no positional encoding, its (B, N, H, d) layout
+    pope flash-attn-4  the Triton pre-pass (pope::cartesian and its gradient pass) around flash-attn-4 on q', k'
+    flash-attn-4 on q'k' flash-attn-4 alone on q', k' made beforehand, as cudnn on q'k'
+                       (the three flash-attn-4 rows are left out, with the error printed, where it is not installed)
 Per provider: forward and forward+backward median time (triton.testing.do_bench), peak memory allocated
 above the inputs during forward+backward, and TFLOP/s with the provider's own attention FLOPs: PoPE
 forward 6*B*H*N^2*d (the QK product has 2d channels), standard 4*B*H*N^2*d, halved when causal;

@@ -34,6 +34,9 @@ PROVIDERS = [
     "pope triton",
     "pope cudnn",
     "cudnn on q'k'",
+    "flash-attn-4",
+    "pope flash-attn-4",
+    "flash-attn-4 on q'k'",
 ]
 
 
@@ -157,7 +160,44 @@ def make_provider(name, q, k, v, delta, *, autotune_pope_pytorch=False):
 
         library_kernel.leaves = [q_wide, k_wide, v]
         return library_kernel
+    if name.startswith("flash-attn-4") or name == "pope flash-attn-4":
+        return _flash_attn_4_provider(name, q, k, v, delta)
     raise ValueError(f"unknown provider {name!r}; choose from {PROVIDERS}")
+
+
+def _flash_attn_4_provider(name, q, k, v, delta):
+    """The flash-attn-4 providers (the optional pip package flash-attn-4: CuTe DSL kernels, (B, N, H, d) layout).
+    "flash-attn-4": its kernel without positional encoding, on (B, N, H, d) leaves. "flash-attn-4 on q'k'": on q', k'
+    made beforehand, (B, N, H, 2d) leaves, d-channel v. "pope flash-attn-4": pope_attention(backend="flash-attn-4")
+    (the pre-pass, flash-attn-4 on q', k', the gradient pass)."""
+    from flash_attn.cute import flash_attn_func  # ImportError when not installed: the rows are left out
+
+    head_dim = q.shape[-1]
+    if name == "pope flash-attn-4":
+        from pope.attention import pope_attention
+
+        return lambda: pope_attention(q, k, v, delta, base=BASE, causal=True, backend="flash-attn-4")
+    if name == "flash-attn-4":
+        leaves = [t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v)]
+        scale = None
+    else:
+        from pope import kernels
+        from pope.frequencies import pope_turn_words
+
+        theta = pope_turn_words(head_dim, BASE, device=q.device)
+        with torch.no_grad():
+            q_wide, k_wide = kernels.transform_queries_and_keys(
+                q, k, theta, delta.detach(), q_offset=0, magnitude="softplus"
+            )
+        leaves = [t.transpose(1, 2).contiguous().requires_grad_() for t in (q_wide, k_wide, v.detach())]
+        scale = head_dim**-0.5
+
+    def library_kernel():
+        return flash_attn_func(*leaves, softmax_scale=scale, causal=True)[0]
+
+    library_kernel.leaves = leaves
+    library_kernel.transposed = True
+    return library_kernel
 
 
 def parse_shape(text: str) -> tuple:

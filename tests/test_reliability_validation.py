@@ -47,7 +47,10 @@ def test_bad_sizes_are_refused_when_built(sizes, kind, fragment):
 @pytest.mark.parametrize(
     "spec, fragment",
     [
-        ("pope:backend=cuda", "unknown PoPE backend 'cuda'; choose one of auto, cudnn, reference, triton"),
+        (
+            "pope:backend=cuda",
+            "unknown PoPE backend 'cuda'; choose one of auto, cudnn, flash-attn-4, reference, triton",
+        ),
         ("pope:base=0", "PoPE base must be a positive finite number"),
         ("pope:rotary_dim=100", "rotary_dim must be in [1, head_dim=64]"),
         ("rope:base=0", "RoPE base must be a positive finite number"),

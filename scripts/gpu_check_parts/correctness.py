@@ -13,7 +13,7 @@ import torch
 
 import pope.attention.api
 from pope.attention import pope_attention, pope_attention_varlen
-from pope.ops import triton_unsupported_reason
+from pope.ops import flash_attn_4_installed, triton_unsupported_reason
 from pope.testing import GRADIENT_NAMES, attention_inputs, check_within_rule, outputs_and_gradients, packed_inputs
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -75,18 +75,19 @@ def worst_ratio(ours: list, theirs: list, exact: list, dtype: torch.dtype) -> fl
 
 
 def batched_row(shape, dtype_name: str, device: str, *, decode: bool, backend: str = "triton") -> float:
+    """decode: the output alone, no gradients (generation: the split-K decode kernels on backend "triton")."""
     batch, hq, hkv, nq, nk, d, q_offset = shape
     q, k, v, delta, grad_out = attention_inputs(batch, hq, hkv, nq, nk, d, device=device, generator=_generator(device))
     options = dict(causal=True, q_offset=q_offset)
     dtype = DTYPES[dtype_name]
-    if decode:  # generation: no gradients, the split-K decode kernels
+    if decode:
         with torch.no_grad():
             exact, reference, ours = (
                 [pope_attention(q.to(t), k.to(t), v.to(t), delta.to(dl), backend=b, **options)]
                 for t, dl, b in (
                     (torch.float64, torch.float64, "reference"),
                     (dtype, torch.float32, "reference"),
-                    (dtype, torch.float32, "triton"),
+                    (dtype, torch.float32, backend),
                 )
             )
         return worst_ratio(ours, reference, exact, dtype)
@@ -180,6 +181,12 @@ def rows(*, bench_ms, smoke: bool, device: str):
             for name in dtypes:
                 yield f"cudnn fwd+bwd {_label(shape)} {name}", batched_row(shape, name, device, decode=False,
                                                                            backend="cudnn"), unit  # fmt: skip
+    if device == "cuda" and flash_attn_4_installed():  # backend "flash-attn-4" (optional): MHA trained, GQA forward
+        for shape, dtypes in LIBRARY_BATCHED:
+            gqa = shape[1] != shape[2]
+            for name in dtypes:
+                row = batched_row(shape, name, device, decode=gqa, backend="flash-attn-4")
+                yield f"flash-attn-4 {'fwd' if gqa else 'fwd+bwd'} {_label(shape)} {name}", row, unit
     for shape, dtypes in SMOKE_DECODE if smoke else DECODE:
         for name in dtypes:
             yield f"kernels decode {_label(shape)} {name}", batched_row(shape, name, device, decode=True), unit

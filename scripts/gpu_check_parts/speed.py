@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from pope.attention import pope_attention
 from pope.data import indirect_indexing
 from pope.frequencies import rope_frequencies
-from pope.ops import cudnn_unsupported_reason
+from pope.ops import cudnn_unsupported_reason, flash_attn_4_unsupported_reason
 
 # (batch, Hq, Hkv, N, d): GPT-2's shape, long MHA at d = 64 and 128, a Llama GQA shape. bf16, causal.
 ATTENTION_SHAPES = [(8, 12, 12, 1024, 64), (4, 16, 16, 4096, 64), (4, 16, 16, 4096, 128), (2, 32, 8, 4096, 128)]
@@ -44,7 +44,8 @@ def _attention_times(
     batch: int, hq: int, hkv: int, n: int, d: int, *, bench_ms, smoke: bool, device: str, cuda_graph: bool
 ) -> dict:
     """{provider: (forward ms, forward+backward ms)} for SDPA without PE, compiled RoPE + SDPA and PoPE: backend
-    "auto" (what a user gets), and each backend it chooses from ("cudnn" where it can run)."""
+    "auto" (what a user gets), and each backend it chooses from ("cudnn" and "flash-attn-4" where they can run;
+    forward+backward None where a backend runs the forward only)."""
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     g = torch.Generator(device=device).manual_seed(0)
     q = torch.randn(batch, hq, n, d, device=device, dtype=dtype, generator=g, requires_grad=True)
@@ -64,12 +65,30 @@ def _attention_times(
     }
     if device == "cuda" and cudnn_unsupported_reason(q, k, v, causal=True, q_offset=0) is None:
         providers["pope cudnn"] = lambda: pope_attention(q, k, v, delta, causal=True, backend="cudnn")
+    forward_only = set()
+    if device == "cuda" and not cuda_graph:  # flash-attn-4's launcher is not captured in CUDA graphs here
+        unsupported = {
+            differentiated: flash_attn_4_unsupported_reason(
+                q, k, v, causal=True, q_offset=0, differentiated=differentiated
+            )
+            for differentiated in (False, True)
+        }
+        if unsupported[False] is None:
+            providers["pope flash-attn-4"] = lambda: pope_attention(q, k, v, delta, causal=True, backend="flash-attn-4")
+            if unsupported[True] is not None:
+                forward_only.add("pope flash-attn-4")
     times = {}
     for name, fn in providers.items():
-        fn().backward(grad)  # compiles and tunes outside any CUDA-graph capture
+        with torch.no_grad():
+            fn()  # compiles and tunes outside any CUDA-graph capture, the forward alone ...
+        if name not in forward_only:
+            fn().backward(grad)  # ... and differentiated
         with torch.no_grad():
             forward = bench_ms(fn, smoke=smoke, cuda_graph=cuda_graph)
-        times[name] = (forward, bench_ms(lambda fn=fn: fn().backward(grad), smoke=smoke, cuda_graph=cuda_graph))
+        both = None
+        if name not in forward_only:
+            both = bench_ms(lambda fn=fn: fn().backward(grad), smoke=smoke, cuda_graph=cuda_graph)
+        times[name] = (forward, both)
     return times
 
 
@@ -88,12 +107,13 @@ def attention_rows(*, bench_ms, smoke: bool, device: str):
         yield f"attention fwd+bwd {label}: PoPE / SDPA{timing}", pope_both / sdpa_both, "time ratio"
         yield f"attention fwd+bwd {label}: PoPE / compiled RoPE+SDPA{timing}", pope_both / rope_both, "time ratio"
         # Each backend on its own, so that "auto" choosing one cannot hide the other's regression.
-        for backend in ("triton", "cudnn"):
+        for backend in ("triton", "cudnn", "flash-attn-4"):
             if f"pope {backend}" in times:
                 fwd, both = times[f"pope {backend}"]
-                print(f"   {label}: PoPE {backend} fwd {fwd:.3f} ms, fwd+bwd {both:.3f} ms", flush=True)
+                print(f"   {label}: PoPE {backend} fwd {fwd:.3f} ms, fwd+bwd {both or float('nan'):.3f} ms", flush=True)
                 yield f"attention fwd {label}: PoPE {backend} / SDPA{timing}", fwd / sdpa_fwd, "time ratio"
-                yield f"attention fwd+bwd {label}: PoPE {backend} / SDPA{timing}", both / sdpa_both, "time ratio"
+                if both is not None:
+                    yield f"attention fwd+bwd {label}: PoPE {backend} / SDPA{timing}", both / sdpa_both, "time ratio"
 
 
 def _gpt_step_ms(preset: str, pe: str, batch: int, *, mode: str, smoke: bool, device: str) -> list[float]:

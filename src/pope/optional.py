@@ -16,6 +16,7 @@ from types import ModuleType
 
 OPTIONAL = {
     "triton": "triton",  # the fused kernels (pope.kernels); without it the reference backend runs
+    "flash_attn": "flash-attn-4",  # backend "flash-attn-4" (flash-attn-4's CuTe DSL kernels, module flash_attn.cute)
     "safetensors": "train",  # checkpoint weights (pope.checkpoint)
     "torch.utils.tensorboard": "train",  # TensorBoard logging (needs the tensorboard package)
     "matplotlib": "eval",  # plots (also in the train extra)

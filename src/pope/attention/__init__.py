@@ -9,9 +9,15 @@ Backends:
                fp16/bf16, batched calls with queries and keys at the same positions (training). Not
                deterministic: cuDNN's backward sums dq' with atomics (dq and d(delta) differ run to run in the last
                bits). It keeps q', k' for the backward: more memory than "triton" (docs/kernels.md).
-  "auto"       "cudnn" where it measured faster (pope.ops.CUDNN_PREFERRED: head dim 128 from 2K tokens) and can
-               run the call, unless torch.use_deterministic_algorithms(True) is on; else "triton" when the inputs
-               are on CUDA, Triton is importable and the kernels can run the call; else "reference".
+  "flash-attn-4"  as "cudnn" with flash-attn-4's kernels (the optional package flash-attn-4) on q', k': CUDA,
+               compute capability 9.0+, fp16/bf16, eager (not inside torch.compile), causal with the last query at
+               the last key's position; no differentiated grouped-query call (its GQA backward needs d_qk = d_v).
+               Deterministic under torch.use_deterministic_algorithms(True), else dq' is summed by atomics.
+  "auto"       "flash-attn-4" where installed, measured faster (pope.ops.FLASH_ATTN_4_PREFERRED: head dim 64
+               trained, head dim 128 forward only, from 2K tokens) and able to run the call; else "cudnn" where it
+               measured faster (pope.ops.CUDNN_PREFERRED: head dim 128 from 2K tokens) and can run the call;
+               neither under torch.use_deterministic_algorithms(True); else "triton" when the inputs are on CUDA,
+               Triton is importable and the kernels can run the call; else "reference".
 
 Score between the query at position t and the key at position s (r = rotary_dim, f = magnitude):
     softmax_scale * ( sum_{c<r} f(q_c) f(k_c) cos((s - t) theta_c + delta_c) + sum_{c>=r} q_c k_c )

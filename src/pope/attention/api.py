@@ -81,6 +81,15 @@ def pope_attention(
 def _run_backend(q, k, v, delta, backend: str, dropout_p: float, options: dict) -> torch.Tensor:
     """The checked call on the backend it asks for: the kernels where they can run it ("triton" raises saying why
     they cannot), else the reference. options: base, causal, softmax_scale, q_offset, magnitude, rotary_dim."""
+    if backend == "flash-attn-4" or (backend == "auto" and _auto_prefers_flash_attn_4(q, k, v, delta)):
+        reason = _flash_attn_4_unsupported_reason(q, k, v, delta, options, dropout_p)
+        if reason is None:
+            library_options = {name: value for name, value in options.items() if name != "rotary_dim"}
+            return ops.flash_attn_4_pope_attention(q, k, v, delta, **library_options)
+        if backend == "flash-attn-4":
+            raise ValueError(
+                f"backend='flash-attn-4' cannot run this call: {reason}. Use backend='triton', 'cudnn' or 'auto'."
+            )
     if backend == "cudnn" or (backend == "auto" and _auto_prefers_cudnn(q, k)):
         reason = _cudnn_unsupported_reason(q, k, v, options, dropout_p)
         if reason is None:
@@ -95,6 +104,22 @@ def _run_backend(q, k, v, delta, backend: str, dropout_p: float, options: dict) 
         if backend == "triton":
             raise ValueError(f"backend='triton' cannot run this call: {reason}. Use backend='reference' or 'auto'.")
     return reference_pope_attention(q, k, v, delta, dropout_p=dropout_p, **options)
+
+
+def _differentiated(*tensors) -> bool:
+    """Whether autograd will record the call (a gradient is wanted for one of the tensors)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _auto_prefers_flash_attn_4(q, k, v, delta) -> bool:
+    """Whether "auto" tries backend "flash-attn-4" first: on CUDA, with flash-attn-4 installed, where it measured
+    faster (ops.FLASH_ATTN_4_PREFERRED: head dim, differentiated or not, and the shortest sequence), outside
+    torch.compile and unless torch.use_deterministic_algorithms(True) is on (its deterministic backward is not the
+    one measured)."""
+    if q.device.type != "cuda" or torch.are_deterministic_algorithms_enabled() or torch.compiler.is_compiling():
+        return False
+    min_seq = ops.FLASH_ATTN_4_PREFERRED.get((q.shape[-1], _differentiated(q, k, v, delta)))
+    return min_seq is not None and k.shape[2] >= min_seq and ops.flash_attn_4_installed()
 
 
 def _auto_prefers_cudnn(q: torch.Tensor, k: torch.Tensor) -> bool:
@@ -168,8 +193,8 @@ def pope_attention_varlen(
         rotary_dim=None,
         backend=backend,
     )
-    if backend == "cudnn":
-        raise ValueError("backend='cudnn' does not take packed (varlen) batches; use backend='triton' or 'auto'")
+    if backend in ("cudnn", "flash-attn-4"):
+        raise ValueError(f"backend={backend!r} does not take packed (varlen) batches; use backend='triton' or 'auto'")
     for name, cu_seqlens in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         check_cu_seqlens(name, cu_seqlens, q.device)
     if cu_seqlens_q.shape != cu_seqlens_k.shape:
@@ -212,6 +237,14 @@ def _cudnn_unsupported_reason(q, k, v, options: dict, dropout_p: float) -> str |
     return ops.cudnn_unsupported_reason(
         q, k, v, causal=options["causal"], q_offset=options["q_offset"], rotary_dim=options["rotary_dim"],
         dropout_p=dropout_p,
+    )  # fmt: skip
+
+
+def _flash_attn_4_unsupported_reason(q, k, v, delta, options: dict, dropout_p: float) -> str | None:
+    """Why backend "flash-attn-4" cannot run this call, or None when it can (CUDA only)."""
+    return ops.flash_attn_4_unsupported_reason(
+        q, k, v, causal=options["causal"], q_offset=options["q_offset"], differentiated=_differentiated(q, k, v, delta),
+        rotary_dim=options["rotary_dim"], dropout_p=dropout_p,
     )  # fmt: skip
 
 

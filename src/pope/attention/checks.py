@@ -15,7 +15,7 @@ import torch
 
 from pope.magnitudes import MAGNITUDES
 
-BACKENDS = ("auto", "cudnn", "reference", "triton")
+BACKENDS = ("auto", "cudnn", "flash-attn-4", "reference", "triton")
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # Positions are 32-bit integers in the kernels (with room for a tile past the last one): q_offset + Nq below this.
 MAX_POSITION = 2**30

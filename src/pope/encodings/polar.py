@@ -41,7 +41,7 @@ class PoPE(PositionalEncoding):
       rotary_dim     apply PoPE to the first rotary_dim channels only; the rest are a plain dot product
       softmax_scale  the logits' scale; None = 1/sqrt(head_dim) (d, not PoPE's 2d QK channels: the paper does
                      not state it)
-      backend        "auto", "cudnn", "reference" or "triton" (pope.attention)
+      backend        "auto", "cudnn", "flash-attn-4", "reference" or "triton" (pope.attention)
     """
 
     def __init__(

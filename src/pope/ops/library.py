@@ -1,13 +1,18 @@
-"""Backend "cudnn": PoPE as a library attention kernel on q', k'.
+"""Backends "cudnn" and "flash-attn-4": PoPE as a library attention kernel on q', k'.
 
 PoPE's score is a real dot product over 2d channels, so any attention kernel that takes d_qk = 2d and d_v = d
 computes it: the pre-pass makes q', k' (operator pope::cartesian(q, k, delta, theta, q_offset, magnitude) -> (q', k')),
-cuDNN's fused attention (through SDPA) runs on q', k', v, and the pre-pass's gradient (pope::cartesian_backward) takes
-dq', dk' back to dq, dk and d(delta); torch.compile traces the three as they are. `cudnn_pope_attention` is what
-pope.attention dispatches backend="cudnn" to, `cudnn_unsupported_reason` says why it cannot run a call.
+the library kernel runs on q', k', v, and the pre-pass's gradient (pope::cartesian_backward) takes dq', dk' back to
+dq, dk and d(delta). The library kernel is cuDNN's fused attention through SDPA (backend "cudnn"; torch.compile traces
+the three as they are) or flash-attn-4's CuTe DSL kernels (backend "flash-attn-4", the optional package flash-attn-4,
+eager only). `cudnn_pope_attention` / `flash_attn_4_pope_attention` are what pope.attention dispatches the backends
+to; `cudnn_unsupported_reason` / `flash_attn_4_unsupported_reason` say why one cannot run a call.
 """
 
 from __future__ import annotations
+
+import functools
+import importlib.util
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -15,6 +20,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from pope import kernels
 from pope.frequencies import pope_turn_words
 from pope.kernels import buffers as kernel_buffers  # tile widths (torch only: no Triton import)
+from pope.optional import require
 
 from .fused import _last_dim_contiguous, _theta, triton_unsupported_reason
 
@@ -23,6 +29,11 @@ LIBRARY_DTYPES = (torch.float16, torch.bfloat16)
 # H100 (benchmarks/attention.py, the GPU check's attention rows): at d = 128 and 4K-8K tokens, MHA and GQA, cuDNN's
 # fwd+bwd takes 0.81-0.86x the fused kernels' time; at d = 64 the two are even (4K) or within host noise (1K).
 CUDNN_PREFERRED: dict[int, int] = {128: 2048}
+# Where backend "auto" takes "flash-attn-4" (when installed) over the others: {(head_dim, differentiated): the
+# shortest key sequence}. Measured on an H100 (benchmarks/attention.py, eager, 4K-8K tokens): at d = 64 MHA its
+# fwd+bwd takes 0.92x the fused kernels' time (cuDNN's: 1.06x); at d = 128 its forward alone 0.87x the fused
+# kernels' and 0.93x cuDNN's, its fwd+bwd 1.0x the fused kernels' and 1.16x cuDNN's (so "cudnn" keeps training).
+FLASH_ATTN_4_PREFERRED: dict[tuple[int, bool], int] = {(64, True): 2048, (128, False): 2048}
 
 
 def _wide_channels(head_dim: int) -> int:
@@ -116,6 +127,65 @@ def cudnn_pope_attention(q, k, v, delta, *, base, causal, softmax_scale, q_offse
         return torch.nn.functional.scaled_dot_product_attention(
             q_wide, k_wide, v, is_causal=causal, scale=softmax_scale, enable_gqa=q.shape[1] != k.shape[1]
         )
+
+
+@functools.cache
+def flash_attn_4_installed() -> bool:
+    """Whether flash-attn-4 (module flash_attn.cute) can be imported; asked once, without importing it (its import
+    takes seconds: CUTLASS's DSL)."""
+    try:
+        return importlib.util.find_spec("flash_attn.cute") is not None
+    except (ModuleNotFoundError, ValueError):  # no flash_attn package at all, or a module without a spec
+        return False
+
+
+def flash_attn_4_pope_attention(q, k, v, delta, *, base, causal, softmax_scale, q_offset, magnitude):
+    """PoPE attention as flash-attn-4's kernel on the pre-pass's q', k' (backend "flash-attn-4"). Inputs already
+    checked by pope.attention, and flash_attn_4_unsupported_reason None for them: q (B, Hq, Nq, d), k/v (B, Hkv, Nk,
+    d); causal only with the last query at the last key's position (flash-attn's bottom-right alignment). flash-attn
+    takes (B, N, H, channels) with any 16-byte-aligned strides, so q', k' (B, H, N, 2d) and v go as transposed views,
+    no copy. Its backward is deterministic when torch.use_deterministic_algorithms(True) is on (it orders the dq
+    sums), else dq' is summed by atomics. Returns (B, Hq, Nq, d) in q's dtype (a transposed view)."""
+    flash_attn_func = require("flash_attn.cute", purpose="backend 'flash-attn-4'").flash_attn_func
+    theta = _theta(q.shape[-1], base, q.device)
+    q_wide, k_wide = cartesian(q, k, delta, theta, int(q_offset), magnitude)
+    out, _ = flash_attn_func(
+        q_wide.transpose(1, 2),
+        k_wide.transpose(1, 2),
+        v.transpose(1, 2),
+        softmax_scale=softmax_scale,
+        causal=causal,
+        deterministic=torch.are_deterministic_algorithms_enabled(),
+    )
+    return out.transpose(1, 2)
+
+
+def flash_attn_4_unsupported_reason(
+    q, k, v, *, causal, q_offset, differentiated, rotary_dim=None, dropout_p=0.0
+) -> str | None:
+    """Why backend "flash-attn-4" cannot run a call, or None when it can: the pre-pass's needs
+    (triton_unsupported_reason), fp16 / bf16, the library installed, not inside torch.compile (its launcher is Python
+    that dynamo cannot trace), causal masking only where flash-attn's bottom-right alignment is PoPE's
+    (q_offset + Nq = Nk), no differentiated grouped-query call (its GQA backward takes d_qk = d_v only), CUDA with
+    compute capability 9.0 or newer. differentiated: whether autograd will take the call's gradient."""
+    reason = triton_unsupported_reason(q, k, v, rotary_dim=rotary_dim, dropout_p=dropout_p)
+    if reason is not None:
+        return reason
+    if q.dtype not in LIBRARY_DTYPES:
+        return f"flash-attn-4 takes float16 and bfloat16 only (got {q.dtype})"
+    if not flash_attn_4_installed():
+        return "flash-attn-4 is not installed (pip install 'pope-attention[flash-attn-4]')"
+    if torch.compiler.is_compiling():
+        return "flash-attn-4 does not run inside torch.compile"
+    if causal and q_offset + q.shape[2] != k.shape[2]:
+        return "causal masking on backend 'flash-attn-4' needs the last query at the last key's position"
+    if differentiated and q.shape[1] != k.shape[1]:
+        return "flash-attn-4's grouped-query backward needs d_qk = d_v (PoPE's q', k' have 2d channels)"
+    if q.device.type != "cuda":
+        return f"flash-attn-4 runs on CUDA tensors only (got device {q.device})"
+    if kernels.cuda_capability(q.device) < (9, 0):
+        return "backend 'flash-attn-4' needs an NVIDIA GPU of compute capability 9.0 or newer"
+    return None
 
 
 def cudnn_unsupported_reason(q, k, v, *, causal, q_offset, rotary_dim=None, dropout_p=0.0) -> str | None:
