@@ -76,7 +76,7 @@ def test_optional_libraries_are_listed_in_one_place():
     for name, line, module, extra in calls:
         assert extra in (None, extra_of(module)), f"src/pope/{name}:{line}: require({module!r}, {extra!r})"
     extras = re.search(r"\[project\.optional-dependencies\](.*?)\n\[", (ROOT / "pyproject.toml").read_text(), re.S)
-    declared = set(re.findall(r"^(\w+) = ", extras.group(1), re.M))
+    declared = set(re.findall(r"^([\w-]+) = ", extras.group(1), re.M))
     assert set(OPTIONAL.values()) <= declared
 
 
