@@ -30,10 +30,12 @@ LIBRARY_DTYPES = (torch.float16, torch.bfloat16)
 # fwd+bwd takes 0.81-0.86x the fused kernels' time; at d = 64 the two are even (4K) or within host noise (1K).
 CUDNN_PREFERRED: dict[int, int] = {128: 2048}
 # Where backend "auto" takes "flash-attn-4" (when installed) over the others: {(head_dim, differentiated): the
-# fewest queries}. Measured on an H100 (benchmarks/attention.py, eager, 4K-8K tokens): at d = 64 MHA its
-# fwd+bwd takes 0.92x the fused kernels' time (cuDNN's: 1.06x); at d = 128 its forward alone 0.87x the fused
-# kernels' and 0.93x cuDNN's, its fwd+bwd 1.0x the fused kernels' and 1.16x cuDNN's (so "cudnn" keeps training).
-FLASH_ATTN_4_PREFERRED: dict[tuple[int, bool], int] = {(64, True): 2048, (128, False): 2048}
+# fewest queries}. Measured on an H100 (benchmarks/attention.py and the GPU check, eager): at d = 64 MHA from 4K
+# tokens its fwd+bwd takes 0.92x the fused kernels' time (cuDNN's: 1.06x); at d = 128 from 4K its forward alone
+# 0.87x the fused kernels' and 0.93x cuDNN's, its fwd+bwd 1.0x the fused kernels' and 1.16x cuDNN's (so "cudnn"
+# keeps training). An eager call spends about 0.5 ms on the host (1K tokens: 0.77 ms forward against cuDNN's 0.21),
+# so below 4K tokens it takes 1.2-2.9x the best other backend's time.
+FLASH_ATTN_4_PREFERRED: dict[tuple[int, bool], int] = {(64, True): 4096, (128, False): 4096}
 
 
 def _wide_channels(head_dim: int) -> int:
