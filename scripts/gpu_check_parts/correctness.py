@@ -101,6 +101,23 @@ def batched_row(shape, dtype_name: str, device: str, *, decode: bool, backend: s
     return worst_ratio(ours, reference, exact, dtype)
 
 
+def deterministic_row(shape, backend: str, device: str) -> float:
+    """Two differentiated bf16 calls under torch.use_deterministic_algorithms(True): 0 when output and every gradient
+    are bitwise equal, 2 (a failure) when not."""
+    batch, hq, hkv, nq, nk, d, q_offset = shape
+    q, k, v, delta, grad_out = attention_inputs(batch, hq, hkv, nq, nk, d, device=device, generator=_generator(device))
+    options = dict(causal=True, q_offset=q_offset, backend=backend)
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        first, second = (
+            outputs_and_gradients(pope_attention, q, k, v, delta, grad_out, torch.bfloat16, options) for _ in "ab"
+        )
+    finally:
+        torch.use_deterministic_algorithms(before)
+    return 0.0 if all(torch.equal(a, b) for a, b in zip(first, second)) else 2.0
+
+
 def varlen_row(shape, dtype_name: str, device: str) -> float:
     lengths_q, lengths_k, hq, hkv, d = shape
     q, k, v, delta, grad_out, cu_q, cu_k = packed_inputs(
@@ -187,6 +204,9 @@ def rows(*, bench_ms, smoke: bool, device: str):
             for name in dtypes:
                 row = batched_row(shape, name, device, decode=gqa, backend="flash-attn-4")
                 yield f"flash-attn-4 {'fwd' if gqa else 'fwd+bwd'} {_label(shape)} {name}", row, unit
+        shape = (2, 16, 16, 1024, 1024, 128, None)
+        row = deterministic_row(shape, "flash-attn-4", device)
+        yield f"flash-attn-4 deterministic mode {_label(shape)} bf16: repeat", row, "bitwise (0 = equal)"
     for shape, dtypes in SMOKE_DECODE if smoke else DECODE:
         for name in dtypes:
             yield f"kernels decode {_label(shape)} {name}", batched_row(shape, name, device, decode=True), unit
