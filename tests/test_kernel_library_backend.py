@@ -9,7 +9,6 @@ Shared set-up and the acceptance rule: tests/kernel_fixtures.py.
 
 from __future__ import annotations
 
-import contextlib
 import sys
 
 import pytest
@@ -23,7 +22,7 @@ from kernel_fixtures import (  # before pope's imports: it sets Triton's interpr
 )
 
 from pope.attention import pope_attention, pope_attention_varlen, reference_pope_attention
-from pope.testing import check_within_rule, outputs_and_gradients
+from pope.testing import check_within_rule, deterministic_algorithms, outputs_and_gradients
 
 
 def library_attention(q, k, v, delta, **options):
@@ -128,16 +127,6 @@ def test_library_backend_says_what_it_cannot_run(kernels):
     cu_seqlens = torch.tensor([0, 8], dtype=torch.int32, device=DEVICE)
     with pytest.raises(ValueError, match="does not take packed"):
         pope_attention_varlen(*packed, delta, cu_seqlens, cu_seqlens, 8, 8, backend="cudnn")
-
-
-@contextlib.contextmanager
-def deterministic_algorithms():
-    before = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(before)
 
 
 @pytest.fixture

@@ -14,7 +14,14 @@ import torch
 import pope.attention.api
 from pope.attention import pope_attention, pope_attention_varlen
 from pope.ops import flash_attn_4_installed, triton_unsupported_reason
-from pope.testing import GRADIENT_NAMES, attention_inputs, check_within_rule, outputs_and_gradients, packed_inputs
+from pope.testing import (
+    GRADIENT_NAMES,
+    attention_inputs,
+    check_within_rule,
+    deterministic_algorithms,
+    outputs_and_gradients,
+    packed_inputs,
+)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # (batch, Hq, Hkv, Nq, Nk, d, q_offset or None): GPT-2's shape, GQA, head dim 128, odd lengths, long positions.
@@ -107,14 +114,10 @@ def deterministic_row(shape, backend: str, device: str) -> float:
     batch, hq, hkv, nq, nk, d, q_offset = shape
     q, k, v, delta, grad_out = attention_inputs(batch, hq, hkv, nq, nk, d, device=device, generator=_generator(device))
     options = dict(causal=True, q_offset=q_offset, backend=backend)
-    before = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
+    with deterministic_algorithms():
         first, second = (
             outputs_and_gradients(pope_attention, q, k, v, delta, grad_out, torch.bfloat16, options) for _ in "ab"
         )
-    finally:
-        torch.use_deterministic_algorithms(before)
     return 0.0 if all(torch.equal(a, b) for a, b in zip(first, second)) else 2.0
 
 

@@ -87,6 +87,17 @@ def _tf32_sdpa(
 
 
 @contextlib.contextmanager
+def deterministic_algorithms():
+    """torch.use_deterministic_algorithms(True) inside, the previous setting restored after."""
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
+@contextlib.contextmanager
 def tf32_reference():
     """While active, pope.attention's reference computes fp32 attention in TF32 arithmetic, the reference of a TF32
     kernel check, on any device (`_tf32_sdpa`): every matmul's operands rounded to TF32 (to nearest, ties away),
