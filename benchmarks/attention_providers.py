@@ -142,15 +142,7 @@ def make_provider(name, q, k, v, delta, *, autotune_pope_pytorch=False):
     if name == "cudnn on q'k'":
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        from pope import kernels
-        from pope.frequencies import pope_turn_words
-
-        theta = pope_turn_words(head_dim, BASE, device=q.device)
-        with torch.no_grad():
-            q_wide, k_wide = kernels.transform_queries_and_keys(
-                q, k, theta, delta.detach(), q_offset=0, magnitude="softplus"
-            )
-        q_wide, k_wide = q_wide.requires_grad_(), k_wide.requires_grad_()
+        q_wide, k_wide = (t.requires_grad_() for t in _wide_queries_and_keys(q, k, delta))
 
         def library_kernel():
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
@@ -163,6 +155,17 @@ def make_provider(name, q, k, v, delta, *, autotune_pope_pytorch=False):
     if name.startswith("flash-attn-4") or name == "pope flash-attn-4":
         return _flash_attn_4_provider(name, q, k, v, delta)
     raise ValueError(f"unknown provider {name!r}; choose from {PROVIDERS}")
+
+
+def _wide_queries_and_keys(q, k, delta):
+    """PoPE's q', k' (B, H, N, 2d) of the leaves, made once by the pre-pass outside any graph: the "on q'k'" providers'
+    inputs, so that they time the library kernel alone."""
+    from pope import kernels
+    from pope.frequencies import pope_turn_words
+
+    theta = pope_turn_words(q.shape[-1], BASE, device=q.device)
+    with torch.no_grad():
+        return kernels.transform_queries_and_keys(q, k, theta, delta.detach(), q_offset=0, magnitude="softplus")
 
 
 def _flash_attn_4_provider(name, q, k, v, delta):
@@ -181,14 +184,7 @@ def _flash_attn_4_provider(name, q, k, v, delta):
         leaves = [t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v)]
         scale = None
     else:
-        from pope import kernels
-        from pope.frequencies import pope_turn_words
-
-        theta = pope_turn_words(head_dim, BASE, device=q.device)
-        with torch.no_grad():
-            q_wide, k_wide = kernels.transform_queries_and_keys(
-                q, k, theta, delta.detach(), q_offset=0, magnitude="softplus"
-            )
+        q_wide, k_wide = _wide_queries_and_keys(q, k, delta)
         leaves = [t.transpose(1, 2).contiguous().requires_grad_() for t in (q_wide, k_wide, v.detach())]
         scale = head_dim**-0.5
 

@@ -66,17 +66,15 @@ def _attention_times(
     if device == "cuda" and cudnn_unsupported_reason(q, k, v, causal=True, q_offset=0) is None:
         providers["pope cudnn"] = lambda: pope_attention(q, k, v, delta, causal=True, backend="cudnn")
     forward_only = set()
-    if device == "cuda" and not cuda_graph:  # flash-attn-4's launcher is not captured in CUDA graphs here
-        unsupported = {
-            differentiated: flash_attn_4_unsupported_reason(
-                q, k, v, causal=True, q_offset=0, differentiated=differentiated
-            )
-            for differentiated in (False, True)
-        }
-        if unsupported[False] is None:
-            providers["pope flash-attn-4"] = lambda: pope_attention(q, k, v, delta, causal=True, backend="flash-attn-4")
-            if unsupported[True] is not None:
-                forward_only.add("pope flash-attn-4")
+
+    def flash_attn_4_reason(differentiated: bool):
+        return flash_attn_4_unsupported_reason(q, k, v, causal=True, q_offset=0, differentiated=differentiated)
+
+    # flash-attn-4 is timed eagerly only: its capture in a CUDA graph is not tried.
+    if device == "cuda" and not cuda_graph and flash_attn_4_reason(False) is None:
+        providers["pope flash-attn-4"] = lambda: pope_attention(q, k, v, delta, causal=True, backend="flash-attn-4")
+        if flash_attn_4_reason(True) is not None:
+            forward_only.add("pope flash-attn-4")
     times = {}
     for name, fn in providers.items():
         with torch.no_grad():
