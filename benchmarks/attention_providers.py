@@ -233,7 +233,11 @@ def bench_provider(name, shape, *, autotune_pope_pytorch=False, cuda_graph=False
     def forward_backward():
         torch.autograd.backward(provider(), grad_out)
 
-    forward_backward()  # compile / autotune outside the timed region
+    try:
+        forward_backward()  # compile / autotune outside the timed region
+    except Exception as err:  # a backward the provider refuses (flash-attn-4's grouped-query one at d_qk != d_v)
+        print(f"{name} {shape}: backward refused ({str(err).splitlines()[0][:160]}); forward only", flush=True)
+        return _forward_only_row(name, shape, provider, cuda_graph=cuda_graph)
     torch.cuda.synchronize()
     for leaf in leaves:
         leaf.grad = None
@@ -248,6 +252,26 @@ def bench_provider(name, shape, *, autotune_pope_pytorch=False, cuda_graph=False
     else:
         fwd_ms = do_bench(provider, warmup=25, rep=100, return_mode="median")
         fwd_bwd_ms = do_bench(forward_backward, warmup=25, rep=100, grad_to_none=leaves, return_mode="median")
+    return _row(name, shape, fwd_ms, fwd_bwd_ms, peak_mb)
+
+
+def _forward_only_row(name, shape, provider, *, cuda_graph):
+    """The row of a provider whose backward is refused: its forward timed without autograd (an inference call, so a
+    call the backend takes only when no gradient is asked for runs), fwd+bwd ms and peak memory NaN."""
+    from triton.testing import do_bench, do_bench_cudagraph
+
+    with torch.no_grad():
+        provider()
+        torch.cuda.synchronize()
+        if cuda_graph:
+            fwd_ms = do_bench_cudagraph(provider, rep=100, return_mode="median")
+        else:
+            fwd_ms = do_bench(provider, warmup=25, rep=100, return_mode="median")
+    return _row(name, shape, fwd_ms, math.nan, math.nan)
+
+
+def _row(name, shape, fwd_ms, fwd_bwd_ms, peak_mb) -> dict:
+    batch, heads, _, seq, head_dim = heads_of(shape)
     pope = name.startswith("pope") or name.endswith("on q'k'")  # 2d-channel scores
     flops_fwd, flops_fwd_bwd = attention_flops(batch, heads, seq, head_dim, pope=pope)
     return {
