@@ -175,19 +175,13 @@ def _flash_attn_4_provider(name, q, k, v, delta):
     (the pre-pass, flash-attn-4 on q', k', the gradient pass)."""
     from flash_attn.cute import flash_attn_func  # ImportError when not installed: the rows are left out
 
-    from pope.ops import flash_attn_4_unsupported_reason
-
     head_dim = q.shape[-1]
-    # flash-attn-4 refuses the backward of a grouped-query call on q', k' (d_qk = 2d != d_v): those rows time the
-    # forward alone (bench_provider), as backend "flash-attn-4" refuses a differentiated call.
-    no_backward = flash_attn_4_unsupported_reason(q, k, v, causal=True, q_offset=0, differentiated=True)
     if name == "pope flash-attn-4":
         from pope.attention import pope_attention
 
         def pope_flash_attn_4():
             return pope_attention(q, k, v, delta, base=BASE, causal=True, backend="flash-attn-4")
 
-        pope_flash_attn_4.no_backward = no_backward
         return pope_flash_attn_4
     if name == "flash-attn-4":
         leaves = [t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v)]
@@ -202,7 +196,10 @@ def _flash_attn_4_provider(name, q, k, v, delta):
 
     library_kernel.leaves = leaves
     library_kernel.transposed = True
-    library_kernel.no_backward = None if name == "flash-attn-4" else no_backward  # d_qk = d_v without PoPE
+    # flash-attn-4 refuses the backward of a grouped-query call on q', k' (d_qk = 2d != d_v): that row times the
+    # forward alone (bench_provider). Backend "flash-attn-4" repeats k, v to as many heads as q there.
+    if name != "flash-attn-4" and q.shape[1] != k.shape[1]:
+        library_kernel.no_backward = "flash-attn-4's grouped-query backward needs d_qk = d_v (q', k' have 2d channels)"
     return library_kernel
 
 

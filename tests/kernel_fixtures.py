@@ -64,6 +64,26 @@ def kernel_inputs(batch, n_q_heads, n_kv_heads, seq_q, seq_k, head_dim, dtype, w
     return tuple(t.to(DEVICE) if t is not None else None for t in inputs)
 
 
+def assert_library_backend_within_rule(attention, shape, dtype, seed: int):
+    """A library backend's output, dq, dk, dv and d(delta) (attention: pope.ops' flash_attn_4_pope_attention or
+    alike) against float64 within 2x plain PyTorch's error, causal, softplus, for shape (B, Hq, Hkv, Nq, Nk, d)."""
+    import torch
+
+    from pope.attention import reference_pope_attention
+    from pope.testing import check_within_rule, outputs_and_gradients
+
+    q, k, v, delta, grad_out = kernel_inputs(*shape, torch.float64, True, torch.Generator().manual_seed(seed))
+    options = dict(base=10000.0, causal=True, softmax_scale=shape[-1] ** -0.5, q_offset=0, magnitude="softplus")
+    reference = dict(options, rotary_dim=None)
+    truth = outputs_and_gradients(reference_pope_attention, q, k, v, delta, grad_out, torch.float64, reference)
+    theirs = outputs_and_gradients(reference_pope_attention, q, k, v, delta, grad_out, dtype, reference)
+    ours = outputs_and_gradients(attention, q, k, v, delta, grad_out, dtype, options)
+    for name, mine, plain, exact in zip(["out", "dq", "dk", "dv", "d_delta"], ours, theirs, truth):
+        result = check_within_rule(mine, plain, exact, dtype)
+        assert result["ok"], (name, result)
+    return q, k, v, delta, options
+
+
 def triton_attention(q, k, v, delta, **options):
     from pope.ops import triton_pope_attention
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 from kernel_fixtures import (  # before pope's imports: it sets Triton's interpreter up
     DEVICE,
+    assert_library_backend_within_rule,
     delegated,
     kernel_inputs,
     kernels_fixture,  # noqa: F401  (the autouse fixture `kernels`)
@@ -175,16 +176,8 @@ def test_flash_attn_4_backend_within_twice_the_reference_error(kernels, fake_fla
         return
     from pope.ops import flash_attn_4_pope_attention
 
-    generator = torch.Generator().manual_seed(sum(shape) + 1)
-    q, k, v, delta, grad_out = kernel_inputs(*shape, torch.float64, True, generator)
-    options = dict(base=10000.0, causal=True, softmax_scale=shape[-1] ** -0.5, q_offset=0, magnitude="softplus")
-    reference = dict(options, rotary_dim=None)
-    truth = outputs_and_gradients(reference_pope_attention, q, k, v, delta, grad_out, torch.float64, reference)
-    theirs = outputs_and_gradients(reference_pope_attention, q, k, v, delta, grad_out, dtype, reference)
-    ours = outputs_and_gradients(flash_attn_4_pope_attention, q, k, v, delta, grad_out, dtype, options)
-    for name, mine, plain, exact in zip(["out", "dq", "dk", "dv", "d_delta"], ours, theirs, truth):
-        result = check_within_rule(mine, plain, exact, dtype)
-        assert result["ok"], (name, result)
+    seed = sum(shape) + 1
+    q, k, v, delta, options = assert_library_backend_within_rule(flash_attn_4_pope_attention, shape, dtype, seed)
     batch, heads, seq, _ = q.shape
     wide = 2 * shape[-1]  # q' and k' of these head dims are not padded
     q_strides, _, v_strides = fake_flash_attn_4[0]["strides"]
@@ -198,8 +191,8 @@ def test_flash_attn_4_backend_within_twice_the_reference_error(kernels, fake_fla
 
 def test_flash_attn_4_backend_says_what_it_cannot_run(kernels, fake_flash_attn_4):
     """Calls backend "flash-attn-4" cannot take are refused in one line naming the reason and the way out: not
-    installed, CPU tensors, fp32, causal with the last query short of the last key, a differentiated GQA call,
-    packed batches; "auto" never picks it off CUDA."""
+    installed, CPU tensors, fp32, causal with the last query short of the last key, packed batches; "auto" never
+    picks it off CUDA."""
     if delegated(kernels):
         return
     from pope.ops import flash_attn_4_installed, flash_attn_4_unsupported_reason
@@ -208,16 +201,15 @@ def test_flash_attn_4_backend_says_what_it_cannot_run(kernels, fake_flash_attn_4
     q, k, v, delta, _ = kernel_inputs(1, 4, 2, 8, 8, 32, torch.bfloat16, True, generator)
     q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
 
-    def reason(q, k, v, causal=True, q_offset=0, differentiated=False):
-        return flash_attn_4_unsupported_reason(q, k, v, causal=causal, q_offset=q_offset, differentiated=differentiated)
+    def reason(q, k, v, causal=True, q_offset=0):
+        return flash_attn_4_unsupported_reason(q, k, v, causal=causal, q_offset=q_offset)
 
     assert "float16 and bfloat16" in reason(q.float(), k.float(), v.float())
     assert "last query at the last key" in reason(q[:, :, :3], k, v, q_offset=0)
-    assert "grouped-query backward" in reason(q, k, v, differentiated=True)
     mha = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
     if DEVICE == "cpu":
         assert "CUDA tensors only" in reason(q[:, :, :3], k, v, q_offset=5)
-        assert "CUDA tensors only" in reason(q, *mha, differentiated=True)
+        assert "CUDA tensors only" in reason(q, *mha)
         with pytest.raises(ValueError, match=r"^backend='flash-attn-4' cannot run this call: .*CUDA.*Use backend="):
             pope_attention(q, *mha, delta, backend="flash-attn-4")
         assert fake_flash_attn_4 == []  # nothing reached the library, "auto" included

@@ -36,6 +36,8 @@ LIBRARY_BATCHED = [
     ((2, 32, 8, 1024, 1024, 128, None), ("bf16", "fp16")),
     ((2, 8, 2, 777, 777, 80, None), ("bf16",)),
 ]
+# flash-attn-4 trained at head dim 128: the backward on PoPE's own tiles (pope.ops.flash_attn_4_tiles), an odd length
+FLASH_ATTN_4_TRAINED = [((2, 16, 16, 777, 777, 128, None), ("bf16", "fp16"))]
 DECODE = [((4, 32, 8, 1, 8192, 128, None), ("bf16", "fp16", "fp32")), ((8, 12, 12, 1, 3001, 64, 10**7), ("bf16",))]
 VARLEN = [(([0, 1, 7, 300, 1000, 2047, 130], [5, 1, 900, 300, 1000, 2047, 130], 8, 2, 64), ("bf16", "fp16", "fp32"))]
 SMOKE_BATCHED = [((1, 2, 1, 17, 33, 32, None), ("bf16",))]
@@ -201,12 +203,13 @@ def rows(*, bench_ms, smoke: bool, device: str):
             for name in dtypes:
                 yield f"cudnn fwd+bwd {_label(shape)} {name}", batched_row(shape, name, device, decode=False,
                                                                            backend="cudnn"), unit  # fmt: skip
-    if device == "cuda" and flash_attn_4_installed():  # backend "flash-attn-4" (optional): MHA trained, GQA forward
-        for shape, dtypes in LIBRARY_BATCHED:
-            gqa = shape[1] != shape[2]
-            for name in dtypes:
-                row = batched_row(shape, name, device, decode=gqa, backend="flash-attn-4")
-                yield f"flash-attn-4 {'fwd' if gqa else 'fwd+bwd'} {_label(shape)} {name}", row, unit
+    if device == "cuda" and flash_attn_4_installed():  # backend "flash-attn-4" (optional)
+        for shape, dtypes in LIBRARY_BATCHED + FLASH_ATTN_4_TRAINED:
+            # A grouped-query call runs flash-attn-4's GQA forward without gradients, repeated k, v with them.
+            for decode in (True, False) if shape[1] != shape[2] else (False,):
+                for name in dtypes:
+                    row = batched_row(shape, name, device, decode=decode, backend="flash-attn-4")
+                    yield f"flash-attn-4 {'fwd' if decode else 'fwd+bwd'} {_label(shape)} {name}", row, unit
         shape = (2, 16, 16, 1024, 1024, 128, None)
         row = deterministic_row(shape, "flash-attn-4", device)
         yield f"flash-attn-4 deterministic mode {_label(shape)} bf16: repeat", row, "bitwise (0 = equal)"

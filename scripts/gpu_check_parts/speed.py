@@ -44,8 +44,7 @@ def _attention_times(
     batch: int, hq: int, hkv: int, n: int, d: int, *, bench_ms, smoke: bool, device: str, cuda_graph: bool
 ) -> dict:
     """{provider: (forward ms, forward+backward ms)} for SDPA without PE, compiled RoPE + SDPA and PoPE: backend
-    "auto" (what a user gets), and each backend it chooses from ("cudnn" and "flash-attn-4" where they can run;
-    forward+backward None where a backend runs the forward only)."""
+    "auto" (what a user gets), and each backend it chooses from ("cudnn" and "flash-attn-4" where they can run)."""
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     g = torch.Generator(device=device).manual_seed(0)
     q = torch.randn(batch, hq, n, d, device=device, dtype=dtype, generator=g, requires_grad=True)
@@ -65,27 +64,18 @@ def _attention_times(
     }
     if device == "cuda" and cudnn_unsupported_reason(q, k, v, causal=True, q_offset=0) is None:
         providers["pope cudnn"] = lambda: pope_attention(q, k, v, delta, causal=True, backend="cudnn")
-    forward_only = set()
-
-    def flash_attn_4_reason(differentiated: bool):
-        return flash_attn_4_unsupported_reason(q, k, v, causal=True, q_offset=0, differentiated=differentiated)
-
     # flash-attn-4 is timed eagerly only: its capture in a CUDA graph is not tried.
-    if device == "cuda" and not cuda_graph and flash_attn_4_reason(False) is None:
+    flash_attn_4_runs = flash_attn_4_unsupported_reason(q, k, v, causal=True, q_offset=0) is None
+    if device == "cuda" and not cuda_graph and flash_attn_4_runs:
         providers["pope flash-attn-4"] = lambda: pope_attention(q, k, v, delta, causal=True, backend="flash-attn-4")
-        if flash_attn_4_reason(True) is not None:
-            forward_only.add("pope flash-attn-4")
     times = {}
     for name, fn in providers.items():
         with torch.no_grad():
             fn()  # compiles and tunes outside any CUDA-graph capture, the forward alone ...
-        if name not in forward_only:
-            fn().backward(grad)  # ... and differentiated
+        fn().backward(grad)  # ... and differentiated
         with torch.no_grad():
             forward = bench_ms(fn, smoke=smoke, cuda_graph=cuda_graph)
-        both = None
-        if name not in forward_only:
-            both = bench_ms(lambda fn=fn: fn().backward(grad), smoke=smoke, cuda_graph=cuda_graph)
+        both = bench_ms(lambda fn=fn: fn().backward(grad), smoke=smoke, cuda_graph=cuda_graph)
         times[name] = (forward, both)
     return times
 
@@ -108,10 +98,9 @@ def attention_rows(*, bench_ms, smoke: bool, device: str):
         for backend in ("triton", "cudnn", "flash-attn-4"):
             if f"pope {backend}" in times:
                 fwd, both = times[f"pope {backend}"]
-                print(f"   {label}: PoPE {backend} fwd {fwd:.3f} ms, fwd+bwd {both or float('nan'):.3f} ms", flush=True)
+                print(f"   {label}: PoPE {backend} fwd {fwd:.3f} ms, fwd+bwd {both:.3f} ms", flush=True)
                 yield f"attention fwd {label}: PoPE {backend} / SDPA{timing}", fwd / sdpa_fwd, "time ratio"
-                if both is not None:
-                    yield f"attention fwd+bwd {label}: PoPE {backend} / SDPA{timing}", both / sdpa_both, "time ratio"
+                yield f"attention fwd+bwd {label}: PoPE {backend} / SDPA{timing}", both / sdpa_both, "time ratio"
 
 
 def _gpt_step_ms(preset: str, pe: str, batch: int, *, mode: str, smoke: bool, device: str) -> list[float]:

@@ -11,10 +11,11 @@ Backends:
                bits). It keeps q', k' for the backward: more memory than "triton" (docs/kernels.md).
   "flash-attn-4"  as "cudnn" with flash-attn-4's kernels (the optional package flash-attn-4) on q', k': CUDA,
                compute capability 9.0+, fp16/bf16, eager (not inside torch.compile), causal with the last query at
-               the last key's position; no differentiated grouped-query call (its GQA backward needs d_qk = d_v).
+               the last key's position; a differentiated grouped-query call repeats k, v to Hq heads (its GQA
+               backward needs d_qk = d_v).
                Deterministic under torch.use_deterministic_algorithms(True), else dq' is summed by atomics.
   "auto"       "flash-attn-4" where installed, measured faster (pope.ops.FLASH_ATTN_4_PREFERRED: head dim 64
-               trained, head dim 128 forward only, from 4K queries) and able to run the call; else "cudnn" where it
+               trained and head dim 128, from 4K queries) and able to run the call; else "cudnn" where it
                measured faster (pope.ops.CUDNN_PREFERRED: head dim 128 from 2K tokens) and can run the call;
                neither under torch.use_deterministic_algorithms(True); else "triton" when the inputs are on CUDA,
                Triton is importable and the kernels can run the call; else "reference".

@@ -82,7 +82,7 @@ def _run_backend(q, k, v, delta, backend: str, dropout_p: float, options: dict) 
     """The checked call on the backend it asks for: the kernels where they can run it ("triton" raises saying why
     they cannot), else the reference. options: base, causal, softmax_scale, q_offset, magnitude, rotary_dim."""
     if backend == "flash-attn-4" or (backend == "auto" and _auto_prefers_flash_attn_4(q, k, v, delta)):
-        reason = _flash_attn_4_unsupported_reason(q, k, v, delta, options, dropout_p)
+        reason = _flash_attn_4_unsupported_reason(q, k, v, options, dropout_p)
         if reason is None:
             library_options = {name: value for name, value in options.items() if name != "rotary_dim"}
             return ops.flash_attn_4_pope_attention(q, k, v, delta, **library_options)
@@ -106,11 +106,6 @@ def _run_backend(q, k, v, delta, backend: str, dropout_p: float, options: dict) 
     return reference_pope_attention(q, k, v, delta, dropout_p=dropout_p, **options)
 
 
-def _differentiated(*tensors) -> bool:
-    """Whether autograd will record the call (a gradient is wanted for one of the tensors)."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
 def _auto_prefers_flash_attn_4(q, k, v, delta) -> bool:
     """Whether "auto" tries backend "flash-attn-4" first: on CUDA, with flash-attn-4 installed, where it measured
     faster (ops.FLASH_ATTN_4_PREFERRED: head dim, differentiated or not, and the fewest queries), outside
@@ -118,7 +113,7 @@ def _auto_prefers_flash_attn_4(q, k, v, delta) -> bool:
     one measured)."""
     if q.device.type != "cuda" or torch.are_deterministic_algorithms_enabled() or torch.compiler.is_compiling():
         return False
-    min_seq = ops.FLASH_ATTN_4_PREFERRED.get((q.shape[-1], _differentiated(q, k, v, delta)))
+    min_seq = ops.FLASH_ATTN_4_PREFERRED.get((q.shape[-1], ops.will_be_differentiated(q, k, v, delta)))
     # Queries too: a decode step (few queries against a long cache) stays on the split-K decode kernels.
     return min_seq is not None and q.shape[2] >= min_seq and ops.flash_attn_4_installed()
 
@@ -241,11 +236,11 @@ def _cudnn_unsupported_reason(q, k, v, options: dict, dropout_p: float) -> str |
     )  # fmt: skip
 
 
-def _flash_attn_4_unsupported_reason(q, k, v, delta, options: dict, dropout_p: float) -> str | None:
+def _flash_attn_4_unsupported_reason(q, k, v, options: dict, dropout_p: float) -> str | None:
     """Why backend "flash-attn-4" cannot run this call, or None when it can (CUDA only)."""
     return ops.flash_attn_4_unsupported_reason(
-        q, k, v, causal=options["causal"], q_offset=options["q_offset"], differentiated=_differentiated(q, k, v, delta),
-        rotary_dim=options["rotary_dim"], dropout_p=dropout_p,
+        q, k, v, causal=options["causal"], q_offset=options["q_offset"], rotary_dim=options["rotary_dim"],
+        dropout_p=dropout_p,
     )  # fmt: skip
 
 

@@ -2,7 +2,8 @@
 
     fused    the fused Triton kernels as `torch.library.custom_op`s (pope::flash_attention_forward_v3 / _backward_v3)
              with fake (meta) implementations and autograd; an eager autograd.Function over the same launchers;
-             `triton_pope_attention`, `triton_pope_attention_varlen`, `triton_unsupported_reason`
+             `triton_pope_attention`, `triton_pope_attention_varlen`, `triton_unsupported_reason`,
+             `will_be_differentiated`
     library  backends "cudnn" and "flash-attn-4": the pre-pass as operators (pope::cartesian,
              pope::cartesian_backward) with a library's attention kernel on q', k' between them (cuDNN's through
              SDPA, or flash-attn-4's); `cudnn_pope_attention`, `flash_attn_4_pope_attention` and their
@@ -25,6 +26,7 @@ from .fused import (
     triton_pope_attention,
     triton_pope_attention_varlen,
     triton_unsupported_reason,
+    will_be_differentiated,
 )
 from .library import (
     CUDNN_PREFERRED,
@@ -60,4 +62,5 @@ __all__ = [
     "triton_pope_attention",
     "triton_pope_attention_varlen",
     "triton_unsupported_reason",
+    "will_be_differentiated",
 ]

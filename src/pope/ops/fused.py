@@ -401,14 +401,15 @@ def _apply(q, k, v, delta, base, causal, softmax_scale, q_offset, magnitude, var
         theta = _theta(q.shape[-1], base, q.device)
     args = (q, k, v, delta, theta, causal, softmax_scale, q_offset, magnitude)
     # q', k' are worth keeping only for a backward (pope.settings' reuse_prepass).
-    save_primes = (
-        SETTINGS.reuse_prepass
-        and torch.is_grad_enabled()
-        and any(t is not None and t.requires_grad for t in (q, k, v, delta))
-    )
+    save_primes = SETTINGS.reuse_prepass and will_be_differentiated(q, k, v, delta)
     if compiling or not SETTINGS.eager_autograd_function:
         return flash_attention_forward(*args, *(varlen or (None, None, 0, 0)), save_primes)[0]
     return _EagerFlashAttention.apply(*args, save_primes, _packed(*varlen) if varlen else None)
+
+
+def will_be_differentiated(*tensors: torch.Tensor | None) -> bool:
+    """Whether autograd will record a call on these tensors (grad mode on, and one of them requires a gradient)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def triton_unsupported_reason(q, k, v, *, rotary_dim=None, dropout_p=0.0) -> str | None:

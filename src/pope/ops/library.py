@@ -20,9 +20,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from pope import kernels
 from pope.frequencies import pope_turn_words
 from pope.kernels import buffers as kernel_buffers  # tile widths (torch only: no Triton import)
-from pope.optional import require
 
-from .fused import _last_dim_contiguous, _theta, triton_unsupported_reason
+from .flash_attn_4_tiles import flash_attn_4_wide
+from .fused import _last_dim_contiguous, _theta, triton_unsupported_reason, will_be_differentiated
 
 LIBRARY_DTYPES = (torch.float16, torch.bfloat16)
 # Where backend "auto" takes "cudnn" over the fused kernels: {head_dim: the shortest key sequence}. Measured on an
@@ -32,15 +32,17 @@ CUDNN_PREFERRED: dict[int, int] = {128: 2048}
 # Where backend "auto" takes "flash-attn-4" (when installed) over the others: {(head_dim, differentiated): the
 # fewest queries}. Measured on an H100 (benchmarks/attention.py and the GPU check, eager): at d = 64 MHA from 4K
 # tokens its fwd+bwd takes 0.92x the fused kernels' time (cuDNN's: 1.06x); at d = 128 from 4K its forward alone
-# 0.87x the fused kernels' and 0.93x cuDNN's, its fwd+bwd 1.0x the fused kernels' and 1.16x cuDNN's (so "cudnn"
-# keeps training). An eager call spends about 0.5 ms on the host (1K tokens: 0.77 ms forward against cuDNN's 0.21),
-# so below 4K tokens it takes 1.2-2.9x the best other backend's time.
-FLASH_ATTN_4_PREFERRED: dict[tuple[int, bool], int] = {(64, True): 4096, (128, False): 4096}
+# 0.87x the fused kernels' and 0.93x cuDNN's, and with PoPE's backward tiles (flash_attn_4_tiles) its fwd+bwd 0.87x
+# cuDNN's at 4K and 0.83x at 8K (MHA), 0.92x with grouped-query heads (2x32x8x4096, keys and values repeated). An
+# eager call spends about 0.5 ms on the host (1K tokens: 0.77 ms forward against cuDNN's 0.21), so below 4K tokens it
+# takes 1.2-2.9x the best other backend's time.
+FLASH_ATTN_4_PREFERRED: dict[tuple[int, bool], int] = {(64, True): 4096, (128, False): 4096, (128, True): 4096}
 
 
-def _wide_channels(head_dim: int) -> int:
-    """Channels of q' and k': 2 BLOCK_D, each half padded to a power of two >= 16."""
-    return 2 * kernel_buffers.block_d(head_dim)
+def _wide_like(x: torch.Tensor) -> torch.Tensor:
+    """An empty x' for x (B, H, N, d): (B, H, N, 2 BLOCK_D), each half padded to a power of two >= 16, as the pre-pass
+    writes it."""
+    return kernel_buffers.prime_buffer(*x.shape[:3], kernel_buffers.block_d(x.shape[-1]), like=x, packed=False)
 
 
 @torch.library.custom_op("pope::cartesian", mutates_args=())
@@ -55,8 +57,7 @@ def cartesian(
 
 @cartesian.register_fake
 def _(q, k, delta, theta, q_offset, magnitude):
-    wide = _wide_channels(q.shape[-1])
-    return q.new_empty((*q.shape[:3], wide)), k.new_empty((*k.shape[:3], wide))
+    return _wide_like(q), _wide_like(k)
 
 
 @torch.library.custom_op("pope::cartesian_backward", mutates_args=())
@@ -100,9 +101,8 @@ def _cartesian_setup(ctx, inputs, output):
 def _cartesian_grad(ctx, dq_wide, dk_wide):
     q, k, delta, theta = ctx.saved_tensors
     q_offset, magnitude = ctx.options
-    wide = _wide_channels(q.shape[-1])
-    dq_wide = dq_wide if dq_wide is not None else q.new_zeros((*q.shape[:3], wide))
-    dk_wide = dk_wide if dk_wide is not None else k.new_zeros((*k.shape[:3], wide))
+    dq_wide = dq_wide if dq_wide is not None else _wide_like(q).zero_()
+    dk_wide = dk_wide if dk_wide is not None else _wide_like(k).zero_()
     dq, dk, d_delta = cartesian_backward(dq_wide, dk_wide, q, k, delta, theta, q_offset, magnitude)
     return dq, dk, (d_delta if ctx.has_delta else None), None, None, None
 
@@ -146,30 +146,26 @@ def flash_attn_4_pope_attention(q, k, v, delta, *, base, causal, softmax_scale, 
     checked by pope.attention, and flash_attn_4_unsupported_reason None for them: q (B, Hq, Nq, d), k/v (B, Hkv, Nk,
     d); causal only with the last query at the last key's position (flash-attn's bottom-right alignment). flash-attn
     takes (B, N, H, channels) with any 16-byte-aligned strides, so q', k' (B, H, N, 2d) and v go as transposed views,
-    no copy. Its backward is deterministic when torch.use_deterministic_algorithms(True) is on (it orders the dq
-    sums), else dq' is summed by atomics. Returns (B, Hq, Nq, d) in q's dtype (a transposed view)."""
-    flash_attn_func = require("flash_attn.cute", purpose="backend 'flash-attn-4'").flash_attn_func
+    no copy, with PoPE's Hopper tiles (flash_attn_4_tiles). Its grouped-query backward takes d_qk = d_v only, so a
+    differentiated grouped-query call repeats k and v to Hq heads first (autograd sums their gradients back): Hq/Hkv
+    times their memory. Its backward is deterministic when torch.use_deterministic_algorithms(True) is on (it orders
+    the dq sums), else dq' is summed by atomics. Returns (B, Hq, Nq, d) in q's dtype (a transposed view)."""
+    if q.shape[1] != k.shape[1] and will_be_differentiated(q, k, v, delta):
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     theta = _theta(q.shape[-1], base, q.device)
     q_wide, k_wide = cartesian(q, k, delta, theta, int(q_offset), magnitude)
-    out, _ = flash_attn_func(
-        q_wide.transpose(1, 2),
-        k_wide.transpose(1, 2),
-        v.transpose(1, 2),
-        softmax_scale=softmax_scale,
-        causal=causal,
-        deterministic=torch.are_deterministic_algorithms_enabled(),
+    out = flash_attn_4_wide(
+        q_wide.transpose(1, 2), k_wide.transpose(1, 2), v.transpose(1, 2), softmax_scale=softmax_scale, causal=causal
     )
     return out.transpose(1, 2)
 
 
-def flash_attn_4_unsupported_reason(
-    q, k, v, *, causal, q_offset, differentiated, rotary_dim=None, dropout_p=0.0
-) -> str | None:
+def flash_attn_4_unsupported_reason(q, k, v, *, causal, q_offset, rotary_dim=None, dropout_p=0.0) -> str | None:
     """Why backend "flash-attn-4" cannot run a call, or None when it can: the pre-pass's needs
     (triton_unsupported_reason), fp16 / bf16, the library installed, not inside torch.compile (its launcher is Python
     that dynamo cannot trace), causal masking only where flash-attn's bottom-right alignment is PoPE's
-    (q_offset + Nq = Nk), no differentiated grouped-query call (its GQA backward takes d_qk = d_v only), CUDA with
-    compute capability 9.0 or newer. differentiated: whether autograd will take the call's gradient."""
+    (q_offset + Nq = Nk), CUDA with compute capability 9.0 or newer."""
     reason = triton_unsupported_reason(q, k, v, rotary_dim=rotary_dim, dropout_p=dropout_p)
     if reason is not None:
         return reason
@@ -181,8 +177,6 @@ def flash_attn_4_unsupported_reason(
         return "flash-attn-4 does not run inside torch.compile"
     if causal and q_offset + q.shape[2] != k.shape[2]:
         return "causal masking on backend 'flash-attn-4' needs the last query at the last key's position"
-    if differentiated and q.shape[1] != k.shape[1]:
-        return "flash-attn-4's grouped-query backward needs d_qk = d_v (PoPE's q', k' have 2d channels)"
     if q.device.type != "cuda":
         return f"flash-attn-4 runs on CUDA tensors only (got device {q.device})"
     if kernels.cuda_capability(q.device) < (9, 0):
