@@ -223,8 +223,6 @@ def heads_of(shape) -> tuple:
 
 
 def bench_provider(name, shape, *, autotune_pope_pytorch=False, cuda_graph=False):
-    from triton.testing import do_bench, do_bench_cudagraph
-
     batch, heads, kv_heads, seq, head_dim = heads_of(shape)
     torch.manual_seed(0)
     q, k, v = (
@@ -253,27 +251,28 @@ def bench_provider(name, shape, *, autotune_pope_pytorch=False, cuda_graph=False
     forward_backward()
     torch.cuda.synchronize()
     peak_mb = (torch.cuda.max_memory_allocated() - before) / 2**20
-    if cuda_graph:  # GPU time only: many calls captured in one CUDA graph and replayed, no host work in between
-        fwd_ms = do_bench_cudagraph(provider, rep=100, return_mode="median")
-        fwd_bwd_ms = do_bench_cudagraph(forward_backward, rep=100, grad_to_none=leaves, return_mode="median")
-    else:
-        fwd_ms = do_bench(provider, warmup=25, rep=100, return_mode="median")
-        fwd_bwd_ms = do_bench(forward_backward, warmup=25, rep=100, grad_to_none=leaves, return_mode="median")
+    fwd_ms = _median_ms(provider, cuda_graph=cuda_graph)
+    fwd_bwd_ms = _median_ms(forward_backward, cuda_graph=cuda_graph, grad_to_none=leaves)
     return _row(name, shape, fwd_ms, fwd_bwd_ms, peak_mb)
+
+
+def _median_ms(fn, *, cuda_graph: bool, grad_to_none=None) -> float:
+    """Median ms of fn(): with cuda_graph GPU time only (many calls captured in one CUDA graph and replayed, no host
+    work in between), else eager calls timed by CUDA events."""
+    from triton.testing import do_bench, do_bench_cudagraph
+
+    if cuda_graph:
+        return do_bench_cudagraph(fn, rep=100, grad_to_none=grad_to_none, return_mode="median")
+    return do_bench(fn, warmup=25, rep=100, grad_to_none=grad_to_none, return_mode="median")
 
 
 def _forward_only_row(name, shape, provider, *, cuda_graph):
     """The row of a provider whose backward is refused: its forward timed without autograd (an inference call, so a
     call the backend takes only when no gradient is asked for runs), fwd+bwd ms and peak memory NaN."""
-    from triton.testing import do_bench, do_bench_cudagraph
-
     with torch.no_grad():
         provider()
         torch.cuda.synchronize()
-        if cuda_graph:
-            fwd_ms = do_bench_cudagraph(provider, rep=100, return_mode="median")
-        else:
-            fwd_ms = do_bench(provider, warmup=25, rep=100, return_mode="median")
+        fwd_ms = _median_ms(provider, cuda_graph=cuda_graph)
     return _row(name, shape, fwd_ms, math.nan, math.nan)
 
 
