@@ -15,9 +15,9 @@ Backends:
                backward needs d_qk = d_v).
                Deterministic under torch.use_deterministic_algorithms(True), else dq' is summed by atomics.
   "auto"       "flash-attn-4" where installed, measured faster (pope.ops.FLASH_ATTN_4_PREFERRED: head dim 64
-               trained and head dim 128, from 4K queries) and able to run the call; else "cudnn" where it
-               measured faster (pope.ops.CUDNN_PREFERRED: head dim 128 from 2K tokens) and can run the call;
-               neither under torch.use_deterministic_algorithms(True); else "triton" when the inputs are on CUDA,
+               but a grouped-query forward, and head dim 128, from 4K queries) and able to run the call; else
+               "cudnn" where it measured faster (pope.ops.CUDNN_PREFERRED: head dim 128 from 2K tokens) and can
+               run the call; neither under torch.use_deterministic_algorithms(True); else "triton" when the inputs are on CUDA,
                Triton is importable and the kernels can run the call; else "reference".
 
 Score between the query at position t and the key at position s (r = rotary_dim, f = magnitude):

@@ -108,12 +108,14 @@ def _run_backend(q, k, v, delta, backend: str, dropout_p: float, options: dict) 
 
 def _auto_prefers_flash_attn_4(q, k, v, delta) -> bool:
     """Whether "auto" tries backend "flash-attn-4" first: on CUDA, with flash-attn-4 installed, where it measured
-    faster (ops.FLASH_ATTN_4_PREFERRED: head dim, differentiated or not, and the fewest queries), outside
+    faster (ops.FLASH_ATTN_4_PREFERRED: head dim, differentiated or not, grouped-query or not, and the fewest
+    queries), outside
     torch.compile and unless torch.use_deterministic_algorithms(True) is on (its deterministic backward is not the
     one measured)."""
     if q.device.type != "cuda" or torch.are_deterministic_algorithms_enabled() or torch.compiler.is_compiling():
         return False
-    min_seq = ops.FLASH_ATTN_4_PREFERRED.get((q.shape[-1], ops.will_be_differentiated(q, k, v, delta)))
+    call = (q.shape[-1], ops.will_be_differentiated(q, k, v, delta), q.shape[1] != k.shape[1])
+    min_seq = ops.FLASH_ATTN_4_PREFERRED.get(call)
     # Queries too: a decode step (few queries against a long cache) stays on the split-K decode kernels.
     return min_seq is not None and q.shape[2] >= min_seq and ops.flash_attn_4_installed()
 

@@ -43,10 +43,15 @@ def _library():
     return require("flash_attn.cute", purpose="backend 'flash-attn-4'")
 
 
+def _interface():
+    """flash-attn-4's module holding the private functions the tuned call goes through."""
+    return require("flash_attn.cute.interface", purpose="backend 'flash-attn-4'")
+
+
 @functools.cache
 def _tunable() -> bool:
     """Whether this flash-attn-4 has the private functions the tuned call goes through, with the arguments it passes."""
-    interface = require("flash_attn.cute.interface", purpose="backend 'flash-attn-4'")
+    interface = _interface()
     needed = {
         "_flash_attn_fwd": {"tile_mn", "mma_pv_is_rs", "intra_wg_overlap", "return_lse"},
         "_flash_attn_bwd": {"deterministic"},
@@ -68,7 +73,7 @@ class _TunedFlashAttention4(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q_wide, k_wide, v, softmax_scale, causal, deterministic):
-        interface = require("flash_attn.cute.interface")
+        interface = _interface()
         dims = (q_wide.shape[-1], v.shape[-1])
         tiles = HOPPER_FORWARD_TILES.get(dims, {}) if q_wide.shape[2] == k_wide.shape[2] else {}
         out, lse = interface._flash_attn_fwd(
@@ -80,15 +85,15 @@ class _TunedFlashAttention4(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        interface = require("flash_attn.cute.interface")
+        interface = _interface()
         q_wide, k_wide, v, out, lse = ctx.saved_tensors
         softmax_scale, causal, deterministic = ctx.options
-        change = HOPPER_BACKWARD_TILES.get((q_wide.shape[-1], v.shape[-1]))
         with _TILE_FUNCTION_LOCK:
             library_choice = interface._tile_size_bwd_sm90
 
             def tile_size_bwd_sm90(head_dim, head_dim_v, *args, **kwargs):
                 config = library_choice(head_dim, head_dim_v, *args, **kwargs)
+                change = HOPPER_BACKWARD_TILES.get((head_dim, head_dim_v))
                 sparse = kwargs.get("sparse_block_size_q") is not None
                 return config if sparse or change is None else dataclasses.replace(config, **change)
 

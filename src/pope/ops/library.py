@@ -29,14 +29,23 @@ LIBRARY_DTYPES = (torch.float16, torch.bfloat16)
 # H100 (benchmarks/attention.py, the GPU check's attention rows): at d = 128 and 4K-8K tokens, MHA and GQA, cuDNN's
 # fwd+bwd takes 0.81-0.86x the fused kernels' time; at d = 64 the two are even (4K) or within host noise (1K).
 CUDNN_PREFERRED: dict[int, int] = {128: 2048}
-# Where backend "auto" takes "flash-attn-4" (when installed) over the others: {(head_dim, differentiated): the
-# fewest queries}. Measured on an H100 (benchmarks/attention.py and the GPU check, eager): at d = 64 MHA from 4K
-# tokens its fwd+bwd takes 0.92x the fused kernels' time (cuDNN's: 1.06x); at d = 128 from 4K its forward alone
-# 0.87x the fused kernels' and 0.93x cuDNN's, and with PoPE's backward tiles (flash_attn_4_tiles) its fwd+bwd 0.87x
-# cuDNN's at 4K and 0.83x at 8K (MHA), 0.92x with grouped-query heads (2x32x8x4096, keys and values repeated). An
-# eager call spends about 0.5 ms on the host (1K tokens: 0.77 ms forward against cuDNN's 0.21), so below 4K tokens it
-# takes 1.2-2.9x the best other backend's time.
-FLASH_ATTN_4_PREFERRED: dict[tuple[int, bool], int] = {(64, True): 4096, (128, False): 4096, (128, True): 4096}
+# Where backend "auto" takes "flash-attn-4" (when installed) over the others: {(head_dim, differentiated,
+# grouped-query): the fewest queries}. Measured on an H100 (benchmarks/attention.py and the GPU check, eager): at d = 64
+# from 4K tokens its fwd+bwd takes 0.90-0.94x the fused kernels' time (MHA and GQA) and its MHA forward 0.91x (its
+# 192x128 tile; at GQA its own forward takes 1.08x the fused kernels' and 1.16x cuDNN's, so those stay); at d = 128
+# from 4K its forward alone 0.87x the fused kernels' and 0.93x cuDNN's, and with PoPE's backward tiles
+# (flash_attn_4_tiles) its fwd+bwd 0.87x cuDNN's at 4K and 0.83x at 8K (MHA), 0.92x with grouped-query heads
+# (2x32x8x4096, keys and values repeated). An eager call spends about 0.5 ms on the host (1K tokens: 0.77 ms forward
+# against cuDNN's 0.21), so below 4K tokens it takes 1.2-2.9x the best other backend's time.
+FLASH_ATTN_4_PREFERRED: dict[tuple[int, bool, bool], int] = {
+    (64, True, False): 4096,
+    (64, True, True): 4096,
+    (64, False, False): 4096,
+    (128, True, False): 4096,
+    (128, True, True): 4096,
+    (128, False, False): 4096,
+    (128, False, True): 4096,
+}
 
 
 def _wide_like(x: torch.Tensor) -> torch.Tensor:
