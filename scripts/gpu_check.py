@@ -152,19 +152,25 @@ def update_readme(csv_path: Path, readme: Path = README) -> None:
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def bench_ms(fn, *, smoke: bool, cuda_graph: bool = False, rep_ms: int = 100) -> float:
+def bench_ms(fn, *, smoke: bool, cuda_graph: bool = False, rep_ms: int = 100, grad_to_none=None) -> float:
     """Median milliseconds of fn(): triton.testing.do_bench (CUDA events, warm-up, repeats for about rep_ms) on a GPU;
     with cuda_graph, of fn's launches captured in a CUDA graph and replayed (GPU time without the host's). A step of
-    tens of milliseconds needs rep_ms in seconds: at 100 ms its median is of two or three runs."""
+    tens of milliseconds needs rep_ms in seconds: at 100 ms its median is of two or three runs. The tensors in
+    grad_to_none get .grad = None before every call, as a training step's zero_grad(set_to_none=True) leaves them:
+    a backward then writes fresh gradients instead of adding into old ones (an extra pass over each)."""
     if DEVICE == "cuda":
         import triton.testing
 
         if cuda_graph:
-            return triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="median")
-        return triton.testing.do_bench(fn, warmup=max(25, rep_ms // 4), rep=rep_ms, return_mode="median")
+            return triton.testing.do_bench_cudagraph(fn, rep=rep_ms, grad_to_none=grad_to_none, return_mode="median")
+        return triton.testing.do_bench(
+            fn, warmup=max(25, rep_ms // 4), rep=rep_ms, grad_to_none=grad_to_none, return_mode="median"
+        )
     fn()
     times = []
     for _ in range(2 if smoke else 5):
+        for tensor in grad_to_none or ():
+            tensor.grad = None
         start = time.perf_counter()
         fn()
         times.append((time.perf_counter() - start) * 1e3)

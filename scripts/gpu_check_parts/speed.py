@@ -51,6 +51,7 @@ def _attention_times(
     k, v = (torch.randn(batch, hkv, n, d, device=device, dtype=dtype, generator=g, requires_grad=True) for _ in "kv")
     delta = torch.rand(hq, d, device=device, generator=g).mul(-6.28).requires_grad_()
     grad = torch.randn_like(q)
+    leaves = (q, k, v, delta)  # their gradients start from None each call, as in training
     angles = torch.outer(torch.arange(n, device=device, dtype=torch.float32), rope_frequencies(d, device=device))
     cos, sin = (torch.cat([t, t], -1) for t in (angles.cos(), angles.sin()))
     gqa = hkv != hq
@@ -75,7 +76,7 @@ def _attention_times(
         fn().backward(grad)  # ... and differentiated
         with torch.no_grad():
             forward = bench_ms(fn, smoke=smoke, cuda_graph=cuda_graph)
-        both = bench_ms(lambda fn=fn: fn().backward(grad), smoke=smoke, cuda_graph=cuda_graph)
+        both = bench_ms(lambda fn=fn: fn().backward(grad), smoke=smoke, cuda_graph=cuda_graph, grad_to_none=leaves)
         times[name] = (forward, both)
     return times
 
