@@ -17,8 +17,8 @@ Backends:
   "auto"       "flash-attn-4" where installed, measured faster (pope.ops.FLASH_ATTN_4_PREFERRED: head dim 64
                but a grouped-query forward, and head dim 128, from 4K queries) and able to run the call; else
                "cudnn" where it measured faster (pope.ops.CUDNN_PREFERRED: head dim 128 from 2K tokens) and can
-               run the call; neither under torch.use_deterministic_algorithms(True); else "triton" when the inputs are on CUDA,
-               Triton is importable and the kernels can run the call; else "reference".
+               run the call; neither under torch.use_deterministic_algorithms(True); else "triton" when the
+               inputs are on CUDA, Triton is importable and the kernels can run the call; else "reference".
 
 Score between the query at position t and the key at position s (r = rotary_dim, f = magnitude):
     softmax_scale * ( sum_{c<r} f(q_c) f(k_c) cos((s - t) theta_c + delta_c) + sum_{c>=r} q_c k_c )
