@@ -109,9 +109,8 @@ def _run_backend(q, k, v, delta, backend: str, dropout_p: float, options: dict) 
 def _auto_prefers_flash_attn_4(q, k, v, delta) -> bool:
     """Whether "auto" tries backend "flash-attn-4" first: on CUDA, with flash-attn-4 installed, where it measured
     faster (ops.FLASH_ATTN_4_PREFERRED: head dim, differentiated or not, grouped-query or not, and the fewest
-    queries), outside
-    torch.compile and unless torch.use_deterministic_algorithms(True) is on (its deterministic backward is not the
-    one measured)."""
+    queries), outside torch.compile and unless torch.use_deterministic_algorithms(True) is on (its deterministic
+    backward is not the one measured)."""
     if q.device.type != "cuda" or torch.are_deterministic_algorithms_enabled() or torch.compiler.is_compiling():
         return False
     call = (q.shape[-1], ops.will_be_differentiated(q, k, v, delta), q.shape[1] != k.shape[1])
